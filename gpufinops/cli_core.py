@@ -1,0 +1,152 @@
+"""Core subcommands: serve, evaluate, rules check, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .config import ConfigError, Settings
+from .model import RunContext, utcnow
+
+log = logging.getLogger("gpufinops.cli")
+
+
+def build_live_peers(settings: Settings):
+    """Real peers from settings: EC2 inventory, Prometheus, the database, Slack (or the outbox)."""
+    from .collect.inventory import Ec2Cloud
+    from .collect.prometheus import PrometheusMetrics
+    from .notify import build_notifier
+    from .pipeline import Peers
+    from .prices import OnDemandPrices
+    from .store import Store
+
+    store = Store(settings.database_url)
+    prices = OnDemandPrices.load_default()
+    cloud = Ec2Cloud(settings.aws, prices=prices)
+    metrics = PrometheusMetrics(settings.prometheus)
+    notifier = build_notifier(settings.slack, store, utcnow)
+    return Peers(cloud, metrics, store, notifier)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .cli import load_settings_from_args
+    from .rules import load_rules
+    from .service import Service
+
+    settings = load_settings_from_args(args)
+    load_rules(settings.rules_paths)  # fail fast on a broken rule file before starting
+    if args.port is not None:
+        settings = settings.model_copy(update={"service": settings.service.model_copy(update={"port": args.port})})
+    peers = build_live_peers(settings)
+    log.info("gpufinops serve: dry-run=%s, every %ss, database %s", settings.act.dry_run,
+             settings.schedule.evaluate_every_s, settings.database_url.split("@")[-1])
+    Service(settings, peers, extra_jobs=_extra_jobs(settings, peers)).serve_forever()
+    return 0
+
+
+def _extra_jobs(settings: Settings, peers) -> tuple:
+    """Scheduled jobs of other capabilities, when they are configured."""
+    jobs = []
+    try:
+        from .budgets import scheduled_budget_job  # type: ignore[attr-defined]
+    except ImportError:
+        scheduled_budget_job = None
+    if scheduled_budget_job is not None and settings.billing:
+        fn = scheduled_budget_job(settings, peers.store, peers.notifier)
+        if fn is not None:
+            jobs.append(("budgets", int(settings.billing.get("check_every_s", 3600)), fn))
+    return tuple(jobs)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .cli import load_settings_from_args
+    from .pipeline import run_once
+    from .rules import load_rules
+
+    settings = load_settings_from_args(args)
+    rules = load_rules(args.rules or settings.rules_paths)
+    peers = build_live_peers(settings)
+    # evaluate --once judges and records; it never tags, stops or messages anyone.
+    report = run_once(RunContext(now=utcnow(), dry_run=True), settings, rules, peers, act=False)
+    by_id = {i.instance_id: i for i in report.instances}
+    if args.json:
+        out = []
+        for d in report.decisions:
+            inst = by_id.get(d.instance_id)
+            row = d.to_dict()
+            row.update(instance_type=inst.instance_type if inst else None, team=inst.team() if inst else None)
+            out.append(row)
+        json.dump({"run_id": report.run_id, "evaluated_at": report.now.isoformat(), "errors": report.errors,
+                   "decisions": out}, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_decision_table(report, by_id))
+    return 1 if report.errors else 0
+
+
+def format_decision_table(report, by_id) -> str:
+    rows = [("INSTANCE", "TYPE", "TEAM", "RULE", "VERDICT", "$/H", "REASON")]
+    for d in report.decisions:
+        inst = by_id.get(d.instance_id)
+        rows.append((d.instance_id, inst.instance_type if inst else "", inst.team() if inst else "", d.rule_name,
+                     d.verdict.value, f"{d.hourly_cost:.2f}" if d.hourly_cost is not None else "?", d.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:6], widths)) + "  " + r[6] for r in rows]
+    lines.append(f"{len(report.instances)} instances, verdicts {report.verdict_counts()}")
+    lines.extend(f"error: {e}" for e in report.errors)
+    return "\n".join(lines)
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from .rules import load_rules
+
+    paths = args.paths or [str(Path(__file__).resolve().parent.parent / "rules")]
+    try:
+        rules = load_rules(paths)
+    except ConfigError as exc:
+        print(f"rules check failed:\n{exc}", file=sys.stderr)
+        return 1
+    for r in rules:
+        print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
+              f"for {r.window_s}s (lead {r.warning_lead_s}s)  [{r.source}]")
+    print(f"{len(rules)} rule(s) valid")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    if not args.verbose:
+        # Per-decision log lines would bury the Slack messages and the summary.
+        logging.getLogger("gpufinops").setLevel(logging.WARNING)
+    run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the scheduled service (evaluation every minute, /metrics, /healthz)")
+    p.add_argument("--port", type=int, default=None, help="port for /metrics and /healthz (default from config)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("evaluate", help="judge every GPU instance once and print verdicts (changes nothing)")
+    p.add_argument("--once", action="store_true", default=True, help="one evaluation (the only mode)")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    p.add_argument("--rules", nargs="*", default=None, help="rule files or folders (default from config)")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("rules", help="rule files")
+    rsub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
+    c = rsub.add_parser("check", help="validate rule files; non-zero exit with file, line and key on error")
+    c.add_argument("paths", nargs="*", help="files or folders (default: the shipped rules/)")
+    c.set_defaults(func=cmd_rules_check)
+
+    p = sub.add_parser("demo", help="the whole pipeline on a simulated fleet replaying a real trace (no cloud)")
+    p.add_argument("--tick", type=int, default=120, help="simulated seconds between evaluations")
+    p.add_argument("--hours", type=float, default=None, help="simulate only this many hours")
+    p.add_argument("--db", default=None, help="keep the demo's audit database at this path")
+    p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.add_argument("--verbose", action="store_true", help="log every decision and action")
+    p.set_defaults(func=cmd_demo)

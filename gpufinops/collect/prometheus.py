@@ -1,0 +1,370 @@
+"""DCGM GPU usage from Prometheus, in a fixed number of queries.
+
+One `window_usage` call sends four instant queries (activity from
+DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory,
+power), whatever the fleet size. Each query aggregates server-side, per GPU,
+the samples of the window ending at `now`; the answers are then mapped to
+EC2 instances here.
+
+Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a
+field is unavailable, and an exporter bug may write negatives or NaN. Those
+samples are not measurements: they must neither count as samples nor move
+max/mean/min. Range functions cannot filter samples, and a filtering
+subquery `(x < 1e9 >= 0)[w:s]` re-samples every step with the 5-minute
+lookback, so a series that stopped would keep being counted for 5 minutes.
+Hence two paths per series, joined with `or`:
+- clean series (no invalid sample in the window; the common case): the raw
+  range functions, exact over the real samples;
+- dirty series only: a subquery at the scrape interval that keeps a step
+  only when its sample is valid AND fresh (`timestamp(x) > time() - step`),
+  so each real sample is seen at most once and a stopped series adds nothing.
+Per GPU, series are then combined with sum/max/min `by` the GPU identity
+labels (pod labels come and go while the GPU stays the same).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlparse
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from gpufinops.config import PrometheusSettings
+from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance, GpuWindowStats, InstanceUsage
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1; all a MIG slice has
+FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
+
+# Labels that identify one GPU (or MIG slice) on one host. `instance`, `job`,
+# driver version and pod labels are left out on purpose: they change while the
+# GPU stays the same, and per-GPU figures must span those changes.
+GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName")
+
+# What each query computes per GPU, by the `agg` label of its answer.
+_SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
+    GPU_UTIL: ("present", "count", "sum", "max", "min"),
+    GR_ENGINE_ACTIVE: ("present", "count", "sum", "max", "min"),
+    FB_USED: ("max",),
+    POWER_USAGE: ("count", "sum"),
+}
+# Per-series range function, and how series of one GPU are combined.
+_RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
+_COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
+
+
+class QueryFailed(Exception):
+    """A query could not be answered; the message is short and holds no secret."""
+
+
+def _fmt_threshold(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class PromQL:
+    """Builds the fixed query set for one window. Pure: text only."""
+
+    instance_label: str = "instance_id"
+    hostname_labels: tuple[str, ...] = ("Hostname", "hostname")
+    scrape_interval_s: int = 30
+    selector: str = ""
+
+    @property
+    def by_labels(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for name in (self.instance_label, *self.hostname_labels, *GPU_LABELS):
+            if name and name not in seen:
+                seen.append(name)
+        return tuple(seen)
+
+    def _vector(self, metric: str) -> str:
+        return f"{metric}{{{self.selector}}}" if self.selector.strip() else metric
+
+    @staticmethod
+    def range_of(window_s: int) -> str:
+        # (now - w, now]: one millisecond short of w, so a sample exactly w
+        # seconds old is out, as in Prometheus 3 (2.x ranges include both ends).
+        return f"{window_s * 1000 - 1}ms"
+
+    def per_series(self, metric: str, agg: str, window_s: int) -> str:
+        """`agg` over the valid samples of each series of `metric` in the window."""
+        v = self._vector(metric)
+        r = self.range_of(window_s)
+        step = f"{self.scrape_interval_s}s"
+        hi = _fmt_threshold(SENTINEL_THRESHOLD)
+        fn = _RANGE_FN[agg]
+        # A series is dirty when any sample in the window is invalid (NaN != NaN).
+        dirty = (
+            f"(max_over_time({v}[{r}]) >= {hi} or min_over_time({v}[{r}]) < 0"
+            f" or avg_over_time({v}[{r}]) != avg_over_time({v}[{r}]))"
+        )
+        # `@ end()` pins the dirty test to the query time, so Prometheus computes it
+        # once and the subquery only walks the (rare) dirty series.
+        dirty_at_end = dirty.replace(f"[{r}])", f"[{r}] @ end())")
+        valid_fresh = f"({v} < {hi} >= 0 and timestamp({v}) > time() - {self.scrape_interval_s})"
+        subquery = f"{fn}(({valid_fresh} and {dirty_at_end})[{r}:{step}])"
+        return f"({fn}({v}[{r}]) unless {dirty}) or {subquery}"
+
+    def per_gpu(self, metric: str, agg: str, window_s: int) -> str:
+        by = ", ".join(self.by_labels)
+        if agg == "present":
+            # The GPU has series in the window, even if no sample is valid: it is
+            # then reported with samples=0 (no data) rather than left out.
+            inner = f"group by ({by}) (present_over_time({self._vector(metric)}[{self.range_of(window_s)}]))"
+            return f'label_replace({inner}, "agg", "present", "", "")'
+        inner = f"{_COMBINE[agg]} by ({by}) ({self.per_series(metric, agg, window_s)})"
+        return f'label_replace({inner}, "agg", "{agg}", "", "")'
+
+    def signal_query(self, metric: str, window_s: int) -> str:
+        return " or ".join(self.per_gpu(metric, agg, window_s) for agg in _SIGNAL_AGGS[metric])
+
+    def queries(self, window_s: int) -> dict[str, str]:
+        """The fixed query set: one PromQL text per signal."""
+        if window_s < 1:
+            raise ValueError(f"window_s must be >= 1, got {window_s}")
+        return {metric: self.signal_query(metric, window_s) for metric in _SIGNAL_AGGS}
+
+
+# --------------------------------------------------------------------------- instance mapping
+
+
+def _short(name: str) -> str:
+    return name.strip().lower().split(".", 1)[0]
+
+
+@dataclass
+class InstanceMatcher:
+    """Maps a series' labels to a requested instance id.
+
+    Order: the configured instance label (set by ec2_sd relabelling); else a
+    hostname label matched to the private DNS name (full or short, e.g.
+    ip-10-0-1-2), to the private IP, or to the instance id itself (some
+    clusters name nodes after the instance id). Pod labels are ignored.
+    """
+
+    instance_label: str
+    hostname_labels: tuple[str, ...]
+    by_id: dict[str, str] = field(default_factory=dict)
+    by_host: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, instances: Iterable[GpuInstance], instance_label: str, hostname_labels: tuple[str, ...]):
+        m = cls(instance_label, hostname_labels)
+        for inst in instances:
+            m.by_id[inst.instance_id] = inst.instance_id
+            keys = {inst.instance_id.lower()}
+            if inst.private_dns:
+                keys |= {inst.private_dns.strip().lower(), _short(inst.private_dns)}
+            if inst.private_ip:
+                ip = inst.private_ip.strip()
+                keys |= {ip, "ip-" + ip.replace(".", "-")}
+            for key in keys:
+                m.by_host.setdefault(key, inst.instance_id)
+        return m
+
+    def match(self, labels: Mapping[str, str]) -> str | None:
+        value = labels.get(self.instance_label)
+        if value:
+            # The label is authoritative: a series of another instance is not ours.
+            return self.by_id.get(value)
+        for name in self.hostname_labels:
+            host = (labels.get(name) or "").strip().lower()
+            if not host:
+                continue
+            found = self.by_host.get(host) or self.by_host.get(_short(host))
+            if found:
+                return found
+        return None
+
+
+def gpu_key(labels: Mapping[str, str]) -> str:
+    """gpu index, or "gpu/GPU_I_ID" for a MIG slice."""
+    gpu = labels.get("gpu", "") or labels.get("UUID", "") or "?"
+    mig = labels.get("GPU_I_ID")
+    return f"{gpu}/{mig}" if mig else gpu
+
+
+# --------------------------------------------------------------------------- combining answers
+
+
+@dataclass
+class _Agg:
+    count: float = 0.0
+    sum: float = 0.0
+    max: float | None = None
+    min: float | None = None
+
+    def add(self, agg: str, value: float) -> None:
+        if agg == "present":
+            pass  # creating the _Gpu entry was the point
+        elif agg == "count":
+            self.count += value
+        elif agg == "sum":
+            self.sum += value
+        elif agg == "max":
+            self.max = value if self.max is None else max(self.max, value)
+        elif agg == "min":
+            self.min = value if self.min is None else min(self.min, value)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+
+@dataclass
+class _Gpu:
+    uuid: str = ""
+    model_name: str = ""
+    signals: dict[str, _Agg] = field(default_factory=dict)
+
+    def stats(self, key: str) -> GpuWindowStats:
+        util = self.signals.get(GPU_UTIL, _Agg())
+        gr = self.signals.get(GR_ENGINE_ACTIVE, _Agg())
+        fb = self.signals.get(FB_USED, _Agg())
+        power = self.signals.get(POWER_USAGE, _Agg())
+        if util.count > 0:
+            signal, act, scale = GPU_UTIL, util, 1.0
+        elif gr.count > 0:
+            signal, act, scale = GR_ENGINE_ACTIVE, gr, 100.0  # ratio -> percent
+        else:
+            signal, act, scale = GPU_UTIL, _Agg(), 1.0
+
+        def scaled(v: float | None) -> float | None:
+            return None if v is None else v * scale
+
+        return GpuWindowStats(
+            gpu=key,
+            samples=int(act.count),
+            activity_max=scaled(act.max) if act.count else None,
+            activity_mean=scaled(act.mean),
+            activity_min=scaled(act.min) if act.count else None,
+            activity_signal=signal,
+            fb_used_max_mib=fb.max,
+            power_mean_w=power.mean,
+            uuid=self.uuid,
+            model_name=self.model_name,
+        )
+
+
+def _parse_answer(metric: str, answer: Any) -> list[tuple[dict[str, str], str, float]]:
+    """(labels, agg, value) rows of one instant-vector answer; QueryFailed if malformed."""
+    if not isinstance(answer, list):
+        raise QueryFailed(f"malformed answer for {metric}: expected a vector")
+    rows = []
+    for item in answer:
+        try:
+            labels = item["metric"]
+            agg = labels["agg"]
+            value = float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise QueryFailed(f"malformed answer for {metric}") from None
+        if not isinstance(labels, dict) or agg not in _SIGNAL_AGGS[metric]:
+            raise QueryFailed(f"malformed answer for {metric}: unexpected agg")
+        if math.isnan(value):
+            continue
+        rows.append((labels, agg, value))
+    return rows
+
+
+def _as_utc(now: datetime) -> datetime:
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class PrometheusMetrics:
+    """MetricsSource over Prometheus + dcgm-exporter."""
+
+    def __init__(self, settings: PrometheusSettings, session: requests.Session | None = None):
+        self.settings = settings
+        self.promql = PromQL(
+            instance_label=settings.instance_label,
+            hostname_labels=tuple(settings.hostname_labels),
+            scrape_interval_s=settings.scrape_interval_s,
+            selector=settings.selector,
+        )
+        self.queries_made = 0  # HTTP queries sent, for tests and the benchmark
+        headers = {}
+        token = settings.bearer_token.resolve()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        auth = None
+        if settings.basic_auth_user:
+            auth = (settings.basic_auth_user, settings.basic_auth_password.resolve() or "")
+        self._endpoint = urlparse(settings.url).hostname or "prometheus"
+        if urlparse(settings.url).port:
+            self._endpoint += f":{urlparse(settings.url).port}"
+        self._client = PrometheusConnect(
+            url=settings.url.rstrip("/"),
+            headers=headers or None,
+            disable_ssl=not settings.verify_tls,
+            # No silent retries: a failed evaluation is reported and retried next run.
+            retry=Retry(0, read=False),  # as requests does by default: a read timeout stays a ReadTimeout
+            auth=auth,
+            session=session,
+            timeout=settings.timeout_s,
+        )
+
+    def _query(self, metric: str, promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
+        self.queries_made += 1
+        timeout = self.settings.timeout_s
+        try:
+            answer = self._client.custom_query(
+                promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):g}s"}
+            )
+        except requests.exceptions.JSONDecodeError:  # a proxy's HTML page, a truncated body
+            raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer (not JSON)") from None
+        except requests.Timeout:
+            raise QueryFailed(f"prometheus at {self._endpoint}: timed out after {timeout:g}s") from None
+        except requests.ConnectionError:
+            raise QueryFailed(f"prometheus at {self._endpoint}: cannot connect") from None
+        except requests.RequestException as exc:
+            raise QueryFailed(f"prometheus at {self._endpoint}: {type(exc).__name__}") from None
+        except PrometheusApiClientException as exc:
+            raise QueryFailed(f"prometheus at {self._endpoint}: {str(exc)[:200]}") from None
+        except (ValueError, KeyError, TypeError):  # body not JSON or not the API's shape
+            raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer") from None
+        return _parse_answer(metric, answer)
+
+    def window_usage(
+        self, instances: Sequence[GpuInstance], window_s: int, now: datetime
+    ) -> dict[str, InstanceUsage]:
+        expected = window_s // self.settings.scrape_interval_s
+        at = _as_utc(now).timestamp()
+        try:
+            answers = {m: self._query(m, q, at) for m, q in self.promql.queries(window_s).items()}
+        except QueryFailed as exc:
+            return {
+                inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
+                for inst in instances
+            }
+        matcher = InstanceMatcher.build(instances, self.settings.instance_label, tuple(self.settings.hostname_labels))
+        per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
+        for metric, rows in answers.items():
+            for labels, agg, value in rows:
+                instance_id = matcher.match(labels)
+                if instance_id is None:
+                    continue
+                gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
+                gpu.uuid = gpu.uuid or labels.get("UUID", "")
+                gpu.model_name = gpu.model_name or labels.get("modelName", "")
+                gpu.signals.setdefault(metric, _Agg()).add(agg, value)
+        return {
+            iid: InstanceUsage(
+                iid, window_s, expected, tuple(g.stats(k) for k, g in sorted(gpus.items(), key=_gpu_sort))
+            )
+            for iid, gpus in per_instance.items()
+        }
+
+
+def _gpu_sort(item: tuple[str, _Gpu]) -> tuple:
+    gpu, _, mig = item[0].partition("/")
+    return (int(gpu) if gpu.isdigit() else 1 << 30, gpu, int(mig) if mig.isdigit() else -1, mig)

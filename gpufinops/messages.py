@@ -1,0 +1,478 @@
+"""What gpufinops says in Slack: pure functions from instances and decisions to Messages.
+
+Each Message carries a plain-text fallback (what notifications, the outbox and
+the log show) and Block Kit blocks (header, section, fields, context). Every
+value that a user controls (tags, names, reasons quoting them) is escaped for
+Slack (&, <, >) so a tag like `<!channel>` cannot ping a channel, and clipped
+so a message stays inside Slack's limits whatever the fleet looks like:
+50 blocks a message, 3000 characters a text object, 2000 a field, 10 fields
+a section, 150 characters a header.
+
+The idempotency key of each message names the event (warning for one mark,
+stop at one time, one metrics outage), so the notifier sends it at most once
+however many runs see the same event.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from .model import (
+    TAG_PROTECT,
+    TAG_SNOOZE,
+    Action,
+    Decision,
+    GpuInstance,
+    Message,
+    ReasonCode,
+)
+
+# Slack's limits, with a margin where Slack counts differently from len().
+MAX_BLOCKS = 50
+MAX_TEXT = 3000
+MAX_FIELD = 2000
+MAX_FIELDS = 10
+MAX_HEADER = 150
+# The fallback `text` of chat.postMessage; Slack truncates far beyond this, but
+# notifications and the outbox should stay readable.
+MAX_FALLBACK = 3000
+# A single user-controlled value (AWS allows 256-character tag values).
+MAX_VALUE = 120
+MAX_REASON = 300
+# Instances listed one by one in a metrics-unavailable alert.
+MAX_LISTED = 20
+
+_VERBS = {
+    Action.STOP: ("stop", "stopped"),
+    Action.TERMINATE: ("terminate", "terminated"),
+}
+
+# What the owner can check, by why the instance was judged (DOMAIN: low use is not always waste).
+_HINTS = {
+    ReasonCode.IDLE_STAYS_BELOW: "Nothing ran on its GPUs for the whole window. Stop it when it is not needed.",
+    ReasonCode.IDLE_MEAN_BELOW: "Its GPUs were almost unused over the window. Stop it when it is not needed.",
+    ReasonCode.MEMORY_HELD_IDLE: (
+        "It holds GPU memory but does no work: a loaded model or a notebook kernel waiting? "
+        "Memory held is not work."
+    ),
+    ReasonCode.BURSTY_LOW: (
+        "Activity comes in short bursts: likely input-, host- or latency-bound. Check the data pipeline, "
+        "batch sizes and host-to-device copies before downsizing."
+    ),
+    ReasonCode.LOW_STEADY: "Low but steady use: a smaller or shared GPU may do the same work for less.",
+}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def escape(value: object) -> str:
+    """Escape the three characters Slack treats as control characters in text."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip_raw(value: object, limit: int = MAX_VALUE) -> str:
+    text = " ".join(str(value).split())  # newlines in tags would break list layouts
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _v(value: object, limit: int = MAX_VALUE, empty: str = "—") -> str:
+    """A user-controlled value, clipped then escaped (never cut inside an entity)."""
+    if value is None or str(value).strip() == "":
+        return empty
+    return escape(_clip_raw(value, limit))
+
+
+def clip_mrkdwn(text: str, limit: int = MAX_TEXT) -> str:
+    """Clip already-escaped mrkdwn without leaving half an entity (&am…) or half a <token>."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    amp = cut.rfind("&")
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    lt = cut.rfind("<")
+    if lt != -1 and ">" not in cut[lt:]:
+        cut = cut[:lt]
+    return cut + "…"
+
+
+def format_duration(seconds: float | None) -> str:
+    """'45 s', '14 min', '3 h 05 min', '2 d 4 h'; negative counts as 0, None/NaN as unknown."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "unknown"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{int(s)} s"
+    minutes = int(round(s / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h} h {m:02d} min"
+    d, h = divmod(int(round(s / 3600)), 24)
+    return f"{d} d {h} h"
+
+
+def format_money(usd_per_hour: float | None) -> str:
+    """'$32.77/h', '$1,234.50/h'; unknown prices stay unknown, never $0."""
+    if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
+        return "unknown $/h"
+    return f"${usd_per_hour:,.2f}/h"
+
+
+def _money_and_day(usd_per_hour: float | None) -> str:
+    if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
+        return format_money(None)
+    return f"{format_money(usd_per_hour)} (≈ ${usd_per_hour * 24:,.0f}/day)"
+
+
+def _utc(dt: datetime) -> datetime:
+    # Naive datetimes in this code base are UTC (store.py does the same).
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _stamp(dt: datetime) -> str:
+    return f"{_utc(dt):%Y%m%dT%H%M%SZ}"
+
+
+def _when(dt: datetime) -> str:
+    return f"{_utc(dt):%Y-%m-%d %H:%M} UTC"
+
+
+def _slack_date(dt: datetime) -> str:
+    """Slack shows this in each reader's own time zone; the fallback is UTC."""
+    return f"<!date^{int(_utc(dt).timestamp())}^{{date_short_pretty}} {{time}}|{_when(dt)}>"
+
+
+def _pct(value: float | None) -> str:
+    return "no data" if value is None else f"{value:.1f}%"
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def _header(text: str) -> dict:
+    text = text if len(text) <= MAX_HEADER else text[: MAX_HEADER - 1] + "…"
+    return {"type": "header", "text": {"type": "plain_text", "text": text, "emoji": True}}
+
+
+def _section(text: str) -> dict:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip_mrkdwn(text, MAX_TEXT)}}
+
+
+def _fields(pairs: Iterable[tuple[str, str]]) -> dict:
+    fields = [
+        {"type": "mrkdwn", "text": clip_mrkdwn(f"*{label}*\n{value}", MAX_FIELD)}
+        for label, value in list(pairs)[:MAX_FIELDS]
+    ]
+    return {"type": "section", "fields": fields}
+
+
+def _context(*texts: str) -> dict:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": clip_mrkdwn(t, MAX_TEXT)} for t in texts[:10]]}
+
+
+def _dry_run_banner() -> dict:
+    return _context(":test_tube: *DRY-RUN*: nothing is changed on any instance; this shows what *would* happen.")
+
+
+def _message(key: str, channel: str, text: str, blocks: list[dict]) -> Message:
+    return Message(key=key, channel=channel, text=clip_mrkdwn(text, MAX_FALLBACK), blocks=tuple(blocks[:MAX_BLOCKS]))
+
+
+# --------------------------------------------------------------------------- instance facts
+
+
+def _instance_line(inst: GpuInstance) -> str:
+    """'i-0abc (p4d.24xlarge, owner alice, team ml)', escaped, for fallback text."""
+    bits = [_v(inst.instance_type, 40)]
+    if inst.owner():
+        bits.append(f"owner {_v(inst.owner(), 60)}")
+    if inst.team() and inst.team() != inst.owner():
+        bits.append(f"team {_v(inst.team(), 60)}")
+    return f"{_v(inst.instance_id, 40)} ({', '.join(bits)})"
+
+
+def _instance_field(inst: GpuInstance) -> str:
+    name = inst.tags.get("Name") or inst.tags.get("name")
+    out = f"`{_v(inst.instance_id, 40)}`"
+    return f"{out}\n{_v(name)}" if name else out
+
+
+def _type_field(inst: GpuInstance) -> str:
+    out = _v(inst.instance_type, 40)
+    if inst.gpu_count:
+        gpu = f"{inst.gpu_count}× {_v(inst.gpu_model, 40)}" if inst.gpu_model else f"{inst.gpu_count} GPU"
+        out += f"\n{gpu}"
+    if inst.lifecycle and inst.lifecycle != "on-demand":
+        out += f" · {_v(inst.lifecycle, 20)}"
+    return out
+
+
+def _where_field(inst: GpuInstance) -> str:
+    parts = [_v(inst.region, 30)]
+    if inst.account:
+        parts.append(_v(inst.account, 30))
+    return " · ".join(parts)
+
+
+def _activity_field(decision: Decision) -> str:
+    out = f"mean {_pct(decision.activity_mean)}, max {_pct(decision.activity_max)}"
+    if decision.memory_max_mib is not None:
+        out += f"\nmemory held {decision.memory_max_mib / 1024:.1f} GiB"
+    if decision.coverage is not None:
+        out += f"\ncoverage {decision.coverage * 100:.0f}%"
+    return out
+
+
+def _cost(inst: GpuInstance, decision: Decision | None) -> float | None:
+    if inst.hourly_cost is not None:
+        return inst.hourly_cost
+    return decision.hourly_cost if decision is not None else None
+
+
+def _window(decision: Decision) -> str:
+    return f"≥ {format_duration(decision.window_s)}" if decision.window_s else "—"
+
+
+def _verbs(action: Action, fn: str) -> tuple[str, str]:
+    if action not in _VERBS:
+        raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
+    return _VERBS[action]
+
+
+def _keep_hint() -> str:
+    return (
+        f"To keep it running: make it busy, or tag it `{TAG_SNOOZE}` = an ISO-8601 time (pause until then) "
+        f"or `{TAG_PROTECT}` = `true` (never stop)."
+    )
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def idle_warning(
+    inst: GpuInstance,
+    decision: Decision,
+    *,
+    marked_at: datetime,
+    stop_at: datetime,
+    channel: str,
+    dry_run: bool,
+    action: Action,
+) -> Message:
+    """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle."""
+    verb, _done = _verbs(action, "idle_warning")
+    lead = format_duration((_utc(stop_at) - _utc(marked_at)).total_seconds())
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    will = f"would be {_done} (dry-run)" if dry_run else f"will be {_done}"
+
+    text = (
+        ("[DRY-RUN] " if dry_run else "")
+        + f"Idle GPU instance {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
+        f"active. Why: {reason}. Cost {format_money(cost)}. {_keep_hint()}"
+    )
+    blocks = [_header(f":hourglass: Idle GPU instance {'would be' if dry_run else 'will be'} {_done}: "
+                      f"{_clip_raw(inst.instance_id, 40)}")]
+    if dry_run:
+        blocks.append(_dry_run_banner())
+    blocks += [
+        _section(
+            f"*{_v(inst.instance_id, 40)}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
+            f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"
+        ),
+        _fields([
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _v(inst.owner())),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Cost", _money_and_day(cost)),
+            ("Idle for", _window(decision)),
+            ("GPU activity", _activity_field(decision)),
+            (f"{verb.capitalize()} at", _slack_date(stop_at)),
+            ("Rule", _v(decision.rule_name)),
+        ]),
+        _context(_keep_hint()),
+    ]
+    return _message(f"warn:{inst.instance_id}:{_stamp(marked_at)}", channel, text, blocks)
+
+
+def stopped(
+    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str, dry_run: bool, action: Action
+) -> Message:
+    """Phase two: the instance was stopped (or, in dry-run, would have been)."""
+    verb, done = _verbs(action, "stopped")
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    if dry_run:
+        text = (f"[DRY-RUN] Would {verb} idle GPU instance {_instance_line(inst)} at {_when(at)}; "
+                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost)}.")
+        title = f":test_tube: Would {verb} idle GPU instance: {_clip_raw(inst.instance_id, 40)}"
+        lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
+    else:
+        text = (f"{done.capitalize()} idle GPU instance {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
+                f"Saves {format_money(cost)}.")
+        title = f":octagonal_sign: Idle GPU instance {done}: {_clip_raw(inst.instance_id, 40)}"
+        lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
+    if action is Action.TERMINATE:
+        after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
+    else:
+        after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
+    blocks = [_header(title)]
+    if dry_run:
+        blocks.append(_dry_run_banner())
+    blocks += [
+        _section(f"{lead}\n*Why:* {reason}"),
+        _fields([
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _v(inst.owner())),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Would save" if dry_run else "Saves", _money_and_day(cost)),
+            ("Idle for", _window(decision)),
+            ("GPU activity", _activity_field(decision)),
+            ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
+            ("Rule", _v(decision.rule_name)),
+        ]),
+        _context(after),
+    ]
+    return _message(f"stop:{inst.instance_id}:{_stamp(at)}", channel, text, blocks)
+
+
+def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Message:
+    """The pending stop is off: the instance became active, was snoozed or protected."""
+    why = _v(reason, MAX_REASON)
+    text = (f"Stop cancelled for GPU instance {_instance_line(inst)}: {why}. "
+            f"It had been marked at {_when(marked_at)}; nothing will be done.")
+    blocks = [
+        _header(f":white_check_mark: Stop cancelled: {_clip_raw(inst.instance_id, 40)}"),
+        _section(f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}"),
+        _fields([
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _v(inst.owner())),
+            ("Team", _v(inst.team())),
+            ("Marked at", _slack_date(marked_at)),
+        ]),
+    ]
+    return _message(f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, blocks)
+
+
+def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str) -> Message:
+    """Notify-only rule: tell the owner, change nothing."""
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    idle_s = max(float(decision.window_s or 0), (_utc(decision.evaluated_at) - _utc(since)).total_seconds())
+    hint = _HINTS.get(decision.code, "")
+    text = (f"GPU instance {_instance_line(inst)} is idle (for ≥ {format_duration(idle_s)}, since {_when(since)}). "
+            f"Why: {reason}. Cost {format_money(cost)}. {hint} This rule only notifies: nothing will be stopped.")
+    blocks = [
+        _header(f":zzz: Idle GPU instance: {_clip_raw(inst.instance_id, 40)}"),
+        _section(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(since)} under rule "
+                 f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
+        _fields([
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _v(inst.owner())),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Cost", _money_and_day(cost)),
+            ("Idle for", f"≥ {format_duration(idle_s)}"),
+            ("GPU activity", _activity_field(decision)),
+            ("Rule", _v(decision.rule_name)),
+        ]),
+        _context("This rule only notifies: nothing will be stopped. "
+                 f"Tag `{TAG_PROTECT}` = `true` to silence it for this instance."),
+    ]
+    return _message(f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, blocks)
+
+
+def metrics_unavailable(
+    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str
+) -> Message:
+    """One alert per outage episode; the instances are UNKNOWN, which is never idle."""
+    n = len(affected)
+    # The most expensive first: those are the ones whose blind spot costs most.
+    ordered = sorted(affected, key=lambda p: (-(_cost(p[0], p[1]) or 0.0), p[0].instance_id))
+    by_code: dict[str, int] = {}
+    for _inst, d in affected:
+        by_code[d.code.value] = by_code.get(d.code.value, 0) + 1
+    breakdown = ", ".join(f"{code}: {count}" for code, count in sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
+    noun = "instance" if n == 1 else "instances"
+    summary = (f"No usable GPU metrics for {n} {noun} since {_when(episode_start)}. They are judged UNKNOWN, "
+               "not idle: none of them is marked or stopped until metrics return.")
+
+    lines = [
+        f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
+        + (f" · {_v(inst.owner(), 60)}" if inst.owner() else "")
+        + f": {_v(d.reason, 200)}"
+        for inst, d in ordered[:MAX_LISTED]
+    ]
+    more = n - len(lines)
+    # Shorter lines for the plain fallback, so the same instances fit in its smaller budget.
+    text_lines = [
+        f"• {_v(inst.instance_id, 40)} {_v(inst.instance_type, 40)}"
+        + (f" · {_v(inst.owner(), 30)}" if inst.owner() else "")
+        + f": {_v(d.reason, 60)}"
+        for inst, d in ordered[:MAX_LISTED]
+    ]
+
+    blocks = [
+        _header(":warning: GPU metrics unavailable"),
+        _section(f"No usable GPU metrics for *{n}* {noun} since {_slack_date(episode_start)}. They are judged "
+                 "*UNKNOWN*, not idle: none of them is marked or stopped until metrics return."),
+    ]
+    if breakdown:
+        blocks.append(_context(f"By reason: {escape(breakdown)}"))
+    blocks += _list_sections(lines)
+    if more > 0:
+        blocks.append(_context(f"…and {more} more."))
+    blocks.append(_context("Check dcgm-exporter on the hosts and the Prometheus scrape targets. "
+                           "This alert is sent once per outage."))
+
+    return _message(f"metrics-unavailable:{_stamp(episode_start)}", channel,
+                    _fallback_list(summary, text_lines, n), blocks)
+
+
+def _fallback_list(summary: str, lines: Sequence[str], total: int) -> str:
+    """Summary plus as many list lines as fit MAX_FALLBACK, always ending with the true 'and N more'."""
+    reserve = len(f"\n…and {total} more.")
+    out = [summary]
+    size = len(summary)
+    for line in lines:
+        if size + 1 + len(line) > MAX_FALLBACK - reserve:
+            break
+        out.append(line)
+        size += 1 + len(line)
+    more = total - (len(out) - 1)
+    if more > 0:
+        out.append(f"…and {more} more.")
+    return "\n".join(out)
+
+
+def _list_sections(lines: Sequence[str]) -> list[dict]:
+    """Pack list lines into as few sections as fit MAX_TEXT each."""
+    sections: list[dict] = []
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        if chunk and size + len(line) + 1 > MAX_TEXT - 10:
+            sections.append(_section("\n".join(chunk)))
+            chunk, size = [], 0
+        chunk.append(line)
+        size += len(line) + 1
+    if chunk:
+        sections.append(_section("\n".join(chunk)))
+    return sections
+
+
+__all__ = [
+    "idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "idle_notice",
+    "format_duration", "format_money", "escape", "clip_mrkdwn",
+]

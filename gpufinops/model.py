@@ -1,0 +1,332 @@
+"""Core types shared by every stage. No I/O here.
+
+Data flows one way: collect -> evaluate -> act -> notify/store -> report.
+Every stage talks in these types, so the live service, the demo and the
+backtest can swap the peers (real EC2/Prometheus vs simulated) without
+touching the decision code.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Mapping, Protocol, Sequence
+
+# Tag names the service reads and writes on instances.
+TAG_PROTECT = "gpufinops:protect"
+TAG_MARKED = "gpufinops:marked-for-stop"
+TAG_SNOOZE = "gpufinops:snooze-until"
+TAG_STOPPED_BY = "gpufinops:stopped-by"
+TAG_STOPPED_REASON = "gpufinops:stopped-reason"
+TAG_STOP_REQUESTED = "gpufinops:stop-requested"
+
+# DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
+# available; anything at or above this, or negative, is not a measurement.
+SENTINEL_THRESHOLD = 1e9
+
+
+class Verdict(str, enum.Enum):
+    ACTIVE = "ACTIVE"
+    IDLE = "IDLE"
+    UNDERUTILIZED = "UNDERUTILIZED"
+    UNKNOWN = "UNKNOWN"
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+class Action(str, enum.Enum):
+    """What a rule asks for when an instance is IDLE."""
+
+    NOTIFY = "notify"
+    STOP = "stop"
+    TERMINATE = "terminate"
+
+
+class ReasonCode(str, enum.Enum):
+    """Machine-readable reason next to the human sentence in every Decision."""
+
+    IDLE_STAYS_BELOW = "idle_stays_below"
+    IDLE_MEAN_BELOW = "idle_mean_below"
+    MEMORY_HELD_IDLE = "memory_held_idle"
+    BURSTY_LOW = "bursty_low"  # low mean but real bursts: input/host/latency bound
+    LOW_STEADY = "low_steady"  # low but not idle under the rule (e.g. mean rule met, not stays-below)
+    BUSY = "busy"
+    SOME_GPUS_BUSY = "some_gpus_busy"
+    NO_SERIES = "no_series"
+    QUERY_ERROR = "query_error"
+    LOW_COVERAGE = "low_coverage"
+    TOO_YOUNG = "too_young"
+    NOT_RUNNING = "not_running"
+    LEARNED_WAIT = "learned_wait"  # adaptive policy still waiting
+
+    @property
+    def is_missing_data(self) -> bool:
+        return self in (ReasonCode.NO_SERIES, ReasonCode.QUERY_ERROR, ReasonCode.LOW_COVERAGE)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    instance_id: str
+    instance_type: str
+    region: str
+    state: str  # EC2 state name: pending|running|stopping|stopped|...
+    launch_time: datetime
+    account: str = ""
+    lifecycle: str = "on-demand"  # on-demand | spot
+    tags: Mapping[str, str] = field(default_factory=dict)
+    private_dns: str = ""
+    private_ip: str = ""
+    gpu_count: int = 0
+    gpu_model: str = ""
+    gpu_memory_gib: float = 0.0  # per GPU
+    hourly_cost: float | None = None  # USD/h for the whole instance, None = unknown
+    provider: str = "aws"
+
+    @property
+    def family(self) -> str:
+        return self.instance_type.split(".", 1)[0]
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def is_protected(self) -> bool:
+        # Any value except "false" protects: to be on the safe side (kube-downscaler).
+        value = self.tags.get(TAG_PROTECT)
+        return value is not None and value.strip().lower() != "false"
+
+    def owner(self) -> str:
+        for key in ("owner", "Owner", "team", "Team", "created-by"):
+            if self.tags.get(key):
+                return self.tags[key]
+        return ""
+
+    def team(self) -> str:
+        return self.tags.get("team") or self.tags.get("Team") or ""
+
+
+# --------------------------------------------------------------------------- usage
+
+
+@dataclass(frozen=True)
+class GpuWindowStats:
+    """Server-side aggregates of one GPU over one window.
+
+    Activity is a percentage 0-100: DCGM_FI_DEV_GPU_UTIL where present, else
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0-1, scaled to %), which is all a MIG
+    slice has. None means "not measured", never zero.
+    """
+
+    gpu: str  # gpu index label, or MIG "gpu/GPU_I_ID"
+    samples: int  # valid activity samples in the window
+    activity_max: float | None = None
+    activity_mean: float | None = None
+    activity_min: float | None = None
+    activity_signal: str = "DCGM_FI_DEV_GPU_UTIL"
+    fb_used_max_mib: float | None = None
+    power_mean_w: float | None = None
+    uuid: str = ""
+    model_name: str = ""
+
+
+@dataclass(frozen=True)
+class InstanceUsage:
+    """Everything the collector knows about one instance over one window."""
+
+    instance_id: str
+    window_s: int
+    expected_samples: int  # window / scrape interval: the denominator for coverage
+    gpus: tuple[GpuWindowStats, ...] = ()
+    error: str | None = None  # query failed (Prometheus down, timeout, bad answer)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which instances a rule applies to. Empty fields match everything."""
+
+    tags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # key -> allowed values; ("*",) = any value
+    exclude_tags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    instance_families: tuple[str, ...] = ()
+    instance_types: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+
+    def matches(self, inst: GpuInstance) -> bool:
+        if self.instance_families and inst.family not in self.instance_families:
+            return False
+        if self.instance_types and inst.instance_type not in self.instance_types:
+            return False
+        if self.accounts and inst.account not in self.accounts:
+            return False
+        if self.regions and inst.region not in self.regions:
+            return False
+        for key, allowed in self.tags.items():
+            if key not in inst.tags:
+                return False
+            if "*" not in allowed and inst.tags[key] not in allowed:
+                return False
+        for key, banned in self.exclude_tags.items():
+            if key in inst.tags and ("*" in banned or inst.tags[key] in banned):
+                return False
+        return True
+
+
+class Aggregation(str, enum.Enum):
+    STAYS_BELOW = "stays_below"  # every sample below threshold (max < threshold)
+    MEAN = "mean"  # window mean below threshold
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    threshold_pct: float  # activity threshold, percent
+    window_s: int
+    aggregation: Aggregation = Aggregation.STAYS_BELOW
+    min_coverage: float = 0.8  # fraction of expected samples needed to judge
+    warning_lead_s: int = 900  # time between the warning (mark) and the stop
+    action: Action = Action.NOTIFY
+    selector: Selector = field(default_factory=Selector)
+    slack_channel: str = ""
+    description: str = ""
+    # Below this mean activity a non-idle instance is reported UNDERUTILIZED.
+    underutilized_below_pct: float = 60.0
+    # Optional: an instance holding more than this much memory on any GPU is
+    # not idle under this rule (None = memory does not veto idleness).
+    max_memory_mib: float | None = None
+    source: str = ""  # "file:line" the rule was loaded from, for error messages and audit
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Decision:
+    instance_id: str
+    rule_name: str
+    verdict: Verdict
+    code: ReasonCode
+    reason: str
+    evaluated_at: datetime
+    action: Action = Action.NOTIFY
+    window_s: int = 0
+    activity_mean: float | None = None
+    activity_max: float | None = None
+    memory_max_mib: float | None = None
+    coverage: float | None = None
+    hourly_cost: float | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "instance_id": self.instance_id,
+            "rule": self.rule_name,
+            "verdict": self.verdict.value,
+            "code": self.code.value,
+            "reason": self.reason,
+            "evaluated_at": self.evaluated_at.isoformat(),
+            "action": self.action.value,
+            "window_s": self.window_s,
+            "activity_mean": self.activity_mean,
+            "activity_max": self.activity_max,
+            "memory_max_mib": self.memory_max_mib,
+            "coverage": self.coverage,
+            "hourly_cost": self.hourly_cost,
+        }
+
+
+class ActionKind(str, enum.Enum):
+    MARK = "mark"  # tag + warning
+    STOP = "stop"
+    TERMINATE = "terminate"
+    UNMARK = "unmark"  # became active or snoozed: mark cancelled
+    SKIP = "skip"  # wanted to act, did not (protected, cap, snooze, dry-run reason...)
+    NOTIFY = "notify"  # rule action is notify only
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    instance_id: str
+    kind: ActionKind
+    dry_run: bool
+    ok: bool
+    reason: str
+    rule_name: str = ""
+    at: datetime | None = None
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- run context
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One evaluation run: the clock, its id and whether it may change anything."""
+
+    now: datetime
+    dry_run: bool = True
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+Clock = Callable[[], datetime]
+
+
+# --------------------------------------------------------------------------- peer interfaces
+
+
+class Cloud(Protocol):
+    """Inventory and the few mutating calls the act stage needs.
+
+    Implemented by collect.inventory.Ec2Cloud (real boto3) and sim.SimCloud
+    (demo/backtest). Only act.py may call the mutating methods.
+    """
+
+    def list_gpu_instances(self) -> list[GpuInstance]: ...
+
+    def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None: ...
+
+    def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None: ...
+
+    def stop(self, inst: GpuInstance) -> None: ...
+
+    def terminate(self, inst: GpuInstance) -> None: ...
+
+    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]: ...
+
+
+class MetricsSource(Protocol):
+    """Per-instance GPU usage over a window, in a fixed number of queries."""
+
+    def window_usage(
+        self, instances: Sequence[GpuInstance], window_s: int, now: datetime
+    ) -> dict[str, InstanceUsage]: ...
+
+
+@dataclass(frozen=True)
+class Message:
+    """A Slack message with the idempotency key that makes sending it exactly-once."""
+
+    key: str
+    channel: str
+    text: str  # fallback text, also what the outbox/log shows
+    blocks: tuple[dict, ...] = ()
+
+
+class Notifier(Protocol):
+    def send(self, msg: Message) -> bool: ...
+
+
+def hours(delta: timedelta) -> float:
+    return delta.total_seconds() / 3600.0

@@ -1,0 +1,181 @@
+"""Load and validate idle-shutdown rules (rules/*.yaml) into `Rule` values.
+
+A rule file holds `rules: [ ... ]`. Every error names the file, the line and the
+dotted key, e.g. `rules/idle.yaml:12: key 'rules.0.window': expected a
+duration like 10m, 1h30m or 600`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .config import ConfigError, format_validation_error, load_yaml
+from .model import Action, Aggregation, Rule, Selector
+
+_DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
+
+
+def parse_duration(value: Any) -> int:
+    """'10m' -> 600, '1h30m' -> 5400, 600 -> 600. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 10m, 1h30m or 600 (seconds)")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError("duration must be positive")
+        return int(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m and any(m.groups()):
+            d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+            total = d * 86400 + h * 3600 + mi * 60 + s
+            if total > 0:
+                return total
+    raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
+
+
+def _as_values(v: Any) -> tuple[str, ...]:
+    if isinstance(v, (list, tuple)):
+        return tuple(str(x) for x in v)
+    return (str(v),)
+
+
+class _SelectorModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tags: dict[str, str | list[str]] = Field(default_factory=dict)
+    exclude_tags: dict[str, str | list[str]] = Field(default_factory=dict)
+    instance_families: list[str] = Field(default_factory=list)
+    instance_types: list[str] = Field(default_factory=list)
+    accounts: list[str] = Field(default_factory=list)
+    regions: list[str] = Field(default_factory=list)
+
+    def to_selector(self) -> Selector:
+        return Selector(
+            tags={k: _as_values(v) for k, v in self.tags.items()},
+            exclude_tags={k: _as_values(v) for k, v in self.exclude_tags.items()},
+            instance_families=tuple(self.instance_families),
+            instance_types=tuple(self.instance_types),
+            accounts=tuple(str(a) for a in self.accounts),
+            regions=tuple(self.regions),
+        )
+
+
+class _RuleModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str = ""
+    select: _SelectorModel = Field(default_factory=_SelectorModel)
+    metric: Literal["gpu_activity"] = "gpu_activity"
+    threshold_pct: float = Field(gt=0, le=100)
+    window: int
+    aggregation: Aggregation = Aggregation.STAYS_BELOW
+    min_coverage: float = Field(0.8, gt=0, le=1)
+    warning_lead: int = 900
+    action: Action = Action.NOTIFY
+    # Terminating destroys the instance and its local disks: the rule must say so twice.
+    confirm_terminate: bool = False
+    slack_channel: str = ""
+    underutilized_below_pct: float = Field(60.0, ge=0, le=100)
+    max_memory_mib: float | None = Field(None, ge=0)
+
+    @field_validator("window", "warning_lead", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> int:
+        return parse_duration(v)
+
+    @model_validator(mode="after")
+    def _terminate_needs_confirmation(self) -> "_RuleModel":
+        if self.action == Action.TERMINATE and not self.confirm_terminate:
+            raise ValueError("action 'terminate' also needs 'confirm_terminate: true' (terminate destroys the instance)")
+        return self
+
+
+class _RuleFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rules: list[_RuleModel]
+
+
+def _rule_line(text: str, index: int) -> int | None:
+    import yaml
+
+    try:
+        root = yaml.compose(text)
+        for k, v in root.value:
+            if k.value == "rules" and isinstance(v, yaml.SequenceNode) and index < len(v.value):
+                return v.value[index].start_mark.line + 1
+    except Exception:  # only for a nicer message; validation already passed
+        return None
+    return None
+
+
+def load_rule_file(path: str | Path) -> list[Rule]:
+    raw, text = load_yaml(path)
+    if raw is None:
+        raise ConfigError(f"{path}: empty rule file (expected 'rules: [...]')")
+    try:
+        parsed = _RuleFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(str(path), text, exc)) from None
+    out = []
+    for i, r in enumerate(parsed.rules):
+        line = _rule_line(text, i)
+        out.append(
+            Rule(
+                name=r.name,
+                description=r.description,
+                selector=r.select.to_selector(),
+                threshold_pct=r.threshold_pct,
+                window_s=r.window,
+                aggregation=r.aggregation,
+                min_coverage=r.min_coverage,
+                warning_lead_s=r.warning_lead,
+                action=r.action,
+                slack_channel=r.slack_channel,
+                underutilized_below_pct=r.underutilized_below_pct,
+                max_memory_mib=r.max_memory_mib,
+                source=f"{path}:{line}" if line else str(path),
+            )
+        )
+    return out
+
+
+def rule_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories to their idle-rule YAML files (budgets.yaml is not an idle rule file)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(
+                f for f in sorted(p.glob("*.y*ml")) if f.suffix in (".yaml", ".yml") and not f.stem.startswith("budget")
+            )
+        elif p.exists():
+            files.append(p)
+        else:
+            raise ConfigError(f"{p}: rule path does not exist")
+    return files
+
+
+def load_rules(paths: Iterable[str | Path]) -> list[Rule]:
+    """All rules from files/directories, in order. Duplicate names are an error."""
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    errors: list[str] = []
+    for f in rule_files(paths):
+        try:
+            for r in load_rule_file(f):
+                if r.name in seen:
+                    errors.append(f"{r.source}: key 'name': duplicate rule name {r.name!r} (first in {seen[r.name]})")
+                    continue
+                seen[r.name] = r.source
+                rules.append(r)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return rules
+
+
+def rules_for(inst, rules: Iterable[Rule]) -> list[Rule]:
+    return [r for r in rules if r.selector.matches(inst)]

@@ -1,0 +1,407 @@
+"""The database: audit log of decisions, marks, actions, notifications, state.
+
+SQLite (file, WAL) by default; any SQLAlchemy URL (postgresql://...) works.
+Capabilities (billing, recommend, ...) define their own tables on the shared
+`metadata` and get them created by the same Store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+    delete,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from .model import ActionKind, ActionResult, Decision, Verdict
+
+metadata = MetaData()
+
+
+# SQLite drops tzinfo: we store naive UTC and hand back aware datetimes.
+def _aware(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def _naive_utc(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt
+
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False, index=True),
+    Column("instance_id", String(64), nullable=False, index=True),
+    Column("rule", String(128), nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("code", String(32), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("evaluated_at", DateTime, nullable=False, index=True),
+    Column("window_s", Integer),
+    Column("activity_mean", Float),
+    Column("activity_max", Float),
+    Column("memory_max_mib", Float),
+    Column("coverage", Float),
+    Column("hourly_cost", Float),
+    Column("team", String(128)),
+    Column("instance_type", String(64)),
+    Column("dry_run", Boolean, nullable=False),
+)
+
+# Last verdict per (instance, rule): what makes "act only on transitions" possible.
+instance_state = Table(
+    "instance_state",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("rule", String(128), primary_key=True),
+    Column("verdict", String(16), nullable=False),
+    Column("since", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
+    # Set when we stopped it; cleared once we see it idle again after a restart.
+    Column("stopped_at", DateTime),
+)
+
+marks = Table(
+    "marks",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("rule", String(128), nullable=False),
+    Column("marked_at", DateTime, nullable=False),
+    Column("stop_at", DateTime, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+)
+
+actions = Table(
+    "actions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False),
+    Column("instance_id", String(64), nullable=False, index=True),
+    Column("kind", String(16), nullable=False),
+    Column("rule", String(128)),
+    Column("dry_run", Boolean, nullable=False),
+    # pending = intent written before the cloud call; done / failed after.
+    Column("status", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("error", Text),
+    Column("at", DateTime, nullable=False, index=True),
+    Column("finished_at", DateTime),
+)
+
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("key", String(255), primary_key=True),
+    Column("channel", String(128), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("status", String(16), nullable=False),  # pending | sent | outbox | failed
+    Column("at", DateTime, nullable=False),
+    Column("detail", Text),
+)
+
+
+# Small durable facts the service must remember across restarts
+# (e.g. when the current "metrics unavailable" episode started).
+kv = Table(
+    "kv",
+    metadata,
+    Column("key", String(128), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class StateRow:
+    instance_id: str
+    rule: str
+    verdict: Verdict
+    since: datetime
+    updated_at: datetime
+    stopped_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MarkRow:
+    instance_id: str
+    rule: str
+    marked_at: datetime
+    stop_at: datetime
+    reason: str
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    id: int
+    run_id: str
+    instance_id: str
+    kind: ActionKind
+    rule: str
+    dry_run: bool
+    status: str
+    reason: str
+    error: str | None
+    at: datetime
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL: readers never block the writer; synchronous=NORMAL is durable across
+    # process crashes (not power loss) and much faster than FULL.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, future=True)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, future=True, pool_pre_ping=True)
+
+
+class Store:
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------- decisions
+    def record_decisions(
+        self,
+        run_id: str,
+        items: Sequence[Decision],
+        dry_run: bool,
+        teams: dict[str, str] | None = None,
+        types: dict[str, str] | None = None,
+    ) -> None:
+        if not items:
+            return
+        teams = teams or {}
+        types = types or {}
+        rows = [
+            {
+                "run_id": run_id,
+                "instance_id": d.instance_id,
+                "rule": d.rule_name,
+                "verdict": d.verdict.value,
+                "code": d.code.value,
+                "reason": d.reason,
+                "evaluated_at": _naive_utc(d.evaluated_at),
+                "window_s": d.window_s,
+                "activity_mean": d.activity_mean,
+                "activity_max": d.activity_max,
+                "memory_max_mib": d.memory_max_mib,
+                "coverage": d.coverage,
+                "hourly_cost": d.hourly_cost,
+                "team": teams.get(d.instance_id),
+                "instance_type": types.get(d.instance_id),
+                "dry_run": dry_run,
+            }
+            for d in items
+        ]
+        with self.engine.begin() as conn:
+            conn.execute(insert(decisions), rows)
+
+    def decision_rows(self, start: datetime | None = None, end: datetime | None = None) -> list[dict]:
+        q = select(decisions).order_by(decisions.c.evaluated_at, decisions.c.id)
+        if start is not None:
+            q = q.where(decisions.c.evaluated_at >= _naive_utc(start))
+        if end is not None:
+            q = q.where(decisions.c.evaluated_at < _naive_utc(end))
+        with self.engine.connect() as conn:
+            out = []
+            for r in conn.execute(q).mappings():
+                d = dict(r)
+                d["evaluated_at"] = _aware(d["evaluated_at"])
+                out.append(d)
+            return out
+
+    # ------------------------------------------------------------- state
+    def get_state(self, instance_id: str, rule: str) -> StateRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(instance_state).where(
+                    instance_state.c.instance_id == instance_id, instance_state.c.rule == rule
+                )
+            ).mappings().first()
+        if r is None:
+            return None
+        return StateRow(
+            r["instance_id"], r["rule"], Verdict(r["verdict"]), _aware(r["since"]),
+            _aware(r["updated_at"]), _aware(r["stopped_at"]),
+        )
+
+    def put_state(
+        self, instance_id: str, rule: str, verdict: Verdict, since: datetime, now: datetime,
+        stopped_at: datetime | None,
+    ) -> None:
+        values = {
+            "verdict": verdict.value,
+            "since": _naive_utc(since),
+            "updated_at": _naive_utc(now),
+            "stopped_at": _naive_utc(stopped_at),
+        }
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(instance_state)
+                .where(instance_state.c.instance_id == instance_id, instance_state.c.rule == rule)
+                .values(**values)
+            )
+            if res.rowcount == 0:
+                conn.execute(insert(instance_state).values(instance_id=instance_id, rule=rule, **values))
+
+    # ------------------------------------------------------------- marks
+    def get_mark(self, instance_id: str) -> MarkRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(marks).where(marks.c.instance_id == instance_id)).mappings().first()
+        if r is None:
+            return None
+        return MarkRow(r["instance_id"], r["rule"], _aware(r["marked_at"]), _aware(r["stop_at"]), r["reason"], r["dry_run"])
+
+    def all_marks(self) -> list[MarkRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(marks)).mappings().all()
+        return [MarkRow(r["instance_id"], r["rule"], _aware(r["marked_at"]), _aware(r["stop_at"]), r["reason"], r["dry_run"]) for r in rows]
+
+    def put_mark(self, m: MarkRow) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(marks).where(marks.c.instance_id == m.instance_id))
+            conn.execute(
+                insert(marks).values(
+                    instance_id=m.instance_id, rule=m.rule, marked_at=_naive_utc(m.marked_at),
+                    stop_at=_naive_utc(m.stop_at), reason=m.reason, dry_run=m.dry_run,
+                )
+            )
+
+    def clear_mark(self, instance_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(marks).where(marks.c.instance_id == instance_id))
+
+    # ------------------------------------------------------------- actions
+    def begin_action(
+        self, run_id: str, instance_id: str, kind: ActionKind, rule: str, dry_run: bool, reason: str, at: datetime
+    ) -> int:
+        """Write the intent before touching the cloud, so a crash leaves a trace to reconcile."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                insert(actions).values(
+                    run_id=run_id, instance_id=instance_id, kind=kind.value, rule=rule, dry_run=dry_run,
+                    status="pending", reason=reason, at=_naive_utc(at),
+                )
+            )
+            return int(res.inserted_primary_key[0])
+
+    def finish_action(self, action_id: int, ok: bool, at: datetime, error: str | None = None, status: str | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(actions)
+                .where(actions.c.id == action_id)
+                .values(status=status or ("done" if ok else "failed"), error=error, finished_at=_naive_utc(at))
+            )
+
+    def record_action(self, run_id: str, result: ActionResult) -> None:
+        """An action that needs no two-step intent (skip, notify, dry-run)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(actions).values(
+                    run_id=run_id, instance_id=result.instance_id, kind=result.kind.value, rule=result.rule_name,
+                    dry_run=result.dry_run, status="done" if result.ok else "failed", reason=result.reason,
+                    error=result.error, at=_naive_utc(result.at), finished_at=_naive_utc(result.at),
+                )
+            )
+
+    def action_rows(self, status: str | None = None, kinds: Iterable[ActionKind] | None = None,
+                    start: datetime | None = None, end: datetime | None = None) -> list[ActionRow]:
+        q = select(actions).order_by(actions.c.at, actions.c.id)
+        if status:
+            q = q.where(actions.c.status == status)
+        if kinds:
+            q = q.where(actions.c.kind.in_([k.value for k in kinds]))
+        if start is not None:
+            q = q.where(actions.c.at >= _naive_utc(start))
+        if end is not None:
+            q = q.where(actions.c.at < _naive_utc(end))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [
+            ActionRow(r["id"], r["run_id"], r["instance_id"], ActionKind(r["kind"]), r["rule"] or "", r["dry_run"],
+                      r["status"], r["reason"], r["error"], _aware(r["at"]))
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------- notifications
+    def notification_sent(self, key: str) -> bool:
+        with self.engine.connect() as conn:
+            r = conn.execute(
+                select(notifications.c.status).where(notifications.c.key == key)
+            ).first()
+        # "pending" counts as sent: a crash between Slack accepting a message and
+        # us recording it must not produce a second copy (at-most-once).
+        return r is not None and r[0] in ("pending", "sent", "outbox")
+
+    def record_notification(self, key: str, channel: str, text: str, status: str, at: datetime, detail: str | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(notifications).where(notifications.c.key == key))
+            conn.execute(
+                insert(notifications).values(key=key, channel=channel, text=text, status=status, at=_naive_utc(at), detail=detail)
+            )
+
+    def notification_rows(self) -> list[dict]:
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(select(notifications).order_by(notifications.c.at)).mappings()]
+
+
+    # ------------------------------------------------------------- kv
+    def get_kv(self, key: str) -> str | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(select(kv.c.value).where(kv.c.key == key)).first()
+        return None if r is None else r[0]
+
+    def set_kv(self, key: str, value: str | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(kv).where(kv.c.key == key))
+            if value is not None:
+                conn.execute(insert(kv).values(key=key, value=value))
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, default=str, sort_keys=True)
+
+
+__all__ = [
+    "Store", "metadata", "StateRow", "MarkRow", "ActionRow", "IntegrityError", "make_engine",
+    "_naive_utc", "_aware",
+]
