@@ -159,7 +159,9 @@ class SlackNotifier:
             return self._outbox.send(msg)
 
         channel = msg.channel or self.settings.default_channel
-        self.store.record_notification(msg.key, channel, msg.text, "pending", self.clock())
+        if not self.store.claim_notification(msg.key, channel, msg.text, self.clock()):
+            log.debug("notification %s claimed by another sender, skipped", msg.key)
+            return True
         try:
             ts, channel_id = self._post(token, channel, msg)
         except _Ambiguous as exc:

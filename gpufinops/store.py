@@ -372,6 +372,26 @@ class Store:
         # us recording it must not produce a second copy (at-most-once).
         return r is not None and r[0] in ("pending", "sent", "outbox")
 
+    def claim_notification(self, key: str, channel: str, text: str, at: datetime) -> bool:
+        """Atomically take the right to send `key`: True for exactly one caller.
+
+        The primary key makes the insert fail for a second claimant (another process on
+        the same database included); a key whose earlier attempt failed may be claimed again.
+        """
+        row = dict(key=key, channel=channel, text=text, status="pending", at=_naive_utc(at))
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(notifications).values(**row))
+            return True
+        except IntegrityError:
+            with self.engine.begin() as conn:
+                res = conn.execute(
+                    update(notifications)
+                    .where(notifications.c.key == key, notifications.c.status == "failed")
+                    .values(status="pending", at=_naive_utc(at))
+                )
+                return res.rowcount == 1
+
     def record_notification(self, key: str, channel: str, text: str, status: str, at: datetime, detail: str | None = None) -> None:
         with self.engine.begin() as conn:
             conn.execute(delete(notifications).where(notifications.c.key == key))

@@ -142,7 +142,10 @@ class SlackStub:
         self._server.daemon_threads = True
         port = self._server.server_address[1]
         self.base_url = f"http://127.0.0.1:{port}/api/"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="slack-stub", daemon=True)
+        # A short poll interval: shutdown() waits up to one interval, once per test.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="slack-stub", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

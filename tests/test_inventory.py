@@ -10,7 +10,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from gpufinops.collect.inventory import CloudError, Ec2Cloud, TypeInfoCache
+from gpufinops.collect.inventory import CloudError, Ec2Cloud, InventoryError, TypeInfoCache
 from gpufinops.config import AwsSettings
 from gpufinops.model import TAG_MARKED, TAG_PROTECT
 from gpufinops.prices import (
@@ -198,6 +198,20 @@ def test_failing_region_is_reported_and_others_still_listed(aws, session):
     assert not cloud.complete
     assert [(e.region, e.operation) for e in cloud.last_errors] == [("eu-west-1", "DescribeInstances")]
     assert "127.0.0.1" in cloud.last_errors[0].message
+    # Reconciliation must not take an unreachable instance for a vanished one.
+    with pytest.raises(InventoryError, match="eu-west-1"):
+        cloud.describe([east, "i-0123456789abcdef0"])
+
+
+def test_every_region_failing_is_an_error_not_an_empty_fleet(aws, session):
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    cloud = make_cloud(
+        aws, session, regions=("us-east-1", "eu-west-1"), region_endpoints={"us-east-1": dead, "eu-west-1": dead}
+    )
+
+    with pytest.raises(InventoryError, match="every region"):
+        cloud.list_gpu_instances()
+    assert [e.region for e in cloud.last_errors] == ["us-east-1", "eu-west-1"]
 
 
 # ---------------------------------------------------------------------- mutating calls and describe

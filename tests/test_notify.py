@@ -300,3 +300,27 @@ def test_redact():
     assert redact(f"a {TOKEN} b") == "a xoxb-[redacted] b"
     assert redact("xapp-1-A0-123-abc and xoxe.xoxp-1-x") == "xapp-[redacted] and xoxe.xoxp-[redacted]"
     assert redact("plain-secret-value here", token="plain-secret-value") == "[redacted] here"
+
+
+# ------------------------------------------------------------------ the stub itself (others rely on it)
+
+
+def test_stub_parses_form_bodies_and_resets(slack_stub):
+    from slack_sdk import WebClient
+
+    client = WebClient(base_url=slack_stub.base_url, retry_handlers=[])
+    # Older clients send form fields, blocks as a JSON string and the token in the body.
+    resp = client.api_call("chat.postMessage", params={
+        "token": TOKEN, "channel": "C0TEAM", "text": "hi", "blocks": json.dumps([{"type": "divider"}])})
+    assert resp["ok"] and resp["channel"] == "C0TEAM"
+    [call] = slack_stub.calls
+    assert call.content_type.startswith("application/x-www-form-urlencoded")
+    assert call.token == TOKEN and call.body["text"] == "hi"
+    assert slack_stub.posted("C0TEAM") == [call.body]
+    assert WebClient(token=TOKEN, base_url=slack_stub.base_url).auth_test()["user_id"] == "U0STUB"
+    ts = [c.response["ts"] for c in slack_stub.calls if c.method == "chat.postMessage"]
+    slack_stub.fail_next(500, times=5)
+    slack_stub.reset()
+    assert slack_stub.calls == [] and slack_stub.posted() == []
+    resp = WebClient(token=TOKEN, base_url=slack_stub.base_url).chat_postMessage(channel="#x", text="again")
+    assert resp.status_code == 200 and resp["ts"] not in ts  # ts keeps increasing like Slack's

@@ -53,6 +53,10 @@ class CloudError(RuntimeError):
         super().__init__(f"{operation} {instance_id} ({region}) failed: {code + ': ' if code else ''}{cause}")
 
 
+class InventoryError(RuntimeError):
+    """No trustworthy answer: every region failed (listing) or one did (describe)."""
+
+
 @dataclass(frozen=True)
 class RegionError:
     """One region that could not be listed in the last list_gpu_instances()."""
@@ -140,7 +144,8 @@ class Ec2Cloud:
     list_gpu_instances() lists every configured region; a region that fails is
     logged and recorded in `last_errors`, and the other regions are still
     listed. Callers must read `last_errors` (or `complete`) before treating a
-    missing instance as gone.
+    missing instance as gone. When every region fails it raises InventoryError:
+    an empty list would look like "no GPU instances at all".
     """
 
     def __init__(
@@ -209,6 +214,8 @@ class Ec2Cloud:
                 log.error("EC2 inventory of region %s failed: %s", region, exc)
                 errors.append(RegionError(region, "DescribeInstances", str(exc)))
         self.last_errors = errors
+        if errors and len(errors) == len(self.settings.regions):
+            raise InventoryError("EC2 inventory failed in every region: " + "; ".join(f"{e.region}: {e.message}" for e in errors))
         return found
 
     def _list_region(self, region: str) -> list[GpuInstance]:
@@ -349,9 +356,12 @@ class Ec2Cloud:
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
         """Fresh state and tags of these instances, in any state (terminated too).
 
-        Ids not found anywhere are simply absent from the result. Uses an
-        instance-id filter rather than InstanceIds so one vanished id does not
-        fail the whole call with InvalidInstanceID.NotFound.
+        Ids not found anywhere are simply absent from the result, so an absent
+        id means "gone" only when the call returns: if any region that was asked
+        fails, this raises InventoryError rather than let a reconciliation take
+        an unreachable instance for a vanished one. Uses an instance-id filter
+        rather than InstanceIds so one vanished id does not fail the whole call
+        with InvalidInstanceID.NotFound.
         """
         wanted = list(dict.fromkeys(instance_ids))
         if not wanted:
@@ -372,6 +382,8 @@ class Ec2Cloud:
                 log.error("EC2 describe in %s failed: %s", region, exc)
                 errors.append(RegionError(region, "DescribeInstances", str(exc)))
         self.last_errors = errors
+        if errors:
+            raise InventoryError("EC2 describe failed: " + "; ".join(f"{e.region}: {e.message}" for e in errors))
         return [found[i] for i in wanted if i in found]
 
     def _describe_ids(self, region: str, ids: list[str]) -> dict[str, GpuInstance]:

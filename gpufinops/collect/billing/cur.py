@@ -29,12 +29,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
+from .schema import COLUMNS, BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import TagKeys
 
 log = logging.getLogger(__name__)
@@ -44,10 +45,10 @@ LINE_TYPE = "line_item_line_item_type"
 START = "line_item_usage_start_date"
 REQUIRED = (
     USAGE_TYPE, LINE_TYPE, START, "line_item_resource_id", "line_item_usage_account_id",
-    "line_item_unblended_cost", "line_item_usage_amount", "line_item_currency_code", "identity_line_item_id",
+    "line_item_unblended_cost", "line_item_usage_amount", "line_item_currency_code",
 )
 # Absent columns read as null; the cost of RI/SP lines falls back to unblended with a warning.
-OPTIONAL = ("product_region_code", "resource_tags", "reservation_effective_cost", "savings_plan_savings_plan_effective_cost")
+OPTIONAL = ("identity_line_item_id", "product_region_code", "resource_tags", "reservation_effective_cost", "savings_plan_savings_plan_effective_cost")
 COST_COLUMNS = ("line_item_unblended_cost", "reservation_effective_cost", "savings_plan_savings_plan_effective_cost", "line_item_usage_amount")
 STRING_COLUMNS = (USAGE_TYPE, LINE_TYPE, "line_item_resource_id", "line_item_usage_account_id",
                   "line_item_currency_code", "identity_line_item_id", "product_region_code")
@@ -120,7 +121,7 @@ def _check_schema(name: str, schema: pa.Schema) -> list[str]:
     if missing:
         raise BillingDataError(f"{name}: missing CUR 2.0 column(s) {missing}")
     for c in OPTIONAL:
-        if c not in schema.names and c != "product_region_code":
+        if c not in schema.names and c not in ("product_region_code", "identity_line_item_id"):
             warnings.append(f"{name}: column '{c}' absent; read as empty")
 
     def typ(c):
@@ -149,93 +150,147 @@ def _check_schema(name: str, schema: pa.Schema) -> list[str]:
 # --------------------------------------------------------------------------- reading
 
 
-def _dict_flags(values: list, fn) -> pa.Array:
-    return pa.array([fn(v) if v is not None else None for v in values])
+_PRICING = pa.array(["on-demand", "spot", "reserved", "savings-plan"], pa.string())
+_SEP_KV, _SEP_ITEM = "\x1f", "\x1e"
+# Strings read straight as Parquet dictionaries: grouping then hashes small integers.
+_DICT_COLUMNS = [USAGE_TYPE, LINE_TYPE, "line_item_resource_id", "line_item_usage_account_id",
+                 "line_item_currency_code", "product_region_code"]
 
 
 def _as_dictionary(col: pa.ChunkedArray) -> pa.DictionaryArray:
+    col = col.unify_dictionaries() if pa.types.is_dictionary(col.type) else col
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if not pa.types.is_dictionary(arr.type):
         arr = pc.dictionary_encode(arr)
     return arr
 
 
-def _gpu_rows(
-    head: pa.Table, gpu_re: re.Pattern
-) -> tuple[pa.Array, pa.Array, pa.Array] | None:
-    """Mask of GPU usage rows, plus their instance type and pricing model (full length)."""
-    head = head.unify_dictionaries()
+def _gpu_rows(head: pa.Table, gpu_re: re.Pattern) -> tuple[pa.Array, pa.Array, pa.Array] | None:
+    """Mask of the GPU usage rows; instance type and pricing model of the kept rows.
+
+    All string work happens on the dictionaries (a few hundred distinct usage
+    types); rows only see integer lookups.
+    """
     ut = _as_dictionary(head.column(USAGE_TYPE))
     lt = _as_dictionary(head.column(LINE_TYPE))
     ut_values = ut.dictionary.to_pylist()
     lt_values = lt.dictionary.to_pylist()
-    is_gpu = _dict_flags(ut_values, lambda v: bool(gpu_re.search(v)))
-    if not any(x for x in is_gpu.to_pylist() if x):
+    is_gpu = np.array([v is not None and bool(gpu_re.search(v)) for v in ut_values] + [False])
+    if not is_gpu.any():
         return None
-    is_usage = _dict_flags(lt_values, lambda v: v in USAGE_LINE_TYPES)
-    mask = pc.and_kleene(pc.take(is_gpu, ut.indices), pc.take(is_usage, lt.indices))
-    mask = pc.fill_null(mask, False)
-    if not pc.any(mask).as_py():
+    # Line type -> pricing code (0 = decided by the usage type), -1 = not usage.
+    lt_code = np.array([{"Usage": 0, "DiscountedUsage": 2, "SavingsPlanCoveredUsage": 3}.get(v, -1)
+                        for v in lt_values] + [-1], dtype=np.int8)
+    ut_idx = ut.indices.fill_null(len(ut_values)).to_numpy(zero_copy_only=False)
+    lt_idx = lt.indices.fill_null(len(lt_values)).to_numpy(zero_copy_only=False)
+    mask = is_gpu[ut_idx] & (lt_code[lt_idx] >= 0)
+    if not mask.any():
         return None
-    ut_idx = pc.filter(ut.indices, mask)
-    lt_idx = pc.filter(lt.indices, mask)
-    itype = pc.take(_dict_flags(ut_values, lambda v: m.group(1) if (m := re.search(INSTANCE_TYPE_PATTERN, v)) else ""), ut_idx)
-    spot = pc.take(_dict_flags(ut_values, lambda v: "SpotUsage:" in v), ut_idx)
-    kind = pc.take(pa.array(lt_values, pa.string()), lt_idx)
-    pricing = pc.if_else(
-        pc.equal(kind, "DiscountedUsage"), "reserved",
-        pc.if_else(pc.equal(kind, "SavingsPlanCoveredUsage"), "savings-plan",
-                   pc.if_else(spot, "spot", "on-demand")),
-    )
-    return mask, itype, pricing
+    ut_kept, lt_kept = ut_idx[mask], lt_idx[mask]
+    itypes = [m.group(1) if v and (m := re.search(INSTANCE_TYPE_PATTERN, v)) else "" for v in ut_values]
+    instance_type = pa.DictionaryArray.from_arrays(pa.array(ut_kept.astype(np.int32)), pa.array(itypes + [""], pa.string()))
+    spot = np.array([v is not None and "SpotUsage:" in v for v in ut_values] + [False], dtype=np.int8)
+    code = lt_code[lt_kept]
+    code = np.where(code > 0, code, spot[ut_kept])
+    pricing = pa.DictionaryArray.from_arrays(pa.array(code.astype(np.int8)), _PRICING)
+    return pa.array(mask), instance_type, pricing
 
 
-def _read_file(name: str, source, gpu_re: re.Pattern, warnings: list[str]) -> Iterator[tuple[pa.Table, int]]:
-    """The GPU usage rows of one file, a row group at a time (with that group's row count)."""
+def _read_file(name: str, source, gpu_re: re.Pattern) -> Iterator[tuple[pa.Table, int, list[str]]]:
+    """The GPU usage rows of one file, one row group at a time (with its row count)."""
     try:
         handle = source.open() if isinstance(source, _S3Object) else source
-        pf = pq.ParquetFile(handle, read_dictionary=[USAGE_TYPE, LINE_TYPE])
+        pf = pq.ParquetFile(handle, read_dictionary=_DICT_COLUMNS)
     except (pa.ArrowInvalid, OSError) as exc:
         raise BillingDataError(f"{name}: not a readable Parquet file (truncated or not Parquet?): {exc}") from None
     schema = pf.schema_arrow
-    warnings.extend(_check_schema(name, schema))
+    warnings = _check_schema(name, schema)
     other = [c for c in (*REQUIRED, *OPTIONAL) if c in schema.names and c not in (USAGE_TYPE, LINE_TYPE)]
     for i in range(pf.num_row_groups):
         try:
             head = pf.read_row_group(i, columns=[USAGE_TYPE, LINE_TYPE])
             found = _gpu_rows(head, gpu_re)
             if found is None:
-                yield pa.table({}), head.num_rows
+                yield pa.table({}), head.num_rows, warnings
                 continue
             mask, itype, pricing = found
             rest = pf.read_row_group(i, columns=other).filter(mask)
         except (pa.ArrowInvalid, OSError) as exc:
             raise BillingDataError(f"{name}: row group {i} unreadable (truncated file?): {exc}") from None
         rest = rest.append_column("instance_type", itype).append_column("pricing_model", pricing)
-        yield rest, head.num_rows
+        yield rest, head.num_rows, warnings
+        warnings = []
 
 
 def _num(t: pa.Table, col: str) -> pa.Array:
-    if col not in t.column_names:
+    if col not in t.column_names or pa.types.is_null(t.schema.field(col).type):
         return pa.nulls(t.num_rows, pa.float64())
     return pc.cast(t.column(col), pa.float64())
 
 
-def _str(t: pa.Table, col: str) -> pa.ChunkedArray | pa.Array:
-    if col not in t.column_names:
-        return pa.array([""] * t.num_rows, pa.string())
-    return pc.fill_null(pc.cast(t.column(col), pa.string()), "")
+def _key(t: pa.Table, col: str) -> pa.Array:
+    """A string key column as a dictionary with '' for null (CUR leaves many blank)."""
+    if col not in t.column_names or pa.types.is_null(t.schema.field(col).type):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(t.num_rows, np.int32)), pa.array([""]))
+    arr = _as_dictionary(t.column(col))
+    if arr.null_count:
+        values = pa.concat_arrays([arr.dictionary.cast(pa.string()), pa.array([""])])
+        arr = pa.DictionaryArray.from_arrays(arr.indices.fill_null(len(values) - 1), values)
+    return arr
 
 
-def _tag(tags: pa.ChunkedArray | None, keys: Sequence[str], n: int) -> pa.Array:
-    if tags is None:
-        return pa.array([""] * n, pa.string())
-    found = None
-    for k in keys:
-        v = pc.map_lookup(tags, pa.scalar(k), "first")
-        v = pc.if_else(pc.equal(v, ""), pa.scalar(None, pa.string()), v)
-        found = v if found is None else pc.coalesce(found, v)
-    return pc.fill_null(found, "")
+def _tag_keys(t: pa.Table) -> pa.DictionaryArray:
+    """Each row's tags flattened to one string (k\\x1fv\\x1e...), dictionary-encoded.
+
+    Rows share a handful of tag sets, so JSON and the team/project/owner lookup
+    are done once per distinct set, after aggregation.
+    """
+    n = t.num_rows
+    if "resource_tags" not in t.column_names or not pa.types.is_map(t.schema.field("resource_tags").type):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([""]))
+    maps = t.column("resource_tags").combine_chunks()
+    if maps.offset or (len(maps.offsets) and maps.offsets[0].as_py() != 0):
+        maps = pc.take(maps, pa.array(np.arange(n)))  # fresh offsets starting at 0
+    kv = pc.binary_join_element_wise(maps.keys, pc.fill_null(maps.items, ""), _SEP_KV)
+    lists = pa.ListArray.from_arrays(maps.offsets, kv, mask=maps.is_null())
+    return pc.dictionary_encode(pc.fill_null(pc.binary_join(lists, _SEP_ITEM), ""))
+
+
+def _normalise(name: str, t: pa.Table, start: datetime, end: datetime, max_line_cost: float,
+               counts: dict[str, int]) -> pa.Table:
+    """One row group's GPU rows -> the flat key and value columns the aggregation groups on."""
+    ts = t.column(START)
+    tz = getattr(ts.type, "tz", None)
+    lo = pa.scalar(start if tz else start.replace(tzinfo=None), ts.type)
+    hi = pa.scalar(end if tz else end.replace(tzinfo=None), ts.type)
+    t = t.filter(pc.fill_null(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)), False))
+    if not t.num_rows:
+        return t
+    code = t.column("pricing_model").combine_chunks().indices
+    cost = pc.if_else(pc.equal(code, 2), _num(t, "reservation_effective_cost"),
+                      pc.if_else(pc.equal(code, 3), _num(t, "savings_plan_savings_plan_effective_cost"),
+                                 _num(t, "line_item_unblended_cost")))
+    usage = _num(t, "line_item_usage_amount")
+    ok = pc.fill_null(pc.and_(pc.and_(pc.greater_equal(cost, 0.0), pc.less_equal(cost, max_line_cost)),
+                              pc.greater_equal(usage, 0.0)), False)
+    bad = t.num_rows - pc.sum(pc.cast(ok, pa.int64())).as_py()
+    if bad:
+        counts["bad"] = counts.get("bad", 0) + bad
+        if "identity_line_item_id" in t.column_names:
+            counts.setdefault("first", pc.filter(t.column("identity_line_item_id"), pc.invert(ok))[0].as_py())
+        t, cost, usage = t.filter(ok), pc.filter(cost, ok), pc.filter(usage, ok)
+    return pa.table({
+        "date": pc.cast(t.column(START), pa.date32()),
+        "account": _key(t, "line_item_usage_account_id"),
+        "region": _key(t, "product_region_code"),
+        "resource_id": _key(t, "line_item_resource_id"),
+        "instance_type": t.column("instance_type"),
+        "pricing_model": t.column("pricing_model"),
+        "currency": _key(t, "line_item_currency_code"),
+        "tags_key": _tag_keys(t),
+        "cost": cost,
+        "usage_hours": usage,
+    })
 
 
 def read_cur(
@@ -250,99 +305,80 @@ def read_cur(
     """GPU instance cost per resource per day for usage starting in [start, end)."""
     gpu_re = re.compile(gpu_usage_pattern(families))
     warnings: list[str] = []
-    pieces: list[pa.Table] = []
+    partials: list[pa.Table] = []
     files = list_parquet(path, s3_client)
     rows_read = 0
     for name, source in files:
-        file_pieces = []
-        for piece, n in _read_file(name, source, gpu_re, warnings):
+        counts: dict[str, int] = {}
+        for piece, n, file_warnings in _read_file(name, source, gpu_re):
+            warnings.extend(file_warnings)
             rows_read += n
             if piece.num_rows:
-                file_pieces.append(piece)
-        if file_pieces:
-            t = pa.concat_tables(file_pieces, promote_options="permissive")
-            pieces.append(_normalise(name, t, start, end, tag_keys, max_line_cost, warnings))
-    pieces = [p for p in pieces if p.num_rows]
-    if not pieces:
-        warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
-        return CurResult(empty_table(), warnings, [n for n, _ in files], rows_read)
-    rows = pa.concat_tables(pieces)
-    table = aggregate(rows)
-    single_currency(table, path)
+                rows = _normalise(name, piece, start, end, max_line_cost, counts)
+                if rows.num_rows:
+                    # Aggregate each row group at once: memory stays at one group + the sums.
+                    partials.append(_sum(rows))
+        if counts.get("bad"):
+            warnings.append(
+                f"{name}: {counts['bad']} GPU line item(s) excluded: cost (line_item_unblended_cost, or "
+                f"reservation_effective_cost / savings_plan_savings_plan_effective_cost for RI / SP lines) "
+                f"missing, negative or above {max_line_cost:g}, or negative line_item_usage_amount"
+                + (f" (first: identity_line_item_id={counts['first']})" if "first" in counts else ""))
     for w in warnings:
         log.warning("%s", w)
+    if not partials:
+        warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
+        return CurResult(empty_table(), warnings, [n for n, _ in files], rows_read)
+    table = _finish(_sum(pa.concat_tables(partials).unify_dictionaries()), tag_keys, "cur")
+    single_currency(table, path)
     return CurResult(table, warnings, [n for n, _ in files], rows_read)
 
 
-def _normalise(name: str, t: pa.Table, start: datetime, end: datetime, tag_keys: TagKeys,
-               max_line_cost: float, warnings: list[str]) -> pa.Table:
-    """One file's GPU rows -> the flat columns the aggregation groups on."""
-    ts = t.column(START)
-    if pa.types.is_timestamp(ts.type) and ts.type.tz is None:
-        lo, hi = pa.scalar(start.replace(tzinfo=None), ts.type), pa.scalar(end.replace(tzinfo=None), ts.type)
-    else:
-        lo, hi = pa.scalar(start, ts.type), pa.scalar(end, ts.type)
-    in_month = pc.fill_null(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)), False)
-    t = t.filter(in_month)
-    if not t.num_rows:
-        return t
-    kind_reserved = pc.equal(t.column("pricing_model"), "reserved")
-    kind_sp = pc.equal(t.column("pricing_model"), "savings-plan")
-    cost = pc.if_else(kind_reserved, _num(t, "reservation_effective_cost"),
-                      pc.if_else(kind_sp, _num(t, "savings_plan_savings_plan_effective_cost"),
-                                 _num(t, "line_item_unblended_cost")))
-    usage = _num(t, "line_item_usage_amount")
-    ok = pc.fill_null(pc.and_(pc.and_(pc.greater_equal(cost, 0.0), pc.less_equal(cost, max_line_cost)),
-                              pc.greater_equal(usage, 0.0)), False)
-    bad = t.num_rows - pc.sum(pc.cast(ok, pa.int64())).as_py()
-    if bad:
-        sample = t.filter(pc.invert(ok)).column("identity_line_item_id")[0].as_py()
-        warnings.append(
-            f"{name}: {bad} GPU line item(s) excluded: cost (line_item_unblended_cost or the RI/SP effective cost) "
-            f"missing, negative or above {max_line_cost:g}, or negative line_item_usage_amount "
-            f"(first: identity_line_item_id={sample})")
-    t, cost, usage = t.filter(ok), pc.filter(cost, ok), pc.filter(usage, ok)
-    tags = t.column("resource_tags") if "resource_tags" in t.column_names else None
-    if tags is not None and pa.types.is_null(tags.type):
-        tags = None
-    n = t.num_rows
-    cols = {
-        "date": pc.cast(t.column(START), pa.date32()),
-        "account": _str(t, "line_item_usage_account_id"),
-        "region": _str(t, "product_region_code"),
-        "resource_id": _str(t, "line_item_resource_id"),
-        "instance_type": t.column("instance_type"),
-        "pricing_model": t.column("pricing_model"),
-        "team": _tag(tags, tag_keys.team, n),
-        "project": _tag(tags, tag_keys.project, n),
-        "owner": _tag(tags, tag_keys.owner, n),
-        "currency": _str(t, "line_item_currency_code"),
-        "cost": cost,
-        "usage_hours": usage,
-        "line_item_id": _str(t, "identity_line_item_id"),
-        "resource_tags": tags if tags is not None else pa.nulls(n, pa.map_(pa.string(), pa.string())),
-    }
-    return pa.table(cols)
+_KEYS = ["date", "account", "region", "resource_id", "instance_type", "pricing_model", "currency", "tags_key"]
 
 
-def aggregate(rows: pa.Table) -> pd.DataFrame:
-    """Sum cost and hours per GROUP_KEYS; tags are those of the group's smallest line item id."""
-    agg = rows.group_by(list(GROUP_KEYS), use_threads=True).aggregate(
-        [("cost", "sum"), ("usage_hours", "sum"), ("line_item_id", "min")])
-    # Deterministic tags per group (the SQL's min_by(tags, line_item_id)).
-    idx = pc.index_in(agg.column("line_item_id_min"), value_set=rows.column("line_item_id"))
-    tags = pc.take(rows.column("resource_tags"), idx).to_pylist()
-    df = agg.drop_columns(["line_item_id_min"]).to_pandas()
-    df = df.rename(columns={"cost_sum": "cost", "usage_hours_sum": "usage_hours"})
-    df["tags"] = [canonical_tags(t) for t in tags]
-    df["provider"] = "aws"
-    df["source"] = "cur"
+def _sum(rows: pa.Table) -> pa.Table:
+    rows = rows.unify_dictionaries()
+    out = rows.group_by(_KEYS, use_threads=True).aggregate([("cost", "sum"), ("usage_hours", "sum")])
+    return out.rename_columns([{"cost_sum": "cost", "usage_hours_sum": "usage_hours"}.get(c, c) for c in out.column_names])
+
+
+def _tag_lookup(tags: dict[str, str], keys: Sequence[str]) -> str:
+    for k in keys:
+        if tags.get(k):
+            return tags[k]
+    return ""
+
+
+def _finish(agg: pa.Table, tag_keys: TagKeys, source: str, provider: str = "aws") -> pd.DataFrame:
+    """Aggregated rows with raw tag keys -> the cost table (tags as JSON, team/project/owner)."""
+    df = agg.to_pandas()
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype("str")
+    parsed: dict[str, tuple[str, str, str, str]] = {}
+    for flat in pd.unique(df["tags_key"]):
+        pairs = dict(p.split(_SEP_KV, 1) for p in flat.split(_SEP_ITEM)) if flat else {}
+        parsed[flat] = (canonical_tags(pairs), _tag_lookup(pairs, tag_keys.team),
+                        _tag_lookup(pairs, tag_keys.project), _tag_lookup(pairs, tag_keys.owner))
+    cols = list(zip(*[parsed[f] for f in df["tags_key"]])) if len(df) else [[], [], [], []]
+    df["tags"], df["team"], df["project"], df["owner"] = (list(c) for c in cols)
+    df = df.drop(columns=["tags_key"])
+    df["provider"] = provider
+    df["source"] = source
     df["date"] = pd.to_datetime(df["date"])
-    return sort_table(conform(df))
+    return collapse(conform(df))
+
+
+def collapse(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct key (the same tags written in another key order merge here)."""
+    keys = [c for c in COLUMNS if c not in ("cost", "usage_hours")]
+    out = df.groupby(keys, sort=False, dropna=False, observed=True)[["cost", "usage_hours"]].sum().reset_index()
+    return sort_table(conform(out[list(COLUMNS)]))
 
 
 def sort_table(df: pd.DataFrame) -> pd.DataFrame:
-    keys = ["date", "account", "region", "resource_id", "instance_type", "pricing_model", "team", "project", "owner"]
+    keys = ["date", "account", "region", "resource_id", "instance_type", "pricing_model", "team", "project", "owner", "tags"]
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
@@ -369,7 +405,7 @@ def cur_sql(
     """The read_cur() selection and aggregation as one Presto/Trino (Athena) statement.
 
     Only standard SQL plus Trino functions: regexp_like, regexp_extract,
-    json_format, json_extract_scalar, min_by. DuckDB runs it with three macros
+    json_format, json_extract_scalar. DuckDB runs it with three macros
     (tests/test_billing_athena.py) for the local parity test.
     """
     pattern = gpu_usage_pattern(families)
@@ -396,7 +432,6 @@ def cur_sql(
     END AS DOUBLE) AS cost,
     CAST(line_item_usage_amount AS DOUBLE) AS usage_hours,
     COALESCE(line_item_currency_code, '') AS currency,
-    COALESCE(identity_line_item_id, '') AS line_item_id,
     json_format(CAST(resource_tags AS JSON)) AS tags_json
   FROM {table_ref}
   WHERE line_item_usage_start_date >= TIMESTAMP '{lo}'
@@ -415,9 +450,9 @@ valid AS (
 SELECT
   CAST(usage_date AS VARCHAR) AS date, account, region, resource_id, instance_type, pricing_model,
   team, project, owner, currency,
-  SUM(cost) AS cost, SUM(usage_hours) AS usage_hours, min_by(tags_json, line_item_id) AS tags
+  tags_json AS tags, SUM(cost) AS cost, SUM(usage_hours) AS usage_hours
 FROM valid
-GROUP BY usage_date, account, region, resource_id, instance_type, pricing_model, team, project, owner, currency
+GROUP BY usage_date, account, region, resource_id, instance_type, pricing_model, team, project, owner, currency, tags_json
 ORDER BY usage_date, account, region, resource_id, instance_type, pricing_model, team, project, owner
 """
 
@@ -436,4 +471,4 @@ def table_from_sql_rows(records: Iterable[dict], source: str) -> pd.DataFrame:
     df["source"] = source
     for c in ("cost", "usage_hours"):
         df[c] = pd.to_numeric(df[c], errors="raise")
-    return sort_table(conform(df))
+    return collapse(conform(df))

@@ -45,7 +45,7 @@ def empty_table() -> pd.DataFrame:
 
 def canonical_tags(tags: Mapping[str, object] | Iterable[tuple[str, object]] | str | None) -> str:
     """Tags as JSON with sorted keys; None/empty -> '{}'. Values become strings."""
-    if tags is None:
+    if tags is None or (isinstance(tags, float) and tags != tags):  # None or NaN
         return "{}"
     if isinstance(tags, str):
         if not tags.strip() or tags.strip().upper() == "NULL":

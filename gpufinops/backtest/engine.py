@@ -1,0 +1,403 @@
+"""Vectorised replay of idle rules over a Trace, with the live act semantics.
+
+Two stages, both without a per-sample Python loop:
+
+1. Verdicts. For every evaluation tick (default every 60 s) and instance, the
+   window (now - window, now] is summarised per GPU exactly as the live
+   collector does server-side (count, mean, max), with cumulative sums and
+   pandas rolling maxima, and judged by `evaluate.window_is_idle` and
+   `evaluate.coverage_ok` (the live predicates, called on whole arrays).
+   The remaining branches of `evaluate()` (too young, not running, missing
+   GPU, memory veto, underutilised vs active) are mirrored on arrays;
+   tests/test_backtest_equivalence.py replays traces through `evaluate()` tick
+   by tick and asserts identical verdicts and stops.
+
+2. Acting. The live two-phase stop: the first IDLE verdict marks the
+   instance with stop_at = now + warning lead; at/after stop_at an IDLE verdict
+   stops it; an ACTIVE/UNDERUTILIZED verdict (or a snooze) before that cancels
+   the mark; UNKNOWN keeps the mark and never stops. A stopped instance is
+   restarted at the first later sample whose activity shows demand and is not
+   judged for a full window after that (launch time resets). The loop runs per
+   *event* (mark, stop) using precomputed "next idle tick" indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..evaluate import coverage_ok, window_is_idle
+from ..model import Aggregation, GpuInstance, Rule
+from .traces import Trace
+
+# Verdict codes in the int8 matrices (order matters only for readability).
+UNKNOWN, IDLE, UNDERUTILIZED, ACTIVE = 0, 1, 2, 3
+VERDICT_NAMES = ("UNKNOWN", "IDLE", "UNDERUTILIZED", "ACTIVE")
+
+# p4d.24xlarge on-demand us-east-1, 21.957642 USD/h for 8 A100 GPUs
+# (../shared/data/gpu_prices/aws_ec2_ondemand_prices_karpenter_us-east-1.csv).
+DEFAULT_PRICE_PER_GPU_HOUR = 2.745
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class BacktestSettings:
+    tick_s: float = 60.0  # evaluation period of the live service
+    restart_cost_s: float = 600.0  # GPU time lost per restart (boot, model load, warm-up)
+    break_even_s: float = 1800.0  # a stop followed by demand sooner than this is a false stop
+    demand_pct: float = 5.0  # activity above this while stopped means someone needs the GPU: restart
+    price_per_gpu_hour: float = DEFAULT_PRICE_PER_GPU_HOUR
+    scrape_interval_s: float | None = None  # expected samples = window / this; default: the trace step
+    # instance id -> [(start, end) epoch s] during which a gpufinops:snooze-until tag is set.
+    snoozes: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+
+    def expected_samples(self, window_s: float, step_s: float) -> int:
+        return max(1, int(window_s // (self.scrape_interval_s or step_s)))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Tick times and, per tick, the sample range (lo, hi] of every window length."""
+
+    times: np.ndarray  # epoch s of each tick
+    hi: np.ndarray  # samples with index < hi have t <= now
+
+    @staticmethod
+    def for_trace(trace: Trace, tick_s: float) -> "Grid":
+        last = trace.t0 + (trace.n_steps - 1) * trace.step_s
+        n = int(np.floor((last - trace.t0) / tick_s + _EPS)) + 1
+        times = trace.t0 + np.arange(n) * tick_s
+        hi = np.floor((times - trace.t0) / trace.step_s + _EPS).astype(np.int64) + 1
+        return Grid(times=times, hi=np.minimum(hi, trace.n_steps))
+
+    def lo(self, trace: Trace, window_s: float) -> np.ndarray:
+        """First sample index inside (now - window, now] (may be negative: clipped by users)."""
+        return np.floor((self.times - window_s - trace.t0) / trace.step_s + _EPS).astype(np.int64) + 1
+
+
+@dataclass
+class WindowStats:
+    """Per GPU row, per tick: the server-side aggregates of one window length."""
+
+    count: np.ndarray
+    mean: np.ndarray  # NaN where count == 0
+    max: np.ndarray  # NaN where count == 0
+    mem_max: np.ndarray | None
+
+
+def _rolling_max(a: np.ndarray, length: int) -> np.ndarray:
+    """Max of the last `length` samples along axis 1, NaN-skipping (pandas' rolling is O(n))."""
+    frame = pd.DataFrame(a.T)
+    return frame.rolling(length, min_periods=1).max().to_numpy().T
+
+
+class Prepared:
+    """Everything about a trace that does not depend on the rule: computed once per backtest/sweep."""
+
+    def __init__(self, trace: Trace, settings: BacktestSettings):
+        self.trace = trace
+        self.settings = settings
+        self.grid = Grid.for_trace(trace, settings.tick_s)
+        valid = ~np.isnan(trace.util)
+        zero = np.zeros((trace.util.shape[0], 1))
+        self._csum_n = np.concatenate([zero, np.cumsum(valid, axis=1)], axis=1)
+        self._csum_v = np.concatenate([zero, np.cumsum(np.where(valid, trace.util, 0.0), axis=1)], axis=1)
+        self._windows: dict[float, WindowStats] = {}
+        first, last = trace.instance_span()
+        self.first_idx, self.last_idx = first, last
+        self.first_t = trace.t0 + first * trace.step_s
+        self.end_t = trace.t0 + (last + 1) * trace.step_s  # instance gone after its last sample's step
+        times = self.grid.times
+        self.alive = (times[None, :] >= self.first_t[:, None] - _EPS) & (times[None, :] < self.end_t[:, None] - _EPS)
+        # Demand (restart trigger) per instance and sample: any of its GPUs above the level.
+        act = trace.instance_activity_max()
+        with np.errstate(invalid="ignore"):
+            self.demand = act > settings.demand_pct
+        n = trace.n_steps
+        idx = np.where(self.demand, np.arange(n)[None, :], n)
+        self.next_demand = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]  # first demand sample >= k
+        idx = np.where(self.demand, np.arange(n)[None, :], -1)
+        self.prev_demand = np.maximum.accumulate(idx, axis=1)  # last demand sample <= k
+        self.gpus = trace.gpus_per_instance()
+        self.snoozed = self._snooze_mask()
+
+    def _snooze_mask(self) -> np.ndarray:
+        mask = np.zeros((self.trace.n_instances, len(self.grid.times)), dtype=bool)
+        pos = {iid: i for i, iid in enumerate(self.trace.instance_ids)}
+        for iid, periods in self.settings.snoozes.items():
+            if iid in pos:
+                for start, end in periods:
+                    mask[pos[iid]] |= (self.grid.times >= start) & (self.grid.times < end)
+        return mask
+
+    def window(self, window_s: float) -> WindowStats:
+        if window_s in self._windows:
+            return self._windows[window_s]
+        tr, hi = self.trace, self.grid.hi
+        lo_raw = self.grid.lo(tr, window_s)
+        lo = np.clip(lo_raw, 0, tr.n_steps)
+        count = self._csum_n[:, hi] - self._csum_n[:, lo]
+        total = self._csum_v[:, hi] - self._csum_v[:, lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        mx = np.full(count.shape, np.nan)
+        mem = None if tr.mem_mib is None else np.full(count.shape, np.nan)
+        lengths = hi - lo_raw
+        end = np.maximum(hi - 1, 0)
+        for length in np.unique(lengths):  # one or two distinct window lengths in samples
+            cols = np.flatnonzero(lengths == length)
+            mx[:, cols] = _rolling_max(tr.util, int(max(length, 1)))[:, end[cols]]
+            if mem is not None:
+                mem[:, cols] = _rolling_max(tr.mem_mib, int(max(length, 1)))[:, end[cols]]
+        mx[count == 0] = np.nan
+        stats = WindowStats(count=count, mean=mean, max=mx, mem_max=mem)
+        self._windows[window_s] = stats
+        return stats
+
+    def matches(self, rule: Rule) -> np.ndarray:
+        """Which instances the rule's selector takes (trace instances have no tags or type)."""
+        out = np.zeros(self.trace.n_instances, dtype=bool)
+        for i, iid in enumerate(self.trace.instance_ids):
+            inst = GpuInstance(instance_id=iid, instance_type="", region="", state="running",
+                               launch_time=pd.Timestamp(0, tz="UTC").to_pydatetime(), gpu_count=int(self.gpus[i]))
+            out[i] = rule.selector.matches(inst)
+        return out
+
+
+def _per_instance(values: np.ndarray, gpu_instance: np.ndarray, n_inst: int, how: str) -> np.ndarray:
+    """Reduce GPU rows to instance rows (all/any/min/max/mean) with ufunc.at: a loop in C."""
+    shape = (n_inst,) + values.shape[1:]
+    if how == "all":
+        out = np.ones(shape, dtype=bool)
+        np.logical_and.at(out, gpu_instance, values)
+    elif how == "any":
+        out = np.zeros(shape, dtype=bool)
+        np.logical_or.at(out, gpu_instance, values)
+    elif how == "min":
+        out = np.full(shape, np.inf)
+        np.minimum.at(out, gpu_instance, values)
+    elif how == "max":
+        out = np.full(shape, -np.inf)
+        np.fmax.at(out, gpu_instance, values)
+    elif how == "mean":
+        out = np.zeros(shape)
+        np.add.at(out, gpu_instance, values)
+        out /= np.bincount(gpu_instance, minlength=n_inst).reshape((-1,) + (1,) * (values.ndim - 1))
+    else:  # pragma: no cover
+        raise ValueError(how)
+    return out
+
+
+def _reduce(values: np.ndarray, prep: Prepared, how: str) -> np.ndarray:
+    tr = prep.trace
+    if tr.util.shape[0] == tr.n_instances and np.array_equal(tr.gpu_instance, np.arange(tr.n_instances)):
+        return values.copy() if how != "all" and how != "any" else values.astype(bool)
+    return _per_instance(values, tr.gpu_instance, tr.n_instances, how)
+
+
+def rule_verdicts(prep: Prepared, rule: Rule) -> np.ndarray:
+    """int8 (instances, ticks): what `evaluate()` would say at every tick, for instances running since their first sample."""
+    tr, s = prep.trace, prep.settings
+    ws = prep.window(rule.window_s)
+    expected = s.expected_samples(rule.window_s, tr.step_s)
+    no_samples = _reduce(ws.count == 0, prep, "any")
+    min_count = _reduce(ws.count, prep, "min")
+    covered = coverage_ok(min_count, expected, rule.min_coverage)
+    gpu_idle = window_is_idle(ws.max, ws.mean, rule.threshold_pct, rule.aggregation)
+    all_idle = _reduce(gpu_idle, prep, "all")
+    with np.errstate(invalid="ignore"):
+        act_mean = _reduce(np.nan_to_num(ws.mean), prep, "mean")
+    veto = np.zeros_like(all_idle)
+    if rule.max_memory_mib is not None and ws.mem_max is not None:
+        mem = _reduce(np.nan_to_num(ws.mem_max, nan=-np.inf), prep, "max")
+        veto = mem > rule.max_memory_mib
+
+    v = np.where(act_mean < rule.underutilized_below_pct, UNDERUTILIZED, ACTIVE).astype(np.int8)
+    v[all_idle & ~veto] = IDLE
+    v[all_idle & veto] = UNDERUTILIZED
+    young = prep.grid.times[None, :] - prep.first_t[:, None] < rule.window_s - _EPS
+    v[~prep.alive | young | no_samples | ~covered] = UNKNOWN
+    v[~prep.matches(rule)] = UNKNOWN
+    return v
+
+
+# --------------------------------------------------------------------------- acting
+
+
+@dataclass(frozen=True)
+class StopEvent:
+    instance: str
+    stop_at: float  # epoch s
+    restart_at: float | None  # None: never needed again before the instance's history ends
+    stopped_s: float  # wall time stopped (to restart or end of the instance's history)
+    gpus: int
+    false_stop: bool
+    time_to_stop_s: float  # from the start of the idle stretch (last demand) to the stop
+    mark_at: float
+    tick: int = -1
+
+
+@dataclass(frozen=True)
+class Replay:
+    stops: tuple[StopEvent, ...]
+    marks: int
+    cancelled: int
+    verdicts: np.ndarray  # int8 (instances, ticks) as the live service would have seen them (stopped -> UNKNOWN)
+
+
+def next_index(mask: np.ndarray) -> np.ndarray:
+    """For each column, the first column >= it where mask is true (n where none), row-wise."""
+    n = mask.shape[-1]
+    idx = np.where(mask, np.arange(n), n)
+    return np.minimum.accumulate(idx[..., ::-1], axis=-1)[..., ::-1]
+
+
+def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s: float) -> Replay:
+    """Apply mark/stop/cancel/restart to a verdict matrix. Loops per event, not per tick.
+
+    grace_s: after a restart, ticks until restart + grace_s are UNKNOWN (too young): the rule window.
+    """
+    tr, s, times = prep.trace, prep.settings, prep.grid.times
+    n_ticks = len(times)
+    eligible = (verdicts == IDLE) & ~prep.snoozed
+    cancels = (verdicts == UNDERUTILIZED) | (verdicts == ACTIVE) | prep.snoozed
+    nxt_idle = np.concatenate([next_index(eligible), np.full((tr.n_instances, 1), n_ticks)], axis=1)
+    nxt_cancel = np.concatenate([next_index(cancels), np.full((tr.n_instances, 1), n_ticks)], axis=1)
+    lead_ticks = int(np.ceil(warning_lead_s / s.tick_s - _EPS))
+    seen = verdicts.copy()
+    stops: list[StopEvent] = []
+    marks = cancelled = 0
+    for i in range(tr.n_instances):
+        j = 0
+        while True:
+            m = nxt_idle[i, j]
+            if m >= n_ticks:
+                break
+            marks += 1
+            stop_tick = m + lead_ticks
+            if stop_tick >= n_ticks:
+                break  # still marked when the history ends
+            c = nxt_cancel[i, m + 1]
+            st = nxt_idle[i, stop_tick]
+            if c < st:
+                if c < n_ticks:
+                    cancelled += 1
+                j = c
+                if j >= n_ticks:
+                    break
+                continue
+            if st >= n_ticks:
+                break
+            ts = times[st]
+            k0 = int(np.floor((ts - tr.t0) / tr.step_s + _EPS)) + 1  # first sample strictly after the stop
+            k = prep.next_demand[i, k0] if k0 < tr.n_steps else tr.n_steps
+            restart = tr.t0 + k * tr.step_s if k < tr.n_steps else None
+            until = restart if restart is not None else max(prep.end_t[i], ts)
+            last_d = prep.prev_demand[i, min(k0 - 1, tr.n_steps - 1)]
+            idle_since = prep.first_t[i] if last_d < 0 else tr.t0 + (last_d + 1) * tr.step_s
+            stops.append(StopEvent(
+                instance=tr.instance_ids[i], stop_at=float(ts), restart_at=None if restart is None else float(restart),
+                stopped_s=float(until - ts), gpus=int(prep.gpus[i]),
+                false_stop=restart is not None and restart - ts < s.break_even_s,
+                time_to_stop_s=float(max(0.0, ts - idle_since)), mark_at=float(times[m]), tick=int(st),
+            ))
+            if restart is None:
+                seen[i, st + 1:] = UNKNOWN
+                break
+            j = int(np.ceil((restart + grace_s - tr.t0) / s.tick_s - _EPS))  # judged again after a full window
+            seen[i, st + 1:min(j, n_ticks)] = UNKNOWN
+            if j >= n_ticks:
+                break
+    return Replay(stops=tuple(stops), marks=marks, cancelled=cancelled, verdicts=seen)
+
+
+# --------------------------------------------------------------------------- savings
+
+
+def oracle_net_seconds(prep: Prepared) -> np.ndarray:
+    """GPU-seconds the oracle saves per instance: every idle stretch (no demand) longer than the
+    break-even, stopped at its start, minus the restart cost when demand comes back."""
+    tr, s = prep.trace, prep.settings
+    out = np.zeros(tr.n_instances)
+    for i in range(tr.n_instances):  # per instance; the stretches themselves are arrays
+        first, last = prep.first_idx[i], prep.last_idx[i]
+        if last < first:
+            continue
+        d = np.flatnonzero(prep.demand[i, first:last + 1]) + first
+        starts = np.concatenate([[first], d + 1])
+        ends = np.concatenate([d, [last + 1]])  # sample index where demand shows (or history ends)
+        dur = (ends - starts) * tr.step_s
+        restarts = np.concatenate([np.ones(len(d), dtype=bool), [False]])
+        keep = dur > s.break_even_s
+        out[i] = (dur[keep] - np.where(restarts[keep], s.restart_cost_s, 0.0)).sum() * prep.gpus[i]
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    policy: str
+    instances: int
+    stops: int
+    restarts: int
+    false_stops: int
+    false_stop_rate: float
+    marks: int
+    marks_cancelled: int
+    gpu_hours_stopped: float
+    restart_cost_gpu_hours: float
+    net_gpu_hours: float
+    net_dollars: float
+    oracle_net_gpu_hours: float
+    pct_of_oracle: float
+    time_to_stop_min: dict  # p10/p50/p90/mean minutes
+    rule: Rule | None = None
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rule"}
+        if self.rule is not None:
+            d["rule"] = {"threshold_pct": self.rule.threshold_pct, "window_s": self.rule.window_s,
+                         "aggregation": self.rule.aggregation.value, "warning_lead_s": self.rule.warning_lead_s}
+        return d
+
+
+def summarise(name: str, prep: Prepared, rep: Replay, rule: Rule | None = None,
+              oracle: np.ndarray | None = None) -> Summary:
+    s = prep.settings
+    stops = rep.stops
+    stopped_h = sum(e.stopped_s * e.gpus for e in stops) / 3600
+    restarts = sum(1 for e in stops if e.restart_at is not None)
+    cost_h = sum(e.gpus for e in stops if e.restart_at is not None) * s.restart_cost_s / 3600
+    false = sum(1 for e in stops if e.false_stop)
+    net = stopped_h - cost_h
+    oracle_h = float((oracle_net_seconds(prep) if oracle is None else oracle).sum() / 3600)
+    tts = np.array([e.time_to_stop_s for e in stops]) / 60
+    dist = ({"p10": float(np.percentile(tts, 10)), "p50": float(np.median(tts)), "p90": float(np.percentile(tts, 90)),
+             "mean": float(tts.mean())} if len(tts) else {})
+    return Summary(
+        policy=name, instances=prep.trace.n_instances, stops=len(stops), restarts=restarts, false_stops=false,
+        false_stop_rate=false / len(stops) if stops else 0.0, marks=rep.marks, marks_cancelled=rep.cancelled,
+        gpu_hours_stopped=stopped_h, restart_cost_gpu_hours=cost_h, net_gpu_hours=net,
+        net_dollars=net * s.price_per_gpu_hour, oracle_net_gpu_hours=oracle_h,
+        pct_of_oracle=100.0 * net / oracle_h if oracle_h > 0 else 0.0, time_to_stop_min=dist, rule=rule,
+    )
+
+
+def backtest_rule(prep: Prepared, rule: Rule, oracle: np.ndarray | None = None) -> tuple[Summary, Replay]:
+    """One rule, simulated as if its action were stop (a notify rule shows what enforcing it would do)."""
+    rep = replay(prep, rule_verdicts(prep, rule), rule.warning_lead_s, rule.window_s)
+    return summarise(rule.name, prep, rep, rule, oracle), rep
+
+
+def backtest(trace: Trace, rules: Sequence[Rule], settings: BacktestSettings | None = None) -> list[Summary]:
+    prep = Prepared(trace, settings or BacktestSettings())
+    oracle = oracle_net_seconds(prep)
+    return [backtest_rule(prep, r, oracle)[0] for r in rules]
+
+
+__all__ = [
+    "Aggregation", "BacktestSettings", "Prepared", "Replay", "StopEvent", "Summary", "backtest", "backtest_rule",
+    "oracle_net_seconds", "replay", "rule_verdicts", "summarise", "UNKNOWN", "IDLE", "UNDERUTILIZED", "ACTIVE",
+]

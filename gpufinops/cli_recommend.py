@@ -1,0 +1,141 @@
+"""`gpufinops recommend` (right-size + purchase mix for the running fleet) and `gpufinops size`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from datetime import datetime, timezone
+
+from gpufinops.catalog import CatalogError, load_catalog, load_refresh, refresh_from_aws, save_refresh
+
+
+def _parse_params(text: str) -> float:
+    t = text.strip().upper()
+    mult = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(t[-1:], 1.0)
+    try:
+        value = float(t[:-1] if t[-1:] in "KMBT" else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--params: {text!r} is not a number (e.g. 70e9 or 70B)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("--params must be positive")
+    return value
+
+
+def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
+    catalog = load_catalog(policy.catalog_dir)
+    if refresh and settings is not None:
+        import boto3
+
+        session = boto3.session.Session(profile_name=settings.aws.profile)
+        region = settings.aws.regions[0]
+        ec2 = session.client("ec2", region_name=region, endpoint_url=settings.aws.endpoint_url)
+        pricing = session.client("pricing", region_name="us-east-1", endpoint_url=settings.aws.endpoint_url)
+        types = sorted({o.instance_type for o in catalog.offers if o.provider == "aws"})
+        cache = refresh_from_aws(ec2, pricing, region, types, now)
+        save_refresh(cache, policy.price_cache_path)
+        for err in cache.errors:
+            print(f"warning: price refresh: {err}", file=sys.stderr)
+    cache = load_refresh(policy.price_cache_path)
+    if cache is not None:
+        catalog = catalog.with_aws_refresh(cache)
+    if catalog.skipped:
+        print(f"note: {len(catalog.skipped)} catalog row(s) skipped, first: {catalog.skipped[0]}", file=sys.stderr)
+    return catalog
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from gpufinops.cli import load_settings_from_args
+    from gpufinops.collect.inventory import Ec2Cloud
+    from gpufinops.recommend.engine import recommend_fleet, store_recommendations
+    from gpufinops.recommend.policy import policy_from_settings
+    from gpufinops.recommend.table import render
+    from gpufinops.recommend.usage import PrometheusUsage
+    from gpufinops.store import Store
+
+    settings = load_settings_from_args(args)
+    policy = policy_from_settings(settings)
+    now = datetime.now(timezone.utc)  # the edge: logic below takes `now` as a value
+    try:
+        catalog = _load_catalog(policy, now, settings, refresh=args.refresh_prices)
+    except CatalogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    cloud = Ec2Cloud(settings.aws)
+    instances = cloud.list_gpu_instances()
+    for err in getattr(cloud, "last_errors", []):
+        print(f"warning: inventory: {err}", file=sys.stderr)
+    interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
+    usage = PrometheusUsage(settings.prometheus).fleet_usage(
+        instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
+    recs = recommend_fleet(instances, usage, catalog, policy, now)
+    if not args.no_store:
+        store = Store(settings.database_url)
+        try:
+            store_recommendations(store, uuid.uuid4().hex[:12], recs)
+        finally:
+            store.close()
+    print(render(recs, args.format))
+    return 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    from gpufinops.cli import load_settings_from_args
+    from gpufinops.recommend.policy import policy_from_settings
+    from gpufinops.recommend.sizing import SizingError, estimate_memory, fitting_options
+
+    policy = policy_from_settings(load_settings_from_args(args))
+    try:
+        est = estimate_memory(args.params, args.mode, args.precision, args.context, args.batch,
+                              args.layers, args.hidden)
+    except SizingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        catalog = _load_catalog(policy, datetime.now(timezone.utc))
+    except CatalogError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = fitting_options(est, catalog, args.provider or None, args.limit)
+    if args.format == "json":
+        print(json.dumps({"estimate": est.to_dict(), "options": [o.to_dict() for o in options]}, indent=2))
+        return 0
+    d = est.to_dict()
+    print(f"{args.params:.3g} params, {est.mode.value}, {est.precision}, context {est.context}, batch {est.batch} "
+          f"(assumed shape: {est.layers} layers, hidden {est.hidden})")
+    for k in ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb", "kv_cache_gb", "overhead_gb"):
+        if k in d:
+            print(f"  {k[:-3]:<12} {d[k]:>10,.1f} GB")
+    print(f"  {'total':<12} {est.total_gb:>10,.1f} GB  (weights+grads+optimizer {est.states_gb:,.1f} GB)")
+    if not options:
+        print("no catalog configuration holds this workload")
+        return 1
+    print("\ncheapest fitting configurations (on-demand):")
+    for o in options:
+        off = o.offer
+        print(f"  {off.provider:<7} {off.instance_type:<28} {off.gpu_count}x {off.gpu:<10} {off.region:<14} "
+              f"${off.on_demand_usd_h:>8.2f}/h  {o.note}  (prices as of {off.prices_as_of})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("recommend", help="right-size GPU instances and recommend spot/on-demand/commitment, with savings")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--no-store", action="store_true", help="do not store the results in the database")
+    p.add_argument("--refresh-prices", action="store_true",
+                   help="refresh AWS GPU facts and prices from the EC2/Pricing APIs before recommending")
+    p.set_defaults(func=cmd_recommend)
+
+    s = sub.add_parser("size", help="estimate the memory of a declared workload and the cheapest GPUs that hold it")
+    s.add_argument("--params", type=_parse_params, required=True, help="parameter count, e.g. 70e9 or 70B")
+    s.add_argument("--mode", choices=("inference", "peft", "full-finetune", "pretrain"), required=True)
+    s.add_argument("--precision", choices=("fp32", "bf16", "fp16", "fp8", "int8", "int4"), default="bf16")
+    s.add_argument("--context", type=int, default=4096, help="sequence length in tokens (default 4096)")
+    s.add_argument("--batch", type=int, default=1, help="sequences per step / concurrent requests (default 1)")
+    s.add_argument("--layers", type=int, default=None, help="model layers (default: estimated from --params)")
+    s.add_argument("--hidden", type=int, default=None, help="hidden size (default: estimated from --params)")
+    s.add_argument("--provider", action="append", help="limit to a provider (repeatable): aws gcp azure lambda runpod")
+    s.add_argument("--limit", type=int, default=10)
+    s.add_argument("--format", choices=("table", "json"), default="table")
+    s.set_defaults(func=cmd_size)

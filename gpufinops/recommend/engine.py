@@ -1,0 +1,215 @@
+"""One recommendation per instance (plus commitment rows per type), stored for reports and the digest.
+
+`recommend_fleet` is pure: inventory + usage + catalog + policy + now in,
+Recommendation values out. Storing and messaging hang off those values.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import date, datetime, timezone
+from typing import Mapping, Sequence
+
+from sqlalchemy import Column, Date, DateTime, Float, Integer, String, Table, Text, insert, select
+
+from gpufinops.catalog import Catalog
+from gpufinops.model import GpuInstance, Message
+from gpufinops.recommend.policy import RecommendPolicy
+from gpufinops.recommend.purchase import classify, commitment, spot_vs_on_demand
+from gpufinops.recommend.rightsize import rightsize
+from gpufinops.recommend.usage import FleetUsage
+from gpufinops.store import Store, _aware, _naive_utc, metadata
+
+RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    instance_id: str  # "" for a fleet-level commitment row
+    team: str
+    instance_type: str
+    region: str
+    action: str  # keep | rightsize | spot | rightsize+spot | commit | insufficient_data | unknown_type
+    current_monthly: float | None
+    recommended: str
+    recommended_monthly: float | None
+    monthly_savings: float
+    risk: str
+    reason: str
+    prices_as_of: date | None
+    created_at: datetime
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["prices_as_of"] = self.prices_as_of.isoformat() if self.prices_as_of else None
+        d["created_at"] = self.created_at.isoformat()
+        return d
+
+
+def _price_age(as_of: date | None, now: datetime, policy: RecommendPolicy) -> str:
+    if as_of is None:
+        return "price date unknown"
+    days = (now.date() - as_of).days
+    stale = " - STALE, refresh prices" if days > policy.price_max_age_days else ""
+    return f"prices as of {as_of.isoformat()} ({days} days old{stale})"
+
+
+def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, policy: RecommendPolicy,
+                       now: datetime) -> Recommendation:
+    hpm = policy.hours_per_month
+    sized = rightsize(inst, fleet.instances.get(inst.instance_id), catalog, policy)
+    cur = sized.current
+    on_spot = inst.lifecycle == "spot"
+    current_hourly = inst.hourly_cost
+    if current_hourly is None and cur is not None:
+        current_hourly = cur.spot_usd_h if on_spot and cur.spot_usd_h else cur.on_demand_usd_h
+    current_monthly = current_hourly * hpm if current_hourly is not None else None
+
+    def rec(action, recommended, rec_monthly, risk, reason, as_of):
+        savings = (current_monthly - rec_monthly) if (current_monthly is not None and rec_monthly is not None) else 0.0
+        return Recommendation(inst.instance_id, inst.team(), inst.instance_type, inst.region, action,
+                              current_monthly, recommended, rec_monthly, max(0.0, savings), risk,
+                              f"{reason}; {_price_age(as_of, now, policy)}" if as_of or cur else reason, as_of, now)
+
+    if sized.status != "ok":
+        return rec(sized.status, "-", None, "none", sized.reason, cur.prices_as_of if cur else None)
+    target = sized.candidate or cur
+    label = f"{target.instance_type} ({target.gpu_count}x {target.gpu})"
+    parts = [sized.reason]
+    action = "rightsize" if sized.candidate else "keep"
+    hourly = target.on_demand_usd_h
+    risk = sized.risk
+    kind = classify(inst, policy)
+    if on_spot:
+        parts.append("already on spot")
+        hourly = target.spot_usd_h or hourly
+    elif kind.interruptible:
+        verdict = spot_vs_on_demand(target.on_demand_usd_h, target.spot_usd_h, target.instance_type, target.region,
+                                    policy.spot)
+        parts.append(f"{kind.reason}; {verdict.reason}")
+        if verdict.use_spot:
+            action = "rightsize+spot" if sized.candidate else "spot"
+            label += " on spot, on-demand fallback"
+            hourly = verdict.expected_hourly
+            risk = max(risk, "low", key=RISK_ORDER.__getitem__)
+    else:
+        parts.append(f"on-demand: {kind.reason}")
+    rec_monthly = hourly * hpm
+    if current_monthly is not None and rec_monthly >= current_monthly and action != "keep":
+        action, label, rec_monthly, risk = "keep", f"{cur.instance_type} ({cur.gpu_count}x {cur.gpu})", current_monthly, "none"
+    return rec(action, label, rec_monthly, risk, "; ".join(parts), target.prices_as_of)
+
+
+def recommend_fleet(instances: Sequence[GpuInstance], fleet: FleetUsage, catalog: Catalog, policy: RecommendPolicy,
+                    now: datetime) -> list[Recommendation]:
+    running = [i for i in instances if i.is_running]
+    recs = [recommend_instance(i, fleet, catalog, policy, now) for i in running]
+    recs += commitment_recs(running, fleet.hourly_gpus, catalog, policy, now)
+    return sorted(recs, key=lambda r: (-r.monthly_savings, r.instance_id))
+
+
+def commitment_recs(instances: Sequence[GpuInstance], hourly_gpus: Mapping[str, Sequence[int]], catalog: Catalog,
+                    policy: RecommendPolicy, now: datetime) -> list[Recommendation]:
+    """Per (provider, type, region): commit to the baseline number of on-demand instances."""
+    groups: dict[tuple[str, str, str], list[GpuInstance]] = defaultdict(list)
+    for inst in instances:
+        if inst.lifecycle != "spot" and inst.instance_id in hourly_gpus:
+            groups[(inst.provider, inst.instance_type, inst.region)].append(inst)
+    out = []
+    for (provider, itype, region), members in sorted(groups.items()):
+        offer = catalog.offer(provider, itype, region)
+        if offer is None:
+            continue
+        hours = min(len(hourly_gpus[m.instance_id]) for m in members)
+        counts = [sum(1 for m in members if hourly_gpus[m.instance_id][h] > 0) for h in range(hours)]
+        c = commitment(itype, region, counts, offer.on_demand_usd_h, offer.commit_usd_h, policy.commitment,
+                       policy.hours_per_month)
+        if c is None:
+            continue
+        teams = sorted({m.team() for m in members if m.team()})
+        out.append(Recommendation(
+            "", ",".join(teams), itype, region, "commit", c.baseline * c.on_demand_hourly * policy.hours_per_month,
+            f"commit {c.baseline}x {itype} ({policy.commitment.term})", c.baseline * c.commit_hourly * policy.hours_per_month,
+            c.monthly_savings, "low",
+            f"{c.reason}; right-size first: commit to what remains; {_price_age(offer.prices_as_of, now, policy)}",
+            offer.prices_as_of, now,
+        ))
+    return out
+
+
+# --------------------------------------------------------------------------- storage
+
+recommendations = Table(
+    "recommendations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), nullable=False, index=True),
+    Column("created_at", DateTime, nullable=False, index=True),
+    Column("instance_id", String(64), nullable=False, index=True),
+    Column("team", String(128)),
+    Column("instance_type", String(64), nullable=False),
+    Column("region", String(64)),
+    Column("action", String(32), nullable=False),
+    Column("current_monthly", Float),
+    Column("recommended", Text, nullable=False),
+    Column("recommended_monthly", Float),
+    Column("monthly_savings", Float, nullable=False),
+    Column("risk", String(16), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("prices_as_of", Date),
+)
+
+
+def store_recommendations(store: Store, run_id: str, recs: Sequence[Recommendation]) -> None:
+    if not recs:
+        return
+    metadata.create_all(store.engine, tables=[recommendations])
+    rows = [{**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": _naive_utc(r.created_at), "run_id": run_id}
+            for r in recs]
+    with store.engine.begin() as conn:
+        conn.execute(insert(recommendations), rows)
+
+
+def latest_recommendations(store: Store, since: datetime | None = None) -> list[Recommendation]:
+    """The rows of the most recent run (at or after `since`), for the monthly report."""
+    metadata.create_all(store.engine, tables=[recommendations])
+    with store.engine.connect() as conn:
+        q = select(recommendations.c.run_id, recommendations.c.created_at).order_by(
+            recommendations.c.created_at.desc(), recommendations.c.id.desc()).limit(1)
+        if since is not None:
+            q = q.where(recommendations.c.created_at >= _naive_utc(since))
+        last = conn.execute(q).first()
+        if last is None:
+            return []
+        rows = conn.execute(select(recommendations).where(recommendations.c.run_id == last[0])
+                            .order_by(recommendations.c.monthly_savings.desc())).mappings().all()
+    fields = Recommendation.__dataclass_fields__
+    return [Recommendation(**{k: (_aware(v) if k == "created_at" else v) for k, v in r.items() if k in fields})
+            for r in rows]
+
+
+# --------------------------------------------------------------------------- weekly digest
+
+
+def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel: str = "#gpu-finops",
+                          top: int = 10) -> Message:
+    """A Slack digest of the largest savings; one per ISO week (the key makes it exactly-once)."""
+    year, week, _ = now.astimezone(timezone.utc).isocalendar()
+    actionable = [r for r in recs if r.monthly_savings > 0]
+    total = sum(r.monthly_savings for r in actionable)
+    waiting = sum(1 for r in recs if r.action == "insufficient_data")
+    head = (f"GPU recommendations, week {year}-W{week:02d}: {len(actionable)} with savings, "
+            f"${total:,.0f}/month in total" + (f"; {waiting} instance(s) with insufficient data" if waiting else ""))
+    lines = []
+    for r in sorted(actionable, key=lambda r: -r.monthly_savings)[:top]:
+        who = r.instance_id or "fleet"
+        team = f" [{r.team}]" if r.team else ""
+        lines.append(f"• {who}{team} {r.instance_type} → {r.recommended}: save ${r.monthly_savings:,.0f}/mo, "
+                     f"risk {r.risk}")
+    text = head + ("\n" + "\n".join(lines) if lines else "\nNothing to change this week.")
+    blocks = (
+        {"type": "header", "text": {"type": "plain_text", "text": f"GPU recommendations {year}-W{week:02d}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
+    )
+    return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel}", channel=channel, text=text, blocks=blocks)

@@ -1,0 +1,116 @@
+"""Rule files: the shipped defaults are valid; bad rules fail with file, line and key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufinops.cli import main
+from gpufinops.config import ConfigError, load_settings
+from gpufinops.model import Action, Aggregation, GpuInstance
+from gpufinops.rules import load_rules, parse_duration
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_rules_are_valid_and_contain_the_common_rule():
+    rules = load_rules([REPO / "rules"])
+    by_name = {r.name: r for r in rules}
+    seed = by_name["gpu-util-below-40pct-10m"]
+    assert (seed.threshold_pct, seed.window_s, seed.aggregation, seed.action) == (40, 600, Aggregation.STAYS_BELOW, Action.STOP)
+    assert "zero-activity-1h" in by_name
+
+
+def test_default_settings_point_at_shipped_rules():
+    assert load_rules(load_settings().rules_paths)
+
+
+@pytest.mark.parametrize("value,seconds", [("10m", 600), ("1h30m", 5400), (600, 600), ("2d", 172800), ("45s", 45)])
+def test_durations(value, seconds):
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("bad", ["ten minutes", 0, -5, "", True])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def write(tmp_path, text, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_bad_threshold_names_file_line_and_key(tmp_path):
+    p = write(tmp_path, "rules:\n  - name: ok\n    threshold_pct: 40\n    window: 10m\n  - name: bad\n    threshold_pct: 140\n    window: 10m\n")
+    with pytest.raises(ConfigError) as e:
+        load_rules([p])
+    msg = str(e.value)
+    assert f"{p}:6" in msg and "rules.1.threshold_pct" in msg
+
+
+def test_unknown_key_and_bad_window(tmp_path):
+    p = write(tmp_path, "rules:\n  - name: x\n    threshold_pct: 40\n    window: soon\n    treshold: 3\n")
+    msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
+    assert "rules.0.window" in msg and "rules.0.treshold" in msg and f"{p}:4" in msg
+
+
+def test_terminate_needs_explicit_confirmation(tmp_path):
+    p = write(tmp_path, "rules:\n  - name: x\n    threshold_pct: 40\n    window: 10m\n    action: terminate\n")
+    assert "confirm_terminate" in str(pytest.raises(ConfigError, load_rules, [p]).value)
+    p.write_text(p.read_text() + "    confirm_terminate: true\n")
+    assert load_rules([p])[0].action == Action.TERMINATE
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    p = write(tmp_path, "rules:\n  - name: x\n    threshold_pct: [40\n")
+    assert f"{p}:" in str(pytest.raises(ConfigError, load_rules, [p]).value)
+
+
+def test_duplicate_names(tmp_path):
+    write(tmp_path, "rules:\n  - {name: a, threshold_pct: 40, window: 10m}\n", "a.yaml")
+    write(tmp_path, "rules:\n  - {name: a, threshold_pct: 30, window: 5m}\n", "b.yaml")
+    assert "duplicate rule name" in str(pytest.raises(ConfigError, load_rules, [tmp_path]).value)
+
+
+def test_selector(tmp_path):
+    p = write(tmp_path, """rules:
+  - name: dev-only
+    threshold_pct: 40
+    window: 10m
+    select:
+      tags: {env: [dev, research]}
+      exclude_tags: {workload: inference}
+      instance_families: [p4d, g5]
+""")
+    sel = load_rules([p])[0].selector
+
+    def mk(itype, tags):
+        return GpuInstance("i", itype, "us-east-1", "running", None, tags=tags)  # type: ignore[arg-type]
+
+    assert sel.matches(mk("g5.xlarge", {"env": "dev"}))
+    assert not sel.matches(mk("g5.xlarge", {"env": "prod"}))
+    assert not sel.matches(mk("g5.xlarge", {"env": "dev", "workload": "inference"}))
+    assert not sel.matches(mk("p5.48xlarge", {"env": "dev"}))
+
+
+def test_cli_rules_check_exit_codes(tmp_path, capsys):
+    assert main(["rules", "check", str(REPO / "rules")]) == 0
+    bad = write(tmp_path, "rules:\n  - name: x\n    threshold_pct: 40\n    window: 10m\n    action: explode\n")
+    assert main(["rules", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:5" in err and "rules.0.action" in err
+
+
+def test_config_errors_name_file_and_key(tmp_path):
+    p = write(tmp_path, "act:\n  dry_run: true\n  max_stops_per_run: -1\nprometheus:\n  urll: x\n", "gpufinops.yaml")
+    msg = str(pytest.raises(ConfigError, load_settings, p).value)
+    assert f"{p}:3: key 'act.max_stops_per_run'" in msg and "prometheus.urll" in msg
+
+
+def test_example_config_is_valid():
+    settings = load_settings(REPO / "gpufinops.example.yaml")
+    assert settings.act.dry_run is True
+    load_rules(settings.rules_paths)
