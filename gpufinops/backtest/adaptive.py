@@ -39,6 +39,22 @@ class AdaptiveParams:
     min_support: int = 5  # past stretches at least this long before the history is trusted
     min_idle_s: float = 300.0  # never stop a lull shorter than this (and a blip between ticks cancels a mark)
     history: int = 0  # use only the last N completed stretches (0 = all): adapts to changed behaviour
+    min_history: int = 10  # fewer completed stretches than this: the fixed rule decides
+    # A stretch longer than all but a few past ones: the history cannot say; stop on the fixed
+    # rule only once it has also lasted this long (None = the break-even).
+    unusual_wait_s: float | None = None
+
+
+def learned_masks(support, p, ages, n_history: int, base_idle, params: AdaptiveParams, break_even_s: float):
+    """(learned, fallback) boolean arrays: IDLE because the history says so / because the fixed rule says so."""
+    support, p, ages, base_idle = map(np.asarray, (support, p, ages, base_idle))
+    if n_history < params.min_history:
+        return np.zeros(ages.shape, bool), base_idle.astype(bool)
+    enough = support >= params.min_support
+    learned = enough & (p >= params.p_min) & (ages >= params.min_idle_s)
+    wait = params.unusual_wait_s if params.unusual_wait_s is not None else break_even_s
+    fallback = ~enough & base_idle & (ages >= wait)
+    return learned, fallback
 
 
 def survival(history_sorted: np.ndarray, ages_s, lead_s: float, break_even_s: float):
@@ -55,6 +71,12 @@ def survival(history_sorted: np.ndarray, ages_s, lead_s: float, break_even_s: fl
 def _fmt_min(s: float) -> str:
     m = s / 60
     return f"{m / 60:.1f} h" if m >= 120 else f"{m:.0f} min"
+
+
+def _fallback_reason(n_history: int, support: int, age_s: float, rule_name: str) -> str:
+    what = (f"only {n_history} past idle stretches" if support == n_history
+            else f"only {support} of {n_history} past idle stretches lasted this long")
+    return f"idle {_fmt_min(age_s)}; {what}: fixed rule {rule_name} decides"
 
 
 def explain(support: int, p: float, age_s: float, lead_s: float, break_even_s: float) -> str:
@@ -82,10 +104,15 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
     support, p = survival(hist, idle_age_s, rule.warning_lead_s, break_even_s)
     support, p = int(support), float(p)
     why = explain(support, p, idle_age_s, rule.warning_lead_s, break_even_s)
-    if support < params.min_support:
-        note = f"only {support} past idle stretches this long: fixed rule {rule.name} decides ({base.reason})"
-        return replace(base, reason=f"idle {_fmt_min(idle_age_s)}; {note}")
-    if p >= params.p_min and idle_age_s >= params.min_idle_s:
+    learned, fallback = learned_masks(support, p, idle_age_s, len(hist), base.verdict == Verdict.IDLE, params,
+                                      break_even_s)
+    if len(hist) < params.min_history or support < params.min_support:
+        note = _fallback_reason(len(hist), support, idle_age_s, rule.name)
+        if bool(fallback) or base.verdict != Verdict.IDLE:
+            return replace(base, reason=f"{note} ({base.reason})")
+        return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
+                       reason=f"{note}, but only after {_fmt_min(params.unusual_wait_s or break_even_s)} idle")
+    if bool(learned):
         # Every sample of the stretch is under the demand level: idle in the stays-below sense.
         code = base.code if base.verdict == Verdict.IDLE else ReasonCode.IDLE_STAYS_BELOW
         return replace(base, verdict=Verdict.IDLE, code=code, reason=why)
@@ -130,8 +157,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                 ages = times[ja:jb] - t_start
                 h = np.asarray(history[-params.history:] if params.history else history)
                 support, p = survival(np.sort(h) if params.history else h, ages, lead, be)
-                learned = (support >= params.min_support) & (p >= params.p_min) & (ages >= params.min_idle_s)
-                fallback = (support < params.min_support) & (base[i, ja:jb] == IDLE)
+                learned, fallback = learned_masks(support, p, ages, len(h), base[i, ja:jb] == IDLE, params, be)
                 hit = np.flatnonzero(learned | fallback)
                 if len(hit):
                     h0 = hit[0]
@@ -141,8 +167,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                     if learned[h0]:
                         reasons[(i, int(a))] = explain(int(support[h0]), float(p[h0]), float(ages[h0]), lead, be)
                     else:
-                        reasons[(i, int(a))] = (f"idle {_fmt_min(float(ages[h0]))}; only {int(support[h0])} past idle "
-                                                f"stretches this long: fixed rule {rule.name} decides")
+                        reasons[(i, int(a))] = _fallback_reason(len(h), int(support[h0]), float(ages[h0]), rule.name)
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
                 if params.history:
                     history.append((b - a) * tr.step_s)

@@ -457,18 +457,23 @@ ORDER BY usage_date, account, region, resource_id, instance_type, pricing_model,
 """
 
 
-def table_from_sql_rows(records: Iterable[dict], source: str) -> pd.DataFrame:
-    """Rows of cur_sql() (as dicts of strings or values) -> the cost table."""
+def table_from_sql_rows(records: Iterable[dict], source: str, where: str = "query result") -> pd.DataFrame:
+    """Rows of cur_sql() (dicts of strings, as Athena returns them, or values) -> the cost table."""
     rows = list(records)
     if not rows:
         return empty_table()
     df = pd.DataFrame(rows)
     missing = [c for c in (*GROUP_KEYS, "cost", "usage_hours", "tags") if c not in df.columns]
     if missing:
-        raise BillingDataError(f"{source}: query result lacks columns {missing}")
+        raise BillingDataError(f"{where}: lacks columns {missing}")
     df["tags"] = [canonical_tags(t) for t in df["tags"]]
     df["provider"] = "aws"
     df["source"] = source
     for c in ("cost", "usage_hours"):
-        df[c] = pd.to_numeric(df[c], errors="raise")
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = num.isna()
+        if bad.any():
+            raise BillingDataError(f"{where}: column '{c}' is not a number in row {int(bad.idxmax()) + 1} "
+                                   f"({df.loc[bad.idxmax(), c]!r})")
+        df[c] = num
     return collapse(conform(df))

@@ -1,0 +1,95 @@
+"""Sweep thresholds x windows x aggregations, find the Pareto front, suggest a rule.
+
+The front: rules for which no other rule saves more net GPU-hours with a lower
+or equal false-stop rate. The suggestion: the front rule with the highest net
+saving whose false-stop rate is at most `max_false_stop_rate`; it is emitted as
+a rule file that `rules.load_rules` accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+import yaml
+
+from ..model import Action, Aggregation, Rule
+from .engine import Prepared, Summary, backtest_rule, oracle_net_seconds
+
+DEFAULT_THRESHOLDS = (1.0, 5.0, 10.0, 20.0, 40.0)
+DEFAULT_WINDOWS_S = (600, 1800, 3600, 7200)
+DEFAULT_AGGREGATIONS = (Aggregation.STAYS_BELOW, Aggregation.MEAN)
+
+
+def candidates(base: Rule, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+               windows_s: Sequence[int] = DEFAULT_WINDOWS_S,
+               aggregations: Sequence[Aggregation] = DEFAULT_AGGREGATIONS) -> list[Rule]:
+    out = []
+    for thr, win, agg in itertools.product(thresholds, windows_s, aggregations):
+        name = f"{'below' if agg == Aggregation.STAYS_BELOW else 'mean'}-{thr:g}pct-{_dur(win)}"
+        out.append(replace(base, name=name, threshold_pct=float(thr), window_s=int(win), aggregation=agg,
+                           action=Action.STOP, source=f"sweep of {base.name}"))
+    return out
+
+
+def _dur(seconds: int) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def run_sweep(prep: Prepared, rules: Sequence[Rule]) -> list[Summary]:
+    oracle = oracle_net_seconds(prep)
+    return [backtest_rule(prep, r, oracle)[0] for r in rules]
+
+
+def pareto_front(results: Sequence[Summary]) -> list[Summary]:
+    """Non-dominated results (max net GPU-hours, min false-stop rate), sorted by false-stop rate."""
+    front = []
+    for a in results:
+        dominated = any(
+            b is not a and b.net_gpu_hours >= a.net_gpu_hours and b.false_stop_rate <= a.false_stop_rate
+            and (b.net_gpu_hours > a.net_gpu_hours or b.false_stop_rate < a.false_stop_rate)
+            for b in results
+        )
+        if not dominated:
+            front.append(a)
+    return sorted(front, key=lambda s: (s.false_stop_rate, -s.net_gpu_hours))
+
+
+def suggest(front: Sequence[Summary], max_false_stop_rate: float = 0.1) -> Summary | None:
+    """Highest net saving within the false-stop budget; else the safest rule that saves anything."""
+    saving = [s for s in front if s.net_gpu_hours > 0]
+    ok = [s for s in saving if s.false_stop_rate <= max_false_stop_rate]
+    if ok:
+        return max(ok, key=lambda s: s.net_gpu_hours)
+    return min(saving, key=lambda s: (s.false_stop_rate, -s.net_gpu_hours)) if saving else None
+
+
+def rule_yaml(summary: Summary, comment: str = "") -> str:
+    """The suggested rule as a rule file (rules: [...]) for rules/ and `gpufinops rules check`."""
+    r = summary.rule
+    assert r is not None
+    doc = {"rules": [{
+        "name": r.name,
+        "description": (f"Suggested by gpufinops backtest: net {summary.net_gpu_hours:.1f} GPU-h saved, "
+                        f"false-stop rate {summary.false_stop_rate:.0%}, {summary.pct_of_oracle:.0f}% of the oracle"),
+        "threshold_pct": r.threshold_pct,
+        "window": _dur(r.window_s),
+        "aggregation": r.aggregation.value,
+        "min_coverage": r.min_coverage,
+        "warning_lead": _dur(r.warning_lead_s),
+        "action": "stop",
+        "underutilized_below_pct": r.underutilized_below_pct,
+        **({"slack_channel": r.slack_channel} if r.slack_channel else {}),
+    }]}
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def front_arrays(results: Sequence[Summary]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([s.false_stop_rate for s in results]), np.array([s.net_gpu_hours for s in results]))

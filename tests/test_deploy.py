@@ -1,0 +1,243 @@
+"""The shipped deploy/ files: promtool on the Prometheus files, IAM against the EC2 calls
+the inventory really makes, Kubernetes manifests against each other and the config loader."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from gpufinops import model
+from gpufinops.config import PrometheusSettings, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+PROM = DEPLOY / "prometheus"
+K8S = DEPLOY / "kubernetes"
+INVENTORY = ROOT / "gpufinops" / "collect" / "inventory.py"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs Debian's prometheus)")
+    return path
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+# ---------------------------------------------------------------------- Prometheus
+
+
+def test_promtool_accepts_the_alert_rules():
+    result = _run(_tool("promtool"), "check", "rules", str(PROM / "gpufinops-alerts.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_accepts_the_scrape_config():
+    result = _run(_tool("promtool"), "check", "config", str(PROM / "prometheus-dcgm-ec2.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alert_rules_fire_as_their_unit_tests_say():
+    result = _run(_tool("promtool"), "test", "rules", str(PROM / "gpufinops-alerts.test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_only_use_metrics_the_service_exports():
+    from prometheus_client import generate_latest
+
+    from gpufinops.service import ServiceMetrics
+
+    metrics = ServiceMetrics()
+    metrics.stops.labels("false")  # labelled series appear once touched
+    exported = set(re.findall(r"^(gpufinops_\w+)", generate_latest(metrics.registry).decode(), re.M))
+    rules = yaml.safe_load((PROM / "gpufinops-alerts.yml").read_text())
+    used = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"gpufinops_\w+", r["expr"])}
+    assert used, "the alert rules reference no gpufinops metric"
+    assert used <= exported, f"alerts use metrics the service does not export: {sorted(used - exported)}"
+
+
+def test_scrape_config_relabels_the_ec2_instance_id_to_the_join_label():
+    config = yaml.safe_load((PROM / "prometheus-dcgm-ec2.yml").read_text())
+    (dcgm,) = [j for j in config["scrape_configs"] if j.get("ec2_sd_configs")]
+    relabels = {(tuple(r.get("source_labels", ())), r.get("target_label")) for r in dcgm["relabel_configs"]}
+    assert (("__meta_ec2_instance_id",), PrometheusSettings().instance_label) in relabels
+    # The EC2 filter's families are the inventory's default GPU families.
+    (type_filter,) = [f for f in dcgm["ec2_sd_configs"][0]["filters"] if f["name"] == "instance-type"]
+    assert {v.removesuffix(".*") for v in type_filter["values"]} == set(model_default_families())
+
+
+def model_default_families() -> tuple[str, ...]:
+    from gpufinops.config import AwsSettings
+
+    return AwsSettings().gpu_families
+
+
+# ---------------------------------------------------------------------- IAM
+
+
+def _ec2_calls_in(path: Path) -> set[str]:
+    """EC2 API names of every boto3 client method the module names (called, passed or paginated)."""
+    client = boto3.session.Session(
+        aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1"
+    ).client("ec2")
+    methods = client.meta.method_to_api_mapping
+    tree = ast.parse(path.read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for call in ast.walk(tree):  # get_paginator("describe_instances")
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "get_paginator":
+            names |= {a.value for a in call.args if isinstance(a, ast.Constant)}
+    return {methods[n] for n in names if n in methods}
+
+
+def _statements() -> list[dict]:
+    return json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
+
+
+def _actions(stmt: dict) -> list[str]:
+    actions = stmt.get("Action", [])
+    return [actions] if isinstance(actions, str) else list(actions)
+
+
+def _allowed(action: str) -> list[dict]:
+    return [
+        s for s in _statements()
+        if s["Effect"] == "Allow" and any(fnmatch.fnmatch(action.lower(), a.lower()) for a in _actions(s))
+    ]
+
+
+def test_iam_policy_grants_every_ec2_call_the_inventory_makes():
+    calls = _ec2_calls_in(INVENTORY)
+    # The scan itself must find the calls, or this test proves nothing.
+    assert {"DescribeInstances", "DescribeInstanceTypes", "StopInstances", "CreateTags"} <= calls
+    missing = sorted(c for c in calls if not _allowed(f"ec2:{c}"))
+    assert not missing, f"deploy/iam-policy.json lacks {missing}"
+
+
+def test_iam_policy_is_least_privilege():
+    for stmt in _statements():
+        for action in _actions(stmt):
+            assert "*" not in action.split(":", 1)[-1] or stmt["Effect"] == "Deny", f"wildcard action {action}"
+    # Tags: only gpufinops:* keys, and every tag the service writes fits that pattern.
+    (tagging,) = _allowed("ec2:CreateTags")
+    assert _allowed("ec2:DeleteTags") == [tagging]
+    assert tagging["Condition"]["ForAllValues:StringLike"]["aws:TagKeys"] == ["gpufinops:*"]
+    assert tagging["Condition"]["Null"]["aws:TagKeys"] == "false"  # no vacuous "all of none"
+    written = [v for k, v in vars(model).items() if k.startswith("TAG_")]
+    assert written and all(fnmatch.fnmatch(t, "gpufinops:*") for t in written)
+    # Terminate is its own statement so it can be removed; stop never needs it.
+    (terminate,) = _allowed("ec2:TerminateInstances")
+    assert _actions(terminate) == ["ec2:TerminateInstances"]
+    # Protected instances are denied in IAM as well as in code.
+    denies = [s for s in _statements() if s["Effect"] == "Deny"]
+    assert any("ec2:StopInstances" in _actions(s) and "ec2:ResourceTag/gpufinops:protect" in json.dumps(s) for s in denies)
+    for action in ("ce:GetCostAndUsage", "ce:GetCostForecast", "s3:GetObject", "s3:ListBucket",
+                   "athena:StartQueryExecution", "athena:GetQueryExecution", "athena:GetQueryResults",
+                   "pricing:GetProducts", "ec2:DescribeSpotPriceHistory"):
+        assert _allowed(action), action
+    assert not _allowed("ec2:RunInstances") and not _allowed("s3:DeleteObject")
+
+
+# ---------------------------------------------------------------------- Kubernetes and Docker
+
+
+def _manifests() -> dict[str, dict]:
+    docs = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs[doc["kind"]] = doc
+    return docs
+
+
+def test_kubernetes_manifests_have_the_expected_kinds():
+    kinds = _manifests()
+    assert set(kinds) == {"Namespace", "ServiceAccount", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_deployment_runs_one_replica_that_never_overlaps():
+    k = _manifests()
+    dep = k["Deployment"]
+    spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert k["Service"]["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    # Probes, port and Service agree.
+    (port,) = container["ports"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+        assert container[probe]["httpGet"]["port"] in (port["name"], port["containerPort"])
+    (svc_port,) = k["Service"]["spec"]["ports"]
+    assert port["containerPort"] == svc_port["port"] == 9108 and svc_port["targetPort"] == port["name"]
+    # Secrets by reference only; volumes point at the shipped PVC and ConfigMap.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SLACK_BOT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "gpufinops-slack"
+    assert all("value" not in env[n] for n in ("SLACK_BOT_TOKEN", "GPUFINOPS_PROMETHEUS_TOKEN"))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == k["PersistentVolumeClaim"]["metadata"]["name"]
+    assert volumes["config"]["configMap"]["name"] == k["ConfigMap"]["metadata"]["name"]
+    assert pod["serviceAccountName"] == k["ServiceAccount"]["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_configmap_is_a_valid_gpufinops_config_that_keeps_state_on_the_volume(tmp_path):
+    k = _manifests()
+    container = k["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    config_file = tmp_path / "gpufinops.yaml"
+    config_file.write_text(k["ConfigMap"]["data"]["gpufinops.yaml"])
+
+    settings = load_settings(config_file)  # raises ConfigError naming file:line on a bad key
+
+    assert env["GPUFINOPS_CONFIG"] == f"{mounts['config']}/gpufinops.yaml"
+    assert settings.database_url == f"sqlite:///{mounts['data']}/gpufinops.db"
+    assert settings.slack.outbox_path.startswith(mounts["data"] + "/")
+    assert settings.service.host == "0.0.0.0" and settings.service.port == 9108
+    assert settings.act.dry_run is True  # a fresh deployment never stops anything
+    assert settings.rules_paths == ("/app/rules",)
+
+
+def test_dockerfile_builds_a_non_root_serve_image_from_files_that_exist():
+    text = (DEPLOY / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    for line in lines:
+        if line.startswith("COPY "):
+            *sources, dest = line.split()[1:]
+            for src in sources:
+                assert (ROOT / src).exists(), f"Dockerfile copies {src}, missing in the repository"
+            if "rules" in sources:
+                assert dest == "./rules"  # WORKDIR /app -> /app/rules, what the ConfigMap lists
+    (user,) = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and uid != "0"
+    pod = _manifests()["Deployment"]["spec"]["template"]["spec"]
+    assert str(pod["securityContext"]["runAsUser"]) == uid
+    assert 'CMD ["serve"]' in lines and 'ENTRYPOINT ["gpufinops"]' in lines
+    assert "EXPOSE 9108" in lines
+
+
+def test_kustomize_renders_everything_into_one_namespace():
+    result = _run(_tool("kubectl"), "kustomize", str(K8S))
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert {d["kind"] for d in docs} == set(_manifests())
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"gpufinops"}

@@ -1,0 +1,130 @@
+"""Right-sizing and commitments from a REAL Prometheus holding 14-30 days of backfilled DCGM usage."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpufinops.catalog import load_catalog
+from gpufinops.config import PrometheusSettings
+from gpufinops.model import GpuInstance
+from gpufinops.recommend.engine import recommend_fleet
+from gpufinops.recommend.policy import RecommendPolicy
+from gpufinops.recommend.usage import PrometheusUsage
+from tests.promserver import Series, dcgm_labels
+
+NOW = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
+STEP = 600  # 10-minute samples: coarse, but 14+ days of them
+POLICY = RecommendPolicy(scrape_interval_s=STEP)
+GIB = 1024.0
+
+
+def _series(labels, days, util, mem_mib, metric_util="DCGM_FI_DEV_GPU_UTIL"):
+    end = NOW.timestamp()
+    ts = [end - k * STEP for k in range(int(days * 86400 / STEP))][::-1]
+    return [
+        Series(metric_util, labels, [(t, util(i)) for i, t in enumerate(ts)]),
+        Series("DCGM_FI_DEV_FB_USED", labels, [(t, mem_mib(i)) for i, t in enumerate(ts)]),
+    ]
+
+
+def _wave(lo, hi, period=37):
+    return lambda i: lo + (hi - lo) * (0.5 + 0.5 * math.sin(i / period * 2 * math.pi))
+
+
+INSTANCES = [
+    GpuInstance("i-over", "a2-ultragpu-1g", "us-central1", "running", NOW - timedelta(days=60), provider="gcp",
+                tags={"team": "search", "workload": "inference"}),
+    GpuInstance("i-unused", "p4d.24xlarge", "us-east-1", "running", NOW - timedelta(days=60),
+                private_dns="ip-10-0-0-5.ec2.internal", private_ip="10.0.0.5", tags={"team": "research"}),
+    GpuInstance("i-busy", "p5.48xlarge", "us-east-1", "running", NOW - timedelta(days=60),
+                tags={"team": "llm", "workload": "inference"}),
+    GpuInstance("i-young", "g5.xlarge", "us-east-1", "running", NOW - timedelta(days=2), tags={"team": "search"}),
+]
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    from tests.promserver import binaries_missing, start_prometheus
+
+    if binaries_missing():
+        pytest.skip(binaries_missing())
+    series = []
+    # Over-provisioned memory: an A100 80GB that peaks at 14 GiB and ~15% activity.
+    series += _series(dcgm_labels("gke-a", 0, instance_id="i-over"), 15, _wave(5, 20), _wave(9 * GIB, 14 * GIB))
+    # Unused GPUs: 8x A100 where GPUs 0-1 work hard and 2-7 never do; matched by the new `hostname` label.
+    for g in range(8):
+        labels = dcgm_labels("ip-10-0-0-5.ec2.internal", g, model="NVIDIA A100-SXM4-40GB", hostname_label="hostname")
+        if g < 2:
+            series += _series(labels, 15, _wave(70, 92), _wave(25 * GIB, 30 * GIB))
+        else:
+            series += _series(labels, 15, lambda i: 0.0, lambda i: 3.0)
+    # Genuinely busy for 30 days: kept, and its steady presence is a commitment baseline.
+    for g in range(8):
+        labels = dcgm_labels("ip-10-0-9-9", g, instance_id="i-busy", model="NVIDIA H100 80GB HBM3")
+        series += _series(labels, 30, _wave(88, 99), _wave(60 * GIB, 72 * GIB))
+    # Too young: two days of data is not enough to judge.
+    series += _series(dcgm_labels("ip-10-0-3-3", 0, instance_id="i-young", model="NVIDIA A10G"), 2,
+                      _wave(0, 5), _wave(1 * GIB, 2 * GIB))
+    server = start_prometheus(tmp_path_factory.mktemp("prom-recommend"), series)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(prom):
+    source = PrometheusUsage(PrometheusSettings(url=prom.url))
+    usage = source.fleet_usage(INSTANCES, POLICY.window_days * 86400, NOW, STEP, 30 * 86400)
+    return usage
+
+
+def test_fixed_number_of_queries_and_long_window_stats(fleet):
+    assert fleet.queries_made == 4
+    over = fleet.instances["i-over"]
+    assert len(over.gpus) == 1 and over.error is None
+    g = over.gpus[0]
+    assert 13.5 * GIB <= g.mem_max_mib <= 14 * GIB
+    assert g.mem_p99_mib <= g.mem_max_mib
+    assert 15 <= g.activity_p95 <= 20 and g.samples >= POLICY.min_coverage * over.expected_samples
+    unused = fleet.instances["i-unused"]
+    assert len(unused.gpus) == 8
+    assert sum(1 for x in unused.gpus if x.activity_max >= POLICY.worked_activity_pct) == 2
+    assert len(fleet.hourly_gpus["i-busy"]) == 30 * 24
+    assert min(fleet.hourly_gpus["i-busy"]) == 8
+    assert sum(1 for h in fleet.hourly_gpus["i-unused"] if h) < 16 * 24
+
+
+def test_recommendations_for_each_shape(fleet):
+    catalog = load_catalog()
+    recs = {(r.instance_id, r.action): r for r in recommend_fleet(INSTANCES, fleet, catalog, POLICY, NOW)}
+    actions = {iid: action for iid, action in recs}
+
+    over = recs[("i-over", "rightsize")]
+    assert "L4" in over.recommended and over.monthly_savings > 0
+    assert over.risk == "medium" and "peak 14.0 GiB" in over.reason
+
+    unused = recs[("i-unused", "rightsize")]
+    p4d = catalog.offer("aws", "p4d.24xlarge", "us-east-1")
+    assert "2 of 8 GPUs did work" in unused.reason
+    assert unused.recommended_monthly < p4d.on_demand_usd_h * POLICY.hours_per_month
+    assert unused.monthly_savings > 0
+
+    assert actions["i-busy"] == "keep" and recs[("i-busy", "keep")].monthly_savings == 0
+    assert actions["i-young"] == "insufficient_data"
+    assert "of the samples expected" in recs[("i-young", "insufficient_data")].reason
+
+    commit = recs[("", "commit")]
+    assert commit.instance_type == "p5.48xlarge" and commit.recommended.startswith("commit 1x")
+    assert commit.monthly_savings > 0
+
+
+def test_prometheus_down_gives_insufficient_data_for_everyone():
+    source = PrometheusUsage(PrometheusSettings(url="http://127.0.0.1:9", timeout_s=1))
+    fleet = source.fleet_usage(INSTANCES, 14 * 86400, NOW, STEP)
+    recs = recommend_fleet(INSTANCES, fleet, load_catalog(), POLICY, NOW)
+    per_instance = [r for r in recs if r.instance_id]
+    assert len(per_instance) == len(INSTANCES)
+    assert all(r.action == "insufficient_data" and "prometheus" in r.reason for r in per_instance)
+    assert not [r for r in recs if r.action == "commit"]
