@@ -84,7 +84,7 @@ class ActSettings(_Strict):
 
 
 class ScheduleSettings(_Strict):
-    evaluate_every_s: int = Field(60, ge=5)
+    evaluate_every_s: int = Field(60, ge=1)
     misfire_grace_s: int = 30
 
 

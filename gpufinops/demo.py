@@ -92,8 +92,9 @@ class DemoSummary:
     messages: int
 
 
-def run_demo(out: TextIO = sys.stdout, tick_s: int = 120, hours: float | None = None,
+def run_demo(out: TextIO | None = None, tick_s: int = 120, hours: float | None = None,
              settings: Settings | None = None, db_path: str | None = None, quiet: bool = False) -> DemoSummary:
+    out = out or sys.stdout
     trace = load_demo_trace()
     t_start = datetime.fromtimestamp(trace["ts"].min(), tz=timezone.utc) + timedelta(hours=1)
     t_end = datetime.fromtimestamp(trace["ts"].max(), tz=timezone.utc)
@@ -172,7 +173,7 @@ def run_demo(out: TextIO = sys.stdout, tick_s: int = 120, hours: float | None = 
     print("Summary", file=out)
     print(f"  simulated time      {summary.simulated_hours:.1f} h in {ticks} evaluations", file=out)
     print(f"  idle warnings sent  {summary.warnings}", file=out)
-    if shown[0] > MAX_PRINTED_MESSAGES:
+    if shown[0] > MAX_PRINTED_MESSAGES and not quiet:
         print(f"  ... {shown[0] - MAX_PRINTED_MESSAGES} more messages (all in the audit database)", file=out)
     print(f"  stops               {summary.stops} (restarted by their owners later: {summary.restarts}; "
           f"false stops, demand back within {FALSE_STOP_S // 60} min: {summary.false_stops})", file=out)

@@ -163,3 +163,14 @@ def test_recommend_section_errors_name_file_and_key(tmp_path):
     cfg.write_text("database_url: sqlite:///x.db\nrecommend:\n  window_days: 14\n  spot:\n    checkpoint_interval_h: -1\n")
     with pytest.raises(ConfigError, match=r"gpufinops.yaml:5: key 'recommend.spot.checkpoint_interval_h'"):
         policy_from_settings(load_settings(cfg))
+
+
+def test_the_config_example_in_the_docs_is_valid():
+    import re
+    import yaml
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "recommend.md").read_text()
+    block = re.search(r"```yaml\n(recommend:.*?)```", text, re.S).group(1)
+    policy = RecommendPolicy.model_validate(yaml.safe_load(block)["recommend"])
+    assert policy.spot.rate_for("p5.48xlarge", "us-east-1") == 0.05

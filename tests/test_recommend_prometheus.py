@@ -128,3 +128,42 @@ def test_prometheus_down_gives_insufficient_data_for_everyone():
     assert len(per_instance) == len(INSTANCES)
     assert all(r.action == "insufficient_data" and "prometheus" in r.reason for r in per_instance)
     assert not [r for r in recs if r.action == "commit"]
+
+
+def test_recommend_cli_end_to_end_with_moto_and_prometheus(aws, prometheus_factory, tmp_path, capsys):
+    """`gpufinops recommend --format json`: EC2 inventory from moto, usage from a real Prometheus, stored."""
+    import json
+    from datetime import datetime as real_datetime
+
+    from gpufinops.cli import main
+    from gpufinops.recommend.engine import latest_recommendations
+    from gpufinops.store import Store
+
+    iid = aws.launch("p4d.24xlarge", tags={"team": "research"}, private_ip="10.0.7.7")[0]
+    dns = aws.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["PrivateDnsName"]
+    end = real_datetime.now(timezone.utc).timestamp()  # the CLI uses the wall clock at its edge
+    ts = [end - k * STEP for k in range(15 * 86400 // STEP)][::-1]
+    series = []
+    for g in range(8):
+        labels = dcgm_labels(dns, g, model="NVIDIA A100-SXM4-40GB")
+        util, mem = (_wave(70, 92), _wave(20 * GIB, 25 * GIB)) if g == 0 else ((lambda i: 0.0), (lambda i: 3.0))
+        series.append(Series("DCGM_FI_DEV_GPU_UTIL", labels, [(t, util(i)) for i, t in enumerate(ts)]))
+        series.append(Series("DCGM_FI_DEV_FB_USED", labels, [(t, mem(i)) for i, t in enumerate(ts)]))
+    prom = prometheus_factory(series)
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(
+        f"database_url: sqlite:///{tmp_path}/g.db\n"
+        f"aws: {{regions: [us-east-1], endpoint_url: '{aws.endpoint_url}'}}\n"
+        f"prometheus: {{url: '{prom.url}', scrape_interval_s: {STEP}}}\n"
+        f"recommend: {{price_cache_path: '{tmp_path}/prices.json'}}\n"
+    )
+    assert main(["--config", str(cfg), "recommend", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    mine = [r for r in rows if r["instance_id"] == iid]
+    assert len(mine) == 1 and mine[0]["action"] == "rightsize"
+    assert "1 of 8 GPUs did work" in mine[0]["reason"] and mine[0]["monthly_savings"] > 0
+    store = Store(f"sqlite:///{tmp_path}/g.db")
+    try:
+        assert [r.instance_id for r in latest_recommendations(store) if r.instance_id] == [iid]
+    finally:
+        store.close()

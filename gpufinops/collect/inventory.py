@@ -168,7 +168,9 @@ class Ec2Cloud:
         self._session = session or boto3.session.Session(profile_name=settings.profile)
         self._prices = prices
         # GpuInfo fallback when DescribeInstanceTypes does not know a type.
-        self._catalog = catalog if catalog is not None else OnDemandPrices.load_default()
+        if catalog is None:
+            catalog = prices if isinstance(prices, OnDemandPrices) else OnDemandPrices.load_default()
+        self._catalog = catalog
         self._spot_prices = spot_prices
         self._clock = clock
         self._page_size = max(5, min(1000, page_size))  # EC2's limits for MaxResults

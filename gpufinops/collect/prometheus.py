@@ -1,6 +1,6 @@
 """DCGM GPU usage from Prometheus, in a fixed number of queries.
 
-One `window_usage` call sends four instant queries (activity from
+One `window_usage` call sends four instant queries, concurrently (activity from
 DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory,
 power), whatever the fleet size. Each query aggregates server-side, per GPU,
 the samples of the window ending at `now`; the answers are then mapped to
@@ -15,9 +15,11 @@ lookback, so a series that stopped would keep being counted for 5 minutes.
 Hence two paths per series, joined with `or`:
 - clean series (no invalid sample in the window; the common case): the raw
   range functions, exact over the real samples;
-- dirty series only: a subquery at the scrape interval that keeps a step
-  only when its sample is valid AND fresh (`timestamp(x) > time() - step`),
-  so each real sample is seen at most once and a stopped series adds nothing.
+- dirty series only: a subquery at the scrape interval over
+  `last_over_time(x[step - 1ms]) < 1e9 >= 0`, i.e. the last real sample of
+  each step interval when it is valid: each real sample is seen at most once
+  and a stopped series adds nothing (no lookback). Exact when scrapes are
+  regular at the configured interval; otherwise at step resolution.
 Per GPU, series are then combined with sum/max/min `by` the GPU identity
 labels (pod labels come and go while the GPU stays the same).
 """
@@ -25,6 +27,8 @@ labels (pod labels come and go while the GPU stays the same).
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
@@ -105,11 +109,14 @@ class PromQL:
             f"(max_over_time({v}[{r}]) >= {hi} or min_over_time({v}[{r}]) < 0"
             f" or avg_over_time({v}[{r}]) != avg_over_time({v}[{r}]))"
         )
-        # `@ end()` pins the dirty test to the query time, so Prometheus computes it
-        # once and the subquery only walks the (rare) dirty series.
+        # `@ end()` pins the dirty test to the query time: Prometheus computes it
+        # once instead of at every subquery step.
         dirty_at_end = dirty.replace(f"[{r}])", f"[{r}] @ end())")
-        valid_fresh = f"({v} < {hi} >= 0 and timestamp({v}) > time() - {self.scrape_interval_s})"
-        subquery = f"{fn}(({valid_fresh} and {dirty_at_end})[{r}:{step}])"
+        # The last sample of the step interval (t - step, t], only when valid:
+        # unlike a bare selector, last_over_time has no 5-minute lookback, so a
+        # series that stopped contributes nothing after its last real sample.
+        fresh_valid = f"(last_over_time({v}[{self.scrape_interval_s * 1000 - 1}ms]) < {hi} >= 0)"
+        subquery = f"{fn}(({fresh_valid} and {dirty_at_end})[{r}:{step}])"
         return f"({fn}({v}[{r}]) unless {dirty}) or {subquery}"
 
     def per_gpu(self, metric: str, agg: str, window_s: int) -> str:
@@ -292,6 +299,7 @@ class PrometheusMetrics:
             selector=settings.selector,
         )
         self.queries_made = 0  # HTTP queries sent, for tests and the benchmark
+        self._lock = threading.Lock()
         headers = {}
         token = settings.bearer_token.resolve()
         if token:
@@ -314,7 +322,8 @@ class PrometheusMetrics:
         )
 
     def _query(self, metric: str, promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
-        self.queries_made += 1
+        with self._lock:
+            self.queries_made += 1
         timeout = self.settings.timeout_s
         try:
             answer = self._client.custom_query(
@@ -339,8 +348,13 @@ class PrometheusMetrics:
     ) -> dict[str, InstanceUsage]:
         expected = window_s // self.settings.scrape_interval_s
         at = _as_utc(now).timestamp()
+        queries = self.promql.queries(window_s)
         try:
-            answers = {m: self._query(m, q, at) for m, q in self.promql.queries(window_s).items()}
+            # Concurrent: Prometheus evaluates queries in parallel, so the wall
+            # time is that of the slowest query, not the sum.
+            with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+                futures = {m: pool.submit(self._query, m, q, at) for m, q in queries.items()}
+                answers = {m: f.result() for m, f in futures.items()}
         except QueryFailed as exc:
             return {
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))

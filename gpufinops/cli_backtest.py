@@ -1,0 +1,207 @@
+"""`gpufinops backtest`: what the rules would have done on past history, and which rule to ship."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from .config import ConfigError
+from .model import Aggregation
+from .rules import load_rules, parse_duration
+
+
+def _duration(value: str) -> int:
+    try:
+        return parse_duration(value if not value.isdigit() else int(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _time(value: str, now: datetime) -> float:
+    """Epoch seconds, an ISO date-time, or 'now-30d' style offsets."""
+    v = value.strip()
+    if v == "now":
+        return now.timestamp()
+    if v.startswith("now-"):
+        return (now - timedelta(seconds=parse_duration(v[4:]))).timestamp()
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(v)
+    except ValueError:
+        raise ConfigError(f"--start/--end: cannot read time {value!r} (epoch s, ISO date-time or now-30d)") from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _floats(value: str) -> list[float]:
+    try:
+        return [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {value!r}") from None
+
+
+def _durations(value: str) -> list[int]:
+    return [_duration(x.strip()) for x in value.split(",") if x.strip()]
+
+
+def _aggs(value: str) -> list[Aggregation]:
+    try:
+        return [Aggregation(x.strip()) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"aggregations are stays_below and mean, got {value!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "backtest", help="replay idle rules over past GPU history: savings, false stops, oracle, best rule",
+        description="Replays the same rule files and evaluation code as the live service over history on a simulated "
+                    "clock (mark, warning lead, stop, restart on demand) and reports what each rule would have done.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="CSV/Parquet history: instance/GPU id, timestamp, utilisation %% (optional memory)")
+    src.add_argument("--prometheus", nargs="?", const="", metavar="URL",
+                     help="range-query DCGM_FI_DEV_GPU_UTIL (default URL: prometheus.url from the config)")
+    p.add_argument("--start", default="now-7d", help="Prometheus period start (epoch s, ISO, now-30d)")
+    p.add_argument("--end", default="now", help="Prometheus period end")
+    p.add_argument("--step", type=_duration, default=60, help="Prometheus server-side step (default 60s)")
+    p.add_argument("--selector", default=None, help="extra PromQL label matchers, e.g. 'job=\"dcgm\"'")
+    for name in ("id", "time", "util", "memory", "gpu"):
+        p.add_argument(f"--{name}-column", default=None, help=f"trace column holding the {name} (auto-detected)")
+    p.add_argument("--trace-step", type=float, default=None, help="sample step of the trace in s (default: inferred)")
+    p.add_argument("--rules", nargs="+", default=None, help="rule files/dirs (default: rules_paths from the config)")
+    p.add_argument("--tick", type=_duration, default=None, help="evaluation period (default: schedule.evaluate_every_s)")
+    p.add_argument("--restart-cost", type=_duration, default=600, help="GPU time lost per restart (default 10m)")
+    p.add_argument("--break-even", type=_duration, default=1800,
+                   help="a stop followed by demand sooner than this is a false stop (default 30m)")
+    p.add_argument("--demand-pct", type=float, default=5.0,
+                   help="activity above this restarts a stopped instance (default 5)")
+    p.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default 2.745, p4d.24xlarge / 8)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="also run the learned policy (each instance's idle-stretch history) over each rule")
+    p.add_argument("--p-min", type=float, default=0.8, help="learned policy: confidence needed to stop (default 0.8)")
+    p.add_argument("--min-support", type=int, default=5, help="learned policy: past stretches needed (default 5)")
+    p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
+    p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")
+    p.add_argument("--windows", type=_durations, default=None, help="sweep windows, e.g. 10m,30m,1h,2h")
+    p.add_argument("--aggregations", type=_aggs, default=None, help="stays_below,mean")
+    p.add_argument("--max-false-stop-rate", type=float, default=0.1,
+                   help="the suggested rule keeps false stops at or under this share (default 0.1)")
+    p.add_argument("--suggest-out", default=None, help="write the suggested rule as a rule file here")
+    p.add_argument("--json", dest="json_out", default=None, help="write the full result as JSON here ('-': stdout)")
+    p.add_argument("--chart", default=None, help="write a PNG chart of the sweep's Pareto front here")
+    p.set_defaults(func=run_backtest)
+
+
+def _table(rows) -> str:
+    head = ("policy", "stops", "false", "restarts", "GPU-h stopped", "restart GPU-h", "net GPU-h", "net $",
+            "% oracle", "t-stop p50/p90 min")
+    lines = [head]
+    for s in rows:
+        tts = s.time_to_stop_min
+        lines.append((
+            s.policy[:58], str(s.stops), f"{s.false_stop_rate:.0%}", str(s.restarts), f"{s.gpu_hours_stopped:.1f}",
+            f"{s.restart_cost_gpu_hours:.1f}", f"{s.net_gpu_hours:.1f}", f"{s.net_dollars:,.0f}",
+            f"{s.pct_of_oracle:.0f}%", f"{tts['p50']:.0f}/{tts['p90']:.0f}" if tts else "-",
+        ))
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join(fmt(r) for r in lines)
+
+
+def run_backtest(args: argparse.Namespace) -> int:
+    from .backtest.adaptive import AdaptiveParams, backtest_adaptive, stop_reason
+    from .backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
+    from .backtest.traces import load_trace
+    from .cli import load_settings_from_args
+
+    settings = load_settings_from_args(args)
+    now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
+    if args.trace:
+        trace = load_trace(args.trace, id_column=args.id_column, time_column=args.time_column,
+                           util_column=args.util_column, memory_column=args.memory_column,
+                           gpu_column=args.gpu_column, step_s=args.trace_step)
+    else:
+        from .backtest.prometheus import load_prometheus
+
+        prom = settings.prometheus
+        headers = {}
+        token = prom.bearer_token.resolve()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        trace = load_prometheus(args.prometheus or prom.url, _time(args.start, now), _time(args.end, now), args.step,
+                                selector=args.selector if args.selector is not None else prom.selector,
+                                headers=headers, timeout_s=prom.timeout_s)
+    rules = load_rules(args.rules or settings.rules_paths)
+    if not rules:
+        raise ConfigError("no rules to backtest (empty rule files)")
+    bt = BacktestSettings(
+        tick_s=float(args.tick or settings.schedule.evaluate_every_s), restart_cost_s=float(args.restart_cost),
+        break_even_s=float(args.break_even), demand_pct=args.demand_pct,
+        price_per_gpu_hour=args.price if args.price is not None else DEFAULT_PRICE_PER_GPU_HOUR,
+    )
+    prep = Prepared(trace, bt)
+    oracle = oracle_net_seconds(prep)
+    results, examples = [], {}
+    for rule in rules:
+        summary, rep = backtest_rule(prep, rule, oracle)
+        results.append(summary)
+        examples[summary.policy] = [e.__dict__ for e in rep.stops[:5]]
+        if args.adaptive:
+            params = AdaptiveParams(p_min=args.p_min, min_support=args.min_support)
+            a_sum, a_rep, run = backtest_adaptive(prep, rule, params, oracle)
+            results.append(a_sum)
+            examples[a_sum.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}
+                                      for e in a_rep.stops[:5]]
+    span_h = trace.n_steps * trace.step_s / 3600
+    print(f"history: {trace.source}: {trace.n_instances} instances, {len(trace.gpu_names)} GPUs, {span_h:.1f} h "
+          f"at {trace.step_s:g} s; tick {bt.tick_s:g} s, restart cost {bt.restart_cost_s / 60:g} min, "
+          f"break-even {bt.break_even_s / 60:g} min, demand > {bt.demand_pct:g}%, ${bt.price_per_gpu_hour:g}/GPU-h")
+    print(f"oracle (every idle stretch > break-even stopped at its start): {oracle.sum() / 3600:.1f} net GPU-h")
+    print(_table(results))
+    out = {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
+                       "hours": span_h, "step_s": trace.step_s},
+           "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
+           "results": [s.to_dict() for s in results], "example_stops": examples}
+
+    if args.sweep:
+        from .backtest.sweep import (DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates,
+                                     pareto_front, rule_yaml, run_sweep, suggest)
+
+        base = next((r for r in rules if r.action.value == "stop"), rules[0])
+        cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
+                           args.aggregations or DEFAULT_AGGREGATIONS)
+        swept = run_sweep(prep, cands)
+        front = pareto_front(swept)
+        best = suggest(front, args.max_false_stop_rate)
+        print(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
+        print(_table(front))
+        out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
+                        "suggested": best.policy if best else None}
+        if best is None:
+            print("\nno swept rule saves anything on this history: keep notify-only rules")
+        else:
+            text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
+            out["sweep"]["suggested_yaml"] = text
+            print(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
+            if args.suggest_out:
+                Path(args.suggest_out).write_text(text)
+        if args.chart:
+            from .backtest.chart import front_png
+
+            extra = [s for s in results if s.policy.startswith("adaptive")]
+            front_png(args.chart, swept, front, best, extra, title=f"Backtest sweep: {Path(trace.source).name}")
+            print(f"chart: {args.chart}")
+    elif args.chart:
+        print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
+    if args.json_out:
+        text = json.dumps(out, indent=2, default=str)
+        if args.json_out == "-":
+            print(text)
+        else:
+            Path(args.json_out).write_text(text)
+    return 0

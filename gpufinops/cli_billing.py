@@ -1,0 +1,112 @@
+"""`gpufinops costs` and `gpufinops budgets check`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from .collect.billing.schema import BillingDataError, month_bounds
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena), with idle cost")
+    p.add_argument("--month", required=True, help="YYYY-MM")
+    p.add_argument("--by", choices=["team", "instance", "instance_type", "account"], default="team")
+    p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
+                   help="default: billing.source from the config")
+    p.add_argument("--path", default=None, help="CUR/FOCUS file, folder or s3:// prefix (default: billing.path)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
+    p.set_defaults(func=cmd_costs)
+
+    b = subparsers.add_parser("budgets", help="GPU budgets")
+    bsub = b.add_subparsers(dest="budgets_command", metavar="ACTION")
+    c = bsub.add_parser("check", help="evaluate budgets now and send the alerts that are due")
+    c.add_argument("--month", default=None, help="YYYY-MM (default: this month); the check runs as of its last hour if past")
+    c.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None)
+    c.add_argument("--path", default=None)
+    c.add_argument("--format", choices=["table", "json"], default="table")
+    c.set_defaults(func=cmd_budgets_check)
+    b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from .cli import load_settings_from_args
+    from .collect.billing.load import load_cost_table
+    from .collect.billing.schema import save_costs
+    from .costs import summarize
+    from .store import Store
+
+    settings = load_settings_from_args(args)
+    now = _now()
+    try:
+        start, end = month_bounds(args.month)
+        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
+    except BillingDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.save:
+        store = Store(settings.database_url)
+        n = save_costs(store, loaded.table, loaded.source, start.date(), end.date(), now)
+        print(f"stored {n} rows for {args.month} from {loaded.source}", file=sys.stderr)
+    if loaded.table.empty:
+        print(f"warning: no GPU instance cost in {loaded.source} for {args.month}", file=sys.stderr)
+    out = summarize(loaded.table, args.by)
+    _print(out, args.format)
+    return 0
+
+
+def _print(df: pd.DataFrame, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(df.to_dict("records"), default=str, indent=2))
+    elif fmt == "csv":
+        df.to_csv(sys.stdout, index=False)
+    else:
+        if df.empty:
+            print("(no rows)")
+        else:
+            print(df.to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+
+
+def cmd_budgets_check(args: argparse.Namespace) -> int:
+    from .budgets import run_budget_check
+    from .cli import load_settings_from_args
+    from .collect.billing.load import load_cost_table
+    from .notify import build_notifier
+    from .store import Store
+
+    settings = load_settings_from_args(args)
+    now = _now()
+    try:
+        if args.month:
+            start, end = month_bounds(args.month)
+            if end <= now:
+                now = end - pd.Timedelta(seconds=1).to_pytimedelta()
+        else:
+            start, end = month_bounds(f"{now:%Y-%m}")
+        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
+    except BillingDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    store = Store(settings.database_url)
+    notifier = build_notifier(settings.slack, store, _now)
+    statuses = run_budget_check(settings, store, notifier, now, loaded)
+    rows = [{"budget": s.budget, "scope": s.scope, "period": s.period, "amount": s.amount, "currency": s.currency,
+             "spent": round(s.spent, 2), "forecast": round(s.forecast, 2), "pct_actual": round(s.pct_actual, 1),
+             "pct_forecast": round(s.pct_forecast, 1),
+             "idle_share": None if s.idle_share is None else round(s.idle_share, 3),
+             "alerts_sent": ", ".join(s.alerts_sent), "error": s.error or ""} for s in statuses]
+    _print(pd.DataFrame(rows), args.format)
+    return 1 if any(s.error for s in statuses) else 0

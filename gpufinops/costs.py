@@ -1,0 +1,146 @@
+"""Cost x usage: what an instance costs per hour, and what its idle hours cost.
+
+Hourly rate of an instance, first that is known:
+  1. billing: its cost / usage hours on the latest billed day (what it really
+     costs, spot and discounts included);
+  2. the rate the evaluation stored with the decision (inventory price);
+  3. the on-demand price catalog (gpufinops.prices) for its type and region.
+Unknown stays None: an unpriced idle hour is reported as unpriced hours, never $0.
+
+Idle cost comes from the stored verdicts: each decision of an instance covers
+the time until that instance's next decision, capped at `max_gap_s` (a gap
+longer than that is time nobody watched, not time spent in the last verdict).
+When several rules judged the same instance at the same moment, the least
+idle verdict wins (ACTIVE > UNDERUTILIZED > UNKNOWN > IDLE) so idle cost is
+never overstated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Mapping
+
+import pandas as pd
+
+from .collect.billing.schema import UNTAGGED
+
+PriceLookup = Callable[[str, str], "float | None"]  # (instance_type, region) -> USD/h
+
+BY_COLUMNS = {"team": "team", "instance": "resource_id", "instance_type": "instance_type",
+              "account": "account", "project": "project"}
+VERDICTS = ("ACTIVE", "UNDERUTILIZED", "UNKNOWN", "IDLE")
+_RANK = {v: i for i, v in enumerate(VERDICTS)}  # lower = less idle, wins a tie
+
+
+def summarize(table: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Cost and instance-hours per key; empty keys (untagged, no resource id) are their own row."""
+    col = BY_COLUMNS[by]
+    keys = table[col].where(table[col] != "", UNTAGGED if by in ("team", "project") else "(none)")
+    out = (table.assign(key=keys).groupby(["key", "currency"], sort=False)[["cost", "usage_hours"]].sum()
+           .reset_index().rename(columns={"key": by}))
+    out["cost_per_hour"] = out["cost"] / out["usage_hours"].where(out["usage_hours"] > 0)
+    return out.sort_values("cost", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def billing_rates(table: pd.DataFrame) -> dict[str, float]:
+    """Per resource: cost / usage hours on its latest billed day with usage."""
+    t = table[(table["resource_id"] != "") & (table["usage_hours"] > 0)]
+    if t.empty:
+        return {}
+    day = t.groupby(["resource_id", "date"])[["cost", "usage_hours"]].sum().reset_index()
+    last = day.sort_values("date").groupby("resource_id").tail(1)
+    return {r: c / h for r, c, h in zip(last["resource_id"], last["cost"], last["usage_hours"])}
+
+
+def resource_attrs(table: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Latest team/project/account/region/instance_type per resource id, from billing."""
+    t = table[table["resource_id"] != ""].sort_values("date")
+    cols = ["team", "project", "account", "region", "instance_type"]
+    return {r: dict(zip(cols, vals)) for r, *vals in
+            t.groupby("resource_id").tail(1)[["resource_id", *cols]].itertuples(index=False)}
+
+
+@dataclass(frozen=True)
+class HourlyRate:
+    rate: float | None
+    source: str  # billing | decision | catalog | unknown
+
+
+def hourly_rate(instance_id: str, instance_type: str, region: str, rates: Mapping[str, float],
+                catalog: PriceLookup | None, stored: float | None = None) -> HourlyRate:
+    if instance_id in rates:
+        return HourlyRate(rates[instance_id], "billing")
+    if stored is not None and stored == stored:  # not None, not NaN
+        return HourlyRate(float(stored), "decision")
+    price = catalog(instance_type, region) if catalog and instance_type else None
+    if price is not None:
+        return HourlyRate(price, "catalog")
+    return HourlyRate(None, "unknown")
+
+
+def verdict_costs(decision_rows: Iterable[dict], start: datetime, end: datetime, *, max_gap_s: float,
+                  rates: Mapping[str, float] | None = None, catalog: PriceLookup | None = None,
+                  attrs: Mapping[str, Mapping[str, str]] | None = None, default_region: str = "") -> pd.DataFrame:
+    """One row per decision interval in [start, end): instance, team, verdict, hours, rate, cost (NaN if unpriced)."""
+    rates, attrs = rates or {}, attrs or {}
+    cols = ["instance_id", "team", "project", "account", "instance_type", "verdict", "at", "hours", "rate", "cost"]
+    rows = [r for r in decision_rows if start <= _utc(r["evaluated_at"]) < end]
+    if not rows:
+        return pd.DataFrame({c: [] for c in cols})
+    d = pd.DataFrame(rows)
+    d["at"] = [_utc(x) for x in d["evaluated_at"]]
+    d["rank"] = d["verdict"].map(lambda v: _RANK.get(v, _RANK["UNKNOWN"]))
+    d = d.sort_values(["instance_id", "at", "rank"]).drop_duplicates(["instance_id", "at"], keep="first")
+    nxt = d.groupby("instance_id")["at"].shift(-1)
+    end_ts = pd.Timestamp(end)
+    span = (nxt.fillna(end_ts) - d["at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
+    d["hours"] = span / 3600.0
+    out = []
+    for r in d.to_dict("records"):
+        a = attrs.get(r["instance_id"], {})
+        itype = r.get("instance_type") or a.get("instance_type", "")
+        hr = hourly_rate(r["instance_id"], itype, a.get("region") or default_region, rates, catalog, r.get("hourly_cost"))
+        out.append({
+            "instance_id": r["instance_id"], "team": r.get("team") or a.get("team", ""),
+            "project": a.get("project", ""), "account": a.get("account", ""), "instance_type": itype,
+            "verdict": r["verdict"], "at": r["at"], "hours": r["hours"], "rate": hr.rate,
+            "cost": r["hours"] * hr.rate if hr.rate is not None else float("nan"),
+        })
+    return pd.DataFrame(out, columns=cols)
+
+
+def idle_cost_report(vc: pd.DataFrame, by: str = "instance") -> pd.DataFrame:
+    """Cost per verdict per instance or team; untagged teams are one '(untagged)' row."""
+    key = {"instance": "instance_id", "team": "team", "project": "project", "instance_type": "instance_type",
+           "account": "account"}[by]
+    cols = [by, *(f"{v.lower()}_cost" for v in VERDICTS), "total_cost", "idle_share", "unpriced_hours"]
+    if vc.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    v = vc.assign(k=vc[key].fillna("").replace("", UNTAGGED))
+    priced = v[v["cost"].notna()]
+    pivot = priced.pivot_table(index="k", columns="verdict", values="cost", aggfunc="sum", fill_value=0.0)
+    out = pd.DataFrame(index=sorted(set(v["k"])))
+    for verdict in VERDICTS:
+        out[f"{verdict.lower()}_cost"] = pivot[verdict] if verdict in pivot.columns else 0.0
+    out = out.fillna(0.0)
+    out["total_cost"] = out[[f"{x.lower()}_cost" for x in VERDICTS]].sum(axis=1)
+    out["idle_share"] = out["idle_cost"] / out["total_cost"].where(out["total_cost"] > 0)
+    out["unpriced_hours"] = v[v["cost"].isna()].groupby("k")["hours"].sum().reindex(out.index).fillna(0.0)
+    out = out.reset_index().rename(columns={"index": by})
+    return out.sort_values("idle_cost", ascending=False, kind="stable").reset_index(drop=True)[cols]
+
+
+def idle_share(vc: pd.DataFrame) -> float | None:
+    """IDLE-verdict cost / all priced verdict cost; None when nothing priced was evaluated."""
+    priced = vc[vc["cost"].notna()] if not vc.empty else vc
+    total = float(priced["cost"].sum()) if not priced.empty else 0.0
+    if total <= 0:
+        return None
+    return float(priced.loc[priced["verdict"] == "IDLE", "cost"].sum()) / total
+
+
+def _utc(dt) -> datetime:
+    if isinstance(dt, pd.Timestamp):
+        dt = dt.to_pydatetime()
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
