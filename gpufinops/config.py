@@ -116,7 +116,7 @@ class Settings(_Strict):
         return v
 
 
-def _line_of(path: str, loc: tuple, text: str) -> int | None:
+def line_of(path: str, loc: tuple, text: str) -> int | None:
     """Best-effort line number of a dotted key in a YAML document."""
     try:
         node = yaml.compose(text)
@@ -147,7 +147,7 @@ def format_validation_error(path: str, text: str, err: ValidationError) -> str:
     for e in err.errors():
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
-        line = _line_of(path, loc, text)
+        line = line_of(path, loc, text)
         where = f"{path}:{line}" if line else path
         lines.append(f"{where}: key '{key}': {e['msg']}")
     return "\n".join(lines)

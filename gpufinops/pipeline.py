@@ -107,6 +107,9 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         report.errors.append(f"inventory: {exc}")
         return report
     report.instances = instances
+    # A region that could not be listed makes the run partial: visible in errors and /metrics.
+    for err in getattr(peers.cloud, "last_errors", []) or []:
+        report.errors.append(f"inventory: {err}")
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)

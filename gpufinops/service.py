@@ -96,8 +96,27 @@ class Service:
         self._stop = threading.Event()
         self._started_at = self.clock()
         self._last_ok: datetime | None = None
+        self._reconciled = False
 
-    def evaluate_job(self) -> RunReport:
+    def reconcile(self) -> bool:
+        """Settle stop intents left by a crash; retried before every run until it succeeds."""
+        if self._reconciled:
+            return True
+        try:
+            notes = Actuator(self.peers.cloud, self.peers.store, self.peers.notifier, self.settings).reconcile(self.clock())
+        except Exception as exc:  # a region down at start must not crash the service
+            log.error("reconcile after restart failed, retrying next run: %s", exc)
+            return False
+        for n in notes:
+            log.warning(n)
+        self._reconciled = True
+        return True
+
+    def evaluate_job(self) -> RunReport | None:
+        if not self.reconcile():
+            # Acting with unsettled intents could repeat a stop: judge nothing this run.
+            self.metrics.errors.inc()
+            return None
         # Rules are re-read every run so an edited rule file applies without a restart;
         # a broken edit keeps the service up and is reported as an error.
         rules = load_rules(self.settings.rules_paths)
@@ -126,9 +145,7 @@ class Service:
             log.error("job %s failed: %r", event.job_id, event.exception)
 
     def start(self) -> None:
-        notes = Actuator(self.peers.cloud, self.peers.store, self.peers.notifier, self.settings).reconcile(self.clock())
-        for n in notes:
-            log.warning(n)
+        self.reconcile()
         common = dict(coalesce=True, max_instances=1, misfire_grace_time=self.settings.schedule.misfire_grace_s)
         self.scheduler.add_job(self.evaluate_job, "interval", seconds=self.settings.schedule.evaluate_every_s,
                                id="evaluate", next_run_time=datetime.now(timezone.utc), **common)

@@ -133,3 +133,18 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path, aws):
     assert proc.returncode == 0, out
     assert "stopped cleanly" in out
     assert "xoxb" not in out
+
+
+def test_reconcile_failure_at_start_blocks_acting_until_it_succeeds(tmp_path):
+    from gpufinops.model import ActionKind
+
+    service, _ = make_service(tmp_path, [str(REPO / "rules")])
+    store, cloud = service.peers.store, service.peers.cloud
+    store.begin_action("old-run", "i-1", ActionKind.STOP, "r", False, "idle", datetime.now(timezone.utc))
+    real_describe = cloud.describe
+    cloud.describe = lambda ids: (_ for _ in ()).throw(RuntimeError("region down"))
+    assert service.evaluate_job() is None  # nothing judged or acted on with an unsettled stop intent
+    assert store.decision_rows() == []
+    cloud.describe = real_describe
+    assert service.evaluate_job() is not None
+    assert store.action_rows(status="pending") == []

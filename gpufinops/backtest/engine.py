@@ -23,6 +23,7 @@ Two stages, both without a per-sample Python loop:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -242,10 +243,33 @@ class StopEvent:
 
 @dataclass(frozen=True)
 class Replay:
-    stops: tuple[StopEvent, ...]
+    """Stops as parallel arrays (fast to sum); `stops` builds StopEvent values on demand."""
+
+    arrays: dict  # instance (index), stop_at, restart_at (NaN: none), stopped_s, false_stop, time_to_stop_s, mark_at, tick
+    instance_ids: tuple
+    gpus: np.ndarray  # per instance
     marks: int
     cancelled: int
-    verdicts: np.ndarray  # int8 (instances, ticks) as the live service would have seen them (stopped -> UNKNOWN)
+    verdicts: np.ndarray  # int8 (instances, ticks); with timeline=True as the live service saw them (stopped -> UNKNOWN)
+
+    @property
+    def n_stops(self) -> int:
+        return len(self.arrays["stop_at"])
+
+    @property
+    def stops(self) -> tuple[StopEvent, ...]:
+        a = self.arrays
+        order = np.lexsort((a["stop_at"], a["instance"]))
+        return tuple(
+            StopEvent(
+                instance=self.instance_ids[a["instance"][k]], stop_at=float(a["stop_at"][k]),
+                restart_at=None if np.isnan(a["restart_at"][k]) else float(a["restart_at"][k]),
+                stopped_s=float(a["stopped_s"][k]), gpus=int(self.gpus[a["instance"][k]]),
+                false_stop=bool(a["false_stop"][k]), time_to_stop_s=float(a["time_to_stop_s"][k]),
+                mark_at=float(a["mark_at"][k]), tick=int(a["tick"][k]),
+            )
+            for k in order
+        )
 
 
 def next_index(mask: np.ndarray) -> np.ndarray:
@@ -255,63 +279,74 @@ def next_index(mask: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(idx[..., ::-1], axis=-1)[..., ::-1]
 
 
-def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s: float) -> Replay:
-    """Apply mark/stop/cancel/restart to a verdict matrix. Loops per event, not per tick.
+def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s: float,
+           timeline: bool = False) -> Replay:
+    """Apply mark/stop/cancel/restart to a verdict matrix.
 
+    All instances advance together, one event (a mark and its outcome) per round, with numpy on the
+    vector of instances: rounds = the most events any one instance has, not ticks or samples.
     grace_s: after a restart, ticks until restart + grace_s are UNKNOWN (too young): the rule window.
+    timeline: also return the verdicts the live service would have seen (stopped -> UNKNOWN).
     """
     tr, s, times = prep.trace, prep.settings, prep.grid.times
-    n_ticks = len(times)
+    n_ticks, n_steps, t0, step, tick = len(times), tr.n_steps, tr.t0, tr.step_s, s.tick_s
     eligible = (verdicts == IDLE) & ~prep.snoozed
     cancels = (verdicts == UNDERUTILIZED) | (verdicts == ACTIVE) | prep.snoozed
-    nxt_idle = np.concatenate([next_index(eligible), np.full((tr.n_instances, 1), n_ticks)], axis=1)
-    nxt_cancel = np.concatenate([next_index(cancels), np.full((tr.n_instances, 1), n_ticks)], axis=1)
-    lead_ticks = int(np.ceil(warning_lead_s / s.tick_s - _EPS))
-    seen = verdicts.copy()
-    stops: list[StopEvent] = []
+    pad = np.full((tr.n_instances, 1), n_ticks)
+    nxt_idle = np.concatenate([next_index(eligible), pad], axis=1)
+    nxt_cancel = np.concatenate([next_index(cancels), pad, pad], axis=1)
+    lead_ticks = int(math.ceil(warning_lead_s / tick - _EPS))
+    seen = verdicts.copy() if timeline else verdicts
+    out: dict[str, list] = {k: [] for k in ("instance", "stop_at", "restart_at", "stopped_s", "false_stop",
+                                            "time_to_stop_s", "mark_at", "tick")}
     marks = cancelled = 0
-    for i in range(tr.n_instances):
-        j = 0
-        while True:
-            m = nxt_idle[i, j]
-            if m >= n_ticks:
-                break
-            marks += 1
-            stop_tick = m + lead_ticks
-            if stop_tick >= n_ticks:
-                break  # still marked when the history ends
-            c = nxt_cancel[i, m + 1]
-            st = nxt_idle[i, stop_tick]
-            if c < st:
-                if c < n_ticks:
-                    cancelled += 1
-                j = c
-                if j >= n_ticks:
-                    break
-                continue
-            if st >= n_ticks:
-                break
-            ts = times[st]
-            k0 = int(np.floor((ts - tr.t0) / tr.step_s + _EPS)) + 1  # first sample strictly after the stop
-            k = prep.next_demand[i, k0] if k0 < tr.n_steps else tr.n_steps
-            restart = tr.t0 + k * tr.step_s if k < tr.n_steps else None
-            until = restart if restart is not None else max(prep.end_t[i], ts)
-            last_d = prep.prev_demand[i, min(k0 - 1, tr.n_steps - 1)]
-            idle_since = prep.first_t[i] if last_d < 0 else tr.t0 + (last_d + 1) * tr.step_s
-            stops.append(StopEvent(
-                instance=tr.instance_ids[i], stop_at=float(ts), restart_at=None if restart is None else float(restart),
-                stopped_s=float(until - ts), gpus=int(prep.gpus[i]),
-                false_stop=restart is not None and restart - ts < s.break_even_s,
-                time_to_stop_s=float(max(0.0, ts - idle_since)), mark_at=float(times[m]), tick=int(st),
-            ))
-            if restart is None:
-                seen[i, st + 1:] = UNKNOWN
-                break
-            j = int(np.ceil((restart + grace_s - tr.t0) / s.tick_s - _EPS))  # judged again after a full window
-            seen[i, st + 1:min(j, n_ticks)] = UNKNOWN
-            if j >= n_ticks:
-                break
-    return Replay(stops=tuple(stops), marks=marks, cancelled=cancelled, verdicts=seen)
+    rows = np.flatnonzero(eligible.any(axis=1))
+    j = np.zeros(len(rows), dtype=np.int64)
+    while len(rows):
+        m = nxt_idle[rows, j]
+        go = m < n_ticks
+        rows, m = rows[go], m[go]
+        marks += len(rows)
+        stop_tick = m + lead_ticks
+        go = stop_tick < n_ticks  # else: still marked when the history ends
+        rows, m, stop_tick = rows[go], m[go], stop_tick[go]
+        c = nxt_cancel[rows, m + 1]
+        st = nxt_idle[rows, stop_tick]
+        cancel = c < st
+        cancelled += int(np.count_nonzero(cancel & (c < n_ticks)))
+        stop = ~cancel & (st < n_ticks)
+        # Stops of this round.
+        r, st_, m_ = rows[stop], st[stop], m[stop]
+        ts = times[st_]
+        k0 = np.floor((ts - t0) / step + _EPS).astype(np.int64) + 1  # first sample strictly after the stop
+        k = np.where(k0 < n_steps, prep.next_demand[r, np.minimum(k0, n_steps - 1)], n_steps)
+        has_restart = k < n_steps
+        restart = np.where(has_restart, t0 + k * step, np.nan)
+        until = np.where(has_restart, restart, np.maximum(prep.end_t[r], ts))
+        last_d = prep.prev_demand[r, np.minimum(k0 - 1, n_steps - 1)]
+        idle_since = np.where(last_d < 0, prep.first_t[r], t0 + (last_d + 1) * step)
+        out["instance"].append(r)
+        out["stop_at"].append(ts)
+        out["restart_at"].append(restart)
+        out["stopped_s"].append(until - ts)
+        out["false_stop"].append(has_restart & (restart - ts < s.break_even_s))
+        out["time_to_stop_s"].append(np.maximum(0.0, ts - idle_since))
+        out["mark_at"].append(times[m_])
+        out["tick"].append(st_)
+        j_next = np.where(has_restart, np.ceil((restart + grace_s - t0) / tick - _EPS), n_ticks).astype(np.int64)
+        if timeline:
+            for ri, a, b in zip(r, st_ + 1, np.minimum(j_next, n_ticks)):  # per stop, test-sized traces only
+                seen[ri, a:b] = UNKNOWN
+        # Next round: cancelled marks resume at the cancel tick, stops after the restart's grace.
+        nxt_rows = np.concatenate([rows[cancel], r])
+        nxt_j = np.concatenate([c[cancel], j_next])
+        go = nxt_j < n_ticks
+        rows, j = nxt_rows[go], nxt_j[go]
+    arrays = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+    arrays["instance"] = arrays["instance"].astype(np.int64)
+    arrays["false_stop"] = arrays["false_stop"].astype(bool)
+    return Replay(arrays=arrays, instance_ids=tr.instance_ids, gpus=prep.gpus, marks=marks, cancelled=cancelled,
+                  verdicts=seen)
 
 
 # --------------------------------------------------------------------------- savings
@@ -365,20 +400,21 @@ class Summary:
 
 def summarise(name: str, prep: Prepared, rep: Replay, rule: Rule | None = None,
               oracle: np.ndarray | None = None) -> Summary:
-    s = prep.settings
-    stops = rep.stops
-    stopped_h = sum(e.stopped_s * e.gpus for e in stops) / 3600
-    restarts = sum(1 for e in stops if e.restart_at is not None)
-    cost_h = sum(e.gpus for e in stops if e.restart_at is not None) * s.restart_cost_s / 3600
-    false = sum(1 for e in stops if e.false_stop)
+    s, a = prep.settings, rep.arrays
+    n = rep.n_stops
+    gpus = prep.gpus[a["instance"]] if n else np.zeros(0)
+    restarted = ~np.isnan(a["restart_at"]) if n else np.zeros(0, bool)
+    stopped_h = float((a["stopped_s"] * gpus).sum() / 3600) if n else 0.0
+    cost_h = float(gpus[restarted].sum() * s.restart_cost_s / 3600) if n else 0.0
+    false = int(np.count_nonzero(a["false_stop"])) if n else 0
     net = stopped_h - cost_h
     oracle_h = float((oracle_net_seconds(prep) if oracle is None else oracle).sum() / 3600)
-    tts = np.array([e.time_to_stop_s for e in stops]) / 60
+    tts = a["time_to_stop_s"] / 60 if n else np.zeros(0)
     dist = ({"p10": float(np.percentile(tts, 10)), "p50": float(np.median(tts)), "p90": float(np.percentile(tts, 90)),
-             "mean": float(tts.mean())} if len(tts) else {})
+             "mean": float(tts.mean())} if n else {})
     return Summary(
-        policy=name, instances=prep.trace.n_instances, stops=len(stops), restarts=restarts, false_stops=false,
-        false_stop_rate=false / len(stops) if stops else 0.0, marks=rep.marks, marks_cancelled=rep.cancelled,
+        policy=name, instances=prep.trace.n_instances, stops=n, restarts=int(restarted.sum()), false_stops=false,
+        false_stop_rate=false / n if n else 0.0, marks=rep.marks, marks_cancelled=rep.cancelled,
         gpu_hours_stopped=stopped_h, restart_cost_gpu_hours=cost_h, net_gpu_hours=net,
         net_dollars=net * s.price_per_gpu_hour, oracle_net_gpu_hours=oracle_h,
         pct_of_oracle=100.0 * net / oracle_h if oracle_h > 0 else 0.0, time_to_stop_min=dist, rule=rule,

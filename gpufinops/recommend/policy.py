@@ -6,7 +6,7 @@ import fnmatch
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpufinops.config import ConfigError, Settings, _line_of, load_yaml
+from gpufinops.config import ConfigError, Settings, line_of, load_yaml
 
 
 class _Strict(BaseModel):
@@ -83,7 +83,7 @@ def policy_from_settings(settings: Settings) -> RecommendPolicy:
         lines = []
         for e in exc.errors():
             loc = ("recommend", *e["loc"])
-            line = _line_of(path, loc, text) if text else None
+            line = line_of(path, loc, text) if text else None
             where = f"{path}:{line}" if line else path
             lines.append(f"{where}: key '{'.'.join(str(p) for p in loc)}': {e['msg']}")
         raise ConfigError("\n".join(lines)) from None

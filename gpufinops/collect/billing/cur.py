@@ -352,10 +352,10 @@ def _tag_lookup(tags: dict[str, str], keys: Sequence[str]) -> str:
 
 def _finish(agg: pa.Table, tag_keys: TagKeys, source: str, provider: str = "aws") -> pd.DataFrame:
     """Aggregated rows with raw tag keys -> the cost table (tags as JSON, team/project/owner)."""
+    # Dictionaries may repeat a value (two usage types, one instance type): decode first.
+    agg = pa.table({c: pc.cast(agg.column(c), agg.schema.field(c).type.value_type)
+                    if pa.types.is_dictionary(agg.schema.field(c).type) else agg.column(c) for c in agg.column_names})
     df = agg.to_pandas()
-    for c in df.columns:
-        if isinstance(df[c].dtype, pd.CategoricalDtype):
-            df[c] = df[c].astype("str")
     parsed: dict[str, tuple[str, str, str, str]] = {}
     for flat in pd.unique(df["tags_key"]):
         pairs = dict(p.split(_SEP_KV, 1) for p in flat.split(_SEP_ITEM)) if flat else {}
