@@ -142,10 +142,12 @@ def line_of(path: str, loc: tuple, text: str) -> int | None:
     return line
 
 
-def format_validation_error(path: str, text: str, err: ValidationError) -> str:
+def format_validation_error(path: str, text: str, err: ValidationError, prefix: tuple = ()) -> str:
+    """One line per error: `file:line: key 'a.b.c': message`. `prefix` is where the validated
+    data sits in the file (e.g. ("recommend",) for a capability's section)."""
     lines = []
     for e in err.errors():
-        loc = tuple(e["loc"])
+        loc = (*prefix, *e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
         line = line_of(path, loc, text)
         where = f"{path}:{line}" if line else path
@@ -165,6 +167,23 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark else str(p)
         raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+
+
+def validate_section(settings: "Settings", key: str, model: type[BaseModel]):
+    """Validate a capability's free-form section (settings.billing, settings.recommend) with its
+    own model; errors name the config file, the line and `key.sub.key`, like the core settings."""
+    try:
+        return model.model_validate(getattr(settings, key) or {})
+    except ValidationError as exc:
+        text = ""
+        if settings.source_path:
+            try:
+                _, text = load_yaml(settings.source_path)
+            except ConfigError:
+                text = ""
+        raise ConfigError(
+            format_validation_error(settings.source_path or "<defaults>", text, exc, prefix=(key,))
+        ) from None
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,11 +116,11 @@ def test_cli_costs_bad_file_exits_1_naming_the_file(tmp_path, capsys):
     assert rc == 1 and "broken.parquet: not a readable Parquet file" in capsys.readouterr().err
 
 
-def test_summarize_keeps_untagged_cost_as_its_own_row():
+def test_summarize_keeps_untagged_cost_as_its_own_row(tmp_path):
     from gpufinops.collect.billing.cur import read_cur
     from gpufinops.config import AwsSettings
 
-    t = read_cur(str(write_cur_rows(Path("/tmp") / f"gf-sum-{id(object())}.parquet", fixture_rows())),
+    t = read_cur(str(write_cur_rows(tmp_path / "c.parquet", fixture_rows())),
                  SEP, OCT, AwsSettings().gpu_families).table
     s = summarize(t, "team").set_index("team")
     assert s.loc["(untagged)", "cost"] == pytest.approx(0.72)

@@ -6,7 +6,7 @@ import fnmatch
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpufinops.config import ConfigError, Settings, line_of, load_yaml
+from gpufinops.config import Settings, validate_section
 
 
 class _Strict(BaseModel):
@@ -70,20 +70,4 @@ class RecommendPolicy(_Strict):
 
 def policy_from_settings(settings: Settings) -> RecommendPolicy:
     """Validate settings.recommend; errors name file, line and `recommend.<key>`."""
-    try:
-        return RecommendPolicy.model_validate(settings.recommend or {})
-    except ValidationError as exc:
-        path = settings.source_path or "<defaults>"
-        text = ""
-        if settings.source_path:
-            try:
-                _, text = load_yaml(settings.source_path)
-            except ConfigError:
-                text = ""
-        lines = []
-        for e in exc.errors():
-            loc = ("recommend", *e["loc"])
-            line = line_of(path, loc, text) if text else None
-            where = f"{path}:{line}" if line else path
-            lines.append(f"{where}: key '{'.'.join(str(p) for p in loc)}': {e['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+    return validate_section(settings, "recommend", RecommendPolicy)
