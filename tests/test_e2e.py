@@ -223,3 +223,33 @@ def test_query_timeout_means_unknown(aws, prometheus_factory, slack_stub, tmp_pa
         for c in held:
             c.close()
         srv.close()
+
+
+def test_cli_evaluate_once_json_and_table(aws, prometheus_factory, slack_stub, tmp_path, monkeypatch, capsys):
+    import json
+
+    import yaml
+
+    from gpufinops.cli import main
+
+    f = Fleet(aws, prometheus_factory, slack_stub, tmp_path, monkeypatch)
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "prometheus": {"url": f.prom.url, "scrape_interval_s": STEP},
+        "aws": {"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url},
+        "slack": {"base_url": slack_stub.base_url},
+        "database_url": f"sqlite:///{tmp_path / 'cli.db'}",
+        "act": {"dry_run": False},
+    }))
+    # Real time is ~T0 here: the fleet was launched seconds ago, so nothing is old enough to judge.
+    assert main(["--config", str(cfg), "evaluate", "--once", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by_id = {(d["instance_id"], d["rule"]): d for d in out["decisions"]}
+    idle = f.ids["idle"][0]
+    assert by_id[(idle, "gpu-util-below-40pct-10m")]["code"] == "too_young"
+    assert len({d["instance_id"] for d in out["decisions"]}) == sum(len(v) for v in f.ids.values())
+    assert main(["--config", str(cfg), "evaluate", "--once"]) == 0
+    table = capsys.readouterr().out
+    assert "VERDICT" in table and idle in table
+    # evaluate changes nothing: no tags, no Slack
+    assert TAG_MARKED not in aws.tags(idle) and slack_stub.posted() == []
