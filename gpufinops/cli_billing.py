@@ -13,7 +13,7 @@ from .collect.billing.schema import BillingDataError, month_bounds
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena), with idle cost")
+    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
     p.add_argument("--month", required=True, help="YYYY-MM")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account"], default="team")
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,

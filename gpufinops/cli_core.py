@@ -16,6 +16,7 @@ log = logging.getLogger("gpufinops.cli")
 
 def build_live_peers(settings: Settings):
     """Real peers from settings: EC2 inventory, Prometheus, the database, Slack (or the outbox)."""
+    from .collect.billing import schema as _billing_tables  # noqa: F401 - registers the costs table
     from .collect.inventory import Ec2Cloud
     from .collect.prometheus import PrometheusMetrics
     from .notify import build_notifier
@@ -33,6 +34,7 @@ def build_live_peers(settings: Settings):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .cli import load_settings_from_args
+    from .jobs import scheduled_jobs
     from .rules import load_rules
     from .service import Service
 
@@ -43,22 +45,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     peers = build_live_peers(settings)
     log.info("gpufinops serve: dry-run=%s, every %ss, database %s", settings.act.dry_run,
              settings.schedule.evaluate_every_s, settings.database_url.split("@")[-1])
-    Service(settings, peers, extra_jobs=_extra_jobs(settings, peers)).serve_forever()
+    Service(settings, peers, extra_jobs=tuple(scheduled_jobs(settings, peers, utcnow))).serve_forever()
     return 0
-
-
-def _extra_jobs(settings: Settings, peers) -> tuple:
-    """Scheduled jobs of other capabilities, when they are configured."""
-    jobs = []
-    try:
-        from .budgets import scheduled_budget_job  # type: ignore[attr-defined]
-    except ImportError:
-        scheduled_budget_job = None
-    if scheduled_budget_job is not None and settings.billing:
-        fn = scheduled_budget_job(settings, peers.store, peers.notifier)
-        if fn is not None:
-            jobs.append(("budgets", int(settings.billing.get("check_every_s", 3600)), fn))
-    return tuple(jobs)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -86,6 +86,11 @@ class ActSettings(_Strict):
 class ScheduleSettings(_Strict):
     evaluate_every_s: int = Field(60, ge=1)
     misfire_grace_s: int = 30
+    # Budget alerts, when a `billing:` section is configured; 0 turns the job off.
+    budget_check_every_s: int = Field(3600, ge=0)
+    # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
+    recommend_digest_day: str = "mon"
+    recommend_digest_hour: int = Field(9, ge=0, le=23)
 
 
 class ServiceSettings(_Strict):

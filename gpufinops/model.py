@@ -61,6 +61,7 @@ class ReasonCode(str, enum.Enum):
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
     LEARNED_WAIT = "learned_wait"  # adaptive policy still waiting
+    LEARNED_IDLE = "learned_idle"  # adaptive policy: this instance's history says the lull will last
 
     @property
     def is_missing_data(self) -> bool:

@@ -88,7 +88,7 @@ class Service:
     settings: Settings
     peers: Peers
     clock: Callable[[], datetime] = utcnow
-    extra_jobs: tuple[tuple[str, int, Callable[[], None]], ...] = ()  # (name, every_s, fn)
+    extra_jobs: tuple[tuple[str, dict, Callable[[], None]], ...] = ()  # (id, trigger args, fn): see jobs.py
 
     def __post_init__(self) -> None:
         self.metrics = ServiceMetrics()
@@ -149,8 +149,8 @@ class Service:
         common = dict(coalesce=True, max_instances=1, misfire_grace_time=self.settings.schedule.misfire_grace_s)
         self.scheduler.add_job(self.evaluate_job, "interval", seconds=self.settings.schedule.evaluate_every_s,
                                id="evaluate", next_run_time=datetime.now(timezone.utc), **common)
-        for name, every_s, fn in self.extra_jobs:
-            self.scheduler.add_job(fn, "interval", seconds=every_s, id=name, **common)
+        for name, trigger, fn in self.extra_jobs:
+            self.scheduler.add_job(fn, id=name, **trigger, **common)
         self.scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_EXECUTED)
         self.scheduler.start()
 

@@ -110,10 +110,14 @@ def test_missing_data_is_never_idle(default_rule):
 
 
 def test_unknown_keeps_the_mark_but_never_stops(default_rule):
-    u = long_idle_night()
-    u[492:1080] = np.nan  # marked at minute 489, then no data: no stop ever, mark not cancelled
+    u = long_idle_night()[:1000]
+    u[492:] = np.nan  # marked at minute 489, then no data: stop_at passes, no stop, mark kept
     (s,) = backtest(from_arrays(u, step_s=60, t0=T0), [default_rule])
     assert (s.marks, s.marks_cancelled, s.stops) == (1, 0, 0)
+    u = long_idle_night()
+    u[492:1080] = np.nan  # same, but work resumes in the morning: only then is the mark cancelled
+    (s,) = backtest(from_arrays(u, step_s=60, t0=T0), [default_rule])
+    assert (s.marks, s.marks_cancelled, s.stops) == (1, 1, 0)
 
 
 def test_snooze_cancels_the_mark_and_delays_the_stop(default_rule):

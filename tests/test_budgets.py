@@ -174,3 +174,31 @@ def test_budget_in_another_currency_is_skipped_with_an_error(sim, slack_stub, tm
     (status,) = check(s, store, now, 10)
     assert "is in EUR but the cost table is in USD" in status.error and status.alerts_sent == []
     assert slack_stub.posted() == []
+
+
+def test_cli_budgets_check_sends_to_outbox_once(tmp_path, capsys, monkeypatch):
+    import json
+
+    from gpufinops.cli import main
+    from gpufinops.collect.billing.synth import write_cur_rows
+    from gpufinops.notify import read_outbox
+
+    from .test_billing_cur import fixture_rows
+
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    cur = write_cur_rows(tmp_path / "cur.parquet", fixture_rows())
+    (tmp_path / "b.yaml").write_text("budgets:\n  - name: ml\n    scope: {kind: team, value: ml}\n    amount: 120\n")
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{tmp_path / 'g.db'}\nslack:\n  outbox_path: {tmp_path / 'out.jsonl'}\n"
+                   f"billing:\n  source: cur\n  path: {cur}\n  budgets_path: b.yaml\n")
+    outs = []
+    for _ in range(2):  # the second run (a restart) sends nothing new
+        assert main(["-c", str(cfg), "budgets", "check", "--month", "2024-09", "--format", "json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    # ml spent 3 x 32.77 + 0.70 = 99.01 of 120 = 83%: the 75% warning, once.
+    assert outs[0][0]["spent"] == 99.01 and outs[0][0]["pct_actual"] == 82.5
+    assert outs[0][0]["alerts_sent"] == "budget:ml:team=ml:2024-09:actual:75, budget:ml:team=ml:2024-09:forecast:75"
+    assert outs[1][0]["alerts_sent"] == ""
+    sent = read_outbox(tmp_path / "out.jsonl")
+    assert [m["key"] for m in sent] == ["budget:ml:team=ml:2024-09:actual:75", "budget:ml:team=ml:2024-09:forecast:75"]
+    assert sent[0]["text"].startswith("[WARNING] GPU budget 'ml' (team=ml) has spent 83% of 120.00 USD for 2024-09")

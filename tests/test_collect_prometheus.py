@@ -25,6 +25,7 @@ WINDOW = 600  # 10 minutes: 20 expected samples
 # Real now (rounded to the scrape grid) so the backfill lands in the last hours.
 NOW = datetime.fromtimestamp(int(time.time()) // SCRAPE * SCRAPE, timezone.utc)
 SENTINEL = 9.223372036854775e18
+N_QUERIES = 8  # two per signal (clean aggregates, dirty samples), whatever the fleet
 
 
 def grid(n: int = WINDOW // SCRAPE, *, end: datetime = NOW, first: int = 0) -> list[float]:
@@ -92,6 +93,12 @@ def fleet_series() -> list[Series]:
     # the last sample through the 5-minute lookback.
     s.append(Series(GPU_UTIL, dcgm_labels("ip-10-0-1-7", 2),
                     [(t, SENTINEL if i == 0 else 70.0) for i, t in enumerate(grid(10))]))
+    # GPU 3: split in two series by pod labels, a sentinel in the first only:
+    # the whole GPU takes the dirty path, both series count.
+    pod = dcgm_labels("ip-10-0-1-7", 3)
+    s.append(Series(GPU_UTIL, {**pod, "exported_pod": "a"}, [(t, SENTINEL if i == 0 else 20.0)
+                                                              for i, t in enumerate(full[:8])]))
+    s.append(const(GPU_UTIL, {**pod, "exported_pod": "b"}, 80.0, full[8:]))
     # Exporter went away halfway through the window (clean series).
     s.append(const(GPU_UTIL, dcgm_labels("ip-10-0-1-9", 0), 3.0, grid(10)))
     # Kubernetes: the same GPU seen as two series while pods change.
@@ -115,7 +122,7 @@ def fleet_prom(tmp_path_factory):
 def usage(fleet_prom):
     source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, scrape_interval_s=SCRAPE))
     result = source.window_usage(FLEET, WINDOW, NOW)
-    assert source.queries_made == 4
+    assert source.queries_made == N_QUERIES
     return result
 
 
@@ -176,6 +183,9 @@ def test_sentinel_and_negative_samples_are_not_measurements(usage):
     assert g1.samples == 0 and g1.activity_mean is None and g1.activity_max is None
     # Sentinel series that stopped halfway: 9 valid samples, not 9 + lookback re-counts.
     assert gpus["2"].samples == 9 and gpus["2"].activity_mean == 70.0
+    g3 = gpus["3"]
+    assert g3.samples == 7 + 12 and (g3.activity_min, g3.activity_max) == (20.0, 80.0)
+    assert g3.activity_mean == pytest.approx((7 * 20.0 + 12 * 80.0) / 19)
 
 
 def test_instance_without_series_has_no_gpus(usage):
@@ -212,7 +222,7 @@ def test_query_count_does_not_grow_with_fleet(prometheus_factory):
     large = PrometheusMetrics(PrometheusSettings(url=server.url))
     small_usage = small.window_usage(hosts[:2], WINDOW, NOW)
     large_usage = large.window_usage(hosts, WINDOW, NOW)
-    assert small.queries_made == large.queries_made == 4
+    assert small.queries_made == large.queries_made == N_QUERIES
     assert all(len(u.gpus) == 2 and u.gpus[0].samples == 20 for u in large_usage.values())
     assert len(small_usage) == 2
 
@@ -260,7 +270,7 @@ def test_query_timeout_gives_an_error(silent_server):
     source = PrometheusMetrics(PrometheusSettings(url=silent_server, timeout_s=0.3))
     usage = source.window_usage([I_LABEL, I_MIG], WINDOW, NOW)
     assert all("timed out" in u.error and u.gpus == () for u in usage.values())
-    assert source.queries_made == 4  # sent concurrently; one error is enough
+    assert source.queries_made == N_QUERIES  # sent concurrently; one error is enough
 
 
 def test_http_error_from_prometheus_gives_an_error(fleet_prom):
@@ -332,6 +342,7 @@ def test_matcher_ignores_pod_labels_and_unknown_hosts():
 
 def test_query_text_does_not_depend_on_fleet_and_uses_selector():
     q = PromQL(selector='job="dcgm"').queries(WINDOW)
-    assert set(q) == {GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE}
-    assert 'DCGM_FI_DEV_GPU_UTIL{job="dcgm"}[599999ms]' in q[GPU_UTIL]
+    assert len(q) == N_QUERIES
+    assert {metric for metric, _ in q} == {GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE}
+    assert all('{job="dcgm"}[599999ms]' in text for text in q.values())
     assert "i-" not in "".join(q.values())

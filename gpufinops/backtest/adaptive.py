@@ -113,9 +113,8 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason=f"{note}, but only after {_fmt_min(params.unusual_wait_s or break_even_s)} idle")
     if bool(learned):
-        # Every sample of the stretch is under the demand level: idle in the stays-below sense.
-        code = base.code if base.verdict == Verdict.IDLE else ReasonCode.IDLE_STAYS_BELOW
-        return replace(base, verdict=Verdict.IDLE, code=code, reason=why)
+        # Every sample of the stretch is under the demand level, and the history says it will last.
+        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE, reason=why)
     return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                    reason=f"{why}; waiting (needs {params.p_min:.0%})")
 

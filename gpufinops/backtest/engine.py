@@ -307,9 +307,8 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
         go = m < n_ticks
         rows, m = rows[go], m[go]
         marks += len(rows)
-        stop_tick = m + lead_ticks
-        go = stop_tick < n_ticks  # else: still marked when the history ends
-        rows, m, stop_tick = rows[go], m[go], stop_tick[go]
+        # stop_at beyond the history: no stop, but the mark can still be cancelled (then marked again).
+        stop_tick = np.minimum(m + lead_ticks, n_ticks)
         c = nxt_cancel[rows, m + 1]
         st = nxt_idle[rows, stop_tick]
         cancel = c < st

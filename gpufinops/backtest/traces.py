@@ -145,7 +145,7 @@ def _pick(columns: Sequence[str], wanted: str | None, candidates: Sequence[str],
             return lower[c]
     if required:
         raise ConfigError(
-            f"{path}: no {what} column found (looked for {', '.join(candidates)}); columns are {', '.join(columns)}; "
+            f"{path}: no {what} found (looked for {', '.join(candidates)}); columns are {', '.join(columns)}; "
             f"name it with --{what.split()[0]}-column"
         )
     return None

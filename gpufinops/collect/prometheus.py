@@ -1,27 +1,25 @@
 """DCGM GPU usage from Prometheus, in a fixed number of queries.
 
-One `window_usage` call sends four instant queries, concurrently (activity from
-DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory,
-power), whatever the fleet size. Each query aggregates server-side, per GPU,
-the samples of the window ending at `now`; the answers are then mapped to
-EC2 instances here.
+One `window_usage` call sends eight instant queries, concurrently, whatever
+the fleet size: two per signal (activity from DCGM_FI_DEV_GPU_UTIL, activity
+from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They aggregate the
+window ending at `now` per GPU; the answers are mapped to EC2 instances here.
 
 Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a
-field is unavailable, and an exporter bug may write negatives or NaN. Those
+field is unavailable, and a broken exporter may write negatives or NaN. Such
 samples are not measurements: they must neither count as samples nor move
-max/mean/min. Range functions cannot filter samples, and a filtering
-subquery `(x < 1e9 >= 0)[w:s]` re-samples every step with the 5-minute
-lookback, so a series that stopped would keep being counted for 5 minutes.
-Hence two paths per series, joined with `or`:
-- clean series (no invalid sample in the window; the common case): the raw
-  range functions, exact over the real samples;
-- dirty series only: a subquery at the scrape interval over
-  `last_over_time(x[step - 1ms]) < 1e9 >= 0`, i.e. the last real sample of
-  each step interval when it is valid: each real sample is seen at most once
-  and a stopped series adds nothing (no lookback). Exact when scrapes are
-  regular at the configured interval; otherwise at step resolution.
-Per GPU, series are then combined with sum/max/min `by` the GPU identity
-labels (pod labels come and go while the GPU stays the same).
+max/mean/min. Range functions cannot skip samples, and a filtering subquery
+`(x < 1e9 >= 0)[w:s]` re-samples every step with the 5-minute lookback, so a
+series that stopped would keep being counted for 5 minutes. Hence per signal:
+- the "clean" query: for GPUs without any invalid sample in the window (the
+  common case), exact per-GPU count/sum/max/min over the raw samples with
+  `sum|max|min by (<GPU identity>) (<fn>_over_time(x[w]))`;
+- the "dirty" query: for the other GPUs only, their valid samples one per
+  scrape interval, via `last_over_time(x[step - 1ms])` in a subquery (no
+  lookback: a stopped series adds nothing), aggregated client-side. Exact
+  when scrapes are regular at the configured interval.
+Per GPU, series are combined `by` the GPU identity labels (pod labels come and
+go while the GPU stays the same). See docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -55,20 +53,17 @@ GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName")
 _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
     GPU_UTIL: ("present", "count", "sum", "max", "min"),
     GR_ENGINE_ACTIVE: ("present", "count", "sum", "max", "min"),
-    FB_USED: ("max",),
-    POWER_USAGE: ("count", "sum"),
+    FB_USED: ("present", "max"),
+    POWER_USAGE: ("present", "count", "sum"),
 }
-# Per-series range function, and how series of one GPU are combined.
+# Per-series range function, and how the series of one GPU are combined.
 _RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
 _COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
+CLEAN, DIRTY = "clean", "dirty"
 
 
 class QueryFailed(Exception):
     """A query could not be answered; the message is short and holds no secret."""
-
-
-def _fmt_threshold(value: float) -> str:
-    return f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -97,46 +92,54 @@ class PromQL:
         # seconds old is out, as in Prometheus 3 (2.x ranges include both ends).
         return f"{window_s * 1000 - 1}ms"
 
-    def per_series(self, metric: str, agg: str, window_s: int) -> str:
-        """`agg` over the valid samples of each series of `metric` in the window."""
-        v = self._vector(metric)
-        r = self.range_of(window_s)
-        step = f"{self.scrape_interval_s}s"
-        hi = _fmt_threshold(SENTINEL_THRESHOLD)
-        fn = _RANGE_FN[agg]
-        # A series is dirty when any sample in the window is invalid (NaN != NaN).
-        dirty = (
-            f"(max_over_time({v}[{r}]) >= {hi} or min_over_time({v}[{r}]) < 0"
-            f" or avg_over_time({v}[{r}]) != avg_over_time({v}[{r}]))"
+    def dirty_gpus(self, metric: str, window_s: int, *, at_end: bool = False) -> str:
+        """GPUs (by identity) with at least one invalid sample in the window."""
+        v, r = self._vector(metric), self.range_of(window_s)
+        sel = f"{v}[{r}] @ end()" if at_end else f"{v}[{r}]"
+        hi = f"{SENTINEL_THRESHOLD:g}"
+        # NaN is the one value not equal to itself; it makes avg_over_time NaN.
+        return (
+            f"group by ({', '.join(self.by_labels)}) (max_over_time({sel}) >= {hi} or min_over_time({sel}) < 0"
+            f" or avg_over_time({sel}) != avg_over_time({sel}))"
         )
-        # `@ end()` pins the dirty test to the query time: Prometheus computes it
-        # once instead of at every subquery step.
-        dirty_at_end = dirty.replace(f"[{r}])", f"[{r}] @ end())")
-        # The last sample of the step interval (t - step, t], only when valid:
-        # unlike a bare selector, last_over_time has no 5-minute lookback, so a
-        # series that stopped contributes nothing after its last real sample.
-        fresh_valid = f"(last_over_time({v}[{self.scrape_interval_s * 1000 - 1}ms]) < {hi} >= 0)"
-        subquery = f"{fn}(({fresh_valid} and {dirty_at_end})[{r}:{step}])"
-        return f"({fn}({v}[{r}]) unless {dirty}) or {subquery}"
 
-    def per_gpu(self, metric: str, agg: str, window_s: int) -> str:
+    def clean_query(self, metric: str, window_s: int) -> str:
+        """Exact per-GPU aggregates over the raw samples of GPUs with no invalid
+        sample, labelled agg=count|sum|max|min; plus agg=present for every GPU
+        that has series at all (even if no sample is valid)."""
+        v, r = self._vector(metric), self.range_of(window_s)
         by = ", ".join(self.by_labels)
-        if agg == "present":
-            # The GPU has series in the window, even if no sample is valid: it is
-            # then reported with samples=0 (no data) rather than left out.
-            inner = f"group by ({by}) (present_over_time({self._vector(metric)}[{self.range_of(window_s)}]))"
-            return f'label_replace({inner}, "agg", "present", "", "")'
-        inner = f"{_COMBINE[agg]} by ({by}) ({self.per_series(metric, agg, window_s)})"
-        return f'label_replace({inner}, "agg", "{agg}", "", "")'
+        aggs = [a for a in _SIGNAL_AGGS[metric] if a != "present"]
+        parts = " or ".join(
+            f'label_replace({_COMBINE[a]} by ({by}) ({_RANGE_FN[a]}({v}[{r}])), "agg", "{a}", "", "")' for a in aggs
+        )
+        present = f'label_replace(group by ({by}) (present_over_time({v}[{r}])), "agg", "present", "", "")'
+        return f"(({parts}) unless ignoring(agg) {self.dirty_gpus(metric, window_s)}) or {present}"
 
-    def signal_query(self, metric: str, window_s: int) -> str:
-        return " or ".join(self.per_gpu(metric, agg, window_s) for agg in _SIGNAL_AGGS[metric])
+    def dirty_query(self, metric: str, window_s: int) -> str:
+        """For GPUs with an invalid sample only: their valid samples, one per
+        scrape interval, as a range vector (aggregated here, client-side).
 
-    def queries(self, window_s: int) -> dict[str, str]:
-        """The fixed query set: one PromQL text per signal."""
+        `last_over_time(x[step - 1ms])` at step t is the last real sample in
+        (t - step, t]: unlike a bare selector it has no 5-minute lookback, so a
+        series that stopped contributes nothing after its last sample. `@ end()`
+        pins the dirty test to the query time so it is computed once, not per step.
+        """
+        v, r = self._vector(metric), self.range_of(window_s)
+        hi = f"{SENTINEL_THRESHOLD:g}"
+        fresh_valid = f"last_over_time({v}[{self.scrape_interval_s * 1000 - 1}ms]) < {hi} >= 0"
+        dirty = self.dirty_gpus(metric, window_s, at_end=True)
+        return f"({fresh_valid} and on({', '.join(self.by_labels)}) {dirty})[{r}:{self.scrape_interval_s}s]"
+
+    def queries(self, window_s: int) -> dict[tuple[str, str], str]:
+        """The fixed query set: (signal, clean|dirty) -> PromQL text."""
         if window_s < 1:
             raise ValueError(f"window_s must be >= 1, got {window_s}")
-        return {metric: self.signal_query(metric, window_s) for metric in _SIGNAL_AGGS}
+        out = {}
+        for metric in _SIGNAL_AGGS:
+            out[(metric, CLEAN)] = self.clean_query(metric, window_s)
+            out[(metric, DIRTY)] = self.dirty_query(metric, window_s)
+        return out
 
 
 # --------------------------------------------------------------------------- instance mapping
@@ -211,6 +214,11 @@ class _Agg:
     def add(self, agg: str, value: float) -> None:
         if agg == "present":
             pass  # creating the _Gpu entry was the point
+        elif agg == "sample":  # one valid sample of a dirty GPU
+            self.count += 1
+            self.sum += value
+            self.max = value if self.max is None else max(self.max, value)
+            self.min = value if self.min is None else min(self.min, value)
         elif agg == "count":
             self.count += value
         elif agg == "sum":
@@ -260,23 +268,34 @@ class _Gpu:
         )
 
 
-def _parse_answer(metric: str, answer: Any) -> list[tuple[dict[str, str], str, float]]:
-    """(labels, agg, value) rows of one instant-vector answer; QueryFailed if malformed."""
+def _parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str], str, float]]:
+    """(labels, agg, value) rows of one answer; QueryFailed if malformed.
+
+    A clean answer is an instant vector with an `agg` label; a dirty answer is
+    a range vector whose every point is one valid sample (agg "sample").
+    """
+    metric, kind = key
     if not isinstance(answer, list):
-        raise QueryFailed(f"malformed answer for {metric}: expected a vector")
+        raise QueryFailed(f"malformed answer for {metric}: expected a list of series")
     rows = []
-    for item in answer:
-        try:
+    try:
+        for item in answer:
             labels = item["metric"]
-            agg = labels["agg"]
-            value = float(item["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise QueryFailed(f"malformed answer for {metric}") from None
-        if not isinstance(labels, dict) or agg not in _SIGNAL_AGGS[metric]:
-            raise QueryFailed(f"malformed answer for {metric}: unexpected agg")
-        if math.isnan(value):
-            continue
-        rows.append((labels, agg, value))
+            if not isinstance(labels, dict):
+                raise TypeError
+            if kind == CLEAN:
+                agg = labels["agg"]
+                if agg not in _SIGNAL_AGGS[metric]:
+                    raise QueryFailed(f"malformed answer for {metric}: unexpected agg {agg[:20]!r}")
+                points = [item["value"]]
+            else:
+                agg, points = "sample", item["values"]
+            for point in points:
+                value = float(point[1])
+                if not math.isnan(value):
+                    rows.append((labels, agg, value))
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise QueryFailed(f"malformed answer for {metric}") from None
     return rows
 
 
@@ -321,7 +340,7 @@ class PrometheusMetrics:
             timeout=settings.timeout_s,
         )
 
-    def _query(self, metric: str, promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
+    def _query(self, key: tuple[str, str], promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
         with self._lock:
             self.queries_made += 1
         timeout = self.settings.timeout_s
@@ -341,7 +360,7 @@ class PrometheusMetrics:
             raise QueryFailed(f"prometheus at {self._endpoint}: {str(exc)[:200]}") from None
         except (ValueError, KeyError, TypeError):  # body not JSON or not the API's shape
             raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer") from None
-        return _parse_answer(metric, answer)
+        return _parse_answer(key, answer)
 
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime
@@ -353,8 +372,8 @@ class PrometheusMetrics:
             # Concurrent: Prometheus evaluates queries in parallel, so the wall
             # time is that of the slowest query, not the sum.
             with ThreadPoolExecutor(max_workers=len(queries)) as pool:
-                futures = {m: pool.submit(self._query, m, q, at) for m, q in queries.items()}
-                answers = {m: f.result() for m, f in futures.items()}
+                futures = {key: pool.submit(self._query, key, q, at) for key, q in queries.items()}
+                answers = {key: f.result() for key, f in futures.items()}
         except QueryFailed as exc:
             return {
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
@@ -362,7 +381,7 @@ class PrometheusMetrics:
             }
         matcher = InstanceMatcher.build(instances, self.settings.instance_label, tuple(self.settings.hostname_labels))
         per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
-        for metric, rows in answers.items():
+        for (metric, _kind), rows in answers.items():
             for labels, agg, value in rows:
                 instance_id = matcher.match(labels)
                 if instance_id is None:

@@ -1,0 +1,65 @@
+"""Scheduled jobs beside the every-minute evaluation: budget alerts and the weekly
+right-sizing digest. Each is a plain function of (settings, peers, now) so tests call
+it directly; `scheduled_jobs` wraps them for the service's scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Callable
+
+from .config import Settings
+from .pipeline import Peers
+
+log = logging.getLogger("gpufinops.jobs")
+
+
+def budget_check(settings: Settings, peers: Peers, now: datetime):
+    """Load this month's costs from the configured billing source and send due budget alerts."""
+    from .budgets import run_budget_check
+    from .collect.billing.load import load_cost_table
+    from .collect.billing.schema import month_bounds
+
+    start, end = month_bounds(f"{now:%Y-%m}")
+    costs = load_cost_table(settings, start, end, now)
+    statuses = run_budget_check(settings, peers.store, peers.notifier, now, costs)
+    for s in statuses:
+        log.info("budget %s: %s", s.budget, s.error or f"{s.spent:,.2f} spent, {s.forecast:,.2f} forecast of {s.amount:,.2f}")
+    return statuses
+
+
+def recommend_digest(settings: Settings, peers: Peers, now: datetime):
+    """Right-size the fleet from its observed usage, store the table, post the weekly digest."""
+    from .catalog import load_catalog, load_refresh
+    from .recommend.engine import recommend_fleet, store_recommendations, weekly_digest_message
+    from .recommend.policy import policy_from_settings
+    from .recommend.usage import PrometheusUsage
+
+    policy = policy_from_settings(settings)
+    catalog = load_catalog(policy.catalog_dir)
+    cache = load_refresh(policy.price_cache_path)
+    if cache is not None:
+        catalog = catalog.with_aws_refresh(cache)
+    instances = peers.cloud.list_gpu_instances()
+    interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
+    usage = PrometheusUsage(settings.prometheus).fleet_usage(
+        instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
+    recs = recommend_fleet(instances, usage, catalog, policy, now)
+    store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)
+    peers.notifier.send(weekly_digest_message(recs, now, channel=settings.slack.default_channel))
+    return recs
+
+
+def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetime]) -> list[tuple[str, dict, Callable[[], None]]]:
+    """(job id, APScheduler trigger arguments, function) for every job the settings enable."""
+    jobs: list[tuple[str, dict, Callable[[], None]]] = []
+    if settings.billing and settings.schedule.budget_check_every_s > 0:
+        jobs.append(("budgets", {"trigger": "interval", "seconds": settings.schedule.budget_check_every_s},
+                     lambda: budget_check(settings, peers, clock())))
+    if settings.schedule.recommend_digest_day:
+        jobs.append(("recommend-digest", {"trigger": "cron", "day_of_week": settings.schedule.recommend_digest_day,
+                                          "hour": settings.schedule.recommend_digest_hour, "timezone": "UTC"},
+                     lambda: recommend_digest(settings, peers, clock())))
+    return jobs

@@ -1,0 +1,635 @@
+"""The monthly audit, computed from stored evaluations, actions, billing and recommendations. No I/O.
+
+How time and money are counted (the same model as gpufinops.costs, which does the pricing):
+- each evaluation of an instance covers the time until its next evaluation, at most two evaluation
+  periods (a longer gap is time nobody watched, not time spent in the last verdict);
+- a completed stop ends the running time at the stop, and nothing is counted after the last
+  evaluation of the month plus one evaluation period;
+- the hourly rate is billing's (cost / usage hours), else the price stored with the evaluation, else
+  the on-demand catalog; an unpriced hour is reported as unpriced, never as $0;
+- a stop saved the time from the stop until the instance was seen running again (its owner started
+  it) or until the end of what the month observed; a dry-run stop "would have saved" the idle time
+  that followed it, up to the first evaluation that was not IDLE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pandas as pd
+
+from ..collect.billing.schema import UNTAGGED, single_currency
+from ..costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
+                     verdict_costs)
+from ..model import ReasonCode
+from .inputs import AuditInputs
+from .options import ReportSettings
+from .period import ReportPeriod
+
+MISSING_DATA_CODES = tuple(c.value for c in ReasonCode if c.is_missing_data)
+STOP_KINDS = ("stop", "terminate")
+DEMAND_VERDICTS = ("ACTIVE", "UNDERUTILIZED")  # some real activity: the workload wanted the GPU
+_RANK = {v: i for i, v in enumerate(VERDICTS)}  # same tie-break as gpufinops.costs: least idle wins
+
+# What a low average most likely means, by the dominant reason code (DOMAIN: low is not always waste).
+HINTS = {
+    "idle_stays_below": "idle for long stretches: stop it when unused or schedule it",
+    "idle_mean_below": "idle for long stretches: stop it when unused or schedule it",
+    "memory_held_idle": "memory held with no compute: a loaded model waiting; is it still needed?",
+    "bursty_low": "low but bursty: likely input-, host- or latency-bound; check data loading, batch size, request batching",
+    "low_steady": "steadily low: a smaller or shared GPU may fit (see recommendations)",
+    "busy": "busy at times, idle between jobs: pack jobs or scale down between them",
+    "some_gpus_busy": "some GPUs busy, others idle: fewer GPUs may do",
+}
+
+TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost", "idle_hours", "idle_cost",
+                "idle_share", "underutilized_cost", "unknown_hours", "active_pct", "underutilized_pct", "idle_pct",
+                "unknown_pct", "stops", "dry_run_stops", "unpriced_hours"]
+INSTANCE_COLUMNS = ["instance_id", "team", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
+                    "billed_cost", "idle_hours", "idle_cost", "idle_share", "underutilized_cost", "unknown_hours",
+                    "active_pct", "underutilized_pct", "idle_pct", "unknown_pct", "mean_activity_pct",
+                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours"]
+UNDERUTILIZED_COLUMNS = ["instance_id", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
+                         "max_memory_gib", "measured_hours", "cost", "idle_cost", "main_code", "hint"]
+STOP_COLUMNS = ["at", "instance_id", "team", "instance_type", "kind", "rule", "dry_run", "status", "reason", "error",
+                "back_at", "back_after_min", "false_stop", "saved_hours", "saved_gpu_hours", "saved_cost", "savings"]
+UNKNOWN_COLUMNS = ["instance_id", "team", "instance_type", "hours", "unknown_hours", "unknown_share",
+                   "missing_data_hours", *[f"{c}_hours" for c in MISSING_DATA_CODES], "other_unknown_hours",
+                   "unknown_cost"]
+RECOMMENDATION_COLUMNS = ["instance_id", "team", "instance_type", "region", "action", "current_monthly",
+                          "recommended", "recommended_monthly", "monthly_savings", "risk", "reason", "prices_as_of",
+                          "created_at"]
+DAILY_COLUMNS = ["date", *[f"{v.lower()}_cost" for v in VERDICTS], "evaluated_cost", "billed_cost", "hours",
+                 "idle_hours"]
+ACTION_COLUMNS = ["kind", "dry_run", "status", "count"]
+
+
+@dataclass
+class MonthlyAudit:
+    period: ReportPeriod
+    options: ReportSettings
+    currency: str
+    headline: dict
+    data_quality: dict
+    notes: list[str]
+    teams: pd.DataFrame
+    instances: pd.DataFrame
+    underutilized: pd.DataFrame
+    stops: pd.DataFrame
+    unknown_time: pd.DataFrame
+    recommendations: pd.DataFrame
+    daily: pd.DataFrame
+    actions: pd.DataFrame
+    rules: list[str] = field(default_factory=list)
+
+    @property
+    def has_data(self) -> bool:
+        return bool(self.headline["evaluations"]) or self.headline["billed_cost"] is not None
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables as written to CSV and JSON, in report order."""
+        return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
+                "stops": self.stops, "unknown_time": self.unknown_time, "recommendations": self.recommendations,
+                "daily": self.daily, "actions": self.actions}
+
+
+# --------------------------------------------------------------------------- time model
+
+
+def _ts(values) -> pd.Series:
+    return pd.to_datetime(pd.Series(values), utc=True)
+
+
+def evaluation_period_s(decisions: list[dict], fallback_s: float) -> float:
+    """Median spacing between an instance's consecutive evaluations: how often the service looked."""
+    if not decisions:
+        return float(fallback_s)
+    d = pd.DataFrame({"i": [r["instance_id"] for r in decisions], "at": _ts([r["evaluated_at"] for r in decisions])})
+    d = d.drop_duplicates().sort_values(["i", "at"])
+    gaps = d.groupby("i")["at"].diff().dt.total_seconds()
+    gaps = gaps[gaps > 0]
+    return float(gaps.median()) if len(gaps) else float(fallback_s)
+
+
+def _dedup_details(decisions: list[dict]) -> pd.DataFrame:
+    """One row per (instance, time) with the reason code and activity, chosen like costs.verdict_costs does."""
+    d = pd.DataFrame(decisions)
+    d["at"] = _ts(d["evaluated_at"]).values
+    d["at"] = pd.to_datetime(d["at"], utc=True)
+    d["rank"] = d["verdict"].map(lambda v: _RANK.get(v, _RANK["UNKNOWN"]))
+    d = d.sort_values(["instance_id", "at", "rank"], kind="stable").drop_duplicates(["instance_id", "at"], keep="first")
+    return d[["instance_id", "at", "code", "rule", "activity_mean", "activity_max", "memory_max_mib"]]
+
+
+def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFrame:
+    """Priced verdict intervals of the month (costs.verdict_costs), with reason code, activity and GPU-hours.
+
+    Running time is cut at completed stops and at the end of what the month observed.
+    """
+    p = inp.period
+    rates, attrs = billing_rates(inp.cost_table), resource_attrs(inp.cost_table)
+    vc = verdict_costs(inp.decisions, p.start, p.as_of, max_gap_s=2 * period_s, rates=rates, catalog=inp.catalog,
+                       attrs=attrs, default_region=inp.default_region)
+    if vc.empty:
+        return vc.assign(code=[], rule=[], activity_mean=[], activity_max=[], memory_max_mib=[], gpus=[],
+                         gpu_hours=[])
+    vc["at"] = pd.to_datetime(vc["at"], utc=True)
+    iv = vc.merge(_dedup_details(inp.decisions), on=["instance_id", "at"], how="left", validate="one_to_one")
+    stops = [(a.instance_id, a.at) for a in inp.actions
+             if a.kind.value in STOP_KINDS and not a.dry_run and a.status == "done"]
+    iv = iv.sort_values("at", kind="stable").reset_index(drop=True)
+    limit = pd.Series(pd.Timestamp(obs_end), index=iv.index)
+    if stops:
+        s = pd.DataFrame(stops, columns=["instance_id", "stop_at"])
+        s["stop_at"] = _ts(s["stop_at"]).values
+        s["stop_at"] = pd.to_datetime(s["stop_at"], utc=True)
+        s = s.sort_values("stop_at")
+        nxt = pd.merge_asof(iv[["at", "instance_id"]], s.assign(at=s["stop_at"]), on="at", by="instance_id",
+                            direction="forward")
+        limit = pd.concat([limit, nxt["stop_at"]], axis=1).min(axis=1)
+    room = ((limit - iv["at"]).dt.total_seconds() / 3600.0).clip(lower=0.0)
+    iv["hours"] = iv["hours"].where(iv["hours"] <= room, room)
+    iv["cost"] = iv["hours"] * iv["rate"].astype("float64")
+    iv["gpus"] = [inp.gpu_count(t) if t else None for t in iv["instance_type"]]
+    iv["gpus"] = pd.to_numeric(iv["gpus"], errors="coerce")
+    iv["gpu_hours"] = iv["hours"] * iv["gpus"]
+    iv["team"] = iv["team"].fillna("").replace("", UNTAGGED)
+    return iv.sort_values(["instance_id", "at"], kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- stops
+
+
+def _instance_rates(iv: pd.DataFrame) -> dict[str, float]:
+    priced = iv[iv["rate"].notna()]
+    return {} if priced.empty else priced.groupby("instance_id")["rate"].last().astype(float).to_dict()
+
+
+def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings) -> pd.DataFrame:
+    """Every stop/terminate of the month, real or dry-run, with what it saved (or would have) and whether it was false."""
+    acts = [a for a in inp.actions if a.kind.value in STOP_KINDS]
+    if not acts:
+        return pd.DataFrame({c: [] for c in STOP_COLUMNS})
+    rates = _instance_rates(iv)
+    meta = iv.groupby("instance_id")[["team", "instance_type", "gpus"]].last() if not iv.empty else None
+    by_inst = {k: g for k, g in iv.groupby("instance_id")} if not iv.empty else {}
+    # Dry-run stops: each idle interval after a stop is credited to the latest stop before it, so a rule
+    # that "stops" the same instance every few minutes in dry-run does not count the same hour twice.
+    credited: dict[int, tuple[float, float, float]] = {}
+    for inst, group in by_inst.items():
+        dry = sorted((pd.Timestamp(a.at), n) for n, a in enumerate(acts)
+                     if a.instance_id == inst and a.dry_run and a.status == "done")
+        if not dry:
+            continue
+        k, current = 0, None
+        for row in group.itertuples(index=False):
+            while k < len(dry) and dry[k][0] <= row.at:
+                current = dry[k][1]
+                k += 1
+            if current is None:
+                continue
+            if row.verdict != "IDLE":
+                current = None
+                continue
+            h, gh, c = credited.get(current, (0.0, 0.0, 0.0))
+            credited[current] = (h + row.hours, gh + (0.0 if math.isnan(row.gpu_hours) else row.gpu_hours),
+                                 c + (0.0 if math.isnan(row.cost) else row.cost))
+    rows = []
+    for n, a in enumerate(acts):
+        at = pd.Timestamp(a.at)
+        m = meta.loc[a.instance_id] if meta is not None and a.instance_id in meta.index else None
+        team = m["team"] if m is not None else UNTAGGED
+        itype = m["instance_type"] if m is not None else ""
+        gpus = float(m["gpus"]) if m is not None and pd.notna(m["gpus"]) else float("nan")
+        group = by_inst.get(a.instance_id)
+        later = group[group["at"] > at] if group is not None else None
+        back_at = None
+        if a.dry_run:
+            if later is not None:
+                demand = later[later["verdict"].isin(DEMAND_VERDICTS)]
+                back_at = demand["at"].iloc[0] if len(demand) else None
+        elif later is not None and len(later):
+            back_at = later["at"].iloc[0]  # only running instances are evaluated: seen again = started again
+        back_min = (back_at - at).total_seconds() / 60.0 if back_at is not None else None
+        false_stop = back_min is not None and back_min * 60.0 <= opts.false_stop_s and a.status == "done"
+        if a.status != "done":
+            hours, gpu_h, cost, savings = 0.0, 0.0, 0.0, f"none ({a.status})"
+        elif a.dry_run:
+            hours, gpu_h, cost = credited.get(n, (0.0, 0.0, 0.0))
+            savings = "would have saved"
+        else:
+            until = back_at if back_at is not None else pd.Timestamp(obs_end)
+            hours = max(0.0, (until - at).total_seconds() / 3600.0)
+            gpu_h = hours * gpus if not math.isnan(gpus) else float("nan")
+            rate = rates.get(a.instance_id)
+            cost = hours * rate if rate is not None else float("nan")
+            savings = "saved"
+        rows.append({
+            "at": at, "instance_id": a.instance_id, "team": team, "instance_type": itype, "kind": a.kind.value,
+            "rule": a.rule, "dry_run": bool(a.dry_run), "status": a.status, "reason": a.reason, "error": a.error or "",
+            "back_at": back_at, "back_after_min": back_min, "false_stop": bool(false_stop), "saved_hours": hours,
+            "saved_gpu_hours": gpu_h, "saved_cost": cost, "savings": savings,
+        })
+    return pd.DataFrame(rows, columns=STOP_COLUMNS)
+
+
+# --------------------------------------------------------------------------- per instance / team
+
+
+def _verdict_hours(iv: pd.DataFrame, key: str) -> pd.DataFrame:
+    p = iv.pivot_table(index=key, columns="verdict", values="hours", aggfunc="sum", fill_value=0.0)
+    out = pd.DataFrame(index=p.index)
+    for v in VERDICTS:
+        out[f"{v.lower()}_hours"] = p[v] if v in p.columns else 0.0
+    total = out.sum(axis=1)
+    for v in VERDICTS:
+        out[f"{v.lower()}_pct"] = 100.0 * out[f"{v.lower()}_hours"] / total.where(total > 0)
+    return out
+
+
+def _weighted_mean(values: pd.Series, weights: pd.Series) -> float:
+    ok = values.notna() & weights.notna()
+    w = weights[ok].sum()
+    return float((values[ok] * weights[ok]).sum() / w) if w > 0 else float("nan")
+
+
+def instance_table(iv: pd.DataFrame, stops: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
+    if iv.empty:
+        return pd.DataFrame({c: [] for c in INSTANCE_COLUMNS})
+    money = idle_cost_report(iv, by="instance").set_index("instance")
+    vh = _verdict_hours(iv, "instance_id")
+    g = iv.groupby("instance_id", sort=True)
+    rows = []
+    for inst, grp in g:
+        priced = grp["rate"].dropna()
+        rows.append({
+            "instance_id": inst, "team": grp["team"].iloc[-1], "instance_type": grp["instance_type"].iloc[-1],
+            "gpus": grp["gpus"].iloc[-1], "hourly_rate": float(priced.iloc[-1]) if len(priced) else float("nan"),
+            "hours": grp["hours"].sum(), "gpu_hours": grp["gpu_hours"].sum(min_count=1),
+            "mean_activity_pct": _weighted_mean(grp["activity_mean"].astype(float), grp["hours"]),
+            "max_activity_pct": grp["activity_max"].astype(float).max(),
+            "max_memory_gib": grp["memory_max_mib"].astype(float).max() / 1024.0,
+            "idle_gpu_hours": grp.loc[grp["verdict"] == "IDLE", "gpu_hours"].sum(min_count=1),
+        })
+    out = pd.DataFrame(rows).set_index("instance_id")
+    out["cost"] = money["total_cost"]
+    out["idle_cost"] = money["idle_cost"]
+    out["idle_share"] = money["idle_share"]
+    out["underutilized_cost"] = money["underutilized_cost"]
+    out["unpriced_hours"] = money["unpriced_hours"]
+    out["idle_hours"] = vh["idle_hours"]
+    out["unknown_hours"] = vh["unknown_hours"]
+    for v in VERDICTS:
+        out[f"{v.lower()}_pct"] = vh[f"{v.lower()}_pct"]
+    real = stops[(~stops["dry_run"]) & (stops["status"] == "done")] if len(stops) else stops
+    dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
+    out["stops"] = real.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(real) else 0
+    out["dry_run_stops"] = dry.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(dry) else 0
+    billed = summarize(cost_table, "instance").groupby("instance")["cost"].sum() if len(cost_table) else pd.Series(dtype=float)
+    out["billed_cost"] = billed.reindex(out.index)
+    out = out.reset_index()
+    return out.sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True],
+                           kind="stable").reset_index(drop=True)[INSTANCE_COLUMNS]
+
+
+def team_table(iv: pd.DataFrame, instances: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
+    """One row per team; instances without a team tag are the '(untagged)' row. Billing-only teams appear too."""
+    billed = summarize(cost_table, "team").groupby("team")["cost"].sum() if len(cost_table) else pd.Series(dtype=float)
+    if iv.empty and billed.empty:
+        return pd.DataFrame({c: [] for c in TEAM_COLUMNS})
+    if iv.empty:
+        out = pd.DataFrame({"team": billed.index, "billed_cost": billed.values})
+        return out.reindex(columns=TEAM_COLUMNS).assign(instances=0, stops=0, dry_run_stops=0)
+    money = idle_cost_report(iv, by="team").set_index("team")
+    vh = _verdict_hours(iv, "team")
+    inst = instances.groupby("team")
+    out = pd.DataFrame(index=sorted(set(money.index) | set(billed.index)))
+    out["instances"] = inst.size().reindex(out.index).fillna(0).astype(int)
+    out["hours"] = iv.groupby("team")["hours"].sum().reindex(out.index)
+    out["gpu_hours"] = iv.groupby("team")["gpu_hours"].sum(min_count=1).reindex(out.index)
+    out["cost"] = money["total_cost"].reindex(out.index)
+    out["billed_cost"] = billed.reindex(out.index)
+    out["idle_hours"] = vh["idle_hours"].reindex(out.index)
+    out["idle_cost"] = money["idle_cost"].reindex(out.index)
+    out["idle_share"] = money["idle_share"].reindex(out.index)
+    out["underutilized_cost"] = money["underutilized_cost"].reindex(out.index)
+    out["unknown_hours"] = vh["unknown_hours"].reindex(out.index)
+    for v in VERDICTS:
+        out[f"{v.lower()}_pct"] = vh[f"{v.lower()}_pct"].reindex(out.index)
+    out["stops"] = inst["stops"].sum().reindex(out.index).fillna(0).astype(int)
+    out["dry_run_stops"] = inst["dry_run_stops"].sum().reindex(out.index).fillna(0).astype(int)
+    out["unpriced_hours"] = money["unpriced_hours"].reindex(out.index)
+    out = out.rename_axis("team").reset_index()
+    return out.sort_values(["idle_cost", "cost", "team"], ascending=[False, False, True], kind="stable",
+                           na_position="last").reset_index(drop=True)[TEAM_COLUMNS]
+
+
+def underutilized_table(iv: pd.DataFrame, instances: pd.DataFrame, below_pct: float) -> pd.DataFrame:
+    """Instances whose time-weighted mean activity over the month is under `below_pct`."""
+    if instances.empty:
+        return pd.DataFrame({c: [] for c in UNDERUTILIZED_COLUMNS})
+    low = instances[instances["mean_activity_pct"] < below_pct]
+    measured = iv[iv["activity_mean"].notna()]
+    main = (measured[measured["verdict"] != "UNKNOWN"].groupby(["instance_id", "code"])["hours"].sum()
+            .reset_index().sort_values(["instance_id", "hours"], ascending=[True, False], kind="stable")
+            .drop_duplicates("instance_id").set_index("instance_id")["code"])
+    out = low.assign(
+        measured_hours=measured.groupby("instance_id")["hours"].sum().reindex(low["instance_id"]).values,
+        main_code=main.reindex(low["instance_id"]).fillna("").values,
+    )
+    out["hint"] = out["main_code"].map(lambda c: HINTS.get(c, ""))
+    return out.sort_values(["cost", "instance_id"], ascending=[False, True], kind="stable",
+                           na_position="last").reset_index(drop=True)[UNDERUTILIZED_COLUMNS]
+
+
+def unknown_table(iv: pd.DataFrame) -> pd.DataFrame:
+    """Per instance: time with an UNKNOWN verdict, split into missing data (by cause) and other reasons."""
+    unk = iv[iv["verdict"] == "UNKNOWN"]
+    if unk.empty:
+        return pd.DataFrame({c: [] for c in UNKNOWN_COLUMNS})
+    by = unk.pivot_table(index="instance_id", columns="code", values="hours", aggfunc="sum", fill_value=0.0)
+    g = iv.groupby("instance_id")
+    out = pd.DataFrame(index=by.index)
+    out["team"] = g["team"].last().reindex(out.index)
+    out["instance_type"] = g["instance_type"].last().reindex(out.index)
+    out["hours"] = g["hours"].sum().reindex(out.index)
+    out["unknown_hours"] = by.sum(axis=1)
+    out["unknown_share"] = out["unknown_hours"] / out["hours"].where(out["hours"] > 0)
+    for c in MISSING_DATA_CODES:
+        out[f"{c}_hours"] = by[c] if c in by.columns else 0.0
+    out["missing_data_hours"] = out[[f"{c}_hours" for c in MISSING_DATA_CODES]].sum(axis=1)
+    out["other_unknown_hours"] = out["unknown_hours"] - out["missing_data_hours"]
+    out["unknown_cost"] = unk.groupby("instance_id")["cost"].sum(min_count=1).reindex(out.index)
+    out = out.rename_axis("instance_id").reset_index()
+    return out.sort_values(["missing_data_hours", "unknown_hours", "instance_id"], ascending=[False, False, True],
+                           kind="stable").reset_index(drop=True)[UNKNOWN_COLUMNS]
+
+
+def recommendation_table(recs: list) -> pd.DataFrame:
+    rows = [r.to_dict() for r in recs if (r.monthly_savings or 0) > 0]
+    if not rows:
+        return pd.DataFrame({c: [] for c in RECOMMENDATION_COLUMNS})
+    out = pd.DataFrame(rows)
+    out["instance_id"] = out["instance_id"].replace("", "(fleet)")
+    out["team"] = out["team"].fillna("").replace("", UNTAGGED)
+    return out.sort_values(["monthly_savings", "instance_id"], ascending=[False, True],
+                           kind="stable").reset_index(drop=True)[RECOMMENDATION_COLUMNS]
+
+
+def daily_table(iv: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
+    frames = []
+    if not iv.empty:
+        day = iv["at"].dt.tz_convert("UTC").dt.tz_localize(None).dt.floor("D")
+        p = iv.assign(date=day).pivot_table(index="date", columns="verdict", values="cost", aggfunc="sum",
+                                            fill_value=0.0)
+        d = pd.DataFrame(index=p.index)
+        for v in VERDICTS:
+            d[f"{v.lower()}_cost"] = p[v] if v in p.columns else 0.0
+        d["evaluated_cost"] = d.sum(axis=1)
+        d["hours"] = iv.assign(date=day).groupby("date")["hours"].sum()
+        d["idle_hours"] = iv[iv["verdict"] == "IDLE"].assign(date=day).groupby("date")["hours"].sum()
+        frames.append(d)
+    if len(cost_table):
+        frames.append(cost_table.groupby(cost_table["date"].dt.floor("D"))["cost"].sum().rename("billed_cost").to_frame())
+    if not frames:
+        return pd.DataFrame({c: [] for c in DAILY_COLUMNS})
+    out = pd.concat(frames, axis=1).sort_index().rename_axis("date").reset_index().reindex(columns=DAILY_COLUMNS)
+    out["date"] = pd.to_datetime(out["date"]).dt.date
+    out["idle_hours"] = out["idle_hours"].where(out["hours"].isna(), out["idle_hours"].fillna(0.0))
+    return out
+
+
+def action_summary(inp: AuditInputs) -> pd.DataFrame:
+    if not inp.actions:
+        return pd.DataFrame({c: [] for c in ACTION_COLUMNS})
+    d = pd.DataFrame([{"kind": a.kind.value, "dry_run": bool(a.dry_run), "status": a.status} for a in inp.actions])
+    return d.groupby(["kind", "dry_run", "status"]).size().rename("count").reset_index()[ACTION_COLUMNS]
+
+
+# --------------------------------------------------------------------------- data quality
+
+
+def service_coverage(inp: AuditInputs, period_s: float) -> dict:
+    """How much of the period the service was evaluating anything, and its blind spots.
+
+    An evaluation covers the time to the next one, at most two periods; a stretch longer than that
+    (or the start of the month before the first evaluation) is a blind spot.
+    """
+    p = inp.period
+    start, end = pd.Timestamp(p.start), pd.Timestamp(p.as_of)
+    times = sorted({pd.Timestamp(r["evaluated_at"]) for r in inp.decisions})
+    covered = 0.0
+    blind: list[tuple[float, pd.Timestamp]] = []
+    if times and (times[0] - start).total_seconds() > 2 * period_s:
+        blind.append(((times[0] - start).total_seconds(), start))
+    for a, b in zip(times, [*times[1:], end]):
+        span = (b - a).total_seconds()
+        allowed = period_s if b is end else 2 * period_s
+        covered += min(span, allowed)
+        if span > allowed:
+            blind.append((span - period_s, a + pd.Timedelta(seconds=period_s)))
+    if not times and p.hours > 0:
+        blind.append(((end - start).total_seconds(), start))
+    longest = max(blind, default=(0.0, None), key=lambda x: x[0])
+    return {"covered_hours": covered / 3600.0, "coverage": covered / 3600.0 / p.hours if p.hours > 0 else None,
+            "longest_gap_hours": longest[0] / 3600.0, "longest_gap_start": longest[1], "gaps": len(blind)}
+
+
+def rate_sources(inp: AuditInputs, iv: pd.DataFrame) -> dict[str, float]:
+    """Instance-hours priced from billing, from the price stored with the evaluation, from the catalog, or unpriced."""
+    if iv.empty:
+        return {}
+    rates, attrs = billing_rates(inp.cost_table), resource_attrs(inp.cost_table)
+    stored = {}
+    for r in inp.decisions:
+        if r.get("hourly_cost") is not None:
+            stored[r["instance_id"]] = r["hourly_cost"]
+    out: dict[str, float] = {}
+    for inst, grp in iv.groupby("instance_id"):
+        a = attrs.get(inst, {})
+        src = hourly_rate(inst, grp["instance_type"].iloc[-1], a.get("region") or inp.default_region, rates,
+                          inp.catalog, stored.get(inst)).source
+        out[src] = out.get(src, 0.0) + float(grp["hours"].sum())
+    return out
+
+
+def price_age(inp: AuditInputs, iv: pd.DataFrame, opts: ReportSettings) -> dict:
+    types = sorted({t for t in iv["instance_type"] if t}) if not iv.empty else []
+    dates = {t: inp.price_date(t, inp.default_region) for t in types}
+    known = [d for d in dates.values() if d is not None]
+    oldest = min(known) if known else None
+    age = (inp.period.now.date() - oldest).days if oldest else None
+    return {"catalog_prices_as_of": oldest, "catalog_price_age_days": age,
+            "catalog_prices_stale": bool(age is not None and age > opts.price_max_age_days),
+            "types_without_price_date": [t for t, d in dates.items() if d is None]}
+
+
+# --------------------------------------------------------------------------- the whole audit
+
+
+def _sum(series: pd.Series) -> float:
+    return float(series.sum()) if len(series) else 0.0
+
+
+def _f(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
+    opts = opts or ReportSettings()
+    p = inp.period
+    period_s = float(opts.evaluate_every_s) if opts.evaluate_every_s else evaluation_period_s(inp.decisions, fallback_period_s)
+    last_eval = max((pd.Timestamp(r["evaluated_at"]) for r in inp.decisions), default=None)
+    obs_end = min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None else pd.Timestamp(p.start)
+
+    iv = intervals(inp, period_s, obs_end)
+    stops = stop_audit(inp, iv, obs_end, opts)
+    instances = instance_table(iv, stops, inp.cost_table)
+    teams = team_table(iv, instances, inp.cost_table)
+    under = underutilized_table(iv, instances, opts.underutilized_below_pct)
+    unknown = unknown_table(iv)
+    recs = recommendation_table(inp.recommendations)
+    daily = daily_table(iv, inp.cost_table)
+    actions = action_summary(inp)
+
+    billed_currency = single_currency(inp.cost_table, "stored billing") if len(inp.cost_table) else None
+    currency = billed_currency or "USD"
+    billed = _sum(inp.cost_table["cost"]) if len(inp.cost_table) else None
+    evaluated = _sum(iv["cost"].dropna()) if not iv.empty else 0.0
+    idle = iv[iv["verdict"] == "IDLE"] if not iv.empty else iv
+    real = stops[(~stops["dry_run"]) & (stops["status"] == "done")] if len(stops) else stops
+    dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
+    failed = stops[(~stops["dry_run"]) & (stops["status"] != "done")] if len(stops) else stops
+    unknown_iv = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
+    headline = {
+        "currency": currency,
+        "gpu_spend": billed if billed is not None else evaluated,
+        "gpu_spend_source": "billing" if billed is not None else "evaluations x hourly price",
+        "billed_cost": billed,
+        "evaluated_cost": evaluated,
+        "idle_cost": _sum(idle["cost"].dropna()) if len(idle) else 0.0,
+        "idle_share": idle_share(iv) if not iv.empty else None,
+        "idle_hours": _sum(idle["hours"]) if len(idle) else 0.0,
+        "idle_gpu_hours": _sum(idle["gpu_hours"].dropna()) if len(idle) else 0.0,
+        "underutilized_cost": _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna()) if not iv.empty else 0.0,
+        "unknown_cost": _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
+        "evaluations": len(inp.decisions),
+        "instances": int(iv["instance_id"].nunique()) if not iv.empty else 0,
+        "teams": int(len(teams)),
+        "instance_hours": _sum(iv["hours"]) if not iv.empty else 0.0,
+        "gpu_hours": _sum(iv["gpu_hours"].dropna()) if not iv.empty else 0.0,
+        "stops": int((real["kind"] == "stop").sum()) if len(real) else 0,
+        "terminations": int((real["kind"] == "terminate").sum()) if len(real) else 0,
+        "failed_stops": int(len(failed)),
+        "false_stops": int(real["false_stop"].sum()) if len(real) else 0,
+        "saved_hours": _sum(real["saved_hours"]) if len(real) else 0.0,
+        "saved_gpu_hours": _sum(real["saved_gpu_hours"].dropna()) if len(real) else 0.0,
+        "saved_cost": _sum(real["saved_cost"].dropna()) if len(real) else 0.0,
+        "dry_run_stops": int(len(dry)),
+        "would_have_saved_hours": _sum(dry["saved_hours"]) if len(dry) else 0.0,
+        "would_have_saved_gpu_hours": _sum(dry["saved_gpu_hours"].dropna()) if len(dry) else 0.0,
+        "would_have_saved_cost": _sum(dry["saved_cost"].dropna()) if len(dry) else 0.0,
+        "would_be_false_stops": int(dry["false_stop"].sum()) if len(dry) else 0,
+        "underutilized_instances": int(len(under)),
+        "underutilized_below_pct": opts.underutilized_below_pct,
+        "missing_data_hours": _sum(unknown["missing_data_hours"]) if len(unknown) else 0.0,
+        "unpriced_hours": _sum(iv.loc[iv["cost"].isna(), "hours"]) if not iv.empty else 0.0,
+        "recommendations": int(len(recs)),
+        "recommended_monthly_savings": _sum(recs["monthly_savings"]) if len(recs) else 0.0,
+    }
+    coverage = service_coverage(inp, period_s)
+    measured = _sum(iv.loc[iv["verdict"] != "UNKNOWN", "hours"]) if not iv.empty else 0.0
+    quality = {
+        "period_hours": p.hours,
+        "partial_month": p.partial,
+        "first_evaluation": min((pd.Timestamp(r["evaluated_at"]) for r in inp.decisions), default=None),
+        "last_evaluation": last_eval,
+        "evaluation_period_s": period_s,
+        "max_gap_s": 2 * period_s,
+        **{f"service_{k}": v for k, v in coverage.items()},
+        "measured_share": measured / headline["instance_hours"] if headline["instance_hours"] > 0 else None,
+        "missing_data_hours": headline["missing_data_hours"],
+        "unpriced_hours": headline["unpriced_hours"],
+        "rate_source_hours": rate_sources(inp, iv),
+        "gpu_count_unknown_types": sorted({t for t, g in zip(iv.get("instance_type", []), iv.get("gpus", []))
+                                           if pd.isna(g)}),
+        "billing_rows": int(len(inp.cost_table)),
+        "billing_days": int(inp.cost_table["date"].dt.date.nunique()) if len(inp.cost_table) else 0,
+        "billing_imports": [vars(b) for b in inp.billing_imports],
+        "recommendations_run_at": max((r.created_at for r in inp.recommendations), default=None),
+        "notifications": _count(n["status"] for n in inp.notifications),
+        **price_age(inp, iv, opts),
+        "warnings": list(inp.warnings),
+    }
+    rules = sorted({r["rule"] for r in inp.decisions})
+    audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
+                         daily, actions, rules)
+    audit.notes = quality_notes(audit)
+    return audit
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def quality_notes(a: MonthlyAudit) -> list[str]:
+    """Plain sentences on what the numbers rest on, worst first."""
+    q, h, p = a.data_quality, a.headline, a.period
+    notes = []
+    if not h["evaluations"]:
+        notes.append(f"No evaluations were stored for {p.month}: the service was not running or wrote to another "
+                     "database. Idle cost, stops and verdicts cannot be reported for this month.")
+    if p.partial:
+        notes.append(f"{p.month} is not over: this report covers {p.start:%Y-%m-%d} to {p.as_of:%Y-%m-%d %H:%M} UTC.")
+    if h["evaluations"]:
+        cov = q["service_coverage"] or 0.0
+        notes.append(f"The service evaluated the fleet for {q['service_covered_hours']:,.1f} h of the "
+                     f"{q['period_hours']:,.1f} h in the period ({cov:.1%}); first evaluation "
+                     f"{q['first_evaluation']:%Y-%m-%d %H:%M}, last {q['last_evaluation']:%Y-%m-%d %H:%M} UTC, "
+                     f"about every {q['evaluation_period_s']:.0f} s.")
+        if q["service_longest_gap_hours"] > 0:
+            notes.append(f"Longest time with no evaluation at all: {q['service_longest_gap_hours']:,.1f} h from "
+                         f"{q['service_longest_gap_start']:%Y-%m-%d %H:%M} UTC ({q['service_gaps']} gap(s) in all). "
+                         "Time nobody watched is not counted as idle or active.")
+        if q["measured_share"] is not None:
+            notes.append(f"{q['measured_share']:.1%} of evaluated instance-hours had a verdict from metrics; "
+                         f"{h['missing_data_hours']:,.1f} h had missing data (no series, query error or low coverage), "
+                         "reported as UNKNOWN, never as idle.")
+    if h["unpriced_hours"] > 0:
+        notes.append(f"{h['unpriced_hours']:,.1f} instance-hours have no known price and are left out of every cost "
+                     "figure (not counted as $0).")
+    src = q["rate_source_hours"]
+    if src:
+        parts = ", ".join(f"{name} {hours:,.1f} h" for name, hours in sorted(src.items(), key=lambda kv: -kv[1]))
+        notes.append(f"Hourly rates by source (instance-hours): {parts}.")
+    if q["catalog_prices_as_of"] is not None:
+        stale = " - STALE: refresh the price catalog" if q["catalog_prices_stale"] else ""
+        notes.append(f"Catalog prices for the instance types seen are as of {q['catalog_prices_as_of']} "
+                     f"({q['catalog_price_age_days']} days before this report){stale}.")
+    if q["billing_rows"]:
+        imports = "; ".join(f"{b['source']}: {b['rows']} rows {b['first_day']}..{b['last_day']}, imported "
+                            f"{b['imported_at']:%Y-%m-%d %H:%M}" for b in q["billing_imports"])
+        days = math.ceil(p.hours / 24)
+        notes.append(f"Billing covers {q['billing_days']} of {days} day(s) ({imports}).")
+    else:
+        notes.append("No billing rows are stored for this month (gpufinops costs --month ... --save): GPU spend is "
+                     "estimated from evaluated hours x hourly price, and stopped or unwatched time is not in it.")
+    if q["gpu_count_unknown_types"]:
+        notes.append(f"GPU count unknown for {', '.join(q['gpu_count_unknown_types'])}: GPU-hours leave them out.")
+    notif = q["notifications"]
+    if notif:
+        failed = notif.get("failed", 0)
+        notes.append("Slack messages this month: " + ", ".join(f"{k} {v}" for k, v in sorted(notif.items()))
+                     + (f" - {failed} failed to send" if failed else "") + ".")
+    if q["recommendations_run_at"] is None:
+        notes.append("No recommendation run since the start of the month (gpufinops recommend).")
+    notes.extend(f"Warning: {w}" for w in q["warnings"])
+    return notes
+
+
+__all__ = ["MonthlyAudit", "build_audit", "evaluation_period_s", "intervals", "stop_audit", "HINTS"]

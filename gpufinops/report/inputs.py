@@ -1,0 +1,133 @@
+"""The I/O edge of the monthly report: everything it needs, read once from the store and the catalogs.
+
+The numbers are computed from these values by gpufinops.report.audit, which does no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from typing import Callable
+
+import pandas as pd
+from sqlalchemy import func, select
+
+from ..collect.billing.schema import costs as costs_table, empty_table, load_costs
+from ..config import Settings
+from ..costs import PriceLookup
+from ..store import ActionRow, Store, _aware
+from .period import ReportPeriod
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BillingImport:
+    source: str
+    rows: int
+    first_day: date
+    last_day: date
+    imported_at: datetime
+
+
+@dataclass
+class AuditInputs:
+    period: ReportPeriod
+    decisions: list[dict]
+    actions: list[ActionRow]
+    notifications: list[dict]
+    cost_table: pd.DataFrame  # the stored billing rows of the month (possibly empty)
+    billing_imports: list[BillingImport]
+    recommendations: list  # gpufinops.recommend.engine.Recommendation, newest run since the month start
+    catalog: PriceLookup | None  # on-demand $/h by (instance_type, region): fallback rate
+    gpu_count: Callable[[str], float | None]  # GPUs per instance type, None when unknown
+    price_date: Callable[[str, str], date | None]  # (instance_type, region) -> the catalog price's date
+    default_region: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _on_demand_prices(settings: Settings | None, warnings: list[str]):
+    from ..prices import OnDemandPrices
+
+    path = None
+    if settings is not None and settings.billing:
+        try:
+            from ..collect.billing.settings import billing_settings
+
+            path = billing_settings(settings).price_catalog
+        except Exception as exc:  # noqa: BLE001 - a bad billing section only loses the custom catalog
+            warnings.append(f"billing settings unusable, bundled prices used: {exc}")
+    try:
+        return OnDemandPrices.load(path) if path else OnDemandPrices.load_default()
+    except Exception as exc:  # noqa: BLE001 - without a catalog, hours stay unpriced (never $0)
+        warnings.append(f"price catalog unavailable ({exc}); instances without a stored price are unpriced")
+        return None
+
+
+def _price_dates(warnings: list[str]) -> Callable[[str, str], date | None]:
+    try:
+        from ..catalog import load_catalog
+
+        cat = load_catalog()
+    except Exception as exc:  # noqa: BLE001 - only the price-age note is lost
+        warnings.append(f"sizing catalog unavailable, price dates unknown: {exc}")
+        return lambda itype, region: None
+
+    def lookup(itype: str, region: str) -> date | None:
+        offer = cat.offer("aws", itype, region) or cat.offer("aws", itype)
+        return offer.prices_as_of if offer else None
+
+    return lookup
+
+
+def _billing_imports(store: Store, start: date, end: date) -> list[BillingImport]:
+    q = (select(costs_table.c.source, func.count(), func.min(costs_table.c.date), func.max(costs_table.c.date),
+                func.max(costs_table.c.imported_at))
+         .where(costs_table.c.date >= start, costs_table.c.date < end).group_by(costs_table.c.source))
+    with store.engine.connect() as conn:
+        return [BillingImport(s, int(n), lo, hi, _aware(at)) for s, n, lo, hi, at in conn.execute(q)]
+
+
+def _recommendations(store: Store, since: datetime, warnings: list[str]) -> list:
+    try:
+        from ..recommend.engine import latest_recommendations
+    except ImportError as exc:
+        warnings.append(f"recommendations unavailable: {exc}")
+        return []
+    return latest_recommendations(store, since)
+
+
+def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = None) -> AuditInputs:
+    warnings: list[str] = []
+    costs_table.create(store.engine, checkfirst=True)  # a database that never saw billing has no table yet
+    start_d = period.start.date()
+    # A month still running: up to and including today's rows, if billing has any yet.
+    end_d = period.as_of.date() + timedelta(days=1) if period.partial else period.end.date()
+    cost_rows = load_costs(store, start_d, end_d)
+    prices = _on_demand_prices(settings, warnings)
+
+    def gpu_count(itype: str) -> float | None:
+        spec = prices.gpu_spec(itype) if prices is not None and itype else None
+        return spec.gpu_count if spec else None
+
+    notes = [n for n in store.notification_rows() if n["at"] is not None
+             and period.start <= _aware(n["at"]) < period.as_of]
+    region = settings.aws.regions[0] if settings is not None and settings.aws.regions else "us-east-1"
+    return AuditInputs(
+        period=period,
+        decisions=store.decision_rows(period.start, period.as_of),
+        actions=store.action_rows(start=period.start, end=period.as_of),
+        notifications=notes,
+        cost_table=cost_rows if len(cost_rows) else empty_table(),
+        billing_imports=_billing_imports(store, start_d, end_d),
+        recommendations=_recommendations(store, period.start, warnings),
+        catalog=(lambda itype, reg: prices.hourly(itype, reg)) if prices is not None else None,
+        gpu_count=gpu_count,
+        price_date=_price_dates(warnings),
+        default_region=region,
+        warnings=warnings,
+    )
+
+
+__all__ = ["AuditInputs", "BillingImport", "read_inputs"]
