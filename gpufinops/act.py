@@ -256,17 +256,19 @@ class Actuator:
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
         self._stops_left -= 1
-        call = (lambda: self.cloud.terminate(inst)) if kind == ActionKind.TERMINATE else (lambda: self.cloud.stop(inst))
-        ok, error = self._change(ctx, inst, kind, rule_name, intent.reason, call)
-        if not ok:
-            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now, error=error)
-        if not ctx.dry_run:
+
+        def stop_and_tag() -> None:
+            (self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop)(inst)
             try:
                 self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
                                            TAG_STOPPED_REASON: f"{rule_name}: {decision.reason}"[:255]})
                 self.cloud.remove_tags(inst, [TAG_MARKED])
             except Exception as exc:  # the stop happened; tagging is bookkeeping
                 log.warning("stopped %s but could not tag it: %s", inst.instance_id, exc)
+
+        ok, error = self._change(ctx, inst, kind, rule_name, intent.reason, stop_and_tag)
+        if not ok:
+            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now, error=error)
         self.store.clear_mark(inst.instance_id)
         state = states.get((inst.instance_id, rule_name))
         if state is not None:

@@ -208,7 +208,8 @@ def test_series_split_by_pod_labels_are_one_gpu(usage):
 
 def test_window_ending_later_sees_fewer_samples(fleet_prom):
     # Five minutes after NOW only the last half of the data is in the window.
-    source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url))
+    # (A fractional timeout must reach Prometheus as a duration it accepts.)
+    source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, timeout_s=2.5))
     later = source.window_usage([I_LABEL], WINDOW, NOW + timedelta(minutes=5))
     assert {g.gpu: g.samples for g in later[I_LABEL.instance_id].gpus} == {"0": 10, "1": 10}
 
@@ -338,6 +339,15 @@ def test_matcher_ignores_pod_labels_and_unknown_hosts():
     assert m.match({"hostname": "IP-10-0-1-2", "exported_pod": "x"}) == I_HOST_SHORT.instance_id
     assert m.match({"Hostname": "ip-10-0-1-2.us-west-2.compute.internal"}) == I_HOST_SHORT.instance_id
     assert m.match({"Hostname": "ip-10-0-1-99", "exported_pod": "ip-10-0-1-2"}) is None
+
+
+def test_matcher_refuses_hostnames_shared_by_two_instances():
+    twin = inst("i-0bbb00000000000b2", "ip-10-0-1-2.eu-west-1.compute.internal", "10.0.1.2")
+    m = InstanceMatcher.build([I_HOST_SHORT, twin], "instance_id", ("Hostname", "hostname"))
+    assert m.match({"Hostname": "ip-10-0-1-2"}) is None and m.match({"Hostname": "10.0.1.2"}) is None
+    # The full DNS names differ, so they still decide.
+    assert m.match({"hostname": "ip-10-0-1-2.eu-west-1.compute.internal"}) == twin.instance_id
+    assert m.match({"instance_id": twin.instance_id, "Hostname": "ip-10-0-1-2"}) == twin.instance_id
 
 
 def test_query_text_does_not_depend_on_fleet_and_uses_selector():

@@ -167,6 +167,7 @@ class InstanceMatcher:
     @classmethod
     def build(cls, instances: Iterable[GpuInstance], instance_label: str, hostname_labels: tuple[str, ...]):
         m = cls(instance_label, hostname_labels)
+        ambiguous: set[str] = set()
         for inst in instances:
             m.by_id[inst.instance_id] = inst.instance_id
             keys = {inst.instance_id.lower()}
@@ -176,7 +177,12 @@ class InstanceMatcher:
                 ip = inst.private_ip.strip()
                 keys |= {ip, "ip-" + ip.replace(".", "-")}
             for key in keys:
-                m.by_host.setdefault(key, inst.instance_id)
+                if m.by_host.setdefault(key, inst.instance_id) != inst.instance_id:
+                    ambiguous.add(key)
+        # The same private IP in two VPCs/regions: a hostname that could be either
+        # instance maps to neither (no data beats another machine's data).
+        for key in ambiguous:
+            del m.by_host[key]
         return m
 
     def match(self, labels: Mapping[str, str]) -> str | None:
@@ -345,8 +351,9 @@ class PrometheusMetrics:
             self.queries_made += 1
         timeout = self.settings.timeout_s
         try:
+            # Server-side timeout as float seconds: Prometheus rejects "2.5s" (400).
             answer = self._client.custom_query(
-                promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):g}s"}
+                promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):.3f}"}
             )
         except requests.exceptions.JSONDecodeError:  # a proxy's HTML page, a truncated body
             raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer (not JSON)") from None

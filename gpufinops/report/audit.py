@@ -8,8 +8,8 @@ How time and money are counted (the same model as gpufinops.costs, which does th
 - the hourly rate is billing's (cost / usage hours), else the price stored with the evaluation, else
   the on-demand catalog; an unpriced hour is reported as unpriced, never as $0;
 - a stop saved the time from the stop until the instance was seen running again (its owner started
-  it) or until the end of what the month observed; a dry-run stop "would have saved" the idle time
-  that followed it, up to the first evaluation that was not IDLE.
+  it) or until the end of what the month observed; a dry-run stop "would have saved" the IDLE time
+  that followed it under the rule that stopped it, up to that rule's first verdict that was not IDLE.
 """
 
 from __future__ import annotations
@@ -167,35 +167,62 @@ def _instance_rates(iv: pd.DataFrame) -> dict[str, float]:
     return {} if priced.empty else priced.groupby("instance_id")["rate"].last().astype(float).to_dict()
 
 
-def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings) -> pd.DataFrame:
+def _rule_timelines(decisions: list[dict], period_s: float, obs_end: pd.Timestamp) -> dict[tuple[str, str], pd.DataFrame]:
+    """Per (instance, rule): its own verdicts in time order and the hours each one covers."""
+    if not decisions:
+        return {}
+    d = pd.DataFrame({"instance_id": [r["instance_id"] for r in decisions], "rule": [r["rule"] for r in decisions],
+                      "verdict": [r["verdict"] for r in decisions],
+                      "at": _ts([r["evaluated_at"] for r in decisions]).values})
+    d["at"] = pd.to_datetime(d["at"], utc=True)
+    d = d.sort_values(["instance_id", "rule", "at"], kind="stable").drop_duplicates(["instance_id", "rule", "at"])
+    nxt = d.groupby(["instance_id", "rule"])["at"].shift(-1).fillna(obs_end)
+    d["hours"] = ((nxt - d["at"]).dt.total_seconds().clip(lower=0, upper=2 * period_s)
+                  .where(d["at"] < obs_end, 0.0)) / 3600.0
+    return {k: g.reset_index(drop=True) for k, g in d.groupby(["instance_id", "rule"])}
+
+
+def _would_have(acts: list, timelines: dict, period_s: float) -> dict[int, tuple[float, pd.Timestamp | None]]:
+    """Dry-run stops: the hours the instance would have stayed stopped, and when demand came back.
+
+    A dry-run stop by rule R would have saved R's IDLE time that followed it, up to R's first verdict that
+    is not IDLE. Each evaluation is credited once per instance (to the earliest stop it follows), so a rule
+    that "stops" the same idle instance every few minutes in dry-run does not count an hour twice.
+    Demand came back at R's first ACTIVE/UNDERUTILIZED verdict after the stop.
+    """
+    out: dict[int, tuple[float, pd.Timestamp | None]] = {}
+    credited: dict[str, set] = {}
+    order = sorted((pd.Timestamp(a.at), n) for n, a in enumerate(acts) if a.dry_run and a.status == "done")
+    for at, n in order:
+        a = acts[n]
+        tl = timelines.get((a.instance_id, a.rule))
+        if tl is None:
+            out[n] = (0.0, None)
+            continue
+        after = tl[tl["at"] >= at]
+        seen = credited.setdefault(a.instance_id, set())
+        hours = 0.0
+        for row in after.itertuples(index=False):
+            if row.verdict != "IDLE":
+                break
+            if row.at not in seen:
+                seen.add(row.at)
+                hours += row.hours
+        demand = after[(after["at"] > at) & after["verdict"].isin(DEMAND_VERDICTS)]
+        out[n] = (hours, demand["at"].iloc[0] if len(demand) else None)
+    return out
+
+
+def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
+               period_s: float) -> pd.DataFrame:
     """Every stop/terminate of the month, real or dry-run, with what it saved (or would have) and whether it was false."""
     acts = [a for a in inp.actions if a.kind.value in STOP_KINDS]
     if not acts:
         return pd.DataFrame({c: [] for c in STOP_COLUMNS})
     rates = _instance_rates(iv)
     meta = iv.groupby("instance_id")[["team", "instance_type", "gpus"]].last() if not iv.empty else None
-    by_inst = {k: g for k, g in iv.groupby("instance_id")} if not iv.empty else {}
-    # Dry-run stops: each idle interval after a stop is credited to the latest stop before it, so a rule
-    # that "stops" the same instance every few minutes in dry-run does not count the same hour twice.
-    credited: dict[int, tuple[float, float, float]] = {}
-    for inst, group in by_inst.items():
-        dry = sorted((pd.Timestamp(a.at), n) for n, a in enumerate(acts)
-                     if a.instance_id == inst and a.dry_run and a.status == "done")
-        if not dry:
-            continue
-        k, current = 0, None
-        for row in group.itertuples(index=False):
-            while k < len(dry) and dry[k][0] <= row.at:
-                current = dry[k][1]
-                k += 1
-            if current is None:
-                continue
-            if row.verdict != "IDLE":
-                current = None
-                continue
-            h, gh, c = credited.get(current, (0.0, 0.0, 0.0))
-            credited[current] = (h + row.hours, gh + (0.0 if math.isnan(row.gpu_hours) else row.gpu_hours),
-                                 c + (0.0 if math.isnan(row.cost) else row.cost))
+    seen_at = {k: g["at"] for k, g in iv.groupby("instance_id")} if not iv.empty else {}
+    would = _would_have(acts, _rule_timelines(inp.decisions, period_s, pd.Timestamp(obs_end)), period_s)
     rows = []
     for n, a in enumerate(acts):
         at = pd.Timestamp(a.at)
@@ -203,34 +230,26 @@ def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: Repo
         team = m["team"] if m is not None else UNTAGGED
         itype = m["instance_type"] if m is not None else ""
         gpus = float(m["gpus"]) if m is not None and pd.notna(m["gpus"]) else float("nan")
-        group = by_inst.get(a.instance_id)
-        later = group[group["at"] > at] if group is not None else None
-        back_at = None
-        if a.dry_run:
-            if later is not None:
-                demand = later[later["verdict"].isin(DEMAND_VERDICTS)]
-                back_at = demand["at"].iloc[0] if len(demand) else None
-        elif later is not None and len(later):
-            back_at = later["at"].iloc[0]  # only running instances are evaluated: seen again = started again
-        back_min = (back_at - at).total_seconds() / 60.0 if back_at is not None else None
-        false_stop = back_min is not None and back_min * 60.0 <= opts.false_stop_s and a.status == "done"
+        rate = rates.get(a.instance_id)
         if a.status != "done":
-            hours, gpu_h, cost, savings = 0.0, 0.0, 0.0, f"none ({a.status})"
+            hours, back_at, savings = 0.0, None, f"none ({a.status})"
         elif a.dry_run:
-            hours, gpu_h, cost = credited.get(n, (0.0, 0.0, 0.0))
-            savings = "would have saved"
+            (hours, back_at), savings = would[n], "would have saved"
         else:
-            until = back_at if back_at is not None else pd.Timestamp(obs_end)
-            hours = max(0.0, (until - at).total_seconds() / 3600.0)
-            gpu_h = hours * gpus if not math.isnan(gpus) else float("nan")
-            rate = rates.get(a.instance_id)
-            cost = hours * rate if rate is not None else float("nan")
+            # Only running instances are evaluated: seen again after the stop = someone started it again.
+            times = seen_at.get(a.instance_id)
+            later = times[times > at] if times is not None else ()
+            back_at = later.iloc[0] if len(later) else None
+            hours = max(0.0, ((back_at if back_at is not None else pd.Timestamp(obs_end)) - at).total_seconds() / 3600)
             savings = "saved"
+        back_min = (back_at - at).total_seconds() / 60.0 if back_at is not None else None
         rows.append({
             "at": at, "instance_id": a.instance_id, "team": team, "instance_type": itype, "kind": a.kind.value,
             "rule": a.rule, "dry_run": bool(a.dry_run), "status": a.status, "reason": a.reason, "error": a.error or "",
-            "back_at": back_at, "back_after_min": back_min, "false_stop": bool(false_stop), "saved_hours": hours,
-            "saved_gpu_hours": gpu_h, "saved_cost": cost, "savings": savings,
+            "back_at": back_at, "back_after_min": back_min,
+            "false_stop": bool(back_min is not None and back_min * 60.0 <= opts.false_stop_s),
+            "saved_hours": hours, "saved_gpu_hours": hours * gpus if not math.isnan(gpus) else float("nan"),
+            "saved_cost": hours * rate if rate is not None else float("nan"), "savings": savings,
         })
     return pd.DataFrame(rows, columns=STOP_COLUMNS)
 
@@ -485,7 +504,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     obs_end = min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None else pd.Timestamp(p.start)
 
     iv = intervals(inp, period_s, obs_end)
-    stops = stop_audit(inp, iv, obs_end, opts)
+    stops = stop_audit(inp, iv, obs_end, opts, period_s)
     instances = instance_table(iv, stops, inp.cost_table)
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
@@ -503,18 +522,20 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
     failed = stops[(~stops["dry_run"]) & (stops["status"] != "done")] if len(stops) else stops
     unknown_iv = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
+    if not inp.decisions:
+        evaluated = None  # nothing evaluated: the cost of running time is unknown, not zero
     headline = {
         "currency": currency,
         "gpu_spend": billed if billed is not None else evaluated,
         "gpu_spend_source": "billing" if billed is not None else "evaluations x hourly price",
         "billed_cost": billed,
         "evaluated_cost": evaluated,
-        "idle_cost": _sum(idle["cost"].dropna()) if len(idle) else 0.0,
+        "idle_cost": None if evaluated is None else _sum(idle["cost"].dropna()) if len(idle) else 0.0,
         "idle_share": idle_share(iv) if not iv.empty else None,
         "idle_hours": _sum(idle["hours"]) if len(idle) else 0.0,
         "idle_gpu_hours": _sum(idle["gpu_hours"].dropna()) if len(idle) else 0.0,
-        "underutilized_cost": _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna()) if not iv.empty else 0.0,
-        "unknown_cost": _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
+        "underutilized_cost": None if evaluated is None else _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna()),
+        "unknown_cost": None if evaluated is None else _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
         "evaluations": len(inp.decisions),
         "instances": int(iv["instance_id"].nunique()) if not iv.empty else 0,
         "teams": int(len(teams)),

@@ -1,0 +1,68 @@
+"""`gpufinops report`: the monthly audit as HTML (with charts), one CSV per table, and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+FORMATS = ("html", "csv", "json")
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    items = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
+    bad = [x for x in items if x not in FORMATS]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(FORMATS)}, got {text!r}")
+    return items
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="monthly GPU audit: spend, idle cost, stops and savings, teams, recommendations (HTML/CSV/JSON)",
+        description="Write the monthly GPU FinOps audit of one month from the audit database: "
+                    "an HTML report with charts, one CSV per table and a JSON document. Prints the paths written.")
+    p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC)")
+    p.add_argument("--out", default="reports-out", help="output folder (created if missing; default: reports-out)")
+    p.add_argument("--format", type=_formats, default=FORMATS, metavar="html,csv,json",
+                   help="which outputs to write (default: all three)")
+    p.add_argument("--db", default=None,
+                   help="audit database: a SQLite file path or a SQLAlchemy URL (default: database_url from the config)")
+    p.set_defaults(func=cmd_report)
+
+
+def _database_url(db: str | None, default: str) -> str:
+    url = default if db is None else (db if "://" in db else f"sqlite:///{Path(db).resolve()}")
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        path = Path(url[len("sqlite:///"):])
+        if not path.is_file():
+            # Opening it would create an empty database and a report saying "no data": almost surely a typo.
+            raise FileNotFoundError(f"audit database {path} does not exist")
+    return url
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .cli import load_settings_from_args
+    from .collect.billing.schema import BillingDataError
+    from .report import write_monthly_report
+    from .report.period import ReportPeriodError
+    from .store import Store
+
+    settings = load_settings_from_args(args)
+    now = datetime.now(timezone.utc)
+    try:
+        store = Store(_database_url(args.db, settings.database_url))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        paths = write_monthly_report(store, args.month, args.out, now, settings, formats=args.format)
+    except (ReportPeriodError, BillingDataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    for path in paths:
+        print(path)
+    return 0

@@ -1,0 +1,32 @@
+"""`write_monthly_report`: the one call the CLI and a scheduler make."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable
+
+from ..config import Settings
+from ..store import Store
+from .audit import MonthlyAudit, build_audit
+from .inputs import read_inputs
+from .options import report_settings
+from .period import report_period
+from .render import FORMATS, write_report
+
+
+def monthly_audit(store: Store, month: str | None, now: datetime, settings: Settings | None = None) -> MonthlyAudit:
+    """The audit of `month` (YYYY-MM; None = the previous full month before `now`)."""
+    period = report_period(month, now)
+    opts = report_settings(settings)
+    fallback = settings.schedule.evaluate_every_s if settings is not None else 60
+    return build_audit(read_inputs(store, period, settings), opts, fallback_period_s=fallback)
+
+
+def write_monthly_report(store: Store, month: str | None, out_dir: str | Path, now: datetime,
+                         settings: Settings | None = None, formats: Iterable[str] = FORMATS) -> list[Path]:
+    """Write the HTML report, one CSV per table and the JSON document into out_dir; return the paths written.
+
+    Meant to be scheduled on the first days of a month with month=None (the month just ended).
+    """
+    return write_report(monthly_audit(store, month, now, settings), Path(out_dir), formats)

@@ -1,0 +1,184 @@
+"""Write a MonthlyAudit as one self-contained HTML file, one CSV per table, and one JSON document.
+
+Every user-controlled string (tag values, instance names, reasons) reaches the HTML only through
+Jinja2 with autoescaping on, and the charts are PNG pixels, never markup. CSV cells that a spreadsheet
+would run as a formula (=, +, -, @ first) are prefixed with a quote.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from datetime import date, datetime
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+import gpufinops
+
+from . import charts
+from .audit import MonthlyAudit
+
+TEMPLATES_DIR = Path(gpufinops.__file__).resolve().parent.parent / "reports"
+HTML_TEMPLATE = "monthly_audit.html.j2"
+FORMATS = ("html", "csv", "json")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+# --------------------------------------------------------------------------- plain values
+
+
+def plain_value(v):
+    """A JSON/CSV-ready Python value: NaN/NaT -> None, timestamps -> ISO 8601, numpy -> Python."""
+    if v is None or v is pd.NaT:
+        return None
+    if isinstance(v, (pd.Timestamp, datetime)):
+        return v.isoformat()
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return None if math.isnan(v) else float(v)
+    if isinstance(v, dict):
+        return {str(k): plain_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain_value(x) for x in v]
+    return v
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    return [{k: plain_value(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def report_document(a: MonthlyAudit) -> dict:
+    """The JSON document: the same numbers and tables as the HTML."""
+    p = a.period
+    return {
+        "report": {
+            "kind": "gpufinops monthly GPU audit", "month": p.month, "period_start": p.start.isoformat(),
+            "period_end": p.end.isoformat(), "as_of": p.as_of.isoformat(), "generated_at": p.now.isoformat(),
+            "partial_month": p.partial, "currency": a.currency, "rules": a.rules,
+            "settings": a.options.model_dump(),
+        },
+        "headline": plain_value(a.headline),
+        "data_quality": plain_value(a.data_quality),
+        "notes": list(a.notes),
+        "tables": {name: records(df) for name, df in a.tables().items()},
+    }
+
+
+# --------------------------------------------------------------------------- files
+
+
+def file_stem(month: str) -> str:
+    return f"gpu-audit-{month}"
+
+
+def _csv_cell(v):
+    v = plain_value(v)
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        return "'" + v
+    return "" if v is None else v
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    """Readers (a web server, a mail job) never see half a file: write aside, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8", newline="")
+    tmp.replace(path)
+    return path
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> Path:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(list(df.columns))
+    for row in df.itertuples(index=False, name=None):
+        w.writerow([_csv_cell(v) for v in row])
+    return _write_atomic(path, buf.getvalue())
+
+
+def write_json(a: MonthlyAudit, path: Path) -> Path:
+    return _write_atomic(path, json.dumps(report_document(a), indent=2, allow_nan=False) + "\n")
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def _num(v, digits: int = 1) -> str:
+    v = plain_value(v)
+    return "–" if v is None else f"{v:,.{digits}f}"
+
+
+def _money(v, currency: str = "USD", digits: int = 2) -> str:
+    v = plain_value(v)
+    if v is None:
+        return "–"
+    return f"${v:,.{digits}f}" if currency == "USD" else f"{v:,.{digits}f} {currency}"
+
+
+def _share(v) -> str:
+    """A 0..1 share as a percentage."""
+    v = plain_value(v)
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def _pct(v) -> str:
+    """A value already in percent."""
+    v = plain_value(v)
+    return "–" if v is None else f"{v:.0f}%"
+
+
+def _when(v, fmt: str = "%Y-%m-%d %H:%M") -> str:
+    if v is None or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, str):
+        v = pd.Timestamp(v)
+    return v.strftime(fmt)
+
+
+def environment(templates_dir: Path = TEMPLATES_DIR) -> Environment:
+    env = Environment(loader=FileSystemLoader(str(templates_dir)), autoescape=True, undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(num=_num, money=_money, share=_share, pct=_pct, when=_when)
+    return env
+
+
+def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
+    top = a.options.top_n
+    chart_uris = {
+        "daily": charts.data_uri(charts.daily_cost_chart(a.daily, a.currency, a.period.start.date(),
+                                                        math.ceil(a.period.hours / 24))),
+        "teams": charts.data_uri(charts.team_verdict_chart(a.teams)),
+        "top_idle": charts.data_uri(charts.top_idle_chart(a.instances, a.currency, top)),
+    }
+    tables = {name: records(df) for name, df in a.tables().items()}
+    return environment(templates_dir).get_template(HTML_TEMPLATE).render(
+        a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
+        charts=chart_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
+    )
+
+
+def write_report(a: MonthlyAudit, out_dir: Path, formats: Iterable[str] = FORMATS) -> list[Path]:
+    formats = list(formats)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"unknown report format(s) {bad}; expected some of {', '.join(FORMATS)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(a.period.month)
+    written: list[Path] = []
+    if "html" in formats:
+        written.append(_write_atomic(out_dir / f"{stem}.html", render_html(a)))
+    if "csv" in formats:
+        written += [write_csv(df, out_dir / f"{stem}-{name}.csv") for name, df in a.tables().items()]
+    if "json" in formats:
+        written.append(write_json(a, out_dir / f"{stem}.json"))
+    return written
