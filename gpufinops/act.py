@@ -235,7 +235,7 @@ class Actuator:
                          lambda: self.cloud.set_tags(inst, {TAG_MARKED: stop_at.strftime("%Y-%m-%dT%H:%M:%SZ")}))
             self.store.put_mark(MarkRow(inst.instance_id, rule_name, ctx.now, stop_at, decision.reason, ctx.dry_run))
             self.notifier.send(messages.idle_warning(inst, decision, marked_at=ctx.now, stop_at=stop_at,
-                                                     channel=channel, dry_run=ctx.dry_run, action=rule.action))
+                                                     channel=channel, dry_run=ctx.dry_run, action=decision.action))
             return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
                                 f"{intent.reason}; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
@@ -274,7 +274,7 @@ class Actuator:
         if state is not None:
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now)
         self.notifier.send(messages.stopped(inst, decision, at=ctx.now, channel=channel, dry_run=ctx.dry_run,
-                                            action=rule.action))
+                                            action=decision.action))
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
                             ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
                             rule_name, ctx.now)

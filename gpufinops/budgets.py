@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .collect.billing.load import LoadedCosts
 from .collect.billing.schema import UNTAGGED, month_bounds, single_currency
 from .collect.billing.settings import BillingSettings, billing_settings
+from . import escalation
 from .config import ConfigError, Settings, format_validation_error, load_yaml
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
 from .model import Message, Notifier, hours
@@ -84,6 +85,9 @@ class Budget(_Strict):
     thresholds: tuple[Threshold, ...] = DEFAULT_THRESHOLDS
     kinds: tuple[Kind, ...] = ("actual", "forecast")
     channel: str = ""
+    # Off by default. At this % of actual spend, IDLE instances of the scope whose rule only
+    # notifies are marked for stop through the normal safe act path (gpufinops/escalation.py).
+    escalate_idle_to_stop_at: float | None = Field(None, gt=0, le=1000)
 
     @field_validator("thresholds", mode="before")
     @classmethod
@@ -311,6 +315,11 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
                                     data_through, 0.0, 0.0, error=msg))
             continue
         status = evaluate_budget(b, table, start, end, data_through, running, verdicts)
+        if b.escalate_idle_to_stop_at is not None and status.pct_actual >= b.escalate_idle_to_stop_at:
+            esc = escalation.Escalation(b.name, f"{start:%Y-%m}", b.scope.kind, b.scope.value, status.pct_actual)
+            if escalation.record(store, esc):
+                log.warning("budget %s at %.0f%%: idle instances in %s escalated to stop", b.name,
+                            status.pct_actual, b.scope.label())
         for msg in alert_messages(status, b, settings.slack.default_channel):
             if store.notification_sent(msg.key):
                 continue

@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--format", type=_formats, default=FORMATS, metavar="html,csv,json",
                    help="which outputs to write (default: all three)")
     p.add_argument("--db", default=None,
-                   help="audit database: a SQLite file path or a SQLAlchemy URL (default: database_url from the config)")
+                   help="audit database: a SQLite file path or a SQLAlchemy URL "
+                        "(default: database_url from the config)")
     p.set_defaults(func=cmd_report)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Sequence
 
-from . import messages
+from . import escalation, messages
 from .act import Actuator
 from .config import Settings
 from .evaluate import evaluate_all
@@ -113,11 +113,17 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
+    by_id = {i.instance_id: i for i in running}
+    escalations = escalation.active(peers.store, ctx.now)
+    if escalations:
+        from .collect.billing.settings import billing_settings
+
+        keys = billing_settings(settings).tag_keys
+        decisions = escalation.promote(decisions, by_id, escalations, {"team": keys.team, "project": keys.project})
     report.decisions = decisions
     for d in decisions:
         log.info("%s decision %s rule=%s verdict=%s code=%s: %s", ctx.run_id, d.instance_id, d.rule_name,
                  d.verdict.value, d.code.value, d.reason)
-    by_id = {i.instance_id: i for i in running}
     peers.store.record_decisions(
         ctx.run_id, decisions, ctx.dry_run,
         teams={i.instance_id: i.team() for i in running},

@@ -410,6 +410,12 @@ class Store:
             r = conn.execute(select(kv.c.value).where(kv.c.key == key)).first()
         return None if r is None else r[0]
 
+    def kv_items(self, prefix: str) -> list[tuple[str, str]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(kv.c.key, kv.c.value).where(kv.c.key.startswith(prefix, autoescape=True))
+                                .order_by(kv.c.key)).all()
+        return [(r[0], r[1]) for r in rows]
+
     def set_kv(self, key: str, value: str | None) -> None:
         with self.engine.begin() as conn:
             conn.execute(delete(kv).where(kv.c.key == key))

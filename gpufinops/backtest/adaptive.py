@@ -1,20 +1,35 @@
-"""A learned idle policy: wait as long as this instance's own history says it must.
+"""A learned idle policy: stop when this instance's past lulls (and the fleet's) say stopping now pays.
 
 An *idle stretch* is a run of samples with no demand (activity at or under the
-demand level; the same level that restarts a stopped instance). For an
-instance whose current stretch has lasted `age`, a stop marked now happens
-after the warning lead, at age + lead, and is a false stop if demand returns
-within the break-even after that. From the stretches this instance has
-*completed before the current one began* (no peeking), the policy estimates
+demand level; the same level that restarts a stopped instance). When the
+current stretch has lasted `age`, a mark set now stops the instance at
+y = age + lead (if it is still idle then). That stop is false if demand comes
+back within the break-even, and costs a restart if demand comes back at all.
 
-    p = P(stretch lasts > age + lead + break_even | it lasted > age + lead)
-      = #past stretches longer than age+lead+break_even / #past stretches longer than age+lead
+Evidence. The instance's own stretches *completed before the current one
+began* (no peeking), plus a fleet prior: `prior_weight` pseudo-stretches drawn
+from the stretches every instance completed before the current stretch's
+refresh block began (empirical Bayes: an instance with a short history borrows
+the fleet's; one with a long history mostly speaks for itself). Only
+stretches longer than min_idle + lead matter, since every question is
+conditional on the lull having lasted at least that long.
 
-and says IDLE once p >= p_min with at least `min_support` past stretches that
-long (then it stays IDLE until demand returns). With too little history at
-that age it falls back to the fixed rule's verdict; otherwise it waits
-(ReasonCode.LEARNED_WAIT). Bursty serving pods whose lulls never last learn to
-wait; notebooks left overnight learn that a 10-minute lull means hours.
+Decision (criterion "value", the default). With D the length of the stretch and
+the weighted past stretches as its distribution, stopping at y is worth
+
+    G(y) = E[(D - y) - restart_cost - false_cost * [D < y + break_even]; D > y]
+
+(GPU time saved minus the restart, minus a penalty `false_stop_cost_h` per
+false stop), and the policy stops at the first y where G(y) >= G(y') for every
+later y' (optimal stopping under that distribution: no later stop is worth
+more). G decreases between past stretch lengths and jumps up at each one, so
+"every later y'" is checked at those lengths only. Criterion "p" is the
+simpler cut P(D >= y + break_even | D > y) >= p_min.
+
+Where the evidence is too thin (weighted support under `min_support`; or with
+no fleet prior, fewer than `min_history` own stretches), the fixed rule decides,
+after `unusual_wait_s` of idleness. Once IDLE, the policy stays IDLE until
+demand returns.
 
 `decide()` is the scalar decision with its reason, for the live service;
 `adaptive_verdicts()` computes the same thing for every tick of a trace with
@@ -23,7 +38,6 @@ arrays, one small numpy step per idle stretch (not per sample).
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -32,40 +46,124 @@ import numpy as np
 from ..model import Decision, ReasonCode, Rule, Verdict
 from .engine import IDLE, UNDERUTILIZED, UNKNOWN, Prepared, Replay, Summary, oracle_net_seconds, replay, rule_verdicts, summarise
 
+_TOL = 1e-6  # seconds x weight: ties between "stop now" and "stop later" go to stopping now
+
 
 @dataclass(frozen=True)
 class AdaptiveParams:
-    p_min: float = 0.8  # confidence that the stop outlasts the break-even
-    min_support: int = 5  # past stretches at least this long before the history is trusted
+    criterion: str = "value"  # "value": optimal stopping of G(y); "p": P(outlasts the break-even) >= p_min
+    false_stop_cost_h: float = 2.0  # "value": GPU-hours a false stop is counted as (on top of the restart)
+    p_min: float = 0.8  # "p": confidence that the stop outlasts the break-even
+    prior_weight: float = 5.0  # pseudo-stretches from the fleet prior (0: this instance's history only)
+    min_support: float = 3.0  # weighted past stretches (own + prior) at least this long before deciding
     min_idle_s: float = 300.0  # never stop a lull shorter than this (and a blip between ticks cancels a mark)
-    history: int = 0  # use only the last N completed stretches (0 = all): adapts to changed behaviour
-    min_history: int = 10  # fewer completed stretches than this: the fixed rule decides
-    # A stretch longer than all but a few past ones: the history cannot say; stop on the fixed
-    # rule only once it has also lasted this long (None = the break-even).
+    history: int = 0  # use only the last N completed stretches of the instance (0 = all)
+    min_history: int = 10  # without a fleet prior: fewer own stretches than this and the fixed rule decides
+    # Evidence too thin at this age: stop on the fixed rule only once the stretch has also lasted this long
+    # (None = the break-even).
     unusual_wait_s: float | None = None
+    fleet_refresh_s: float = 3600.0  # the fleet prior is rebuilt from completed stretches this often
+    prior_points: int = 64  # the fleet prior is summarised by this many quantiles
+
+    def label(self) -> str:
+        how = (f"false stop = {self.false_stop_cost_h:g} GPU-h" if self.criterion == "value"
+               else f"p>={self.p_min:g}")
+        return f"{how}, fleet prior {self.prior_weight:g}, support>={self.min_support:g}"
 
 
-def learned_masks(support, p, ages, n_history: int, base_idle, params: AdaptiveParams, break_even_s: float):
+@dataclass(frozen=True)
+class FleetPrior:
+    """The fleet's completed stretches longer than `floor_s` (sorted) and their quantiles, the pseudo-stretches."""
+
+    durations: np.ndarray
+    points: np.ndarray
+    floor_s: float
+
+    @property
+    def n(self) -> int:
+        return len(self.durations)
+
+
+EMPTY_PRIOR = FleetPrior(np.zeros(0), np.zeros(0), 0.0)
+
+
+def fleet_prior(durations_s, floor_s: float, points: int = 64, min_stretches: int = 5) -> FleetPrior:
+    """Summarise fleet stretches (s) longer than floor_s; fewer than `min_stretches` of them: no prior."""
+    d = np.sort(np.asarray(durations_s, dtype=float))
+    d = d[d > floor_s]
+    if len(d) < min_stretches:
+        return FleetPrior(d, np.zeros(0), floor_s)
+    if len(d) <= points:
+        return FleetPrior(d, d, floor_s)
+    q = (np.arange(points) + 0.5) / points
+    return FleetPrior(d, np.quantile(d, q, method="inverted_cdf"), floor_s)
+
+
+def floor_s(params: AdaptiveParams, lead_s: float) -> float:
+    """Stretches not longer than this never inform a decision (every question is about D > min_idle + lead)."""
+    return params.min_idle_s + lead_s
+
+
+@dataclass
+class Evidence:
+    """Per queried age (arrays): what the history says about a stop at age + lead."""
+
+    support: np.ndarray  # weighted past stretches longer than age + lead (own + prior)
+    p: np.ndarray  # weighted share of those that lasted the break-even past the stop
+    own_support: np.ndarray  # this instance's stretches longer than age + lead
+    own_p: np.ndarray
+    stop_now: np.ndarray  # "value": no later stop is worth more than a stop at age + lead
+
+
+def assess(own_sorted, prior: FleetPrior, ages_s, lead_s: float, break_even_s: float, restart_cost_s: float,
+           params: AdaptiveParams) -> Evidence:
+    """The evidence for a stop marked at each age (own_sorted: this instance's stretches longer than the floor)."""
+    own = np.asarray(own_sorted, dtype=float)
+    pts = prior.points if params.prior_weight > 0 else np.zeros(0)
+    w_prior = params.prior_weight / len(pts) if len(pts) else 0.0
+    vals = np.concatenate([own, pts])
+    wts = np.concatenate([np.ones(len(own)), np.full(len(pts), w_prior)])
+    order = np.argsort(vals, kind="stable")
+    vals, wts = vals[order], wts[order]
+    w_suf = np.concatenate([np.cumsum(wts[::-1])[::-1], [0.0]])  # weight of vals[j:]
+    d_suf = np.concatenate([np.cumsum((wts * vals)[::-1])[::-1], [0.0]])
+    y = np.asarray(ages_s, dtype=float) + lead_s
+    gt = np.searchsorted(vals, y, side="right")  # stretches longer than y: the stop happens
+    ok = np.searchsorted(vals, y + break_even_s, side="left")  # ... and is not false
+    support, outlast = w_suf[gt], w_suf[ok]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(support > 0, outlast / np.maximum(support, 1e-12), 0.0)
+        own_gt = len(own) - np.searchsorted(own, y, side="right")
+        own_ok = len(own) - np.searchsorted(own, y + break_even_s, side="left")
+        own_p = np.where(own_gt > 0, own_ok / np.maximum(own_gt, 1), 0.0)
+    stop_now = np.zeros(y.shape, bool)
+    if params.criterion == "value" and len(vals):
+        lam = params.false_stop_cost_h * 3600.0
+
+        def gain(yy, gt_idx, ok_idx):
+            return d_suf[gt_idx] - (yy + restart_cost_s + lam) * w_suf[gt_idx] + lam * w_suf[ok_idx]
+
+        g_now = gain(y, gt, ok)
+        # Later stops worth checking: just after each past stretch length (G only decreases in between).
+        g_bp = gain(vals, np.searchsorted(vals, vals, side="right"),
+                    np.searchsorted(vals, vals + break_even_s, side="left"))
+        best_after = np.concatenate([np.maximum.accumulate(g_bp[::-1])[::-1], [-np.inf]])
+        stop_now = g_now >= best_after[gt] - _TOL
+    return Evidence(support=support, p=p, own_support=own_gt, own_p=own_p, stop_now=stop_now)
+
+
+def learned_masks(ev: Evidence, ages, n_history: int, has_prior: bool, base_idle, params: AdaptiveParams,
+                  break_even_s: float):
     """(learned, fallback) boolean arrays: IDLE because the history says so / because the fixed rule says so."""
-    support, p, ages, base_idle = map(np.asarray, (support, p, ages, base_idle))
-    if n_history < params.min_history:
-        return np.zeros(ages.shape, bool), base_idle.astype(bool)
-    enough = support >= params.min_support
-    learned = enough & (p >= params.p_min) & (ages >= params.min_idle_s)
+    ages, base_idle = np.asarray(ages, dtype=float), np.asarray(base_idle, dtype=bool)
+    if not has_prior and n_history < params.min_history:
+        return np.zeros(ages.shape, bool), base_idle.copy()
+    enough = ev.support >= params.min_support - 1e-9
+    says_stop = ev.stop_now if params.criterion == "value" else ev.p >= params.p_min
+    learned = enough & says_stop & (ages >= params.min_idle_s)
     wait = params.unusual_wait_s if params.unusual_wait_s is not None else break_even_s
     fallback = ~enough & base_idle & (ages >= wait)
     return learned, fallback
-
-
-def survival(history_sorted: np.ndarray, ages_s, lead_s: float, break_even_s: float):
-    """(support, p): #past stretches longer than age+lead, and the share of those longer than age+lead+break_even."""
-    h = np.asarray(history_sorted, dtype=float)
-    x = np.asarray(ages_s, dtype=float) + lead_s
-    longer = len(h) - np.searchsorted(h, x, side="right")
-    outlast = len(h) - np.searchsorted(h, x + break_even_s, side="right")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.where(longer > 0, outlast / np.maximum(longer, 1), 0.0)
-    return longer, p
 
 
 def _fmt_min(s: float) -> str:
@@ -73,50 +171,74 @@ def _fmt_min(s: float) -> str:
     return f"{m / 60:.1f} h" if m >= 120 else f"{m:.0f} min"
 
 
-def _fallback_reason(n_history: int, support: int, age_s: float, rule_name: str) -> str:
-    what = (f"only {n_history} past idle stretches" if support == n_history
-            else f"only {support} of {n_history} past idle stretches lasted this long")
+def explain(ev: Evidence, k: int, prior: FleetPrior, age_s: float, lead_s: float, break_even_s: float,
+            params: AdaptiveParams) -> str:
+    """The sentence behind a learned verdict, from the evidence at index k."""
+    y, y_ok = age_s + lead_s, age_s + lead_s + break_even_s
+    n_own = int(ev.own_support[k])
+    own = (f"{float(ev.own_p[k]):.0%} of this instance's {n_own} past idle stretches longer than {_fmt_min(y)} "
+           f"lasted over {_fmt_min(y_ok)}" if n_own else f"no past idle stretch of this instance lasted {_fmt_min(y)}")
+    fleet = ""
+    if params.prior_weight > 0 and len(prior.points):
+        f_gt = prior.n - np.searchsorted(prior.durations, y, side="right")
+        f_ok = prior.n - np.searchsorted(prior.durations, y_ok, side="left")
+        fleet = (f" (fleet: {f_ok / f_gt:.0%} of {f_gt})" if f_gt else " (fleet: none that long)")
+    return f"idle {_fmt_min(age_s)}; {own}{fleet}"
+
+
+def _fallback_reason(n_history: int, support: float, age_s: float, rule_name: str) -> str:
+    what = (f"only {n_history} past idle stretches" if n_history < 1 or support <= 0 and n_history < 10
+            else f"too few past idle stretches ({support:.1f} weighted) lasted this long")
     return f"idle {_fmt_min(age_s)}; {what}: fixed rule {rule_name} decides"
 
 
-def explain(support: int, p: float, age_s: float, lead_s: float, break_even_s: float) -> str:
-    return (f"idle {_fmt_min(age_s)}; {p:.0%} of this instance's {support} past idle stretches longer than "
-            f"{_fmt_min(age_s + lead_s)} lasted over {_fmt_min(age_s + lead_s + break_even_s)}")
+def _own_sorted(history_s, params: AdaptiveParams, floor: float) -> tuple[np.ndarray, int]:
+    h = np.asarray(history_s, dtype=float)
+    if params.history:
+        h = h[-params.history:]
+    h = np.sort(h)
+    return h[h > floor], len(h)
 
 
 def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
-           break_even_s: float, now: datetime) -> Decision:
+           break_even_s: float, now: datetime, prior: FleetPrior = EMPTY_PRIOR,
+           restart_cost_s: float = 600.0) -> Decision:
     """The live decision: `base` is `evaluate()`'s decision under the fallback rule.
 
-    history_s: durations (s) of this instance's completed idle stretches; idle_age_s: how long the
-    current stretch has lasted (None: there is demand now).
+    history_s: durations (s) of this instance's completed idle stretches, oldest first; idle_age_s: how long
+    the current stretch has lasted (None: there is demand now); prior: `fleet_prior()` of the fleet's
+    completed stretches.
     """
     if base.verdict == Verdict.UNKNOWN:
         return base  # missing data is never idle, whatever the history says
-    hist = np.sort(np.asarray(history_s, dtype=float))
-    if params.history:
-        hist = np.sort(np.asarray(history_s, dtype=float)[-params.history:])
     if idle_age_s is None:
         if base.verdict != Verdict.IDLE:
             return base
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason="activity above the demand level in the latest sample")
-    support, p = survival(hist, idle_age_s, rule.warning_lead_s, break_even_s)
-    support, p = int(support), float(p)
-    why = explain(support, p, idle_age_s, rule.warning_lead_s, break_even_s)
-    learned, fallback = learned_masks(support, p, idle_age_s, len(hist), base.verdict == Verdict.IDLE, params,
-                                      break_even_s)
-    if len(hist) < params.min_history or support < params.min_support:
-        note = _fallback_reason(len(hist), support, idle_age_s, rule.name)
-        if bool(fallback) or base.verdict != Verdict.IDLE:
+    lead = float(rule.warning_lead_s)
+    own, n_history = _own_sorted(history_s, params, floor_s(params, lead))
+    ev = assess(own, prior, np.array([idle_age_s]), lead, break_even_s, restart_cost_s, params)
+    has_prior = params.prior_weight > 0 and len(prior.points) > 0
+    learned, fallback = learned_masks(ev, np.array([idle_age_s]), n_history, has_prior,
+                                      np.array([base.verdict == Verdict.IDLE]), params, break_even_s)
+    enough = (has_prior or n_history >= params.min_history) and ev.support[0] >= params.min_support - 1e-9
+    if not enough:
+        note = _fallback_reason(n_history, float(ev.support[0]), idle_age_s, rule.name)
+        if bool(fallback[0]) or base.verdict != Verdict.IDLE:
             return replace(base, reason=f"{note} ({base.reason})")
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason=f"{note}, but only after {_fmt_min(params.unusual_wait_s or break_even_s)} idle")
-    if bool(learned):
-        # Every sample of the stretch is under the demand level, and the history says it will last.
-        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE, reason=why)
-    return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
-                   reason=f"{why}; waiting (needs {params.p_min:.0%})")
+    why = explain(ev, 0, prior, idle_age_s, lead, break_even_s, params)
+    if bool(learned[0]):
+        # Every sample of the stretch is under the demand level, and the history says stopping now pays.
+        tail = "; stopping now is worth more than waiting" if params.criterion == "value" else ""
+        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE, reason=why + tail)
+    need = (f"a later stop is worth more (a false stop counts {params.false_stop_cost_h:g} GPU-h)"
+            if params.criterion == "value" else f"needs {params.p_min:.0%}")
+    if idle_age_s < params.min_idle_s:
+        need = f"idle under {_fmt_min(params.min_idle_s)}"
+    return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT, reason=f"{why}; waiting: {need}")
 
 
 @dataclass
@@ -137,26 +259,63 @@ def _stretches(prep: Prepared, i: int) -> tuple[np.ndarray, np.ndarray]:
     return starts[keep], ends[keep]
 
 
+class FleetHistory:
+    """Every instance's completed stretches, and the prior as it stood at the start of each refresh block."""
+
+    def __init__(self, prep: Prepared, stretches: list, params: AdaptiveParams, floor: float):
+        tr = prep.trace
+        ends, durs = [], []
+        for i, (starts, stops) in enumerate(stretches):
+            done = stops <= prep.last_idx[i]  # ended by demand
+            ends.append(tr.t0 + stops[done] * tr.step_s)  # the demand sample: known from then on
+            durs.append((stops[done] - starts[done]) * tr.step_s)
+        self.end_t = np.concatenate(ends) if ends else np.zeros(0)
+        self.dur = np.concatenate(durs) if durs else np.zeros(0)
+        order = np.argsort(self.end_t, kind="stable")
+        self.end_t, self.dur = self.end_t[order], self.dur[order]
+        self.t0, self.params, self.floor = tr.t0, params, floor
+        self._cache: dict[int, FleetPrior] = {}
+
+    def block_start(self, t: float) -> float:
+        b = np.floor((t - self.t0) / self.params.fleet_refresh_s + 1e-9)
+        return self.t0 + b * self.params.fleet_refresh_s
+
+    def prior_at(self, t: float) -> FleetPrior:
+        """The prior built from stretches completed by the start of t's refresh block."""
+        if self.params.prior_weight <= 0:
+            return EMPTY_PRIOR
+        b = int(np.floor((t - self.t0) / self.params.fleet_refresh_s + 1e-9))
+        if b not in self._cache:
+            n = int(np.searchsorted(self.end_t, self.t0 + b * self.params.fleet_refresh_s + 1e-9, side="right"))
+            self._cache[b] = fleet_prior(self.dur[:n], self.floor, self.params.prior_points)
+        return self._cache[b]
+
+
 def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                       base: np.ndarray | None = None) -> AdaptiveRun:
     tr, s, times, hi = prep.trace, prep.settings, prep.grid.times, prep.grid.hi
     base = rule_verdicts(prep, rule) if base is None else base
     out = np.where(base == IDLE, UNDERUTILIZED, base).astype(np.int8)  # idle only where a stretch says so
     reasons: dict = {}
-    lead, be = float(rule.warning_lead_s), s.break_even_s
+    lead, be, cost = float(rule.warning_lead_s), s.break_even_s, s.restart_cost_s
+    floor = floor_s(params, lead)
+    stretches = [_stretches(prep, i) for i in range(tr.n_instances)]
+    fleet = FleetHistory(prep, stretches, params, floor)
     for i in range(tr.n_instances):  # per instance and per idle stretch; the ticks inside are arrays
-        starts, ends = _stretches(prep, i)
-        history: list[float] = []
+        starts, ends = stretches[i]
+        history: list[float] = []  # completed stretches, oldest first
         for k in range(len(starts)):
             a, b = starts[k], ends[k]
             ja = int(np.searchsorted(hi, a + 1, side="left"))
             jb = int(np.searchsorted(hi, b, side="right"))
-            if jb > ja:
-                t_start = tr.t0 + a * tr.step_s
+            t_start = tr.t0 + a * tr.step_s
+            if jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
                 ages = times[ja:jb] - t_start
-                h = np.asarray(history[-params.history:] if params.history else history)
-                support, p = survival(np.sort(h) if params.history else h, ages, lead, be)
-                learned, fallback = learned_masks(support, p, ages, len(h), base[i, ja:jb] == IDLE, params, be)
+                prior = fleet.prior_at(t_start)
+                own, n_hist = _own_sorted(history, params, floor)
+                ev = assess(own, prior, ages, lead, be, cost, params)
+                has_prior = params.prior_weight > 0 and len(prior.points) > 0
+                learned, fallback = learned_masks(ev, ages, n_hist, has_prior, base[i, ja:jb] == IDLE, params, be)
                 hit = np.flatnonzero(learned | fallback)
                 if len(hit):
                     h0 = hit[0]
@@ -164,14 +323,12 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                     known = base[i, span] != UNKNOWN
                     out[i, span] = np.where(known, IDLE, UNKNOWN)
                     if learned[h0]:
-                        reasons[(i, int(a))] = explain(int(support[h0]), float(p[h0]), float(ages[h0]), lead, be)
+                        reasons[(i, int(a))] = explain(ev, h0, prior, float(ages[h0]), lead, be, params)
                     else:
-                        reasons[(i, int(a))] = _fallback_reason(len(h), int(support[h0]), float(ages[h0]), rule.name)
+                        reasons[(i, int(a))] = _fallback_reason(n_hist, float(ev.support[h0]), float(ages[h0]),
+                                                                rule.name)
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
-                if params.history:
-                    history.append((b - a) * tr.step_s)
-                else:
-                    bisect.insort(history, (b - a) * tr.step_s)
+                history.append((b - a) * tr.step_s)
     return AdaptiveRun(verdicts=out, reasons=reasons)
 
 
@@ -187,6 +344,6 @@ def backtest_adaptive(prep: Prepared, rule: Rule, params: AdaptiveParams, oracle
                       base: np.ndarray | None = None, name: str | None = None) -> tuple[Summary, Replay, AdaptiveRun]:
     run = adaptive_verdicts(prep, rule, params, base)
     rep = replay(prep, run.verdicts, rule.warning_lead_s, rule.window_s)
-    label = name or f"adaptive(p>={params.p_min:g},n>={params.min_support}; fallback {rule.name})"
+    label = name or f"adaptive({params.label()}; fallback {rule.name})"
     oracle = oracle_net_seconds(prep) if oracle is None else oracle
     return summarise(label, prep, rep, rule, oracle), rep, run

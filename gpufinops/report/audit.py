@@ -38,7 +38,8 @@ HINTS = {
     "idle_stays_below": "idle for long stretches: stop it when unused or schedule it",
     "idle_mean_below": "idle for long stretches: stop it when unused or schedule it",
     "memory_held_idle": "memory held with no compute: a loaded model waiting; is it still needed?",
-    "bursty_low": "low but bursty: likely input-, host- or latency-bound; check data loading, batch size, request batching",
+    "bursty_low": ("low but bursty: likely input-, host- or latency-bound; "
+                   "check data loading, batch size, request batching"),
     "low_steady": "steadily low: a smaller or shared GPU may fit (see recommendations)",
     "busy": "busy at times, idle between jobs: pack jobs or scale down between them",
     "some_gpus_busy": "some GPUs busy, others idle: fewer GPUs may do",
@@ -98,8 +99,9 @@ class MonthlyAudit:
 # --------------------------------------------------------------------------- time model
 
 
-def _ts(values) -> pd.Series:
-    return pd.to_datetime(pd.Series(values), utc=True)
+def _ts(values) -> pd.DatetimeIndex:
+    """Aware UTC timestamps (the store hands back aware datetimes; billing dates are naive UTC)."""
+    return pd.DatetimeIndex(pd.to_datetime(list(values), utc=True))
 
 
 def evaluation_period_s(decisions: list[dict], fallback_s: float) -> float:
@@ -116,8 +118,7 @@ def evaluation_period_s(decisions: list[dict], fallback_s: float) -> float:
 def _dedup_details(decisions: list[dict]) -> pd.DataFrame:
     """One row per (instance, time) with the reason code and activity, chosen like costs.verdict_costs does."""
     d = pd.DataFrame(decisions)
-    d["at"] = _ts(d["evaluated_at"]).values
-    d["at"] = pd.to_datetime(d["at"], utc=True)
+    d["at"] = _ts(d["evaluated_at"])
     d["rank"] = d["verdict"].map(lambda v: _RANK.get(v, _RANK["UNKNOWN"]))
     d = d.sort_values(["instance_id", "at", "rank"], kind="stable").drop_duplicates(["instance_id", "at"], keep="first")
     return d[["instance_id", "at", "code", "rule", "activity_mean", "activity_max", "memory_max_mib"]]
@@ -143,8 +144,7 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
     limit = pd.Series(pd.Timestamp(obs_end), index=iv.index)
     if stops:
         s = pd.DataFrame(stops, columns=["instance_id", "stop_at"])
-        s["stop_at"] = _ts(s["stop_at"]).values
-        s["stop_at"] = pd.to_datetime(s["stop_at"], utc=True)
+        s["stop_at"] = _ts(s["stop_at"])
         s = s.sort_values("stop_at")
         nxt = pd.merge_asof(iv[["at", "instance_id"]], s.assign(at=s["stop_at"]), on="at", by="instance_id",
                             direction="forward")
@@ -152,8 +152,8 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
     room = ((limit - iv["at"]).dt.total_seconds() / 3600.0).clip(lower=0.0)
     iv["hours"] = iv["hours"].where(iv["hours"] <= room, room)
     iv["cost"] = iv["hours"] * iv["rate"].astype("float64")
-    iv["gpus"] = [inp.gpu_count(t) if t else None for t in iv["instance_type"]]
-    iv["gpus"] = pd.to_numeric(iv["gpus"], errors="coerce")
+    per_type = {t: inp.gpu_count(t) if t else None for t in iv["instance_type"].unique()}
+    iv["gpus"] = pd.to_numeric(iv["instance_type"].map(per_type), errors="coerce")
     iv["gpu_hours"] = iv["hours"] * iv["gpus"]
     iv["team"] = iv["team"].fillna("").replace("", UNTAGGED)
     return iv.sort_values(["instance_id", "at"], kind="stable").reset_index(drop=True)
@@ -167,14 +167,14 @@ def _instance_rates(iv: pd.DataFrame) -> dict[str, float]:
     return {} if priced.empty else priced.groupby("instance_id")["rate"].last().astype(float).to_dict()
 
 
-def _rule_timelines(decisions: list[dict], period_s: float, obs_end: pd.Timestamp) -> dict[tuple[str, str], pd.DataFrame]:
+def _rule_timelines(decisions: list[dict], period_s: float,
+                    obs_end: pd.Timestamp) -> dict[tuple[str, str], pd.DataFrame]:
     """Per (instance, rule): its own verdicts in time order and the hours each one covers."""
     if not decisions:
         return {}
     d = pd.DataFrame({"instance_id": [r["instance_id"] for r in decisions], "rule": [r["rule"] for r in decisions],
                       "verdict": [r["verdict"] for r in decisions],
-                      "at": _ts([r["evaluated_at"] for r in decisions]).values})
-    d["at"] = pd.to_datetime(d["at"], utc=True)
+                      "at": _ts(r["evaluated_at"] for r in decisions)})
     d = d.sort_values(["instance_id", "rule", "at"], kind="stable").drop_duplicates(["instance_id", "rule", "at"])
     nxt = d.groupby(["instance_id", "rule"])["at"].shift(-1).fillna(obs_end)
     d["hours"] = ((nxt - d["at"]).dt.total_seconds().clip(lower=0, upper=2 * period_s)
@@ -182,7 +182,7 @@ def _rule_timelines(decisions: list[dict], period_s: float, obs_end: pd.Timestam
     return {k: g.reset_index(drop=True) for k, g in d.groupby(["instance_id", "rule"])}
 
 
-def _would_have(acts: list, timelines: dict, period_s: float) -> dict[int, tuple[float, pd.Timestamp | None]]:
+def _would_have(acts: list, timelines: dict) -> dict[int, tuple[float, pd.Timestamp | None]]:
     """Dry-run stops: the hours the instance would have stayed stopped, and when demand came back.
 
     A dry-run stop by rule R would have saved R's IDLE time that followed it, up to R's first verdict that
@@ -215,14 +215,14 @@ def _would_have(acts: list, timelines: dict, period_s: float) -> dict[int, tuple
 
 def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
                period_s: float) -> pd.DataFrame:
-    """Every stop/terminate of the month, real or dry-run, with what it saved (or would have) and whether it was false."""
+    """Every stop/terminate of the month, real or dry-run: what it saved (or would have), and whether it was false."""
     acts = [a for a in inp.actions if a.kind.value in STOP_KINDS]
     if not acts:
         return pd.DataFrame({c: [] for c in STOP_COLUMNS})
     rates = _instance_rates(iv)
     meta = iv.groupby("instance_id")[["team", "instance_type", "gpus"]].last() if not iv.empty else None
     seen_at = {k: g["at"] for k, g in iv.groupby("instance_id")} if not iv.empty else {}
-    would = _would_have(acts, _rule_timelines(inp.decisions, period_s, pd.Timestamp(obs_end)), period_s)
+    would = _would_have(acts, _rule_timelines(inp.decisions, period_s, pd.Timestamp(obs_end)))
     rows = []
     for n, a in enumerate(acts):
         at = pd.Timestamp(a.at)
@@ -306,7 +306,8 @@ def instance_table(iv: pd.DataFrame, stops: pd.DataFrame, cost_table: pd.DataFra
     dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
     out["stops"] = real.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(real) else 0
     out["dry_run_stops"] = dry.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(dry) else 0
-    billed = summarize(cost_table, "instance").groupby("instance")["cost"].sum() if len(cost_table) else pd.Series(dtype=float)
+    billed = (summarize(cost_table, "instance").groupby("instance")["cost"].sum() if len(cost_table)
+              else pd.Series(dtype=float))
     out["billed_cost"] = billed.reindex(out.index)
     out = out.reset_index()
     return out.sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True],
@@ -411,7 +412,8 @@ def daily_table(iv: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
         d["idle_hours"] = iv[iv["verdict"] == "IDLE"].assign(date=day).groupby("date")["hours"].sum()
         frames.append(d)
     if len(cost_table):
-        frames.append(cost_table.groupby(cost_table["date"].dt.floor("D"))["cost"].sum().rename("billed_cost").to_frame())
+        billed = cost_table.groupby(cost_table["date"].dt.floor("D"))["cost"].sum()
+        frames.append(billed.rename("billed_cost").to_frame())
     if not frames:
         return pd.DataFrame({c: [] for c in DAILY_COLUMNS})
     out = pd.concat(frames, axis=1).sort_index().rename_axis("date").reset_index().reindex(columns=DAILY_COLUMNS)
@@ -499,9 +501,12 @@ def _f(x) -> float | None:
 def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
     opts = opts or ReportSettings()
     p = inp.period
-    period_s = float(opts.evaluate_every_s) if opts.evaluate_every_s else evaluation_period_s(inp.decisions, fallback_period_s)
+    period_s = (float(opts.evaluate_every_s) if opts.evaluate_every_s
+                else evaluation_period_s(inp.decisions, fallback_period_s))
     last_eval = max((pd.Timestamp(r["evaluated_at"]) for r in inp.decisions), default=None)
-    obs_end = min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None else pd.Timestamp(p.start)
+    # What the month observed ends one evaluation period after the last evaluation.
+    obs_end = (min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None
+               else pd.Timestamp(p.start))
 
     iv = intervals(inp, period_s, obs_end)
     stops = stop_audit(inp, iv, obs_end, opts, period_s)
@@ -534,7 +539,8 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "idle_share": idle_share(iv) if not iv.empty else None,
         "idle_hours": _sum(idle["hours"]) if len(idle) else 0.0,
         "idle_gpu_hours": _sum(idle["gpu_hours"].dropna()) if len(idle) else 0.0,
-        "underutilized_cost": None if evaluated is None else _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna()),
+        "underutilized_cost": (None if evaluated is None
+                               else _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna())),
         "unknown_cost": None if evaluated is None else _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
         "evaluations": len(inp.decisions),
         "instances": int(iv["instance_id"].nunique()) if not iv.empty else 0,
