@@ -21,6 +21,9 @@ def register(subparsers) -> None:
     p.add_argument("--path", default=None, help="CUR/FOCUS file, folder or s3:// prefix (default: billing.path)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
+    p.add_argument("--idle", action="store_true",
+                   help="cost by verdict (ACTIVE/UNDERUTILIZED/UNKNOWN/IDLE) from the stored decisions instead of "
+                        "billed cost; priced from billing when --source is given, else the decision's $/h or the catalog")
     p.set_defaults(func=cmd_costs)
 
     b = subparsers.add_parser("budgets", help="GPU budgets")
@@ -47,6 +50,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     settings = load_settings_from_args(args)
     now = _now()
+    if args.idle and args.source is None:
+        start, end = month_bounds(args.month)
+        return _print_idle_costs(settings, args, start, end, now, pd.DataFrame())
     try:
         start, end = month_bounds(args.month)
         loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
@@ -61,8 +67,28 @@ def cmd_costs(args: argparse.Namespace) -> int:
         print(f"stored {n} rows for {args.month} from {loaded.source}", file=sys.stderr)
     if loaded.table.empty:
         print(f"warning: no GPU instance cost in {loaded.source} for {args.month}", file=sys.stderr)
+    if args.idle:
+        return _print_idle_costs(settings, args, start, end, now, loaded.table)
     out = summarize(loaded.table, args.by)
     _print(out, args.format)
+    return 0
+
+
+def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> int:
+    """What each instance/team cost while ACTIVE, UNDERUTILIZED, UNKNOWN and IDLE, from stored verdicts."""
+    from .budgets import _default_catalog
+    from .costs import billing_rates, idle_cost_report, resource_attrs, verdict_costs
+    from .store import Store
+
+    store = Store(settings.database_url)
+    rates, attrs = (billing_rates(table), resource_attrs(table)) if not table.empty else ({}, {})
+    vc = verdict_costs(store.decision_rows(start, end), start, min(end, now),
+                       max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=_default_catalog(),
+                       attrs=attrs, default_region=settings.aws.regions[0] if settings.aws.regions else "")
+    if vc.empty:
+        print(f"warning: no stored decisions for {args.month} in {settings.database_url.split('@')[-1]}",
+              file=sys.stderr)
+    _print(idle_cost_report(vc, args.by), args.format)
     return 0
 
 

@@ -33,3 +33,23 @@ def test_demo_summary_matches_its_database(tmp_path):
 def test_demo_cli(capsys):
     assert main(["demo", "--hours", "1", "--quiet"]) == 0
     assert "Summary" in capsys.readouterr().out
+
+
+def test_idle_cost_by_instance_from_the_demo_audit_trail(tmp_path, capsys):
+    import json
+
+    db = tmp_path / "demo.db"
+    run_demo(out=io.StringIO(), hours=3, db_path=str(db), quiet=True)
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\nschedule: {{evaluate_every_s: 120}}\n")
+    assert main(["--config", str(cfg), "costs", "--month", "2022-09", "--idle", "--by", "instance",
+                 "--format", "json"]) == 0
+    rows = {r["instance"]: r for r in json.loads(capsys.readouterr().out)}
+    # An instance costs idle money exactly when, at some evaluation, every rule judged it IDLE.
+    con = sqlite3.connect(db)
+    idle_ticks = {r[0] for r in con.execute(
+        "select instance_id from decisions group by instance_id, evaluated_at having min(verdict = 'IDLE') = 1")}
+    assert idle_ticks and {i for i, r in rows.items() if r["idle_cost"] > 0} == idle_ticks
+    for r in rows.values():
+        parts = r["active_cost"] + r["underutilized_cost"] + r["unknown_cost"] + r["idle_cost"]
+        assert abs(parts - r["total_cost"]) < 1e-9
