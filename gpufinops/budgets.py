@@ -299,9 +299,10 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
     catalog = catalog if catalog is not None else _default_catalog()
     rates, attrs = billing_rates(table), resource_attrs(table)
     region = settings.aws.regions[0] if settings.aws.regions else ""
-    decisions = store.decision_rows(start, end)
+    decisions = store.decision_frame(start, end)
     gap = 2 * settings.schedule.evaluate_every_s
-    running = running_now(decisions, now, bs.running_fresh_s, rates, catalog, attrs, region)
+    recent = decisions[decisions["evaluated_at"] >= pd.Timestamp(now - timedelta(seconds=bs.running_fresh_s))]
+    running = running_now(recent.to_dict("records"), now, bs.running_fresh_s, rates, catalog, attrs, region)
     verdicts = verdict_costs(decisions, start, min(end, now), max_gap_s=gap, rates=rates, catalog=catalog,
                              attrs=attrs, default_region=region)
     table_currency = single_currency(table, "cost table") if len(table) else None

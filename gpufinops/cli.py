@@ -21,6 +21,7 @@ CAPABILITY_CLI_MODULES = (
     "gpufinops.cli_recommend",
     "gpufinops.cli_backtest",
     "gpufinops.cli_report",
+    "gpufinops.cli_agent",
 )
 
 

@@ -83,8 +83,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default 2.745, p4d.24xlarge / 8)")
     p.add_argument("--adaptive", action="store_true",
                    help="also run the learned policy (each instance's idle-stretch history) over each rule")
-    p.add_argument("--p-min", type=float, default=0.8, help="learned policy: confidence needed to stop (default 0.8)")
-    p.add_argument("--min-support", type=int, default=5, help="learned policy: past stretches needed (default 5)")
+    p.add_argument("--false-stop-cost", type=float, default=2.0,
+                   help="learned policy: GPU-hours a false stop counts as, on top of the restart (default 2)")
+    p.add_argument("--fleet-prior", type=float, default=5.0,
+                   help="learned policy: pseudo-stretches from the fleet's history (0: each instance's own only)")
+    p.add_argument("--p-min", type=float, default=None,
+                   help="learned policy: stop at this confidence of outlasting the break-even instead")
+    p.add_argument("--min-support", type=float, default=3.0, help="learned policy: past stretches needed (default 3)")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")
     p.add_argument("--windows", type=_durations, default=None, help="sweep windows, e.g. 10m,30m,1h,2h")
@@ -152,7 +157,9 @@ def run_backtest(args: argparse.Namespace) -> int:
         results.append(summary)
         examples[summary.policy] = [e.__dict__ for e in rep.stops[:5]]
         if args.adaptive:
-            params = AdaptiveParams(p_min=args.p_min, min_support=args.min_support)
+            params = AdaptiveParams(false_stop_cost_h=args.false_stop_cost, prior_weight=args.fleet_prior,
+                                    min_support=args.min_support,
+                                    **({"criterion": "p", "p_min": args.p_min} if args.p_min is not None else {}))
             a_sum, a_rep, run = backtest_adaptive(prep, rule, params, oracle)
             results.append(a_sum)
             examples[a_sum.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}

@@ -82,7 +82,7 @@ def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> i
 
     store = Store(settings.database_url)
     rates, attrs = (billing_rates(table), resource_attrs(table)) if not table.empty else ({}, {})
-    vc = verdict_costs(store.decision_rows(start, end), start, min(end, now),
+    vc = verdict_costs(store.decision_frame(start, end), start, min(end, now),
                        max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=_default_catalog(),
                        attrs=attrs, default_region=settings.aws.regions[0] if settings.aws.regions else "")
     if vc.empty:

@@ -91,6 +91,8 @@ class ScheduleSettings(_Strict):
     # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
     recommend_digest_day: str = "mon"
     recommend_digest_hour: int = Field(9, ge=0, le=23)
+    # Monthly audit report for the month just ended, written here on the 1st at 06:00 UTC; empty = off.
+    monthly_report_dir: str = ""
 
 
 class ServiceSettings(_Strict):
@@ -107,10 +109,11 @@ class Settings(_Strict):
     service: ServiceSettings = ServiceSettings()
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
-    # Free-form sections owned by capabilities (billing, recommend, backtest):
+    # Free-form sections owned by capabilities (billing, recommend, report):
     # each validates its own section with its own model.
     billing: dict[str, Any] = Field(default_factory=dict)
     recommend: dict[str, Any] = Field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict)
     source_path: str = ""
 
     @field_validator("database_url")

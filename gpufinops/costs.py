@@ -79,35 +79,61 @@ def hourly_rate(instance_id: str, instance_type: str, region: str, rates: Mappin
     return HourlyRate(None, "unknown")
 
 
-def verdict_costs(decision_rows: Iterable[dict], start: datetime, end: datetime, *, max_gap_s: float,
-                  rates: Mapping[str, float] | None = None, catalog: PriceLookup | None = None,
+def verdict_costs(decision_rows: "pd.DataFrame | Iterable[dict]", start: datetime, end: datetime, *,
+                  max_gap_s: float, rates: Mapping[str, float] | None = None, catalog: PriceLookup | None = None,
                   attrs: Mapping[str, Mapping[str, str]] | None = None, default_region: str = "") -> pd.DataFrame:
-    """One row per decision interval in [start, end): instance, team, verdict, hours, rate, cost (NaN if unpriced)."""
+    """One row per decision interval in [start, end): instance, team, verdict, hours, rate, cost (NaN if unpriced).
+
+    Takes Store.decision_frame() (fast) or Store.decision_rows(). Vectorised: the rate is looked
+    up once per distinct (instance, type, stored rate), not once per decision, because a month of
+    minute-by-minute decisions is millions of rows.
+    """
     rates, attrs = rates or {}, attrs or {}
     cols = ["instance_id", "team", "project", "account", "instance_type", "verdict", "at", "hours", "rate", "cost"]
-    rows = [r for r in decision_rows if start <= _utc(r["evaluated_at"]) < end]
-    if not rows:
+    d = decision_rows.copy() if isinstance(decision_rows, pd.DataFrame) else pd.DataFrame(list(decision_rows))
+    if d.empty:
         return pd.DataFrame({c: [] for c in cols})
-    d = pd.DataFrame(rows)
-    d["at"] = [_utc(x) for x in d["evaluated_at"]]
-    d["rank"] = d["verdict"].map(lambda v: _RANK.get(v, _RANK["UNKNOWN"]))
+    d["at"] = pd.to_datetime(d["evaluated_at"], utc=True)
+    d = d[(d["at"] >= pd.Timestamp(start)) & (d["at"] < pd.Timestamp(end))]
+    if d.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    for c in ("team", "instance_type", "hourly_cost"):
+        if c not in d:
+            d[c] = None
+    d["rank"] = d["verdict"].map(_RANK).fillna(_RANK["UNKNOWN"])
     d = d.sort_values(["instance_id", "at", "rank"]).drop_duplicates(["instance_id", "at"], keep="first")
     nxt = d.groupby("instance_id")["at"].shift(-1)
-    end_ts = pd.Timestamp(end)
-    span = (nxt.fillna(end_ts) - d["at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
+    span = (nxt.fillna(pd.Timestamp(end)) - d["at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
     d["hours"] = span / 3600.0
-    out = []
-    for r in d.to_dict("records"):
-        a = attrs.get(r["instance_id"], {})
-        itype = r.get("instance_type") or a.get("instance_type", "")
-        hr = hourly_rate(r["instance_id"], itype, a.get("region") or default_region, rates, catalog, r.get("hourly_cost"))
-        out.append({
-            "instance_id": r["instance_id"], "team": r.get("team") or a.get("team", ""),
-            "project": a.get("project", ""), "account": a.get("account", ""), "instance_type": itype,
-            "verdict": r["verdict"], "at": r["at"], "hours": r["hours"], "rate": hr.rate,
-            "cost": r["hours"] * hr.rate if hr.rate is not None else float("nan"),
-        })
-    return pd.DataFrame(out, columns=cols)
+
+    def attr(iid: str, key: str) -> str:
+        return attrs.get(iid, {}).get(key, "")
+
+    d["instance_type"] = d["instance_type"].fillna("")
+    missing_type = d["instance_type"] == ""
+    if missing_type.any():
+        d.loc[missing_type, "instance_type"] = [attr(i, "instance_type") for i in d.loc[missing_type, "instance_id"]]
+    d["team"] = d["team"].fillna("")
+    missing_team = d["team"] == ""
+    if missing_team.any():
+        d.loc[missing_team, "team"] = [attr(i, "team") for i in d.loc[missing_team, "instance_id"]]
+    stored = pd.to_numeric(d["hourly_cost"], errors="coerce")
+    keys = pd.DataFrame({"instance_id": d["instance_id"], "instance_type": d["instance_type"], "stored": stored})
+    combos = keys.drop_duplicates()
+    priced = {}
+    for iid, itype, st in combos.itertuples(index=False):
+        hr = hourly_rate(iid, itype, attr(iid, "region") or default_region, rates, catalog,
+                         None if pd.isna(st) else float(st))
+        priced[(iid, itype, None if pd.isna(st) else float(st))] = float("nan") if hr.rate is None else hr.rate
+    d["rate"] = [priced[(i, t, None if pd.isna(st) else float(st))]
+                 for i, t, st in zip(keys["instance_id"], keys["instance_type"], keys["stored"])]
+    d["cost"] = d["hours"] * d["rate"]
+    d["project"] = [attr(i, "project") for i in d["instance_id"]] if attrs else ""
+    d["account"] = [attr(i, "account") for i in d["instance_id"]] if attrs else ""
+    out = d[cols].reset_index(drop=True)
+    # Unknown rates stay None in `rate` (NaN in `cost`), as before.
+    out["rate"] = out["rate"].astype(object).where(out["rate"].notna(), None)
+    return out
 
 
 def idle_cost_report(vc: pd.DataFrame, by: str = "instance") -> pd.DataFrame:

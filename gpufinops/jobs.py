@@ -1,5 +1,5 @@
-"""Scheduled jobs beside the every-minute evaluation: budget alerts and the weekly
-right-sizing digest. Each is a plain function of (settings, peers, now) so tests call
+"""Scheduled jobs beside the every-minute evaluation: budget alerts, the weekly
+right-sizing digest and the monthly audit report. Each is a plain function of (settings, peers, now) so tests call
 it directly; `scheduled_jobs` wraps them for the service's scheduler.
 """
 
@@ -52,6 +52,15 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
     return recs
 
 
+def monthly_report(settings: Settings, peers: Peers, now: datetime):
+    """The audit report of the month that just ended (HTML + CSV + JSON)."""
+    from .report.monthly import write_monthly_report
+
+    paths = write_monthly_report(peers.store, None, settings.schedule.monthly_report_dir, now, settings)
+    log.info("monthly report written: %s", ", ".join(str(p) for p in paths))
+    return paths
+
+
 def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetime]) -> list[tuple[str, dict, Callable[[], None]]]:
     """(job id, APScheduler trigger arguments, function) for every job the settings enable."""
     jobs: list[tuple[str, dict, Callable[[], None]]] = []
@@ -62,4 +71,7 @@ def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetim
         jobs.append(("recommend-digest", {"trigger": "cron", "day_of_week": settings.schedule.recommend_digest_day,
                                           "hour": settings.schedule.recommend_digest_hour, "timezone": "UTC"},
                      lambda: recommend_digest(settings, peers, clock())))
+    if settings.schedule.monthly_report_dir:
+        jobs.append(("monthly-report", {"trigger": "cron", "day": 1, "hour": 6, "timezone": "UTC"},
+                     lambda: monthly_report(settings, peers, clock())))
     return jobs

@@ -249,6 +249,24 @@ class Store:
                 out.append(d)
             return out
 
+    def decision_frame(self, start: datetime | None = None, end: datetime | None = None,
+                       columns: Sequence[str] | None = None):
+        """decision_rows() as one pandas DataFrame (evaluated_at aware UTC): one read, no per-row
+        Python objects, for reports and cost joins over months of decisions. By default without the
+        long `reason` text and the run id, which no aggregate needs."""
+        import pandas as pd
+
+        names = columns or [c.name for c in decisions.columns if c.name not in ("reason", "run_id")]
+        q = select(*(decisions.c[n] for n in names)).order_by(decisions.c.evaluated_at, decisions.c.id)
+        if start is not None:
+            q = q.where(decisions.c.evaluated_at >= _naive_utc(start))
+        if end is not None:
+            q = q.where(decisions.c.evaluated_at < _naive_utc(end))
+        with self.engine.connect() as conn:
+            frame = pd.read_sql_query(q, conn)
+        frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
+        return frame
+
     # ------------------------------------------------------------- state
     def get_state(self, instance_id: str, rule: str) -> StateRow | None:
         with self.engine.connect() as conn:

@@ -1,3 +1,3 @@
-"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, moto server, Slack stub)."""
+"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, moto server, Slack stub, PostgreSQL)."""
 
-pytest_plugins = ["tests.promserver", "tests.motoserver", "tests.slackstub"]
+pytest_plugins = ["tests.promserver", "tests.motoserver", "tests.slackstub", "tests.pgserver"]

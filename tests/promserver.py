@@ -278,6 +278,42 @@ def start_prometheus(workdir: Path, series: Iterable[Series]) -> PromServer:
     raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
 
 
+def start_scraping_prometheus(workdir: Path, targets: Iterable[str], scrape_interval_s: int = 1,
+                              job: str = "dcgm-exporter") -> PromServer:
+    """Start an empty Prometheus that scrapes `targets` ("127.0.0.1:port") every
+    `scrape_interval_s` seconds, and wait until it is ready (not until the first scrape)."""
+    missing = binaries_missing()
+    if missing:
+        if os.environ.get("PYTEST_CURRENT_TEST"):
+            pytest.skip(missing)
+        raise PrometheusUnavailable(missing)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / "data"
+    data.mkdir(exist_ok=True)
+    config = workdir / "prometheus.yml"
+    target_list = ", ".join(f'"{t}"' for t in targets)
+    config.write_text(
+        f"global:\n  scrape_interval: {scrape_interval_s}s\n  scrape_timeout: {scrape_interval_s}s\n"
+        f"  evaluation_interval: 1h\nscrape_configs:\n  - job_name: {job}\n"
+        f"    static_configs:\n      - targets: [{target_list}]\n"
+    )
+    log_path = workdir / "prometheus.log"
+    for _attempt in range(3):  # another process may grab the free port first
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        if _wait_ready(url, process, log_path):
+            return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
+    tail = log_path.read_text(errors="replace")[-2000:]
+    raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
+
+
 @pytest.fixture
 def prometheus_factory(tmp_path_factory) -> Callable[[Iterable[Series]], PromServer]:
     """Start a real Prometheus holding the given series; all stopped at teardown."""

@@ -64,18 +64,18 @@ def make_fleet(n, **tags_by_id):
 
 
 class World:
-    def __init__(self, tmp_path, n=1, dry_run=False, db="s.db", **tags):
+    def __init__(self, tmp_path, n=1, dry_run=False, db="s.db", url=None, **tags):
         self.clock = SimClock(T0)
         self.cloud = SimCloud(make_fleet(n, **tags), self.clock)
         self.metrics = ScriptedMetrics()
-        self.db = tmp_path / db
+        self.url = url or f"sqlite:///{tmp_path / db}"
         self.dry_run = dry_run
         self.settings = load_settings(act={"dry_run": dry_run, "max_stops_per_run": 5, "max_stops_fraction": 1.0})
         self.open_store()
 
     def open_store(self):
         """A fresh Store and notifier on the same file: what a service restart looks like."""
-        self.store = Store(f"sqlite:///{self.db}")
+        self.store = Store(self.url)
         self.lines: list[str] = []
         self.notifier = ConsoleNotifier(self.store, self.clock, self.lines.append)
 
@@ -295,3 +295,14 @@ INST = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0 - timedelta(da
 def test_plan_table(decision, mark, state, kind):
     intent = plan(INST, decision, mark, state, T0)
     assert isinstance(intent, Intent) and intent.kind == kind and intent.reason
+
+
+def test_two_phase_stop_and_restart_on_postgres(tmp_path, fresh_postgres_db):
+    w = World(tmp_path, url=fresh_postgres_db)
+    w.tick()
+    w.open_store()  # restart against the shared database
+    for _ in range(15):
+        w.tick()
+    assert w.cloud.calls.count(("stop", "i-00")) == 1
+    assert sum("will be stopped" in line for line in w.lines) == 0  # the warning was sent before the restart
+    assert [a.status for a in w.store.action_rows(kinds=[ActionKind.STOP])] == ["done"]

@@ -1,4 +1,5 @@
-"""The learned policy: waits where an instance's lulls are short, stops early where they are long, never peeks."""
+"""The learned policy: waits where lulls are short, stops early where they are long, borrows the fleet's
+history where its own is short, and never peeks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from gpufinops.backtest.adaptive import (
-    AdaptiveParams, adaptive_verdicts, backtest_adaptive, decide, learned_masks, stop_reason, survival,
+    AdaptiveParams, adaptive_verdicts, backtest_adaptive, decide, fleet_prior, floor_s, stop_reason,
 )
 from gpufinops.backtest.engine import BacktestSettings, Prepared, backtest_rule, rule_verdicts
 from gpufinops.backtest.traces import from_arrays
@@ -37,102 +38,158 @@ def cycles(busy_min: int, idle_min: int, n: int, lull_every: int = 0) -> np.ndar
     return np.tile(np.concatenate([busy, np.zeros(idle_min)]), n)
 
 
-def test_learns_that_lulls_are_short_and_waits(rules):
+@pytest.mark.parametrize("params", [AdaptiveParams(prior_weight=0.0, min_history=10), AdaptiveParams(),
+                                    AdaptiveParams(criterion="p", p_min=0.8)])
+def test_learns_that_lulls_are_short_and_waits(rules, params):
     # Serving with 35-minute lulls: the fixed 10-minute rule stops at minute 25 of every lull and demand
     # returns 10 minutes later (false stop). The learned policy sees no lull ever outlasting 35 min + the
-    # break-even, and only its first `min_history` lulls fall back to the fixed rule.
+    # break-even, so stopping never pays.
     trace = from_arrays(cycles(5, 35, 120), step_s=60, t0=T0)
     prep = Prepared(trace, BacktestSettings())
     fixed = backtest_rule(prep, rules[0])[0]
-    learned = backtest_adaptive(prep, rules[0], AdaptiveParams(min_history=10))[0]
+    learned = backtest_adaptive(prep, rules[0], params)[0]
     assert fixed.false_stops >= 100 and fixed.false_stop_rate > 0.95
     assert learned.false_stops <= 10 and learned.restarts < fixed.restarts / 5
 
 
 def test_learns_that_lulls_are_long_and_stops_sooner_than_a_long_window(rules):
     # Nightly: 4 h of work (with short lulls), then 8 h idle. A 1-hour fixed window waits 75 min a night;
-    # the learned policy, once it has seen enough nights, stops 5 + 15 min into the lull.
+    # the learned policy stops 5 + 15 min into the lull: stopping then is worth more than any later stop.
     fallback = replace(rules[0], name="below-5-1h", threshold_pct=5.0, window_s=3600)
     trace = from_arrays(cycles(240, 480, 20, lull_every=20), step_s=60, t0=T0)
     prep = Prepared(trace, BacktestSettings())
     fixed = backtest_rule(prep, fallback)[0]
-    learned, rep, run = backtest_adaptive(prep, fallback, AdaptiveParams(min_history=10, min_support=5))
+    learned, rep, run = backtest_adaptive(prep, fallback, AdaptiveParams())
     assert fixed.false_stops == 0 and learned.false_stops == 0
     assert learned.net_gpu_hours > fixed.net_gpu_hours
-    assert learned.time_to_stop_min["p10"] == pytest.approx(20, abs=1)
+    assert learned.time_to_stop_min["p50"] == pytest.approx(20, abs=1)
     assert fixed.time_to_stop_min["p50"] == pytest.approx(75, abs=1)
     last = rep.stops[-1]
     reason = stop_reason(prep, run, last.instance, last.stop_at)
     m = re.fullmatch(r"idle 5 min; 100% of this instance's (\d+) past idle stretches longer than 20 min "
-                     r"lasted over 50 min", reason)
+                     r"lasted over 50 min \(fleet: 100% of (\d+)\); stopping now is worth more than waiting", reason)
     assert m and int(m.group(1)) >= 15, reason
 
 
+def test_a_new_instance_borrows_the_fleets_history(rules):
+    # Five old notebooks idle every night; a sixth appears on day 8 with the same habit. With the fleet prior
+    # its first nights are stopped 20 min in, with the fleet's evidence in the reason; without it, the
+    # fixed rule decides (after the break-even) until it has 10 nights of its own.
+    fallback = replace(rules[0], name="below-5-1h", threshold_pct=5.0, window_s=3600)
+    u = np.vstack([cycles(240, 480, 20, lull_every=20)] * 6)
+    u[5, : 7 * 720] = np.nan
+    prep = Prepared(from_arrays(u, step_s=60, t0=T0), BacktestSettings())
+    _, rep, run = backtest_adaptive(prep, fallback, AdaptiveParams(prior_weight=5.0))
+    new = [s for s in rep.stops if s.instance == prep.trace.instance_ids[5]]
+    assert new[0].time_to_stop_s == pytest.approx(20 * 60)
+    reason = stop_reason(prep, run, new[0].instance, new[0].stop_at)
+    assert re.fullmatch(r"idle 5 min; no past idle stretch of this instance lasted 20 min "
+                        r"\(fleet: 100% of \d+\); stopping now is worth more than waiting", reason), reason
+    _, rep0, run0 = backtest_adaptive(prep, fallback, AdaptiveParams(prior_weight=0.0, min_history=10))
+    new0 = [s for s in rep0.stops if s.instance == prep.trace.instance_ids[5]]
+    assert new0[0].time_to_stop_s > 60 * 60
+    assert "fixed rule below-5-1h decides" in stop_reason(prep, run0, new0[0].instance, new0[0].stop_at)
+
+
+def test_fleet_prior_counts_ongoing_stretches_as_at_least_that_long():
+    # Five lulls of 30 min ended; five are still idle after 10 h. Dropping the ongoing ones would say
+    # "no lull lasts an hour"; Kaplan-Meier says half of them do.
+    prior = fleet_prior([1800.0] * 5, floor_s=1200.0, ongoing_s=[36000.0] * 5)
+    assert prior.mass.sum() == pytest.approx(1.0)
+    n, share = prior.share_outlasting(1500.0, 1800.0)
+    assert n == 10 and share == pytest.approx(0.5)
+    assert fleet_prior([1800.0] * 5, floor_s=1200.0).share_outlasting(1500.0, 1800.0)[1] == 0.0
+    assert len(fleet_prior([1800.0] * 4, floor_s=1200.0).points) == 0  # too few stretches: no prior
+
+
 def test_no_peeking_future_data_does_not_change_past_verdicts(rules):
+    # Neither this instance's future nor any other instance's future changes a verdict already given.
     rng = np.random.default_rng(4)
-    u = cycles(30, 90, 40, lull_every=7) * rng.uniform(0.5, 1.0, 40 * 120)
+    u = np.vstack([cycles(30, 90, 40, lull_every=7) * rng.uniform(0.5, 1.0, 40 * 120) for _ in range(3)])
     cut = 2500
     other = u.copy()
-    other[cut:] = rng.choice([0.0, 90.0], size=len(u) - cut)
-    params = AdaptiveParams(min_history=5, min_support=3)
-    a = adaptive_verdicts(Prepared(from_arrays(u, step_s=60, t0=T0), BacktestSettings()), rules[0], params).verdicts
-    b = adaptive_verdicts(Prepared(from_arrays(other, step_s=60, t0=T0), BacktestSettings()), rules[0], params).verdicts
-    ticks_before = cut  # tick j sees samples 0..j at a 60 s tick and step
-    np.testing.assert_array_equal(a[:, :ticks_before], b[:, :ticks_before])
-    assert (a[:, ticks_before:] != b[:, ticks_before:]).any()
+    other[:, cut:] = rng.choice([0.0, 90.0], size=(3, u.shape[1] - cut))
+    other[2, cut:] = 0.0  # one instance idle for good from the cut: a long ongoing stretch for the prior
+    for params in (AdaptiveParams(prior_weight=0.0, min_history=5, min_support=3),
+                   AdaptiveParams(prior_weight=5.0, fleet_refresh_s=600.0)):
+        a = adaptive_verdicts(Prepared(from_arrays(u, step_s=60, t0=T0), BacktestSettings()), rules[0], params)
+        b = adaptive_verdicts(Prepared(from_arrays(other, step_s=60, t0=T0), BacktestSettings()), rules[0], params)
+        ticks_before = cut  # tick j sees samples 0..j at a 60 s tick and step
+        np.testing.assert_array_equal(a.verdicts[:, :ticks_before], b.verdicts[:, :ticks_before])
+        assert (a.verdicts[:, ticks_before:] != b.verdicts[:, ticks_before:]).any()
 
 
-def test_decide_explains_itself(rules):
-    rule = rules[0]
+def _base(rule):
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", datetime(2025, 12, 31, tzinfo=timezone.utc),
                        gpu_count=1)
     usage = InstanceUsage("i-1", 600, 10, (GpuWindowStats("0", 10, activity_max=0.0, activity_mean=0.0),))
-    base = evaluate(inst, usage, rule, now)
+    return inst, evaluate(inst, usage, rule, now), now
+
+
+def test_decide_explains_itself(rules):
+    rule = rules[0]
+    inst, base, now = _base(rule)
     assert base.verdict == Verdict.IDLE
-    params = AdaptiveParams(min_history=10, min_support=5, p_min=0.8)
+    params = AdaptiveParams(prior_weight=0.0, min_history=10, min_support=5)
     nights = [8 * 3600.0] * 9 + [120.0] * 30  # 9 long idle nights, many short lulls
     d = decide(base, nights, 14 * 60, rule, params, 1800, now)
-    assert d.verdict == Verdict.IDLE
-    assert d.reason == "idle 14 min; 100% of this instance's 9 past idle stretches longer than 29 min lasted over 59 min"
-    short = [20 * 60.0] * 30  # lulls never last
+    assert d.verdict == Verdict.IDLE and d.code == ReasonCode.LEARNED_IDLE
+    assert d.reason == ("idle 14 min; 100% of this instance's 9 past idle stretches longer than 29 min lasted over "
+                        "59 min; stopping now is worth more than waiting")
+    short = [40 * 60.0] * 30  # lulls never outlast a stop by the break-even
     d = decide(base, short, 14 * 60, rule, params, 1800, now)
     assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT
+    assert d.reason.startswith("idle 14 min; 0% of this instance's 30 past idle stretches longer than 29 min")
+    assert d.reason.endswith("waiting: a later stop is worth more (a false stop counts 2 GPU-h)")
     d = decide(base, nights[:3], 14 * 60, rule, params, 1800, now)  # too little history: the fixed rule decides
-    assert d.verdict == Verdict.IDLE and "fixed rule gpu-util-below-40pct-10m decides" in d.reason
+    assert d.verdict == Verdict.IDLE and "only 3 past idle stretches and no fleet prior: fixed rule" in d.reason
+    # ... unless the fleet's history speaks for it.
+    prior = fleet_prior([8 * 3600.0] * 45 + [45 * 60.0] * 5, floor_s(params, rule.warning_lead_s))
+    d = decide(base, nights[:3], 14 * 60, rule, replace(params, prior_weight=5.0), 1800, now, prior)
+    assert d.code == ReasonCode.LEARNED_IDLE
+    assert "(fleet: 90% of 50)" in d.reason
     no_data = evaluate(inst, InstanceUsage("i-1", 600, 10, ()), rule, now)
     assert decide(no_data, nights, 14 * 60, rule, params, 1800, now).verdict == Verdict.UNKNOWN
 
 
-def test_vectorised_policy_matches_decide_on_every_tick(rules):
-    """The array path and the scalar decision agree tick by tick (before any stop)."""
+@pytest.mark.parametrize("params", [AdaptiveParams(prior_weight=0.0, min_history=5, min_support=3, unusual_wait_s=1200),
+                                    AdaptiveParams(prior_weight=5.0, fleet_refresh_s=1800.0, unusual_wait_s=1200),
+                                    AdaptiveParams(criterion="p", p_min=0.7, prior_weight=2.0)])
+def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
+    """The array path and the live `decide()` agree tick by tick (before any stop), fleet prior included."""
     rule = rules[0]
-    u = cycles(20, 70, 15, lull_every=6)
+    rng = np.random.default_rng(1)
+    u = np.concatenate([cycles(20, int(x), 1, lull_every=6) for x in rng.choice([15, 40, 70, 150], 30)])
     settings = BacktestSettings()
     prep = Prepared(from_arrays(u, step_s=60, t0=T0), settings)
-    params = AdaptiveParams(min_history=5, min_support=3, unusual_wait_s=1200)
     run = adaptive_verdicts(prep, rule, params)
     base = rule_verdicts(prep, rule)
+    _, template, _ = _base(rule)
     demand = u > settings.demand_pct
-    history, start, latched = [], None, False
+    done: list[tuple[float, float]] = []  # (start, end) epoch s of completed stretches
+    start, latched = None, False
     for j, now in enumerate(prep.grid.times):
         k = int(prep.grid.hi[j]) - 1
+        if k > 0 and demand[k] and not demand[k - 1]:  # a stretch just completed
+            done.append((T0 + start * 60, T0 + k * 60))
         if demand[k]:
             start, latched = None, False
         elif start is None:
             start = k
-        if k > 0 and demand[k] and not demand[k - 1]:  # a stretch just completed
-            s0 = k - 1
-            while s0 > 0 and not demand[s0 - 1]:
-                s0 -= 1
-            history.append((k - s0) * 60.0)
         if base[0, j] == 0:
             continue
+        verdict = Verdict.IDLE if base[0, j] == 1 else Verdict.UNDERUTILIZED
         if start is None:
             assert run.verdicts[0, j] != 1
             continue
-        age = now - (T0 + start * 60)
-        sup, p = survival(np.sort(history), age, rule.warning_lead_s, settings.break_even_s)
-        learned, fallback = learned_masks(sup, p, age, len(history), base[0, j] == 1, params, settings.break_even_s)
-        latched = latched or bool(learned) or bool(fallback)
-        assert (run.verdicts[0, j] == 1) == latched, (j, age)
+        t_start = T0 + start * 60
+        block = T0 + np.floor((t_start - T0) / params.fleet_refresh_s + 1e-9) * params.fleet_refresh_s
+        known = [e - s for s, e in done if e <= block]
+        ongoing = [block - s for s, e in done if s < block < e] + ([block - t_start] if t_start < block else [])
+        prior = fleet_prior(known, floor_s(params, rule.warning_lead_s), params.prior_points, ongoing_s=ongoing)
+        own = [e - s for s, e in done]
+        d = decide(replace(template, verdict=verdict), own, now - t_start, rule, params, settings.break_even_s,
+                   datetime.fromtimestamp(now, timezone.utc), prior, settings.restart_cost_s)
+        latched = latched or d.verdict == Verdict.IDLE
+        assert (run.verdicts[0, j] == 1) == latched, (j, now - t_start, d.reason)

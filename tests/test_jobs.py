@@ -27,8 +27,24 @@ def peers_for(tmp_path, instances, now):
 
 def test_jobs_enabled_by_settings():
     assert [j[0] for j in scheduled_jobs(load_settings(), None, None)] == ["recommend-digest"]
-    s = load_settings(billing={"source": "focus", "path": "x.csv"}, schedule={"recommend_digest_day": ""})
-    assert [(j[0], j[1]["trigger"]) for j in scheduled_jobs(s, None, None)] == [("budgets", "interval")]
+    s = load_settings(billing={"source": "focus", "path": "x.csv"},
+                      schedule={"recommend_digest_day": "", "monthly_report_dir": "/tmp/r"})
+    assert [(j[0], j[1]["trigger"]) for j in scheduled_jobs(s, None, None)] == [
+        ("budgets", "interval"), ("monthly-report", "cron")]
+
+
+def test_monthly_report_job_writes_last_month(tmp_path):
+    from gpufinops.demo import run_demo
+    from gpufinops.jobs import monthly_report
+
+    db = tmp_path / "demo.db"
+    run_demo(hours=1, db_path=str(db), quiet=True, out=__import__("io").StringIO())
+    settings = load_settings(schedule={"monthly_report_dir": str(tmp_path / "out")})
+    store = Store(f"sqlite:///{db}")
+    now = datetime(2022, 10, 1, 6, tzinfo=timezone.utc)  # the demo trace is dated 2022-09
+    paths = monthly_report(settings, Peers(None, None, store, None), now)
+    html = [p for p in paths if p.suffix == ".html"]
+    assert html and "2022-09" in html[0].name and "<img" in html[0].read_text()
 
 
 @pytest.mark.skipif(not FOCUS.exists(), reason="shared FOCUS sample not present")

@@ -11,10 +11,12 @@ import re
 import shutil
 import sqlite3
 from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
 
 import matplotlib.image
 import pandas as pd
 import pytest
+import yaml
 
 from gpufinops.cli import main
 from gpufinops.collect.billing.schema import save_costs
@@ -113,7 +115,8 @@ def test_numbers_match_the_audit_database_and_the_demo(demo, tmp_path):
     paths, doc = _report(db, tmp_path / "out")
     h, tables = doc["headline"], doc["tables"]
     con = sqlite3.connect(db)
-    n_stops = con.execute("select count(*) from actions where kind='stop' and status='done' and dry_run=0").fetchone()[0]
+    n_stops = con.execute("select count(*) from actions "
+                          "where kind='stop' and status='done' and dry_run=0").fetchone()[0]
     reasons = [r for (r,) in con.execute("select reason from actions where kind='stop' order by at, id")]
     n_decisions = con.execute("select count(*) from decisions").fetchone()[0]
     con.close()
@@ -223,12 +226,13 @@ def test_repeated_dry_run_stops_credit_each_idle_hour_once(tmp_path):
     verdicts = ["IDLE"] * 6 + ["ACTIVE"] * 2 + ["IDLE"] * 2
     for n, v in enumerate(verdicts):
         code = ReasonCode.BUSY if v == "ACTIVE" else ReasonCode.IDLE_STAYS_BELOW
-        d = Decision("i-1", "r", Verdict(v), code, "why", t0 + timedelta(minutes=n), activity_mean=50.0 if v == "ACTIVE" else 0.0,
-                     hourly_cost=6.0)
+        d = Decision("i-1", "r", Verdict(v), code, "why", t0 + timedelta(minutes=n),
+                     activity_mean=50.0 if v == "ACTIVE" else 0.0, hourly_cost=6.0)
         store.record_decisions(f"run{n}", [d], dry_run=True, teams={"i-1": "ml"}, types={"i-1": "g5.xlarge"})
     for minute in (1, 3, 8):
-        store.record_action(f"run{minute}", ActionResult("i-1", ActionKind.STOP, True, True, "dry-run: would stop: idle",
-                                                         "r", t0 + timedelta(minutes=minute)))
+        at = t0 + timedelta(minutes=minute)
+        result = ActionResult("i-1", ActionKind.STOP, True, True, "dry-run: would stop", "r", at)
+        store.record_action(f"run{minute}", result)
     a = monthly_audit(store, "2026-10", NOW)
     store.close()
     s = a.stops.set_index(a.stops["at"].dt.minute)
@@ -307,7 +311,8 @@ def test_billing_rows_are_the_spend_and_recommendations_are_listed(demo, tmp_pat
             for i, t in teams.items()]
     save_costs(store, pd.DataFrame(rows), "cur", date(2022, 9, 1), date(2022, 10, 1), NOW)
     recs = [Recommendation(i, "genai", "g6e.xlarge", "us-east-1", "rightsize", 1358.5, "g6.xlarge", 587.5, s, "low",
-                           "peak 17 GiB fits a 24 GB GPU", date(2026, 7, 20), datetime(2022, 9, 20, tzinfo=timezone.utc))
+                           "peak 17 GiB fits a 24 GB GPU", date(2026, 7, 20),
+                           datetime(2022, 9, 20, tzinfo=timezone.utc))
             for i, s in (("i-demo0006", 771.0), ("i-demo0002", 0.0), ("i-demo0009", 900.0))]
     store_recommendations(store, "rec1", recs)
     store.close()
@@ -355,3 +360,28 @@ def test_cli_writes_the_requested_formats_and_prints_paths(demo, tmp_path, capsy
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "typo.db").exists()
     with pytest.raises(SystemExit):
         main(["report", "--format", "pdf"])
+
+
+def test_month_in_progress_is_reported_up_to_now(demo):
+    db, _ = demo
+    now = datetime(2022, 9, 11, 5, 0, tzinfo=timezone.utc)
+    con = sqlite3.connect(db)
+    before = con.execute("select count(*) from decisions where evaluated_at < '2022-09-11 05:00'").fetchone()[0]
+    con.close()
+    store = Store(f"sqlite:///{db}")
+    try:
+        a = monthly_audit(store, MONTH, now)
+    finally:
+        store.close()
+    assert a.period.partial and a.headline["evaluations"] == before > 0
+    assert a.notes[0].startswith("2022-09 is not over")
+    assert (a.stops["at"] < now).all()
+
+
+def test_settings_example_in_the_docs_is_valid():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "report.md").read_text()
+    block = re.search(r"```yaml\n(report:.*?)```", text, re.S).group(1)
+    opts = ReportSettings.model_validate(yaml.safe_load(block)["report"])
+    assert opts == ReportSettings()  # the documented values are the defaults
+    with pytest.raises(ValueError, match="underutilized_below_pct"):
+        ReportSettings.model_validate({"underutilized_below_pct": 160})

@@ -3,10 +3,20 @@
 import sqlite3
 from datetime import datetime, timezone
 
-from gpufinops.model import Action, Decision, ReasonCode, Verdict
-from gpufinops.store import Store
+import pytest
+
+from gpufinops.model import Action, ActionKind, Decision, ReasonCode, Verdict
+from gpufinops.store import MarkRow, Store
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """The same store tests on the default SQLite file and on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'g.db'}"
+    return request.getfixturevalue("fresh_postgres_db")
 
 
 def test_sqlite_file_is_in_wal_mode(tmp_path):
@@ -15,8 +25,8 @@ def test_sqlite_file_is_in_wal_mode(tmp_path):
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_decisions_survive_a_restart_with_their_reasons(tmp_path):
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+def test_decisions_survive_a_restart_with_their_reasons(db_url):
+    url = db_url
     d = Decision("i-1", "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "all idle", NOW, Action.STOP, 600,
                  hourly_cost=1.5)
     Store(url).record_decisions("run1", [d], dry_run=True, teams={"i-1": "ml"})
@@ -27,8 +37,8 @@ def test_decisions_survive_a_restart_with_their_reasons(tmp_path):
     assert row["evaluated_at"] == NOW  # timezone-aware UTC back out
 
 
-def test_only_one_claimant_per_notification_key(tmp_path):
-    url = f"sqlite:///{tmp_path / 'g.db'}"
+def test_only_one_claimant_per_notification_key(db_url):
+    url = db_url
     a, b = Store(url), Store(url)  # two processes on one database
     assert a.claim_notification("k", "#c", "t", NOW) is True
     assert b.claim_notification("k", "#c", "t", NOW) is False
@@ -37,3 +47,22 @@ def test_only_one_claimant_per_notification_key(tmp_path):
     assert not b.notification_sent("k")
     assert b.claim_notification("k", "#c", "t", NOW) is True  # a failed send may be retried once
     assert a.claim_notification("k", "#c", "t", NOW) is False
+
+
+def test_marks_actions_state_and_kv_round_trip(db_url):
+    s = Store(db_url)
+    s.put_mark(MarkRow("i-1", "r", NOW, NOW, "idle", False))
+    s.put_mark(MarkRow("i-1", "r", NOW, NOW.replace(hour=13), "idle again", True))  # replaces, not duplicates
+    assert [(m.stop_at.hour, m.dry_run) for m in Store(db_url).all_marks()] == [(13, True)]
+    aid = s.begin_action("run", "i-1", ActionKind.STOP, "r", False, "idle", NOW)
+    assert [a.status for a in Store(db_url).action_rows(status="pending")] == ["pending"]
+    s.finish_action(aid, True, NOW)
+    assert Store(db_url).action_rows(status="pending") == []
+    s.put_state("i-1", "r", Verdict.IDLE, NOW, NOW, None)
+    s.put_state("i-1", "r", Verdict.IDLE, NOW, NOW, NOW)
+    assert Store(db_url).get_state("i-1", "r").stopped_at == NOW
+    s.set_kv("budget-escalation:2026-11:a", "1")
+    s.set_kv("budget-escalation:2026-11:b", "2")
+    s.set_kv("budget-escalation:2026-1_:x", "3")  # '_' in a prefix is a literal, not a wildcard
+    assert [k for k, _ in Store(db_url).kv_items("budget-escalation:2026-11:")] == [
+        "budget-escalation:2026-11:a", "budget-escalation:2026-11:b"]

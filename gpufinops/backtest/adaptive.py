@@ -73,9 +73,15 @@ class AdaptiveParams:
 
 @dataclass(frozen=True)
 class FleetPrior:
-    """The fleet's completed stretches longer than `floor_s` (sorted) and their quantiles, the pseudo-stretches."""
+    """The fleet's idle stretches longer than `floor_s`: Kaplan-Meier masses and the quantile pseudo-stretches.
+
+    durations: sorted lengths (s), completed stretches and ongoing ones ("lasted at least this long");
+    mass: the Kaplan-Meier probability mass at each length (0 at an ongoing one, except the longest);
+    points: `prior_points` quantiles of that distribution, the pseudo-stretches that `assess` weighs in.
+    """
 
     durations: np.ndarray
+    mass: np.ndarray
     points: np.ndarray
     floor_s: float
 
@@ -83,20 +89,43 @@ class FleetPrior:
     def n(self) -> int:
         return len(self.durations)
 
+    def share_outlasting(self, y: float, break_even_s: float) -> tuple[int, float]:
+        """(fleet stretches that lasted over y, Kaplan-Meier share of them that lasted y + break_even or more)."""
+        gt = int(np.searchsorted(self.durations, y, side="right"))
+        ok = int(np.searchsorted(self.durations, y + break_even_s, side="left"))
+        m_gt, m_ok = self.mass[gt:].sum(), self.mass[ok:].sum()
+        return self.n - gt, (float(m_ok / m_gt) if m_gt > 0 else 0.0)
 
-EMPTY_PRIOR = FleetPrior(np.zeros(0), np.zeros(0), 0.0)
+
+EMPTY_PRIOR = FleetPrior(np.zeros(0), np.zeros(0), np.zeros(0), 0.0)
 
 
-def fleet_prior(durations_s, floor_s: float, points: int = 64, min_stretches: int = 5) -> FleetPrior:
-    """Summarise fleet stretches (s) longer than floor_s; fewer than `min_stretches` of them: no prior."""
-    d = np.sort(np.asarray(durations_s, dtype=float))
-    d = d[d > floor_s]
-    if len(d) < min_stretches:
-        return FleetPrior(d, np.zeros(0), floor_s)
-    if len(d) <= points:
-        return FleetPrior(d, d, floor_s)
+def fleet_prior(durations_s, floor_s: float, points: int = 64, ongoing_s=(), min_stretches: int = 5) -> FleetPrior:
+    """The prior from fleet stretches (s): completed ones and, censored, the ones still going on.
+
+    Only stretches longer than floor_s count. An ongoing stretch says "at least this long": Kaplan-Meier
+    hands its weight to the longer stretches, so a young history does not make lulls look short.
+    Fewer than `min_stretches` completed stretches above the floor: no prior.
+    """
+    done = np.asarray(durations_s, dtype=float)
+    cens = np.asarray(ongoing_s, dtype=float)
+    done, cens = done[done > floor_s], cens[cens > floor_s]
+    vals = np.concatenate([done, cens])
+    event = np.concatenate([np.ones(len(done), bool), np.zeros(len(cens), bool)])
+    order = np.lexsort((~event, vals))  # by length; at a tie the completed stretch leaves the risk set first
+    vals, event = vals[order], event[order]
+    n = len(vals)
+    if len(done) < min_stretches:
+        return FleetPrior(vals, np.zeros(n), np.zeros(0), floor_s)
+    at_risk = n - np.arange(n)
+    surv = np.cumprod(np.where(event, 1.0 - 1.0 / at_risk, 1.0))
+    before = np.concatenate([[1.0], surv[:-1]])
+    mass = np.where(event, before / at_risk, 0.0)
+    mass[-1] += surv[-1]  # longest one ongoing: what is left sits there (a lower bound)
+    cdf = np.cumsum(mass)
     q = (np.arange(points) + 0.5) / points
-    return FleetPrior(d, np.quantile(d, q, method="inverted_cdf"), floor_s)
+    pts = vals[np.minimum(np.searchsorted(cdf, q * cdf[-1], side="left"), n - 1)]
+    return FleetPrior(vals, mass, pts, floor_s)
 
 
 def floor_s(params: AdaptiveParams, lead_s: float) -> float:
@@ -180,15 +209,20 @@ def explain(ev: Evidence, k: int, prior: FleetPrior, age_s: float, lead_s: float
            f"lasted over {_fmt_min(y_ok)}" if n_own else f"no past idle stretch of this instance lasted {_fmt_min(y)}")
     fleet = ""
     if params.prior_weight > 0 and len(prior.points):
-        f_gt = prior.n - np.searchsorted(prior.durations, y, side="right")
-        f_ok = prior.n - np.searchsorted(prior.durations, y_ok, side="left")
-        fleet = (f" (fleet: {f_ok / f_gt:.0%} of {f_gt})" if f_gt else " (fleet: none that long)")
+        f_n, f_p = prior.share_outlasting(y, break_even_s)
+        fleet = f" (fleet: {f_p:.0%} of {f_n})" if f_n else " (fleet: none that long)"
     return f"idle {_fmt_min(age_s)}; {own}{fleet}"
 
 
-def _fallback_reason(n_history: int, support: float, age_s: float, rule_name: str) -> str:
-    what = (f"only {n_history} past idle stretches" if n_history < 1 or support <= 0 and n_history < 10
-            else f"too few past idle stretches ({support:.1f} weighted) lasted this long")
+def _idle_reason(ev: Evidence, k: int, prior: FleetPrior, age_s: float, lead_s: float, break_even_s: float,
+                 params: AdaptiveParams) -> str:
+    tail = "; stopping now is worth more than waiting" if params.criterion == "value" else ""
+    return explain(ev, k, prior, age_s, lead_s, break_even_s, params) + tail
+
+
+def _fallback_reason(thin_history: bool, n_history: int, support: float, age_s: float, rule_name: str) -> str:
+    what = (f"only {n_history} past idle stretches and no fleet prior" if thin_history
+            else f"too few past idle stretches lasted this long ({support:.1f} weighted)")
     return f"idle {_fmt_min(age_s)}; {what}: fixed rule {rule_name} decides"
 
 
@@ -222,9 +256,9 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
     has_prior = params.prior_weight > 0 and len(prior.points) > 0
     learned, fallback = learned_masks(ev, np.array([idle_age_s]), n_history, has_prior,
                                       np.array([base.verdict == Verdict.IDLE]), params, break_even_s)
-    enough = (has_prior or n_history >= params.min_history) and ev.support[0] >= params.min_support - 1e-9
-    if not enough:
-        note = _fallback_reason(n_history, float(ev.support[0]), idle_age_s, rule.name)
+    thin = not has_prior and n_history < params.min_history
+    if thin or ev.support[0] < params.min_support - 1e-9:
+        note = _fallback_reason(thin, n_history, float(ev.support[0]), idle_age_s, rule.name)
         if bool(fallback[0]) or base.verdict != Verdict.IDLE:
             return replace(base, reason=f"{note} ({base.reason})")
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
@@ -232,8 +266,8 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
     why = explain(ev, 0, prior, idle_age_s, lead, break_even_s, params)
     if bool(learned[0]):
         # Every sample of the stretch is under the demand level, and the history says stopping now pays.
-        tail = "; stopping now is worth more than waiting" if params.criterion == "value" else ""
-        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE, reason=why + tail)
+        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE,
+                       reason=_idle_reason(ev, 0, prior, idle_age_s, lead, break_even_s, params))
     need = (f"a later stop is worth more (a false stop counts {params.false_stop_cost_h:g} GPU-h)"
             if params.criterion == "value" else f"needs {params.p_min:.0%}")
     if idle_age_s < params.min_idle_s:
@@ -260,34 +294,31 @@ def _stretches(prep: Prepared, i: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class FleetHistory:
-    """Every instance's completed stretches, and the prior as it stood at the start of each refresh block."""
+    """Every instance's idle stretches, and the fleet prior as it stood at the start of each refresh block."""
 
     def __init__(self, prep: Prepared, stretches: list, params: AdaptiveParams, floor: float):
         tr = prep.trace
-        ends, durs = [], []
+        st, en = [], []
         for i, (starts, stops) in enumerate(stretches):
-            done = stops <= prep.last_idx[i]  # ended by demand
-            ends.append(tr.t0 + stops[done] * tr.step_s)  # the demand sample: known from then on
-            durs.append((stops[done] - starts[done]) * tr.step_s)
-        self.end_t = np.concatenate(ends) if ends else np.zeros(0)
-        self.dur = np.concatenate(durs) if durs else np.zeros(0)
-        order = np.argsort(self.end_t, kind="stable")
-        self.end_t, self.dur = self.end_t[order], self.dur[order]
+            done = stops <= prep.last_idx[i]  # ended by demand; the others run to the end of the history
+            st.append(tr.t0 + starts * tr.step_s)
+            en.append(np.where(done, tr.t0 + stops * tr.step_s, np.inf))  # the demand sample: known from then on
+        self.start_t = np.concatenate(st) if st else np.zeros(0)
+        self.end_t = np.concatenate(en) if en else np.zeros(0)
         self.t0, self.params, self.floor = tr.t0, params, floor
         self._cache: dict[int, FleetPrior] = {}
 
-    def block_start(self, t: float) -> float:
-        b = np.floor((t - self.t0) / self.params.fleet_refresh_s + 1e-9)
-        return self.t0 + b * self.params.fleet_refresh_s
-
     def prior_at(self, t: float) -> FleetPrior:
-        """The prior built from stretches completed by the start of t's refresh block."""
+        """The prior from what was known at the start of t's refresh block (completed and ongoing stretches)."""
         if self.params.prior_weight <= 0:
             return EMPTY_PRIOR
         b = int(np.floor((t - self.t0) / self.params.fleet_refresh_s + 1e-9))
         if b not in self._cache:
-            n = int(np.searchsorted(self.end_t, self.t0 + b * self.params.fleet_refresh_s + 1e-9, side="right"))
-            self._cache[b] = fleet_prior(self.dur[:n], self.floor, self.params.prior_points)
+            now = self.t0 + b * self.params.fleet_refresh_s
+            done = self.end_t <= now + 1e-9
+            ongoing = (self.start_t < now) & ~done
+            self._cache[b] = fleet_prior(self.end_t[done] - self.start_t[done], self.floor,
+                                         self.params.prior_points, ongoing_s=now - self.start_t[ongoing])
         return self._cache[b]
 
 
@@ -323,10 +354,11 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                     known = base[i, span] != UNKNOWN
                     out[i, span] = np.where(known, IDLE, UNKNOWN)
                     if learned[h0]:
-                        reasons[(i, int(a))] = explain(ev, h0, prior, float(ages[h0]), lead, be, params)
+                        reasons[(i, int(a))] = _idle_reason(ev, h0, prior, float(ages[h0]), lead, be, params)
                     else:
-                        reasons[(i, int(a))] = _fallback_reason(n_hist, float(ev.support[h0]), float(ages[h0]),
-                                                                rule.name)
+                        thin = not has_prior and n_hist < params.min_history
+                        reasons[(i, int(a))] = _fallback_reason(thin, n_hist, float(ev.support[h0]),
+                                                                float(ages[h0]), rule.name)
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
                 history.append((b - a) * tr.step_s)
     return AdaptiveRun(verdicts=out, reasons=reasons)

@@ -104,27 +104,35 @@ def _ts(values) -> pd.DatetimeIndex:
     return pd.DatetimeIndex(pd.to_datetime(list(values), utc=True))
 
 
-def evaluation_period_s(decisions: list[dict], fallback_s: float) -> float:
+DECISION_COLUMNS = ["instance_id", "rule", "verdict", "code", "evaluated_at", "activity_mean", "activity_max",
+                    "memory_max_mib", "hourly_cost"]
+
+
+def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
+    """The columns of the stored decisions the audit uses, with `at` as aware UTC timestamps."""
+    d = pd.DataFrame(decisions, columns=DECISION_COLUMNS)
+    d["at"] = _ts(d["evaluated_at"])
+    return d.drop(columns="evaluated_at")
+
+
+def evaluation_period_s(frame: pd.DataFrame, fallback_s: float) -> float:
     """Median spacing between an instance's consecutive evaluations: how often the service looked."""
-    if not decisions:
+    if frame.empty:
         return float(fallback_s)
-    d = pd.DataFrame({"i": [r["instance_id"] for r in decisions], "at": _ts([r["evaluated_at"] for r in decisions])})
-    d = d.drop_duplicates().sort_values(["i", "at"])
-    gaps = d.groupby("i")["at"].diff().dt.total_seconds()
+    d = frame[["instance_id", "at"]].drop_duplicates().sort_values(["instance_id", "at"])
+    gaps = d.groupby("instance_id")["at"].diff().dt.total_seconds()
     gaps = gaps[gaps > 0]
     return float(gaps.median()) if len(gaps) else float(fallback_s)
 
 
-def _dedup_details(decisions: list[dict]) -> pd.DataFrame:
+def _dedup_details(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (instance, time) with the reason code and activity, chosen like costs.verdict_costs does."""
-    d = pd.DataFrame(decisions)
-    d["at"] = _ts(d["evaluated_at"])
-    d["rank"] = d["verdict"].map(lambda v: _RANK.get(v, _RANK["UNKNOWN"]))
+    d = frame.assign(rank=frame["verdict"].map(_RANK).fillna(_RANK["UNKNOWN"]))
     d = d.sort_values(["instance_id", "at", "rank"], kind="stable").drop_duplicates(["instance_id", "at"], keep="first")
     return d[["instance_id", "at", "code", "rule", "activity_mean", "activity_max", "memory_max_mib"]]
 
 
-def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFrame:
+def intervals(inp: AuditInputs, frame: pd.DataFrame, period_s: float, obs_end: datetime) -> pd.DataFrame:
     """Priced verdict intervals of the month (costs.verdict_costs), with reason code, activity and GPU-hours.
 
     Running time is cut at completed stops and at the end of what the month observed.
@@ -137,7 +145,7 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
         return vc.assign(code=[], rule=[], activity_mean=[], activity_max=[], memory_max_mib=[], gpus=[],
                          gpu_hours=[])
     vc["at"] = pd.to_datetime(vc["at"], utc=True)
-    iv = vc.merge(_dedup_details(inp.decisions), on=["instance_id", "at"], how="left", validate="one_to_one")
+    iv = vc.merge(_dedup_details(frame), on=["instance_id", "at"], how="left", validate="one_to_one")
     stops = [(a.instance_id, a.at) for a in inp.actions
              if a.kind.value in STOP_KINDS and not a.dry_run and a.status == "done"]
     iv = iv.sort_values("at", kind="stable").reset_index(drop=True)
@@ -167,14 +175,12 @@ def _instance_rates(iv: pd.DataFrame) -> dict[str, float]:
     return {} if priced.empty else priced.groupby("instance_id")["rate"].last().astype(float).to_dict()
 
 
-def _rule_timelines(decisions: list[dict], period_s: float,
+def _rule_timelines(frame: pd.DataFrame, instances: set[str], period_s: float,
                     obs_end: pd.Timestamp) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (instance, rule): its own verdicts in time order and the hours each one covers."""
-    if not decisions:
+    """Per (instance, rule), for the given instances: its own verdicts in time order and the hours each covers."""
+    d = frame.loc[frame["instance_id"].isin(instances), ["instance_id", "rule", "verdict", "at"]]
+    if d.empty:
         return {}
-    d = pd.DataFrame({"instance_id": [r["instance_id"] for r in decisions], "rule": [r["rule"] for r in decisions],
-                      "verdict": [r["verdict"] for r in decisions],
-                      "at": _ts(r["evaluated_at"] for r in decisions)})
     d = d.sort_values(["instance_id", "rule", "at"], kind="stable").drop_duplicates(["instance_id", "rule", "at"])
     nxt = d.groupby(["instance_id", "rule"])["at"].shift(-1).fillna(obs_end)
     d["hours"] = ((nxt - d["at"]).dt.total_seconds().clip(lower=0, upper=2 * period_s)
@@ -213,7 +219,7 @@ def _would_have(acts: list, timelines: dict) -> dict[int, tuple[float, pd.Timest
     return out
 
 
-def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
+def stop_audit(inp: AuditInputs, frame: pd.DataFrame, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
                period_s: float) -> pd.DataFrame:
     """Every stop/terminate of the month, real or dry-run: what it saved (or would have), and whether it was false."""
     acts = [a for a in inp.actions if a.kind.value in STOP_KINDS]
@@ -222,7 +228,8 @@ def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: Repo
     rates = _instance_rates(iv)
     meta = iv.groupby("instance_id")[["team", "instance_type", "gpus"]].last() if not iv.empty else None
     seen_at = {k: g["at"] for k, g in iv.groupby("instance_id")} if not iv.empty else {}
-    would = _would_have(acts, _rule_timelines(inp.decisions, period_s, pd.Timestamp(obs_end)))
+    dry_instances = {a.instance_id for a in acts if a.dry_run}
+    would = _would_have(acts, _rule_timelines(frame, dry_instances, period_s, pd.Timestamp(obs_end)))
     rows = []
     for n, a in enumerate(acts):
         at = pd.Timestamp(a.at)
@@ -432,41 +439,42 @@ def action_summary(inp: AuditInputs) -> pd.DataFrame:
 # --------------------------------------------------------------------------- data quality
 
 
-def service_coverage(inp: AuditInputs, period_s: float) -> dict:
+def service_coverage(period: ReportPeriod, frame: pd.DataFrame, period_s: float) -> dict:
     """How much of the period the service was evaluating anything, and its blind spots.
 
-    An evaluation covers the time to the next one, at most two periods; a stretch longer than that
-    (or the start of the month before the first evaluation) is a blind spot.
+    An evaluation covers the time to the next one, at most two periods (the last one: one period); a
+    longer stretch, or the start of the month before the first evaluation, is a blind spot.
     """
-    p = inp.period
-    start, end = pd.Timestamp(p.start), pd.Timestamp(p.as_of)
-    times = sorted({pd.Timestamp(r["evaluated_at"]) for r in inp.decisions})
-    covered = 0.0
-    blind: list[tuple[float, pd.Timestamp]] = []
-    if times and (times[0] - start).total_seconds() > 2 * period_s:
-        blind.append(((times[0] - start).total_seconds(), start))
-    for a, b in zip(times, [*times[1:], end]):
-        span = (b - a).total_seconds()
-        allowed = period_s if b is end else 2 * period_s
-        covered += min(span, allowed)
-        if span > allowed:
-            blind.append((span - period_s, a + pd.Timedelta(seconds=period_s)))
-    if not times and p.hours > 0:
-        blind.append(((end - start).total_seconds(), start))
+    start, end = pd.Timestamp(period.start), pd.Timestamp(period.as_of)
+    hours = period.hours
+    times = pd.Series(frame["at"].drop_duplicates().sort_values().to_numpy())
+    if times.empty:
+        blind = [((end - start).total_seconds(), start)] if hours > 0 else []
+        covered = 0.0
+    else:
+        times = pd.to_datetime(times, utc=True)
+        nxt = times.shift(-1).fillna(end)
+        span = (nxt - times).dt.total_seconds()
+        allowed = pd.Series(2 * period_s, index=times.index)
+        allowed.iloc[-1] = period_s
+        covered = float(span.clip(upper=allowed).sum())
+        over = span > allowed
+        blind = list(zip((span[over] - period_s).tolist(), (times[over] + pd.Timedelta(seconds=period_s)).tolist()))
+        first_gap = (times.iloc[0] - start).total_seconds()
+        if first_gap > 2 * period_s:
+            blind.append((first_gap, start))
     longest = max(blind, default=(0.0, None), key=lambda x: x[0])
-    return {"covered_hours": covered / 3600.0, "coverage": covered / 3600.0 / p.hours if p.hours > 0 else None,
+    return {"covered_hours": covered / 3600.0, "coverage": covered / 3600.0 / hours if hours > 0 else None,
             "longest_gap_hours": longest[0] / 3600.0, "longest_gap_start": longest[1], "gaps": len(blind)}
 
 
-def rate_sources(inp: AuditInputs, iv: pd.DataFrame) -> dict[str, float]:
+def rate_sources(inp: AuditInputs, frame: pd.DataFrame, iv: pd.DataFrame) -> dict[str, float]:
     """Instance-hours priced from billing, from the price stored with the evaluation, from the catalog, or unpriced."""
     if iv.empty:
         return {}
     rates, attrs = billing_rates(inp.cost_table), resource_attrs(inp.cost_table)
-    stored = {}
-    for r in inp.decisions:
-        if r.get("hourly_cost") is not None:
-            stored[r["instance_id"]] = r["hourly_cost"]
+    priced = frame[frame["hourly_cost"].notna()]
+    stored = priced.groupby("instance_id")["hourly_cost"].last().to_dict() if len(priced) else {}
     out: dict[str, float] = {}
     for inst, grp in iv.groupby("instance_id"):
         a = attrs.get(inst, {})
@@ -501,15 +509,16 @@ def _f(x) -> float | None:
 def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
     opts = opts or ReportSettings()
     p = inp.period
+    frame = decision_frame(inp.decisions)
     period_s = (float(opts.evaluate_every_s) if opts.evaluate_every_s
-                else evaluation_period_s(inp.decisions, fallback_period_s))
-    last_eval = max((pd.Timestamp(r["evaluated_at"]) for r in inp.decisions), default=None)
+                else evaluation_period_s(frame, fallback_period_s))
+    last_eval = frame["at"].max() if len(frame) else None
     # What the month observed ends one evaluation period after the last evaluation.
     obs_end = (min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None
                else pd.Timestamp(p.start))
 
-    iv = intervals(inp, period_s, obs_end)
-    stops = stop_audit(inp, iv, obs_end, opts, period_s)
+    iv = intervals(inp, frame, period_s, obs_end)
+    stops = stop_audit(inp, frame, iv, obs_end, opts, period_s)
     instances = instance_table(iv, stops, inp.cost_table)
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
@@ -527,7 +536,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
     failed = stops[(~stops["dry_run"]) & (stops["status"] != "done")] if len(stops) else stops
     unknown_iv = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
-    if not inp.decisions:
+    if inp.decisions.empty:
         evaluated = None  # nothing evaluated: the cost of running time is unknown, not zero
     headline = {
         "currency": currency,
@@ -566,12 +575,12 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "recommendations": int(len(recs)),
         "recommended_monthly_savings": _sum(recs["monthly_savings"]) if len(recs) else 0.0,
     }
-    coverage = service_coverage(inp, period_s)
+    coverage = service_coverage(p, frame, period_s)
     measured = _sum(iv.loc[iv["verdict"] != "UNKNOWN", "hours"]) if not iv.empty else 0.0
     quality = {
         "period_hours": p.hours,
         "partial_month": p.partial,
-        "first_evaluation": min((pd.Timestamp(r["evaluated_at"]) for r in inp.decisions), default=None),
+        "first_evaluation": frame["at"].min() if len(frame) else None,
         "last_evaluation": last_eval,
         "evaluation_period_s": period_s,
         "max_gap_s": 2 * period_s,
@@ -579,7 +588,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "measured_share": measured / headline["instance_hours"] if headline["instance_hours"] > 0 else None,
         "missing_data_hours": headline["missing_data_hours"],
         "unpriced_hours": headline["unpriced_hours"],
-        "rate_source_hours": rate_sources(inp, iv),
+        "rate_source_hours": rate_sources(inp, frame, iv),
         "gpu_count_unknown_types": sorted({t for t, g in zip(iv.get("instance_type", []), iv.get("gpus", []))
                                            if pd.isna(g)}),
         "billing_rows": int(len(inp.cost_table)),
@@ -590,7 +599,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         **price_age(inp, iv, opts),
         "warnings": list(inp.warnings),
     }
-    rules = sorted({r["rule"] for r in inp.decisions})
+    rules = sorted(frame["rule"].unique().tolist())
     audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
                          daily, actions, rules)
     audit.notes = quality_notes(audit)

@@ -34,7 +34,7 @@ class BillingImport:
 @dataclass
 class AuditInputs:
     period: ReportPeriod
-    decisions: list[dict]
+    decisions: pd.DataFrame  # Store.decision_frame() of the month
     actions: list[ActionRow]
     notifications: list[dict]
     cost_table: pd.DataFrame  # the stored billing rows of the month (possibly empty)
@@ -116,7 +116,7 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
     region = settings.aws.regions[0] if settings is not None and settings.aws.regions else "us-east-1"
     return AuditInputs(
         period=period,
-        decisions=store.decision_rows(period.start, period.as_of),
+        decisions=store.decision_frame(period.start, period.as_of),
         actions=store.action_rows(start=period.start, end=period.as_of),
         notifications=notes,
         cost_table=cost_rows if len(cost_rows) else empty_table(),

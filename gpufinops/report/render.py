@@ -11,7 +11,7 @@ import csv
 import io
 import json
 import math
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Iterable
 
@@ -164,6 +164,7 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
     return environment(templates_dir).get_template(HTML_TEMPLATE).render(
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
         charts=chart_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
+        last_day=(a.period.end - timedelta(days=1)).date().isoformat(),
     )
 
 

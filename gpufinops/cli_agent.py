@@ -1,0 +1,101 @@
+"""`gpufinops agent`: serve DCGM-shaped /metrics from nvidia-smi on a GPU host without dcgm-exporter.
+
+Flags default to environment variables (GPUFINOPS_AGENT_*), so `--help` is the manual and a
+systemd unit or container can configure it without a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+log = logging.getLogger("gpufinops.agent")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535, got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    env = os.environ.get
+    p = subparsers.add_parser(
+        "agent", help="serve dcgm-exporter-shaped GPU metrics from nvidia-smi (hosts without DCGM)",
+        description="Run nvidia-smi every --interval seconds and serve /metrics in Prometheus text format with "
+                    "dcgm-exporter's names and labels (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, "
+                    "DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_GPU_TEMP). Scrape it like dcgm-exporter. "
+                    "A field nvidia-smi cannot measure has no series; when nvidia-smi fails the GPU series "
+                    "disappear and gpufinops_agent_nvidia_smi_errors_total goes up.")
+    p.add_argument("--address", default=env("GPUFINOPS_AGENT_ADDRESS", "0.0.0.0"),
+                   help="listen address (env GPUFINOPS_AGENT_ADDRESS; default 0.0.0.0)")
+    p.add_argument("--port", type=_port, default=env("GPUFINOPS_AGENT_PORT", "9400"),
+                   help="listen port (env GPUFINOPS_AGENT_PORT; default 9400, dcgm-exporter's)")
+    p.add_argument("--interval", type=_positive, default=env("GPUFINOPS_AGENT_INTERVAL", "10"),
+                   help="seconds between nvidia-smi runs; keep it <= the Prometheus scrape interval "
+                        "(env GPUFINOPS_AGENT_INTERVAL; default 10)")
+    p.add_argument("--timeout", type=_positive, default=env("GPUFINOPS_AGENT_TIMEOUT", "5"),
+                   help="seconds before a hung nvidia-smi is killed (env GPUFINOPS_AGENT_TIMEOUT; default 5)")
+    p.add_argument("--hostname", default=env("GPUFINOPS_AGENT_HOSTNAME") or socket.gethostname(),
+                   help="value of the Hostname label; on EC2 the private DNS name, e.g. ip-10-0-1-2.ec2.internal "
+                        "(env GPUFINOPS_AGENT_HOSTNAME; default: this host's name)")
+    p.add_argument("--instance-id", default=env("GPUFINOPS_AGENT_INSTANCE_ID") or None,
+                   help="value of the instance_id label, e.g. i-0123456789abcdef0 "
+                        "(env GPUFINOPS_AGENT_INSTANCE_ID; default: no such label)")
+    p.add_argument("--nvidia-smi", default=env("GPUFINOPS_AGENT_NVIDIA_SMI", "nvidia-smi"), metavar="PATH",
+                   help="nvidia-smi executable (env GPUFINOPS_AGENT_NVIDIA_SMI; default: nvidia-smi on PATH)")
+    p.set_defaults(func=cmd_agent)
+
+
+def build_agent(args: argparse.Namespace):
+    from .agent import Agent, HostIdentity
+
+    hostname = (args.hostname or "").strip()
+    if not hostname:
+        raise ValueError("--hostname is empty: the Hostname label is how gpufinops finds this host's instance")
+    return Agent(HostIdentity(hostname, (args.instance_id or "").strip() or None),
+                 nvidia_smi=args.nvidia_smi, interval_s=args.interval, timeout_s=args.timeout)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from .agent import start
+
+    try:
+        agent = build_agent(args)
+        running = start(agent, args.address, args.port)
+    except (ValueError, OSError) as exc:  # empty hostname, port in use
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("serving /metrics on %s:%d for Hostname=%s%s, nvidia-smi every %gs", args.address, running.port,
+             agent.host.hostname, f" instance_id={agent.host.instance_id}" if agent.host.instance_id else "",
+             agent.interval_s)
+    done = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        log.info("signal %d: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    done.wait()
+    running.close()
+    return 0
