@@ -19,7 +19,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from . import messages
 from .config import Settings

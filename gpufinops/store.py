@@ -7,7 +7,6 @@ Capabilities (billing, recommend, ...) define their own tables on the shared
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
@@ -38,13 +37,13 @@ metadata = MetaData()
 
 
 # SQLite drops tzinfo: we store naive UTC and hand back aware datetimes.
-def _aware(dt: datetime | None) -> datetime | None:
+def aware_utc(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
-def _naive_utc(dt: datetime | None) -> datetime | None:
+def naive_utc(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
     if dt.tzinfo is not None:
@@ -219,7 +218,7 @@ class Store:
                 "verdict": d.verdict.value,
                 "code": d.code.value,
                 "reason": d.reason,
-                "evaluated_at": _naive_utc(d.evaluated_at),
+                "evaluated_at": naive_utc(d.evaluated_at),
                 "window_s": d.window_s,
                 "activity_mean": d.activity_mean,
                 "activity_max": d.activity_max,
@@ -238,14 +237,14 @@ class Store:
     def decision_rows(self, start: datetime | None = None, end: datetime | None = None) -> list[dict]:
         q = select(decisions).order_by(decisions.c.evaluated_at, decisions.c.id)
         if start is not None:
-            q = q.where(decisions.c.evaluated_at >= _naive_utc(start))
+            q = q.where(decisions.c.evaluated_at >= naive_utc(start))
         if end is not None:
-            q = q.where(decisions.c.evaluated_at < _naive_utc(end))
+            q = q.where(decisions.c.evaluated_at < naive_utc(end))
         with self.engine.connect() as conn:
             out = []
             for r in conn.execute(q).mappings():
                 d = dict(r)
-                d["evaluated_at"] = _aware(d["evaluated_at"])
+                d["evaluated_at"] = aware_utc(d["evaluated_at"])
                 out.append(d)
             return out
 
@@ -259,9 +258,9 @@ class Store:
         names = columns or [c.name for c in decisions.columns if c.name not in ("reason", "run_id")]
         q = select(*(decisions.c[n] for n in names)).order_by(decisions.c.evaluated_at, decisions.c.id)
         if start is not None:
-            q = q.where(decisions.c.evaluated_at >= _naive_utc(start))
+            q = q.where(decisions.c.evaluated_at >= naive_utc(start))
         if end is not None:
-            q = q.where(decisions.c.evaluated_at < _naive_utc(end))
+            q = q.where(decisions.c.evaluated_at < naive_utc(end))
         with self.engine.connect() as conn:
             frame = pd.read_sql_query(q, conn)
         frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
@@ -278,8 +277,8 @@ class Store:
         if r is None:
             return None
         return StateRow(
-            r["instance_id"], r["rule"], Verdict(r["verdict"]), _aware(r["since"]),
-            _aware(r["updated_at"]), _aware(r["stopped_at"]),
+            r["instance_id"], r["rule"], Verdict(r["verdict"]), aware_utc(r["since"]),
+            aware_utc(r["updated_at"]), aware_utc(r["stopped_at"]),
         )
 
     def put_state(
@@ -288,9 +287,9 @@ class Store:
     ) -> None:
         values = {
             "verdict": verdict.value,
-            "since": _naive_utc(since),
-            "updated_at": _naive_utc(now),
-            "stopped_at": _naive_utc(stopped_at),
+            "since": naive_utc(since),
+            "updated_at": naive_utc(now),
+            "stopped_at": naive_utc(stopped_at),
         }
         with self.engine.begin() as conn:
             res = conn.execute(
@@ -307,20 +306,20 @@ class Store:
             r = conn.execute(select(marks).where(marks.c.instance_id == instance_id)).mappings().first()
         if r is None:
             return None
-        return MarkRow(r["instance_id"], r["rule"], _aware(r["marked_at"]), _aware(r["stop_at"]), r["reason"], r["dry_run"])
+        return MarkRow(r["instance_id"], r["rule"], aware_utc(r["marked_at"]), aware_utc(r["stop_at"]), r["reason"], r["dry_run"])
 
     def all_marks(self) -> list[MarkRow]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(marks)).mappings().all()
-        return [MarkRow(r["instance_id"], r["rule"], _aware(r["marked_at"]), _aware(r["stop_at"]), r["reason"], r["dry_run"]) for r in rows]
+        return [MarkRow(r["instance_id"], r["rule"], aware_utc(r["marked_at"]), aware_utc(r["stop_at"]), r["reason"], r["dry_run"]) for r in rows]
 
     def put_mark(self, m: MarkRow) -> None:
         with self.engine.begin() as conn:
             conn.execute(delete(marks).where(marks.c.instance_id == m.instance_id))
             conn.execute(
                 insert(marks).values(
-                    instance_id=m.instance_id, rule=m.rule, marked_at=_naive_utc(m.marked_at),
-                    stop_at=_naive_utc(m.stop_at), reason=m.reason, dry_run=m.dry_run,
+                    instance_id=m.instance_id, rule=m.rule, marked_at=naive_utc(m.marked_at),
+                    stop_at=naive_utc(m.stop_at), reason=m.reason, dry_run=m.dry_run,
                 )
             )
 
@@ -337,7 +336,7 @@ class Store:
             res = conn.execute(
                 insert(actions).values(
                     run_id=run_id, instance_id=instance_id, kind=kind.value, rule=rule, dry_run=dry_run,
-                    status="pending", reason=reason, at=_naive_utc(at),
+                    status="pending", reason=reason, at=naive_utc(at),
                 )
             )
             return int(res.inserted_primary_key[0])
@@ -347,7 +346,7 @@ class Store:
             conn.execute(
                 update(actions)
                 .where(actions.c.id == action_id)
-                .values(status=status or ("done" if ok else "failed"), error=error, finished_at=_naive_utc(at))
+                .values(status=status or ("done" if ok else "failed"), error=error, finished_at=naive_utc(at))
             )
 
     def record_action(self, run_id: str, result: ActionResult) -> None:
@@ -357,7 +356,7 @@ class Store:
                 insert(actions).values(
                     run_id=run_id, instance_id=result.instance_id, kind=result.kind.value, rule=result.rule_name,
                     dry_run=result.dry_run, status="done" if result.ok else "failed", reason=result.reason,
-                    error=result.error, at=_naive_utc(result.at), finished_at=_naive_utc(result.at),
+                    error=result.error, at=naive_utc(result.at), finished_at=naive_utc(result.at),
                 )
             )
 
@@ -369,14 +368,14 @@ class Store:
         if kinds:
             q = q.where(actions.c.kind.in_([k.value for k in kinds]))
         if start is not None:
-            q = q.where(actions.c.at >= _naive_utc(start))
+            q = q.where(actions.c.at >= naive_utc(start))
         if end is not None:
-            q = q.where(actions.c.at < _naive_utc(end))
+            q = q.where(actions.c.at < naive_utc(end))
         with self.engine.connect() as conn:
             rows = conn.execute(q).mappings().all()
         return [
             ActionRow(r["id"], r["run_id"], r["instance_id"], ActionKind(r["kind"]), r["rule"] or "", r["dry_run"],
-                      r["status"], r["reason"], r["error"], _aware(r["at"]))
+                      r["status"], r["reason"], r["error"], aware_utc(r["at"]))
             for r in rows
         ]
 
@@ -396,7 +395,7 @@ class Store:
         The primary key makes the insert fail for a second claimant (another process on
         the same database included); a key whose earlier attempt failed may be claimed again.
         """
-        row = dict(key=key, channel=channel, text=text, status="pending", at=_naive_utc(at))
+        row = dict(key=key, channel=channel, text=text, status="pending", at=naive_utc(at))
         try:
             with self.engine.begin() as conn:
                 conn.execute(insert(notifications).values(**row))
@@ -406,7 +405,7 @@ class Store:
                 res = conn.execute(
                     update(notifications)
                     .where(notifications.c.key == key, notifications.c.status == "failed")
-                    .values(status="pending", at=_naive_utc(at))
+                    .values(status="pending", at=naive_utc(at))
                 )
                 return res.rowcount == 1
 
@@ -414,7 +413,7 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(delete(notifications).where(notifications.c.key == key))
             conn.execute(
-                insert(notifications).values(key=key, channel=channel, text=text, status=status, at=_naive_utc(at), detail=detail)
+                insert(notifications).values(key=key, channel=channel, text=text, status=status, at=naive_utc(at), detail=detail)
             )
 
     def notification_rows(self) -> list[dict]:
@@ -441,11 +440,4 @@ class Store:
                 conn.execute(insert(kv).values(key=key, value=value))
 
 
-def dumps(obj) -> str:
-    return json.dumps(obj, default=str, sort_keys=True)
-
-
-__all__ = [
-    "Store", "metadata", "StateRow", "MarkRow", "ActionRow", "IntegrityError", "make_engine",
-    "_naive_utc", "_aware",
-]
+__all__ = ["Store", "metadata", "StateRow", "MarkRow", "ActionRow", "make_engine", "aware_utc", "naive_utc"]

@@ -28,7 +28,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from datetime import datetime, timezone
 
 import duckdb
 import pandas as pd
@@ -15,7 +14,6 @@ from gpufinops.collect.billing.athena import fetch_athena
 from gpufinops.collect.billing.cur import cur_sql, read_cur, table_from_sql_rows
 from gpufinops.collect.billing.settings import AthenaSettings
 from gpufinops.collect.billing.synth import generate_cur, write_cur_rows
-from gpufinops.config import AwsSettings
 
 from .test_billing_cur import FAMILIES, OCT, SEP, fixture_rows
 

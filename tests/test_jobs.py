@@ -12,7 +12,7 @@ from gpufinops.config import load_settings
 from gpufinops.jobs import budget_check, recommend_digest, scheduled_jobs
 from gpufinops.model import GpuInstance
 from gpufinops.pipeline import Peers
-from gpufinops.sim import ConsoleNotifier, SimCloud, TraceMetrics
+from gpufinops.sim import ConsoleNotifier, SimCloud
 from gpufinops.store import Store
 from tests.promserver import Series, dcgm_labels
 

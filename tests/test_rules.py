@@ -1,7 +1,5 @@
 """Rule files: the shipped defaults are valid; bad rules fail with file, line and key."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

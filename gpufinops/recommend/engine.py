@@ -19,7 +19,7 @@ from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.purchase import classify, commitment, spot_vs_on_demand
 from gpufinops.recommend.rightsize import rightsize
 from gpufinops.recommend.usage import FleetUsage
-from gpufinops.store import Store, _aware, _naive_utc, metadata
+from gpufinops.store import Store, aware_utc, naive_utc, metadata
 
 RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "high": 3}
 
@@ -165,7 +165,7 @@ def store_recommendations(store: Store, run_id: str, recs: Sequence[Recommendati
     if not recs:
         return
     metadata.create_all(store.engine, tables=[recommendations])
-    rows = [{**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": _naive_utc(r.created_at), "run_id": run_id}
+    rows = [{**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": naive_utc(r.created_at), "run_id": run_id}
             for r in recs]
     with store.engine.begin() as conn:
         conn.execute(insert(recommendations), rows)
@@ -178,14 +178,14 @@ def latest_recommendations(store: Store, since: datetime | None = None) -> list[
         q = select(recommendations.c.run_id, recommendations.c.created_at).order_by(
             recommendations.c.created_at.desc(), recommendations.c.id.desc()).limit(1)
         if since is not None:
-            q = q.where(recommendations.c.created_at >= _naive_utc(since))
+            q = q.where(recommendations.c.created_at >= naive_utc(since))
         last = conn.execute(q).first()
         if last is None:
             return []
         rows = conn.execute(select(recommendations).where(recommendations.c.run_id == last[0])
                             .order_by(recommendations.c.monthly_savings.desc())).mappings().all()
     fields = Recommendation.__dataclass_fields__
-    return [Recommendation(**{k: (_aware(v) if k == "created_at" else v) for k, v in r.items() if k in fields})
+    return [Recommendation(**{k: (aware_utc(v) if k == "created_at" else v) for k, v in r.items() if k in fields})
             for r in rows]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpufinops.config import Settings, validate_section
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from ..collect.billing.schema import costs as costs_table, empty_table, load_costs
 from ..config import Settings
 from ..costs import PriceLookup
-from ..store import ActionRow, Store, _aware
+from ..store import ActionRow, Store, aware_utc
 from .period import ReportPeriod
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def _billing_imports(store: Store, start: date, end: date) -> list[BillingImport
                 func.max(costs_table.c.imported_at))
          .where(costs_table.c.date >= start, costs_table.c.date < end).group_by(costs_table.c.source))
     with store.engine.connect() as conn:
-        return [BillingImport(s, int(n), lo, hi, _aware(at)) for s, n, lo, hi, at in conn.execute(q)]
+        return [BillingImport(s, int(n), lo, hi, aware_utc(at)) for s, n, lo, hi, at in conn.execute(q)]
 
 
 def _recommendations(store: Store, since: datetime, warnings: list[str]) -> list:
@@ -112,7 +112,7 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         return spec.gpu_count if spec else None
 
     notes = [n for n in store.notification_rows() if n["at"] is not None
-             and period.start <= _aware(n["at"]) < period.as_of]
+             and period.start <= aware_utc(n["at"]) < period.as_of]
     region = settings.aws.regions[0] if settings is not None and settings.aws.regions else "us-east-1"
     return AuditInputs(
         period=period,

@@ -20,8 +20,6 @@ the same Parquet and compare the two tables.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import re
 from dataclasses import dataclass, field
