@@ -26,14 +26,14 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpufinops.collect.nvidia_smi import GpuReading, NvidiaSmiError, parse_readings
+from gpufinops.httpd import metrics_and_health_server
 from gpufinops.model import SENTINEL_THRESHOLD
 
 log = logging.getLogger("gpufinops.agent")
@@ -261,27 +261,7 @@ class Agent:
 
 
 def make_http_server(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
-            if self.path.startswith("/metrics"):
-                body, ctype, code = agent.metrics_text(), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/healthz"):
-                ok, why = agent.healthy()
-                body, ctype, code = why.encode(), "text/plain", 200 if ok else 503
-            else:
-                body, ctype, code = b"not found\n", "text/plain", 404
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args) -> None:
-            log.debug("http: " + fmt, *args)
-
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    return server
+    return metrics_and_health_server(address, port, agent.metrics_text, agent.healthy)
 
 
 @dataclass

@@ -15,16 +15,16 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Callable
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .act import Actuator
 from .config import Settings
+from .httpd import metrics_and_health_server
 from .model import RunContext, utcnow
 from .pipeline import Peers, RunReport, run_once
 from .rules import load_rules
@@ -62,25 +62,8 @@ class ServiceMetrics:
 
 
 def make_http_server(settings: Settings, metrics: ServiceMetrics, healthy: Callable[[], tuple[bool, str]]) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
-            if self.path.startswith("/metrics"):
-                body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/healthz"):
-                ok, why = healthy()
-                body, ctype, code = why.encode(), "text/plain", 200 if ok else 503
-            else:
-                body, ctype, code = b"not found\n", "text/plain", 404
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args) -> None:
-            log.debug("http: " + fmt, *args)
-
-    return ThreadingHTTPServer((settings.service.host, settings.service.port), Handler)
+    return metrics_and_health_server(settings.service.host, settings.service.port,
+                                     lambda: generate_latest(metrics.registry), healthy)
 
 
 @dataclass

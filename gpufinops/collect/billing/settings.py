@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...config import DEFAULT_RULES_DIR, ConfigError, Settings, format_validation_error, load_yaml
+from ...config import DEFAULT_RULES_DIR, Settings, validate_section
 
 _FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")
 # Tag keys end up inside JSON paths in the Athena SQL: keep them to safe characters.
@@ -126,24 +126,10 @@ class BillingSettings(_Strict):
         return v
 
 
-class _Section(_Strict):
-    billing: BillingSettings
-
-
 def billing_settings(settings: Settings) -> BillingSettings:
     """Validate settings.billing; errors name the config file, line and key."""
     raw = dict(settings.billing)
-    try:
-        # Validated under a `billing` key so error locations match the YAML file.
-        bs = _Section.model_validate({"billing": raw}).billing
-    except ValidationError as exc:
-        text = ""
-        if settings.source_path:
-            try:
-                _, text = load_yaml(settings.source_path)
-            except ConfigError:
-                text = ""
-        raise ConfigError(format_validation_error(settings.source_path or "<billing settings>", text, exc)) from None
+    bs = validate_section(settings, "billing", BillingSettings)
     if bs.gpu_families is None:
         bs = bs.model_copy(update={"gpu_families": tuple(settings.aws.gpu_families)})
     if settings.source_path:
