@@ -92,6 +92,7 @@ def plan(
     mark: MarkRow | None,
     state: StateRow | None,
     now: datetime,
+    dry_run: bool,
 ) -> Intent:
     """What to do with one instance now. Pure: no I/O, no clock."""
     if inst.is_protected:
@@ -108,6 +109,12 @@ def plan(
         if decision and decision.verdict == Verdict.IDLE and decision.action != Action.NOTIFY:
             return Intent(ActionKind.SKIP, f"idle but {why}", decision)
         return Intent(None, why, decision)
+
+    if mark and mark.dry_run != dry_run:
+        # A warning sent in the other mode does not count: a real stop needs a real warning.
+        mode = "dry-run" if mark.dry_run else "live"
+        return Intent(ActionKind.UNMARK, f"mark was made in {mode} mode; dry-run is now {dry_run}: marking anew",
+                      decision)
 
     if mark and not mark.dry_run and TAG_MARKED not in inst.tags:
         return Intent(ActionKind.UNMARK, f"tag {TAG_MARKED} was removed by someone: stop cancelled", decision)
@@ -135,7 +142,8 @@ def plan(
     if mark is None:
         # Act only on transitions: once we stopped (or, in dry-run, would have stopped)
         # an instance during this idle episode, wait until it is active and idle again.
-        if state is not None and state.stopped_at is not None and state.since <= state.stopped_at:
+        if (state is not None and state.stopped_at is not None and state.since <= state.stopped_at
+                and state.stop_dry_run == dry_run):
             return Intent(None, f"already stopped in this idle episode ({state.stopped_at:%H:%M} UTC)", decision)
         return Intent(ActionKind.MARK, decision.reason, decision)
 
@@ -165,12 +173,13 @@ class Actuator:
         for d in decisions:
             prev = self.store.get_state(d.instance_id, d.rule_name)
             if prev is not None and prev.verdict == d.verdict:
-                since, stopped_at = prev.since, prev.stopped_at
+                since, stopped_at, stop_dry_run = prev.since, prev.stopped_at, prev.stop_dry_run
             else:
                 # A stop belongs to one idle episode; any transition starts clean.
-                since, stopped_at = now, None
-            self.store.put_state(d.instance_id, d.rule_name, d.verdict, since, now, stopped_at)
-            out[(d.instance_id, d.rule_name)] = StateRow(d.instance_id, d.rule_name, d.verdict, since, now, stopped_at)
+                since, stopped_at, stop_dry_run = now, None, None
+            self.store.put_state(d.instance_id, d.rule_name, d.verdict, since, now, stopped_at, stop_dry_run)
+            out[(d.instance_id, d.rule_name)] = StateRow(d.instance_id, d.rule_name, d.verdict, since, now,
+                                                         stopped_at, stop_dry_run)
         return out
 
     # ------------------------------------------------------------------ apply
@@ -192,7 +201,7 @@ class Actuator:
             decision = primary_decision(by_instance.get(inst.instance_id, []))
             mark = self.store.get_mark(inst.instance_id)
             state = states.get((inst.instance_id, decision.rule_name)) if decision else None
-            intent = plan(inst, decision, mark, state, ctx.now)
+            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run)
             if intent.kind is not None:
                 intents.append((inst, intent, mark))
 
@@ -272,7 +281,7 @@ class Actuator:
         self.store.clear_mark(inst.instance_id)
         state = states.get((inst.instance_id, rule_name))
         if state is not None:
-            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now)
+            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
         self.notifier.send(messages.stopped(inst, decision, at=ctx.now, channel=channel, dry_run=ctx.dry_run,
                                             action=decision.action))
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
@@ -323,7 +332,7 @@ class Actuator:
                     self.store.clear_mark(p.instance_id)
                     state = self.store.get_state(p.instance_id, p.rule)
                     if state is not None:
-                        self.store.put_state(p.instance_id, p.rule, state.verdict, state.since, now, p.at)
+                        self.store.put_state(p.instance_id, p.rule, state.verdict, state.since, now, p.at, False)
                 else:
                     self.store.finish_action(p.id, False, now, error=f"reconciled after restart: instance still {inst.state}; stop not confirmed")
             else:

@@ -82,8 +82,9 @@ instance_state = Table(
     Column("verdict", String(16), nullable=False),
     Column("since", DateTime, nullable=False),
     Column("updated_at", DateTime, nullable=False),
-    # Set when we stopped it; cleared once we see it idle again after a restart.
+    # Set when we stopped it (or, in dry-run, would have); cleared on the next verdict change.
     Column("stopped_at", DateTime),
+    Column("stop_dry_run", Boolean),
 )
 
 marks = Table(
@@ -144,6 +145,7 @@ class StateRow:
     since: datetime
     updated_at: datetime
     stopped_at: datetime | None
+    stop_dry_run: bool | None = None  # whether that stop was a dry-run one
 
 
 @dataclass(frozen=True)
@@ -278,18 +280,19 @@ class Store:
             return None
         return StateRow(
             r["instance_id"], r["rule"], Verdict(r["verdict"]), aware_utc(r["since"]),
-            aware_utc(r["updated_at"]), aware_utc(r["stopped_at"]),
+            aware_utc(r["updated_at"]), aware_utc(r["stopped_at"]), r["stop_dry_run"],
         )
 
     def put_state(
         self, instance_id: str, rule: str, verdict: Verdict, since: datetime, now: datetime,
-        stopped_at: datetime | None,
+        stopped_at: datetime | None, stop_dry_run: bool | None = None,
     ) -> None:
         values = {
             "verdict": verdict.value,
             "since": naive_utc(since),
             "updated_at": naive_utc(now),
             "stopped_at": naive_utc(stopped_at),
+            "stop_dry_run": stop_dry_run if stopped_at is not None else None,
         }
         with self.engine.begin() as conn:
             res = conn.execute(

@@ -290,10 +290,17 @@ INST = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0 - timedelta(da
     (D_UNK, MARK, None, None),
     (D_UNK, None, None, None),
     (None, MARK, None, ActionKind.UNMARK),
-    (D_IDLE, None, StateRow("i-1", "r", Verdict.IDLE, T0 - timedelta(hours=1), T0, T0 - timedelta(minutes=30)), None),
+    (D_IDLE, None, StateRow("i-1", "r", Verdict.IDLE, T0 - timedelta(hours=1), T0, T0 - timedelta(minutes=30), False),
+     None),
+    # a would-stop in dry-run does not block the first real mark after dry-run is switched off
+    (D_IDLE, None, StateRow("i-1", "r", Verdict.IDLE, T0 - timedelta(hours=1), T0, T0 - timedelta(minutes=30), True),
+     ActionKind.MARK),
+    # a warning sent in dry-run is not a real warning
+    (D_IDLE, MarkRow("i-1", "r", T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", True), None,
+     ActionKind.UNMARK),
 ])
 def test_plan_table(decision, mark, state, kind):
-    intent = plan(INST, decision, mark, state, T0)
+    intent = plan(INST, decision, mark, state, T0, dry_run=False)
     assert isinstance(intent, Intent) and intent.kind == kind and intent.reason
 
 
@@ -306,3 +313,36 @@ def test_two_phase_stop_and_restart_on_postgres(tmp_path, fresh_postgres_db):
     assert w.cloud.calls.count(("stop", "i-00")) == 1
     assert sum("will be stopped" in line for line in w.lines) == 0  # the warning was sent before the restart
     assert [a.status for a in w.store.action_rows(kinds=[ActionKind.STOP])] == ["done"]
+
+
+def test_switching_dry_run_off_warns_for_real_before_stopping(tmp_path):
+    w = World(tmp_path, dry_run=True)
+    for _ in range(20):  # warned and "would stop" in dry-run, still idle
+        w.tick()
+    assert w.cloud.calls == []
+    w.dry_run = False
+    w.settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0})
+    r = w.tick()
+    assert w.kinds(r) == [("i-00", ActionKind.MARK)]  # a real warning first, not an immediate stop
+    assert TAG_MARKED in w.cloud.get("i-00").tags
+    for _ in range(14):
+        assert not [a for a in w.tick().actions if a.kind == ActionKind.STOP]
+    w.tick()
+    assert w.cloud.get("i-00").state == "stopped"
+
+
+def test_a_dry_run_mark_is_replaced_by_a_real_one_when_dry_run_is_switched_off(tmp_path):
+    w = World(tmp_path, dry_run=True)
+    w.tick()  # dry-run mark
+    w.dry_run = False
+    w.settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0})
+    for _ in range(3):
+        w.tick()
+    kinds = [a.kind for a in w.store.action_rows() if not a.dry_run]
+    assert kinds[:2] == [ActionKind.UNMARK, ActionKind.MARK]
+    for _ in range(13):
+        w.tick()
+    assert w.cloud.get("i-00").state == "running"  # the real warning's full 15 minutes have not passed
+    w.tick()
+    w.tick()
+    assert w.cloud.get("i-00").state == "stopped"
