@@ -147,6 +147,11 @@ def plan(
             return Intent(None, f"already stopped in this idle episode ({state.stopped_at:%H:%M} UTC)", decision)
         return Intent(ActionKind.MARK, decision.reason, decision)
 
+    if state is not None and state.since > mark.marked_at:
+        # Missing data or a restart broke the idle streak after the warning: what the owner
+        # was told no longer holds, so warn again rather than stop on a stale warning.
+        return Intent(ActionKind.UNMARK, "not continuously idle since the warning (data missing or restarted "
+                                         "in between): warning again", decision)
     if now >= mark.stop_at:
         kind = ActionKind.TERMINATE if decision.action == Action.TERMINATE else ActionKind.STOP
         return Intent(kind, f"still idle at the announced time: {decision.reason}", decision)

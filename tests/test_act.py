@@ -346,3 +346,34 @@ def test_a_dry_run_mark_is_replaced_by_a_real_one_when_dry_run_is_switched_off(t
     w.tick()
     w.tick()
     assert w.cloud.get("i-00").state == "stopped"
+
+
+def test_a_stale_warning_after_missing_data_is_renewed_not_acted_on(tmp_path):
+    w = World(tmp_path)
+    w.tick()  # marked, stop due in 15 min
+    w.metrics.mode["i-00"] = "error"
+    for _ in range(60):  # an hour without data: the stop time passes
+        w.tick()
+    w.metrics.mode["i-00"] = "idle"
+    r = w.tick()
+    assert w.kinds(r) == [("i-00", ActionKind.UNMARK)] and "warning again" in r.actions[0].reason
+    r = w.tick()
+    assert w.kinds(r) == [("i-00", ActionKind.MARK)]
+    assert w.cloud.get("i-00").state == "running"
+    for _ in range(16):
+        w.tick()
+    assert w.cloud.get("i-00").state == "stopped"
+
+
+def test_an_instance_restarted_by_hand_while_marked_gets_a_fresh_warning(tmp_path):
+    w = World(tmp_path)
+    w.tick()  # marked
+    w.cloud.stop(w.cloud.get("i-00"))  # a person stops it, and days later starts it again
+    for _ in range(5):
+        w.tick()
+    w.clock.advance(3 * 86400)
+    w.cloud.start("i-00")
+    for _ in range(11):  # too young for 10 min, then idle: the old mark is not acted on
+        r = w.tick()
+        assert not [a for a in r.actions if a.kind == ActionKind.STOP]
+    assert w.store.get_mark("i-00") is None or w.store.get_mark("i-00").marked_at > T0 + timedelta(days=3)

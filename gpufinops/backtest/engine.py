@@ -15,7 +15,7 @@ Two stages, both without a per-sample Python loop:
 2. Acting. The live two-phase stop: the first IDLE verdict marks the
    instance with stop_at = now + warning lead; at/after stop_at an IDLE verdict
    stops it; an ACTIVE/UNDERUTILIZED verdict (or a snooze) before that cancels
-   the mark; UNKNOWN keeps the mark and never stops. A stopped instance is
+   the mark; UNKNOWN keeps the mark and never stops, and IDLE after UNKNOWN renews the warning. A stopped instance is
    restarted at the first later sample whose activity shows demand and is not
    judged for a full window after that (launch time resets). The loop runs per
    *event* (mark, stop) using precomputed "next idle tick" indices.
@@ -291,11 +291,16 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
     tr, s, times = prep.trace, prep.settings, prep.grid.times
     n_ticks, n_steps, t0, step, tick = len(times), tr.n_steps, tr.t0, tr.step_s, s.tick_s
     eligible = (verdicts == IDLE) & ~prep.snoozed
-    cancels = (verdicts == UNDERUTILIZED) | (verdicts == ACTIVE) | prep.snoozed
+    # Live act: missing data between a warning and its stop breaks the idle streak, and the first
+    # IDLE tick after it cancels the mark ("warning again"); the new mark comes one tick later.
+    renew = np.zeros_like(eligible)
+    renew[:, 1:] = eligible[:, 1:] & (verdicts[:, :-1] == UNKNOWN)
+    cancels = (verdicts == UNDERUTILIZED) | (verdicts == ACTIVE) | prep.snoozed | renew
     pad = np.full((tr.n_instances, 1), n_ticks)
     nxt_idle = np.concatenate([next_index(eligible), pad], axis=1)
     nxt_cancel = np.concatenate([next_index(cancels), pad, pad], axis=1)
-    lead_ticks = int(math.ceil(warning_lead_s / tick - _EPS))
+    # The live service marks on one tick and stops on a later one, even with no lead time.
+    lead_ticks = max(1, int(math.ceil(warning_lead_s / tick - _EPS)))
     seen = verdicts.copy() if timeline else verdicts
     out: dict[str, list] = {k: [] for k in ("instance", "stop_at", "restart_at", "stopped_s", "false_stop",
                                             "time_to_stop_s", "mark_at", "tick")}
@@ -311,7 +316,8 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
         stop_tick = np.minimum(m + lead_ticks, n_ticks)
         c = nxt_cancel[rows, m + 1]
         st = nxt_idle[rows, stop_tick]
-        cancel = c < st
+        # A renewal on the very tick the stop would happen wins: the live plan unmarks first.
+        cancel = (c < st) | ((c == st) & (c < n_ticks))
         cancelled += int(np.count_nonzero(cancel & (c < n_ticks)))
         stop = ~cancel & (st < n_ticks)
         # Stops of this round.
@@ -338,7 +344,11 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
                 seen[ri, a:b] = UNKNOWN
         # Next round: cancelled marks resume at the cancel tick, stops after the restart's grace.
         nxt_rows = np.concatenate([rows[cancel], r])
-        nxt_j = np.concatenate([c[cancel], j_next])
+        cc = c[cancel]
+        again = np.zeros(len(cc), dtype=np.int64)
+        inside = cc < n_ticks
+        again[inside] = renew[rows[cancel][inside], cc[inside]]  # re-marked on the next tick, as live
+        nxt_j = np.concatenate([cc + again, j_next])
         go = nxt_j < n_ticks
         rows, j = nxt_rows[go], nxt_j[go]
     arrays = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}

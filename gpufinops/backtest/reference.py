@@ -1,19 +1,24 @@
 """The slow, obvious replay: one `evaluate()` call per instance per tick.
 
 It builds InstanceUsage/GpuWindowStats from each window's samples the way the
-live collector reports them and applies the live two-phase act semantics in
-plain Python. It exists to prove the vectorised engine decides alike
+live collector reports them, judges them with the live `evaluate()`, and acts with
+the live `act.plan()` (marks, snoozes as tags, state transitions as the Actuator
+keeps them). It exists to prove the vectorised engine decides alike
 (tests/test_backtest_equivalence.py) and as the baseline in bench/bench_backtest.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
 
+from ..act import plan
 from ..evaluate import evaluate
-from ..model import GpuInstance, GpuWindowStats, InstanceUsage, Rule, Verdict
+from ..model import (TAG_MARKED, TAG_SNOOZE, Action, ActionKind, GpuInstance, GpuWindowStats, InstanceUsage, Rule,
+                     Verdict)
+from ..store import MarkRow, StateRow
 from .engine import ACTIVE, IDLE, UNDERUTILIZED, UNKNOWN, _EPS, BacktestSettings, Grid, StopEvent
 from .traces import Trace
 
@@ -50,6 +55,8 @@ def replay_per_tick(trace: Trace, rule: Rule, settings: BacktestSettings, instan
     lo_all = grid.lo(trace, rule.window_s)
     expected = settings.expected_samples(rule.window_s, trace.step_s)
     chosen = list(range(trace.n_instances)) if instances is None else list(instances)
+    # The backtest asks what a rule would have stopped: every rule is replayed as a stop rule.
+    stop_rule = replace(rule, action=Action.STOP)
     verdicts = np.zeros((len(chosen), len(grid.times)), dtype=np.int8)
     stops: list[StopEvent] = []
     marks = cancelled = 0
@@ -65,8 +72,7 @@ def replay_per_tick(trace: Trace, rule: Rule, settings: BacktestSettings, instan
         with np.errstate(invalid="ignore"):
             demand = np.fmax.reduce(trace.util[rows], axis=0) > settings.demand_pct
         snoozes = settings.snoozes.get(iid, ())
-        launch, stopped_at, mark_at, stop_due = first_t, None, None, None
-        last_demand_t = None
+        launch, stopped_at, mark, st = first_t, None, None, None
         for j, now in enumerate(grid.times):
             hi = int(grid.hi[j])
             if stopped_at is not None:
@@ -80,26 +86,38 @@ def replay_per_tick(trace: Trace, rule: Rule, settings: BacktestSettings, instan
                     launch, stopped_at = restart, None
             alive = first_t - _EPS <= now < end_t - _EPS
             state = "running" if alive and stopped_at is None else "stopped"
+            snooze_end = next((b for a, b in snoozes if a <= now < b), None)
+            tags = {}
+            if snooze_end is not None:
+                tags[TAG_SNOOZE] = _dt(snooze_end).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if mark is not None:
+                tags[TAG_MARKED] = mark.stop_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             inst = GpuInstance(instance_id=iid, instance_type="", region="", state=state, launch_time=_dt(launch),
-                               gpu_count=len(rows))
+                               gpu_count=len(rows), tags=tags)
             usage = window_usage(trace, rows, iid, int(lo_all[j]), hi, rule.window_s, expected)
-            d = evaluate(inst, usage, rule, _dt(now)) if rule.selector.matches(inst) else None
+            d = evaluate(inst, usage, stop_rule, _dt(now)) if rule.selector.matches(inst) else None
             v = _CODE[d.verdict] if d is not None else UNKNOWN
             verdicts[out_row, j] = v
-            snoozed = any(a <= now < b for a, b in snoozes)
-            if mark_at is not None and (snoozed or v in (UNDERUTILIZED, ACTIVE)):
-                mark_at, stop_due = None, None
-                cancelled += 1
-            elif mark_at is None and v == IDLE and not snoozed:
-                mark_at, stop_due = now, now + rule.warning_lead_s
+            if not inst.is_running:
+                continue  # the live service neither judges nor acts on a stopped instance
+            # The live act stage: state transitions as Actuator.track_states keeps them, then act.plan().
+            if d is not None and (st is None or st.verdict != d.verdict):
+                st = StateRow(iid, rule.name, d.verdict, _dt(now), _dt(now), None, None)
+            intent = plan(inst, d, mark, st if d is not None else None, _dt(now), dry_run=False)
+            if intent.kind == ActionKind.MARK:
+                mark = MarkRow(iid, rule.name, _dt(now), _dt(now + rule.warning_lead_s), d.reason, False)
                 marks += 1
-            if mark_at is not None and v == IDLE and now >= stop_due - _EPS:
+            elif intent.kind == ActionKind.UNMARK:
+                mark = None
+                cancelled += 1
+            elif intent.kind == ActionKind.STOP:
                 seen = np.flatnonzero(demand[:hi])
                 last_demand_t = trace.t0 + (seen[-1] + 1) * trace.step_s if len(seen) else first_t
                 stops.append(StopEvent(
                     instance=iid, stop_at=float(now), restart_at=None, stopped_s=float(max(end_t, now) - now),
                     gpus=len(rows), false_stop=False, time_to_stop_s=float(max(0.0, now - last_demand_t)),
-                    mark_at=float(mark_at), tick=j,
+                    mark_at=mark.marked_at.timestamp(), tick=j,
                 ))
-                stopped_at, mark_at, stop_due = now, None, None
+                stopped_at, mark = now, None
+                st = replace(st, stopped_at=_dt(now), stop_dry_run=False)
     return verdicts, stops, marks, cancelled
