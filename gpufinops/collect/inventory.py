@@ -300,8 +300,11 @@ class Ec2Cloud:
         launch = inst.get("LaunchTime")
         if isinstance(launch, datetime):
             launch = launch.astimezone(timezone.utc) if launch.tzinfo else launch.replace(tzinfo=timezone.utc)
-        else:  # EC2 always sends one; never invent "now" silently for age-based rules
-            launch = datetime.fromtimestamp(0, timezone.utc)
+        else:
+            # EC2 always sends one. Without it we cannot know the instance has run a full window,
+            # so it is treated as just launched (too young to judge), never as old enough to stop.
+            log.warning("instance %s in %s has no LaunchTime; not judged", inst.get("InstanceId"), region)
+            launch = self._clock()
         zone = inst.get("Placement", {}).get("AvailabilityZone", "")
         return GpuInstance(
             instance_id=inst["InstanceId"],
