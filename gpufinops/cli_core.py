@@ -104,6 +104,46 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """What gpufinops did (and, with --decisions, what it judged), newest last: "why was my instance stopped?"."""
+    from datetime import timedelta
+
+    from .cli import load_settings_from_args
+    from .model import ActionKind
+    from .rules import parse_duration
+    from .store import Store
+
+    settings = load_settings_from_args(args)
+    store = Store(args.db if args.db and "://" in args.db else f"sqlite:///{args.db}" if args.db
+                  else settings.database_url)
+    start = utcnow() - timedelta(seconds=parse_duration(args.since)) if args.since else None
+    kinds = [ActionKind(k) for k in args.kind] if args.kind else None
+    actions = [a for a in store.action_rows(kinds=kinds, start=start)
+               if not args.instance or a.instance_id == args.instance]
+    rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id, "what": a.kind.value, "rule": a.rule,
+             "dry_run": a.dry_run, "status": a.status, "reason": a.reason, "error": a.error or ""} for a in actions]
+    if args.decisions:
+        rows += [{"at": d["evaluated_at"].isoformat(), "instance_id": d["instance_id"], "what": "decision",
+                  "rule": d["rule"], "dry_run": d["dry_run"], "status": d["verdict"], "reason": d["reason"],
+                  "error": ""}
+                 for d in store.decision_rows(start=start) if not args.instance or d["instance_id"] == args.instance]
+        rows.sort(key=lambda r: r["at"])
+    rows = rows[-args.limit:] if args.limit else rows
+    if args.format == "json":
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return 0
+    if not rows:
+        print("no matching audit records")
+        return 0
+    for r in rows:
+        flags = " [dry-run]" if r["dry_run"] else ""
+        err = f" error: {r['error']}" if r["error"] else ""
+        print(f"{r['at'][:19]}  {r['instance_id']:<20} {r['what']:<9} {r['status']:<13} {r['rule']}{flags}: "
+              f"{r['reason']}{err}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -130,6 +170,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = rsub.add_parser("check", help="validate rule files; non-zero exit with file, line and key on error")
     c.add_argument("paths", nargs="*", help="files or folders (default: the shipped rules/)")
     c.set_defaults(func=cmd_rules_check)
+
+    p = sub.add_parser("audit", help="the audit trail: what was marked, stopped, cancelled or skipped, and why")
+    p.add_argument("--instance", default=None, help="only this instance id")
+    p.add_argument("--since", default=None, help="only the last DURATION, e.g. 24h, 7d")
+    p.add_argument("--kind", nargs="*", choices=["mark", "stop", "terminate", "unmark", "skip", "notify"],
+                   help="only these action kinds")
+    p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")
+    p.add_argument("--limit", type=int, default=200, help="at most this many rows, newest (0: all)")
+    p.add_argument("--db", default=None, help="database file or URL (default: database_url from the config)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("demo", help="the whole pipeline on a simulated fleet replaying a real trace (no cloud)")
     p.add_argument("--tick", type=int, default=120, help="simulated seconds between evaluations")

@@ -53,3 +53,20 @@ def test_idle_cost_by_instance_from_the_demo_audit_trail(tmp_path, capsys):
     for r in rows.values():
         parts = r["active_cost"] + r["underutilized_cost"] + r["unknown_cost"] + r["idle_cost"]
         assert abs(parts - r["total_cost"]) < 1e-9
+
+
+def test_audit_cli_explains_why_an_instance_was_stopped(tmp_path, capsys):
+    import json
+
+    db = tmp_path / "demo.db"
+    run_demo(out=io.StringIO(), hours=3, db_path=str(db), quiet=True)
+    con = sqlite3.connect(db)
+    stopped = con.execute("select instance_id, count(*) from actions where kind='stop' group by instance_id "
+                          "order by 2 desc limit 1").fetchone()
+    assert main(["audit", "--db", str(db), "--instance", stopped[0], "--kind", "stop", "--format", "json",
+                 "--limit", "0"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == stopped[1] and all(r["what"] == "stop" and r["reason"] for r in rows)
+    assert main(["audit", "--db", str(db), "--instance", stopped[0], "--decisions", "--limit", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 5 and all(stopped[0] in line for line in out)
