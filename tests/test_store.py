@@ -66,3 +66,24 @@ def test_marks_actions_state_and_kv_round_trip(db_url):
     s.set_kv("budget-escalation:2026-1_:x", "3")  # '_' in a prefix is a literal, not a wildcard
     assert [k for k, _ in Store(db_url).kv_items("budget-escalation:2026-11:")] == [
         "budget-escalation:2026-11:a", "budget-escalation:2026-11:b"]
+
+
+def test_capability_tables_work_on_both_databases(db_url):
+    """Billing costs and recommendations live in the same database, SQLite or Postgres."""
+    from datetime import date
+
+    import pandas as pd
+
+    from gpufinops.collect.billing.schema import conform, load_costs, save_costs
+    from gpufinops.recommend import engine  # noqa: F401 - registers the recommendations table
+
+    s = Store(db_url)
+    df = conform(pd.DataFrame([{
+        "date": pd.Timestamp("2026-11-02"), "provider": "aws", "account": "1", "region": "us-east-1",
+        "resource_id": "i-1", "instance_type": "p4d.24xlarge", "pricing_model": "on-demand", "team": "ml",
+        "project": "", "owner": "", "tags": "{}", "cost": 527.0, "currency": "USD", "usage_hours": 24.0,
+        "source": "cur"}]))
+    assert save_costs(s, df, "cur", date(2026, 11, 1), date(2026, 12, 1), NOW) == 1
+    assert save_costs(s, df, "cur", date(2026, 11, 1), date(2026, 12, 1), NOW) == 1  # replaced, not doubled
+    back = load_costs(Store(db_url), date(2026, 11, 1), date(2026, 12, 1))
+    assert len(back) == 1 and float(back["cost"].iloc[0]) == 527.0 and back["team"].iloc[0] == "ml"
