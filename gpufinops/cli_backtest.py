@@ -118,6 +118,11 @@ def _table(rows) -> str:
     return "\n".join(fmt(r) for r in lines)
 
 
+def _progress(msg: str) -> None:
+    """Progress on stderr, so stdout stays the report (and valid JSON with --json -)."""
+    print(f"[backtest] {msg}", file=sys.stderr, flush=True)
+
+
 def run_backtest(args: argparse.Namespace) -> int:
     from .backtest.adaptive import AdaptiveParams, backtest_adaptive, stop_reason
     from .backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
@@ -126,6 +131,7 @@ def run_backtest(args: argparse.Namespace) -> int:
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
+    _progress(f"loading history from {args.trace or 'Prometheus'} ...")
     if args.trace:
         trace = load_trace(args.trace, id_column=args.id_column, time_column=args.time_column,
                            util_column=args.util_column, memory_column=args.memory_column,
@@ -149,10 +155,12 @@ def run_backtest(args: argparse.Namespace) -> int:
         break_even_s=float(args.break_even), demand_pct=args.demand_pct,
         price_per_gpu_hour=args.price if args.price is not None else DEFAULT_PRICE_PER_GPU_HOUR,
     )
+    _progress(f"{trace.n_instances} instances, {len(trace.gpu_names)} GPUs; preparing windows ...")
     prep = Prepared(trace, bt)
     oracle = oracle_net_seconds(prep)
     results, examples = [], {}
-    for rule in rules:
+    for n, rule in enumerate(rules, 1):
+        _progress(f"replaying rule {n}/{len(rules)}: {rule.name}" + (" (+ learned policy)" if args.adaptive else ""))
         summary, rep = backtest_rule(prep, rule, oracle)
         results.append(summary)
         examples[summary.policy] = [e.__dict__ for e in rep.stops[:5]]
@@ -182,6 +190,7 @@ def run_backtest(args: argparse.Namespace) -> int:
         base = next((r for r in rules if r.action.value == "stop"), rules[0])
         cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
                            args.aggregations or DEFAULT_AGGREGATIONS)
+        _progress(f"sweeping {len(cands)} rules ...")
         swept = run_sweep(prep, cands)
         front = pareto_front(swept)
         best = suggest(front, args.max_false_stop_rate)
@@ -194,7 +203,11 @@ def run_backtest(args: argparse.Namespace) -> int:
         else:
             text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
             out["sweep"]["suggested_yaml"] = text
-            print(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
+            if best.false_stop_rate > args.max_false_stop_rate:
+                print(f"\nno swept rule stays within the false-stop budget of {args.max_false_stop_rate:.0%}; "
+                      f"the safest rule that still saves is ({best.false_stop_rate:.0%} false stops):\n{text}")
+            else:
+                print(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
             if args.suggest_out:
                 Path(args.suggest_out).write_text(text)
         if args.chart:
