@@ -6,9 +6,8 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
-from .config import ConfigError, Settings
+from .config import DEFAULT_RULES_DIR, ConfigError, Settings
 from .model import RunContext, utcnow
 
 log = logging.getLogger("gpufinops.cli")
@@ -91,7 +90,7 @@ def format_decision_table(report, by_id) -> str:
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from .rules import load_rules
 
-    paths = args.paths or [str(Path(__file__).resolve().parent.parent / "rules")]
+    paths = args.paths or [str(DEFAULT_RULES_DIR)]
     try:
         rules = load_rules(paths)
     except ConfigError as exc:

@@ -8,6 +8,7 @@ mounted file that holds them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-# The shipped default policies live in the repository's rules/ folder (installed editable).
-DEFAULT_RULES_DIR = PACKAGE_DIR.parent / "rules"
+
+
+def shipped_dir(name: str) -> Path:
+    """A folder shipped beside the package: the checkout's rules/ or reports/ (editable install),
+    else the copy a wheel installs under <prefix>/share/gpufinops/ (see pyproject data-files)."""
+    for base in (PACKAGE_DIR.parent, Path(sys.prefix) / "share" / "gpufinops"):
+        if (base / name).is_dir():
+            return base / name
+    return PACKAGE_DIR.parent / name
+
+
+# The shipped default policies (rules/*.yaml) and report templates (reports/).
+DEFAULT_RULES_DIR = shipped_dir("rules")
+REPORTS_DIR = shipped_dir("reports")
 
 
 class ConfigError(ValueError):

@@ -212,7 +212,9 @@ def test_configmap_is_a_valid_gpufinops_config_that_keeps_state_on_the_volume(tm
     assert settings.slack.outbox_path.startswith(mounts["data"] + "/")
     assert settings.service.host == "0.0.0.0" and settings.service.port == 9108
     assert settings.act.dry_run is True  # a fresh deployment never stops anything
-    assert settings.rules_paths == ("/app/rules",)
+    # python:3.11-slim's prefix is /usr/local; pyproject's data-files install the rules under it.
+    assert settings.rules_paths == ("/usr/local/share/gpufinops/rules",)
+    assert '"share/gpufinops/rules" = ["rules/*.yaml"]' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_dockerfile_builds_a_non_root_serve_image_from_files_that_exist():
@@ -224,8 +226,9 @@ def test_dockerfile_builds_a_non_root_serve_image_from_files_that_exist():
             *sources, dest = line.split()[1:]
             for src in sources:
                 assert (ROOT / src).exists(), f"Dockerfile copies {src}, missing in the repository"
-            if "rules" in sources:
-                assert dest == "./rules"  # WORKDIR /app -> /app/rules, what the ConfigMap lists
+    copied = {src for line in lines if line.startswith("COPY ") for src in line.split()[1:-1]}
+    # `pip install .` needs both to ship them as data files (rules/ and the report templates).
+    assert {"rules", "reports", "gpufinops", "pyproject.toml"} <= copied
     (user,) = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
     uid = user.split(":")[0]
     assert uid.isdigit() and uid != "0"

@@ -19,12 +19,11 @@ import numpy as np
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-import gpufinops
-
+from ..config import REPORTS_DIR
 from . import charts
 from .audit import MonthlyAudit
 
-TEMPLATES_DIR = Path(gpufinops.__file__).resolve().parent.parent / "reports"
+TEMPLATES_DIR = REPORTS_DIR
 HTML_TEMPLATE = "monthly_audit.html.j2"
 FORMATS = ("html", "csv", "json")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
