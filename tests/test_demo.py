@@ -20,6 +20,7 @@ def test_demo_summary_matches_its_database(tmp_path):
     s = run_demo(out=out, hours=4, db_path=str(db), quiet=True)
     text = out.getvalue()
     assert "Summary" in text and "dollars saved" in text
+    assert "gpu-util-below-40pct-10m" in text.split("Backtest of the same history")[1] and "-rule sweep:" in text
     con = sqlite3.connect(db)
     stops = con.execute("select count(*) from actions where kind='stop' and status='done' and dry_run=0").fetchone()[0]
     assert s.stops == stops > 0
