@@ -28,7 +28,10 @@ def build_live_peers(settings: Settings):
     cloud = Ec2Cloud(settings.aws, prices=prices)
     metrics = PrometheusMetrics(settings.prometheus)
     notifier = build_notifier(settings.slack, store, utcnow)
-    return Peers(cloud, metrics, store, notifier)
+    from .learned import IdleHistory
+
+    # Built once per process: the service keeps it, so the history is read in full only every `refresh`.
+    return Peers(cloud, metrics, store, notifier, learned=IdleHistory(settings.prometheus))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -87,7 +87,7 @@ def print_backtest(out: TextIO, rules, tick_s: int) -> None:
     trace = load_trace(TRACE_PATH, id_column="container_ip", time_column="timestamp_anon", util_column="duty_cycle")
     prep = Prepared(trace, BacktestSettings(tick_s=float(tick_s)))
     oracle = oracle_net_seconds(prep)
-    print(f"\nBacktest of the same history (every instance under every rule, as `gpufinops backtest` replays it):",
+    print("\nBacktest of the same history (every instance under every rule, as `gpufinops backtest` replays it):",
           file=out)
     for rule in rules:
         s, _ = backtest_rule(prep, rule, oracle)

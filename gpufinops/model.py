@@ -12,7 +12,10 @@ import enum
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:  # learned.py imports this module
+    from .learned import LearnedParams
 
 # Tag names the service reads and writes on instances.
 TAG_PROTECT = "gpufinops:protect"
@@ -209,6 +212,8 @@ class Rule:
     # not idle under this rule (None = memory does not veto idleness).
     max_memory_mib: float | None = None
     source: str = ""  # "file:line" the rule was loaded from, for error messages and audit
+    # Optional learned idle policy (issue 5): may hold this rule's IDLE back, never adds one. None = fixed rule.
+    learned: LearnedParams | None = None
 
 
 # --------------------------------------------------------------------------- decisions

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import escalation, messages
 from .act import Actuator
@@ -40,6 +40,8 @@ class Peers:
     metrics: MetricsSource
     store: Store
     notifier: Notifier
+    # The learned policy's idle history (gpufinops.learned.IdleHistory), one per service; None: fixed rules only.
+    learned: Any = None
 
 
 @dataclass
@@ -113,6 +115,14 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
+    if peers.learned is not None and any(getattr(r, "learned", None) is not None for r in rules):
+        from .learned import apply_learned
+
+        try:
+            peers.learned.refresh(rules, ctx.now)  # a fixed number of range queries; a failure leaves no history
+            decisions = apply_learned(decisions, running, rules, peers.learned, ctx.now)
+        except Exception:  # a bug in the learned policy leaves the fixed rules deciding, never a crash
+            log.exception("learned policy failed; the fixed rules decide this run")
     by_id = {i.instance_id: i for i in running}
     escalations = escalation.active(peers.store, ctx.now)
     if escalations:

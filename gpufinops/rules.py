@@ -80,6 +80,8 @@ class _RuleModel(BaseModel):
     slack_channel: str = ""
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
     max_memory_mib: float | None = Field(None, ge=0)
+    # Validated by gpufinops.learned.LearnedParams in load_rule_file (imported only when a rule has one).
+    learned: dict[str, Any] | None = None
 
     @field_validator("window", "warning_lead", mode="before")
     @classmethod
@@ -120,8 +122,18 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), text, exc)) from None
     out = []
+    errors = []
     for i, r in enumerate(parsed.rules):
         line = _rule_line(text, i)
+        learned = None
+        if r.learned is not None:
+            from .learned import LearnedParams
+
+            try:
+                learned = LearnedParams.model_validate(r.learned)
+            except ValidationError as exc:
+                errors.append(format_validation_error(str(path), text, exc, prefix=("rules", i, "learned")))
+                continue
         out.append(
             Rule(
                 name=r.name,
@@ -137,8 +149,11 @@ def load_rule_file(path: str | Path) -> list[Rule]:
                 underutilized_below_pct=r.underutilized_below_pct,
                 max_memory_mib=r.max_memory_mib,
                 source=f"{path}:{line}" if line else str(path),
+                learned=learned,
             )
         )
+    if errors:
+        raise ConfigError("\n".join(errors))
     return out
 
 
