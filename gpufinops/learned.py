@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from urllib3.util.retry import Retry
 
@@ -43,6 +43,7 @@ from .collect.prometheus import (
     GR_ENGINE_ACTIVE,
     InstanceMatcher,
     QueryFailed,
+    translated_errors,
 )
 from .config import PrometheusSettings
 from .model import SENTINEL_THRESHOLD, Decision, GpuInstance, ReasonCode, Rule, Verdict
@@ -342,20 +343,10 @@ class IdleHistory:
     def _range(self, promql: str, start: float, end: float, step_s: int):
         self.queries_made += 1
         where = self.settings.url.split("@")[-1]
-        try:
+        with translated_errors(where, self.settings.timeout_s):
             answer = self._client.custom_query_range(
                 promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
                 str(step_s), params={"timeout": f"{max(self.settings.timeout_s, 0.001):.3f}"})
-        except requests.Timeout:
-            raise QueryFailed(f"prometheus at {where}: timed out after {self.settings.timeout_s:g}s") from None
-        except requests.ConnectionError:
-            raise QueryFailed(f"prometheus at {where}: cannot connect") from None
-        except requests.RequestException as exc:
-            raise QueryFailed(f"prometheus at {where}: {type(exc).__name__}") from None
-        except PrometheusApiClientException as exc:
-            raise QueryFailed(f"prometheus at {where}: {str(exc)[:200]}") from None
-        except (ValueError, KeyError, TypeError):
-            raise QueryFailed(f"prometheus at {where}: malformed answer") from None
         rows = []
         try:
             for series in answer:

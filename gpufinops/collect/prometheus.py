@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -64,6 +65,25 @@ CLEAN, DIRTY = "clean", "dirty"
 
 class QueryFailed(Exception):
     """A query could not be answered; the message is short and holds no secret."""
+
+
+@contextmanager
+def translated_errors(where: str, timeout_s: float):
+    """Whatever a Prometheus HTTP call raises becomes one short QueryFailed (no secrets, no stack)."""
+    try:
+        yield
+    except requests.exceptions.JSONDecodeError:  # a proxy's HTML page, a truncated body
+        raise QueryFailed(f"prometheus at {where}: malformed answer (not JSON)") from None
+    except requests.Timeout:
+        raise QueryFailed(f"prometheus at {where}: timed out after {timeout_s:g}s") from None
+    except requests.ConnectionError:
+        raise QueryFailed(f"prometheus at {where}: cannot connect") from None
+    except requests.RequestException as exc:
+        raise QueryFailed(f"prometheus at {where}: {type(exc).__name__}") from None
+    except PrometheusApiClientException as exc:
+        raise QueryFailed(f"prometheus at {where}: {str(exc)[:200]}") from None
+    except (ValueError, KeyError, TypeError):  # body not JSON or not the API's shape
+        raise QueryFailed(f"prometheus at {where}: malformed answer") from None
 
 
 @dataclass(frozen=True)
@@ -350,23 +370,11 @@ class PrometheusMetrics:
         with self._lock:
             self.queries_made += 1
         timeout = self.settings.timeout_s
-        try:
+        with translated_errors(self._endpoint, timeout):
             # Server-side timeout as float seconds: Prometheus rejects "2.5s" (400).
             answer = self._client.custom_query(
                 promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):.3f}"}
             )
-        except requests.exceptions.JSONDecodeError:  # a proxy's HTML page, a truncated body
-            raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer (not JSON)") from None
-        except requests.Timeout:
-            raise QueryFailed(f"prometheus at {self._endpoint}: timed out after {timeout:g}s") from None
-        except requests.ConnectionError:
-            raise QueryFailed(f"prometheus at {self._endpoint}: cannot connect") from None
-        except requests.RequestException as exc:
-            raise QueryFailed(f"prometheus at {self._endpoint}: {type(exc).__name__}") from None
-        except PrometheusApiClientException as exc:
-            raise QueryFailed(f"prometheus at {self._endpoint}: {str(exc)[:200]}") from None
-        except (ValueError, KeyError, TypeError):  # body not JSON or not the API's shape
-            raise QueryFailed(f"prometheus at {self._endpoint}: malformed answer") from None
         return _parse_answer(key, answer)
 
     def window_usage(
