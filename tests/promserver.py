@@ -248,6 +248,24 @@ def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> bool:
     raise PrometheusUnavailable(f"prometheus not ready after {_READY_TIMEOUT_S:.0f}s:\n{tail}")
 
 
+def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromServer:
+    """Start /usr/bin/prometheus on a free 127.0.0.1 port and wait until it is ready."""
+    log_path = workdir / "prometheus.log"
+    for _attempt in range(3):  # another process may grab the free port first
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                 f"--web.listen-address=127.0.0.1:{port}", *extra_flags, "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        if _wait_ready(url, process, log_path):
+            return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
+    tail = log_path.read_text(errors="replace")[-2000:]
+    raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
+
+
 def start_prometheus(workdir: Path, series: Iterable[Series]) -> PromServer:
     """Backfill `series` into workdir/data, start Prometheus on it, wait until ready."""
     missing = binaries_missing()
@@ -260,21 +278,8 @@ def start_prometheus(workdir: Path, series: Iterable[Series]) -> PromServer:
     config = workdir / "prometheus.yml"
     # No scrape targets: the TSDB holds only what was backfilled.
     config.write_text("global:\n  scrape_interval: 1h\n  evaluation_interval: 1h\nscrape_configs: []\n")
-    log_path = workdir / "prometheus.log"
-    for _attempt in range(3):  # another process may grab the free port first
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d",
-                 "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        if _wait_ready(url, process, log_path):
-            return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
-    tail = log_path.read_text(errors="replace")[-2000:]
-    raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
+    # retention: 30-day-old backfills must not be deleted at startup.
+    return _launch(workdir, config, data, "--storage.tsdb.retention.time=3650d")
 
 
 def start_scraping_prometheus(workdir: Path, targets: Iterable[str], scrape_interval_s: int = 1,
@@ -297,20 +302,7 @@ def start_scraping_prometheus(workdir: Path, targets: Iterable[str], scrape_inte
         f"  evaluation_interval: 1h\nscrape_configs:\n  - job_name: {job}\n"
         f"    static_configs:\n      - targets: [{target_list}]\n"
     )
-    log_path = workdir / "prometheus.log"
-    for _attempt in range(3):  # another process may grab the free port first
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        if _wait_ready(url, process, log_path):
-            return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
-    tail = log_path.read_text(errors="replace")[-2000:]
-    raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
+    return _launch(workdir, config, data)
 
 
 @pytest.fixture
