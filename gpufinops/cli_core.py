@@ -16,7 +16,7 @@ log = logging.getLogger("gpufinops.cli")
 def build_live_peers(settings: Settings):
     """Real peers from settings: EC2 inventory, Prometheus, the database, Slack (or the outbox)."""
     from .collect.billing import schema as _billing_tables  # noqa: F401 - registers the costs table
-    from .collect.inventory import Ec2Cloud
+    from .collect.accounts import build_cloud
     from .collect.prometheus import PrometheusMetrics
     from .notify import build_notifier
     from .pipeline import Peers
@@ -25,7 +25,7 @@ def build_live_peers(settings: Settings):
 
     store = Store(settings.database_url)
     prices = OnDemandPrices.load_default()
-    cloud = Ec2Cloud(settings.aws, prices=prices)
+    cloud = build_cloud(settings.aws, prices=prices)
     metrics = PrometheusMetrics(settings.prometheus)
     notifier = build_notifier(settings.slack, store, utcnow)
     from .learned import IdleHistory

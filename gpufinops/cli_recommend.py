@@ -47,7 +47,7 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from gpufinops.cli import load_settings_from_args
-    from gpufinops.collect.inventory import Ec2Cloud
+    from gpufinops.collect.accounts import build_cloud
     from gpufinops.recommend.engine import recommend_fleet, store_recommendations
     from gpufinops.recommend.policy import policy_from_settings
     from gpufinops.recommend.table import render
@@ -62,7 +62,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     except CatalogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cloud = Ec2Cloud(settings.aws)
+    cloud = build_cloud(settings.aws)
     instances = cloud.list_gpu_instances()
     for err in getattr(cloud, "last_errors", []):
         print(f"warning: inventory: {err}", file=sys.stderr)

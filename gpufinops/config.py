@@ -72,6 +72,10 @@ class PrometheusSettings(_Strict):
 
 class AwsSettings(_Strict):
     regions: tuple[str, ...] = ("us-east-1",)
+    # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json).
+    assume_roles: tuple[str, ...] = ()
+    # Govern the account of gpufinops' own credentials too (with assume_roles).
+    include_own_account: bool = True
     endpoint_url: str | None = None  # moto / VPC endpoint
     profile: str | None = None
     # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).

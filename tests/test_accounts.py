@@ -1,0 +1,72 @@
+"""Several AWS accounts: gpufinops assumes a role in each; moto keeps the accounts apart over real HTTP."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from gpufinops.collect.accounts import MultiAccountCloud, assumed_role_session, build_cloud
+from gpufinops.collect.inventory import InventoryError
+from gpufinops.config import load_settings
+from gpufinops.model import TAG_MARKED
+
+OTHER = "222222222222"
+ROLE = f"arn:aws:iam::{OTHER}:role/gpufinops"
+
+
+def other_account_ec2(aws):
+    base = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    return assumed_role_session(base, ROLE, region="us-east-1", endpoint_url=aws.endpoint_url).client(
+        "ec2", endpoint_url=aws.endpoint_url)
+
+
+def test_lists_and_acts_in_each_account(aws):
+    own = aws.launch("g5.xlarge", tags={"team": "ml"})[0]
+    ec2b = other_account_ec2(aws)
+    other = ec2b.run_instances(ImageId=aws.ami(), InstanceType="p4d.24xlarge", MinCount=1, MaxCount=1,
+                               TagSpecifications=[{"ResourceType": "instance",
+                                                   "Tags": [{"Key": "team", "Value": "llm"}]}])["Instances"][0]["InstanceId"]
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url, "assume_roles": [ROLE]})
+    cloud = build_cloud(settings.aws, spot_prices=False)
+    assert isinstance(cloud, MultiAccountCloud)
+    by_id = {i.instance_id: i for i in cloud.list_gpu_instances()}
+    assert by_id[other].account == OTHER and by_id[own].account != OTHER
+    assert cloud.last_errors == []
+    # mutating calls go to the account the instance lives in
+    cloud.set_tags(by_id[other], {TAG_MARKED: "2026-11-29T12:00:00Z"})
+    cloud.stop(by_id[other])
+    state = ec2b.describe_instances(InstanceIds=[other])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] in ("stopping", "stopped")
+    assert {t["Key"] for t in state["Tags"]} >= {TAG_MARKED}
+    assert aws.state(own) == "running"
+    # reconciliation after a restart: a fresh cloud finds the instance in its account
+    fresh = build_cloud(settings.aws, spot_prices=False)
+    assert [i.account for i in fresh.describe([other, own])] == [OTHER, by_id[own].account]
+
+
+def test_an_account_whose_role_fails_does_not_hide_the_others(aws, monkeypatch):
+    own = aws.launch("g5.xlarge")[0]
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url,
+                                  "assume_roles": ["not-an-arn"]})
+    cloud = build_cloud(settings.aws, spot_prices=False)
+    ids = [i.instance_id for i in cloud.list_gpu_instances()]
+    assert own in ids
+    assert len(cloud.last_errors) == 1 and "not-an-arn" in cloud.last_errors[0].region
+    only_bad = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url,
+                                  "assume_roles": ["not-an-arn"], "include_own_account": False})
+    with pytest.raises(InventoryError):
+        build_cloud(only_bad.aws, spot_prices=False).list_gpu_instances()
+
+
+def test_never_acts_on_an_instance_no_account_listed(aws):
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url, "assume_roles": [ROLE]})
+    cloud = build_cloud(settings.aws, spot_prices=False)
+    own = aws.launch("g5.xlarge")[0]
+    from dataclasses import replace
+
+    stranger = replace(next(i for i in build_cloud(load_settings(
+        aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url}).aws, spot_prices=False).list_gpu_instances()
+        if i.instance_id == own))
+    with pytest.raises(InventoryError):
+        cloud.stop(stranger)  # not listed by this cloud yet: no guessing which account it is in
+    assert aws.state(own) == "running"
