@@ -135,4 +135,26 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
              "idle_share": None if s.idle_share is None else round(s.idle_share, 3),
              "alerts_sent": ", ".join(s.alerts_sent), "error": s.error or ""} for s in statuses]
     _print(pd.DataFrame(rows), args.format)
+    if loaded.source == "ce" and args.format == "table":
+        _print_aws_forecast(settings, now, end)
     return 1 if any(s.error for s in statuses) else 0
+
+
+def _print_aws_forecast(settings, now: datetime, end: datetime) -> None:
+    """AWS's own forecast, for comparison with ours (it covers the whole service, not only GPUs)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from .collect.billing.ce import fetch_ce_forecast
+    from .collect.billing.load import aws_client
+    from .collect.billing.settings import billing_settings
+
+    ce = billing_settings(settings).ce
+    try:
+        forecast = fetch_ce_forecast(aws_client(settings, "ce", ce.region), now, end, ce)
+    except (ClientError, BotoCoreError) as exc:
+        print(f"note: AWS cost forecast unavailable: {exc}", file=sys.stderr)
+        return
+    if forecast is not None:
+        amount, unit = forecast
+        print(f"AWS Cost Explorer forecast for the rest of {end - pd.Timedelta(days=1):%Y-%m} "
+              f"({ce.service}, all instances, not only GPUs): {amount:,.2f} {unit}")

@@ -95,3 +95,30 @@ def test_missing_metric_names_the_metric(aws):
     with pytest.raises(BillingDataError, match=r"metric 'UnblendedCost' missing for p4d.24xlarge on 2024-09-13"):
         fetch_ce(aws.client("ce"), SEP, OCT, NOW, AwsSettings().gpu_families,
                  CeSettings(purchase_types={"On Demand Instances": "on-demand"}))
+
+
+def test_aws_forecast_request_and_answer_with_a_stubbed_client():
+    """moto has no GetCostForecast: botocore's Stubber checks the exact request a real client sends."""
+    from datetime import datetime, timezone
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from gpufinops.collect.billing.ce import fetch_ce_forecast
+    from gpufinops.collect.billing.settings import CeSettings
+
+    client = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="y").client("ce", region_name="us-east-1")
+    ce = CeSettings()
+    now = datetime(2026, 11, 20, 15, tzinfo=timezone.utc)
+    end = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    with Stubber(client) as stub:
+        stub.add_response(
+            "get_cost_forecast",
+            {"Total": {"Amount": "1234.5", "Unit": "USD"}, "ForecastResultsByTime": []},
+            {"TimePeriod": {"Start": "2026-11-20", "End": "2026-12-01"}, "Metric": "UNBLENDED_COST",
+             "Granularity": "MONTHLY", "Filter": {"Dimensions": {"Key": "SERVICE", "Values": [ce.service]}}},
+        )
+        assert fetch_ce_forecast(client, now, end, ce) == (1234.5, "USD")
+        stub.assert_no_pending_responses()
+    # nothing left of the month: no call at all
+    assert fetch_ce_forecast(client, datetime(2026, 12, 1, 1, tzinfo=timezone.utc), end, ce) is None

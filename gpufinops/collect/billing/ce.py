@@ -125,7 +125,8 @@ def fetch_ce(client, start: datetime, end: datetime, now: datetime, families: Se
 
 
 def fetch_ce_forecast(client, now: datetime, end: datetime, ce: CeSettings) -> tuple[float, str] | None:
-    """AWS's own month-end forecast of EC2 compute cost (MEAN), shown next to ours.
+    """AWS's own forecast (MEAN) of the rest of the period's cost of `ce.service` (all of it, not
+    only GPU instances), shown by `budgets check` next to ours for comparison.
 
     GetCostForecast needs a start of today or later; None when nothing is left
     to forecast.
