@@ -138,12 +138,10 @@ def run_backtest(args: argparse.Namespace) -> int:
                            gpu_column=args.gpu_column, step_s=args.trace_step)
     else:
         from .backtest.prometheus import load_prometheus
+        from .collect.prometheus import auth_of
 
         prom = settings.prometheus
-        headers = {}
-        token = prom.bearer_token.resolve()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers, _basic = auth_of(prom)  # load_prometheus takes headers; basic auth is not passed on
         trace = load_prometheus(args.prometheus or prom.url, _time(args.start, now), _time(args.end, now), args.step,
                                 selector=args.selector if args.selector is not None else prom.selector,
                                 headers=headers, timeout_s=prom.timeout_s)

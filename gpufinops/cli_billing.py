@@ -43,24 +43,22 @@ def _now() -> datetime:
 
 def cmd_costs(args: argparse.Namespace) -> int:
     from .cli import load_settings_from_args
-    from .collect.billing.load import load_cost_table
     from .collect.billing.schema import save_costs
     from .costs import summarize
     from .store import Store
 
     settings = load_settings_from_args(args)
     now = _now()
-    if args.idle and args.source is None:
-        start, end = month_bounds(args.month)
-        return _print_idle_costs(settings, args, start, end, now, pd.DataFrame())
     try:
         start, end = month_bounds(args.month)
-        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for w in loaded.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    if args.idle and args.source is None:
+        return _print_idle_costs(settings, args, start, end, now, pd.DataFrame())
+    loaded = _load_costs(settings, args, start, end, now)
+    if loaded is None:
+        return 1
     if args.save:
         store = Store(settings.database_url)
         n = save_costs(store, loaded.table, loaded.source, start.date(), end.date(), now)
@@ -92,6 +90,20 @@ def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> i
     return 0
 
 
+def _load_costs(settings, args, start: datetime, end: datetime, now: datetime):
+    """The period's cost table from --source/--path or the config; None (error printed) on bad data."""
+    from .collect.billing.load import load_cost_table
+
+    try:
+        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
+    except BillingDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    for w in loaded.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return loaded
+
+
 def _print(df: pd.DataFrame, fmt: str) -> None:
     if fmt == "json":
         print(json.dumps(df.to_dict("records"), default=str, indent=2))
@@ -107,7 +119,6 @@ def _print(df: pd.DataFrame, fmt: str) -> None:
 def cmd_budgets_check(args: argparse.Namespace) -> int:
     from .budgets import run_budget_check
     from .cli import load_settings_from_args
-    from .collect.billing.load import load_cost_table
     from .notify import build_notifier
     from .store import Store
 
@@ -120,12 +131,12 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
                 now = end - pd.Timedelta(seconds=1).to_pytimedelta()
         else:
             start, end = month_bounds(f"{now:%Y-%m}")
-        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for w in loaded.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    loaded = _load_costs(settings, args, start, end, now)
+    if loaded is None:
+        return 1
     store = Store(settings.database_url)
     notifier = build_notifier(settings.slack, store, _now)
     statuses = run_budget_check(settings, store, notifier, now, loaded)

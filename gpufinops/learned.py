@@ -31,9 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import requests
-from prometheus_api_client import PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from urllib3.util.retry import Retry
 
 from .backtest import adaptive
 from .backtest.adaptive import EMPTY_PRIOR, AdaptiveParams, FleetPrior
@@ -43,6 +41,7 @@ from .collect.prometheus import (
     GR_ENGINE_ACTIVE,
     InstanceMatcher,
     QueryFailed,
+    connect,
     translated_errors,
 )
 from .config import PrometheusSettings
@@ -311,16 +310,7 @@ class IdleHistory:
             if name and name not in labels:
                 labels.append(name)
         self.host_labels = tuple(labels)
-        headers = {}
-        token = settings.bearer_token.resolve()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        auth = None
-        if settings.basic_auth_user:
-            auth = (settings.basic_auth_user, settings.basic_auth_password.resolve() or "")
-        self._client = PrometheusConnect(url=settings.url.rstrip("/"), headers=headers or None,
-                                         disable_ssl=not settings.verify_tls, retry=Retry(0, read=False),
-                                         auth=auth, session=session, timeout=settings.timeout_s)
+        self._client = connect(settings, session)
 
     # -- queries
 

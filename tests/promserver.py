@@ -248,6 +248,15 @@ def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> bool:
     raise PrometheusUnavailable(f"prometheus not ready after {_READY_TIMEOUT_S:.0f}s:\n{tail}")
 
 
+def _require_binaries() -> None:
+    """Skip the calling test (or raise outside pytest) when Prometheus is not installed."""
+    missing = binaries_missing()
+    if missing:
+        if os.environ.get("PYTEST_CURRENT_TEST"):
+            pytest.skip(missing)
+        raise PrometheusUnavailable(missing)
+
+
 def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromServer:
     """Start /usr/bin/prometheus on a free 127.0.0.1 port and wait until it is ready."""
     log_path = workdir / "prometheus.log"
@@ -268,11 +277,7 @@ def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromS
 
 def start_prometheus(workdir: Path, series: Iterable[Series]) -> PromServer:
     """Backfill `series` into workdir/data, start Prometheus on it, wait until ready."""
-    missing = binaries_missing()
-    if missing:
-        if os.environ.get("PYTEST_CURRENT_TEST"):
-            pytest.skip(missing)
-        raise PrometheusUnavailable(missing)
+    _require_binaries()
     workdir = Path(workdir)
     data = create_blocks(series, workdir)
     config = workdir / "prometheus.yml"
@@ -286,11 +291,7 @@ def start_scraping_prometheus(workdir: Path, targets: Iterable[str], scrape_inte
                               job: str = "dcgm-exporter") -> PromServer:
     """Start an empty Prometheus that scrapes `targets` ("127.0.0.1:port") every
     `scrape_interval_s` seconds, and wait until it is ready (not until the first scrape)."""
-    missing = binaries_missing()
-    if missing:
-        if os.environ.get("PYTEST_CURRENT_TEST"):
-            pytest.skip(missing)
-        raise PrometheusUnavailable(missing)
+    _require_binaries()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     data = workdir / "data"

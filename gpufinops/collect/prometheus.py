@@ -332,6 +332,27 @@ def _as_utc(now: datetime) -> datetime:
 # --------------------------------------------------------------------------- the source
 
 
+def auth_of(settings: PrometheusSettings) -> tuple[dict[str, str], tuple[str, str] | None]:
+    """HTTP headers and basic auth for the Prometheus API, from the env vars / files the settings name."""
+    headers = {}
+    token = settings.bearer_token.resolve()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    auth = None
+    if settings.basic_auth_user:
+        auth = (settings.basic_auth_user, settings.basic_auth_password.resolve() or "")
+    return headers, auth
+
+
+def connect(settings: PrometheusSettings, session: requests.Session | None = None) -> PrometheusConnect:
+    """The one way gpufinops opens the Prometheus API: auth from settings, TLS as configured, no retries
+    (a failed query is reported and the next run tries again; a read timeout stays a ReadTimeout)."""
+    headers, auth = auth_of(settings)
+    return PrometheusConnect(url=settings.url.rstrip("/"), headers=headers or None,
+                             disable_ssl=not settings.verify_tls, retry=Retry(0, read=False), auth=auth,
+                             session=session, timeout=settings.timeout_s)
+
+
 class PrometheusMetrics:
     """MetricsSource over Prometheus + dcgm-exporter."""
 
@@ -345,26 +366,10 @@ class PrometheusMetrics:
         )
         self.queries_made = 0  # HTTP queries sent, for tests and the benchmark
         self._lock = threading.Lock()
-        headers = {}
-        token = settings.bearer_token.resolve()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        auth = None
-        if settings.basic_auth_user:
-            auth = (settings.basic_auth_user, settings.basic_auth_password.resolve() or "")
         self._endpoint = urlparse(settings.url).hostname or "prometheus"
         if urlparse(settings.url).port:
             self._endpoint += f":{urlparse(settings.url).port}"
-        self._client = PrometheusConnect(
-            url=settings.url.rstrip("/"),
-            headers=headers or None,
-            disable_ssl=not settings.verify_tls,
-            # No silent retries: a failed evaluation is reported and retried next run.
-            retry=Retry(0, read=False),  # as requests does by default: a read timeout stays a ReadTimeout
-            auth=auth,
-            session=session,
-            timeout=settings.timeout_s,
-        )
+        self._client = connect(settings, session)
 
     def _query(self, key: tuple[str, str], promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
         with self._lock:

@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 
 import requests
 
-from gpufinops.collect.prometheus import GPU_LABELS, InstanceMatcher, gpu_key
+from gpufinops.collect.prometheus import GPU_LABELS, InstanceMatcher, auth_of, gpu_key
 from gpufinops.config import PrometheusSettings
 from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance
 
@@ -134,11 +134,10 @@ class PrometheusUsage:
         self.settings = settings
         self.session = session or requests.Session()
         self.session.verify = settings.verify_tls
-        token = settings.bearer_token.resolve()
-        if token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
-        if settings.basic_auth_user:
-            self.session.auth = (settings.basic_auth_user, settings.basic_auth_password.resolve() or "")
+        headers, auth = auth_of(settings)
+        self.session.headers.update(headers)
+        if auth is not None:
+            self.session.auth = auth
         self.queries_made = 0
 
     def _get(self, path: str, params: dict) -> list[dict]:
