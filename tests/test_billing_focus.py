@@ -20,6 +20,7 @@ OCT = datetime(2024, 10, 1, tzinfo=timezone.utc)
 BS = BillingSettings(gpu_families=AwsSettings().gpu_families)
 
 
+@pytest.mark.skipif(not SAMPLE.exists(), reason="../shared FOCUS sample not beside the checkout")
 def test_real_sample_g5_rows_are_gpu_cost():
     res = read_focus(str(SAMPLE), SEP, OCT, BS)
     # Independent count straight from the CSV: every g5.4xlarge instance-hour charge.
