@@ -16,6 +16,9 @@ history comes from Prometheus:
   UNDERUTILIZED or ACTIVE into IDLE. Once the policy has said IDLE for a stretch, it stays IDLE until demand
   returns, as in the backtest (else a mark would be cancelled and renewed while the lull goes on).
 - `apply_learned` replaces the decisions of the rules with a `learned:` block; everything else is unchanged.
+- Time of day (`time_of_day`, default 3h): each stretch keeps its start time, so the evidence for the current
+  lull is the past lulls begun near its time of day (the others weigh `other_times_weight`), and the fleet prior
+  is built per hour from the fleet's lulls begun near it, as in the backtest.
 
 I/O happens only in `IdleHistory.refresh`; every other function is pure and takes `now`.
 """
@@ -24,9 +27,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -86,12 +90,21 @@ class LearnedParams(BaseModel):
     unusual_wait_s: int | None = Field(None, alias="unusual_wait")
     criterion: Literal["value", "p"] = "value"
     p_min: float = Field(0.8, gt=0, le=1)  # criterion "p": confidence that the stop outlasts the break-even
+    # Past stretches begun within this much of the current one's time of day weigh 1, the others
+    # other_times_weight; the fleet prior uses only the former (0: time of day unused).
+    time_of_day_s: int = Field(3 * 3600, alias="time_of_day", ge=0, le=12 * 3600)
+    other_times_weight: float = Field(0.2, ge=0, le=1)
 
     @field_validator("step_s", "refresh_s", "break_even_s", "restart_cost_s", "min_idle_s", "unusual_wait_s",
                      mode="before")
     @classmethod
     def _durations(cls, v: Any) -> Any:
         return _duration(v)
+
+    @field_validator("time_of_day_s", mode="before")
+    @classmethod
+    def _time_of_day(cls, v: Any) -> Any:
+        return 0 if v in (0, "0") else _duration(v)  # 0 turns it off
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnedParams:
@@ -112,7 +125,8 @@ class LearnedParams(BaseModel):
                               prior_weight=self.fleet_prior, min_support=self.min_support,
                               min_idle_s=float(self.min_idle_s), min_history=self.min_history,
                               unusual_wait_s=None if self.unusual_wait_s is None else float(self.unusual_wait_s),
-                              fleet_refresh_s=float(self.refresh_s))
+                              fleet_refresh_s=float(self.refresh_s), time_of_day_s=float(self.time_of_day_s),
+                              other_times_weight=self.other_times_weight)
 
 
 def learned_params(rule: Rule) -> LearnedParams | None:
@@ -130,6 +144,8 @@ class Stretches:
     completed_s: lengths (s) of stretches with demand on both sides, oldest first: the policy's own evidence.
     censored_s: stretches that lasted *at least* this long (cut by the history's start, a gap in the data, or
       still going on at its end): for the fleet prior's Kaplan-Meier, never as completed.
+    completed_start_t, censored_start_t: when each began (epoch s; for one cut by the history's start or a gap,
+      the earliest time known idle), for the time of day.
     open_since: start (epoch s) of the stretch still going on at the end of the history, None if the last step
       was not idle; open_exact: False when it began before the history or after a gap (then a latest start).
     end_t: the history's last step (epoch s), at or before `now`.
@@ -140,6 +156,8 @@ class Stretches:
     open_since: float | None
     open_exact: bool
     end_t: float
+    completed_start_t: tuple[float, ...] = ()
+    censored_start_t: tuple[float, ...] = ()
 
 
 def step_states(activity: np.ndarray, gpus: np.ndarray, demand_pct: float) -> np.ndarray:
@@ -169,19 +187,21 @@ def stretches(states: np.ndarray, t0: float, step_s: float) -> Stretches:
     idle = np.concatenate([[False], s == IDLE_STEP, [False]])
     edges = np.flatnonzero(np.diff(idle.astype(np.int8)))
     starts, ends = edges[0::2], edges[1::2]  # runs [a, b)
-    completed, censored = [], []
+    completed, censored, completed_t, censored_t = [], [], [], []
     open_since, open_exact = None, False
     for a, b in zip(starts, ends):
-        length = float((b - a) * step_s)
+        length, began = float((b - a) * step_s), t0 + (a - 1) * step_s
         after_demand = a > 0 and s[a - 1] == DEMAND_STEP
         if b == n:
-            open_since, open_exact = t0 + (a - 1) * step_s, bool(after_demand)
-            censored.append(length)
-        elif after_demand and s[b] == DEMAND_STEP:
+            open_since, open_exact = began, bool(after_demand)
+        if b < n and after_demand and s[b] == DEMAND_STEP:
             completed.append(length)
+            completed_t.append(began)
         else:
             censored.append(length)
-    return Stretches(tuple(completed), tuple(censored), open_since, open_exact, t0 + (n - 1) * step_s)
+            censored_t.append(began)
+    return Stretches(tuple(completed), tuple(censored), open_since, open_exact, t0 + (n - 1) * step_s,
+                     tuple(completed_t), tuple(censored_t))
 
 
 # --------------------------------------------------------------------------- history from Prometheus
@@ -266,22 +286,29 @@ class HistoryView:
         act, gpus = self.grid.activity(rows)
         return stretches(step_states(act, gpus, self.params.demand_pct), self.grid.t0, self.grid.step_s)
 
-    def prior(self, lead_s: float) -> FleetPrior:
-        """The fleet prior from every host's stretches (completed, and at-least-this-long ones)."""
+    def prior(self, lead_s: float, stretch_start_t: float | None = None) -> FleetPrior:
+        """The fleet prior from every host's stretches (completed, and at-least-this-long ones); with time of day,
+        only those begun near the hour of stretch_start_t (one prior per hour, as in the backtest)."""
         ap = self.params.adaptive()
         if self.grid is None or ap.prior_weight <= 0:
             return EMPTY_PRIOR
         floor = adaptive.floor_s(ap, lead_s)
-        key = (self.params.demand_pct, floor, ap.prior_points)
+        hour = adaptive.prior_hour(stretch_start_t, ap) if stretch_start_t is not None else None
+        key = (self.params.demand_pct, floor, ap.prior_points, ap.time_of_day_s, hour)
         if key not in self.grid.priors:
-            done: list[float] = []
-            cens: list[float] = []
+            done, cens, done_t, cens_t = [], [], [], []
             for row in range(len(self.grid.keys)):
                 act, gpus = self.grid.activity([row])
                 st = stretches(step_states(act, gpus, self.params.demand_pct), self.grid.t0, self.grid.step_s)
                 done.extend(st.completed_s)
                 cens.extend(st.censored_s)
-            self.grid.priors[key] = adaptive.fleet_prior(done, floor, ap.prior_points, ongoing_s=cens)
+                done_t.extend(st.completed_start_t)
+                cens_t.extend(st.censored_start_t)
+            d, c = np.asarray(done, dtype=float), np.asarray(cens, dtype=float)
+            if hour is not None:
+                d = d[adaptive.near_in_time_of_day(done_t, hour, ap)]
+                c = c[adaptive.near_in_time_of_day(cens_t, hour, ap)]
+            self.grid.priors[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
         return self.grid.priors[key]
 
 
@@ -423,16 +450,18 @@ def current_idle_age(base: Decision, hist: Stretches, params: LearnedParams,
     return w, False
 
 
-def _first_learned_age(completed: Sequence[float], age_s: float, rule: Rule, prior: FleetPrior,
-                       params: LearnedParams) -> tuple[float, str] | None:
+def _first_learned_age(hist: Stretches, age_s: float, rule: Rule, prior: FleetPrior, params: LearnedParams,
+                       stretch_start_t: float) -> tuple[float, str] | None:
     """The first earlier age (on the tick grid) at which the policy said IDLE for this stretch, with its reason."""
     ap = params.adaptive()
     ages = np.arange(ap.min_idle_s, age_s, TICK_S)
     if not len(ages):
         return None
     lead = float(rule.warning_lead_s)
-    own, n_hist = adaptive._own_sorted(completed, ap, adaptive.floor_s(ap, lead))
-    ev = adaptive.assess(own, prior, ages, lead, params.break_even_s, params.restart_cost_s, ap)
+    own, own_w, n_hist = adaptive.own_evidence(hist.completed_s, ap, adaptive.floor_s(ap, lead),
+                                               hist.completed_start_t, stretch_start_t)
+    ev = adaptive.assess(own, prior, ages, lead, params.break_even_s, params.restart_cost_s, ap, own_w,
+                         adaptive.time_of_day_scope(stretch_start_t if own_w is not None else None, ap))
     has_prior = ap.prior_weight > 0 and len(prior.points) > 0
     learned, _ = adaptive.learned_masks(ev, ages, n_hist, has_prior, np.zeros(len(ages), bool), ap,
                                         params.break_even_s)
@@ -443,9 +472,12 @@ def _first_learned_age(completed: Sequence[float], age_s: float, rule: Rule, pri
     return float(ages[h0]), adaptive._idle_reason(ev, h0, prior, float(ages[h0]), lead, params.break_even_s, ap)
 
 
-def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches | None, fleet_prior: FleetPrior,
-                   params: LearnedParams, now: datetime) -> Decision:
-    """The learned policy over `base`, `evaluate()`'s decision for `rule`. Only an IDLE can change."""
+def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches | None,
+                   fleet_prior: FleetPrior | Callable[[float], FleetPrior], params: LearnedParams,
+                   now: datetime) -> Decision:
+    """The learned policy over `base`, `evaluate()`'s decision for `rule`. Only an IDLE can change.
+
+    fleet_prior: the prior, or a function of the current stretch's start time that gives it (time of day)."""
     if base.verdict != Verdict.IDLE or history_for_instance is None:
         return base  # never more aggressive than the fixed rule; no history: the fixed rule decides
     age, exact = current_idle_age(base, history_for_instance, params, now)
@@ -453,10 +485,13 @@ def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches |
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason=f"activity up to {base.activity_max:.0f}% in the last {_fmt(base.window_s)}, over the "
                               f"{params.demand_pct:g}% demand level: no idle stretch yet; learned policy waits")
+    began = _epoch(now) - age
+    prior = fleet_prior(began) if callable(fleet_prior) else fleet_prior
     d = adaptive.decide(base, list(history_for_instance.completed_s), age, rule, params.adaptive(),
-                        float(params.break_even_s), now, fleet_prior, float(params.restart_cost_s))
+                        float(params.break_even_s), now, prior, float(params.restart_cost_s),
+                        history_start_t=history_for_instance.completed_start_t)
     if d.verdict != Verdict.IDLE and d.code == ReasonCode.LEARNED_WAIT:
-        earlier = _first_learned_age(history_for_instance.completed_s, age, rule, fleet_prior, params)
+        earlier = _first_learned_age(history_for_instance, age, rule, prior, params, began)
         if earlier is not None:  # said IDLE earlier in this stretch: it holds until demand returns
             first_age, why = earlier
             d = replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE,
@@ -483,5 +518,6 @@ def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance
         if p not in views:
             views[p] = history.view(p, instances)
         view = views[p]
-        out.append(decide_learned(d, rule, view.instance(d.instance_id), view.prior(rule.warning_lead_s), p, now))
+        out.append(decide_learned(d, rule, view.instance(d.instance_id),
+                                  partial(view.prior, float(rule.warning_lead_s)), p, now))
     return out

@@ -5,19 +5,38 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpufinops.backtest.adaptive import (
-    AdaptiveParams, adaptive_verdicts, backtest_adaptive, decide, fleet_prior, floor_s, stop_reason,
+    AdaptiveParams,
+    adaptive_verdicts,
+    backtest_adaptive,
+    decide,
+    fleet_prior,
+    floor_s,
+    near_in_time_of_day,
+    prior_hour,
+    stop_reason,
 )
-from gpufinops.backtest.engine import BacktestSettings, Prepared, backtest_rule, rule_verdicts
+from gpufinops.backtest.engine import (
+    BacktestSettings,
+    Prepared,
+    backtest_rule,
+    rule_verdicts,
+)
 from gpufinops.backtest.traces import from_arrays
 from gpufinops.evaluate import evaluate
-from gpufinops.model import GpuInstance, GpuWindowStats, InstanceUsage, ReasonCode, Verdict
+from gpufinops.model import (
+    GpuInstance,
+    GpuWindowStats,
+    InstanceUsage,
+    ReasonCode,
+    Verdict,
+)
 from gpufinops.rules import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +85,13 @@ def test_learns_that_lulls_are_long_and_stops_sooner_than_a_long_window(rules):
     assert fixed.time_to_stop_min["p50"] == pytest.approx(75, abs=1)
     last = rep.stops[-1]
     reason = stop_reason(prep, run, last.instance, last.stop_at)
+    # Every 12 h: nights begin at two times of day, 12 h apart; those begun within 3 h of this one weigh fully.
     m = re.fullmatch(r"idle 5 min; 100% of this instance's (\d+) past idle stretches longer than 20 min "
-                     r"lasted over 50 min \(fleet: 100% of (\d+)\); stopping now is worth more than waiting", reason)
-    assert m and int(m.group(1)) >= 15, reason
+                     r"\(begun (\d\d:\d\d)-(\d\d:\d\d) UTC\) lasted over 50 min \(fleet: 100% of (\d+)\); "
+                     r"stopping now is worth more than waiting", reason)
+    assert m and int(m.group(1)) >= 8, reason
+    began = datetime.fromtimestamp(last.stop_at - 20 * 60, UTC)
+    assert m.group(2) == (began - timedelta(hours=3)).strftime("%H:%M"), reason
 
 
 def test_a_new_instance_borrows_the_fleets_history(rules):
@@ -83,7 +106,7 @@ def test_a_new_instance_borrows_the_fleets_history(rules):
     new = [s for s in rep.stops if s.instance == prep.trace.instance_ids[5]]
     assert new[0].time_to_stop_s == pytest.approx(20 * 60)
     reason = stop_reason(prep, run, new[0].instance, new[0].stop_at)
-    assert re.fullmatch(r"idle 5 min; no past idle stretch of this instance lasted 20 min "
+    assert re.fullmatch(r"idle 5 min; no past idle stretch of this instance \(begun \S+ UTC\) lasted 20 min "
                         r"\(fleet: 100% of \d+\); stopping now is worth more than waiting", reason), reason
     _, rep0, run0 = backtest_adaptive(prep, fallback, AdaptiveParams(prior_weight=0.0, min_history=10))
     new0 = [s for s in rep0.stops if s.instance == prep.trace.instance_ids[5]]
@@ -120,8 +143,8 @@ def test_no_peeking_future_data_does_not_change_past_verdicts(rules):
 
 
 def _base(rule):
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", datetime(2025, 12, 31, tzinfo=timezone.utc),
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", datetime(2025, 12, 31, tzinfo=UTC),
                        gpu_count=1)
     usage = InstanceUsage("i-1", 600, 10, (GpuWindowStats("0", 10, activity_max=0.0, activity_mean=0.0),))
     return inst, evaluate(inst, usage, rule, now), now
@@ -155,7 +178,9 @@ def test_decide_explains_itself(rules):
 
 @pytest.mark.parametrize("params", [AdaptiveParams(prior_weight=0.0, min_history=5, min_support=3, unusual_wait_s=1200),
                                     AdaptiveParams(prior_weight=5.0, fleet_refresh_s=1800.0, unusual_wait_s=1200),
-                                    AdaptiveParams(criterion="p", p_min=0.7, prior_weight=2.0)])
+                                    AdaptiveParams(criterion="p", p_min=0.7, prior_weight=2.0),
+                                    AdaptiveParams(prior_weight=5.0, time_of_day_s=0.0, unusual_wait_s=1200),
+                                    AdaptiveParams(prior_weight=5.0, time_of_day_s=2 * 3600.0, other_times_weight=0.0)])
 def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
     """The array path and the live `decide()` agree tick by tick (before any stop), fleet prior included."""
     rule = rules[0]
@@ -185,11 +210,47 @@ def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
             continue
         t_start = T0 + start * 60
         block = T0 + np.floor((t_start - T0) / params.fleet_refresh_s + 1e-9) * params.fleet_refresh_s
-        known = [e - s for s, e in done if e <= block]
-        ongoing = [block - s for s, e in done if s < block < e] + ([block - t_start] if t_start < block else [])
+        hour = prior_hour(t_start, params)  # with time of day: the fleet's stretches begun near this hour only
+        def near(s, hour=hour):
+            return hour is None or bool(near_in_time_of_day([s], hour, params)[0])
+
+        known = [e - s for s, e in done if e <= block and near(s)]
+        ongoing = [block - s for s, e in done if s < block < e and near(s)] + (
+            [block - t_start] if t_start < block and near(t_start) else [])
         prior = fleet_prior(known, floor_s(params, rule.warning_lead_s), params.prior_points, ongoing_s=ongoing)
-        own = [e - s for s, e in done]
+        own, own_start = [e - s for s, e in done], [s for s, _ in done]
         d = decide(replace(template, verdict=verdict), own, now - t_start, rule, params, settings.break_even_s,
-                   datetime.fromtimestamp(now, timezone.utc), prior, settings.restart_cost_s)
+                   datetime.fromtimestamp(now, UTC), prior, settings.restart_cost_s, own_start)
         latched = latched or d.verdict == Verdict.IDLE
         assert (run.verdicts[0, j] == 1) == latched, (j, now - t_start, d.reason)
+
+
+def office_days(days: int) -> np.ndarray:
+    """Per minute from midnight UTC: work 08:00-12:00, a 45-minute lunch lull, work 12:45-18:00, idle all night."""
+    minute = np.arange(days * 1440) % 1440
+    work = ((minute >= 8 * 60) & (minute < 12 * 60)) | ((minute >= 12 * 60 + 45) & (minute < 18 * 60))
+    return np.where(work, 60.0, 0.0)
+
+
+def test_time_of_day_stops_the_night_early_and_still_waits_out_lunch(rules):
+    # Lunch lulls (45 min) and nights (14 h) in one history. Without the time of day, every lull over 35 min
+    # might be a lunch, so the night waits until lunch would have ended. With it, a lull begun at 18:00 is judged
+    # by the nights (lunches weigh 0.2), and one begun at noon still by the lunches: no false stop either way.
+    # (Its first nights wait longer: the fleet prior counts only lulls begun near this hour, and needs five.)
+    fallback = replace(rules[0], name="below-5-2h", threshold_pct=5.0, window_s=7200)
+    t0 = datetime(2026, 11, 2, tzinfo=UTC).timestamp()
+    prep = Prepared(from_arrays(office_days(21), step_s=60, t0=t0), BacktestSettings())
+    flat, rep_flat, _ = backtest_adaptive(prep, fallback, AdaptiveParams(time_of_day_s=0.0))
+    tod, rep_tod, run = backtest_adaptive(prep, fallback, AdaptiveParams())
+    assert flat.false_stops == 0 and tod.false_stops == 0
+    for rep in (rep_flat, rep_tod):  # never at lunch: every stop is in a lull begun at 18:00 (or the first night)
+        assert all(not 8 <= datetime.fromtimestamp(s.stop_at, UTC).hour < 18 for s in rep.stops)
+    # The last two weeks: stopped 20 min into the night (5 idle + 15 warning) with the time of day, 45 without.
+    assert [s.time_to_stop_s for s in rep_tod.stops[-14:]] == [20 * 60.0] * 14
+    assert [s.time_to_stop_s for s in rep_flat.stops[-14:]] == [45 * 60.0] * 14
+    later = rep_tod.stops[-14:]
+    assert tod.net_gpu_hours > flat.net_gpu_hours
+    reason = stop_reason(prep, run, later[-1].instance, later[-1].stop_at)
+    assert re.fullmatch(r"idle 5 min; 100% of this instance's \d+ past idle stretches longer than 20 min "
+                        r"\(begun 15:00-21:00 UTC\) lasted over 50 min \(fleet: 100% of \d+\); "
+                        r"stopping now is worth more than waiting", reason), reason

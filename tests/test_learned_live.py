@@ -6,6 +6,7 @@ on a Rule subclass with the same field, which is all `apply_learned` reads.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from dataclasses import dataclass, fields, replace
@@ -243,12 +244,14 @@ def test_bursty_serving_is_held_back_and_a_long_idle_night_let_through(prom, his
     serve = out[("i-serve", LEARNED.name)]
     assert serve.verdict == Verdict.UNDERUTILIZED and serve.code == ReasonCode.LEARNED_WAIT
     assert serve.reason.startswith("idle 20 min; 0% of this instance's ")
-    assert "past idle stretches longer than 35 min lasted over 65 min (fleet: " in serve.reason
+    # Only the lulls begun within 3 h of this one's time of day weigh fully, and the reason says which.
+    assert re.search(r"past idle stretches longer than 35 min \(begun \d\d:\d\d-\d\d:\d\d UTC\) lasted over 65 min "
+                     r"\(fleet: ", serve.reason), serve.reason
     assert serve.reason.endswith("waiting: a later stop is worth more (a false stop counts 2 GPU-h)")
     night = out[("i-night", LEARNED.name)]
     assert night.verdict == Verdict.IDLE and night.code == ReasonCode.LEARNED_IDLE
-    assert night.reason.startswith("idle 30 min; 100% of this instance's 13 past idle stretches longer than 45 min "
-                                   "lasted over 75 min (fleet: ")
+    assert re.match(r"idle 30 min; 100% of this instance's 13 past idle stretches longer than 45 min "
+                    r"\(begun \S+ UTC\) lasted over 75 min \(fleet: ", night.reason), night.reason
     assert night.reason.endswith("stopping now is worth more than waiting")
     # The rule without a learned block is untouched, decision for decision.
     assert [d for d in out.values() if d.rule_name == FIXED.name] == [d for d in fixed if d.rule_name == FIXED.name]
@@ -302,7 +305,9 @@ def test_step_states_and_stretches():
     assert st.tolist() == [D, I, I, U, I, D, I, U, D, I, U, I]  # a missing GPU makes a step unknown
     s = stretches(np.array([D, I, I, D, I, U, I, D, I, I]), t0=1000.0, step_s=300.0)
     assert s == Stretches(completed_s=(600.0,), censored_s=(300.0, 300.0, 600.0), open_since=1000.0 + 7 * 300.0,
-                          open_exact=True, end_t=1000.0 + 9 * 300.0)
+                          open_exact=True, end_t=1000.0 + 9 * 300.0,
+                          # a stretch begins where the step before it ends (or at its earliest known idle step)
+                          completed_start_t=(1000.0,), censored_start_t=(1900.0, 2500.0, 3100.0))
 
 
 def test_demand_in_the_window_holds_an_idle_of_a_looser_rule_back():
@@ -419,3 +424,22 @@ def test_run_once_applies_the_learned_policy(prom, tmp_path):
     assert got["i-serve"].code == ReasonCode.LEARNED_WAIT and got["i-night"].code == ReasonCode.LEARNED_IDLE
     assert {k: v for k, v in got.items() if k not in ("i-serve", "i-night", "i-hand")} == \
         {k: v for k, v in fixed.items() if k not in ("i-serve", "i-night", "i-hand")}
+
+
+def test_time_of_day_judges_a_lull_by_the_lulls_begun_near_its_hour():
+    """Live, as in the backtest: 45-min lunches and 14-h nights; a lull begun at the nights' hour stops at once."""
+    began = NOW_S - 20 * MIN  # the current lull, 20 min old, begins at the nights' time of day
+    nights = [(began - k * 86400.0, 14 * 3600.0) for k in range(14, 0, -1)]
+    lunches = [(began - 6 * 3600.0 - k * 86400.0, 45 * 60.0) for k in range(14, 0, -1)]
+    past = sorted(nights + lunches)
+    hist = Stretches(tuple(d for _, d in past), (), began, True, NOW_S, completed_start_t=tuple(t for t, _ in past))
+    by_hour = LearnedParams(fleet_prior=0)
+    d = decide_learned(_base(), replace(LEARNED, learned=by_hour), hist, adaptive.EMPTY_PRIOR, by_hour, NOW)
+    assert d.verdict == Verdict.IDLE and d.code == ReasonCode.LEARNED_IDLE, d.reason
+    window = f"{datetime.fromtimestamp(began - 3 * 3600, UTC):%H:%M}-{datetime.fromtimestamp(began + 3 * 3600, UTC):%H:%M}"
+    assert f"100% of this instance's 14 past idle stretches longer than 20 min (begun {window} UTC)" in d.reason
+    # Every lull alike: it might be a lunch, so the policy waits until lunch would be over.
+    flat = LearnedParams(fleet_prior=0, time_of_day=0)
+    d = decide_learned(_base(), replace(LEARNED, learned=flat), hist, adaptive.EMPTY_PRIOR, flat, NOW)
+    assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT, d.reason
+    assert "of this instance's 28 past idle stretches longer than 35 min lasted over 65 min" in d.reason

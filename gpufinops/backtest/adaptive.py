@@ -26,6 +26,14 @@ more). G decreases between past stretch lengths and jumps up at each one, so
 "every later y'" is checked at those lengths only. Criterion "p" is the
 simpler cut P(D >= y + break_even | D > y) >= p_min.
 
+Time of day. Lulls that begin in the evening tend to last the night; lulls
+that begin mid-morning end at the next meeting. With `time_of_day_s` (default
+3 h) the evidence is the past stretches that *began* within that much of the
+current stretch's start time of day (circular, UTC), each weighing 1; the
+others still count, at `other_times_weight` (default 0.2), so an instance with
+little history at this hour falls back on the rest of its day; the fleet
+prior is built from the fleet's stretches that began within the same window.
+
 Where the evidence is too thin (weighted support under `min_support`; or with
 no fleet prior, fewer than `min_history` own stretches), the fixed rule decides,
 after `unusual_wait_s` of idleness. Once IDLE, the policy stays IDLE until
@@ -39,12 +47,23 @@ arrays, one small numpy step per idle stretch (not per sample).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 import numpy as np
 
 from ..model import Decision, ReasonCode, Rule, Verdict
-from .engine import IDLE, UNDERUTILIZED, UNKNOWN, Prepared, Replay, Summary, oracle_net_seconds, replay, rule_verdicts, summarise
+from .engine import (
+    IDLE,
+    UNDERUTILIZED,
+    UNKNOWN,
+    Prepared,
+    Replay,
+    Summary,
+    oracle_net_seconds,
+    replay,
+    rule_verdicts,
+    summarise,
+)
 
 _TOL = 1e-6  # seconds x weight: ties between "stop now" and "stop later" go to stopping now
 
@@ -64,11 +83,16 @@ class AdaptiveParams:
     unusual_wait_s: float | None = None
     fleet_refresh_s: float = 3600.0  # the fleet prior is rebuilt from completed stretches this often
     prior_points: int = 64  # the fleet prior is summarised by this many quantiles
+    # Past stretches that began within this much of the current one's start time of day weigh 1, the others
+    # other_times_weight; the fleet prior uses only the former. 0: every past stretch weighs 1.
+    time_of_day_s: float = 3 * 3600.0
+    other_times_weight: float = 0.2
 
     def label(self) -> str:
         how = (f"false stop = {self.false_stop_cost_h:g} GPU-h" if self.criterion == "value"
                else f"p>={self.p_min:g}")
-        return f"{how}, fleet prior {self.prior_weight:g}, support>={self.min_support:g}"
+        tod = f", time of day +-{self.time_of_day_s / 3600:g} h" if self.time_of_day_s > 0 else ""
+        return f"{how}, fleet prior {self.prior_weight:g}, support>={self.min_support:g}{tod}"
 
 
 @dataclass(frozen=True)
@@ -133,25 +157,56 @@ def floor_s(params: AdaptiveParams, lead_s: float) -> float:
     return params.min_idle_s + lead_s
 
 
+def near_in_time_of_day(start_t, at_t: float, params: AdaptiveParams) -> np.ndarray:
+    """Which stretches (start epoch s) began within `time_of_day_s` of at_t's time of day (circular, UTC)."""
+    d = np.abs(np.mod(np.asarray(start_t, dtype=float) - at_t, 86400.0))
+    return np.minimum(d, 86400.0 - d) <= params.time_of_day_s + 1e-6
+
+
+def prior_hour(stretch_start_t: float, params: AdaptiveParams) -> float | None:
+    """The time the fleet prior is centred on for a stretch begun then: the middle of its UTC hour, so that one
+    prior per hour serves every stretch (None: time of day unused)."""
+    if params.time_of_day_s <= 0:
+        return None
+    return float(np.floor(stretch_start_t / 3600.0) * 3600.0 + 1800.0)
+
+
+def time_of_day_scope(at_t: float | None, params: AdaptiveParams) -> str:
+    """The words that say which past stretches the evidence is about (empty: all of them)."""
+    if params.time_of_day_s <= 0 or at_t is None:
+        return ""
+
+    def hhmm(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%H:%M")
+
+    return f" (begun {hhmm(at_t - params.time_of_day_s)}-{hhmm(at_t + params.time_of_day_s)} UTC)"
+
+
 @dataclass
 class Evidence:
     """Per queried age (arrays): what the history says about a stop at age + lead."""
 
     support: np.ndarray  # weighted past stretches longer than age + lead (own + prior)
     p: np.ndarray  # weighted share of those that lasted the break-even past the stop
-    own_support: np.ndarray  # this instance's stretches longer than age + lead
+    own_support: np.ndarray  # this instance's stretches longer than age + lead (near in time of day, if used)
     own_p: np.ndarray
     stop_now: np.ndarray  # "value": no later stop is worth more than a stop at age + lead
+    scope: str = ""  # which past stretches own_support counts, for the reason
 
 
 def assess(own_sorted, prior: FleetPrior, ages_s, lead_s: float, break_even_s: float, restart_cost_s: float,
-           params: AdaptiveParams) -> Evidence:
-    """The evidence for a stop marked at each age (own_sorted: this instance's stretches longer than the floor)."""
+           params: AdaptiveParams, own_weights=None, scope: str = "") -> Evidence:
+    """The evidence for a stop marked at each age.
+
+    own_sorted: this instance's stretches longer than the floor, sorted; own_weights: their weights (None: 1 each;
+    see `own_evidence`). The own counts in the reason are over the stretches of weight 1.
+    """
     own = np.asarray(own_sorted, dtype=float)
+    own_w = np.ones(len(own)) if own_weights is None else np.asarray(own_weights, dtype=float)
     pts = prior.points if params.prior_weight > 0 else np.zeros(0)
     w_prior = params.prior_weight / len(pts) if len(pts) else 0.0
     vals = np.concatenate([own, pts])
-    wts = np.concatenate([np.ones(len(own)), np.full(len(pts), w_prior)])
+    wts = np.concatenate([own_w, np.full(len(pts), w_prior)])
     order = np.argsort(vals, kind="stable")
     vals, wts = vals[order], wts[order]
     w_suf = np.concatenate([np.cumsum(wts[::-1])[::-1], [0.0]])  # weight of vals[j:]
@@ -162,8 +217,9 @@ def assess(own_sorted, prior: FleetPrior, ages_s, lead_s: float, break_even_s: f
     support, outlast = w_suf[gt], w_suf[ok]
     with np.errstate(invalid="ignore", divide="ignore"):
         p = np.where(support > 0, outlast / np.maximum(support, 1e-12), 0.0)
-        own_gt = len(own) - np.searchsorted(own, y, side="right")
-        own_ok = len(own) - np.searchsorted(own, y + break_even_s, side="left")
+        near = own[own_w >= 1.0 - 1e-9]  # sorted, as own is
+        own_gt = len(near) - np.searchsorted(near, y, side="right")
+        own_ok = len(near) - np.searchsorted(near, y + break_even_s, side="left")
         own_p = np.where(own_gt > 0, own_ok / np.maximum(own_gt, 1), 0.0)
     stop_now = np.zeros(y.shape, bool)
     if params.criterion == "value" and len(vals):
@@ -178,7 +234,7 @@ def assess(own_sorted, prior: FleetPrior, ages_s, lead_s: float, break_even_s: f
                     np.searchsorted(vals, vals + break_even_s, side="left"))
         best_after = np.concatenate([np.maximum.accumulate(g_bp[::-1])[::-1], [-np.inf]])
         stop_now = g_now >= best_after[gt] - _TOL
-    return Evidence(support=support, p=p, own_support=own_gt, own_p=own_p, stop_now=stop_now)
+    return Evidence(support=support, p=p, own_support=own_gt, own_p=own_p, stop_now=stop_now, scope=scope)
 
 
 def learned_masks(ev: Evidence, ages, n_history: int, has_prior: bool, base_idle, params: AdaptiveParams,
@@ -195,6 +251,10 @@ def learned_masks(ev: Evidence, ages, n_history: int, has_prior: bool, base_idle
     return learned, fallback
 
 
+def _epoch(now: datetime) -> float:
+    return (now.replace(tzinfo=UTC) if now.tzinfo is None else now).timestamp()
+
+
 def _fmt_min(s: float) -> str:
     m = s / 60
     return f"{m / 60:.1f} h" if m >= 120 else f"{m:.0f} min"
@@ -205,8 +265,9 @@ def explain(ev: Evidence, k: int, prior: FleetPrior, age_s: float, lead_s: float
     """The sentence behind a learned verdict, from the evidence at index k."""
     y, y_ok = age_s + lead_s, age_s + lead_s + break_even_s
     n_own = int(ev.own_support[k])
-    own = (f"{float(ev.own_p[k]):.0%} of this instance's {n_own} past idle stretches longer than {_fmt_min(y)} "
-           f"lasted over {_fmt_min(y_ok)}" if n_own else f"no past idle stretch of this instance lasted {_fmt_min(y)}")
+    own = (f"{float(ev.own_p[k]):.0%} of this instance's {n_own} past idle stretches longer than {_fmt_min(y)}"
+           f"{ev.scope} lasted over {_fmt_min(y_ok)}" if n_own
+           else f"no past idle stretch of this instance{ev.scope} lasted {_fmt_min(y)}")
     fleet = ""
     if params.prior_weight > 0 and len(prior.points):
         f_n, f_p = prior.share_outlasting(y, break_even_s)
@@ -226,22 +287,38 @@ def _fallback_reason(thin_history: bool, n_history: int, support: float, age_s: 
     return f"idle {_fmt_min(age_s)}; {what}: fixed rule {rule_name} decides"
 
 
-def _own_sorted(history_s, params: AdaptiveParams, floor: float) -> tuple[np.ndarray, int]:
+def own_evidence(history_s, params: AdaptiveParams, floor: float, history_start_t=None,
+                 stretch_start_t: float | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(this instance's past stretches longer than the floor, sorted; their weights or None; how many in all).
+
+    Weights come from the time of day when both the past stretches' starts and the current one's are known.
+    """
     h = np.asarray(history_s, dtype=float)
+    starts = None if history_start_t is None else np.asarray(history_start_t, dtype=float)
+    if starts is not None and len(starts) != len(h):
+        starts = None  # start times not known for every stretch: the time of day is not used
     if params.history:
         h = h[-params.history:]
-    h = np.sort(h)
-    return h[h > floor], len(h)
+        starts = None if starts is None else starts[-params.history:]
+    n = len(h)
+    keep = h > floor
+    h = h[keep]
+    order = np.argsort(h, kind="stable")
+    if params.time_of_day_s <= 0 or starts is None or stretch_start_t is None:
+        return h[order], None, n
+    w = np.where(near_in_time_of_day(starts[keep], stretch_start_t, params), 1.0, params.other_times_weight)
+    return h[order], w[order], n
 
 
 def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
            break_even_s: float, now: datetime, prior: FleetPrior = EMPTY_PRIOR,
-           restart_cost_s: float = 600.0) -> Decision:
+           restart_cost_s: float = 600.0, history_start_t=None) -> Decision:
     """The live decision: `base` is `evaluate()`'s decision under the fallback rule.
 
-    history_s: durations (s) of this instance's completed idle stretches, oldest first; idle_age_s: how long
-    the current stretch has lasted (None: there is demand now); prior: `fleet_prior()` of the fleet's
-    completed stretches.
+    history_s: durations (s) of this instance's completed idle stretches, oldest first; history_start_t: their
+    start times (epoch s; None: time of day unused); idle_age_s: how long the current stretch has lasted (None:
+    there is demand now); prior: `fleet_prior()` of the fleet's completed stretches (those begun near the current
+    stretch's time of day, when it is used).
     """
     if base.verdict == Verdict.UNKNOWN:
         return base  # missing data is never idle, whatever the history says
@@ -251,8 +328,10 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason="activity above the demand level in the latest sample")
     lead = float(rule.warning_lead_s)
-    own, n_history = _own_sorted(history_s, params, floor_s(params, lead))
-    ev = assess(own, prior, np.array([idle_age_s]), lead, break_even_s, restart_cost_s, params)
+    at = _epoch(now) - idle_age_s if history_start_t is not None else None
+    own, own_w, n_history = own_evidence(history_s, params, floor_s(params, lead), history_start_t, at)
+    ev = assess(own, prior, np.array([idle_age_s]), lead, break_even_s, restart_cost_s, params, own_w,
+                time_of_day_scope(at if own_w is not None else None, params))
     has_prior = params.prior_weight > 0 and len(prior.points) > 0
     learned, fallback = learned_masks(ev, np.array([idle_age_s]), n_history, has_prior,
                                       np.array([base.verdict == Verdict.IDLE]), params, break_even_s)
@@ -306,20 +385,25 @@ class FleetHistory:
         self.start_t = np.concatenate(st) if st else np.zeros(0)
         self.end_t = np.concatenate(en) if en else np.zeros(0)
         self.t0, self.params, self.floor = tr.t0, params, floor
-        self._cache: dict[int, FleetPrior] = {}
+        self._cache: dict[tuple[int, float | None], FleetPrior] = {}
 
     def prior_at(self, t: float) -> FleetPrior:
-        """The prior from what was known at the start of t's refresh block (completed and ongoing stretches)."""
+        """The prior for a stretch begun at t, from what was known at the start of t's refresh block (completed
+        and ongoing stretches; with time of day, only those begun near t's hour)."""
         if self.params.prior_weight <= 0:
             return EMPTY_PRIOR
         b = int(np.floor((t - self.t0) / self.params.fleet_refresh_s + 1e-9))
-        if b not in self._cache:
+        hour = prior_hour(t, self.params)
+        if (b, hour) not in self._cache:
             now = self.t0 + b * self.params.fleet_refresh_s
             done = self.end_t <= now + 1e-9
             ongoing = (self.start_t < now) & ~done
-            self._cache[b] = fleet_prior(self.end_t[done] - self.start_t[done], self.floor,
-                                         self.params.prior_points, ongoing_s=now - self.start_t[ongoing])
-        return self._cache[b]
+            if hour is not None:
+                near = near_in_time_of_day(self.start_t, hour, self.params)
+                done, ongoing = done & near, ongoing & near
+            self._cache[(b, hour)] = fleet_prior(self.end_t[done] - self.start_t[done], self.floor,
+                                                 self.params.prior_points, ongoing_s=now - self.start_t[ongoing])
+        return self._cache[(b, hour)]
 
 
 def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
@@ -335,6 +419,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
     for i in range(tr.n_instances):  # per instance and per idle stretch; the ticks inside are arrays
         starts, ends = stretches[i]
         history: list[float] = []  # completed stretches, oldest first
+        history_start: list[float] = []  # and when each began
         for k in range(len(starts)):
             a, b = starts[k], ends[k]
             ja = int(np.searchsorted(hi, a + 1, side="left"))
@@ -343,8 +428,9 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
             if jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
                 ages = times[ja:jb] - t_start
                 prior = fleet.prior_at(t_start)
-                own, n_hist = _own_sorted(history, params, floor)
-                ev = assess(own, prior, ages, lead, be, cost, params)
+                own, own_w, n_hist = own_evidence(history, params, floor, history_start, t_start)
+                ev = assess(own, prior, ages, lead, be, cost, params, own_w,
+                            time_of_day_scope(t_start if own_w is not None else None, params))
                 has_prior = params.prior_weight > 0 and len(prior.points) > 0
                 learned, fallback = learned_masks(ev, ages, n_hist, has_prior, base[i, ja:jb] == IDLE, params, be)
                 hit = np.flatnonzero(learned | fallback)
@@ -361,6 +447,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                                                                 float(ages[h0]), rule.name)
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
                 history.append((b - a) * tr.step_s)
+                history_start.append(t_start)
     return AdaptiveRun(verdicts=out, reasons=reasons)
 
 
