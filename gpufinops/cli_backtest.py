@@ -93,6 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-of-day", type=lambda v: 0 if v.strip() == "0" else _duration(v), default=3 * 3600,
                    help="learned policy: past stretches begun within this much of the current one's time of day "
                         "weigh fully, the others 0.2 (default 3h; 0: all alike)")
+    p.add_argument("--restart-grace", type=lambda v: 0 if v.strip() == "0" else _duration(v), default=2 * 3600,
+                   help="learned policy: no stop within this long of an instance's start or restart (default 2h)")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")
     p.add_argument("--windows", type=_durations, default=None, help="sweep windows, e.g. 10m,30m,1h,2h")
@@ -168,6 +170,7 @@ def run_backtest(args: argparse.Namespace) -> int:
         if args.adaptive:
             params = AdaptiveParams(false_stop_cost_h=args.false_stop_cost, prior_weight=args.fleet_prior,
                                     min_support=args.min_support, time_of_day_s=float(args.time_of_day),
+                                    restart_grace_s=float(args.restart_grace),
                                     **({"criterion": "p", "p_min": args.p_min} if args.p_min is not None else {}))
             a_sum, a_rep, run = backtest_adaptive(prep, rule, params, oracle)
             results.append(a_sum)

@@ -94,6 +94,8 @@ class LearnedParams(BaseModel):
     # other_times_weight; the fleet prior uses only the former (0: time of day unused).
     time_of_day_s: int = Field(3 * 3600, alias="time_of_day", ge=0, le=12 * 3600)
     other_times_weight: float = Field(0.2, ge=0, le=1)
+    # No stop within this long of the instance's (re)start (its launch time), whatever the history says.
+    restart_grace_s: int = Field(2 * 3600, alias="restart_grace", ge=0)
 
     @field_validator("step_s", "refresh_s", "break_even_s", "restart_cost_s", "min_idle_s", "unusual_wait_s",
                      mode="before")
@@ -101,7 +103,7 @@ class LearnedParams(BaseModel):
     def _durations(cls, v: Any) -> Any:
         return _duration(v)
 
-    @field_validator("time_of_day_s", mode="before")
+    @field_validator("time_of_day_s", "restart_grace_s", mode="before")
     @classmethod
     def _time_of_day(cls, v: Any) -> Any:
         return 0 if v in (0, "0") else _duration(v)  # 0 turns it off
@@ -126,7 +128,8 @@ class LearnedParams(BaseModel):
                               min_idle_s=float(self.min_idle_s), min_history=self.min_history,
                               unusual_wait_s=None if self.unusual_wait_s is None else float(self.unusual_wait_s),
                               fleet_refresh_s=float(self.refresh_s), time_of_day_s=float(self.time_of_day_s),
-                              other_times_weight=self.other_times_weight)
+                              other_times_weight=self.other_times_weight,
+                              restart_grace_s=float(self.restart_grace_s))
 
 
 def learned_params(rule: Rule) -> LearnedParams | None:
@@ -474,10 +477,11 @@ def _first_learned_age(hist: Stretches, age_s: float, rule: Rule, prior: FleetPr
 
 def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches | None,
                    fleet_prior: FleetPrior | Callable[[float], FleetPrior], params: LearnedParams,
-                   now: datetime) -> Decision:
+                   now: datetime, launched_at: datetime | None = None) -> Decision:
     """The learned policy over `base`, `evaluate()`'s decision for `rule`. Only an IDLE can change.
 
-    fleet_prior: the prior, or a function of the current stretch's start time that gives it (time of day)."""
+    fleet_prior: the prior, or a function of the current stretch's start time that gives it (time of day);
+    launched_at: the instance's launch time (reset by a start), for `restart_grace`."""
     if base.verdict != Verdict.IDLE or history_for_instance is None:
         return base  # never more aggressive than the fixed rule; no history: the fixed rule decides
     age, exact = current_idle_age(base, history_for_instance, params, now)
@@ -499,6 +503,11 @@ def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches |
                                f"{why.split('; ', 1)[1]}")
     if not exact and d.reason.startswith("idle "):
         d = replace(d, reason="idle at least " + d.reason[len("idle "):])
+    running = None if launched_at is None else _epoch(now) - _epoch(launched_at)
+    if d.verdict == Verdict.IDLE and running is not None and running < params.restart_grace_s:
+        d = replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
+                    reason=f"started {_fmt(running)} ago: no stop within {_fmt(params.restart_grace_s)} of a start "
+                           f"({d.reason})")
     return d
 
 
@@ -509,6 +518,7 @@ def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance
     if not learned or history is None:
         return list(decisions)
     views: dict[LearnedParams, HistoryView] = {}
+    launched = {i.instance_id: i.launch_time for i in instances}
     out = []
     for d in decisions:
         if d.rule_name not in learned or d.verdict != Verdict.IDLE:
@@ -519,5 +529,5 @@ def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance
             views[p] = history.view(p, instances)
         view = views[p]
         out.append(decide_learned(d, rule, view.instance(d.instance_id),
-                                  partial(view.prior, float(rule.warning_lead_s)), p, now))
+                                  partial(view.prior, float(rule.warning_lead_s)), p, now, launched.get(d.instance_id)))
     return out

@@ -165,7 +165,13 @@ def test_decide_explains_itself(rules):
     assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT
     assert d.reason.startswith("idle 14 min; 0% of this instance's 30 past idle stretches longer than 29 min")
     assert d.reason.endswith("waiting: a later stop is worth more (a false stop counts 2 GPU-h)")
-    d = decide(base, nights[:3], 14 * 60, rule, params, 1800, now)  # too little history: the fixed rule decides
+    # Too little history: the fixed rule decides, but never before the break-even (unusual_wait), however short
+    # its own window.
+    d = decide(base, nights[:3], 14 * 60, rule, params, 1800, now)
+    assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT
+    assert d.reason == ("idle 14 min; only 3 past idle stretches and no fleet prior: fixed rule "
+                        f"{rule.name} decides, but only after 30 min idle")
+    d = decide(base, nights[:3], 30 * 60, rule, params, 1800, now)
     assert d.verdict == Verdict.IDLE and "only 3 past idle stretches and no fleet prior: fixed rule" in d.reason
     # ... unless the fleet's history speaks for it.
     prior = fleet_prior([8 * 3600.0] * 45 + [45 * 60.0] * 5, floor_s(params, rule.warning_lead_s))
@@ -220,7 +226,7 @@ def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
         prior = fleet_prior(known, floor_s(params, rule.warning_lead_s), params.prior_points, ongoing_s=ongoing)
         own, own_start = [e - s for s, e in done], [s for s, _ in done]
         d = decide(replace(template, verdict=verdict), own, now - t_start, rule, params, settings.break_even_s,
-                   datetime.fromtimestamp(now, UTC), prior, settings.restart_cost_s, own_start)
+                   datetime.fromtimestamp(now, UTC), prior, settings.restart_cost_s, own_start, running_s=now - T0)
         latched = latched or d.verdict == Verdict.IDLE
         assert (run.verdicts[0, j] == 1) == latched, (j, now - t_start, d.reason)
 
@@ -254,3 +260,17 @@ def test_time_of_day_stops_the_night_early_and_still_waits_out_lunch(rules):
     assert re.fullmatch(r"idle 5 min; 100% of this instance's \d+ past idle stretches longer than 20 min "
                         r"\(begun 15:00-21:00 UTC\) lasted over 50 min \(fleet: 100% of \d+\); "
                         r"stopping now is worth more than waiting", reason), reason
+
+
+def test_no_stop_within_the_restart_grace(rules):
+    # Restarted by demand, busy 60 min, then idle 8 h, every cycle. Paired with a short demand-level rule
+    # (the live pairing), the policy stops 20 min into every lull once it has 10 lulls of history. The 2-hour
+    # restart grace holds the verdict back until 2 h after the restart (60 min into the lull); the warning
+    # follows, so the stop comes 75 min in.
+    short = replace(rules[0], name="demand-5m", threshold_pct=5.0, window_s=300)
+    prep = Prepared(from_arrays(cycles(60, 480, 20), step_s=60, t0=T0), BacktestSettings())
+    _, rep, _ = backtest_adaptive(prep, short, AdaptiveParams())
+    _, rep0, _ = backtest_adaptive(prep, short, AdaptiveParams(restart_grace_s=0.0))
+    assert len(rep.stops) == len(rep0.stops) == 20
+    assert [s.time_to_stop_s for s in rep0.stops[10:]] == [20 * 60.0] * 10
+    assert [s.time_to_stop_s for s in rep.stops] == [75 * 60.0] * 20

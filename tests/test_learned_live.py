@@ -443,3 +443,19 @@ def test_time_of_day_judges_a_lull_by_the_lulls_begun_near_its_hour():
     d = decide_learned(_base(), replace(LEARNED, learned=flat), hist, adaptive.EMPTY_PRIOR, flat, NOW)
     assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT, d.reason
     assert "of this instance's 28 past idle stretches longer than 35 min lasted over 65 min" in d.reason
+
+
+def test_no_stop_within_the_restart_grace_of_a_launch():
+    past = (8 * 3600.0,) * 20  # every lull a long one: the history says stop now
+    hist = Stretches(past, (), NOW_S - 20 * MIN, True, NOW_S)
+    params = LearnedParams(fleet_prior=0)
+    rule = replace(LEARNED, learned=params)
+    d = decide_learned(_base(), rule, hist, adaptive.EMPTY_PRIOR, params, NOW, launched_at=NOW - timedelta(minutes=50))
+    assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT
+    assert d.reason.startswith("started 50 min ago: no stop within 2.0 h of a start (idle 20 min; ")
+    d = decide_learned(_base(), rule, hist, adaptive.EMPTY_PRIOR, params, NOW, launched_at=NOW - timedelta(hours=3))
+    assert d.verdict == Verdict.IDLE and d.code == ReasonCode.LEARNED_IDLE
+    no_grace = LearnedParams(fleet_prior=0, restart_grace=0)
+    d = decide_learned(_base(), replace(LEARNED, learned=no_grace), hist, adaptive.EMPTY_PRIOR, no_grace, NOW,
+                       launched_at=NOW - timedelta(minutes=50))
+    assert d.verdict == Verdict.IDLE

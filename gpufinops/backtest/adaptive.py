@@ -34,6 +34,10 @@ others still count, at `other_times_weight` (default 0.2), so an instance with
 little history at this hour falls back on the rest of its day; the fleet
 prior is built from the fleet's stretches that began within the same window.
 
+No stop within `restart_grace_s` (default 2 h) of an instance's start or
+restart: the learned verdict is held back until then (as the fixed rule's own
+window does after a restart).
+
 Where the evidence is too thin (weighted support under `min_support`; or with
 no fleet prior, fewer than `min_history` own stretches), the fixed rule decides,
 after `unusual_wait_s` of idleness. Once IDLE, the policy stays IDLE until
@@ -87,6 +91,9 @@ class AdaptiveParams:
     # other_times_weight; the fleet prior uses only the former. 0: every past stretch weighs 1.
     time_of_day_s: float = 3 * 3600.0
     other_times_weight: float = 0.2
+    # After an instance starts (or restarts), no stop for this long: whoever started it is likely setting it up,
+    # and a short rule paired with the policy would otherwise stop it in its first lull. 0: the rule's window only.
+    restart_grace_s: float = 2 * 3600.0
 
     def label(self) -> str:
         how = (f"false stop = {self.false_stop_cost_h:g} GPU-h" if self.criterion == "value"
@@ -241,12 +248,14 @@ def learned_masks(ev: Evidence, ages, n_history: int, has_prior: bool, base_idle
                   break_even_s: float):
     """(learned, fallback) boolean arrays: IDLE because the history says so / because the fixed rule says so."""
     ages, base_idle = np.asarray(ages, dtype=float), np.asarray(base_idle, dtype=bool)
+    # Thin evidence: the fixed rule decides, and never before unusual_wait (a short rule paired with the policy
+    # would otherwise stop a new instance, or a new fleet, minutes into its first lull).
+    wait = params.unusual_wait_s if params.unusual_wait_s is not None else break_even_s
     if not has_prior and n_history < params.min_history:
-        return np.zeros(ages.shape, bool), base_idle.copy()
+        return np.zeros(ages.shape, bool), base_idle & (ages >= wait)
     enough = ev.support >= params.min_support - 1e-9
     says_stop = ev.stop_now if params.criterion == "value" else ev.p >= params.p_min
     learned = enough & says_stop & (ages >= params.min_idle_s)
-    wait = params.unusual_wait_s if params.unusual_wait_s is not None else break_even_s
     fallback = ~enough & base_idle & (ages >= wait)
     return learned, fallback
 
@@ -312,14 +321,25 @@ def own_evidence(history_s, params: AdaptiveParams, floor: float, history_start_
 
 def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
            break_even_s: float, now: datetime, prior: FleetPrior = EMPTY_PRIOR,
-           restart_cost_s: float = 600.0, history_start_t=None) -> Decision:
+           restart_cost_s: float = 600.0, history_start_t=None, running_s: float | None = None) -> Decision:
     """The live decision: `base` is `evaluate()`'s decision under the fallback rule.
 
     history_s: durations (s) of this instance's completed idle stretches, oldest first; history_start_t: their
     start times (epoch s; None: time of day unused); idle_age_s: how long the current stretch has lasted (None:
     there is demand now); prior: `fleet_prior()` of the fleet's completed stretches (those begun near the current
-    stretch's time of day, when it is used).
+    stretch's time of day, when it is used); running_s: time since the instance (re)started (None: unknown).
     """
+    d = _decide(base, history_s, idle_age_s, rule, params, break_even_s, now, prior, restart_cost_s, history_start_t)
+    if d.verdict == Verdict.IDLE and running_s is not None and running_s < params.restart_grace_s - 1e-9:
+        return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
+                       reason=f"started {_fmt_min(running_s)} ago: no stop within {_fmt_min(params.restart_grace_s)} "
+                              f"of a start ({d.reason})")
+    return d
+
+
+def _decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
+            break_even_s: float, now: datetime, prior: FleetPrior, restart_cost_s: float,
+            history_start_t) -> Decision:
     if base.verdict == Verdict.UNKNOWN:
         return base  # missing data is never idle, whatever the history says
     if idle_age_s is None:
@@ -412,6 +432,8 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
     base = rule_verdicts(prep, rule) if base is None else base
     out = np.where(base == IDLE, UNDERUTILIZED, base).astype(np.int8)  # idle only where a stretch says so
     reasons: dict = {}
+    # Too young at the start of its history (replay() applies the same grace after each restart).
+    young = times[None, :] - prep.first_t[:, None] < params.restart_grace_s - 1e-9
     lead, be, cost = float(rule.warning_lead_s), s.break_even_s, s.restart_cost_s
     floor = floor_s(params, lead)
     stretches = [_stretches(prep, i) for i in range(tr.n_instances)]
@@ -448,6 +470,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
                 history.append((b - a) * tr.step_s)
                 history_start.append(t_start)
+    out[young & (out == IDLE)] = UNDERUTILIZED
     return AdaptiveRun(verdicts=out, reasons=reasons)
 
 
@@ -462,7 +485,7 @@ def stop_reason(prep: Prepared, run: AdaptiveRun, instance: str, stop_at: float)
 def backtest_adaptive(prep: Prepared, rule: Rule, params: AdaptiveParams, oracle: np.ndarray | None = None,
                       base: np.ndarray | None = None, name: str | None = None) -> tuple[Summary, Replay, AdaptiveRun]:
     run = adaptive_verdicts(prep, rule, params, base)
-    rep = replay(prep, run.verdicts, rule.warning_lead_s, rule.window_s)
+    rep = replay(prep, run.verdicts, rule.warning_lead_s, max(float(rule.window_s), params.restart_grace_s))
     label = name or f"adaptive({params.label()}; fallback {rule.name})"
     oracle = oracle_net_seconds(prep) if oracle is None else oracle
     return summarise(label, prep, rep, rule, oracle), rep, run
