@@ -230,7 +230,8 @@ class _Grid:
         self.keys: list[tuple[str, ...]] = []
         self.index: dict[tuple[str, ...], int] = {}
         self.data = np.full((0, len(_AGGS), 0), np.nan, dtype=np.float32)  # 4 x 4 B per host-step
-        self.priors: dict[tuple, FleetPrior] = {}  # the fleet prior, built once per full refresh
+        # the fleet priors (one per hour with time of day) and the stretches they come from, once per full refresh
+        self.priors: dict[tuple, Any] = {}
 
     @property
     def end_t(self) -> float:
@@ -299,6 +300,17 @@ class HistoryView:
         hour = adaptive.prior_hour(stretch_start_t, ap) if stretch_start_t is not None else None
         key = (self.params.demand_pct, floor, ap.prior_points, ap.time_of_day_s, hour)
         if key not in self.grid.priors:
+            d, c, d_t, c_t = self._fleet_stretches()
+            if hour is not None:
+                d, c = d[adaptive.near_in_time_of_day(d_t, hour, ap)], c[adaptive.near_in_time_of_day(c_t, hour, ap)]
+            self.grid.priors[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
+        return self.grid.priors[key]
+
+    def _fleet_stretches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every host's (completed, censored) stretch lengths and start times; read once per history, then
+        filtered for each hour's prior."""
+        key = ("stretches", self.params.demand_pct)
+        if key not in self.grid.priors:
             done, cens, done_t, cens_t = [], [], [], []
             for row in range(len(self.grid.keys)):
                 act, gpus = self.grid.activity([row])
@@ -307,11 +319,7 @@ class HistoryView:
                 cens.extend(st.censored_s)
                 done_t.extend(st.completed_start_t)
                 cens_t.extend(st.censored_start_t)
-            d, c = np.asarray(done, dtype=float), np.asarray(cens, dtype=float)
-            if hour is not None:
-                d = d[adaptive.near_in_time_of_day(done_t, hour, ap)]
-                c = c[adaptive.near_in_time_of_day(cens_t, hour, ap)]
-            self.grid.priors[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
+            self.grid.priors[key] = tuple(np.asarray(x, dtype=float) for x in (done, cens, done_t, cens_t))
         return self.grid.priors[key]
 
 
