@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -133,6 +134,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     from .backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
     from .backtest.traces import load_trace
     from .cli import load_settings_from_args
+    from .learned import learned_params
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
@@ -164,7 +166,21 @@ def run_backtest(args: argparse.Namespace) -> int:
     results, examples = [], {}
     for n, rule in enumerate(rules, 1):
         _progress(f"replaying rule {n}/{len(rules)}: {rule.name}" + (" (+ learned policy)" if args.adaptive else ""))
+        lp = learned_params(rule)
+        if lp is not None:
+            # A rule with a `learned:` block is replayed as the service runs it: the policy, with the block's
+            # settings, holding the rule's own IDLE back. The rule without its block is shown after it.
+            if (lp.demand_pct, lp.break_even_s, lp.restart_cost_s) != (bt.demand_pct, bt.break_even_s, bt.restart_cost_s):
+                _progress(f"  {rule.name}: its learned block's demand/break-even/restart cost differ from this "
+                          f"backtest's; the replay uses the backtest's (--demand-pct, --break-even, --restart-cost)")
+            summary, rep, run = backtest_adaptive(prep, rule, lp.adaptive(), oracle, name=f"{rule.name} (learned, as live)",
+                                                  hold_back_only=True)
+            results.append(summary)
+            examples[summary.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}
+                                        for e in rep.stops[:5]]
         summary, rep = backtest_rule(prep, rule, oracle)
+        if lp is not None:
+            summary = replace(summary, policy=f"{rule.name} without its learned block")
         results.append(summary)
         examples[summary.policy] = [e.__dict__ for e in rep.stops[:5]]
         if args.adaptive:

@@ -274,3 +274,34 @@ def test_no_stop_within_the_restart_grace(rules):
     assert len(rep.stops) == len(rep0.stops) == 20
     assert [s.time_to_stop_s for s in rep0.stops[10:]] == [20 * 60.0] * 10
     assert [s.time_to_stop_s for s in rep.stops] == [75 * 60.0] * 20
+
+
+def test_a_rule_with_a_learned_block_is_backtested_as_the_service_runs_it(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from gpufinops.cli import main
+
+    # Serving with 35-minute lulls for 4 days: the 5-minute rule alone stops 20 min into every lull, and demand
+    # comes back 15 min later (a false stop). With its learned block, the rule learns that and waits.
+    u = cycles(20, 35, 100)
+    pd.DataFrame({"value": u, "timestamp_anon": T0 + 60.0 * np.arange(len(u)), "container_ip": "pod-a"}).to_csv(
+        tmp_path / "trace.csv", index=False)
+    (tmp_path / "rules.yaml").write_text(
+        "rules:\n  - name: learned-5m\n    threshold_pct: 5\n    window: 5m\n    warning_lead: 15m\n"
+        "    action: stop\n    learned:\n      fleet_prior: 0\n")
+    assert main(["backtest", "--trace", str(tmp_path / "trace.csv"), "--rules", str(tmp_path / "rules.yaml"),
+                 "--json", "-"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out[out.index("{\n"):])
+    by = {r["policy"]: r for r in data["results"]}
+    live, alone = by["learned-5m (learned, as live)"], by["learned-5m without its learned block"]
+    assert alone["stops"] >= 90 and alone["false_stop_rate"] > 0.95
+    assert live["stops"] <= 10 and live["false_stops"] <= 1  # a false stop counts 2 GPU-h: none pays
+    # As live, it only ever holds the rule's IDLE back.
+    rule = load_rules([tmp_path / "rules.yaml"])[0]
+    prep = Prepared(from_arrays(u, step_s=60, t0=T0), BacktestSettings())
+    run = adaptive_verdicts(prep, rule, rule.learned.adaptive(), hold_back_only=True)
+    base = rule_verdicts(prep, rule)
+    assert not ((run.verdicts == 1) & (base != 1)).any()

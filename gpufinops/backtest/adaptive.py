@@ -427,7 +427,14 @@ class FleetHistory:
 
 
 def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
-                      base: np.ndarray | None = None) -> AdaptiveRun:
+                      base: np.ndarray | None = None, hold_back_only: bool = False) -> AdaptiveRun:
+    """The learned verdict of every instance at every tick.
+
+    hold_back_only: as the live service runs a rule's `learned:` block, the policy may only hold the rule's own
+    IDLE back: IDLE only where the rule says IDLE and its whole window lies inside the idle stretch; every other
+    verdict is the rule's. Otherwise (the backtest's `--adaptive`) it may say IDLE from `min_idle` of idleness,
+    whatever the rule's window.
+    """
     tr, s, times, hi = prep.trace, prep.settings, prep.grid.times, prep.grid.hi
     base = rule_verdicts(prep, rule) if base is None else base
     out = np.where(base == IDLE, UNDERUTILIZED, base).astype(np.int8)  # idle only where a stretch says so
@@ -459,8 +466,11 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                 if len(hit):
                     h0 = hit[0]
                     span = slice(ja + h0, jb)
-                    known = base[i, span] != UNKNOWN
-                    out[i, span] = np.where(known, IDLE, UNKNOWN)
+                    if hold_back_only:
+                        whole = ages[h0:] >= rule.window_s - 1e-9  # live: the window's max under the demand level
+                        out[i, span] = np.where((base[i, span] == IDLE) & whole, IDLE, out[i, span])
+                    else:
+                        out[i, span] = np.where(base[i, span] != UNKNOWN, IDLE, UNKNOWN)
                     if learned[h0]:
                         reasons[(i, int(a))] = _idle_reason(ev, h0, prior, float(ages[h0]), lead, be, params)
                     else:
@@ -483,8 +493,9 @@ def stop_reason(prep: Prepared, run: AdaptiveRun, instance: str, stop_at: float)
 
 
 def backtest_adaptive(prep: Prepared, rule: Rule, params: AdaptiveParams, oracle: np.ndarray | None = None,
-                      base: np.ndarray | None = None, name: str | None = None) -> tuple[Summary, Replay, AdaptiveRun]:
-    run = adaptive_verdicts(prep, rule, params, base)
+                      base: np.ndarray | None = None, name: str | None = None,
+                      hold_back_only: bool = False) -> tuple[Summary, Replay, AdaptiveRun]:
+    run = adaptive_verdicts(prep, rule, params, base, hold_back_only)
     rep = replay(prep, run.verdicts, rule.warning_lead_s, max(float(rule.window_s), params.restart_grace_s))
     label = name or f"adaptive({params.label()}; fallback {rule.name})"
     oracle = oracle_net_seconds(prep) if oracle is None else oracle
