@@ -161,14 +161,18 @@ FAMILIES = {
 }
 
 
+# Replayed as the service runs a `learned:` block: the policy only holds the rule's IDLE back.
+AS_LIVE = {"learned, live pairing", "  same, no time of day"}
+
+
 def _hindsight(swept_b: list, rate: float):
     """The best swept fixed rule on B itself at or under a false-stop rate (None: none that safe)."""
     return max((s for s in swept_b if s.false_stop_rate <= rate + 1e-12), key=lambda s: s.net_gpu_hours, default=None)
 
 
-def _tune(prep_a: Prepared, fixed, grid: list, orc_a, base_a, budget: float) -> AdaptiveParams:
+def _tune(prep_a: Prepared, fixed, grid: list, orc_a, base_a, budget: float, hold: bool = False) -> AdaptiveParams:
     """Most net saving on A within the false-stop budget; if no setting fits, the safest one."""
-    scored = [(backtest_adaptive(prep_a, fixed, p, orc_a, base_a)[0], p) for p in grid]
+    scored = [(backtest_adaptive(prep_a, fixed, p, orc_a, base_a, hold_back_only=hold)[0], p) for p in grid]
     ok = [x for x in scored if x[0].false_stop_rate <= budget]
     return (max(ok, key=lambda x: x[0].net_gpu_hours) if ok else min(scored, key=lambda x: x[0].false_stop_rate))[1]
 
@@ -186,7 +190,7 @@ def compare(name: str, tune: Trace, test: Trace, settings: BacktestSettings, out
     orc_a = oracle_net_seconds(prep_a)
     budget = max(best.false_stop_rate if best else 0.1, 0.1)
     over = {fam: make(fixed) for fam, (make, _) in FAMILIES.items()}
-    tuned = {fam: _tune(prep_a, over[fam], grid, orc_a, rule_verdicts(prep_a, over[fam]), budget)
+    tuned = {fam: _tune(prep_a, over[fam], grid, orc_a, rule_verdicts(prep_a, over[fam]), budget, fam in AS_LIVE)
              for fam, (_, grid) in FAMILIES.items()}
     t_tune = time.perf_counter() - t
 
@@ -200,14 +204,14 @@ def compare(name: str, tune: Trace, test: Trace, settings: BacktestSettings, out
     for fam, params in tuned.items():
         learned_b[fam] = backtest_adaptive(prep_b, over[fam], params, orc_b, base_b[fam],
                                            name=f"{fam} ({params.label()}, unusual wait "
-                                                f"{params.unusual_wait_s / 3600:g} h)")[0]
+                                                f"{params.unusual_wait_s / 3600:g} h)", hold_back_only=fam in AS_LIVE)[0]
         rows.append(learned_b[fam])
         hind = _hindsight(swept_b, learned_b[fam].false_stop_rate)
         rows.append(replace(hind, policy=f"  hindsight best fixed on the test half at <= its false rate: {hind.policy}")
                     if hind else f"  (no swept fixed rule gets down to its false-stop rate on the test half)")
     print(f"\n[policies] {name}: tune half {tune.n_instances} series, test half {test.n_instances} series, "
           f"{test.n_steps * test.step_s / 86400:.1f} days; oracle on test half {orc_b.sum() / 3600:.1f} net GPU-h "
-          f"(tuning {sum(len(g) for g in FAMILIES.values())} settings took {t_tune:.1f} s)")
+          f"(tuning {sum(len(g) for _, g in FAMILIES.values())} settings took {t_tune:.1f} s)")
     print(f"  {'policy':<100} {'stops':>6} {'false':>6} {'net GPU-h':>10} {'% oracle':>9} {'t-stop p50':>10}")
     for s in rows:
         if isinstance(s, str):
@@ -229,7 +233,8 @@ def compare(name: str, tune: Trace, test: Trace, settings: BacktestSettings, out
         print(f"  {fam.strip()}: operating points on the test half (false-stop cost: false rate / net GPU-h vs hindsight "
               f"fixed):")
         for lam in LAMBDAS_H:
-            s = backtest_adaptive(prep_b, over[fam], replace(params, false_stop_cost_h=lam), orc_b, base_b[fam])[0]
+            s = backtest_adaptive(prep_b, over[fam], replace(params, false_stop_cost_h=lam), orc_b, base_b[fam],
+                                  hold_back_only=fam in AS_LIVE)[0]
             h = _hindsight(swept_b, s.false_stop_rate)
             t_row["points"] += 1
             if h is None:
