@@ -208,7 +208,7 @@ def compare(name: str, tune: Trace, test: Trace, settings: BacktestSettings, out
         rows.append(learned_b[fam])
         hind = _hindsight(swept_b, learned_b[fam].false_stop_rate)
         rows.append(replace(hind, policy=f"  hindsight best fixed on the test half at <= its false rate: {hind.policy}")
-                    if hind else f"  (no swept fixed rule gets down to its false-stop rate on the test half)")
+                    if hind else "  (no swept fixed rule gets down to its false-stop rate on the test half)")
     print(f"\n[policies] {name}: tune half {tune.n_instances} series, test half {test.n_instances} series, "
           f"{test.n_steps * test.step_s / 86400:.1f} days; oracle on test half {orc_b.sum() / 3600:.1f} net GPU-h "
           f"(tuning {sum(len(g) for _, g in FAMILIES.values())} settings took {t_tune:.1f} s)")

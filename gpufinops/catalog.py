@@ -137,10 +137,6 @@ class InstanceOffer:
     prices_as_of: date | None = None
     source: str = ""
 
-    @property
-    def total_gpu_memory_gb(self) -> float:
-        return self.gpu_memory_gb * self.gpu_count
-
     def label(self) -> str:
         return f"{self.provider}:{self.instance_type} ({self.gpu_count}x {self.gpu}, {self.region})"
 

@@ -46,6 +46,10 @@ def _floats(value: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {value!r}") from None
 
 
+def _duration_or_off(value: str) -> int:
+    return 0 if value.strip() == "0" else _duration(value)
+
+
 def _durations(value: str) -> list[int]:
     return [_duration(x.strip()) for x in value.split(",") if x.strip()]
 
@@ -91,10 +95,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p-min", type=float, default=None,
                    help="learned policy: stop at this confidence of outlasting the break-even instead")
     p.add_argument("--min-support", type=float, default=3.0, help="learned policy: past stretches needed (default 3)")
-    p.add_argument("--time-of-day", type=lambda v: 0 if v.strip() == "0" else _duration(v), default=3 * 3600,
+    p.add_argument("--time-of-day", type=_duration_or_off, default=3 * 3600,
                    help="learned policy: past stretches begun within this much of the current one's time of day "
                         "weigh fully, the others 0.2 (default 3h; 0: all alike)")
-    p.add_argument("--restart-grace", type=lambda v: 0 if v.strip() == "0" else _duration(v), default=2 * 3600,
+    p.add_argument("--restart-grace", type=_duration_or_off, default=2 * 3600,
                    help="learned policy: no stop within this long of an instance's start or restart (default 2h)")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")

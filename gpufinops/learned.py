@@ -469,10 +469,9 @@ def _first_learned_age(hist: Stretches, age_s: float, rule: Rule, prior: FleetPr
     if not len(ages):
         return None
     lead = float(rule.warning_lead_s)
-    own, own_w, n_hist = adaptive.own_evidence(hist.completed_s, ap, adaptive.floor_s(ap, lead),
-                                               hist.completed_start_t, stretch_start_t)
-    ev = adaptive.assess(own, prior, ages, lead, params.break_even_s, params.restart_cost_s, ap, own_w,
-                         adaptive.time_of_day_scope(stretch_start_t if own_w is not None else None, ap))
+    own, own_w, n_hist, scope = adaptive.own_evidence(hist.completed_s, ap, adaptive.floor_s(ap, lead),
+                                                      hist.completed_start_t, stretch_start_t)
+    ev = adaptive.assess(own, prior, ages, lead, params.break_even_s, params.restart_cost_s, ap, own_w, scope)
     has_prior = ap.prior_weight > 0 and len(prior.points) > 0
     learned, _ = adaptive.learned_masks(ev, ages, n_hist, has_prior, np.zeros(len(ages), bool), ap,
                                         params.break_even_s)
@@ -512,11 +511,7 @@ def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches |
     if not exact and d.reason.startswith("idle "):
         d = replace(d, reason="idle at least " + d.reason[len("idle "):])
     running = None if launched_at is None else _epoch(now) - _epoch(launched_at)
-    if d.verdict == Verdict.IDLE and running is not None and running < params.restart_grace_s:
-        d = replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
-                    reason=f"started {_fmt(running)} ago: no stop within {_fmt(params.restart_grace_s)} of a start "
-                           f"({d.reason})")
-    return d
+    return adaptive.within_restart_grace(d, base, running, params.adaptive())
 
 
 def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance], rules: Sequence[Rule],

@@ -190,7 +190,3 @@ def load_rules(paths: Iterable[str | Path]) -> list[Rule]:
     if errors:
         raise ConfigError("\n".join(errors))
     return rules
-
-
-def rules_for(inst, rules: Iterable[Rule]) -> list[Rule]:
-    return [r for r in rules if r.selector.matches(inst)]

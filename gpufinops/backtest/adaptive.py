@@ -178,7 +178,7 @@ def prior_hour(stretch_start_t: float, params: AdaptiveParams) -> float | None:
     return float(np.floor(stretch_start_t / 3600.0) * 3600.0 + 1800.0)
 
 
-def time_of_day_scope(at_t: float | None, params: AdaptiveParams) -> str:
+def _time_of_day_scope(at_t: float | None, params: AdaptiveParams) -> str:
     """The words that say which past stretches the evidence is about (empty: all of them)."""
     if params.time_of_day_s <= 0 or at_t is None:
         return ""
@@ -297,8 +297,9 @@ def _fallback_reason(thin_history: bool, n_history: int, support: float, age_s: 
 
 
 def own_evidence(history_s, params: AdaptiveParams, floor: float, history_start_t=None,
-                 stretch_start_t: float | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
-    """(this instance's past stretches longer than the floor, sorted; their weights or None; how many in all).
+                 stretch_start_t: float | None = None) -> tuple[np.ndarray, np.ndarray | None, int, str]:
+    """(this instance's past stretches longer than the floor, sorted; their weights or None; how many in all;
+    the words that say which ones weigh fully, for the reason), the first, second and fourth for `assess`.
 
     Weights come from the time of day when both the past stretches' starts and the current one's are known.
     """
@@ -314,9 +315,9 @@ def own_evidence(history_s, params: AdaptiveParams, floor: float, history_start_
     h = h[keep]
     order = np.argsort(h, kind="stable")
     if params.time_of_day_s <= 0 or starts is None or stretch_start_t is None:
-        return h[order], None, n
+        return h[order], None, n, ""
     w = np.where(near_in_time_of_day(starts[keep], stretch_start_t, params), 1.0, params.other_times_weight)
-    return h[order], w[order], n
+    return h[order], w[order], n, _time_of_day_scope(stretch_start_t, params)
 
 
 def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
@@ -330,6 +331,11 @@ def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, para
     stretch's time of day, when it is used); running_s: time since the instance (re)started (None: unknown).
     """
     d = _decide(base, history_s, idle_age_s, rule, params, break_even_s, now, prior, restart_cost_s, history_start_t)
+    return within_restart_grace(d, base, running_s, params)
+
+
+def within_restart_grace(d: Decision, base: Decision, running_s: float | None, params: AdaptiveParams) -> Decision:
+    """`d`, or a wait if it is IDLE and the instance (re)started less than `restart_grace_s` ago."""
     if d.verdict == Verdict.IDLE and running_s is not None and running_s < params.restart_grace_s - 1e-9:
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason=f"started {_fmt_min(running_s)} ago: no stop within {_fmt_min(params.restart_grace_s)} "
@@ -349,9 +355,8 @@ def _decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, par
                        reason="activity above the demand level in the latest sample")
     lead = float(rule.warning_lead_s)
     at = _epoch(now) - idle_age_s if history_start_t is not None else None
-    own, own_w, n_history = own_evidence(history_s, params, floor_s(params, lead), history_start_t, at)
-    ev = assess(own, prior, np.array([idle_age_s]), lead, break_even_s, restart_cost_s, params, own_w,
-                time_of_day_scope(at if own_w is not None else None, params))
+    own, own_w, n_history, scope = own_evidence(history_s, params, floor_s(params, lead), history_start_t, at)
+    ev = assess(own, prior, np.array([idle_age_s]), lead, break_even_s, restart_cost_s, params, own_w, scope)
     has_prior = params.prior_weight > 0 and len(prior.points) > 0
     learned, fallback = learned_masks(ev, np.array([idle_age_s]), n_history, has_prior,
                                       np.array([base.verdict == Verdict.IDLE]), params, break_even_s)
@@ -457,9 +462,8 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
             if jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
                 ages = times[ja:jb] - t_start
                 prior = fleet.prior_at(t_start)
-                own, own_w, n_hist = own_evidence(history, params, floor, history_start, t_start)
-                ev = assess(own, prior, ages, lead, be, cost, params, own_w,
-                            time_of_day_scope(t_start if own_w is not None else None, params))
+                own, own_w, n_hist, scope = own_evidence(history, params, floor, history_start, t_start)
+                ev = assess(own, prior, ages, lead, be, cost, params, own_w, scope)
                 has_prior = params.prior_weight > 0 and len(prior.points) > 0
                 learned, fallback = learned_masks(ev, ages, n_hist, has_prior, base[i, ja:jb] == IDLE, params, be)
                 hit = np.flatnonzero(learned | fallback)

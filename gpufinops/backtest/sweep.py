@@ -12,7 +12,6 @@ import itertools
 from dataclasses import replace
 from typing import Sequence
 
-import numpy as np
 import yaml
 
 from ..model import Action, Aggregation, Rule
@@ -89,7 +88,3 @@ def rule_yaml(summary: Summary, comment: str = "") -> str:
     }]}
     head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
     return head + yaml.safe_dump(doc, sort_keys=False)
-
-
-def front_arrays(results: Sequence[Summary]) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([s.false_stop_rate for s in results]), np.array([s.net_gpu_hours for s in results]))
