@@ -36,6 +36,7 @@ from gpufinops.backtest.engine import (  # noqa: E402
 )
 from gpufinops.backtest.reference import replay_per_tick  # noqa: E402
 from gpufinops.backtest.sweep import candidates, pareto_front, run_sweep, suggest  # noqa: E402
+from gpufinops.backtest.tune import holdout, learned_grid, live_pairing as tune_live_pairing, setting_text  # noqa: E402
 from gpufinops.backtest.traces import Trace, from_arrays, load_trace, pool_ranks_trace  # noqa: E402
 from gpufinops.model import Aggregation  # noqa: E402
 from gpufinops.rules import load_rules  # noqa: E402
@@ -145,8 +146,7 @@ _GRID = list(itertools.product(LAMBDAS_H, (10.0, 30.0), (3.0, 8.0), (3600.0, 720
 
 def live_pairing(pick):
     """The rule a `learned:` block sits on live: stays at or under the demand level for 5 minutes."""
-    return replace(pick, name="demand-5m", threshold_pct=BacktestSettings().demand_pct, window_s=300,
-                   aggregation=Aggregation.STAYS_BELOW)
+    return tune_live_pairing(pick, BacktestSettings().demand_pct)
 
 
 # name -> (the rule the policy runs over, given the fixed pick; its 48 settings). Each family is tuned on its own.
@@ -247,12 +247,53 @@ def compare(name: str, tune: Trace, test: Trace, settings: BacktestSettings, out
                      if h else "no swept fixed rule that safe"))
 
 
+TRACES = (("GenTD26 pods (duty cycle, 57 s)", gentd26), ("Helios Earth VC ranks (allocation, 60 s)", helios),
+          ("Philly node ranks (allocation, 60 s)", philly))
+COSTS_H = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def costs() -> None:
+    """Both tuned for the same stated false-stop cost on one half, scored on the other (`backtest --tune`)."""
+    settings = BacktestSettings()
+    base = load_rules([ROOT / "rules"])[0]
+    cands = candidates(base)
+    totals: dict = {}
+    n = len(learned_grid(1.0))
+    print(f"\n[cost] fixed sweep pick ({len(cands)} rules) vs learned block ({n} settings on a 5-minute demand-level "
+          f"rule + {n} on the fixed pick), each tuned on one half for score = net GPU-h - cost x false stops, scored "
+          f"on the other half")
+    print(f"  {'run':<34} {'cost':>5}  {'fixed pick':<16} {'false':>5} {'net':>9} {'score':>9}  {'learned setting':<90} "
+          f"{'false':>5} {'net':>9} {'score':>9} {'ahead':>8}")
+    for name, loader in TRACES:
+        halves = [Prepared(h, settings) for h in loader()]
+        memos: list[dict] = [{}, {}]
+        t = time.perf_counter()
+        for a, b in ((0, 1), (1, 0)):
+            for cost in COSTS_H:
+                h = holdout(halves[a], halves[b], base, cands, cost, memo=memos[a])
+                diff = h.learned_score - h.fixed_score
+                tot = totals.setdefault(name.split()[0], [0, 0, 0.0])
+                tot[0] += diff > 1e-9
+                tot[1] += 1
+                tot[2] += diff
+                f, lr = h.fixed_test, h.learned_test
+                print(f"  {name.split()[0] + ' tuned on ' + 'AB'[a] + ', test ' + 'AB'[b]:<34} {cost:>5g}  "
+                      f"{f.policy:<16} {f.false_stop_rate:>5.0%} {f.net_gpu_hours:>9.1f} {h.fixed_score:>9.1f}  "
+                      f"{setting_text(h.tuned)[:90]:<90} "
+                      f"{lr.false_stop_rate:>5.0%} {lr.net_gpu_hours:>9.1f} {h.learned_score:>9.1f} "
+                      f"{diff:>+8.1f}", flush=True)
+        print(f"  ({name}: {time.perf_counter() - t:.0f} s)")
+    print("\n[cost] learned ahead of the fixed pick (held-out score):")
+    for name, (wins, n, diff) in totals.items():
+        print(f"  {name}: {wins} of {n}, sum of score differences {diff:+.1f} GPU-h")
+    print(f"  all: {sum(t[0] for t in totals.values())} of {sum(t[1] for t in totals.values())}")
+
+
 def policies() -> None:
     settings = BacktestSettings()
     out: list[dict] = []
     tally: dict = {}
-    for name, loader in (("GenTD26 pods (duty cycle, 57 s)", gentd26), ("Helios Earth VC ranks (allocation, 60 s)", helios),
-                         ("Philly node ranks (allocation, 60 s)", philly)):
+    for name, loader in TRACES:
         a, b = loader()
         compare(f"{name}, tuned on A, tested on B", a, b, settings, out, tally)
         compare(f"{name}, tuned on B, tested on A", b, a, settings, out, tally)
@@ -268,9 +309,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--policies", action="store_true")
+    ap.add_argument("--cost", action="store_true")
     args = ap.parse_args()
-    both = not (args.perf or args.policies)
-    if args.perf or both:
+    every = not (args.perf or args.policies or args.cost)
+    if args.perf or every:
         perf()
-    if args.policies or both:
+    if args.policies or every:
         policies()
+    if args.cost or every:
+        costs()

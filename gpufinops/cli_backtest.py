@@ -89,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive", action="store_true",
                    help="also run the learned policy (each instance's idle-stretch history) over each rule")
     p.add_argument("--false-stop-cost", type=float, default=2.0,
-                   help="learned policy: GPU-hours a false stop counts as, on top of the restart (default 2)")
+                   help="GPU-hours a false stop counts as, on top of the restart (default 2): the learned policy's "
+                        "setting, and with --tune the cost both candidates are tuned and scored for")
     p.add_argument("--fleet-prior", type=float, default=5.0,
                    help="learned policy: pseudo-stretches from the fleet's history (0: each instance's own only)")
     p.add_argument("--p-min", type=float, default=None,
@@ -106,7 +107,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aggregations", type=_aggs, default=None, help="stays_below,mean")
     p.add_argument("--max-false-stop-rate", type=float, default=0.1,
                    help="the suggested rule keeps false stops at or under this share (default 0.1)")
-    p.add_argument("--suggest-out", default=None, help="write the suggested rule as a rule file here")
+    p.add_argument("--tune", action="store_true",
+                   help="tune a fixed rule (over the sweep's grid) and a learned block for --false-stop-cost, each on "
+                        "half the instances and scored on the other half; suggest the learned block only if it wins "
+                        "on both held-out halves")
+    p.add_argument("--suggest-out", default=None,
+                   help="write the suggested rule as a rule file here (--tune's suggestion when both are asked for)")
     p.add_argument("--json", dest="json_out", default=None, help="write the full result as JSON here ('-': stdout)")
     p.add_argument("--chart", default=None, help="write a PNG chart of the sweep's Pareto front here")
     p.set_defaults(func=run_backtest)
@@ -156,6 +162,9 @@ def run_backtest(args: argparse.Namespace) -> int:
         trace = load_prometheus(args.prometheus or prom.url, _time(args.start, now), _time(args.end, now), args.step,
                                 selector=args.selector if args.selector is not None else prom.selector,
                                 headers=headers, timeout_s=prom.timeout_s)
+    if args.tune and trace.n_instances < 4:  # before any replay: fail fast
+        raise ConfigError(f"--tune holds half the instances out: it needs at least 4 instances, the history has "
+                          f"{trace.n_instances}")
     rules = load_rules(args.rules or settings.rules_paths)
     if not rules:
         raise ConfigError("no rules to backtest (empty rule files)")
@@ -207,13 +216,14 @@ def run_backtest(args: argparse.Namespace) -> int:
            "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
            "results": [s.to_dict() for s in results], "example_stops": examples}
 
-    if args.sweep:
-        from .backtest.sweep import (DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates,
-                                     pareto_front, rule_yaml, run_sweep, suggest)
+    from .backtest.sweep import DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates
 
-        base = next((r for r in rules if r.action.value == "stop"), rules[0])
-        cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
-                           args.aggregations or DEFAULT_AGGREGATIONS)
+    base = next((r for r in rules if r.action.value == "stop"), rules[0])
+    cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
+                       args.aggregations or DEFAULT_AGGREGATIONS)
+    if args.sweep:
+        from .backtest.sweep import pareto_front, rule_yaml, run_sweep, suggest
+
         _progress(f"sweeping {len(cands)} rules ...")
         swept = run_sweep(prep, cands)
         front = pareto_front(swept)
@@ -242,6 +252,8 @@ def run_backtest(args: argparse.Namespace) -> int:
             print(f"chart: {args.chart}")
     elif args.chart:
         print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
+    if args.tune:
+        out["tune"] = _tune(trace, bt, base, cands, args)
     if args.json_out:
         text = json.dumps(out, indent=2, default=str)
         if args.json_out == "-":
@@ -249,3 +261,47 @@ def run_backtest(args: argparse.Namespace) -> int:
         else:
             Path(args.json_out).write_text(text)
     return 0
+
+
+def _tune(trace, bt, base, cands, args) -> dict:
+    """--tune: both candidates tuned on one half of the instances and scored on the other, both ways."""
+    from .backtest.engine import Prepared
+    from .backtest.sweep import rule_yaml
+    from .backtest.tune import cost_score, holdout, learned_rule_yaml, recommend_learned, setting_text, split_halves, tune
+
+    cost = args.false_stop_cost
+    halves = [Prepared(h, bt) for h in split_halves(trace)]
+    results = []
+    for (a, b), label in (((0, 1), "B"), ((1, 0), "A")):
+        _progress(f"tuning on half {'AB'[a]}, scoring on half {label} ...")
+        results.append(holdout(halves[a], halves[b], base, cands, cost, label=label, progress=_progress))
+    _progress("tuning on the whole history ...")
+    whole = tune(Prepared(trace, bt), base, cands, cost, progress=_progress)
+    learned_wins = recommend_learned(results)
+    print(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
+          f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); each candidate is tuned "
+          f"on one half and scored on the other.")
+    rows = [("held out", "candidate (tuned on the other half)", "stops", "false", "net GPU-h", "score")]
+    for h in results:
+        for s, what in ((h.fixed_test, f"fixed {h.tuned.fixed.policy}"),
+                        (h.learned_test, f"learned {setting_text(h.tuned)}")):
+            rows.append((h.label, what, str(s.stops), f"{s.false_stop_rate:.0%}", f"{s.net_gpu_hours:.1f}",
+                         f"{cost_score(s, cost):.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    source = f"{trace.source} (false-stop cost {cost:g} GPU-h)"
+    if learned_wins:
+        text = learned_rule_yaml(whole, comment=f"learned block suggested by gpufinops backtest --tune on {source}")
+        print(f"\nthe learned block scores higher on both held-out halves; tuned on the whole history:\n{text}")
+    else:
+        text = rule_yaml(whole.fixed, comment=f"suggested by gpufinops backtest --tune on {source}")
+        print(f"\nthe learned block does not score higher on both held-out halves: keep a fixed rule. Tuned on the "
+              f"whole history:\n{text}")
+    if args.suggest_out:
+        Path(args.suggest_out).write_text(text)
+    return {"false_stop_cost_h": cost, "learned_suggested": learned_wins, "suggested_yaml": text,
+            "holdout": [{"held_out": h.label, "fixed": h.fixed_test.to_dict(), "learned": h.learned_test.to_dict(),
+                         "learned_rule": h.tuned.pairing.name, "learned_params": h.tuned.params.__dict__,
+                         "fixed_score": h.fixed_score,
+                         "learned_score": h.learned_score} for h in results]}

@@ -27,13 +27,13 @@ def candidates(base: Rule, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
                aggregations: Sequence[Aggregation] = DEFAULT_AGGREGATIONS) -> list[Rule]:
     out = []
     for thr, win, agg in itertools.product(thresholds, windows_s, aggregations):
-        name = f"{'below' if agg == Aggregation.STAYS_BELOW else 'mean'}-{thr:g}pct-{_dur(win)}"
+        name = f"{'below' if agg == Aggregation.STAYS_BELOW else 'mean'}-{thr:g}pct-{duration_text(win)}"
         out.append(replace(base, name=name, threshold_pct=float(thr), window_s=int(win), aggregation=agg,
                            action=Action.STOP, source=f"sweep of {base.name}"))
     return out
 
 
-def _dur(seconds: int) -> str:
+def duration_text(seconds: int) -> str:
     if seconds % 3600 == 0:
         return f"{seconds // 3600}h"
     if seconds % 60 == 0:
@@ -69,22 +69,30 @@ def suggest(front: Sequence[Summary], max_false_stop_rate: float = 0.1) -> Summa
     return min(saving, key=lambda s: (s.false_stop_rate, -s.net_gpu_hours)) if saving else None
 
 
+def rule_doc(rule: Rule, description: str) -> dict:
+    """A rule as one entry of a rule file's `rules:` list."""
+    return {
+        "name": rule.name,
+        "description": description,
+        "threshold_pct": rule.threshold_pct,
+        "window": duration_text(rule.window_s),
+        "aggregation": rule.aggregation.value,
+        "min_coverage": rule.min_coverage,
+        "warning_lead": duration_text(rule.warning_lead_s),
+        "action": "stop",
+        "underutilized_below_pct": rule.underutilized_below_pct,
+        **({"slack_channel": rule.slack_channel} if rule.slack_channel else {}),
+    }
+
+
+def rule_file_text(entries: list[dict], comment: str = "") -> str:
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    return head + yaml.safe_dump({"rules": entries}, sort_keys=False)
+
+
 def rule_yaml(summary: Summary, comment: str = "") -> str:
     """The suggested rule as a rule file (rules: [...]) for rules/ and `gpufinops rules check`."""
-    r = summary.rule
-    assert r is not None
-    doc = {"rules": [{
-        "name": r.name,
-        "description": (f"Suggested by gpufinops backtest: net {summary.net_gpu_hours:.1f} GPU-h saved, "
-                        f"false-stop rate {summary.false_stop_rate:.0%}, {summary.pct_of_oracle:.0f}% of the oracle"),
-        "threshold_pct": r.threshold_pct,
-        "window": _dur(r.window_s),
-        "aggregation": r.aggregation.value,
-        "min_coverage": r.min_coverage,
-        "warning_lead": _dur(r.warning_lead_s),
-        "action": "stop",
-        "underutilized_below_pct": r.underutilized_below_pct,
-        **({"slack_channel": r.slack_channel} if r.slack_channel else {}),
-    }]}
-    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
-    return head + yaml.safe_dump(doc, sort_keys=False)
+    assert summary.rule is not None
+    return rule_file_text([rule_doc(summary.rule, (
+        f"Suggested by gpufinops backtest: net {summary.net_gpu_hours:.1f} GPU-h saved, "
+        f"false-stop rate {summary.false_stop_rate:.0%}, {summary.pct_of_oracle:.0f}% of the oracle"))], comment)

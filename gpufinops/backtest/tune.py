@@ -1,0 +1,182 @@
+"""Tune a fixed rule and a learned block for the same stated cost of a false stop; compare them on held-out history.
+
+The score both are tuned for is the one the learned policy optimises stretch by stretch: net GPU-hours saved
+minus `cost_h` GPU-hours per false stop. `cost_h` is what the platform team says a stop that someone needed back
+costs them (lost work, an annoyed team, a ticket), on top of the restart itself.
+
+Held out: the fleet's instances are split in two halves; each candidate is tuned on one half and scored on the
+other, both ways. A learned block is recommended only when it scores higher than the fixed rule on *both* held-out
+halves; otherwise the fixed rule, which is simpler to reason about and as good on this history.
+
+The learned block is tuned as the service runs it, holding its rule's IDLE back (`hold_back_only`), so the figures
+are the ones a `learned:` rule file would give. It sits either on a 5-minute rule at the demand level (free to stop
+a lull early when the history says it will be long) or on the fixed pick itself (it can then only hold the pick's
+stops back, where the history says the lull will be short).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import numpy as np
+from ..model import Action, Aggregation, Rule
+from .adaptive import AdaptiveParams, backtest_adaptive
+from .engine import BacktestSettings, Prepared, Summary, backtest_rule, oracle_net_seconds, rule_verdicts
+from .sweep import duration_text, rule_doc, rule_file_text
+from .traces import Trace
+
+PAIRING_WINDOW_S = 300  # the rule a learned block sits on: at or under the demand level for 5 minutes
+UNUSUAL_WAITS_S = (600.0, 1800.0, 3600.0, 7200.0)
+RESTART_GRACES_S = (0.0, 7200.0)
+MIN_SUPPORTS = (3.0, 8.0)
+COST_FACTORS = (0.5, 1.0, 2.0)  # the policy's own false-stop cost, around the stated one
+FLEET_PRIOR = 10.0
+
+
+def cost_score(s: Summary, cost_h: float) -> float:
+    """Net GPU-hours saved, minus cost_h for every false stop."""
+    return s.net_gpu_hours - cost_h * s.false_stops
+
+
+def live_pairing(base: Rule, demand_pct: float) -> Rule:
+    """The rule a learned block sits on: stays at or under the demand level for 5 minutes (base's lead, scope)."""
+    return replace(base, name=f"below-{demand_pct:g}pct-5m-learned", threshold_pct=demand_pct, window_s=PAIRING_WINDOW_S,
+                   aggregation=Aggregation.STAYS_BELOW, action=Action.STOP)
+
+
+def learned_grid(cost_h: float) -> list[AdaptiveParams]:
+    """The learned settings tried for one stated cost (48, on each of the two rules a block can sit on)."""
+    return [AdaptiveParams(false_stop_cost_h=cost_h * f, prior_weight=FLEET_PRIOR, min_support=n, unusual_wait_s=w,
+                           restart_grace_s=g)
+            for f, n, w, g in itertools.product(COST_FACTORS, MIN_SUPPORTS, UNUSUAL_WAITS_S, RESTART_GRACES_S)]
+
+
+def setting_text(t: "Tuned") -> str:
+    """The tuned learned block, short: the rule it sits on and its knobs."""
+    p = t.params
+    grace = duration_text(int(p.restart_grace_s)) if p.restart_grace_s > 0 else "0"
+    return (f"on {t.pairing.name.removesuffix('-learned')}: false stop {p.false_stop_cost_h:g} GPU-h, unusual wait "
+            f"{duration_text(int(p.unusual_wait_s or 0))}, restart grace {grace}, support {p.min_support:g}")
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What one stretch of history picks: the best fixed rule and learned setting for the cost, with their summaries."""
+
+    cost_h: float
+    fixed: Summary
+    learned: Summary
+    params: AdaptiveParams
+    pairing: Rule
+    settings: BacktestSettings
+
+
+def tune(prep: Prepared, base: Rule, candidates: Sequence[Rule], cost_h: float,
+         grid: Sequence[AdaptiveParams] | None = None, progress: Callable[[str], None] | None = None,
+         memo: dict | None = None) -> Tuned:
+    """The fixed candidate and the learned setting with the best score on prep. memo: summaries already computed
+    on this same prep and base rule, by rule name or setting (several costs share most of them)."""
+    memo = {} if memo is None else memo
+    oracle = oracle_net_seconds(prep)
+
+    def fixed_summary(r: Rule) -> Summary:
+        if r.name not in memo:  # rules hold dicts (selectors): keyed by name, unique in a sweep
+            memo[r.name] = backtest_rule(prep, r, oracle)[0]
+        return memo[r.name]
+
+    def learned_summary(pairing: Rule, p: AdaptiveParams) -> Summary:
+        if (pairing.name, p) not in memo:
+            if (pairing.name, "verdicts") not in memo:
+                memo[(pairing.name, "verdicts")] = rule_verdicts(prep, pairing)
+            memo[(pairing.name, p)] = backtest_adaptive(prep, pairing, p, oracle, memo[(pairing.name, "verdicts")],
+                                                        hold_back_only=True)[0]
+        return memo[(pairing.name, p)]
+
+    fixed = max((fixed_summary(r) for r in candidates), key=lambda s: cost_score(s, cost_h))
+    assert fixed.rule is not None
+    # The block on a 5-minute demand-level rule (free to stop early), or on the fixed pick (it can only hold back).
+    pairings = [live_pairing(base, prep.settings.demand_pct), replace(fixed.rule, name=f"{fixed.rule.name}-learned")]
+    grid = list(grid or learned_grid(cost_h))
+    best: tuple[float, Summary, AdaptiveParams, Rule] | None = None
+    for k, (pairing, p) in enumerate(itertools.product(pairings, grid), 1):
+        if progress and (k == 1 or k % 24 == 0):
+            progress(f"learned setting {k}/{len(grid) * len(pairings)}")
+        s = learned_summary(pairing, p)
+        if best is None or cost_score(s, cost_h) > best[0] + 1e-9:
+            best = (cost_score(s, cost_h), s, p, pairing)
+    assert best is not None
+    return Tuned(cost_h=cost_h, fixed=fixed, learned=best[1], params=best[2], pairing=best[3], settings=prep.settings)
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """One direction: tuned on one half, scored on the other."""
+
+    label: str  # e.g. "tuned on A, scored on B"
+    tuned: Tuned
+    fixed_test: Summary
+    learned_test: Summary
+
+    @property
+    def fixed_score(self) -> float:
+        return cost_score(self.fixed_test, self.tuned.cost_h)
+
+    @property
+    def learned_score(self) -> float:
+        return cost_score(self.learned_test, self.tuned.cost_h)
+
+    @property
+    def learned_ahead(self) -> bool:
+        return self.learned_score > self.fixed_score + 1e-9
+
+
+def holdout(tune_prep: Prepared, test_prep: Prepared, base: Rule, candidates: Sequence[Rule], cost_h: float,
+            label: str = "", grid: Sequence[AdaptiveParams] | None = None,
+            progress: Callable[[str], None] | None = None, memo: dict | None = None) -> Holdout:
+    """memo: as for `tune`, for tune_prep."""
+    t = tune(tune_prep, base, candidates, cost_h, grid, progress, memo)
+    oracle = oracle_net_seconds(test_prep)
+    fixed_rule = t.fixed.rule
+    assert fixed_rule is not None
+    fixed_test = backtest_rule(test_prep, fixed_rule, oracle)[0]
+    learned_test = backtest_adaptive(test_prep, t.pairing, t.params, oracle, hold_back_only=True,
+                                     name=f"{t.pairing.name} (learned, tuned)")[0]
+    return Holdout(label=label, tuned=t, fixed_test=fixed_test, learned_test=learned_test)
+
+
+def split_halves(trace: Trace) -> tuple[Trace, Trace]:
+    """Every other instance (by id), so that both halves see the same days and the same mix of workloads."""
+    order = np.argsort(np.asarray(trace.instance_ids, dtype=object))
+    return trace.select(np.sort(order[0::2])), trace.select(np.sort(order[1::2]))
+
+
+def recommend_learned(results: Sequence[Holdout]) -> bool:
+    """The learned block only where it beats the fixed rule on every held-out half."""
+    return bool(results) and all(h.learned_ahead for h in results)
+
+
+def learned_rule_yaml(t: Tuned, comment: str = "") -> str:
+    """The tuned learned block on its rule, as a rule file (`gpufinops rules check` accepts it). The
+    block carries the backtest's demand level, break-even and restart cost: live, it must judge as it was tuned."""
+    p, s, bt = t.params, t.learned, t.settings
+
+    def off_or(seconds: float) -> str | int:
+        return duration_text(int(seconds)) if seconds > 0 else 0
+
+    entry = rule_doc(t.pairing, f"Learned idle policy tuned by gpufinops backtest for a false-stop cost of "
+                                f"{t.cost_h:g} GPU-h: net {s.net_gpu_hours:.1f} GPU-h saved, false-stop rate "
+                                f"{s.false_stop_rate:.0%}")
+    entry["learned"] = {
+        "demand_pct": bt.demand_pct,
+        "break_even": duration_text(int(bt.break_even_s)),
+        "restart_cost": duration_text(int(bt.restart_cost_s)),
+        "false_stop_cost_h": p.false_stop_cost_h,
+        "fleet_prior": p.prior_weight,
+        "min_support": p.min_support,
+        "unusual_wait": off_or(p.unusual_wait_s or bt.break_even_s),
+        "restart_grace": off_or(p.restart_grace_s),
+        "time_of_day": off_or(p.time_of_day_s),
+    }
+    return rule_file_text([entry], comment)
