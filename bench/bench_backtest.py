@@ -1,8 +1,10 @@
 """Backtest benchmarks (issue 5). Prints figures; run from the repository root:
 
-    python bench/bench_backtest.py            # both parts
+    python bench/bench_backtest.py            # --perf, --policies and --cost
     python bench/bench_backtest.py --perf     # speed: 100 GPUs x 30 days x 20-rule sweep vs per-tick evaluate()
     python bench/bench_backtest.py --policies # fixed rules vs the learned policy on the shared traces (holdout)
+    python bench/bench_backtest.py --cost     # both tuned for one false-stop cost, scored held out (backtest --tune)
+    python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~20 min)
 
 Policies: every trace is split in two halves of its series (GenTD26 pods by
 position in the sorted id list, Helios by VC, Philly by rank). The fixed-rule
@@ -36,7 +38,9 @@ from gpufinops.backtest.engine import (  # noqa: E402
 )
 from gpufinops.backtest.reference import replay_per_tick  # noqa: E402
 from gpufinops.backtest.sweep import candidates, pareto_front, run_sweep, suggest  # noqa: E402
-from gpufinops.backtest.tune import holdout, learned_grid, live_pairing as tune_live_pairing, setting_text  # noqa: E402
+from gpufinops.backtest.tune import (  # noqa: E402
+    holdout, learned_grid, live_pairing as tune_live_pairing, recommend_learned, setting_text, split_halves,
+)
 from gpufinops.backtest.traces import Trace, from_arrays, load_trace, pool_ranks_trace  # noqa: E402
 from gpufinops.model import Aggregation  # noqa: E402
 from gpufinops.rules import load_rules  # noqa: E402
@@ -289,6 +293,37 @@ def costs() -> None:
     print(f"  all: {sum(t[0] for t in totals.values())} of {sum(t[1] for t in totals.values())}")
 
 
+def tune_decision() -> None:
+    """`backtest --tune`'s own call, held out: made on half A alone (its internal split of A), scored on B."""
+    settings = BacktestSettings()
+    base = load_rules([ROOT / "rules"])[0]
+    cands = candidates(base)
+    print("\n[tune decision] --tune decides on the tuning half alone (split again in two); its pick (tuned on the "
+          "whole tuning half) is scored on the other half against the fixed pick")
+    totals = [0, 0, 0, 0.0, 0]
+    for name, loader in TRACES:
+        halves = [Prepared(h, settings) for h in loader()]
+        inner = [[Prepared(x, settings) for x in split_halves(h.trace)] for h in halves]
+        memos: list[dict] = [{}, {}]
+        inner_memos: list[list[dict]] = [[{}, {}], [{}, {}]]
+        for a, b in ((0, 1), (1, 0)):
+            for cost in COSTS_H:
+                h = holdout(halves[a], halves[b], base, cands, cost, memo=memos[a])
+                (i0, i1), (m0, m1) = inner[a], inner_memos[a]
+                use = recommend_learned([holdout(i0, i1, base, cands, cost, memo=m0),
+                                         holdout(i1, i0, base, cands, cost, memo=m1)])
+                diff = (h.learned_score - h.fixed_score) if use else 0.0
+                totals[0] += use
+                totals[1] += diff > 1e-9
+                totals[2] += diff < -1e-9
+                totals[3] += diff
+                totals[4] += 1
+                print(f"  {name.split()[0]} tuned on {'AB'[a]}, cost {cost:g}: {'learned' if use else 'fixed'} "
+                      f"{diff:+.1f} (learned always: {h.learned_score - h.fixed_score:+.1f})", flush=True)
+    print(f"[tune decision] learned chosen at {totals[0]} of {totals[4]} points: {totals[1]} wins, {totals[2]} losses, "
+          f"sum {totals[3]:+.1f} GPU-h against the fixed pick")
+
+
 def policies() -> None:
     settings = BacktestSettings()
     out: list[dict] = []
@@ -310,11 +345,14 @@ if __name__ == "__main__":
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--policies", action="store_true")
     ap.add_argument("--cost", action="store_true")
+    ap.add_argument("--tune-decision", action="store_true", help="about 20 min; not part of the default run")
     args = ap.parse_args()
-    every = not (args.perf or args.policies or args.cost)
+    every = not (args.perf or args.policies or args.cost or args.tune_decision)
     if args.perf or every:
         perf()
     if args.policies or every:
         policies()
     if args.cost or every:
         costs()
+    if args.tune_decision:
+        tune_decision()
