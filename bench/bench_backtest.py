@@ -266,7 +266,8 @@ def costs() -> None:
     print(f"\n[cost] fixed sweep pick ({len(cands)} rules) vs learned block ({n} settings on a 5-minute demand-level "
           f"rule + {n} on the fixed pick), each tuned on one half for score = net GPU-h - cost x false stops, scored "
           f"on the other half")
-    print(f"  {'run':<34} {'cost':>5}  {'fixed pick':<16} {'false':>5} {'net':>9} {'score':>9}  {'learned setting':<90} "
+    print(f"  {'run':<34} {'cost':>5}  {'fixed pick':<16} {'false':>5} {'net':>9} {'score':>9}  "
+          f"{'learned setting':<90} "
           f"{'false':>5} {'net':>9} {'score':>9} {'ahead':>8}")
     for name, loader in TRACES:
         halves = [Prepared(h, settings) for h in loader()]

@@ -267,7 +267,8 @@ def _tune(trace, bt, base, cands, args) -> dict:
     """--tune: both candidates tuned on one half of the instances and scored on the other, both ways."""
     from .backtest.engine import Prepared
     from .backtest.sweep import rule_yaml
-    from .backtest.tune import cost_score, holdout, learned_rule_yaml, recommend_learned, setting_text, split_halves, tune
+    from .backtest.tune import (cost_score, holdout, learned_rule_yaml, recommend_learned, setting_text,
+                                split_halves, tune)
 
     cost = args.false_stop_cost
     halves = [Prepared(h, bt) for h in split_halves(trace)]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
+
 from ..model import Action, Aggregation, Rule
 from .adaptive import AdaptiveParams, backtest_adaptive
 from .engine import BacktestSettings, Prepared, Summary, backtest_rule, oracle_net_seconds, rule_verdicts
@@ -42,8 +43,8 @@ def cost_score(s: Summary, cost_h: float) -> float:
 
 def live_pairing(base: Rule, demand_pct: float) -> Rule:
     """The rule a learned block sits on: stays at or under the demand level for 5 minutes (base's lead, scope)."""
-    return replace(base, name=f"below-{demand_pct:g}pct-5m-learned", threshold_pct=demand_pct, window_s=PAIRING_WINDOW_S,
-                   aggregation=Aggregation.STAYS_BELOW, action=Action.STOP)
+    return replace(base, name=f"below-{demand_pct:g}pct-5m-learned", threshold_pct=demand_pct,
+                   window_s=PAIRING_WINDOW_S, aggregation=Aggregation.STAYS_BELOW, action=Action.STOP)
 
 
 def learned_grid(cost_h: float) -> list[AdaptiveParams]:
@@ -63,7 +64,7 @@ def setting_text(t: "Tuned") -> str:
 
 @dataclass(frozen=True)
 class Tuned:
-    """What one stretch of history picks: the best fixed rule and learned setting for the cost, with their summaries."""
+    """What one piece of history picks for the cost: the best fixed rule and learned block, with their summaries."""
 
     cost_h: float
     fixed: Summary
@@ -114,7 +115,7 @@ def tune(prep: Prepared, base: Rule, candidates: Sequence[Rule], cost_h: float,
 class Holdout:
     """One direction: tuned on one half, scored on the other."""
 
-    label: str  # e.g. "tuned on A, scored on B"
+    label: str  # the half it was scored on, e.g. "B"
     tuned: Tuned
     fixed_test: Summary
     learned_test: Summary
