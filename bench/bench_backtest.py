@@ -4,7 +4,7 @@
     python bench/bench_backtest.py --perf     # speed: 100 GPUs x 30 days x 20-rule sweep vs per-tick evaluate()
     python bench/bench_backtest.py --policies # fixed rules vs the learned policy on the shared traces (holdout)
     python bench/bench_backtest.py --cost     # both tuned for one false-stop cost, scored held out (backtest --tune)
-    python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~20 min)
+    python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~25 min)
 
 Policies: every trace is split in two halves of its series (GenTD26 pods by
 position in the sorted id list, Helios by VC, Philly by rank). The fixed-rule
@@ -346,7 +346,7 @@ if __name__ == "__main__":
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--policies", action="store_true")
     ap.add_argument("--cost", action="store_true")
-    ap.add_argument("--tune-decision", action="store_true", help="about 20 min; not part of the default run")
+    ap.add_argument("--tune-decision", action="store_true", help="about 25 min; not part of the default run")
     args = ap.parse_args()
     every = not (args.perf or args.policies or args.cost or args.tune_decision)
     if args.perf or every:
