@@ -289,9 +289,9 @@ def costs() -> None:
                       f"{diff:>+8.1f}", flush=True)
         print(f"  ({name}: {time.perf_counter() - t:.0f} s)")
     print("\n[cost] learned ahead of the fixed pick (held-out score):")
-    for name, (wins, n, diff) in totals.items():
-        print(f"  {name}: {wins} of {n}, sum of score differences {diff:+.1f} GPU-h")
-    print(f"  all: {sum(t[0] for t in totals.values())} of {sum(t[1] for t in totals.values())}")
+    for name, (wins, points, diff) in totals.items():
+        print(f"  {name}: {wins} of {points}, sum of score differences {diff:+.1f} GPU-h")
+    print(f"  all: {sum(v[0] for v in totals.values())} of {sum(v[1] for v in totals.values())}")
 
 
 def tune_decision() -> None:
