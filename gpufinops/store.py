@@ -24,6 +24,8 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    inspect,
+    text,
     select,
     update,
     delete,
@@ -190,11 +192,35 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, future=True, pool_pre_ping=True)
 
 
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Upgrade a database written by an older release: add the nullable columns it lacks (`create_all` only
+    creates missing tables). Rows already stored keep their values; the new columns start NULL. Returns
+    "table.column" for each column added."""
+    added = []
+    existing_tables = set(inspect(engine).get_table_names())
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.begin() as conn:
+        for table in metadata.sorted_tables:
+            if table.name not in existing_tables:
+                continue
+            have = {c["name"] for c in inspect(conn).get_columns(table.name)}
+            for col in table.columns:
+                if col.name in have:
+                    continue
+                if not col.nullable:  # not additive: needs a hand-written migration
+                    raise RuntimeError(f"database table {table.name} lacks the NOT NULL column {col.name}")
+                conn.execute(text(f"ALTER TABLE {quote(table.name)} ADD COLUMN {quote(col.name)} "
+                                  f"{col.type.compile(dialect=engine.dialect)}"))
+                added.append(f"{table.name}.{col.name}")
+    return added
+
+
 class Store:
     def __init__(self, url: str):
         self.url = url
         self.engine = make_engine(url)
         metadata.create_all(self.engine)
+        add_missing_columns(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

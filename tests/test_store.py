@@ -87,3 +87,28 @@ def test_capability_tables_work_on_both_databases(db_url):
     assert save_costs(s, df, "cur", date(2026, 11, 1), date(2026, 12, 1), NOW) == 1  # replaced, not doubled
     back = load_costs(Store(db_url), date(2026, 11, 1), date(2026, 12, 1))
     assert len(back) == 1 and float(back["cost"].iloc[0]) == 527.0 and back["team"].iloc[0] == "ml"
+
+
+def test_a_database_from_an_older_release_is_upgraded_without_losing_rows(db_url):
+    from sqlalchemy import Column, DateTime, MetaData, String, Table, insert
+
+    from gpufinops.store import make_engine
+
+    # instance_state as the release before `stop_dry_run` wrote it, with one row in it.
+    old_schema = MetaData()
+    old = Table("instance_state", old_schema, Column("instance_id", String(64), primary_key=True),
+                Column("rule", String(128), primary_key=True), Column("verdict", String(16), nullable=False),
+                Column("since", DateTime, nullable=False), Column("updated_at", DateTime, nullable=False),
+                Column("stopped_at", DateTime))
+    engine = make_engine(db_url)
+    old_schema.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(insert(old).values(instance_id="i-1", rule="r", verdict="IDLE",
+                                        since=datetime(2026, 11, 29, 10), updated_at=datetime(2026, 11, 29, 11),
+                                        stopped_at=datetime(2026, 11, 29, 10, 30)))
+    engine.dispose()
+    store = Store(db_url)
+    row = store.get_state("i-1", "r")
+    assert (row.verdict, row.since.hour, row.stopped_at.minute, row.stop_dry_run) == (Verdict.IDLE, 10, 30, None)
+    store.put_state("i-1", "r", Verdict.IDLE, row.since, NOW, NOW, True)
+    assert Store(db_url).get_state("i-1", "r").stop_dry_run is True
