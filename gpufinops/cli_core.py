@@ -116,19 +116,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from .store import Store
 
     settings = load_settings_from_args(args)
-    store = Store(args.db if args.db and "://" in args.db else f"sqlite:///{args.db}" if args.db
-                  else settings.database_url)
+    if args.db is None:
+        url = settings.database_url
+    else:
+        url = args.db if "://" in args.db else f"sqlite:///{args.db}"
+    store = Store(url)
     start = utcnow() - timedelta(seconds=parse_duration(args.since)) if args.since else None
     kinds = [ActionKind(k) for k in args.kind] if args.kind else None
-    actions = [a for a in store.action_rows(kinds=kinds, start=start)
-               if not args.instance or a.instance_id == args.instance]
+    # Filtered in the query: a month of decisions for a whole fleet is large.
+    actions = store.action_rows(kinds=kinds, start=start, instance_id=args.instance)
     rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id, "what": a.kind.value, "rule": a.rule,
              "dry_run": a.dry_run, "status": a.status, "reason": a.reason, "error": a.error or ""} for a in actions]
     if args.decisions:
         rows += [{"at": d["evaluated_at"].isoformat(), "instance_id": d["instance_id"], "what": "decision",
                   "rule": d["rule"], "dry_run": d["dry_run"], "status": d["verdict"], "reason": d["reason"],
                   "error": ""}
-                 for d in store.decision_rows(start=start) if not args.instance or d["instance_id"] == args.instance]
+                 for d in store.decision_rows(start=start, instance_id=args.instance)]
         rows.sort(key=lambda r: r["at"])
     rows = rows[-args.limit:] if args.limit else rows
     if args.format == "json":

@@ -262,8 +262,11 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(insert(decisions), rows)
 
-    def decision_rows(self, start: datetime | None = None, end: datetime | None = None) -> list[dict]:
+    def decision_rows(self, start: datetime | None = None, end: datetime | None = None,
+                      instance_id: str | None = None) -> list[dict]:
         q = select(decisions).order_by(decisions.c.evaluated_at, decisions.c.id)
+        if instance_id is not None:
+            q = q.where(decisions.c.instance_id == instance_id)
         if start is not None:
             q = q.where(decisions.c.evaluated_at >= naive_utc(start))
         if end is not None:
@@ -390,8 +393,11 @@ class Store:
             )
 
     def action_rows(self, status: str | None = None, kinds: Iterable[ActionKind] | None = None,
-                    start: datetime | None = None, end: datetime | None = None) -> list[ActionRow]:
+                    start: datetime | None = None, end: datetime | None = None,
+                    instance_id: str | None = None) -> list[ActionRow]:
         q = select(actions).order_by(actions.c.at, actions.c.id)
+        if instance_id is not None:
+            q = q.where(actions.c.instance_id == instance_id)
         if status:
             q = q.where(actions.c.status == status)
         if kinds:
