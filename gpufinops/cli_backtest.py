@@ -144,7 +144,6 @@ def run_backtest(args: argparse.Namespace) -> int:
     from .backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
     from .backtest.traces import load_trace
     from .cli import load_settings_from_args
-    from .learned import learned_params
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
@@ -179,7 +178,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     results, examples = [], {}
     for n, rule in enumerate(rules, 1):
         _progress(f"replaying rule {n}/{len(rules)}: {rule.name}" + (" (+ learned policy)" if args.adaptive else ""))
-        lp = learned_params(rule)
+        lp = rule.learned
         if lp is not None:
             # A rule with a `learned:` block is replayed as the service runs it: the policy, with the block's
             # settings, holding the rule's own IDLE back. The rule without its block is shown after it.

@@ -132,11 +132,6 @@ class LearnedParams(BaseModel):
                               restart_grace_s=float(self.restart_grace_s))
 
 
-def learned_params(rule: Rule) -> LearnedParams | None:
-    """The rule's `learned:` block, if it has one (`Rule.learned` once the field is wired in)."""
-    return getattr(rule, "learned", None)
-
-
 # --------------------------------------------------------------------------- stretches (pure)
 
 
@@ -401,7 +396,7 @@ class IdleHistory:
     # -- refresh (I/O)
 
     def refresh(self, rules: Iterable[Rule], now: datetime) -> None:
-        configs = {_Config.of(p) for p in (learned_params(r) for r in rules) if p is not None}
+        configs = {_Config.of(r.learned) for r in rules if r.learned is not None}
         for gone in set(self._grids) - configs:
             del self._grids[gone]
         at = _epoch(now)
@@ -517,7 +512,7 @@ def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches |
 def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance], rules: Sequence[Rule],
                   history: IdleHistory | None, now: datetime) -> list[Decision]:
     """The decisions with those of learned rules replaced by `decide_learned`; the others unchanged. Pure."""
-    learned = {r.name: (r, p) for r in rules if (p := learned_params(r)) is not None}
+    learned = {r.name: (r, r.learned) for r in rules if r.learned is not None}
     if not learned or history is None:
         return list(decisions)
     views: dict[LearnedParams, HistoryView] = {}

@@ -115,7 +115,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
-    if peers.learned is not None and any(getattr(r, "learned", None) is not None for r in rules):
+    if peers.learned is not None and any(r.learned is not None for r in rules):
         from .learned import apply_learned
 
         try:
