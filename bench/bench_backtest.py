@@ -264,10 +264,10 @@ def costs() -> None:
     totals: dict = {}
     n = len(learned_grid(1.0))
     print(f"\n[cost] fixed sweep pick ({len(cands)} rules) vs learned block ({n} settings on a 5-minute demand-level "
-          f"rule + {n} on the fixed pick), each tuned on one half for score = net GPU-h - cost x false stops, scored "
-          f"on the other half")
+          f"rule + {n} on the fixed pick, with earned trust: trust_wait = the fixed pick's window), each tuned on one "
+          f"half for score = net GPU-h - cost x false stops, scored on the other half")
     print(f"  {'run':<34} {'cost':>5}  {'fixed pick':<16} {'false':>5} {'net':>9} {'score':>9}  "
-          f"{'learned setting':<90} "
+          f"{'learned setting':<110} "
           f"{'false':>5} {'net':>9} {'score':>9} {'ahead':>8}")
     for name, loader in TRACES:
         halves = [Prepared(h, settings) for h in loader()]
@@ -284,7 +284,7 @@ def costs() -> None:
                 f, lr = h.fixed_test, h.learned_test
                 print(f"  {name.split()[0] + ' tuned on ' + 'AB'[a] + ', test ' + 'AB'[b]:<34} {cost:>5g}  "
                       f"{f.policy:<16} {f.false_stop_rate:>5.0%} {f.net_gpu_hours:>9.1f} {h.fixed_score:>9.1f}  "
-                      f"{setting_text(h.tuned)[:90]:<90} "
+                      f"{setting_text(h.tuned):<110} "
                       f"{lr.false_stop_rate:>5.0%} {lr.net_gpu_hours:>9.1f} {h.learned_score:>9.1f} "
                       f"{diff:>+8.1f}", flush=True)
         print(f"  ({name}: {time.perf_counter() - t:.0f} s)")

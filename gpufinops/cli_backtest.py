@@ -101,6 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "weigh fully, the others 0.2 (default 3h; 0: all alike)")
     p.add_argument("--restart-grace", type=_duration_or_off, default=2 * 3600,
                    help="learned policy: no stop within this long of an instance's start or restart (default 2h)")
+    p.add_argument("--trust-wait", type=_duration, default=None,
+                   help="learned policy: per instance, a fixed wait of this long decides where the learned wait has "
+                        "done worse on that instance's past idle stretches (default: none, the learned wait decides)")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")
     p.add_argument("--windows", type=_durations, default=None, help="sweep windows, e.g. 10m,30m,1h,2h")
@@ -199,6 +202,7 @@ def run_backtest(args: argparse.Namespace) -> int:
             params = AdaptiveParams(false_stop_cost_h=args.false_stop_cost, prior_weight=args.fleet_prior,
                                     min_support=args.min_support, time_of_day_s=float(args.time_of_day),
                                     restart_grace_s=float(args.restart_grace),
+                                    trust_wait_s=None if args.trust_wait is None else float(args.trust_wait),
                                     **({"criterion": "p", "p_min": args.p_min} if args.p_min is not None else {}))
             a_sum, a_rep, run = backtest_adaptive(prep, rule, params, oracle)
             results.append(a_sum)
@@ -301,6 +305,8 @@ def _tune(trace, bt, base, cands, args) -> dict:
     if args.suggest_out:
         Path(args.suggest_out).write_text(text)
     return {"false_stop_cost_h": cost, "learned_suggested": learned_wins, "suggested_yaml": text,
+            "fixed_pick": whole.fixed.to_dict(), "learned_pick": {**whole.learned.to_dict(),
+                                                                  "params": whole.params.__dict__},
             "holdout": [{"held_out": h.label, "fixed": h.fixed_test.to_dict(), "learned": h.learned_test.to_dict(),
                          "learned_rule": h.tuned.pairing.name, "learned_params": h.tuned.params.__dict__,
                          "fixed_score": h.fixed_score,

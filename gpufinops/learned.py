@@ -96,9 +96,14 @@ class LearnedParams(BaseModel):
     other_times_weight: float = Field(0.2, ge=0, le=1)
     # No stop within this long of the instance's (re)start (its launch time), whatever the history says.
     restart_grace_s: int = Field(2 * 3600, alias="restart_grace", ge=0)
+    # Earned trust: on each instance the learned wait decides as long as, replayed over that instance's own past
+    # idle stretches, it has scored at least as much as a fixed wait of this long (less trust_margin_h GPU-h per
+    # GPU); behind that, the fixed wait decides until it catches up. None: the learned wait always decides.
+    trust_wait_s: int | None = Field(None, alias="trust_wait")
+    trust_margin_h: float = Field(0.0, ge=0)
 
     @field_validator("step_s", "refresh_s", "break_even_s", "restart_cost_s", "min_idle_s", "unusual_wait_s",
-                     mode="before")
+                     "trust_wait_s", mode="before")
     @classmethod
     def _durations(cls, v: Any) -> Any:
         return _duration(v)
@@ -129,7 +134,9 @@ class LearnedParams(BaseModel):
                               unusual_wait_s=None if self.unusual_wait_s is None else float(self.unusual_wait_s),
                               fleet_refresh_s=float(self.refresh_s), time_of_day_s=float(self.time_of_day_s),
                               other_times_weight=self.other_times_weight,
-                              restart_grace_s=float(self.restart_grace_s))
+                              restart_grace_s=float(self.restart_grace_s),
+                              trust_wait_s=None if self.trust_wait_s is None else float(self.trust_wait_s),
+                              trust_margin_h=self.trust_margin_h)
 
 
 # --------------------------------------------------------------------------- stretches (pure)
@@ -300,6 +307,26 @@ class HistoryView:
                 d, c = d[adaptive.near_in_time_of_day(d_t, hour, ap)], c[adaptive.near_in_time_of_day(c_t, hour, ap)]
             self.grid.priors[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
         return self.grid.priors[key]
+
+    def trust(self, instance_id: str, hist: Stretches, rule: Rule) -> adaptive.Trust | None:
+        """This instance's earned trust (None: the block has no trust_wait). Replaying a past stretch is one small
+        numpy step, and the fleet prior only changes at a full refresh: so the replay is kept with the history
+        and, as stretches complete, only the new ones are replayed."""
+        ap = self.params.adaptive()
+        if ap.trust_wait_s is None or self.grid is None:
+            return None
+        lead = float(rule.warning_lead_s)
+        key = ("trust", self.params, instance_id, lead, float(rule.window_s))
+        done = (hist.completed_s, hist.completed_start_t)
+        known, trust = self.grid.priors.get(key, (((), ()), adaptive.NO_TRUST))
+        if known != done:
+            n = trust.stretches
+            same_past = known[0] == done[0][:n] and known[1] == done[1][:n]
+            trust = adaptive.trust_of(*done, partial(self.prior, lead), rule, ap, float(self.params.break_even_s),
+                                      float(self.params.restart_cost_s), float(rule.window_s),
+                                      resume=trust if same_past else adaptive.NO_TRUST)
+            self.grid.priors[key] = (done, trust)
+        return trust
 
     def _fleet_stretches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every host's (completed, censored) stretch lengths and start times; read once per history, then
@@ -478,31 +505,42 @@ def _first_learned_age(hist: Stretches, age_s: float, rule: Rule, prior: FleetPr
 
 
 def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches | None,
-                   fleet_prior: FleetPrior | Callable[[float], FleetPrior], params: LearnedParams,
-                   now: datetime, launched_at: datetime | None = None) -> Decision:
+                   fleet_prior: FleetPrior | Callable[[float | None], FleetPrior], params: LearnedParams,
+                   now: datetime, launched_at: datetime | None = None,
+                   trust: adaptive.Trust | None = None) -> Decision:
     """The learned policy over `base`, `evaluate()`'s decision for `rule`. Only an IDLE can change.
 
-    fleet_prior: the prior, or a function of the current stretch's start time that gives it (time of day);
-    launched_at: the instance's launch time (reset by a start), for `restart_grace`."""
+    fleet_prior: the prior, or a function of a stretch's start time that gives it (time of day);
+    launched_at: the instance's launch time (reset by a start), for `restart_grace`; trust: with `trust_wait`,
+    the instance's earned trust if already known (`HistoryView.trust`), else it is computed here. Past stretches
+    are replayed with today's fleet prior for their hour, where the backtest uses the prior as it stood then."""
     if base.verdict != Verdict.IDLE or history_for_instance is None:
         return base  # never more aggressive than the fixed rule; no history: the fixed rule decides
+    ap = params.adaptive()
+    prior_at = fleet_prior if callable(fleet_prior) else (lambda _t: fleet_prior)
+    if trust is None and ap.trust_wait_s is not None:
+        trust = adaptive.trust_of(history_for_instance.completed_s, history_for_instance.completed_start_t, prior_at,
+                                  rule, ap, float(params.break_even_s), float(params.restart_cost_s),
+                                  float(rule.window_s))
     age, exact = current_idle_age(base, history_for_instance, params, now)
     if age is None:
         return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
                        reason=f"activity up to {base.activity_max:.0f}% in the last {_fmt(base.window_s)}, over the "
                               f"{params.demand_pct:g}% demand level: no idle stretch yet; learned policy waits")
     began = _epoch(now) - age
-    prior = fleet_prior(began) if callable(fleet_prior) else fleet_prior
-    d = adaptive.decide(base, list(history_for_instance.completed_s), age, rule, params.adaptive(),
+    prior = prior_at(began)
+    d = adaptive.decide(base, list(history_for_instance.completed_s), age, rule, ap,
                         float(params.break_even_s), now, prior, float(params.restart_cost_s),
-                        history_start_t=history_for_instance.completed_start_t)
-    if d.verdict != Verdict.IDLE and d.code == ReasonCode.LEARNED_WAIT:
+                        history_start_t=history_for_instance.completed_start_t, trust=trust, hold_back_only=True)
+    trusted = trust is None or trust.trusted(ap)  # untrusted: the fixed wait, which needs no latch
+    if d.verdict != Verdict.IDLE and d.code == ReasonCode.LEARNED_WAIT and trusted:
         earlier = _first_learned_age(history_for_instance, age, rule, prior, params, began)
         if earlier is not None:  # said IDLE earlier in this stretch: it holds until demand returns
             first_age, why = earlier
             d = replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE,
                         reason=f"idle {_fmt(age)}; stop decided at {_fmt(first_age)} idle, until demand returns: "
-                               f"{why.split('; ', 1)[1]}")
+                               f"{why.split('; ', 1)[1]}" + ("" if trust is None else
+                                                             f"; {adaptive.trust_note(trust, ap)}"))
     if not exact and d.reason.startswith("idle "):
         d = replace(d, reason="idle at least " + d.reason[len("idle "):])
     running = None if launched_at is None else _epoch(now) - _epoch(launched_at)
@@ -526,6 +564,8 @@ def apply_learned(decisions: Sequence[Decision], instances: Sequence[GpuInstance
         if p not in views:
             views[p] = history.view(p, instances)
         view = views[p]
-        out.append(decide_learned(d, rule, view.instance(d.instance_id),
-                                  partial(view.prior, float(rule.warning_lead_s)), p, now, launched.get(d.instance_id)))
+        hist = view.instance(d.instance_id)
+        trust = None if hist is None else view.trust(d.instance_id, hist, rule)
+        out.append(decide_learned(d, rule, hist, partial(view.prior, float(rule.warning_lead_s)), p, now,
+                                  launched.get(d.instance_id), trust))
     return out

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from gpufinops.backtest.adaptive import (
+    EMPTY_PRIOR,
     AdaptiveParams,
+    Trust,
     adaptive_verdicts,
     backtest_adaptive,
     decide,
@@ -21,6 +23,7 @@ from gpufinops.backtest.adaptive import (
     near_in_time_of_day,
     prior_hour,
     stop_reason,
+    trust_of,
 )
 from gpufinops.backtest.engine import (
     BacktestSettings,
@@ -31,6 +34,7 @@ from gpufinops.backtest.engine import (
 from gpufinops.backtest.traces import from_arrays
 from gpufinops.evaluate import evaluate
 from gpufinops.model import (
+    Aggregation,
     GpuInstance,
     GpuWindowStats,
     InstanceUsage,
@@ -186,7 +190,10 @@ def test_decide_explains_itself(rules):
                                     AdaptiveParams(prior_weight=5.0, fleet_refresh_s=1800.0, unusual_wait_s=1200),
                                     AdaptiveParams(criterion="p", p_min=0.7, prior_weight=2.0),
                                     AdaptiveParams(prior_weight=5.0, time_of_day_s=0.0, unusual_wait_s=1200),
-                                    AdaptiveParams(prior_weight=5.0, time_of_day_s=2 * 3600.0, other_times_weight=0.0)])
+                                    AdaptiveParams(prior_weight=5.0, time_of_day_s=2 * 3600.0, other_times_weight=0.0),
+                                    AdaptiveParams(prior_weight=5.0, trust_wait_s=3600.0, unusual_wait_s=1200),
+                                    AdaptiveParams(prior_weight=0.0, min_history=5, trust_wait_s=1800.0,
+                                                   trust_margin_h=0.5)])
 def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
     """The array path and the live `decide()` agree tick by tick (before any stop), fleet prior included."""
     rule = rules[0]
@@ -215,18 +222,25 @@ def test_vectorised_policy_matches_decide_on_every_tick(rules, params):
             assert run.verdicts[0, j] != 1
             continue
         t_start = T0 + start * 60
-        block = T0 + np.floor((t_start - T0) / params.fleet_refresh_s + 1e-9) * params.fleet_refresh_s
-        hour = prior_hour(t_start, params)  # with time of day: the fleet's stretches begun near this hour only
-        def near(s, hour=hour):
-            return hour is None or bool(near_in_time_of_day([s], hour, params)[0])
 
-        known = [e - s for s, e in done if e <= block and near(s)]
-        ongoing = [block - s for s, e in done if s < block < e and near(s)] + (
-            [block - t_start] if t_start < block and near(t_start) else [])
-        prior = fleet_prior(known, floor_s(params, rule.warning_lead_s), params.prior_points, ongoing_s=ongoing)
+        spans = done + [(t_start, np.inf)]  # every stretch so far, the current one still going on
+
+        def prior_for(begun):
+            """The fleet prior of a stretch begun then: the stretches known at the start of its refresh block."""
+            block = T0 + np.floor((begun - T0) / params.fleet_refresh_s + 1e-9) * params.fleet_refresh_s
+            hour = prior_hour(begun, params)  # with time of day: the fleet's stretches begun near this hour only
+
+            def near(s):
+                return hour is None or bool(near_in_time_of_day([s], hour, params)[0])
+
+            known = [e - s for s, e in spans if e <= block and near(s)]
+            ongoing = [block - s for s, e in spans if s < block < e and near(s)]
+            return fleet_prior(known, floor_s(params, rule.warning_lead_s), params.prior_points, ongoing_s=ongoing)
+
         own, own_start = [e - s for s, e in done], [s for s, _ in done]
         d = decide(replace(template, verdict=verdict), own, now - t_start, rule, params, settings.break_even_s,
-                   datetime.fromtimestamp(now, UTC), prior, settings.restart_cost_s, own_start, running_s=now - T0)
+                   datetime.fromtimestamp(now, UTC), prior_for(t_start), settings.restart_cost_s, own_start,
+                   running_s=now - T0, prior_at=prior_for)
         latched = latched or d.verdict == Verdict.IDLE
         assert (run.verdicts[0, j] == 1) == latched, (j, now - t_start, d.reason)
 
@@ -305,3 +319,81 @@ def test_a_rule_with_a_learned_block_is_backtested_as_the_service_runs_it(tmp_pa
     run = adaptive_verdicts(prep, rule, rule.learned.adaptive(), hold_back_only=True)
     base = rule_verdicts(prep, rule)
     assert not ((run.verdicts == 1) & (base != 1)).any()
+
+
+def test_earned_trust_replays_each_past_lull_against_a_fixed_wait(rules):
+    """Worked by hand: 3 past nights of 10 h; with too little history the policy waits the break-even (30 min) and
+    stops 15 min later (its lead), so each night it saved 10 h - 45 min - the 10-min restart. A fixed 2 h wait
+    would have saved 90 min less a night (ahead 4.5 h); a fixed 10 min wait 20 min more (behind 1 h)."""
+    rule = rules[0]  # 10-min window, 15-min lead
+    _, base, now = _base(rule)
+    nights = [10 * 3600.0] * 3
+    params = AdaptiveParams(prior_weight=0.0, min_history=3, trust_wait_s=7200.0)
+    trust = trust_of(nights, None, lambda _t: EMPTY_PRIOR, rule, params, 1800, 600, 0.0)
+    assert trust == Trust(edge_s=3 * 90 * 60.0, stretches=3) and trust.trusted(params)
+    d = decide(base, nights, 14 * 60, rule, params, 1800, now)
+    assert d.code == ReasonCode.LEARNED_IDLE  # the learned wait decides: 3 nights say stop now
+    assert d.reason.endswith("; the learned wait is 4.5 GPU-h per GPU ahead of a fixed 2.0 h wait over this "
+                             "instance's 3 past idle stretches")
+
+    short = replace(params, trust_wait_s=600.0)
+    assert trust_of(nights, None, lambda _t: EMPTY_PRIOR, rule, short, 1800, 600, 0.0).edge_s == -3 * 20 * 60.0
+    d = decide(base, nights, 14 * 60, rule, short, 1800, now)
+    assert d.verdict == Verdict.IDLE and d.reason == (
+        "idle 14 min; the learned wait is 1.0 GPU-h per GPU behind a fixed 10 min wait over this instance's 3 past "
+        "idle stretches: the fixed wait decides")
+    d = decide(base, nights, 8 * 60, rule, short, 1800, now)
+    assert d.verdict == Verdict.UNDERUTILIZED and d.code == ReasonCode.LEARNED_WAIT
+    assert d.reason.endswith(": waiting until 10 min idle")
+    # Within the margin the learned wait keeps deciding.
+    d = decide(base, nights, 14 * 60, rule, replace(short, trust_margin_h=1.0), 1800, now)
+    assert d.code == ReasonCode.LEARNED_IDLE and "behind a fixed 10 min wait" in d.reason
+    assert d.reason.endswith("within the 1 GPU-h margin")
+    # A missing window stays unknown whoever decides.
+    inst, _, _ = _base(rule)
+    no_data = evaluate(inst, InstanceUsage("i-1", 600, 10, ()), rule, now)
+    assert decide(no_data, nights, 14 * 60, rule, short, 1800, now).verdict == Verdict.UNKNOWN
+
+
+def test_a_fixed_wait_takes_over_where_the_learned_wait_has_done_worse(rules):
+    """Long nights, and a learned block that waits 2 h while its history is thin. With no past lull yet, the learned
+    wait decides the first night; replayed, it did worse than a fixed 10-minute wait, so from the second night on
+    the fixed wait stops the nights 10 min + the lead in."""
+    five = replace(rules[0], name="below-5-5m", threshold_pct=5.0, window_s=300, aggregation=Aggregation.STAYS_BELOW)
+    trace = from_arrays(np.tile(cycles(10 * 60, 14 * 60, 10), (3, 1)), step_s=60, t0=T0)
+    prep = Prepared(trace, BacktestSettings())
+    params = AdaptiveParams(prior_weight=0.0, min_history=5, unusual_wait_s=7200.0, restart_grace_s=0.0)
+    plain, rep_plain, _ = backtest_adaptive(prep, five, params, hold_back_only=True)
+    trusted, rep, run = backtest_adaptive(prep, five, replace(params, trust_wait_s=600.0), hold_back_only=True)
+    stop_min = [round(e.time_to_stop_s / 60) for e in rep.stops]  # by instance, then time
+    assert stop_min == [135] + [25] * 9 + [135] + [25] * 9 + [135] + [25] * 9 and trusted.false_stops == 0
+    # Without the trust: 135 min the first 5 nights (thin history), then 20 min (5 min + the lead). So the trust
+    # saves 110 min on nights 2-5 and gives up 5 min on nights 6-10, on each of the 3 instances.
+    assert [round(e.time_to_stop_s / 60) for e in rep_plain.stops][:10] == [135] * 5 + [20] * 5
+    assert trusted.net_gpu_hours - plain.net_gpu_hours == pytest.approx(3 * (4 * 110 - 5 * 5) / 60)
+    reasons = set(run.reasons.values())
+    assert any("behind a fixed 10 min wait" in r and r.endswith("the fixed wait decides") for r in reasons)
+
+
+def test_the_shipped_learned_example_is_opt_in_and_holds_serving_lulls_back(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from gpufinops.cli import main
+
+    example = ROOT / "rules" / "examples" / "learned-idle.yaml"
+    (rule,) = load_rules([example])
+    assert rule.learned is not None and rule.learned.trust_wait_s == 3600 and rule.window_s == 300
+    assert rule.name not in {r.name for r in load_rules([ROOT / "rules"])}  # not among the defaults
+    # Serving with 35-minute lulls for 4 days: the 5-minute rule alone stops every lull falsely; the example,
+    # replayed as the service runs it, learns the lulls are short, and a 1-hour wait would not stop them either.
+    u = cycles(20, 35, 100)
+    pd.DataFrame({"value": u, "timestamp_anon": T0 + 60.0 * np.arange(len(u)), "container_ip": "pod-a"}).to_csv(
+        tmp_path / "trace.csv", index=False)
+    assert main(["backtest", "--trace", str(tmp_path / "trace.csv"), "--rules", str(example), "--json", "-"]) == 0
+    out = capsys.readouterr().out
+    by = {r["policy"]: r for r in json.loads(out[out.index("{\n"):])["results"]}
+    live, alone = by[f"{rule.name} (learned, as live)"], by[f"{rule.name} without its learned block"]
+    assert alone["stops"] >= 90 and alone["false_stop_rate"] > 0.95
+    assert live["false_stops"] <= 1 and live["stops"] <= 2

@@ -94,6 +94,8 @@ def test_cli_tune_suggests_the_learned_block_as_a_rule_file(tmp_path, capsys):
     rule = load_rules([out_rule])[0]  # the suggestion is a rule file the service loads
     assert rule.learned is not None and rule.window_s == 300 and rule.threshold_pct == 5.0
     assert rule.learned.break_even_s == 1800 and rule.learned.restart_cost_s == 600
+    # Where its learned wait has done worse on an instance's past, the fixed pick's window decides.
+    assert rule.learned.trust_wait_s == tuned["fixed_pick"]["rule"]["window_s"]
     assert out_rule.read_text() == tuned["suggested_yaml"]
 
 
@@ -111,7 +113,7 @@ def test_a_block_on_the_fixed_pick_is_written_as_a_rule_file_that_loads_as_tuned
     from gpufinops.backtest.tune import learned_grid, learned_rule_yaml, tune
 
     prep = Prepared(fleet([office_days(3, shift_min=k * 30) for k in range(4)]), BacktestSettings())
-    t = tune(prep, base, candidates(base), 4.0, grid=learned_grid(4.0)[:2])
+    t = tune(prep, base, candidates(base), 4.0, grid=learned_grid(4.0, trust_wait_s=3600.0)[:2])
     fixed_rule = t.fixed.rule
     on_fixed = replace(t, pairing=replace(fixed_rule, name=f"{fixed_rule.name}-learned"))
     (tmp_path / "r.yaml").write_text(learned_rule_yaml(on_fixed))
@@ -120,3 +122,4 @@ def test_a_block_on_the_fixed_pick_is_written_as_a_rule_file_that_loads_as_tuned
     assert (rule.threshold_pct, rule.window_s, rule.aggregation) == (
         fixed_rule.threshold_pct, fixed_rule.window_s, fixed_rule.aggregation)
     assert rule.learned.adaptive() == t.params  # live runs exactly the setting that was tuned
+    assert rule.learned.trust_wait_s == 3600

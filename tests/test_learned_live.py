@@ -11,6 +11,7 @@ import socket
 import time
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import numpy as np
 import pytest
@@ -355,6 +356,12 @@ def test_params_validate_with_the_key_named():
     with pytest.raises(ValidationError) as err:
         LearnedParams.model_validate({"fleet": 3})
     assert err.value.errors()[0]["loc"] == ("fleet",)
+    trusting = LearnedParams.model_validate({"trust_wait": "1h", "trust_margin_h": 0.5})
+    assert (trusting.adaptive().trust_wait_s, trusting.adaptive().trust_margin_h) == (3600.0, 0.5)
+    assert LearnedParams().adaptive().trust_wait_s is None  # off unless asked for
+    with pytest.raises(ValidationError) as err:
+        LearnedParams.model_validate({"trust_wait": "1h", "trust_margin_h": -1})
+    assert err.value.errors()[0]["loc"] == ("trust_margin_h",)
 
 
 # --------------------------------------------------------------------------- once wired (skipped before)
@@ -459,3 +466,36 @@ def test_no_stop_within_the_restart_grace_of_a_launch():
     d = decide_learned(_base(), replace(LEARNED, learned=no_grace), hist, adaptive.EMPTY_PRIOR, no_grace, NOW,
                        launched_at=NOW - timedelta(minutes=50))
     assert d.verdict == Verdict.IDLE
+
+
+@pytest.mark.integration
+def test_earned_trust_from_the_prometheus_history(prom, history):
+    """A `trust_wait` block on the same history: each instance's past lulls are replayed against a fixed wait."""
+    fixed = fixed_decisions(prom, [FIXED, LEARNED])
+    trusting = replace(LEARNED, learned=LearnedParams(trust_wait="10m"))
+    out = {(d.instance_id, d.rule_name): d for d in apply_learned(fixed, MAIN, [FIXED, trusting], history, NOW)}
+    # Serving: a fixed 10-min wait would have stopped lull after lull falsely; the learned wait, holding back,
+    # is ahead, and still decides.
+    serve = out[("i-serve", LEARNED.name)]
+    assert serve.code == ReasonCode.LEARNED_WAIT and "a later stop is worth more" in serve.reason
+    assert re.search(r"; the learned wait is \d+\.\d GPU-h per GPU ahead of a fixed 10 min wait over this "
+                     r"instance's \d+ past idle stretches$", serve.reason), serve.reason
+    # Nights: the learned wait's thin-history start made it wait longer than 10 min on nights that lasted
+    # hours, so the fixed wait decides: the 30-minute-old lull is stopped.
+    night = out[("i-night", LEARNED.name)]
+    assert night.verdict == Verdict.IDLE and night.code == ReasonCode.LEARNED_IDLE
+    assert re.fullmatch(r"idle 30 min; the learned wait is \d+\.\d GPU-h per GPU behind a fixed 10 min wait over "
+                        r"this instance's \d+ past idle stretches: the fixed wait decides", night.reason), night.reason
+    # The replay is kept with the history: asked again, the same answer without replaying.
+    view = history.view(trusting.learned, MAIN)
+    hist = view.instance("i-night")
+    assert view.trust("i-night", hist, trusting) is view.trust("i-night", hist, trusting)
+    assert view.trust("i-night", hist, trusting).edge_s < 0 < view.trust("i-serve", view.instance("i-serve"),
+                                                                         trusting).edge_s
+    # As stretches complete, only the new ones are replayed, with the same result as replaying them all.
+    earlier = replace(hist, completed_s=hist.completed_s[:-3], completed_start_t=hist.completed_start_t[:-3])
+    assert view.trust("i-night", earlier, trusting).stretches == len(hist.completed_s) - 3
+    resumed = view.trust("i-night", hist, trusting)
+    assert resumed == adaptive.trust_of(hist.completed_s, hist.completed_start_t,
+                                        partial(view.prior, float(trusting.warning_lead_s)), trusting,
+                                        trusting.learned.adaptive(), 1800.0, 600.0, float(trusting.window_s))

@@ -43,6 +43,13 @@ no fleet prior, fewer than `min_history` own stretches), the fixed rule decides,
 after `unusual_wait_s` of idleness. Once IDLE, the policy stays IDLE until
 demand returns.
 
+Earned trust (`trust_wait_s`, off by default). The learned wait can be wrong where
+nothing in the history predicts how long a lull lasts. Each instance keeps a running
+score: every completed stretch of its own is replayed once with the learned wait (as it
+would have decided then, `replayed_mark_age`) and once with a fixed wait of
+`trust_wait_s`, each valued like a stop (`stop_value`). While the learned wait is level
+or ahead (within `trust_margin_h`), it decides; behind, the fixed wait does.
+
 `decide()` is the scalar decision with its reason, for the live service;
 `adaptive_verdicts()` computes the same thing for every tick of a trace with
 arrays, one small numpy step per idle stretch (not per sample).
@@ -50,6 +57,7 @@ arrays, one small numpy step per idle stretch (not per sample).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -94,6 +102,12 @@ class AdaptiveParams:
     # After an instance starts (or restarts), no stop for this long: whoever started it is likely setting it up,
     # and a short rule paired with the policy would otherwise stop it in its first lull. 0: the rule's window only.
     restart_grace_s: float = 2 * 3600.0
+    # Earned trust: on an instance the learned wait decides as long as, replayed over that instance's completed
+    # lulls, it has scored at least as much as a fixed wait of this long (less trust_margin_h GPU-h per GPU);
+    # once it falls further behind, the fixed wait decides until it catches up. None: the learned wait always
+    # decides.
+    trust_wait_s: float | None = None
+    trust_margin_h: float = 0.0
 
     def label(self) -> str:
         how = (f"false stop = {self.false_stop_cost_h:g} GPU-h" if self.criterion == "value"
@@ -322,16 +336,52 @@ def own_evidence(history_s, params: AdaptiveParams, floor: float, history_start_
 
 def decide(base: Decision, history_s, idle_age_s: float | None, rule: Rule, params: AdaptiveParams,
            break_even_s: float, now: datetime, prior: FleetPrior = EMPTY_PRIOR,
-           restart_cost_s: float = 600.0, history_start_t=None, running_s: float | None = None) -> Decision:
+           restart_cost_s: float = 600.0, history_start_t=None, running_s: float | None = None,
+           trust: Trust | None = None, prior_at: Callable[[float | None], FleetPrior] | None = None,
+           hold_back_only: bool = False) -> Decision:
     """The live decision: `base` is `evaluate()`'s decision under the fallback rule.
 
     history_s: durations (s) of this instance's completed idle stretches, oldest first; history_start_t: their
     start times (epoch s; None: time of day unused); idle_age_s: how long the current stretch has lasted (None:
     there is demand now); prior: `fleet_prior()` of the fleet's completed stretches (those begun near the current
     stretch's time of day, when it is used); running_s: time since the instance (re)started (None: unknown).
+    With `trust_wait`: trust, or else it is computed from the history with prior_at (the fleet prior for a
+    stretch begun then; default `prior`); hold_back_only as in `adaptive_verdicts`.
     """
-    d = _decide(base, history_s, idle_age_s, rule, params, break_even_s, now, prior, restart_cost_s, history_start_t)
+    if params.trust_wait_s is not None and trust is None:
+        trust = trust_of(history_s, history_start_t, prior_at or (lambda _t: prior), rule, params, break_even_s,
+                         restart_cost_s, float(rule.window_s) if hold_back_only else 0.0)
+    if trust is not None and not trust.trusted(params):
+        d = _fixed_wait(base, idle_age_s, trust, rule, params, hold_back_only)
+    else:
+        d = _decide(base, history_s, idle_age_s, rule, params, break_even_s, now, prior, restart_cost_s,
+                    history_start_t)
+        if trust is not None and d.code in (ReasonCode.LEARNED_IDLE, ReasonCode.LEARNED_WAIT):
+            d = replace(d, reason=f"{d.reason}; {trust_note(trust, params)}")
     return within_restart_grace(d, base, running_s, params)
+
+
+def _fixed_wait(base: Decision, idle_age_s: float | None, trust: Trust, rule: Rule, params: AdaptiveParams,
+                hold_back_only: bool) -> Decision:
+    """The decision where the learned wait has not earned this instance's trust: IDLE once the stretch has lasted
+    trust_wait (and the rule's window, where the block only holds its rule back)."""
+    if base.verdict == Verdict.UNKNOWN:
+        return base  # missing data is never idle
+    assert params.trust_wait_s is not None
+    wait = max(params.trust_wait_s, float(rule.window_s) if hold_back_only else 0.0)
+    note = trust_note(trust, params)
+    if idle_age_s is None:
+        if base.verdict != Verdict.IDLE:
+            return base
+        return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
+                       reason=f"activity above the demand level in the latest sample; {note}")
+    if idle_age_s >= wait - 1e-9 and (base.verdict == Verdict.IDLE or not hold_back_only):
+        return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE,
+                       reason=f"idle {_fmt_min(idle_age_s)}; {note}")
+    if base.verdict != Verdict.IDLE:
+        return base
+    return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
+                   reason=f"idle {_fmt_min(idle_age_s)}; {note}: waiting until {_fmt_min(wait)} idle")
 
 
 def within_restart_grace(d: Decision, base: Decision, running_s: float | None, params: AdaptiveParams) -> Decision:
@@ -431,6 +481,97 @@ class FleetHistory:
         return self._cache[(b, hour)]
 
 
+TRUST_TICK_S = 60.0  # the age grid on which a past stretch is replayed for the trust (the live tick)
+
+
+def stop_value(length_s: float, mark_age_s: float, lead_s: float, break_even_s: float, restart_cost_s: float,
+               false_cost_s: float) -> float:
+    """What a mark at mark_age_s in a completed idle stretch of length_s was worth (GPU-s per GPU): the time
+    stopped minus the restart, minus false_cost_s if demand came back within the break-even; 0 if the stretch
+    ended before the stop (the mark was cancelled)."""
+    stop = mark_age_s + lead_s
+    if not length_s > stop:
+        return 0.0
+    return length_s - stop - restart_cost_s - (false_cost_s if length_s < stop + break_even_s else 0.0)
+
+
+def replayed_mark_age(length_s: float, history_s, history_start_t, start_t: float | None, prior: FleetPrior,
+                      rule: Rule, params: AdaptiveParams, break_even_s: float, restart_cost_s: float) -> float:
+    """When the policy would have marked a past idle stretch of length_s (begun at start_t), from the stretches
+    completed before it: the first age on a 60 s grid from min_idle at which it says IDLE, its thin-evidence
+    fallback counted as IDLE once the rule's whole window is idle. inf: not within the stretch. The backtest and
+    the live service both replay past stretches with this one function."""
+    ages = np.arange(params.min_idle_s, length_s, TRUST_TICK_S)
+    if not len(ages):
+        return np.inf
+    lead = float(rule.warning_lead_s)
+    own, own_w, n_hist, scope = own_evidence(history_s, params, floor_s(params, lead), history_start_t, start_t)
+    ev = assess(own, prior, ages, lead, break_even_s, restart_cost_s, params, own_w, scope)
+    has_prior = params.prior_weight > 0 and len(prior.points) > 0
+    learned, fallback = learned_masks(ev, ages, n_hist, has_prior, ages >= rule.window_s - 1e-9, params, break_even_s)
+    hit = np.flatnonzero(learned | fallback)
+    return float(ages[hit[0]]) if len(hit) else np.inf
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Earned trust: over this instance's completed idle stretches, what the learned wait was worth minus what a
+    fixed wait of `trust_wait` was worth (GPU-s per GPU, a false stop counted at the policy's cost)."""
+
+    edge_s: float
+    stretches: int
+
+    def trusted(self, params: AdaptiveParams) -> bool:
+        return params.trust_wait_s is None or self.edge_s >= -params.trust_margin_h * 3600.0 - 1e-6
+
+
+NO_TRUST = Trust(0.0, 0)
+
+
+def stretch_edge(length_s: float, mark_age_s: float, rule: Rule, params: AdaptiveParams, break_even_s: float,
+                 restart_cost_s: float, window_floor_s: float) -> float:
+    """One completed stretch's contribution to the trust: the learned mark against the fixed wait's. Both marks
+    are at least window_floor_s (the rule's window where the block may only hold its rule back)."""
+    assert params.trust_wait_s is not None
+    lead, lam = float(rule.warning_lead_s), params.false_stop_cost_h * 3600.0
+    learned = stop_value(length_s, max(mark_age_s, window_floor_s), lead, break_even_s, restart_cost_s, lam)
+    fixed = stop_value(length_s, max(params.trust_wait_s, window_floor_s), lead, break_even_s, restart_cost_s, lam)
+    return learned - fixed
+
+
+def trust_of(history_s, history_start_t, prior_at: Callable[[float | None], FleetPrior], rule: Rule,
+             params: AdaptiveParams, break_even_s: float, restart_cost_s: float, window_floor_s: float,
+             resume: Trust = NO_TRUST) -> Trust:
+    """The trust from an instance's completed stretches (oldest first), each replayed on the ones before it with
+    prior_at(its start) as the fleet prior. The backtest accumulates the same sum stretch by stretch.
+    resume: the trust of the first resume.stretches of them, already replayed (only the later ones are)."""
+    h = [float(x) for x in history_s]
+    starts = None if history_start_t is None or len(history_start_t) != len(h) else list(history_start_t)
+    edge = resume.edge_s
+    for k in range(resume.stretches, len(h)):
+        length = h[k]
+        t = None if starts is None else starts[k]
+        age = replayed_mark_age(length, h[:k], None if starts is None else starts[:k], t, prior_at(t), rule, params,
+                                break_even_s, restart_cost_s)
+        edge += stretch_edge(length, age, rule, params, break_even_s, restart_cost_s, window_floor_s)
+    return Trust(edge, len(h))
+
+
+def trust_note(trust: Trust, params: AdaptiveParams) -> str:
+    """The words that say where the trust stands, for a reason."""
+    wait = _fmt_min(params.trust_wait_s or 0.0)
+    gain = trust.edge_s / 3600.0
+    past = f"over this instance's {trust.stretches} past idle stretches"
+    if not trust.trusted(params):
+        return f"the learned wait is {-gain:.1f} GPU-h per GPU behind a fixed {wait} wait {past}: the fixed wait decides"
+    if trust.edge_s > 1e-6:
+        return f"the learned wait is {gain:.1f} GPU-h per GPU ahead of a fixed {wait} wait {past}"
+    if trust.edge_s < -1e-6:
+        return (f"the learned wait is {-gain:.1f} GPU-h per GPU behind a fixed {wait} wait {past}, within the "
+                f"{params.trust_margin_h:g} GPU-h margin")
+    return f"the learned wait has done as well as a fixed {wait} wait {past}"
+
+
 def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                       base: np.ndarray | None = None, hold_back_only: bool = False) -> AdaptiveRun:
     """The learned verdict of every instance at every tick.
@@ -450,16 +591,27 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
     floor = floor_s(params, lead)
     stretches = [_stretches(prep, i) for i in range(tr.n_instances)]
     fleet = FleetHistory(prep, stretches, params, floor)
+    window_floor = float(rule.window_s) if hold_back_only else 0.0
     for i in range(tr.n_instances):  # per instance and per idle stretch; the ticks inside are arrays
         starts, ends = stretches[i]
         history: list[float] = []  # completed stretches, oldest first
         history_start: list[float] = []  # and when each began
+        trust = NO_TRUST
         for k in range(len(starts)):
             a, b = starts[k], ends[k]
             ja = int(np.searchsorted(hi, a + 1, side="left"))
             jb = int(np.searchsorted(hi, b, side="right"))
             t_start = tr.t0 + a * tr.step_s
-            if jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
+            if not trust.trusted(params):  # the fixed wait decides this stretch
+                assert params.trust_wait_s is not None
+                ages = times[ja:jb] - t_start
+                wait = max(params.trust_wait_s, window_floor)
+                ok = (base[i, ja:jb] == IDLE) if hold_back_only else (base[i, ja:jb] != UNKNOWN)
+                hit = np.flatnonzero((ages >= wait - 1e-9) & ok)
+                if len(hit):
+                    out[i, ja + hit] = IDLE
+                    reasons[(i, int(a))] = f"idle {_fmt_min(float(ages[hit[0]]))}; {trust_note(trust, params)}"
+            elif jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
                 ages = times[ja:jb] - t_start
                 prior = fleet.prior_at(t_start)
                 own, own_w, n_hist, scope = own_evidence(history, params, floor, history_start, t_start)
@@ -481,8 +633,16 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                         thin = not has_prior and n_hist < params.min_history
                         reasons[(i, int(a))] = _fallback_reason(thin, n_hist, float(ev.support[h0]),
                                                                 float(ages[h0]), rule.name)
+                    if params.trust_wait_s is not None:
+                        reasons[(i, int(a))] += f"; {trust_note(trust, params)}"
             if b <= prep.last_idx[i]:  # completed (ended by demand): now part of the past
-                history.append((b - a) * tr.step_s)
+                length = (b - a) * tr.step_s
+                if params.trust_wait_s is not None:  # what the learned wait would have made of it, as live
+                    age = replayed_mark_age(length, history, history_start, t_start, fleet.prior_at(t_start), rule,
+                                            params, be, cost)
+                    trust = Trust(trust.edge_s + stretch_edge(length, age, rule, params, be, cost, window_floor),
+                                  trust.stretches + 1)
+                history.append(length)
                 history_start.append(t_start)
     out[young & (out == IDLE)] = UNDERUTILIZED
     return AdaptiveRun(verdicts=out, reasons=reasons)

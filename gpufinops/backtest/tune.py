@@ -11,7 +11,9 @@ halves; otherwise the fixed rule, which is simpler to reason about and as good o
 The learned block is tuned as the service runs it, holding its rule's IDLE back (`hold_back_only`), so the figures
 are the ones a `learned:` rule file would give. It sits either on a 5-minute rule at the demand level (free to stop
 a lull early when the history says it will be long) or on the fixed pick itself (it can then only hold the pick's
-stops back, where the history says the lull will be short).
+stops back, where the history says the lull will be short). Every learned setting carries the fixed pick's window
+as its `trust_wait`: on an instance where the learned wait has done worse than that fixed wait over the instance's
+own past lulls, the fixed wait decides (earned trust, `adaptive.Trust`).
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ def live_pairing(base: Rule, demand_pct: float) -> Rule:
                    window_s=PAIRING_WINDOW_S, aggregation=Aggregation.STAYS_BELOW, action=Action.STOP)
 
 
-def learned_grid(cost_h: float) -> list[AdaptiveParams]:
-    """The learned settings tried for one stated cost (48, on each of the two rules a block can sit on)."""
+def learned_grid(cost_h: float, trust_wait_s: float | None = None) -> list[AdaptiveParams]:
+    """The learned settings tried for one stated cost (48, on each of the two rules a block can sit on).
+    trust_wait_s: the fixed wait an instance falls back on where the learned wait has done worse on its own past
+    (`tune` passes the fixed pick's window)."""
     return [AdaptiveParams(false_stop_cost_h=cost_h * f, prior_weight=FLEET_PRIOR, min_support=n, unusual_wait_s=w,
-                           restart_grace_s=g)
+                           restart_grace_s=g, trust_wait_s=trust_wait_s)
             for f, n, w, g in itertools.product(COST_FACTORS, MIN_SUPPORTS, UNUSUAL_WAITS_S, RESTART_GRACES_S)]
 
 
@@ -58,8 +62,9 @@ def setting_text(t: "Tuned") -> str:
     """The tuned learned block, short: the rule it sits on and its knobs."""
     p = t.params
     grace = duration_text(int(p.restart_grace_s)) if p.restart_grace_s > 0 else "0"
+    trust = "" if p.trust_wait_s is None else f", trust wait {duration_text(int(p.trust_wait_s))}"
     return (f"on {t.pairing.name.removesuffix('-learned')}: false stop {p.false_stop_cost_h:g} GPU-h, unusual wait "
-            f"{duration_text(int(p.unusual_wait_s or 0))}, restart grace {grace}, support {p.min_support:g}")
+            f"{duration_text(int(p.unusual_wait_s or 0))}, restart grace {grace}, support {p.min_support:g}{trust}")
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ def tune(prep: Prepared, base: Rule, candidates: Sequence[Rule], cost_h: float,
     assert fixed.rule is not None
     # The block on a 5-minute demand-level rule (free to stop early), or on the fixed pick (it can only hold back).
     pairings = [live_pairing(base, prep.settings.demand_pct), replace(fixed.rule, name=f"{fixed.rule.name}-learned")]
-    grid = list(grid or learned_grid(cost_h))
+    grid = list(grid or learned_grid(cost_h, float(fixed.rule.window_s)))
     best: tuple[float, Summary, AdaptiveParams, Rule] | None = None
     for k, (pairing, p) in enumerate(itertools.product(pairings, grid), 1):
         if progress and (k == 1 or k % 24 == 0):
@@ -180,4 +185,7 @@ def learned_rule_yaml(t: Tuned, comment: str = "") -> str:
         "restart_grace": off_or(p.restart_grace_s),
         "time_of_day": off_or(p.time_of_day_s),
     }
+    if p.trust_wait_s is not None:
+        entry["learned"]["trust_wait"] = duration_text(int(p.trust_wait_s))
+        entry["learned"]["trust_margin_h"] = p.trust_margin_h
     return rule_file_text([entry], comment)
