@@ -311,8 +311,9 @@ def tune_decision() -> None:
             for cost in COSTS_H:
                 h = holdout(halves[a], halves[b], base, cands, cost, memo=memos[a])
                 (i0, i1), (m0, m1) = inner[a], inner_memos[a]
-                use = recommend_learned([holdout(i0, i1, base, cands, cost, memo=m0),
-                                         holdout(i1, i0, base, cands, cost, memo=m1)])
+                inner_results = [holdout(i0, i1, base, cands, cost, memo=m0), holdout(i1, i0, base, cands, cost, memo=m1)]
+                use = recommend_learned(inner_results)
+                inner_diffs = " ".join(f"{x.learned_score - x.fixed_score:+.1f}" for x in inner_results)
                 diff = (h.learned_score - h.fixed_score) if use else 0.0
                 totals[0] += use
                 totals[1] += diff > 1e-9
@@ -320,7 +321,8 @@ def tune_decision() -> None:
                 totals[3] += diff
                 totals[4] += 1
                 print(f"  {name.split()[0]} tuned on {'AB'[a]}, cost {cost:g}: {'learned' if use else 'fixed'} "
-                      f"{diff:+.1f} (learned always: {h.learned_score - h.fixed_score:+.1f})", flush=True)
+                      f"{diff:+.1f} (learned always: {h.learned_score - h.fixed_score:+.1f}; inner halves: "
+                      f"{inner_diffs})", flush=True)
     print(f"[tune decision] learned chosen at {totals[0]} of {totals[4]} points: {totals[1]} wins, {totals[2]} losses, "
           f"sum {totals[3]:+.1f} GPU-h against the fixed pick")
 

@@ -5,8 +5,10 @@ minus `cost_h` GPU-hours per false stop. `cost_h` is what the platform team says
 costs them (lost work, an annoyed team, a ticket), on top of the restart itself.
 
 Held out: the fleet's instances are split in two halves; each candidate is tuned on one half and scored on the
-other, both ways. A learned block is recommended only when it scores higher than the fixed rule on *both* held-out
-halves; otherwise the fixed rule, which is simpler to reason about and as good on this history.
+other, both ways. A learned block is recommended when its held-out score, over both halves together, is higher than
+the fixed rule's; otherwise (a tie included) the fixed rule, which is simpler to reason about. The learned block
+need not win on each half: where its learned wait does worse on an instance, that instance's earned trust hands
+the decision to the fixed wait.
 
 The learned block is tuned as the service runs it, holding its rule's IDLE back (`hold_back_only`), so the figures
 are the ones a `learned:` rule file would give. It sits either on a 5-minute rule at the demand level (free to stop
@@ -158,9 +160,17 @@ def split_halves(trace: Trace) -> tuple[Trace, Trace]:
     return trace.select(np.sort(order[0::2])), trace.select(np.sort(order[1::2]))
 
 
+def held_out_gain(results: Sequence[Holdout]) -> float:
+    """The learned block's held-out score minus the fixed rule's, over all the held-out halves together."""
+    return sum(h.learned_score - h.fixed_score for h in results)
+
+
 def recommend_learned(results: Sequence[Holdout]) -> bool:
-    """The learned block only where it beats the fixed rule on every held-out half."""
-    return bool(results) and all(h.learned_ahead for h in results)
+    """The learned block where it scores higher than the fixed rule over the held-out halves together.
+
+    On the shared traces (BENCHMARKS.md) this call, made on one half of each and checked on the other, gained more
+    than requiring a win on every half, which rarely shows on a small fleet."""
+    return bool(results) and held_out_gain(results) > 1e-9
 
 
 def learned_rule_yaml(t: Tuned, comment: str = "") -> str:
