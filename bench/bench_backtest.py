@@ -4,7 +4,8 @@
     python bench/bench_backtest.py --perf     # speed: 100 GPUs x 30 days x 20-rule sweep vs per-tick evaluate()
     python bench/bench_backtest.py --policies # fixed rules vs the learned policy on the shared traces (holdout)
     python bench/bench_backtest.py --cost     # both tuned for one false-stop cost, scored held out (backtest --tune)
-    python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~25 min)
+    python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~35 min)
+    python bench/bench_backtest.py --trust    # earned trust live: replay all past lulls vs only the new one
 
 Policies: every trace is split in two halves of its series (GenTD26 pods by
 position in the sorted id list, Helios by VC, Philly by rank). The fixed-rule
@@ -327,6 +328,37 @@ def tune_decision() -> None:
           f"sum {totals[3]:+.1f} GPU-h against the fixed pick")
 
 
+def trust() -> None:
+    """Earned trust live: replaying one host's 14 days of lulls in full (baseline) vs only the one just completed
+    (what `HistoryView.trust` does between full refreshes)."""
+    from gpufinops.backtest.adaptive import fleet_prior, floor_s, trust_of
+
+    rule = load_rules([ROOT / "rules" / "examples" / "learned-idle.yaml"])[0]
+    params = rule.learned.adaptive()
+    rng = np.random.default_rng(3)
+    # A serving host: lulls of 5 min to 8 h (mostly short), each after 5-60 min of work, on a 5-minute step.
+    lengths, starts, t = [], [], 1_700_000_000.0
+    while t < 1_700_000_000.0 + 14 * 86400:
+        t += 300 * rng.integers(1, 13)
+        d = float(300 * rng.choice([1, 2, 3, 4, 6, 12, 24, 96], p=[.3, .2, .15, .1, .1, .06, .05, .04]))
+        lengths.append(d)
+        starts.append(t)
+        t += d
+    prior = fleet_prior(lengths * 4, floor_s(params, rule.warning_lead_s))
+    args = (rule, params, 1800.0, 600.0, float(rule.window_s))
+    t0 = time.perf_counter()
+    full = trust_of(lengths, starts, lambda _t: prior, *args)
+    t_full = time.perf_counter() - t0
+    before = trust_of(lengths[:-1], starts[:-1], lambda _t: prior, *args)  # kept from the previous tick
+    t0 = time.perf_counter()
+    resumed = trust_of(lengths, starts, lambda _t: prior, *args, resume=before)
+    t_one = time.perf_counter() - t0
+    assert resumed == full
+    print(f"[trust] one host, 14 days, {len(lengths)} completed lulls: full replay {t_full * 1000:.0f} ms (baseline), "
+          f"only the lull just completed {t_one * 1000:.2f} ms ({t_full / t_one:,.0f}x); a 1,000-host fleet whose "
+          f"hosts all complete a lull in the same tick: {t_full * 1000:.0f} s full vs {t_one * 1000:.1f} s")
+
+
 def policies() -> None:
     settings = BacktestSettings()
     out: list[dict] = []
@@ -348,14 +380,17 @@ if __name__ == "__main__":
     ap.add_argument("--perf", action="store_true")
     ap.add_argument("--policies", action="store_true")
     ap.add_argument("--cost", action="store_true")
-    ap.add_argument("--tune-decision", action="store_true", help="about 25 min; not part of the default run")
+    ap.add_argument("--tune-decision", action="store_true", help="about 35 min; not part of the default run")
+    ap.add_argument("--trust", action="store_true", help="earned trust: full replay vs the lull just completed")
     args = ap.parse_args()
-    every = not (args.perf or args.policies or args.cost or args.tune_decision)
+    every = not (args.perf or args.policies or args.cost or args.tune_decision or args.trust)
     if args.perf or every:
         perf()
     if args.policies or every:
         policies()
     if args.cost or every:
         costs()
+    if args.trust or every:
+        trust()
     if args.tune_decision:
         tune_decision()
