@@ -54,7 +54,7 @@ from .model import SENTINEL_THRESHOLD, Decision, GpuInstance, ReasonCode, Rule, 
 log = logging.getLogger("gpufinops.learned")
 
 MAX_POINTS = 10_000  # steps per range query: under Prometheus' 11,000 points per series
-TICK_S = 60.0  # ages at which an earlier IDLE is looked for (the service's evaluation period by default)
+TICK_S = adaptive.REPLAY_TICK_S  # ages at which an earlier IDLE is looked for
 _AGGS = ("util_max", "util_n", "gr_max", "gr_n")
 UNKNOWN_STEP, IDLE_STEP, DEMAND_STEP = 0, 1, 2
 
@@ -232,8 +232,9 @@ class _Grid:
         self.keys: list[tuple[str, ...]] = []
         self.index: dict[tuple[str, ...], int] = {}
         self.data = np.full((0, len(_AGGS), 0), np.nan, dtype=np.float32)  # 4 x 4 B per host-step
-        # the fleet priors (one per hour with time of day) and the stretches they come from, once per full refresh
-        self.priors: dict[tuple, Any] = {}
+        # what is derived from this history and kept until the next full refresh: the fleet priors (one per hour
+        # with time of day), the stretches they come from, and each host's earned-trust replay
+        self.derived: dict[tuple, Any] = {}
 
     @property
     def end_t(self) -> float:
@@ -301,12 +302,12 @@ class HistoryView:
         floor = adaptive.floor_s(ap, lead_s)
         hour = adaptive.prior_hour(stretch_start_t, ap) if stretch_start_t is not None else None
         key = (self.params.demand_pct, floor, ap.prior_points, ap.time_of_day_s, hour)
-        if key not in self.grid.priors:
+        if key not in self.grid.derived:
             d, c, d_t, c_t = self._fleet_stretches()
             if hour is not None:
                 d, c = d[adaptive.near_in_time_of_day(d_t, hour, ap)], c[adaptive.near_in_time_of_day(c_t, hour, ap)]
-            self.grid.priors[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
-        return self.grid.priors[key]
+            self.grid.derived[key] = adaptive.fleet_prior(d, floor, ap.prior_points, ongoing_s=c)
+        return self.grid.derived[key]
 
     def trust(self, instance_id: str, hist: Stretches, rule: Rule) -> adaptive.Trust | None:
         """This instance's earned trust (None: the block has no trust_wait). Replaying a past stretch is one small
@@ -318,21 +319,21 @@ class HistoryView:
         lead = float(rule.warning_lead_s)
         key = ("trust", self.params, instance_id, lead, float(rule.window_s))
         done = (hist.completed_s, hist.completed_start_t)
-        known, trust = self.grid.priors.get(key, (((), ()), adaptive.NO_TRUST))
+        known, trust = self.grid.derived.get(key, (((), ()), adaptive.NO_TRUST))
         if known != done:
             n = trust.stretches
             same_past = known[0] == done[0][:n] and known[1] == done[1][:n]
             trust = adaptive.trust_of(*done, partial(self.prior, lead), rule, ap, float(self.params.break_even_s),
                                       float(self.params.restart_cost_s), float(rule.window_s),
                                       resume=trust if same_past else adaptive.NO_TRUST)
-            self.grid.priors[key] = (done, trust)
+            self.grid.derived[key] = (done, trust)
         return trust
 
     def _fleet_stretches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every host's (completed, censored) stretch lengths and start times; read once per history, then
         filtered for each hour's prior."""
         key = ("stretches", self.params.demand_pct)
-        if key not in self.grid.priors:
+        if key not in self.grid.derived:
             done, cens, done_t, cens_t = [], [], [], []
             for row in range(len(self.grid.keys)):
                 act, gpus = self.grid.activity([row])
@@ -341,8 +342,8 @@ class HistoryView:
                 cens.extend(st.censored_s)
                 done_t.extend(st.completed_start_t)
                 cens_t.extend(st.censored_start_t)
-            self.grid.priors[key] = tuple(np.asarray(x, dtype=float) for x in (done, cens, done_t, cens_t))
-        return self.grid.priors[key]
+            self.grid.derived[key] = tuple(np.asarray(x, dtype=float) for x in (done, cens, done_t, cens_t))
+        return self.grid.derived[key]
 
 
 def _epoch(now: datetime) -> float:
@@ -490,18 +491,12 @@ def _first_learned_age(hist: Stretches, age_s: float, rule: Rule, prior: FleetPr
     ages = np.arange(ap.min_idle_s, age_s, TICK_S)
     if not len(ages):
         return None
-    lead = float(rule.warning_lead_s)
-    own, own_w, n_hist, scope = adaptive.own_evidence(hist.completed_s, ap, adaptive.floor_s(ap, lead),
-                                                      hist.completed_start_t, stretch_start_t)
-    ev = adaptive.assess(own, prior, ages, lead, params.break_even_s, params.restart_cost_s, ap, own_w, scope)
-    has_prior = ap.prior_weight > 0 and len(prior.points) > 0
-    learned, _ = adaptive.learned_masks(ev, ages, n_hist, has_prior, np.zeros(len(ages), bool), ap,
-                                        params.break_even_s)
-    hit = np.flatnonzero(learned)
-    if not len(hit):
+    k, ev = adaptive.first_idle(ages, hist.completed_s, hist.completed_start_t, stretch_start_t, prior, rule, ap,
+                                params.break_even_s, params.restart_cost_s, None)
+    if k is None:
         return None
-    h0 = int(hit[0])
-    return float(ages[h0]), adaptive._idle_reason(ev, h0, prior, float(ages[h0]), lead, params.break_even_s, ap)
+    return float(ages[k]), adaptive._idle_reason(ev, k, prior, float(ages[k]), float(rule.warning_lead_s),
+                                                 params.break_even_s, ap)
 
 
 def decide_learned(base: Decision, rule: Rule, history_for_instance: Stretches | None,

@@ -377,11 +377,11 @@ def _fixed_wait(base: Decision, idle_age_s: float | None, trust: Trust, rule: Ru
                        reason=f"activity above the demand level in the latest sample; {note}")
     if idle_age_s >= wait - 1e-9 and (base.verdict == Verdict.IDLE or not hold_back_only):
         return replace(base, verdict=Verdict.IDLE, code=ReasonCode.LEARNED_IDLE,
-                       reason=f"idle {_fmt_min(idle_age_s)}; {note}")
+                       reason=_fixed_wait_reason(idle_age_s, trust, params))
     if base.verdict != Verdict.IDLE:
         return base
     return replace(base, verdict=Verdict.UNDERUTILIZED, code=ReasonCode.LEARNED_WAIT,
-                   reason=f"idle {_fmt_min(idle_age_s)}; {note}: waiting until {_fmt_min(wait)} idle")
+                   reason=f"{_fixed_wait_reason(idle_age_s, trust, params)}: waiting until {_fmt_min(wait)} idle")
 
 
 def within_restart_grace(d: Decision, base: Decision, running_s: float | None, params: AdaptiveParams) -> Decision:
@@ -481,7 +481,7 @@ class FleetHistory:
         return self._cache[(b, hour)]
 
 
-TRUST_TICK_S = 60.0  # the age grid on which a past stretch is replayed for the trust (the live tick)
+REPLAY_TICK_S = 60.0  # the age grid on which a stretch is replayed (the service's default evaluation period)
 
 
 def stop_value(length_s: float, mark_age_s: float, lead_s: float, break_even_s: float, restart_cost_s: float,
@@ -495,22 +495,34 @@ def stop_value(length_s: float, mark_age_s: float, lead_s: float, break_even_s: 
     return length_s - stop - restart_cost_s - (false_cost_s if length_s < stop + break_even_s else 0.0)
 
 
+def first_idle(ages, history_s, history_start_t, start_t: float | None, prior: FleetPrior, rule: Rule,
+               params: AdaptiveParams, break_even_s: float, restart_cost_s: float,
+               base_idle) -> tuple[int | None, Evidence]:
+    """The first of `ages` (into a stretch begun at start_t) at which the policy says IDLE, learned or by its
+    thin-evidence fallback where base_idle (None: never), with the evidence behind it."""
+    lead = float(rule.warning_lead_s)
+    own, own_w, n_hist, scope = own_evidence(history_s, params, floor_s(params, lead), history_start_t, start_t)
+    ev = assess(own, prior, ages, lead, break_even_s, restart_cost_s, params, own_w, scope)
+    has_prior = params.prior_weight > 0 and len(prior.points) > 0
+    never = np.zeros(len(ev.support), bool)
+    learned, fallback = learned_masks(ev, ages, n_hist, has_prior, never if base_idle is None else base_idle, params,
+                                      break_even_s)
+    hit = np.flatnonzero(learned | fallback)
+    return (int(hit[0]) if len(hit) else None), ev
+
+
 def replayed_mark_age(length_s: float, history_s, history_start_t, start_t: float | None, prior: FleetPrior,
                       rule: Rule, params: AdaptiveParams, break_even_s: float, restart_cost_s: float) -> float:
     """When the policy would have marked a past idle stretch of length_s (begun at start_t), from the stretches
     completed before it: the first age on a 60 s grid from min_idle at which it says IDLE, its thin-evidence
     fallback counted as IDLE once the rule's whole window is idle. inf: not within the stretch. The backtest and
     the live service both replay past stretches with this one function."""
-    ages = np.arange(params.min_idle_s, length_s, TRUST_TICK_S)
+    ages = np.arange(params.min_idle_s, length_s, REPLAY_TICK_S)
     if not len(ages):
         return np.inf
-    lead = float(rule.warning_lead_s)
-    own, own_w, n_hist, scope = own_evidence(history_s, params, floor_s(params, lead), history_start_t, start_t)
-    ev = assess(own, prior, ages, lead, break_even_s, restart_cost_s, params, own_w, scope)
-    has_prior = params.prior_weight > 0 and len(prior.points) > 0
-    learned, fallback = learned_masks(ev, ages, n_hist, has_prior, ages >= rule.window_s - 1e-9, params, break_even_s)
-    hit = np.flatnonzero(learned | fallback)
-    return float(ages[hit[0]]) if len(hit) else np.inf
+    k, _ = first_idle(ages, history_s, history_start_t, start_t, prior, rule, params, break_even_s, restart_cost_s,
+                      ages >= rule.window_s - 1e-9)
+    return np.inf if k is None else float(ages[k])
 
 
 @dataclass(frozen=True)
@@ -555,6 +567,10 @@ def trust_of(history_s, history_start_t, prior_at: Callable[[float | None], Flee
                                 break_even_s, restart_cost_s)
         edge += stretch_edge(length, age, rule, params, break_even_s, restart_cost_s, window_floor_s)
     return Trust(edge, len(h))
+
+
+def _fixed_wait_reason(age_s: float, trust: Trust, params: AdaptiveParams) -> str:
+    return f"idle {_fmt_min(age_s)}; {trust_note(trust, params)}"
 
 
 def trust_note(trust: Trust, params: AdaptiveParams) -> str:
@@ -610,7 +626,7 @@ def adaptive_verdicts(prep: Prepared, rule: Rule, params: AdaptiveParams,
                 hit = np.flatnonzero((ages >= wait - 1e-9) & ok)
                 if len(hit):
                     out[i, ja + hit] = IDLE
-                    reasons[(i, int(a))] = f"idle {_fmt_min(float(ages[hit[0]]))}; {trust_note(trust, params)}"
+                    reasons[(i, int(a))] = _fixed_wait_reason(float(ages[hit[0]]), trust, params)
             elif jb > ja and times[jb - 1] - t_start >= min(params.min_idle_s, params.unusual_wait_s or be):
                 ages = times[ja:jb] - t_start
                 prior = fleet.prior_at(t_start)
