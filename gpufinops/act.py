@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
@@ -35,7 +35,9 @@ from .model import (
     Cloud,
     Decision,
     GpuInstance,
+    LeaseCheck,
     Notifier,
+    ReasonCode,
     Rule,
     RunContext,
     Verdict,
@@ -52,27 +54,89 @@ class Intent:
     kind: ActionKind | None  # None: nothing to do this tick
     reason: str
     decision: Decision | None = None
+    # The mark's warning has not been delivered yet: try again this tick (the notifier keeps the backoff).
+    deliver_warning: bool = False
 
 
 def parse_time(value: str) -> datetime | None:
     try:
         dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, OverflowError):
         return None
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
-def snoozed_until(inst: GpuInstance, now: datetime) -> tuple[bool, str]:
-    """(is snoozed, reason). An unreadable snooze value counts as snoozed: when in doubt, don't stop."""
+@dataclass(frozen=True)
+class Snooze:
+    """Whether a snooze tag holds the instance now, and why (in words)."""
+
+    active: bool
+    reason: str = ""
+    capped: bool = False  # the tag asked for longer than the cap, or could not be read
+
+
+DEFAULT_MAX_SNOOZE_S = 7 * 86400
+
+
+def snooze_of(inst: GpuInstance, now: datetime, first_seen: datetime | None = None,
+              max_snooze_s: int = DEFAULT_MAX_SNOOZE_S) -> Snooze:
+    """The snooze tag, capped: no snooze lasts longer than `max_snooze_s` after gpufinops first saw it.
+
+    An unreadable value counts as a snooze of the full cap (when in doubt, don't stop), never forever.
+    """
     raw = inst.tags.get(TAG_SNOOZE)
     if raw is None:
-        return False, ""
+        return Snooze(False)
+    cap_until = (first_seen or now) + timedelta(seconds=max_snooze_s)
+    cap_text = format_cap(max_snooze_s)
     until = parse_time(raw)
     if until is None:
-        return True, f"tag {TAG_SNOOZE}={raw!r} is not an ISO time; treated as snoozed"
+        if now < cap_until:
+            return Snooze(True, f"tag {TAG_SNOOZE}={raw[:64]!r} is not an ISO time; treated as snoozed until "
+                                f"{cap_until:%Y-%m-%d %H:%M} UTC (at most {cap_text})", capped=True)
+        return Snooze(False, f"unreadable tag {TAG_SNOOZE}={raw[:64]!r} expired after {cap_text}", capped=True)
+    if until > cap_until:
+        if now < cap_until:
+            return Snooze(True, f"snoozed until {cap_until:%Y-%m-%d %H:%M} UTC by tag {TAG_SNOOZE} (the tag asks "
+                                f"for {until:%Y-%m-%d}; snoozes are capped at {cap_text})", capped=True)
+        return Snooze(False, f"snooze tag asked for {until:%Y-%m-%d}; the {cap_text} cap has passed", capped=True)
     if now < until:
-        return True, f"snoozed until {until:%Y-%m-%d %H:%M} UTC by tag {TAG_SNOOZE}"
-    return False, ""
+        return Snooze(True, f"snoozed until {until:%Y-%m-%d %H:%M} UTC by tag {TAG_SNOOZE}")
+    return Snooze(False)
+
+
+def format_cap(seconds: int) -> str:
+    return f"{seconds // 86400} days" if seconds % 86400 == 0 else f"{seconds / 3600:g} h"
+
+
+def snoozed_until(inst: GpuInstance, now: datetime) -> tuple[bool, str]:
+    """(is snoozed, reason) with the default cap, for callers that only show it."""
+    s = snooze_of(inst, now)
+    return s.active, s.reason
+
+
+# Instance states that mean a stop (or terminate) went through.
+STOPPED_STATES = ("stopping", "stopped")
+TERMINATED_STATES = ("shutting-down", "terminated")
+
+
+def stop_blocker(inst: GpuInstance, action: Action) -> str:
+    """Why this instance must not be stopped (or terminated) by gpufinops; "" when it may be.
+
+    Something else manages it (stopping an Auto Scaling group member makes the group replace it, a
+    Kubernetes node takes its pods with it), or it is a spot instance that EC2 cannot stop.
+    """
+    if inst.managed_by:
+        advice = f"; instead: {inst.managed_advice}" if inst.managed_advice else ""
+        return f"managed by {inst.managed_by}: never stopped by gpufinops{advice}"
+    if inst.lifecycle == "spot" and action == Action.STOP:
+        if inst.spot_request_type == "persistent":
+            return ""
+        kind = f"a {inst.spot_request_type} spot instance" if inst.spot_request_type else \
+            "a spot instance whose request type is unknown"
+        return (f"{kind} cannot be stopped (EC2 only terminates it): notify only; a rule with "
+                f"action: terminate and confirm_terminate: true would terminate it")
+    return ""
 
 
 def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
@@ -93,6 +157,7 @@ def plan(
     state: StateRow | None,
     now: datetime,
     dry_run: bool,
+    snooze: Snooze | None = None,
 ) -> Intent:
     """What to do with one instance now. Pure: no I/O, no clock."""
     if inst.is_protected:
@@ -102,13 +167,13 @@ def plan(
             return Intent(ActionKind.SKIP, f"idle but protected by tag {TAG_PROTECT}={inst.tags[TAG_PROTECT]!r}", decision)
         return Intent(None, "protected", decision)
 
-    snoozed, why = snoozed_until(inst, now)
-    if snoozed:
+    snooze = snooze if snooze is not None else snooze_of(inst, now)
+    if snooze.active:
         if mark:
-            return Intent(ActionKind.UNMARK, why, decision)
+            return Intent(ActionKind.UNMARK, snooze.reason, decision)
         if decision and decision.verdict == Verdict.IDLE and decision.action != Action.NOTIFY:
-            return Intent(ActionKind.SKIP, f"idle but {why}", decision)
-        return Intent(None, why, decision)
+            return Intent(ActionKind.SKIP, f"idle but {snooze.reason}", decision)
+        return Intent(None, snooze.reason, decision)
 
     if mark and mark.dry_run != dry_run:
         # A warning sent in the other mode does not count: a real stop needs a real warning.
@@ -135,16 +200,24 @@ def plan(
         return Intent(None, decision.reason, decision)
 
     # IDLE from here on.
+    new_episode = state is None or state.since >= now
     if decision.action == Action.NOTIFY:
-        new_episode = state is None or state.since >= now
         return Intent(ActionKind.NOTIFY if new_episode else None, decision.reason, decision)
+
+    blocker = stop_blocker(inst, decision.action)
+    if blocker:
+        # Judged, never stopped: the owner hears once per idle episode what to do instead.
+        if mark:
+            return Intent(ActionKind.UNMARK, blocker, decision)
+        told = replace(decision, reason=f"{decision.reason}; {blocker}")
+        return Intent(ActionKind.NOTIFY if new_episode else None, told.reason, told)
 
     if mark is None:
         # Act only on transitions: once we stopped (or, in dry-run, would have stopped)
         # an instance during this idle episode, wait until it is active and idle again.
         if (state is not None and state.stopped_at is not None and state.since <= state.stopped_at
                 and state.stop_dry_run == dry_run):
-            return Intent(None, f"already stopped in this idle episode ({state.stopped_at:%H:%M} UTC)", decision)
+            return Intent(None, f"already acted on in this idle episode ({state.stopped_at:%H:%M} UTC)", decision)
         return Intent(ActionKind.MARK, decision.reason, decision)
 
     if state is not None and state.since > mark.marked_at:
@@ -152,6 +225,10 @@ def plan(
         # was told no longer holds, so warn again rather than stop on a stale warning.
         return Intent(ActionKind.UNMARK, "not continuously idle since the warning (data missing or restarted "
                                          "in between): warning again", decision)
+    if mark.warned_at is None:
+        # No stop without a delivered warning; the lead counts from delivery.
+        return Intent(None, "warning not delivered yet: no stop until it is, then the full lead time", decision,
+                      deliver_warning=True)
     if now >= mark.stop_at:
         kind = ActionKind.TERMINATE if decision.action == Action.TERMINATE else ActionKind.STOP
         return Intent(kind, f"still idle at the announced time: {decision.reason}", decision)
@@ -162,6 +239,24 @@ def stop_cap(settings: Settings, fleet_size: int) -> int:
     """Most stops one run may make: the absolute cap and the fleet fraction, whichever is smaller."""
     by_fraction = math.ceil(settings.act.max_stops_fraction * fleet_size)
     return max(0, min(settings.act.max_stops_per_run, by_fraction))
+
+
+class NotLeader(RuntimeError):
+    """This process no longer holds the scheduler lease: it must change nothing."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one cloud change came to, as recorded: done, failed, or unconfirmed (fate unknown)."""
+
+    ok: bool | None  # None: unconfirmed, to be read back next tick
+    error: str | None = None
+
+
+# A stop that failed this many times on one mark is given up for the idle episode (and said so).
+MAX_STOP_ATTEMPTS = 3
+# Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
+UNSETTLED = ("pending", "unconfirmed")
 
 
 class Actuator:
@@ -187,6 +282,25 @@ class Actuator:
                                                          stopped_at, stop_dry_run)
         return out
 
+    def _snooze(self, inst: GpuInstance, now: datetime) -> Snooze:
+        """The instance's snooze, capped from when gpufinops first saw this tag value (kept in the store)."""
+        raw = inst.tags.get(TAG_SNOOZE)
+        if raw is None:
+            return Snooze(False)
+        key = f"snooze_seen:{inst.instance_id}"
+        seen = self.store.get_kv(key)
+        first_seen = None
+        if seen is not None:
+            value, _, at = seen.rpartition("|")
+            first_seen = parse_time(at) if value == raw else None
+        if first_seen is None:
+            first_seen = now
+            self.store.set_kv(key, f"{raw}|{now.isoformat()}")
+        snooze = snooze_of(inst, now, first_seen, self.settings.act.max_snooze_s)
+        if snooze.capped and snooze.active and first_seen == now:
+            log.warning("%s: %s", inst.instance_id, snooze.reason)
+        return snooze
+
     # ------------------------------------------------------------------ apply
     def apply(
         self,
@@ -196,6 +310,15 @@ class Actuator:
         rules: Sequence[Rule],
     ) -> list[ActionResult]:
         rules_by_name = {r.name: r for r in rules}
+        try:
+            # A stop whose outcome is not known yet is read back first; its instance waits until it is.
+            self.reconcile(ctx.now, lease=ctx.lease)
+        except NotLeader as exc:
+            log.error("not acting: %s", exc)
+            return []
+        except Exception as exc:  # the cloud cannot be read: those instances wait (below), the others go on
+            log.error("could not settle earlier changes yet: %s", exc)
+        unsettled = {a.instance_id for a in self.store.action_rows(status=UNSETTLED)}
         states = self.track_states(decisions, ctx.now)
         by_instance: dict[str, list[Decision]] = {}
         for d in decisions:
@@ -203,11 +326,15 @@ class Actuator:
 
         intents: list[tuple[GpuInstance, Intent, MarkRow | None]] = []
         for inst in instances:
+            if inst.instance_id in unsettled:
+                log.warning("%s: an earlier change is not confirmed yet; nothing else is done to it until it is",
+                            inst.instance_id)
+                continue
             decision = primary_decision(by_instance.get(inst.instance_id, []))
             mark = self.store.get_mark(inst.instance_id)
             state = states.get((inst.instance_id, decision.rule_name)) if decision else None
-            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run)
-            if intent.kind is not None:
+            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run, self._snooze(inst, ctx.now))
+            if intent.kind is not None or intent.deliver_warning:
                 intents.append((inst, intent, mark))
 
         # Stops in the order they were announced, so the cap delays the newest marks.
@@ -217,22 +344,32 @@ class Actuator:
         for inst, intent, mark in intents:
             rule = rules_by_name.get(intent.decision.rule_name) if intent.decision else None
             try:
-                results.append(self._carry_out(ctx, inst, intent, mark, rule, states))
+                result = self._carry_out(ctx, inst, intent, mark, rule, states)
+            except NotLeader as exc:
+                log.error("lease lost mid-run, nothing more is changed: %s", exc)
+                break
             except Exception as exc:  # one instance's failure must not stop the others
                 log.exception("action %s on %s failed", intent.kind, inst.instance_id)
-                results.append(ActionResult(inst.instance_id, intent.kind, ctx.dry_run, False, intent.reason,
-                                            rule.name if rule else "", ctx.now, error=str(exc)))
+                result = ActionResult(inst.instance_id, intent.kind or ActionKind.MARK, ctx.dry_run, False,
+                                      intent.reason, rule.name if rule else "", ctx.now, error=str(exc))
+            if result is not None:
+                results.append(result)
+        # Messages that failed earlier (cancellations, stop notices, alerts) go out again once their backoff is over.
+        self.notifier.retry_due(ctx.now)
         return results
 
     def _channel(self, rule: Rule | None) -> str:
         return (rule.slack_channel if rule and rule.slack_channel else "") or self.settings.slack.default_channel
 
-    def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult:
+    def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult | None:
         kind, decision = intent.kind, intent.decision
         rule_name = rule.name if rule else (mark.rule if mark else "")
         channel = self._channel(rule)
-        log.info("%s %s %s: %s%s", ctx.run_id, kind.value, inst.instance_id, intent.reason, " [dry-run]" if ctx.dry_run else "")
 
+        if intent.deliver_warning:
+            return self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+
+        log.info("%s %s %s: %s%s", ctx.run_id, kind.value, inst.instance_id, intent.reason, " [dry-run]" if ctx.dry_run else "")
         if kind == ActionKind.SKIP:
             return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now),
                                 persist=states.get((inst.instance_id, rule_name)) is not None
@@ -244,104 +381,243 @@ class Actuator:
             return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now))
 
         if kind == ActionKind.MARK:
-            stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
-            self._change(ctx, inst, ActionKind.MARK, rule_name, intent.reason,
-                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: stop_at.strftime("%Y-%m-%dT%H:%M:%SZ")}))
-            self.store.put_mark(MarkRow(inst.instance_id, rule_name, ctx.now, stop_at, decision.reason, ctx.dry_run))
-            self.notifier.send(messages.idle_warning(inst, decision, marked_at=ctx.now, stop_at=stop_at,
-                                                     channel=channel, dry_run=ctx.dry_run, action=decision.action))
-            return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
-                                f"{intent.reason}; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
+            return self._mark(ctx, inst, intent, decision, rule, channel)
 
         if kind == ActionKind.UNMARK:
-            if not mark.dry_run and TAG_MARKED in inst.tags:
-                self._change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
-                             lambda: self.cloud.remove_tags(inst, [TAG_MARKED]))
-            else:
-                self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, kind, ctx.dry_run, True,
-                                                                  intent.reason, rule_name, ctx.now))
-            self.store.clear_mark(inst.instance_id)
-            self.notifier.send(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at, channel=channel))
-            return ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
+            return self._unmark(ctx, inst, intent, mark, rule_name, channel)
 
         # STOP / TERMINATE
+        failures = self.store.action_rows(status="failed", kinds=[ActionKind.STOP, ActionKind.TERMINATE],
+                                          start=mark.marked_at, instance_id=inst.instance_id)
+        if len(failures) >= MAX_STOP_ATTEMPTS:
+            return self._give_up(ctx, inst, mark, rule_name, channel, failures[-1].error or "")
         if self._stops_left <= 0:
             reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
         self._stops_left -= 1
 
-        def stop_and_tag() -> None:
-            (self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop)(inst)
-            try:
-                self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
-                                           TAG_STOPPED_REASON: f"{rule_name}: {decision.reason}"[:255]})
-                self.cloud.remove_tags(inst, [TAG_MARKED])
-            except Exception as exc:  # the stop happened; tagging is bookkeeping
-                log.warning("stopped %s but could not tag it: %s", inst.instance_id, exc)
-
-        ok, error = self._change(ctx, inst, kind, rule_name, intent.reason, stop_and_tag)
-        if not ok:
-            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now, error=error)
-        self.store.clear_mark(inst.instance_id)
-        state = states.get((inst.instance_id, rule_name))
-        if state is not None:
-            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
-        self.notifier.send(messages.stopped(inst, decision, at=ctx.now, channel=channel, dry_run=ctx.dry_run,
-                                            action=decision.action))
+        call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
+        done = _terminated if kind == ActionKind.TERMINATE else _stopped
+        outcome = self._change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done)
+        if not outcome.ok:
+            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
+                                error=outcome.error)
+        self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, channel)
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
                             ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
                             rule_name, ctx.now)
+
+    # ------------------------------------------------------------------ the phases
+    def _mark(self, ctx, inst, intent, decision, rule, channel) -> ActionResult:
+        rule_name = rule.name
+        stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
+        value = _stamp(stop_at)
+        outcome = self._change(ctx, inst, ActionKind.MARK, rule_name, intent.reason,
+                               lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                               verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
+        if not outcome.ok:
+            # No mark without its tag: the next tick tries again if the instance is still idle.
+            return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, False, intent.reason, rule_name,
+                                ctx.now, error=outcome.error)
+        mark = MarkRow(inst.instance_id, rule_name, ctx.now, stop_at, decision.reason, ctx.dry_run)
+        self.store.put_mark(mark)
+        result = self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+        return replace(result, kind=ActionKind.MARK, reason=f"{intent.reason}; {result.reason}")
+
+    def _deliver_warning(self, ctx, inst, mark: MarkRow, decision, rule, channel) -> ActionResult:
+        """Send (or send again) the mark's warning; once delivered, the stop is due a full lead after delivery."""
+        lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
+        msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
+                                    channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now)
+        rule_name = mark.rule
+        if not self.notifier.send(msg):
+            log.warning("%s: warning not delivered; no stop until it is", inst.instance_id)
+            return ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, False,
+                                "warning not delivered: no stop until it is (retried with backoff)", rule_name,
+                                ctx.now, error="warning not delivered")
+        delivered = self.store.delivered_at(msg.key) or ctx.now
+        stop_at = max(mark.stop_at, delivered + lead)
+        self.store.put_mark(replace(mark, warned_at=delivered, stop_at=stop_at))
+        if not ctx.dry_run and stop_at - mark.stop_at >= timedelta(minutes=1):
+            # Delivered late: the tag people read says the real time (bookkeeping, not an action of its own).
+            self._change(ctx, inst, ActionKind.MARK, rule_name, "announced stop time moved: warning delivered late",
+                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: _stamp(stop_at)}), record=False)
+        return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
+                            f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
+
+    def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, channel) -> ActionResult:
+        if not mark.dry_run and TAG_MARKED in inst.tags:
+            outcome = self._change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
+                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
+            if not outcome.ok:
+                return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, False, intent.reason,
+                                    rule_name, ctx.now, error=outcome.error)
+        else:
+            self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True,
+                                                              intent.reason, rule_name, ctx.now))
+        self.store.clear_mark(inst.instance_id)
+        warning_key = messages.warning_key(inst.instance_id, mark.marked_at)
+        if mark.warned_at is None:
+            # Nobody was told of this stop, so nobody is told it is off; the warning is not sent any more.
+            self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
+        else:
+            self.notifier.send(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
+                                                       channel=channel))
+        return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
+
+    def _give_up(self, ctx, inst, mark: MarkRow, rule_name, channel, last_error: str) -> ActionResult:
+        reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
+                  f"given up for this idle episode")
+        log.error("%s: %s", inst.instance_id, reason)
+        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, channel)
+        state = self.store.get_state(inst.instance_id, rule_name)
+        if state is not None:  # acted on: not marked again before the instance is active and idle again
+            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
+        return replace(result, ok=False, error=reason)
+
+    def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, channel) -> None:
+        """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
+        self._change(ctx, inst, kind, rule_name, "stopped-by tags",
+                     lambda: self._tag_stopped(inst, rule_name, decision.reason), record=False)
+        self.store.clear_mark(inst.instance_id)
+        state = self.store.get_state(inst.instance_id, rule_name)
+        if state is not None:
+            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, at, dry_run)
+        self.notifier.send(messages.stopped(inst, decision, at=at, channel=channel, dry_run=dry_run,
+                                            action=decision.action))
+
+    def _tag_stopped(self, inst, rule_name: str, reason: str) -> None:
+        try:
+            self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
+                                       TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]})
+            self.cloud.remove_tags(inst, [TAG_MARKED])
+        except Exception as exc:  # the stop happened; tagging is bookkeeping
+            log.warning("stopped %s but could not tag it: %s", inst.instance_id, exc)
 
     def _record(self, ctx, result: ActionResult, persist: bool = True) -> ActionResult:
         if persist:
             self.store.record_action(ctx.run_id, result)
         return result
 
+    # ------------------------------------------------------------------ THE chokepoint
     def _change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
-                call: Callable[[], None]) -> tuple[bool, str | None]:
-        """THE chokepoint: the only place a cloud mutation is made. Dry-run makes none."""
+                call: Callable[[], None], *, verify: Callable[[GpuInstance | None], bool] | None = None,
+                record: bool = True) -> Outcome:
+        """The only place a cloud mutation is made. Dry-run makes none; a process that lost the scheduler
+        lease makes none; the intent is written before the one call and its outcome after it.
+
+        After any error the instance's real state is read back (`verify`) before the outcome is
+        recorded, so the record equals the cloud: done, failed, or "unconfirmed" when the read-back
+        fails too (reconciled next tick; until then nothing else is done to the instance).
+        """
         if ctx.dry_run:
-            self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, kind, True, True,
-                                                              f"dry-run: would {kind.value}: {reason}", rule, ctx.now))
-            return True, None
-        action_id = self.store.begin_action(ctx.run_id, inst.instance_id, kind, rule, False, reason, ctx.now)
+            if record:
+                self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, kind, True, True,
+                                                                  f"dry-run: would {kind.value}: {reason}", rule, ctx.now))
+            return Outcome(True)
+        check_lease(ctx.lease)
+        action_id = self.store.begin_action(ctx.run_id, inst.instance_id, kind, rule, False, reason, ctx.now) \
+            if record else None
         try:
             call()
         except Exception as exc:
-            self.store.finish_action(action_id, False, ctx.now, error=str(exc)[:500])
-            log.error("%s %s failed: %s", kind.value, inst.instance_id, exc)
-            return False, str(exc)
-        self.store.finish_action(action_id, True, ctx.now)
-        return True, None
+            error = str(exc)[:500]
+            log.error("%s %s failed: %s", kind.value, inst.instance_id, error)
+            seen = self._read_back(inst, verify) if verify else False
+            if action_id is None:
+                return Outcome(bool(seen), error)
+            if seen is True:
+                self.store.finish_action(action_id, True, ctx.now, error=f"confirmed by read-back after: {error}")
+                return Outcome(True)
+            if seen is None:
+                self.store.finish_action(action_id, False, ctx.now, status="unconfirmed",
+                                         error=f"outcome unknown, read-back failed: {error}")
+                return Outcome(None, error)
+            self.store.finish_action(action_id, False, ctx.now, error=error)
+            return Outcome(False, error)
+        if action_id is not None:
+            self.store.finish_action(action_id, True, ctx.now)
+        return Outcome(True)
+
+    def _read_back(self, inst: GpuInstance, verify: Callable[[GpuInstance | None], bool]) -> bool | None:
+        """Did the change happen? True/False from the instance's real state; None when it cannot be read."""
+        try:
+            found = self.cloud.describe([inst.instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+            log.error("read-back of %s failed: %s", inst.instance_id, exc)
+            return None
+        return verify(found[0] if found else None)
 
     # ------------------------------------------------------------------ restart safety
-    def reconcile(self, now: datetime) -> list[str]:
-        """After a crash: settle stop/terminate intents that were written but never finished.
-
-        The instance's real state decides: stopping/stopped/terminated means the call went
-        through (done, never repeated); anything else means it did not (failed, and the
-        normal mark/stop cycle may try again only if the instance is still idle).
-        """
-        notes = []
-        pending = self.store.action_rows(status="pending", kinds=[ActionKind.STOP, ActionKind.TERMINATE, ActionKind.MARK, ActionKind.UNMARK])
+    def reconcile(self, now: datetime, lease: LeaseCheck | None = None) -> list[str]:
+        """Settle every change whose outcome is not recorded yet (a crash, a lost answer), from the
+        instance's real state: stopping/stopped/terminated means the stop went through (done, never
+        repeated, and its bookkeeping and notice follow now); anything else means it did not.
+        Raises when the cloud cannot be read: nothing may be acted on before this succeeds."""
+        notes: list[str] = []
+        pending = self.store.action_rows(status=UNSETTLED)
         if not pending:
             return notes
-        found = {i.instance_id: i for i in self.cloud.describe([p.instance_id for p in pending])}
+        found = {i.instance_id: i for i in self.cloud.describe(sorted({p.instance_id for p in pending}))}
+        ctx = RunContext(now=now, dry_run=False, lease=lease)
         for p in pending:
             inst = found.get(p.instance_id)
             if p.kind in (ActionKind.STOP, ActionKind.TERMINATE):
-                went_through = inst is None or inst.state in ("stopping", "stopped", "shutting-down", "terminated")
-                if went_through:
-                    self.store.finish_action(p.id, True, now, status="done", error="reconciled after restart: instance found " + (inst.state if inst else "gone"))
-                    self.store.clear_mark(p.instance_id)
-                    state = self.store.get_state(p.instance_id, p.rule)
-                    if state is not None:
-                        self.store.put_state(p.instance_id, p.rule, state.verdict, state.since, now, p.at, False)
+                done = (_terminated if p.kind == ActionKind.TERMINATE else _stopped)(inst)
+                if done:
+                    self.store.finish_action(p.id, True, now, status="done",
+                                             error="reconciled: instance found " + (inst.state if inst else "gone"))
+                    if inst is not None:
+                        decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
+                                            _reason_of(p.reason), p.at,
+                                            action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else Action.STOP,
+                                            hourly_cost=inst.hourly_cost)
+                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False,
+                                         self.settings.slack.default_channel)
+                    else:
+                        self.store.clear_mark(p.instance_id)
                 else:
-                    self.store.finish_action(p.id, False, now, error=f"reconciled after restart: instance still {inst.state}; stop not confirmed")
+                    self.store.finish_action(p.id, False, now, status="failed",
+                                             error=f"reconciled: instance still {inst.state if inst else 'unknown'}; "
+                                                   f"stop not done")
+            elif p.kind == ActionKind.MARK:
+                tagged = inst is not None and TAG_MARKED in inst.tags
+                self.store.finish_action(p.id, tagged, now, status="done" if tagged else "failed",
+                                         error="reconciled: mark tag " + ("present" if tagged else "absent"))
             else:
-                self.store.finish_action(p.id, False, now, status="failed", error="reconciled after restart: tag change not confirmed")
+                untagged = inst is None or TAG_MARKED not in inst.tags
+                self.store.finish_action(p.id, untagged, now, status="done" if untagged else "failed",
+                                         error="reconciled: mark tag " + ("removed" if untagged else "still there"))
             notes.append(f"reconciled {p.kind.value} on {p.instance_id}")
-            log.warning("reconciled pending %s on %s", p.kind.value, p.instance_id)
+            log.warning("reconciled unsettled %s on %s", p.kind.value, p.instance_id)
         return notes
+
+
+def check_lease(lease: LeaseCheck | None) -> None:
+    """Raise NotLeader unless this process still holds the scheduler lease (None: no lease in use)."""
+    if lease is None:
+        return
+    try:
+        lease.check()
+    except Exception as exc:  # LeaseLost, or the database cannot say: either way, change nothing
+        raise NotLeader(str(exc) or type(exc).__name__) from exc
+
+
+def _stopped(inst: GpuInstance | None) -> bool:
+    return inst is None or inst.state in STOPPED_STATES or inst.state in TERMINATED_STATES
+
+
+def _terminated(inst: GpuInstance | None) -> bool:
+    return inst is None or inst.state in TERMINATED_STATES
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reason_of(action_reason: str) -> str:
+    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...")."""
+    head = "still idle at the announced time: "
+    return action_reason[len(head):] if action_reason.startswith(head) else action_reason

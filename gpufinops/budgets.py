@@ -47,8 +47,12 @@ Level = Literal["warning", "critical", "emergency"]
 Kind = Literal["actual", "forecast"]
 
 
+# A budget above this is a typo (or 9.2e18, a sentinel pasted in): no GPU fleet spends a trillion a month.
+MAX_AMOUNT = 1e12
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Threshold(_Strict):
@@ -80,7 +84,7 @@ class Scope(_Strict):
 class Budget(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     scope: Scope = Scope()
-    amount: float = Field(gt=0)
+    amount: float = Field(gt=0, le=MAX_AMOUNT)
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
     thresholds: tuple[Threshold, ...] = DEFAULT_THRESHOLDS
     kinds: tuple[Kind, ...] = ("actual", "forecast")
@@ -93,7 +97,7 @@ class Budget(_Strict):
     @classmethod
     def _plain_numbers(cls, v):
         # `thresholds: [75, 90, 100]` -> warning / critical / emergency by position from the top.
-        if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) for x in v):
+        if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             levels = ["emergency", "critical", "warning"]
             ordered = sorted(v, reverse=True)
             return [{"pct": p, "level": levels[min(i, 2)]} for i, p in enumerate(ordered)][::-1]

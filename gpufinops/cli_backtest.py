@@ -62,6 +62,8 @@ def _aggs(value: str) -> list[Aggregation]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .cli import add_output_option
+
     p = sub.add_parser(
         "backtest", help="replay idle rules over past GPU history: savings, false stops, oracle, best rule",
         description="Replays the same rule files and evaluation code as the live service over history on a simulated "
@@ -116,7 +118,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "higher over the held-out halves together")
     p.add_argument("--suggest-out", default=None,
                    help="write the suggested rule as a rule file here (--tune's suggestion when both are asked for)")
-    p.add_argument("--json", dest="json_out", default=None, help="write the full result as JSON here ('-': stdout)")
+    add_output_option(p, ("table", "json"))
+    # Before -o json: --json PATH wrote the JSON to a file ('-': stdout). Still works, unlisted.
+    p.add_argument("--json", dest="json_out", default=None, help=argparse.SUPPRESS)
     p.add_argument("--chart", default=None, help="write a PNG chart of the sweep's Pareto front here")
     p.set_defaults(func=run_backtest)
 
@@ -138,7 +142,7 @@ def _table(rows) -> str:
 
 
 def _progress(msg: str) -> None:
-    """Progress on stderr, so stdout stays the report (and valid JSON with --json -)."""
+    """Progress on stderr, so stdout stays the report (and valid JSON with -o json)."""
     print(f"[backtest] {msg}", file=sys.stderr, flush=True)
 
 
@@ -150,6 +154,7 @@ def run_backtest(args: argparse.Namespace) -> int:
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
+    say = _printer(args)
     _progress(f"loading history from {args.trace or 'Prometheus'} ...")
     if args.trace:
         trace = load_trace(args.trace, id_column=args.id_column, time_column=args.time_column,
@@ -209,11 +214,11 @@ def run_backtest(args: argparse.Namespace) -> int:
             examples[a_sum.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}
                                       for e in a_rep.stops[:5]]
     span_h = trace.n_steps * trace.step_s / 3600
-    print(f"history: {trace.source}: {trace.n_instances} instances, {len(trace.gpu_names)} GPUs, {span_h:.1f} h "
+    say(f"history: {trace.source}: {trace.n_instances} instances, {len(trace.gpu_names)} GPUs, {span_h:.1f} h "
           f"at {trace.step_s:g} s; tick {bt.tick_s:g} s, restart cost {bt.restart_cost_s / 60:g} min, "
           f"break-even {bt.break_even_s / 60:g} min, demand > {bt.demand_pct:g}%, ${bt.price_per_gpu_hour:g}/GPU-h")
-    print(f"oracle (every idle stretch > break-even stopped at its start): {oracle.sum() / 3600:.1f} net GPU-h")
-    print(_table(results))
+    say(f"oracle (every idle stretch > break-even stopped at its start): {oracle.sum() / 3600:.1f} net GPU-h")
+    say(_table(results))
     out = {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
                        "hours": span_h, "step_s": trace.step_s},
            "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
@@ -231,20 +236,20 @@ def run_backtest(args: argparse.Namespace) -> int:
         swept = run_sweep(prep, cands)
         front = pareto_front(swept)
         best = suggest(front, args.max_false_stop_rate)
-        print(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
-        print(_table(front))
+        say(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
+        say(_table(front))
         out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
                         "suggested": best.policy if best else None}
         if best is None:
-            print("\nno swept rule saves anything on this history: keep notify-only rules")
+            say("\nno swept rule saves anything on this history: keep notify-only rules")
         else:
             text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
             out["sweep"]["suggested_yaml"] = text
             if best.false_stop_rate > args.max_false_stop_rate:
-                print(f"\nno swept rule stays within the false-stop budget of {args.max_false_stop_rate:.0%}; "
+                say(f"\nno swept rule stays within the false-stop budget of {args.max_false_stop_rate:.0%}; "
                       f"the safest rule that still saves is ({best.false_stop_rate:.0%} false stops):\n{text}")
             else:
-                print(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
+                say(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
             if args.suggest_out:
                 Path(args.suggest_out).write_text(text)
         if args.chart:
@@ -252,21 +257,28 @@ def run_backtest(args: argparse.Namespace) -> int:
 
             extra = [s for s in results if s.policy.startswith("adaptive")]
             front_png(args.chart, swept, front, best, extra, title=f"Backtest sweep: {Path(trace.source).name}")
-            print(f"chart: {args.chart}")
+            say(f"chart: {args.chart}")
     elif args.chart:
         print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
     if args.tune:
-        out["tune"] = _tune(trace, bt, base, cands, args)
-    if args.json_out:
-        text = json.dumps(out, indent=2, default=str)
-        if args.json_out == "-":
-            print(text)
-        else:
-            Path(args.json_out).write_text(text)
+        out["tune"] = _tune(trace, bt, base, cands, args, say)
+    text = json.dumps(out, indent=2, default=str)
+    if args.output == "json" or args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text)
     return 0
 
 
-def _tune(trace, bt, base, cands, args) -> dict:
+def _printer(args: argparse.Namespace):
+    """print() for the table report; with -o json stdout holds the JSON document only (the deprecated
+    `--json -` still prints the table, then the JSON)."""
+    if args.output == "json":
+        return lambda *a, **k: None
+    return print
+
+
+def _tune(trace, bt, base, cands, args, say=print) -> dict:
     """--tune: both candidates tuned on one half of the instances and scored on the other, both ways."""
     from .backtest.engine import Prepared
     from .backtest.sweep import rule_yaml
@@ -283,7 +295,7 @@ def _tune(trace, bt, base, cands, args) -> dict:
     whole = tune(Prepared(trace, bt), base, cands, cost, progress=_progress)
     learned_wins = recommend_learned(results)
     gain = held_out_gain(results)
-    print(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
+    say(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
           f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); each candidate is tuned "
           f"on one half and scored on the other.")
     rows = [("held out", "candidate (tuned on the other half)", "stops", "false", "net GPU-h", "score")]
@@ -294,15 +306,15 @@ def _tune(trace, bt, base, cands, args) -> dict:
                          f"{cost_score(s, cost):.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        say("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     source = f"{trace.source} (false-stop cost {cost:g} GPU-h)"
     if learned_wins:
         text = learned_rule_yaml(whole, comment=f"learned block suggested by gpufinops backtest --tune on {source}")
-        print(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together; "
+        say(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together; "
               f"tuned on the whole history:\n{text}")
     else:
         text = rule_yaml(whole.fixed, comment=f"suggested by gpufinops backtest --tune on {source}")
-        print(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together: "
+        say(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together: "
               f"keep a fixed rule. Tuned on the whole history:\n{text}")
     if args.suggest_out:
         Path(args.suggest_out).write_text(text)

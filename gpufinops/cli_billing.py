@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from .cli import EXIT_PROBLEM_FOUND, add_output_option, usage_error
 from .collect.billing.schema import BillingDataError, month_bounds
 
 
@@ -19,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
                    help="default: billing.source from the config")
     p.add_argument("--path", default=None, help="CUR/FOCUS file, folder or s3:// prefix (default: billing.path)")
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    add_output_option(p)
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
     p.add_argument("--idle", action="store_true",
                    help="cost by verdict (ACTIVE/UNDERUTILIZED/UNKNOWN/IDLE) from the stored decisions instead of "
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
     c.add_argument("--month", default=None, help="YYYY-MM (default: this month); the check runs as of its last hour if past")
     c.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None)
     c.add_argument("--path", default=None)
-    c.add_argument("--format", choices=["table", "json"], default="table")
+    add_output_option(c)
     c.set_defaults(func=cmd_budgets_check)
     b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
 
@@ -52,13 +53,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
     try:
         start, end = month_bounds(args.month)
     except BillingDataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return usage_error(str(exc))
     if args.idle and args.source is None:
         return _print_idle_costs(settings, args, start, end, now, pd.DataFrame())
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
-        return 1
+        return EXIT_PROBLEM_FOUND
     if args.save:
         store = Store(settings.database_url)
         n = save_costs(store, loaded.table, loaded.source, start.date(), end.date(), now)
@@ -68,7 +68,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     if args.idle:
         return _print_idle_costs(settings, args, start, end, now, loaded.table)
     out = summarize(loaded.table, args.by)
-    _print(out, args.format)
+    _print(out, args.output)
     return 0
 
 
@@ -86,7 +86,7 @@ def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> i
     if vc.empty:
         print(f"warning: no stored decisions for {args.month} in {settings.database_url.split('@')[-1]}",
               file=sys.stderr)
-    _print(idle_cost_report(vc, args.by), args.format)
+    _print(idle_cost_report(vc, args.by), args.output)
     return 0
 
 
@@ -132,11 +132,10 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
         else:
             start, end = month_bounds(f"{now:%Y-%m}")
     except BillingDataError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return usage_error(str(exc))
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
-        return 1
+        return EXIT_PROBLEM_FOUND
     store = Store(settings.database_url)
     notifier = build_notifier(settings.slack, store, _now)
     statuses = run_budget_check(settings, store, notifier, now, loaded)
@@ -145,8 +144,8 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
              "pct_forecast": round(s.pct_forecast, 1),
              "idle_share": None if s.idle_share is None else round(s.idle_share, 3),
              "alerts_sent": ", ".join(s.alerts_sent), "error": s.error or ""} for s in statuses]
-    _print(pd.DataFrame(rows), args.format)
-    if loaded.source == "ce" and args.format == "table":
+    _print(pd.DataFrame(rows), args.output)
+    if loaded.source == "ce" and args.output == "table":
         _print_aws_forecast(settings, now, end)
     return 1 if any(s.error for s in statuses) else 0
 

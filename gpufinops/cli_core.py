@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from .config import DEFAULT_RULES_DIR, ConfigError, Settings
+from .config import ConfigError, Settings
 from .model import RunContext, utcnow
 
 log = logging.getLogger("gpufinops.cli")
@@ -34,13 +34,24 @@ def build_live_peers(settings: Settings):
     return Peers(cloud, metrics, store, notifier, learned=IdleHistory(settings.prometheus))
 
 
+def force_dry_run(settings: Settings, args: argparse.Namespace) -> Settings:
+    """`--dry-run` wins over the config: nothing is tagged or stopped, whatever `act.dry_run` says."""
+    if not getattr(args, "dry_run", False):
+        return settings
+    if not settings.act.dry_run:
+        log.warning("dry-run forced by --dry-run (the config says act.dry_run: false)")
+    else:
+        log.info("dry-run forced by --dry-run")
+    return settings.model_copy(update={"act": settings.act.model_copy(update={"dry_run": True})})
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .cli import load_settings_from_args
     from .jobs import scheduled_jobs
     from .rules import load_rules
     from .service import Service
 
-    settings = load_settings_from_args(args)
+    settings = force_dry_run(load_settings_from_args(args), args)
     load_rules(settings.rules_paths)  # fail fast on a broken rule file before starting
     if args.port is not None:
         settings = settings.model_copy(update={"service": settings.service.model_copy(update={"port": args.port})})
@@ -56,53 +67,122 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .pipeline import run_once
     from .rules import load_rules
 
-    settings = load_settings_from_args(args)
+    settings = force_dry_run(load_settings_from_args(args), args)
     rules = load_rules(args.rules or settings.rules_paths)
     peers = build_live_peers(settings)
     # evaluate --once judges and records; it never tags, stops or messages anyone.
-    report = run_once(RunContext(now=utcnow(), dry_run=True), settings, rules, peers, act=False)
+    now = utcnow()
+    pipeline_log = logging.getLogger("gpufinops.pipeline")
+    level = pipeline_log.level
+    if not args.verbose:
+        # The table (or JSON) already holds every decision; their INFO log lines are the service's log.
+        pipeline_log.setLevel(logging.WARNING)
+    try:
+        report = run_once(RunContext(now=now, dry_run=True), settings, rules, peers, act=False)
+    finally:
+        pipeline_log.setLevel(level)
     by_id = {i.instance_id: i for i in report.instances}
-    if args.json:
-        out = []
-        for d in report.decisions:
-            inst = by_id.get(d.instance_id)
-            row = d.to_dict()
-            row.update(instance_type=inst.instance_type if inst else None, team=inst.team() if inst else None)
-            out.append(row)
-        json.dump({"run_id": report.run_id, "evaluated_at": report.now.isoformat(), "errors": report.errors,
-                   "decisions": out}, sys.stdout, indent=2)
+    rules_by_name = {r.name: r for r in rules}
+    rows = [decision_row(d, by_id.get(d.instance_id), rules_by_name.get(d.rule_name), now, settings.act.dry_run)
+            for d in report.decisions]
+    if args.output == "json":
+        json.dump({"run_id": report.run_id, "evaluated_at": report.now.isoformat(), "dry_run": settings.act.dry_run,
+                   "instances": len(report.instances), "rules": len(rules), "errors": report.errors,
+                   "decisions": rows}, sys.stdout, indent=2)
         print()
+    elif args.output == "csv":
+        import csv
+
+        fields = list(rows[0]) if rows else ["instance_id", "rule", "verdict", "outcome", "reason"]
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
     else:
-        print(format_decision_table(report, by_id))
+        print(format_decision_table(rows, len(report.instances), len(rules), report.errors))
     return 1 if report.errors else 0
 
 
-def format_decision_table(report, by_id) -> str:
-    rows = [("INSTANCE", "TYPE", "TEAM", "RULE", "VERDICT", "$/H", "REASON")]
-    for d in report.decisions:
-        inst = by_id.get(d.instance_id)
-        rows.append((d.instance_id, inst.instance_type if inst else "", inst.team() if inst else "", d.rule_name,
-                     d.verdict.value, f"{d.hourly_cost:.2f}" if d.hourly_cost is not None else "?", d.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:6], widths)) + "  " + r[6] for r in rows]
-    lines.append(f"{len(report.instances)} instances, verdicts {report.verdict_counts()}")
-    lines.extend(f"error: {e}" for e in report.errors)
+def _duration_text(seconds: int) -> str:
+    return f"{seconds // 3600} h" if seconds % 3600 == 0 and seconds >= 3600 else f"{seconds // 60} min"
+
+
+def decision_outcome(decision, inst, rule, now, dry_run: bool) -> str:
+    """What the act stage will do with this verdict, in words ("" when it does nothing).
+
+    Mirrors act.plan()'s order: protection, then being managed by something else, then a snooze; only an
+    IDLE verdict of a stop rule leads to a warning and a stop.
+    """
+    from .act import snoozed_until
+    from .model import Action, Verdict
+
+    if decision.verdict != Verdict.IDLE:
+        return ""
+    if decision.action == Action.NOTIFY:
+        return "notify only, never stopped by this rule"
+    if inst is not None and inst.is_protected:
+        return "protected, never stopped"
+    if inst is not None and getattr(inst, "managed_by", ""):
+        return f"managed by {inst.managed_by}, never stopped"
+    if inst is not None:
+        snoozed, why = snoozed_until(inst, now)
+        if snoozed:
+            return f"{why}: not stopped"
+    verb = decision.action.value
+    lead = f" {_duration_text(rule.warning_lead_s)} later" if rule is not None else " after the warning"
+    if dry_run:
+        return f"dry-run: would warn, then {verb}{lead} (nothing is changed)"
+    return f"warn, then {verb}{lead}"
+
+
+def decision_row(decision, inst, rule, now, dry_run: bool) -> dict:
+    row = decision.to_dict()
+    row.update(
+        instance_type=inst.instance_type if inst else None, team=inst.team() if inst else None,
+        protected=bool(inst and inst.is_protected), managed_by=(getattr(inst, "managed_by", "") if inst else "") or None,
+        snoozed_until=(inst.tags.get("gpufinops:snooze-until") if inst else None),
+        outcome=decision_outcome(decision, inst, rule, now, dry_run),
+    )
+    return row
+
+
+def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, errors: list[str]) -> str:
+    table = [("INSTANCE", "TYPE", "TEAM", "RULE", "VERDICT", "$/H", "REASON")]
+    for r in rows:
+        verdict = r["verdict"] + (f" — {r['outcome']}" if r["outcome"] else "")
+        table.append((r["instance_id"], r["instance_type"] or "", r["team"] or "", r["rule"], verdict,
+                      f"{r['hourly_cost']:.2f}" if r["hourly_cost"] is not None else "?", r["reason"]))
+    widths = [max(len(t[i]) for t in table) for i in range(6)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(t[:6], widths)) + "  " + t[6] for t in table]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    tally = ", ".join(f"{v} {n}" for v, n in counts.items()) or "none"
+    lines.append(f"{n_instances} instance(s) judged under {n_rules} rule(s): {len(rows)} verdict(s), "
+                 f"one per instance and rule ({tally})")
+    lines.extend(f"error: {e}" for e in errors)
     return "\n".join(lines)
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
+    from .cli import load_settings_from_args
     from .rules import load_rules
 
-    paths = args.paths or [str(DEFAULT_RULES_DIR)]
+    if args.paths:
+        paths, where = args.paths, "the paths given"
+    else:
+        # With a config (--config or $GPUFINOPS_CONFIG), check the rules that config runs; else the shipped ones.
+        settings = load_settings_from_args(args)
+        paths = list(settings.rules_paths)
+        where = f"rules_paths of {settings.source_path}" if settings.source_path else "the shipped rules"
     try:
         rules = load_rules(paths)
     except ConfigError as exc:
-        print(f"rules check failed:\n{exc}", file=sys.stderr)
+        print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
     for r in rules:
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
               f"for {r.window_s}s (lead {r.warning_lead_s}s)  [{r.source}]")
-    print(f"{len(rules)} rule(s) valid")
+    print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 
 
@@ -134,9 +214,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
                  for d in store.decision_rows(start=start, instance_id=args.instance)]
         rows.sort(key=lambda r: r["at"])
     rows = rows[-args.limit:] if args.limit else rows
-    if args.format == "json":
+    if args.output == "json":
         json.dump(rows, sys.stdout, indent=2)
         print()
+        return 0
+    if args.output == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=["at", "instance_id", "what", "rule", "dry_run", "status",
+                                                        "reason", "error"])
+        writer.writeheader()
+        writer.writerows(rows)
         return 0
     if not rows:
         print("no matching audit records")
@@ -155,25 +243,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not args.verbose:
         # Per-decision log lines would bury the Slack messages and the summary.
         logging.getLogger("gpufinops").setLevel(logging.WARNING)
-    run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet)
+    run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet, compare=not args.no_compare)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .cli import add_output_option
+
+    dry_run_help = "dry-run whatever the config says (act.dry_run: true): nothing is tagged or stopped"
     p = sub.add_parser("serve", help="run the scheduled service (evaluation every minute, /metrics, /healthz)")
     p.add_argument("--port", type=int, default=None, help="port for /metrics and /healthz (default from config)")
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("evaluate", help="judge every GPU instance once and print verdicts (changes nothing)")
     p.add_argument("--once", action="store_true", default=True, help="one evaluation (the only mode)")
-    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    add_output_option(p)
+    p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
     p.add_argument("--rules", nargs="*", default=None, help="rule files or folders (default from config)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="show what serve would do in dry-run, whatever the config says (evaluate never acts)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also log every decision on stderr")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("rules", help="rule files")
     rsub = p.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     c = rsub.add_parser("check", help="validate rule files; non-zero exit with file, line and key on error")
-    c.add_argument("paths", nargs="*", help="files or folders (default: the shipped rules/)")
+    c.add_argument("paths", nargs="*",
+                   help="files or folders (default: rules_paths of the config, else the shipped rules/)")
     c.set_defaults(func=cmd_rules_check)
 
     p = sub.add_parser("audit", help="the audit trail: what was marked, stopped, cancelled or skipped, and why")
@@ -184,7 +281,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")
     p.add_argument("--limit", type=int, default=200, help="at most this many rows, newest (0: all)")
     p.add_argument("--db", default=None, help="database file or URL (default: database_url from the config)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    add_output_option(p)
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("demo", help="the whole pipeline on a simulated fleet replaying a real trace (no cloud)")
@@ -192,5 +289,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hours", type=float, default=None, help="simulate only this many hours")
     p.add_argument("--db", default=None, help="keep the demo's audit database at this path")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
-    p.add_argument("--verbose", action="store_true", help="log every decision and action")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the second run with the common 40%%/10 min rule (about half the time)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every decision and action")
     p.set_defaults(func=cmd_demo)

@@ -76,7 +76,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             store_recommendations(store, uuid.uuid4().hex[:12], recs)
         finally:
             store.close()
-    print(render(recs, args.format))
+    print(render(recs, args.output))
     return 0
 
 
@@ -98,7 +98,7 @@ def cmd_size(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     options = fitting_options(est, catalog, args.provider or None, args.limit)
-    if args.format == "json":
+    if args.output == "json":
         print(json.dumps({"estimate": est.to_dict(), "options": [o.to_dict() for o in options]}, indent=2))
         return 0
     d = est.to_dict()
@@ -120,8 +120,10 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from gpufinops.cli import add_output_option
+
     p = sub.add_parser("recommend", help="right-size GPU instances and recommend spot/on-demand/commitment, with savings")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    add_output_option(p)
     p.add_argument("--no-store", action="store_true", help="do not store the results in the database")
     p.add_argument("--refresh-prices", action="store_true",
                    help="refresh AWS GPU facts and prices from the EC2/Pricing APIs before recommending")
@@ -137,5 +139,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--hidden", type=int, default=None, help="hidden size (default: estimated from --params)")
     s.add_argument("--provider", action="append", help="limit to a provider (repeatable): aws gcp azure lambda runpod")
     s.add_argument("--limit", type=int, default=10)
-    s.add_argument("--format", choices=("table", "json"), default="table")
+    add_output_option(s, ("table", "json"))
     s.set_defaults(func=cmd_size)

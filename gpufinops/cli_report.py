@@ -24,9 +24,14 @@ def register(subparsers) -> None:
         description="Write the monthly GPU FinOps audit of one month from the audit database: "
                     "an HTML report with charts, one CSV per table and a JSON document. Prints the paths written.")
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC)")
-    p.add_argument("--out", default="reports-out", help="output folder (created if missing; default: reports-out)")
-    p.add_argument("--format", type=_formats, default=FORMATS, metavar="html,csv,json",
-                   help="which outputs to write (default: all three)")
+    # The report writes files, so it has no -o/--output (the print format of other commands): it prints the
+    # paths it wrote. The old --out and --format still work, unlisted.
+    p.add_argument("--out-dir", default="reports-out", metavar="DIR",
+                   help="folder to write into (created if missing; default: reports-out)")
+    p.add_argument("--out", dest="out_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--formats", type=_formats, default=FORMATS, metavar="html,csv,json",
+                   help="which files to write (default: all three)")
+    p.add_argument("--format", dest="formats", type=_formats, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--db", default=None,
                    help="audit database: a SQLite file path or a SQLAlchemy URL "
                         "(default: database_url from the config)")
@@ -44,7 +49,7 @@ def _database_url(db: str | None, default: str) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .cli import load_settings_from_args
+    from .cli import EXIT_PROBLEM_FOUND, load_settings_from_args, usage_error
     from .collect.billing.schema import BillingDataError
     from .report import write_monthly_report
     from .report.period import ReportPeriodError
@@ -55,13 +60,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         store = Store(_database_url(args.db, settings.database_url))
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     try:
-        paths = write_monthly_report(store, args.month, args.out, now, settings, formats=args.format)
-    except (ReportPeriodError, BillingDataError) as exc:
+        paths = write_monthly_report(store, args.month, args.out_dir, now, settings, formats=args.formats)
+    except ReportPeriodError as exc:  # a bad --month: the same exit code as in `costs` and `budgets check`
+        return usage_error(str(exc))
+    except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_PROBLEM_FOUND
     finally:
         store.close()
     for path in paths:

@@ -37,7 +37,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are never a setting: `timeout_s: .inf` would wait forever, nan compares false everywhere.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SecretRef(_Strict):
@@ -56,7 +57,8 @@ class SecretRef(_Strict):
 
 class PrometheusSettings(_Strict):
     url: str = "http://127.0.0.1:9090"
-    timeout_s: float = 10.0
+    # Seconds one query may take; past it the usage is UNKNOWN (never idle). Bounded: a tick is a minute.
+    timeout_s: float = Field(10.0, gt=0, le=600)
     bearer_token: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_TOKEN")
     basic_auth_user: str | None = None
     basic_auth_password: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_PASSWORD")
@@ -65,13 +67,14 @@ class PrometheusSettings(_Strict):
     instance_label: str = "instance_id"
     # Fallback: hostname labels matched to the instance's private DNS name or IP.
     hostname_labels: tuple[str, ...] = ("Hostname", "hostname")
-    scrape_interval_s: int = 30
+    scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
 
 
 class AwsSettings(_Strict):
-    regions: tuple[str, ...] = ("us-east-1",)
+    # At least one: the first is the default region of S3, pricing and unpriced instances.
+    regions: tuple[str, ...] = Field(("us-east-1",), min_length=1)
     # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json).
     assume_roles: tuple[str, ...] = ()
     # Govern the account of gpufinops' own credentials too (with assume_roles).
@@ -89,22 +92,28 @@ class SlackSettings(_Strict):
     token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
     default_channel: str = "#gpu-finops"
     base_url: str | None = None  # slack-sdk default when None
-    max_retries: int = 3
+    max_retries: int = Field(3, ge=0, le=20)
     outbox_path: str = "gpufinops-outbox.jsonl"
+    # A message Slack did not accept is sent again on later ticks, waiting this long after the first
+    # failure and doubling up to retry_max_backoff_s. Until a warning is delivered, no stop happens.
+    retry_backoff_s: int = Field(60, ge=1, le=86400)
+    retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
 
 
 class ActSettings(_Strict):
     dry_run: bool = True
-    max_stops_per_run: int = Field(5, ge=0)
+    max_stops_per_run: int = Field(5, ge=0, le=100_000)
     max_stops_fraction: float = Field(0.1, ge=0.0, le=1.0)
     actor: str = "gpufinops"
+    # A snooze tag further ahead than this is capped to it (and reported); unreadable ones count as this long.
+    max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
 
 
 class ScheduleSettings(_Strict):
-    evaluate_every_s: int = Field(60, ge=1)
-    misfire_grace_s: int = 30
+    evaluate_every_s: int = Field(60, ge=1, le=86400)
+    misfire_grace_s: int = Field(30, ge=0, le=86400)
     # Budget alerts, when a `billing:` section is configured; 0 turns the job off.
-    budget_check_every_s: int = Field(3600, ge=0)
+    budget_check_every_s: int = Field(3600, ge=0, le=7 * 86400)
     # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
     recommend_digest_day: str = "mon"
     recommend_digest_hour: int = Field(9, ge=0, le=23)
@@ -114,7 +123,16 @@ class ScheduleSettings(_Strict):
 
 class ServiceSettings(_Strict):
     host: str = "127.0.0.1"
-    port: int = 9108
+    # 0 = any free port (the tests bind one that way).
+    port: int = Field(9108, ge=0, le=65535)
+
+
+class LeaseSettings(_Strict):
+    """The scheduler lease in the database (gpufinops/lease.py): of several `serve` processes on one
+    database only the holder acts. A leader that dies is replaced by a standby after ttl_s; the leader
+    renews every ttl_s/3, so a renewal may fail twice before the lease is lost."""
+
+    ttl_s: int = Field(90, ge=3, le=3600)
 
 
 class Settings(_Strict):
@@ -124,6 +142,7 @@ class Settings(_Strict):
     act: ActSettings = ActSettings()
     schedule: ScheduleSettings = ScheduleSettings()
     service: ServiceSettings = ServiceSettings()
+    lease: LeaseSettings = LeaseSettings()
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
     # Free-form sections owned by capabilities (billing, recommend, report):
@@ -140,13 +159,25 @@ class Settings(_Strict):
             raise ValueError("expected a SQLAlchemy URL such as sqlite:///gpufinops.db or postgresql://...")
         return v
 
+    @field_validator("rules_paths")
+    @classmethod
+    def _paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any("\x00" in p or not p.strip() for p in v):
+            raise ValueError("a rule path is empty or holds a NUL character")
+        return v
 
-def line_of(path: str, loc: tuple, text: str) -> int | None:
-    """Best-effort line number of a dotted key in a YAML document."""
+
+def compose_yaml(text: str) -> yaml.Node | None:
+    """The YAML node tree (with line marks) of a document, or None when it has none."""
     try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
+        return yaml.compose(text)
+    except (yaml.YAMLError, RecursionError):
         return None
+
+
+def line_of(path: str, loc: tuple, text: str, root: yaml.Node | None = None) -> int | None:
+    """Best-effort line number of a dotted key in a YAML document (`root`: its compose_yaml(), if at hand)."""
+    node = root if root is not None else compose_yaml(text)
     line = None
     for part in loc:
         if node is None:
@@ -171,27 +202,90 @@ def format_validation_error(path: str, text: str, err: ValidationError, prefix: 
     """One line per error: `file:line: key 'a.b.c': message`. `prefix` is where the validated
     data sits in the file (e.g. ("recommend",) for a capability's section)."""
     lines = []
+    root = compose_yaml(text)
     for e in err.errors():
         loc = (*prefix, *e["loc"])
-        key = ".".join(str(p) for p in loc) or "<root>"
-        line = line_of(path, loc, text)
+        key = ".".join(printable(str(p)) for p in loc) or "<root>"
+        line = line_of(path, loc, text, root) if root is not None else None
         where = f"{path}:{line}" if line else path
-        lines.append(f"{where}: key '{key}': {e['msg']}")
+        lines.append(f"{where}: key '{key}': {printable(e['msg'])}")
     return "\n".join(lines)
+
+
+def printable(s: str) -> str:
+    """A key or message on one line: a newline or control character in a YAML key is shown escaped."""
+    return s if s.isprintable() else s.encode("unicode_escape").decode("ascii")
+
+
+def decode_text(path: str | Path, data: bytes) -> str:
+    """The UTF-8 text of a file's bytes, or a ConfigError naming the first bad byte, its offset and line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def not_utf8_error(path: str | Path, chunk_size: int = 1 << 20) -> ConfigError:
+    """For a file a reader (pandas) could not decode: where its first non-UTF-8 byte is, read in chunks."""
+    start, line, pending = 0, 1, b""  # start: file offset of `pending`, the bytes not yet decoded
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_size):
+                data = pending + chunk
+                try:
+                    data.decode("utf-8")
+                    good = len(data)
+                except UnicodeDecodeError as exc:
+                    if exc.end < len(data) or len(data) - exc.start > 3:  # a bad byte, not a cut sequence
+                        line += data.count(b"\n", 0, exc.start)
+                        return ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                                           f"at offset {start + exc.start})")
+                    good = exc.start  # a character cut by the chunk boundary: decode it with the next chunk
+                line += data.count(b"\n", 0, good)
+                start, pending = start + good, data[good:]
+    except OSError as exc:
+        return ConfigError(f"{path}: cannot read: {exc.strerror or exc}")
+    if pending:
+        return ConfigError(f"{path}:{line}: not UTF-8 text (truncated character at offset {start})")
+    return ConfigError(f"{path}: not UTF-8 text")
+
+
+def read_text(path: str | Path) -> str:
+    """A config, rule or budget file's text; every failure is a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise ConfigError(f"{path!r}: cannot read: {exc}") from None
+    return decode_text(p, data)
+
+
+def parse_yaml(where: str | Path, text: str) -> Any:
+    """yaml.safe_load, with every failure a ConfigError naming the file and, where YAML knows it, the line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        if mark is None and isinstance(exc, yaml.reader.ReaderError):  # a control character
+            line = text.count("\n", 0, exc.position) + 1
+            char = ord(exc.character) if isinstance(exc.character, str) else int(exc.character)
+            raise ConfigError(f"{where}:{line}: invalid YAML: unacceptable character "
+                              f"#x{char:04x} at offset {exc.position}") from None
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{where}{line}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as exc:  # e.g. a date like 2024-13-45 that YAML types as a date
+        raise ConfigError(f"{where}: invalid YAML value: {exc}") from None
 
 
 def load_yaml(path: str | Path) -> tuple[Any, str]:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return yaml.safe_load(text), text
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark else str(p)
-        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    text = read_text(p)
+    return parse_yaml(p, text), text
 
 
 def validate_section(settings: "Settings", key: str, model: type[BaseModel]):
@@ -211,6 +305,22 @@ def validate_section(settings: "Settings", key: str, model: type[BaseModel]):
         ) from None
 
 
+def nul_locations(node: Any, loc: tuple = ()) -> list[tuple]:
+    """Where a YAML document holds a string (key or value) with a NUL character."""
+    out: list[tuple] = []
+    if isinstance(node, str):
+        return [loc] if "\x00" in node else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(k, str) and "\x00" in k:
+                out.append((*loc, k))
+            out.extend(nul_locations(v, (*loc, k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.extend(nul_locations(v, (*loc, i)))
+    return out
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load gpufinops.yaml (or defaults when path is None). Overrides win."""
     data: dict[str, Any] = {}
@@ -223,6 +333,14 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
+        try:
+            nul = nul_locations(raw)
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply") from None
+        if nul:  # a NUL in a path would fail deep in os.path, far from the key that holds it
+            raise ConfigError("\n".join(
+                f"{path}:{line_of(str(path), loc, text) or 1}: key '{'.'.join(printable(str(p)) for p in loc)}': "
+                f"holds a NUL character" for loc in nul[:20]))
         data = raw
     data = {**data, **overrides, "source_path": source}
     try:
@@ -230,8 +348,31 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source or "<defaults>", text, exc)) from None
     if path is not None:
-        # Relative rule paths are relative to the config file, not the cwd.
+        # One rule for every path in a config file, defaults included: a relative path is relative to the
+        # config file, not the working directory, so running from another folder finds the same database,
+        # outbox and rules instead of creating new ones there.
         base = Path(path).resolve().parent
-        resolved = tuple(str((base / p).resolve()) if not Path(p).is_absolute() else p for p in settings.rules_paths)
-        settings = settings.model_copy(update={"rules_paths": resolved})
+
+        def near_config(p: str) -> str:
+            return p if not p or Path(p).is_absolute() else str((base / p).resolve())
+
+        def sqlite_near_config(url: str) -> str:
+            scheme, sep, rest = url.partition(":///")  # sqlite:///rel.db; sqlite:////abs.db is absolute
+            file, q, query = rest.partition("?")
+            if not scheme.startswith("sqlite") or not sep or file in ("", ":memory:") or file.startswith("file:"):
+                return url
+            return f"{scheme}:///{near_config(file)}{q}{query}"
+
+        recommend = dict(settings.recommend)
+        for key in ("catalog_dir", "price_cache_path"):
+            if isinstance(recommend.get(key), str):
+                recommend[key] = near_config(recommend[key])
+        settings = settings.model_copy(update={
+            "rules_paths": tuple(near_config(p) for p in settings.rules_paths),
+            "database_url": sqlite_near_config(settings.database_url),
+            "slack": settings.slack.model_copy(update={"outbox_path": near_config(settings.slack.outbox_path)}),
+            "schedule": settings.schedule.model_copy(
+                update={"monthly_report_dir": near_config(settings.schedule.monthly_report_dir)}),
+            "recommend": recommend,
+        })
     return settings

@@ -4,15 +4,17 @@ A fleet of 12 single-GPU instances replays 12 pods of the real Alibaba GenTD26
 serving trace (bundled, see gpufinops/data/SOURCES.md). EC2 is simulated behind
 the same `Cloud` interface; Slack messages are printed. When the trace shows
 demand on a stopped instance, its owner starts it again (that is what a false
-stop costs). The summary gives stops, GPU-hours and dollars saved at catalog
-prices.
+stop costs). The summary puts the shipped default rule beside the common
+"below 40% for 10 minutes" rule over the same history, counted as
+`gpufinops backtest` counts: stops, false stops, GPU-hours and dollars saved.
 """
 
 from __future__ import annotations
 
+import html
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TextIO
@@ -29,9 +31,9 @@ from .store import Store
 
 TRACE_PATH = Path(__file__).resolve().parent / "data" / "demo_trace_gentd26.csv.gz"
 TRACE_STEP_S = 57  # the GenTD26 sampling step
-DEMAND_PCT = 5.0
+DEMAND_PCT = 5.0  # a stopped instance whose trace shows more activity than this gets started again
 FALSE_STOP_S = 30 * 60  # demand back within this long after a stop: the stop cost more than it saved
-MAX_PRINTED_MESSAGES = 25  # a stopped instance whose trace shows this much activity gets started again
+MAX_PRINTED_MESSAGES = 25
 
 # (instance type, tags) per pod, in trace order: a plausible mixed fleet.
 FLEET_SHAPES = [
@@ -78,63 +80,204 @@ def build_fleet(trace: pd.DataFrame, start: datetime, prices: OnDemandPrices) ->
     return fleet
 
 
-def print_backtest(out: TextIO, rules, tick_s: int) -> None:
-    """What `gpufinops backtest` says about the same history: the rules' false stops and a safer rule."""
-    from .backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
-    from .backtest.sweep import candidates, pareto_front, run_sweep, suggest
-    from .backtest.traces import load_trace
+COMMON_RULE_PATH = Path(__file__).resolve().parents[1] / "rules" / "examples" / "common-40pct-10min.yaml"
+RESTART_COST_S = 10 * 60  # a restart costs ~10 minutes of paid, unproductive time (boot, model load), as in backtest
+PRINTED_LINES_PER_MESSAGE = 6
+# What a false stop costs on top of the restart (lost work, a person waiting): backtest's --false-stop-cost default.
+FALSE_STOP_COST_H = 2.0  # a metrics alert lists its instances on the lines after its summary
 
-    trace = load_trace(TRACE_PATH, id_column="container_ip", time_column="timestamp_anon", util_column="duty_cycle")
-    prep = Prepared(trace, BacktestSettings(tick_s=float(tick_s)))
-    oracle = oracle_net_seconds(prep)
-    print("\nBacktest of the same history (every instance under every rule, as `gpufinops backtest` replays it):",
-          file=out)
-    for rule in rules:
-        s, _ = backtest_rule(prep, rule, oracle)
-        print(f"  {rule.name:<28} {s.stops:>4} stops, {s.false_stop_rate:>4.0%} false, net {s.net_gpu_hours:6.1f} GPU-h",
-              file=out)
-    base = next((r for r in rules if r.action.value == "stop"), rules[0])
-    swept = candidates(base)
-    best = suggest(pareto_front(run_sweep(prep, swept)))
-    if best is not None:
-        print(f"  suggested by a {len(swept)}-rule sweep: {best.policy}: {best.stops} stops, "
-              f"{best.false_stop_rate:.0%} false, net {best.net_gpu_hours:.1f} GPU-h", file=out)
-    print("On bursty serving work a 10-minute rule stops instances that are wanted again minutes later: replay "
-          "rules on your own history before enforcing them (gpufinops backtest --sweep).", file=out)
+
+def common_rule_path() -> Path:
+    """rules/examples/common-40pct-10min.yaml in a checkout, or where a wheel installs the shipped rules."""
+    from .config import DEFAULT_RULES_DIR
+
+    installed = Path(DEFAULT_RULES_DIR) / "examples" / COMMON_RULE_PATH.name
+    return COMMON_RULE_PATH if COMMON_RULE_PATH.is_file() else installed
 
 
 @dataclass
 class DemoSummary:
+    """One simulated run, counted as `gpufinops backtest` counts (docs/backtest.md, "What is reported")."""
+
+    rules: str
     ticks: int
     simulated_hours: float
     stops: int
     restarts: int
-    false_stops: int
-    gpu_hours_saved: float
-    dollars_saved: float
-    restart_cost_dollars: float
+    false_stops: int  # demand back within FALSE_STOP_S of the stop (the backtest's break-even)
+    gpu_hours_stopped: float
+    restart_gpu_hours: float
+    dollars_stopped: float
+    restart_dollars: float
     warnings: int
     messages: int
+    # With run_demo(compare=True): the common 40%/10 min rule over the same history, counted alike.
+    common: "DemoSummary | None" = None
+
+    @property
+    def gpu_hours_saved(self) -> float:
+        """GPU-hours the instances were stopped (before the restarts' cost), as the monthly report counts."""
+        return self.gpu_hours_stopped
+
+    @property
+    def dollars_saved(self) -> float:
+        return self.dollars_stopped
+
+    @property
+    def false_stop_rate(self) -> float:
+        return self.false_stops / self.stops if self.stops else 0.0
+
+    @property
+    def net_gpu_hours(self) -> float:
+        return self.gpu_hours_stopped - self.restart_gpu_hours
+
+    @property
+    def net_dollars(self) -> float:
+        return self.dollars_stopped - self.restart_dollars
+
+    @property
+    def score(self) -> float:
+        """Net GPU-hours less what the false stops cost people (backtest --tune's score)."""
+        return self.net_gpu_hours - FALSE_STOP_COST_H * self.false_stops
 
 
-def run_demo(out: TextIO | None = None, tick_s: int = 120, hours: float | None = None,
-             settings: Settings | None = None, db_path: str | None = None, quiet: bool = False) -> DemoSummary:
-    out = out or sys.stdout
-    trace = load_demo_trace()
-    t_start = datetime.fromtimestamp(trace["ts"].min(), tz=timezone.utc) + timedelta(hours=1)
-    t_end = datetime.fromtimestamp(trace["ts"].max(), tz=timezone.utc)
-    if hours is not None:
-        t_end = min(t_end, t_start + timedelta(hours=hours))
+class DemoConsole(ConsoleNotifier):
+    """The console notifier, printing a message's list lines too (the instances a metrics alert names)."""
+
+    def send(self, msg) -> bool:
+        printed: list[str] = []
+        shown, self.printer = self.printer, printed.append  # ConsoleNotifier prints the first line only
+        try:
+            ok = super().send(msg)
+        finally:
+            self.printer = shown
+        if printed:
+            more = (msg.text or "").splitlines()[1:PRINTED_LINES_PER_MESSAGE]
+            # Slack shows &lt; as <: print what a person reads.
+            shown(html.unescape("\n".join(printed + [f"      {line}" for line in more])))
+        return ok
+
+
+def simulate(trace: pd.DataFrame, rules, settings: Settings, t_start: datetime, t_end: datetime, tick_s: int,
+             db_path: str, printer, progress: bool = False) -> DemoSummary:
+    """The service's pipeline (run_once) every tick on a simulated clock, EC2 and Slack; owners restart on demand."""
     clock = SimClock(t_start)
     prices = OnDemandPrices.load_default()
     fleet = build_fleet(trace, t_start, prices)
     cloud = SimCloud(fleet, clock)
     metrics = TraceMetrics(trace, scrape_interval_s=TRACE_STEP_S)
-    tmpdir = None
-    if db_path is None:
-        tmpdir = tempfile.TemporaryDirectory(prefix="gpufinops-demo-")
-        db_path = str(Path(tmpdir.name) / "demo.db")
     store = Store(f"sqlite:///{db_path}")
+    notifier = DemoConsole(store, clock, printer)
+    peers = Peers(cloud, metrics, store, notifier)
+    stopped_since: dict[str, datetime] = {}
+    gpu_h = restart_gpu_h = dollars = restart_dollars = 0.0
+    restarts = stops = ticks = false_stops = 0
+    total_ticks = max(1, int((t_end - t_start).total_seconds() // tick_s))
+    while clock.now <= t_end:
+        report = run_once(RunContext(now=clock.now, dry_run=settings.act.dry_run), settings, rules, peers)
+        for a in report.actions:
+            if a.kind.value in ("stop", "terminate") and a.ok:
+                stops += 1
+                stopped_since[a.instance_id] = clock.now
+        clock.advance(tick_s)
+        ticks += 1
+        # A stopped instance whose workload shows demand again is started by its owner.
+        window = metrics.window_usage([cloud.get(i) for i in stopped_since], tick_s, clock.now)
+        for inst_id, since in list(stopped_since.items()):
+            inst = cloud.get(inst_id)
+            gpus = max(1, inst.gpu_count)
+            stopped_h = (clock.now - since).total_seconds() / 3600
+            wanted = any((g.activity_max or 0) > DEMAND_PCT for g in window[inst_id].gpus)
+            if wanted or clock.now > t_end:
+                gpu_h += stopped_h * gpus
+                dollars += stopped_h * (inst.hourly_cost or 0.0)
+                del stopped_since[inst_id]
+                if wanted:
+                    cloud.start(inst_id)
+                    restarts += 1
+                    false_stops += (clock.now - since).total_seconds() <= FALSE_STOP_S
+                    restart_gpu_h += RESTART_COST_S / 3600 * gpus
+                    restart_dollars += RESTART_COST_S / 3600 * (inst.hourly_cost or 0.0)
+                    printer(f"  [{clock.now:%H:%M}] demand returned on {inst_id}: owner starts it again")
+        if progress and sys.stderr.isatty() and ticks % max(1, total_ticks // 40) == 0:
+            bar = "#" * int(30 * ticks / total_ticks)
+            print(f"\r[{bar:<30}] {clock.now:%H:%M} simulated, {stops} stops", end="", file=sys.stderr, flush=True)
+    if progress and sys.stderr.isatty():
+        print(file=sys.stderr)
+    store.close()
+    return DemoSummary(
+        rules=", ".join(r.name for r in rules), ticks=ticks, simulated_hours=(t_end - t_start).total_seconds() / 3600,
+        stops=stops, restarts=restarts, false_stops=false_stops, gpu_hours_stopped=gpu_h, restart_gpu_hours=restart_gpu_h,
+        dollars_stopped=dollars, restart_dollars=restart_dollars,
+        warnings=sum(1 for m in notifier.sent if m.key.startswith("warn:")), messages=len(notifier.sent),
+    )
+
+
+def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
+    """The shipped default and the common rule over the same history, counted alike."""
+    cols = [("shipped default", default.rules.split(",")[0])]
+    if common is not None:
+        cols.append(("common rule", common.rules))
+    summaries = [default] + ([common] if common is not None else [])
+    rows = [
+        ("", [c[0] for c in cols]),
+        ("", [c[1] for c in cols]),
+        ("stops", [str(s.stops) for s in summaries]),
+        (f"false stops (demand back within {FALSE_STOP_S // 60} min)",
+         [f"{s.false_stops} ({s.false_stop_rate:.0%})" for s in summaries]),
+        ("restarted by their owners", [str(s.restarts) for s in summaries]),
+        ("GPU-hours stopped", [f"{s.gpu_hours_stopped:.1f}" for s in summaries]),
+        (f"restart cost, GPU-h ({RESTART_COST_S // 60} min each)", [f"{s.restart_gpu_hours:.1f}" for s in summaries]),
+        ("net GPU-hours saved", [f"{s.net_gpu_hours:.1f}" for s in summaries]),
+        ("net dollars saved (on-demand prices)", [f"${s.net_dollars:,.2f}" for s in summaries]),
+        (f"net GPU-h - {FALSE_STOP_COST_H:g} GPU-h per false stop", [f"{s.score:.1f}" for s in summaries]),
+        ("idle warnings sent", [str(s.warnings) for s in summaries]),
+    ]
+    label_w = max(len(r[0]) for r in rows)
+    col_w = [max(len(r[1][i]) for r in rows) + 2 for i in range(len(cols))]
+    return ["  " + label.ljust(label_w) + "".join(v.rjust(w) for v, w in zip(vals, col_w)) for label, vals in rows]
+
+
+def print_backtest(out: TextIO, rules, tick_s: int) -> None:
+    """What `gpufinops backtest` says about the same history, and why its counts are not the demo's."""
+    from .backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
+    from .backtest.traces import load_trace
+
+    trace = load_trace(TRACE_PATH, id_column="container_ip", time_column="timestamp_anon", util_column="duty_cycle")
+    prep = Prepared(trace, BacktestSettings(tick_s=float(tick_s)))
+    oracle = oracle_net_seconds(prep)
+    print(f"\n`gpufinops backtest` on the same trace (tick {tick_s} s; the same definitions of a false stop and of net "
+          "GPU-hours):", file=out)
+    for rule in rules:
+        s, _ = backtest_rule(prep, rule, oracle)
+        print(f"  {rule.name:<28} {s.stops:>4} stops, {s.false_stop_rate:>4.0%} false, net {s.net_gpu_hours:6.1f} GPU-h",
+              file=out)
+    head_h = max(r.window_s for r in rules) / 3600
+    print("  Its counts differ from the demo's because it judges every pod alike: it knows no tags, so it also stops "
+          f"the protected pod and the inference one; it starts at the trace's first sample, {head_h:g} h before the "
+          "demo (which waits for a full window of metrics); and it has no stop cap. Replay rules on your own history "
+          "before enforcing them: gpufinops backtest --trace history.csv --sweep", file=out)
+
+
+def run_demo(out: TextIO | None = None, tick_s: int = 120, hours: float | None = None,
+             settings: Settings | None = None, db_path: str | None = None, quiet: bool = False,
+             compare: bool = True) -> DemoSummary:
+    """Replay the bundled trace under the shipped rules and print messages and summary; returns the default
+    rules' summary, with `.common` the common rule's over the same history (when `compare`)."""
+    out = out or sys.stdout
+    trace = load_demo_trace()
+    # The simulated EC2 is acted on for real (dry-run off), so that stops and what they cost are visible.
+    settings = settings or load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 0.5})
+    rules = load_rules(settings.rules_paths)
+    # The service judges a rule only over a full window of metrics: start once the longest window has history.
+    longest_window_s = max(r.window_s for r in rules)
+    t_start = datetime.fromtimestamp(trace["ts"].min(), tz=timezone.utc) + timedelta(seconds=longest_window_s)
+    t_end = datetime.fromtimestamp(trace["ts"].max(), tz=timezone.utc)
+    if hours is not None:
+        t_end = min(t_end, t_start + timedelta(hours=hours))
+    tmpdir = tempfile.TemporaryDirectory(prefix="gpufinops-demo-")
+    kept_db = db_path is not None
+    db_path = db_path or str(Path(tmpdir.name) / "demo.db")
     shown = [0]
 
     def printer(line: str) -> None:
@@ -143,72 +286,38 @@ def run_demo(out: TextIO | None = None, tick_s: int = 120, hours: float | None =
         if not quiet and shown[0] <= MAX_PRINTED_MESSAGES:
             print(line, file=out)
 
-    notifier = ConsoleNotifier(store, clock, printer)
-    # The demo acts for real on its simulated EC2, so stops and their cost are visible.
-    settings = settings or load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 0.5})
-    rules = load_rules(settings.rules_paths)
-    peers = Peers(cloud, metrics, store, notifier)
+    print(f"gpufinops demo: {len(FLEET_SHAPES)} GPU instances replaying 12 pods of the Alibaba GenTD26 serving trace, "
+          f"{t_start:%Y-%m-%d %H:%M} UTC -> {t_end:%Y-%m-%d %H:%M} UTC ({(t_end - t_start).total_seconds() / 3600:.1f} h "
+          f"simulated), an evaluation every {tick_s} s", file=out)
+    print("simulated EC2: nothing real is touched. The demo lets gpufinops stop instances on it "
+          f"(dry-run {'on' if settings.act.dry_run else 'off'}) to show stops and savings; a real install starts in "
+          "dry-run (act.dry_run: true), which tags and stops nothing and only says what it would do.", file=out)
+    print(f"rules (the shipped defaults, rules/*.yaml): {', '.join(r.name for r in rules)}", file=out)
 
-    print(f"gpufinops demo: {len(fleet)} GPU instances replaying the Alibaba GenTD26 serving trace, "
-          f"{t_start:%Y-%m-%d %H:%M} -> {t_end:%H:%M} UTC (simulated), a tick every {tick_s} s", file=out)
-    print(f"rules: {', '.join(r.name for r in rules)}; dry-run: {settings.act.dry_run}", file=out)
+    default = simulate(trace, rules, settings, t_start, t_end, tick_s, db_path, printer, progress=True)
+    common = None
+    common_path = common_rule_path()
+    if compare and common_path.is_file():
+        common_rules = load_rules([common_path])
+        common = simulate(trace, common_rules, settings, t_start, t_end, tick_s,
+                          str(Path(tmpdir.name) / "common.db"), lambda line: None)
 
-    stopped_since: dict[str, datetime] = {}
-    gpu_hours_saved = dollars_saved = restart_cost = 0.0
-    restarts = stops = ticks = false_stops = 0
-    total_ticks = max(1, int((t_end - t_start).total_seconds() // tick_s))
-    while clock.now <= t_end:
-        report = run_once(RunContext(now=clock.now, dry_run=settings.act.dry_run), settings, rules, peers)
-        stops += sum(1 for a in report.actions if a.kind.value in ("stop", "terminate") and a.ok)
-        for a in report.actions:
-            if a.kind.value in ("stop", "terminate") and a.ok:
-                stopped_since[a.instance_id] = clock.now
-        clock.advance(tick_s)
-        ticks += 1
-        # A stopped instance whose workload shows demand again is started by its owner.
-        window = metrics.window_usage([cloud.get(i) for i in stopped_since], tick_s, clock.now)
-        for inst_id, since in list(stopped_since.items()):
-            inst = cloud.get(inst_id)
-            usage = window[inst_id]
-            stopped_h = (clock.now - since).total_seconds() / 3600
-            wanted = any((g.activity_max or 0) >= DEMAND_PCT for g in usage.gpus)
-            if wanted or clock.now > t_end:
-                gpu_hours_saved += stopped_h * max(1, inst.gpu_count)
-                dollars_saved += stopped_h * (inst.hourly_cost or 0.0)
-                del stopped_since[inst_id]
-                if wanted:
-                    cloud.start(inst_id)
-                    restarts += 1
-                    false_stops += (clock.now - since).total_seconds() <= FALSE_STOP_S
-                    # Restarting costs ~10 minutes of paid, unproductive time (boot, model load).
-                    restart_cost += (10 / 60) * (inst.hourly_cost or 0.0)
-                    printer(f"  [{clock.now:%H:%M}] demand returned on {inst_id}: owner starts it again")
-        if sys.stderr.isatty() and ticks % max(1, total_ticks // 40) == 0:
-            bar = "#" * int(30 * ticks / total_ticks)
-            print(f"\r[{bar:<30}] {clock.now:%H:%M} simulated, {stops} stops", end="", file=sys.stderr, flush=True)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
-
-    summary = DemoSummary(
-        ticks=ticks, simulated_hours=(t_end - t_start).total_seconds() / 3600, stops=stops, restarts=restarts, false_stops=false_stops,
-        gpu_hours_saved=gpu_hours_saved, dollars_saved=dollars_saved, restart_cost_dollars=restart_cost,
-        warnings=sum(1 for m in notifier.sent if m.key.startswith("warn:")), messages=len(notifier.sent),
-    )
     print("", file=out)
     print("Summary", file=out)
-    print(f"  simulated time      {summary.simulated_hours:.1f} h in {ticks} evaluations", file=out)
-    print(f"  idle warnings sent  {summary.warnings}", file=out)
+    print(f"  simulated time      {default.simulated_hours:.1f} h in {default.ticks} evaluations", file=out)
     if shown[0] > MAX_PRINTED_MESSAGES and not quiet:
         print(f"  ... {shown[0] - MAX_PRINTED_MESSAGES} more messages (all in the audit database)", file=out)
-    print(f"  stops               {summary.stops} (restarted by their owners later: {summary.restarts}; "
-          f"false stops, demand back within {FALSE_STOP_S // 60} min: {summary.false_stops})", file=out)
-    print(f"  GPU-hours saved     {summary.gpu_hours_saved:.1f}", file=out)
-    print(f"  dollars saved       ${summary.dollars_saved:,.2f} at on-demand catalog prices "
-          f"(restart cost ${summary.restart_cost_dollars:,.2f}, net ${summary.dollars_saved - summary.restart_cost_dollars:,.2f})",
-          file=out)
-    print(f"  audit trail         {db_path}" + ("  (temporary: pass --db PATH to keep it)" if tmpdir else ""), file=out)
-    print_backtest(out, rules, tick_s)
-    store.close()
-    if tmpdir is not None:
-        tmpdir.cleanup()
-    return summary
+    print(f"  audit trail         {db_path}" + ("" if kept_db else "  (temporary: pass --db PATH to keep it)"), file=out)
+    print("\nThe same history through the same pipeline, the shipped default beside the common rule "
+          f"({common_path.name}):" if common else "\nThe shipped default:", file=out)
+    for line in side_by_side(default, common):
+        print(line, file=out)
+    if common is not None:
+        print(f"  The common rule stops serving instances that are wanted again minutes later: "
+              f"{common.false_stop_rate:.0%} of its {common.stops} stops are false, against "
+              f"{default.false_stop_rate:.0%} of the default's {default.stops}. Its restarts look cheap in GPU-hours; "
+              f"counted at {FALSE_STOP_COST_H:g} GPU-h of lost work each, its false stops cost more than it saves.",
+              file=out)
+    print_backtest(out, rules + (load_rules([common_path]) if common is not None else []), tick_s)
+    tmpdir.cleanup()
+    return replace(default, common=common)

@@ -7,11 +7,14 @@ of window aggregates, so the idle predicate is literally the same code.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from datetime import datetime
 from typing import Sequence
 
 import numpy as np
 
+from .metric_ranges import ACTIVITY_PCT_MAX, MEMORY_CEILING_MIB, POWER_CEILING_W, invalid_reason, validate_stats
 from .model import (
     Aggregation,
     Decision,
@@ -51,8 +54,31 @@ def coverage_ok(samples, expected_samples: int, min_coverage: float):
     return bool(ok) if ok.ndim == 0 else ok
 
 
+def _plausible(v: float | None, ceiling: float) -> bool:
+    return v is not None and math.isfinite(v) and 0.0 <= v <= ceiling * (1 + 1e-6)
+
+
 def _fmt_pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0f}%"
+    # Only validated figures reach here; an implausible one is still never printed.
+    return f"{v:.0f}%" if _plausible(v, ACTIVITY_PCT_MAX) else "n/a"
+
+
+def _fmt_gb(mib: float | None) -> str:
+    return f"{mib / 1024:.0f} GB" if _plausible(mib, MEMORY_CEILING_MIB) else "n/a"
+
+
+def _fmt_mib(mib: float | None) -> str:
+    return f"{mib:.0f} MiB" if _plausible(mib, MEMORY_CEILING_MIB) else "n/a"
+
+
+def checked_usage(usage: InstanceUsage) -> InstanceUsage:
+    """`usage` with every GPU's figures range-checked (metric_ranges), whichever MetricsSource produced them.
+
+    The memory and power ceilings are the absolute ones: the collector checks against the GPU's own
+    memory and TDP where it reads them; this check is the last line against sentinels and garbage.
+    """
+    gpus = tuple(validate_stats(g, usage.expected_samples, MEMORY_CEILING_MIB, POWER_CEILING_W) for g in usage.gpus)
+    return usage if gpus == usage.gpus else replace(usage, gpus=gpus)
 
 
 def _fmt_window(seconds: int) -> str:
@@ -99,6 +125,9 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         return decide(Verdict.UNKNOWN, ReasonCode.QUERY_ERROR, f"metrics unavailable: {err}")
     if not usage.gpus:
         return decide(Verdict.UNKNOWN, ReasonCode.NO_SERIES, "no DCGM series for this instance (exporter down or not mapped)")
+    usage = checked_usage(usage)
+    if any(g.invalid for g in usage.gpus):
+        return decide(Verdict.UNKNOWN, ReasonCode.INVALID_DATA, invalid_reason(usage.gpus))
 
     seen = {_physical_gpu(g) for g in usage.gpus}
     if inst.gpu_count and len(seen) < inst.gpu_count:
@@ -141,7 +170,7 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         if mem_max is not None and mem_max >= MEMORY_HELD_MIB and act_max < 1.0:
             return decide(
                 Verdict.IDLE, ReasonCode.MEMORY_HELD_IDLE,
-                f"holds {mem_max / 1024:.0f} GB on a GPU but 0% active for {window}: memory held is not work",
+                f"holds {_fmt_gb(mem_max)} on a GPU but 0% active for {window}: memory held is not work",
                 **stats,
             )
         code = ReasonCode.IDLE_STAYS_BELOW if rule.aggregation == Aggregation.STAYS_BELOW else ReasonCode.IDLE_MEAN_BELOW
@@ -155,7 +184,7 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
     if memory_veto and all(idle_flags):
         return decide(
             Verdict.UNDERUTILIZED, ReasonCode.LOW_STEADY,
-            f"activity under {rule.threshold_pct:g}% but holds {mem_max:.0f} MiB "
+            f"activity under {rule.threshold_pct:g}% but holds {_fmt_mib(mem_max)} "
             f"(over the {rule.max_memory_mib:.0f} MiB this rule allows an idle GPU)",
             **stats,
         )

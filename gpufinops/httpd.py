@@ -1,4 +1,8 @@
-"""The tiny HTTP endpoint both long-running processes expose: /metrics and /healthz."""
+"""The tiny HTTP endpoint both long-running processes expose: /metrics, liveness and readiness.
+
+/livez (and /healthz, its old name, kept for existing probes) answers liveness: the process works and
+a restart could help if not. /readyz answers readiness: every data source answered the last tick.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +16,20 @@ log = logging.getLogger("gpufinops.httpd")
 
 
 def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[], bytes],
-                              healthy: Callable[[], tuple[bool, str]]) -> ThreadingHTTPServer:
-    """/metrics answers `metrics_body()`; /healthz answers 200 or 503 with `healthy()`'s reason."""
+                              healthy: Callable[[], tuple[bool, str]],
+                              ready: Callable[[], tuple[bool, str]] | None = None) -> ThreadingHTTPServer:
+    """/metrics answers `metrics_body()`; /livez and /healthz answer 200 or 503 with `healthy()`'s reason,
+    /readyz with `ready()`'s (or `healthy()`'s when there is no separate readiness)."""
+    probes = {"/livez": healthy, "/healthz": healthy, "/readyz": ready or healthy}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server API
-            if self.path.startswith("/metrics"):
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path == "/metrics":
                 body, ctype, code = metrics_body(), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/healthz"):
-                ok, why = healthy()
-                body, ctype, code = why.encode(), "text/plain", 200 if ok else 503
+            elif path in probes:
+                ok, why = probes[path]()
+                body, ctype, code = why.encode(), "text/plain; charset=utf-8", 200 if ok else 503
             else:
                 body, ctype, code = b"not found\n", "text/plain", 404
             self.send_response(code)

@@ -62,7 +62,9 @@ def monthly_report(settings: Settings, peers: Peers, now: datetime):
 
 
 def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetime]) -> list[tuple[str, dict, Callable[[], None]]]:
-    """(job id, APScheduler trigger arguments, function) for every job the settings enable."""
+    """(job id, APScheduler trigger arguments, function) for every job the settings enable. The service
+    runs each only while it holds the scheduler lease (Service.leader_only), so one of several `serve`
+    processes on a database sends the budget alerts, the digest and the monthly report."""
     jobs: list[tuple[str, dict, Callable[[], None]]] = []
     if settings.billing and settings.schedule.budget_check_every_s > 0:
         jobs.append(("budgets", {"trigger": "interval", "seconds": settings.schedule.budget_check_every_s},

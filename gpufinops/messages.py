@@ -16,7 +16,7 @@ however many runs see the same event.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from .model import (
@@ -254,6 +254,11 @@ def _keep_hint() -> str:
 # --------------------------------------------------------------------------- messages
 
 
+def warning_key(instance_id: str, marked_at: datetime) -> str:
+    """The idempotency key of a mark's warning: one per mark, however many tries its delivery takes."""
+    return f"warn:{instance_id}:{_stamp(marked_at)}"
+
+
 def idle_warning(
     inst: GpuInstance,
     decision: Decision,
@@ -263,10 +268,14 @@ def idle_warning(
     channel: str,
     dry_run: bool,
     action: Action,
+    sent_at: datetime | None = None,
 ) -> Message:
-    """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle."""
+    """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle.
+
+    The key is the mark's (one warning per mark, however many tries its delivery takes); `sent_at` is
+    this try's time, from which the lead is counted when an earlier try was not delivered."""
     verb, _done = _verbs(action, "idle_warning")
-    lead = format_duration((_utc(stop_at) - _utc(marked_at)).total_seconds())
+    lead = format_duration((_utc(stop_at) - _utc(sent_at or marked_at)).total_seconds())
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
     will = f"would be {_done} (dry-run)" if dry_run else f"will be {_done}"
@@ -299,7 +308,7 @@ def idle_warning(
         ]),
         _context(_keep_hint()),
     ]
-    return _message(f"warn:{inst.instance_id}:{_stamp(marked_at)}", channel, text, blocks)
+    return _message(warning_key(inst.instance_id, marked_at), channel, text, blocks)
 
 
 def stopped(
@@ -368,13 +377,17 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     """Notify-only rule: tell the owner, change nothing."""
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
-    idle_s = max(float(decision.window_s or 0), (_utc(decision.evaluated_at) - _utc(since)).total_seconds())
+    # `since` is the first evaluation that found it idle; the idle time began a full window before it,
+    # or earlier (what came before the first evaluation is not known).
+    began = _utc(since) - timedelta(seconds=decision.window_s or 0)
+    idle_s = (_utc(decision.evaluated_at) - began).total_seconds()
     hint = _HINTS.get(decision.code, "")
-    text = (f"GPU instance {_instance_line(inst)} is idle (for ≥ {format_duration(idle_s)}, since {_when(since)}). "
+    text = (f"GPU instance {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
+            f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost)}. {hint} This rule only notifies: nothing will be stopped.")
     blocks = [
         _header(f":zzz: Idle GPU instance: {_clip_raw(inst.instance_id, 40)}"),
-        _section(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(since)} under rule "
+        _section(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
                  f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
         _fields([
             ("Instance", _instance_field(inst)),
@@ -394,9 +407,13 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
 
 
 def metrics_unavailable(
-    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str
+    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str,
+    key: str | None = None,
 ) -> Message:
-    """One alert per outage episode; the instances are UNKNOWN, which is never idle."""
+    """One alert per outage episode; the instances are UNKNOWN, which is never idle.
+
+    `key`: the idempotency key when the caller tracks episodes per instance (pipeline.alert_missing_data
+    passes one per set of newly unavailable instances); default one per episode start."""
     n = len(affected)
     # The most expensive first: those are the ones whose blind spot costs most.
     ordered = sorted(affected, key=lambda p: (-(_cost(p[0], p[1]) or 0.0), p[0].instance_id))
@@ -434,9 +451,10 @@ def metrics_unavailable(
     if more > 0:
         blocks.append(_context(f"…and {more} more."))
     blocks.append(_context("Check dcgm-exporter on the hosts and the Prometheus scrape targets. "
-                           "This alert is sent once per outage."))
+                           "Each instance is alerted once per outage; one that recovers and loses its "
+                           "metrics again is alerted again."))
 
-    return _message(f"metrics-unavailable:{_stamp(episode_start)}", channel,
+    return _message(key or f"metrics-unavailable:{_stamp(episode_start)}", channel,
                     _fallback_list(summary, text_lines, n), blocks)
 
 

@@ -61,6 +61,7 @@ class ReasonCode(str, enum.Enum):
     NO_SERIES = "no_series"
     QUERY_ERROR = "query_error"
     LOW_COVERAGE = "low_coverage"
+    INVALID_DATA = "invalid_data"  # a value read from the metrics source is out of range (sentinel, > 100%, ...)
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
     LEARNED_WAIT = "learned_wait"  # adaptive policy still waiting
@@ -68,7 +69,8 @@ class ReasonCode(str, enum.Enum):
 
     @property
     def is_missing_data(self) -> bool:
-        return self in (ReasonCode.NO_SERIES, ReasonCode.QUERY_ERROR, ReasonCode.LOW_COVERAGE)
+        return self in (ReasonCode.NO_SERIES, ReasonCode.QUERY_ERROR, ReasonCode.LOW_COVERAGE,
+                        ReasonCode.INVALID_DATA)
 
 
 def utcnow() -> datetime:
@@ -95,6 +97,14 @@ class GpuInstance:
     gpu_memory_gib: float = 0.0  # per GPU
     hourly_cost: float | None = None  # USD/h for the whole instance, None = unknown
     provider: str = "aws"
+    # Who else manages this instance (an Auto Scaling group, an EKS node group, Karpenter, Batch...),
+    # in words, e.g. "Auto Scaling group 'ml-asg'"; "" when nothing does. Such instances are judged,
+    # never stopped: stopping an ASG member makes the group replace it, a node takes its pods with it.
+    managed_by: str = ""
+    # What to do instead of stopping it, for the reason and the report ("scale the group down").
+    managed_advice: str = ""
+    # For spot instances: "one-time" (cannot be stopped, only terminated) or "persistent"; "" otherwise/unknown.
+    spot_request_type: str = ""
 
     @property
     def family(self) -> str:
@@ -130,6 +140,8 @@ class GpuWindowStats:
     Activity is a percentage 0-100: DCGM_FI_DEV_GPU_UTIL where present, else
     DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0-1, scaled to %), which is all a MIG
     slice has. None means "not measured", never zero.
+    `invalid` (gpufinops.metric_ranges) says in words which figure read was
+    out of range; such stats carry no figures and their instance is UNKNOWN.
     """
 
     gpu: str  # gpu index label, or MIG "gpu/GPU_I_ID"
@@ -142,6 +154,7 @@ class GpuWindowStats:
     power_mean_w: float | None = None
     uuid: str = ""
     model_name: str = ""
+    invalid: str = ""  # "" = every figure is plausible; else why not (never the number read)
 
 
 @dataclass(frozen=True)
@@ -277,6 +290,14 @@ class ActionResult:
 # --------------------------------------------------------------------------- run context
 
 
+class LeaseCheck(Protocol):
+    """The scheduler lease this process holds (gpufinops.lease). `check()` raises LeaseLost when this
+    process is no longer the leader (lease expired or taken over, fencing token superseded); the act
+    chokepoint calls it before every cloud change."""
+
+    def check(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunContext:
     """One evaluation run: the clock, its id and whether it may change anything."""
@@ -284,6 +305,8 @@ class RunContext:
     now: datetime
     dry_run: bool = True
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # None: no lease is checked (one-shot CLI commands, the demo, tests); the service always sets it.
+    lease: LeaseCheck | None = None
 
 
 Clock = Callable[[], datetime]
@@ -331,7 +354,13 @@ class Message:
 
 
 class Notifier(Protocol):
-    def send(self, msg: Message) -> bool: ...
+    def send(self, msg: Message) -> bool:
+        """True when the message is delivered (now or earlier); False when it is not (yet)."""
+        ...
+
+    def retry_due(self, now: datetime) -> int:
+        """Send again the failed messages whose backoff is over; how many were delivered."""
+        ...
 
 
 def hours(delta: timedelta) -> float:

@@ -1,16 +1,22 @@
-"""Slack notifications, each sent at most once per idempotency key, and the outbox.
+"""Slack notifications, each delivered exactly once per idempotency key, and the outbox.
 
-Exactly-once as far as it can be had without Slack's help: the key is written
-as "pending" *before* the HTTP call, and a pending key counts as sent
-(store.notification_sent). So a crash after Slack accepted a message never
-produces a second copy; the price is that a crash between writing "pending"
-and the call loses that one message (at-most-once), which is the right side to
-err on for "your instance will be stopped" alerts. A definite failure (HTTP
-error after the retries, connection refused, ok=false) is recorded "failed",
-and a later send() of the same key tries again.
+Exactly-once even when Slack's answer is lost. Every message carries its key in Slack message
+`metadata` (event_type `gpufinops_notification`, payload `{"key": ...}`). The key is written
+"pending" *before* the HTTP call. When the fate of a post is unknown (a 5xx or a reset after the
+request went out, a read timeout, a crash between the call and the record), the notifier looks the
+key up with `conversations.history` before it posts again: found means delivered, absent means it
+may post, and a lookup that fails leaves the row "pending" (never a blind second post). slack-sdk's
+own 5xx / connection retries are off for that reason; only 429 (Slack did not process the call) is
+retried inside one send.
 
-Without a token the message goes to a JSON-lines outbox file instead, so a
-fresh install or a dry run still shows what would have been said.
+A definite failure (`ok: false` such as invalid_auth or channel_not_found, or an unknown answer
+that the lookup shows was not posted, after `max_retries` tries) is recorded "failed" with a next
+attempt time: later calls (the act stage every tick, `retry_due` for everything else) try again
+with exponential backoff from `retry_backoff_s` up to `retry_max_backoff_s`. Each failure is logged
+at ERROR with the attempt count; the service's readiness and /metrics read the failed rows.
+
+"Delivered" (`Store.delivered_at`) is what the act stage waits for before any stop: Slack answered
+`ok: true`, the lookup found the message, or, without a token, the line is in the outbox file.
 """
 
 from __future__ import annotations
@@ -18,22 +24,20 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry.builtin_handlers import (
-    ConnectionErrorRetryHandler,
-    RateLimitErrorRetryHandler,
-    ServerErrorRetryHandler,
-)
+from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
 from slack_sdk.http_retry.interval_calculator import RetryIntervalCalculator
 
 from .config import SlackSettings
 from .model import Clock, Message, Notifier
-from .store import Store
+from .store import NotificationRow, Store
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +76,36 @@ _sdk_log.addFilter(_RedactingFilter())
 
 
 class _Undelivered(Exception):
-    """A send that definitely did not reach a channel (safe to retry later)."""
+    """A send that definitely did not reach a channel (safe to send again)."""
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        # Transient (connection refused, 429 left after the handler): worth another try in this send.
+        self.transient = transient
 
 
 class _Ambiguous(Exception):
-    """A send whose fate is unknown: Slack may have posted it (read timeout)."""
+    """A send whose fate is unknown: Slack may have posted it (5xx, reset or timeout after sending)."""
+
+
+# Message metadata that carries the idempotency key (needs no extra scope to write; reading it back
+# with conversations.history needs channels:history / groups:history).
+METADATA_EVENT = "gpufinops_notification"
+# How far back the lookup reads a channel: newest first, pages of 200.
+_LOOKUP_PAGES = 3
+_LOOKUP_PAGE_SIZE = 200
+_CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
+
+
+def next_attempt_after(attempts: int, settings: SlackSettings) -> timedelta:
+    """Backoff after the `attempts`-th failed delivery: base, 2x base, 4x base ... capped."""
+    exponent = min(max(attempts - 1, 0), 30)
+    return timedelta(seconds=min(settings.retry_max_backoff_s, settings.retry_backoff_s * (2 ** exponent)))
+
+
+def _waiting(row: NotificationRow | None, now: datetime) -> bool:
+    """A failed message whose backoff has not run out yet."""
+    return row is not None and row.status == "failed" and row.next_attempt_at is not None and now < row.next_attempt_at
 
 
 class OutboxNotifier:
@@ -89,11 +118,16 @@ class OutboxNotifier:
         self.path = Path(settings.outbox_path)
 
     def send(self, msg: Message) -> bool:
-        if self.store.notification_sent(msg.key):
+        row = self.store.get_notification(msg.key)
+        if row is not None and row.delivered:
             return True
-        channel = msg.channel or self.settings.default_channel
         now = self.clock()
-        self.store.record_notification(msg.key, channel, msg.text, "pending", now)
+        if _waiting(row, now):
+            return False
+        channel = msg.channel or self.settings.default_channel
+        attempts = (row.attempts if row else 0) + 1
+        self.store.record_notification(msg.key, channel, msg.text, "pending", now, blocks=msg.blocks,
+                                       attempts=attempts)
         line = {
             "key": msg.key,
             "channel": channel,
@@ -107,16 +141,32 @@ class OutboxNotifier:
                 fh.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
         except OSError as exc:
             error = f"outbox {self.path}: {exc.strerror or exc}"
-            self.store.record_notification(msg.key, channel, msg.text, "failed", self.clock(), detail=error)
-            log.error("notification %s not written: %s", msg.key, error)
+            self.store.record_notification(msg.key, channel, msg.text, "failed", now, detail=error,
+                                           blocks=msg.blocks, attempts=attempts,
+                                           next_attempt_at=now + next_attempt_after(attempts, self.settings))
+            log.error("notification %s not written (attempt %d): %s", msg.key, attempts, error)
             return False
-        self.store.record_notification(msg.key, channel, msg.text, "outbox", now, detail=str(self.path))
+        self.store.record_notification(msg.key, channel, msg.text, "outbox", now, detail=str(self.path),
+                                       blocks=msg.blocks, attempts=attempts)
         log.info("slack outbox (no token) channel=%s key=%s: %s", channel, msg.key, msg.text)
         return True
 
+    def retry_due(self, now: datetime) -> int:
+        """Send again every failed message whose backoff is over; returns how many were delivered."""
+        return _retry_due(self, now)
+
+
+def _retry_due(notifier, now: datetime) -> int:
+    delivered = 0
+    for row in notifier.store.notifications_due(now):
+        msg = Message(key=row.key, channel=row.channel, text=row.text, blocks=row.blocks)
+        if notifier.send(msg):
+            delivered += 1
+    return delivered
+
 
 class SlackNotifier:
-    """Posts to Slack with slack-sdk's retry handlers; at most once per Message.key."""
+    """Posts to Slack with the key in message metadata; delivered exactly once per Message.key."""
 
     def __init__(
         self,
@@ -131,17 +181,14 @@ class SlackNotifier:
         self.store = store
         self.clock = clock
         self.timeout_s = timeout_s
-        # Backoff for 5xx / connection errors; 429 always waits what Retry-After says.
+        # Pause between tries inside one send; 429 always waits what Retry-After says.
         self.retry_interval = retry_interval or BackoffRetryIntervalCalculator(backoff_factor=0.5)
         self._outbox = OutboxNotifier(settings, store, clock)
 
     def _client(self, token: str) -> WebClient:
-        n = max(0, self.settings.max_retries)
-        handlers = [
-            RateLimitErrorRetryHandler(max_retry_count=n),
-            ServerErrorRetryHandler(max_retry_count=n, interval_calculator=self.retry_interval),
-            ConnectionErrorRetryHandler(max_retry_count=n, interval_calculator=self.retry_interval),
-        ]
+        # Only 429 is retried by slack-sdk: Slack did not process the call. A 5xx or a reset may come
+        # after Slack posted the message, so those are looked up (here) before any second post.
+        handlers = [RateLimitErrorRetryHandler(max_retry_count=max(0, self.settings.max_retries))]
         kwargs: dict[str, Any] = {
             "token": token, "timeout": self.timeout_s, "retry_handlers": handlers, "logger": _sdk_log,
         }
@@ -149,58 +196,156 @@ class SlackNotifier:
             kwargs["base_url"] = self.settings.base_url
         return WebClient(**kwargs)
 
+    def retry_due(self, now: datetime) -> int:
+        """Send again every failed message whose backoff is over; returns how many were delivered."""
+        return _retry_due(self, now)
+
     def send(self, msg: Message) -> bool:
-        if self.store.notification_sent(msg.key):
-            log.debug("notification %s already sent, skipped", msg.key)
+        """True when the message is delivered (now or before); False when it is not (yet)."""
+        row = self.store.get_notification(msg.key)
+        if row is not None and row.delivered:
+            log.debug("notification %s already delivered, skipped", msg.key)
             return True
         # Resolved per send so a rotated token file is picked up without a restart.
         token = self.settings.token.resolve()
         if not token:
             return self._outbox.send(msg)
-
+        now = self.clock()
+        if _waiting(row, now):
+            return False
         channel = msg.channel or self.settings.default_channel
-        if not self.store.claim_notification(msg.key, channel, msg.text, self.clock()):
-            log.debug("notification %s claimed by another sender, skipped", msg.key)
-            return True
-        try:
-            ts, channel_id = self._post(token, channel, msg)
-        except _Ambiguous as exc:
-            detail = redact(str(exc), token)
-            # Left "pending": retrying could post a second copy (at-most-once).
-            self.store.record_notification(msg.key, channel, msg.text, "pending", self.clock(), detail=detail)
-            log.warning("notification %s to %s: delivery unknown, not retried: %s", msg.key, channel, detail)
-            return False
-        except _Undelivered as exc:
-            detail = redact(str(exc), token)
-            self.store.record_notification(msg.key, channel, msg.text, "failed", self.clock(), detail=detail)
-            log.error("notification %s to %s failed: %s", msg.key, channel, detail)
-            return False
-        detail = json.dumps({"ts": ts, "channel_id": channel_id})
-        self.store.record_notification(msg.key, channel, msg.text, "sent", self.clock(), detail=detail)
-        log.info("notification %s sent to %s (ts=%s)", msg.key, channel, ts)
+        client = self._client(token)
+        if row is not None and row.status == "pending":
+            # An earlier try's fate is unknown (answer lost, timeout, crash): look before posting again.
+            found = self._find_posted(client, token, channel, msg.key)
+            if found is None:
+                log.warning("notification %s: earlier delivery unknown and the lookup failed; not re-sent",
+                            msg.key)
+                return False
+            if found:
+                return self._delivered(msg, channel, now, json.dumps({"found_by": "conversations.history"}))
+        attempts = (row.attempts if row else 0) + 1
+        self.store.record_notification(msg.key, channel, msg.text, "pending", now, blocks=msg.blocks,
+                                       attempts=attempts)
+        tries = 1 + max(0, self.settings.max_retries)
+        detail = ""
+        for attempt in range(tries):
+            if attempt:
+                time.sleep(self.retry_interval.calculate_sleep_duration(attempt - 1))
+            try:
+                ts, channel_id = self._post(client, channel, msg)
+            except _Undelivered as exc:
+                detail = redact(str(exc), token)
+                if exc.transient:
+                    continue
+                break
+            except _Ambiguous as exc:
+                detail = redact(str(exc), token)
+                found = self._find_posted(client, token, channel, msg.key)
+                if found:
+                    return self._delivered(msg, channel, now, json.dumps({"found_by": "conversations.history"}))
+                if found is None:
+                    # Cannot tell: left "pending", so the next send looks again instead of posting twice.
+                    self.store.record_notification(msg.key, channel, msg.text, "pending", self.clock(),
+                                                   detail=detail, blocks=msg.blocks, attempts=attempts)
+                    log.warning("notification %s to %s: delivery unknown (%s) and not verifiable yet",
+                                msg.key, channel, detail)
+                    return False
+                continue  # not posted: safe to try again
+            if channel_id:
+                self.store.set_kv(_channel_key(channel), channel_id)
+            return self._delivered(msg, channel, now, json.dumps({"ts": ts, "channel_id": channel_id}))
+        retry_at = self.clock() + next_attempt_after(attempts, self.settings)
+        self.store.record_notification(msg.key, channel, msg.text, "failed", self.clock(), detail=detail,
+                                       blocks=msg.blocks, attempts=attempts, next_attempt_at=retry_at)
+        log.error("notification %s to %s not delivered (attempt %d, next at %s): %s", msg.key, channel, attempts,
+                  retry_at.isoformat(timespec="seconds"), detail)
+        return False
+
+    def _delivered(self, msg: Message, channel: str, at: datetime, detail: str) -> bool:
+        row = self.store.get_notification(msg.key)
+        self.store.record_notification(msg.key, channel, msg.text, "sent", self.clock(), detail=detail,
+                                       blocks=msg.blocks, attempts=row.attempts if row else 1)
+        log.info("notification %s delivered to %s (%s)", msg.key, channel, detail)
         return True
 
-    def _post(self, token: str, channel: str, msg: Message) -> tuple[str, str]:
-        """chat.postMessage; returns (ts, channel id) or raises _Undelivered / _Ambiguous."""
-        client = self._client(token)
+    def _post(self, client: WebClient, channel: str, msg: Message) -> tuple[str, str]:
+        """chat.postMessage with the key in metadata; (ts, channel id) or _Undelivered / _Ambiguous."""
         try:
-            resp = client.chat_postMessage(channel=channel, text=msg.text, blocks=list(msg.blocks) or None)
+            resp = client.chat_postMessage(
+                channel=channel, text=msg.text, blocks=list(msg.blocks) or None,
+                metadata={"event_type": METADATA_EVENT, "event_payload": {"key": msg.key}},
+            )
         except SlackApiError as exc:
-            # HTTP 429/5xx left after the retries, or HTTP 200 with ok=false.
             status = getattr(exc.response, "status_code", None)
             data = getattr(exc.response, "data", None)
             error = data.get("error") if isinstance(data, dict) else None
-            raise _Undelivered(_clip(f"slack error {error or 'unknown'} (HTTP {status})")) from None
+            text = _clip(f"slack error {error or 'unknown'} (HTTP {status})")
+            if status is not None and status >= 500:
+                raise _Ambiguous(text) from None  # the edge may have answered after Slack posted
+            raise _Undelivered(text, transient=status == 429) from None
         except TimeoutError as exc:
             # Raised raw by urllib while waiting for the answer: the request was sent.
             raise _Ambiguous(f"timed out after {self.timeout_s:g} s waiting for Slack: {exc}") from None
         except OSError as exc:
-            # URLError (refused, DNS, connect timeout) and resets left after the retries.
-            raise _Undelivered(_clip(f"connection error: {getattr(exc, 'reason', None) or exc}")) from None
+            reason = getattr(exc, "reason", None) or exc
+            if isinstance(reason, ConnectionRefusedError) or "refused" in str(reason).lower():
+                raise _Undelivered(_clip(f"connection error: {reason}"), transient=True) from None
+            # A reset or a cut answer: the request may have been read and acted on.
+            raise _Ambiguous(_clip(f"connection error: {reason}")) from None
         except Exception as exc:  # noqa: BLE001 - a notification must never take the run down
-            raise _Undelivered(_clip(f"{type(exc).__name__}: {exc}")) from None
+            raise _Ambiguous(_clip(f"{type(exc).__name__}: {exc}")) from None
         data = resp.data if isinstance(resp.data, dict) else {}
         return str(data.get("ts", "")), str(data.get("channel", ""))
+
+    # ------------------------------------------------------------------ the lookup
+    def _find_posted(self, client: WebClient, token: str, channel: str, key: str) -> bool | None:
+        """Is a message with this key in the channel? None when that cannot be told (lookup failed)."""
+        try:
+            channel_id = self._channel_id(client, channel)
+            if channel_id is None:
+                log.warning("cannot look up %s: no conversation id for channel %s", key, channel)
+                return None
+            cursor = None
+            for _ in range(_LOOKUP_PAGES):
+                resp = client.conversations_history(channel=channel_id, limit=_LOOKUP_PAGE_SIZE,
+                                                    include_all_metadata=True, cursor=cursor)
+                for message in resp.get("messages") or []:
+                    meta = message.get("metadata") or {}
+                    if meta.get("event_type") == METADATA_EVENT and (meta.get("event_payload") or {}).get("key") == key:
+                        return True
+                cursor = (resp.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+            return False
+        except Exception as exc:  # noqa: BLE001 - an unverifiable delivery is reported, not raised
+            log.warning("lookup of %s in %s failed: %s", key, channel, redact(_clip(str(exc)), token))
+            return None
+
+    def _channel_id(self, client: WebClient, channel: str) -> str | None:
+        """The conversation id conversations.history needs: as configured, remembered from a post, or listed."""
+        if _CHANNEL_ID.match(channel):
+            return channel
+        cached = self.store.get_kv(_channel_key(channel))
+        if cached:
+            return cached
+        name = channel.lstrip("#")
+        cursor = None
+        for _ in range(20):
+            resp = client.conversations_list(types="public_channel,private_channel", limit=1000, cursor=cursor,
+                                             exclude_archived=True)
+            for conv in resp.get("channels") or []:
+                if conv.get("name") == name and conv.get("id"):
+                    self.store.set_kv(_channel_key(channel), conv["id"])
+                    return conv["id"]
+            cursor = (resp.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                break
+        return None
+
+
+def _channel_key(channel: str) -> str:
+    return f"slack:channel_id:{channel}"
 
 
 def build_notifier(settings: SlackSettings, store: Store, clock: Clock) -> Notifier:

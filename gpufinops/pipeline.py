@@ -6,10 +6,15 @@ calls (with act=False) and what the demo calls on its simulated clock.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from . import escalation, messages
 from .act import Actuator
@@ -23,15 +28,19 @@ from .model import (
     InstanceUsage,
     MetricsSource,
     Notifier,
+    ReasonCode,
     Rule,
     RunContext,
     Verdict,
 )
-from .store import Store
+from .lease import LeaseLost
+from .store import Store, aware_utc, notifications
 
 log = logging.getLogger("gpufinops.pipeline")
 
-KV_METRICS_EPISODE = "metrics_unavailable_since"
+# Outage episodes of the "metrics unavailable" alert, one kv entry per instance (prefix + instance id).
+KV_METRICS_EPISODE_PREFIX = "metrics_unavailable:"
+KV_METRICS_EPISODE = "metrics_unavailable_since"  # the single fleet-wide episode of earlier versions; removed
 
 
 @dataclass
@@ -53,12 +62,43 @@ class RunReport:
     decisions: list[Decision] = field(default_factory=list)
     actions: list[ActionResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Each data source this tick: None = it answered, else what went wrong (see SOURCES). Prometheus
+    # errors do not go to `errors` (they are UNKNOWN decisions); they are visible here.
+    sources: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(SOURCES))
 
     def verdict_counts(self) -> dict[str, int]:
         counts = {v.value: 0 for v in Verdict}
         for d in self.decisions:
             counts[d.verdict.value] += 1
         return counts
+
+    def degraded(self) -> dict[str, str]:
+        """The sources that failed this tick, with their error."""
+        return {name: err for name, err in self.sources.items() if err is not None}
+
+
+# The data sources a tick depends on: EC2 inventory, Prometheus metrics, the database, Slack delivery.
+SOURCES = ("inventory", "prometheus", "database", "slack")
+
+
+def prometheus_status(decisions: Sequence[Decision]) -> str | None:
+    """None when Prometheus answered; else how many judgements it failed and the first error. A query
+    error is an UNKNOWN decision with code QUERY_ERROR (missing series are not a Prometheus failure)."""
+    failed = [d for d in decisions if d.code is ReasonCode.QUERY_ERROR]
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(decisions)} judgements without metrics: {failed[0].reason}"
+
+
+def slack_status(store: Store) -> str | None:
+    """None when no notification is marked failed; else how many and since when (the notifier
+    retries them on later ticks, so this clears once Slack accepts them)."""
+    with store.engine.connect() as conn:
+        count, first = conn.execute(
+            select(func.count(), func.min(notifications.c.at)).where(notifications.c.status == "failed")).one()
+    if not count:
+        return None
+    return f"{count} notification(s) not delivered, the oldest since {aware_utc(first).isoformat()}"
 
 
 def collect_usage(metrics: MetricsSource, running: Sequence[GpuInstance], rules: Sequence[Rule],
@@ -77,29 +117,86 @@ def collect_usage(metrics: MetricsSource, running: Sequence[GpuInstance], rules:
     return out
 
 
+def metrics_alert_key(since: datetime, instance_ids: Sequence[str]) -> str:
+    """The idempotency key of the alert for the instances that went missing together at `since`:
+    the same instances and start give the same key, so a restart never sends it twice."""
+    since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)
+    digest = hashlib.sha256("\n".join(sorted(instance_ids)).encode()).hexdigest()[:12]
+    return f"metrics-unavailable:{since.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}:{digest}"
+
+
+def _open_episodes(store: Store) -> dict[str, dict]:
+    """instance id -> {"since": ISO time, "key": alert key, "alerted": bool} of every open outage episode."""
+    out = {}
+    for kv_key, value in store.kv_items(KV_METRICS_EPISODE_PREFIX):
+        try:
+            episode = json.loads(value)
+            datetime.fromisoformat(episode["since"])
+            str(episode["key"])
+        except (ValueError, KeyError, TypeError):
+            # Unreadable: kept as open and alerted, so it can never cause a second alert.
+            log.warning("kv %s: unreadable metrics episode, treated as already alerted", kv_key)
+            episode = {"since": datetime.min.replace(tzinfo=timezone.utc).isoformat(), "key": "", "alerted": True}
+        out[kv_key[len(KV_METRICS_EPISODE_PREFIX):]] = episode
+    return out
+
+
+def _save_episode(store: Store, instance_id: str, episode: dict | None) -> None:
+    store.set_kv(KV_METRICS_EPISODE_PREFIX + instance_id, None if episode is None else json.dumps(episode))
+
+
 def alert_missing_data(ctx: RunContext, settings: Settings, decisions: Sequence[Decision],
                        by_id: dict[str, GpuInstance], store: Store, notifier: Notifier) -> None:
-    """One Slack alert per outage episode, however many ticks and restarts it spans."""
-    missing = [d for d in decisions if d.code.is_missing_data]
-    episode = store.get_kv(KV_METRICS_EPISODE)
-    if not missing:
-        if episode is not None:
-            log.info("metrics available again (episode since %s closed)", episode)
-            store.set_kv(KV_METRICS_EPISODE, None)
-        return
-    if episode is None:
-        episode = ctx.now.isoformat()
-        store.set_kv(KV_METRICS_EPISODE, episode)
-    seen: dict[str, Decision] = {}
-    for d in missing:
-        seen.setdefault(d.instance_id, d)
-    affected = [(by_id[i], d) for i, d in seen.items() if i in by_id]
-    msg = messages.metrics_unavailable(affected, episode_start=datetime.fromisoformat(episode),
-                                       channel=settings.slack.default_channel)
-    notifier.send(msg)
+    """One Slack alert per instance and outage episode, however many ticks and restarts it spans.
+
+    Episodes are kept per instance in the kv table. Instances that go missing in the same tick are
+    named in one message (at most one new alert per tick); an instance judged with data again closes
+    its episode, so a later outage of it is alerted again. The episode is written with its message key
+    before the send and marked alerted once the notifier took it: a crash in between resends the same
+    key, which the notifier sends at most once; a send the notifier could not make is retried next tick.
+    """
+    missing: dict[str, Decision] = {}
+    judged: set[str] = set()
+    for d in decisions:
+        judged.add(d.instance_id)
+        if d.code.is_missing_data:
+            missing.setdefault(d.instance_id, d)
+    if store.get_kv(KV_METRICS_EPISODE) is not None:  # the fleet-wide episode of earlier versions
+        store.set_kv(KV_METRICS_EPISODE, None)
+    episodes = _open_episodes(store)
+    # Closed only on evidence: judged with data. An instance not judged this tick (stopped, or its
+    # region not listed) keeps its episode, so a partial inventory cannot cause a second alert.
+    for iid in sorted((judged - set(missing)) & set(episodes)):
+        log.info("metrics available again for %s (episode since %s closed)", iid, episodes[iid]["since"])
+        _save_episode(store, iid, None)
+        del episodes[iid]
+    new = sorted(i for i in missing if i not in episodes)
+    if new:
+        key = metrics_alert_key(ctx.now, new)
+        for iid in new:
+            episodes[iid] = {"since": ctx.now.isoformat(), "key": key, "alerted": False}
+            _save_episode(store, iid, episodes[iid])
+    unsent: dict[str, list[str]] = {}
+    for iid in sorted(missing):
+        if not episodes[iid].get("alerted"):
+            unsent.setdefault(episodes[iid]["key"], []).append(iid)
+    for key, iids in unsent.items():
+        affected = [(by_id[i], missing[i]) for i in iids if i in by_id]
+        if not affected:
+            continue
+        since = min(datetime.fromisoformat(episodes[i]["since"]) for i in iids)
+        msg = messages.metrics_unavailable(affected, episode_start=since, channel=settings.slack.default_channel,
+                                           key=key)
+        if notifier.send(msg):
+            for iid in iids:
+                episodes[iid]["alerted"] = True
+                _save_episode(store, iid, episodes[iid])
 
 
-def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: Peers, *, act: bool = True) -> RunReport:
+def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: Peers, *, act: bool = True,
+             record: bool = True) -> RunReport:
+    """One tick. act=False judges without changing anything (evaluate --once, a standby scheduler);
+    record=False also leaves the audit log alone (a standby: the leader records the tick)."""
     report = RunReport(ctx.run_id, ctx.now, ctx.dry_run)
     try:
         instances = peers.cloud.list_gpu_instances()
@@ -107,14 +204,17 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         # Without an inventory there is nothing to judge and nothing may be stopped.
         log.error("inventory failed: %s", exc)
         report.errors.append(f"inventory: {exc}")
-        return report
+        report.sources["inventory"] = str(exc)
+        return with_store_status(report, peers.store)
     report.instances = instances
     # A region that could not be listed makes the run partial: visible in errors and /metrics.
-    for err in getattr(peers.cloud, "last_errors", []) or []:
-        report.errors.append(f"inventory: {err}")
+    region_errors = [str(err) for err in getattr(peers.cloud, "last_errors", []) or []]
+    report.errors.extend(f"inventory: {err}" for err in region_errors)
+    report.sources["inventory"] = "; ".join(region_errors) or None
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
+    report.sources["prometheus"] = prometheus_status(decisions)
     if peers.learned is not None and any(r.learned is not None for r in rules):
         from .learned import apply_learned
 
@@ -124,7 +224,11 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         except Exception:  # a bug in the learned policy leaves the fixed rules deciding, never a crash
             log.exception("learned policy failed; the fixed rules decide this run")
     by_id = {i.instance_id: i for i in running}
-    escalations = escalation.active(peers.store, ctx.now)
+    report.decisions = decisions
+    try:
+        escalations = escalation.active(peers.store, ctx.now)
+    except SQLAlchemyError as exc:
+        return database_failed(report, "reading escalations", exc)
     if escalations:
         from .collect.billing.settings import billing_settings
 
@@ -134,14 +238,43 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     for d in decisions:
         log.info("%s decision %s rule=%s verdict=%s code=%s: %s", ctx.run_id, d.instance_id, d.rule_name,
                  d.verdict.value, d.code.value, d.reason)
-    peers.store.record_decisions(
-        ctx.run_id, decisions, ctx.dry_run,
-        teams={i.instance_id: i.team() for i in running},
-        types={i.instance_id: i.instance_type for i in running},
-    )
+    if record:
+        try:
+            peers.store.record_decisions(
+                ctx.run_id, decisions, ctx.dry_run,
+                teams={i.instance_id: i.team() for i in running},
+                types={i.instance_id: i.instance_type for i in running},
+            )
+        except SQLAlchemyError as exc:
+            # Acting on decisions the audit log does not hold would break "records equal the cloud".
+            return database_failed(report, "recording decisions", exc)
     if not act:
-        return report
+        return with_store_status(report, peers.store)
     actuator = Actuator(peers.cloud, peers.store, peers.notifier, settings)
-    report.actions = actuator.apply(ctx, running, decisions, rules)
+    try:
+        report.actions = actuator.apply(ctx, running, decisions, rules)
+    except LeaseLost as exc:
+        # Another scheduler took over mid-tick: it acts from now on; this one changes nothing more.
+        log.warning("lease lost during the act stage, nothing more is changed this tick: %s", exc)
+        report.errors.append(f"lease: {exc}")
+        return with_store_status(report, peers.store)
+    except SQLAlchemyError as exc:
+        return database_failed(report, "acting", exc)
     alert_missing_data(ctx, settings, decisions, by_id, peers.store, peers.notifier)
+    return with_store_status(report, peers.store)
+
+
+def database_failed(report: RunReport, doing: str, exc: Exception) -> RunReport:
+    log.error("database failed %s, nothing is acted on this tick: %s", doing, exc)
+    report.errors.append(f"database: {doing}: {exc}")
+    report.sources["database"] = f"{doing}: {exc}"
+    return report
+
+
+def with_store_status(report: RunReport, store: Store) -> RunReport:
+    """Fill the Slack delivery status from the notifications table (that read also proves the database)."""
+    try:
+        report.sources["slack"] = slack_status(store)
+    except SQLAlchemyError as exc:
+        return database_failed(report, "reading notifications", exc)
     return report

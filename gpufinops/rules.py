@@ -7,6 +7,7 @@ duration like 10m, 1h30m or 600`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -19,22 +20,50 @@ from .model import Action, Aggregation, Rule, Selector
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
 
-def parse_duration(value: Any) -> int:
-    """'10m' -> 600, '1h30m' -> 5400, 600 -> 600. Raises ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 10m, 1h30m or 600 (seconds)")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError("duration must be positive")
-        return int(value)
+# No duration anywhere in gpufinops is longer than this (a --since, a history, a rule window):
+# a bigger one is a typo or a unit mix-up (milliseconds), and would overflow datetime arithmetic.
+MAX_DURATION_S = 10 * 366 * 86400
+# A rule's idle window and warning lead: a week at most. The lead is at least a minute: a stop
+# needs a warning a person can read and answer (the tests and shipped rules use 15m and 30m).
+MAX_WINDOW_S = 7 * 86400
+MIN_WARNING_LEAD_S = 60
+MAX_WARNING_LEAD_S = 7 * 86400
+
+
+def _duration_text(seconds: int) -> str:
+    return f"{seconds // 86400}d" if seconds % 86400 == 0 else f"{seconds}s"
+
+
+def _number_text(value: int | float) -> str:
+    """A number for a message; huge integers are not converted to float (OverflowError) or spelled out."""
+    if isinstance(value, int):
+        return str(value) if abs(value) < 10**18 else ("-" if value < 0 else "") + "1e18 or more"
+    return f"{value:g}"
+
+
+def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> int:
+    """'10m' -> 600, '1h30m' -> 5400, 600 -> 600, within [min_s, max_s] seconds. Raises ValueError.
+
+    Refused: booleans, inf, nan, negatives, zero, and anything longer than max_s."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
     if isinstance(value, str):
         m = _DURATION.match(value)
-        if m and any(m.groups()):
-            d, h, mi, s = (int(x) if x else 0 for x in m.groups())
-            total = d * 86400 + h * 3600 + mi * 60 + s
-            if total > 0:
-                return total
-    raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
+        if not (m and any(m.groups())):
+            raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
+        d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+        value = d * 86400 + h * 3600 + mi * 60 + s
+    if value <= 0:
+        raise ValueError(f"duration must be positive, got {_number_text(value)}")
+    if value > max_s:
+        raise ValueError(f"duration {_number_text(value)} s is longer than the maximum {_duration_text(max_s)}")
+    seconds = int(value)
+    if seconds < min_s:
+        raise ValueError(f"duration {_number_text(value)} s is shorter than the minimum {min_s} s")
+    return seconds
+
 
 
 def _as_values(v: Any) -> tuple[str, ...]:
@@ -44,7 +73,7 @@ def _as_values(v: Any) -> tuple[str, ...]:
 
 
 class _SelectorModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     tags: dict[str, str | list[str]] = Field(default_factory=dict)
     exclude_tags: dict[str, str | list[str]] = Field(default_factory=dict)
     instance_families: list[str] = Field(default_factory=list)
@@ -64,7 +93,7 @@ class _SelectorModel(BaseModel):
 
 
 class _RuleModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str = ""
     select: _SelectorModel = Field(default_factory=_SelectorModel)
@@ -79,14 +108,19 @@ class _RuleModel(BaseModel):
     confirm_terminate: bool = False
     slack_channel: str = ""
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
-    max_memory_mib: float | None = Field(None, ge=0)
+    max_memory_mib: float | None = Field(None, ge=0, le=16 * 2**20)  # 16 TiB: more than any GPU holds
     # Validated by gpufinops.learned.LearnedParams in load_rule_file (imported only when a rule has one).
     learned: dict[str, Any] | None = None
 
-    @field_validator("window", "warning_lead", mode="before")
+    @field_validator("window", mode="before")
     @classmethod
-    def _duration(cls, v: Any) -> int:
-        return parse_duration(v)
+    def _window(cls, v: Any) -> int:
+        return parse_duration(v, max_s=MAX_WINDOW_S)
+
+    @field_validator("warning_lead", mode="before")
+    @classmethod
+    def _warning_lead(cls, v: Any) -> int:
+        return parse_duration(v, min_s=MIN_WARNING_LEAD_S, max_s=MAX_WARNING_LEAD_S)
 
     @model_validator(mode="after")
     def _terminate_needs_confirmation(self) -> "_RuleModel":
@@ -96,7 +130,7 @@ class _RuleModel(BaseModel):
 
 
 class _RuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     rules: list[_RuleModel]
 
 

@@ -26,6 +26,7 @@ class SimCloud:
         self._instances = {i.instance_id: i for i in instances}
         self.clock = clock
         self.calls: list[tuple[str, str]] = []  # (operation, instance id): what act did
+        self.last_retries = self.last_throttles = 0  # as Ec2Cloud: the simulated EC2 never throttles
 
     def list_gpu_instances(self) -> list[GpuInstance]:
         return list(self._instances.values())
@@ -52,6 +53,14 @@ class SimCloud:
 
     def stop(self, inst: GpuInstance) -> None:
         self.calls.append(("stop", inst.instance_id))
+        current = self._instances[inst.instance_id]
+        if current.lifecycle == "spot" and current.spot_request_type == "one-time":
+            # As EC2: a one-time spot instance cannot be stopped (400 UnsupportedOperation, nothing done).
+            from .collect.inventory import CloudError  # boto3 only when this happens
+
+            raise CloudError("StopInstances", inst.instance_id, inst.region,
+                             "You can't stop a Spot Instance associated with a one-time Spot Instance request",
+                             definite=True, code="UnsupportedOperation")
         self._replace(inst.instance_id, state="stopped")
 
     def terminate(self, inst: GpuInstance) -> None:
@@ -120,6 +129,9 @@ class ConsoleNotifier:
         self.sent.append(msg)
         self.printer(f"  [slack {msg.channel}] {msg.text.splitlines()[0] if msg.text else msg.key}")
         return True
+
+    def retry_due(self, now: datetime) -> int:
+        return 0  # the console never fails a delivery
 
 
 class SimClock:

@@ -7,6 +7,8 @@ Capabilities (billing, recommend, ...) define their own tables on the shared
 
 from __future__ import annotations
 
+import time
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
@@ -29,9 +31,10 @@ from sqlalchemy import (
     select,
     update,
     delete,
+    func,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from .model import ActionKind, ActionResult, Decision, Verdict
 
@@ -98,6 +101,9 @@ marks = Table(
     Column("stop_at", DateTime, nullable=False),
     Column("reason", Text, nullable=False),
     Column("dry_run", Boolean, nullable=False),
+    # When the warning was delivered; NULL while it is not (no stop before it is, and then not before
+    # warned_at + the rule's lead: stop_at is moved accordingly).
+    Column("warned_at", DateTime),
 )
 
 actions = Table(
@@ -123,10 +129,18 @@ notifications = Table(
     Column("key", String(255), primary_key=True),
     Column("channel", String(128), nullable=False),
     Column("text", Text, nullable=False),
-    Column("status", String(16), nullable=False),  # pending | sent | outbox | failed
+    # pending (being sent, or fate unknown) | sent | outbox | failed (retried at next_attempt_at)
+    # | abandoned (no longer to be sent: e.g. the warning of a stop that was cancelled before delivery)
+    Column("status", String(16), nullable=False),
     Column("at", DateTime, nullable=False),
     Column("detail", Text),
+    Column("attempts", Integer),
+    Column("next_attempt_at", DateTime),
+    Column("blocks", Text),  # the Block Kit JSON, so a failed message can be sent again as it was
 )
+
+# Statuses that mean a person can read the message.
+DELIVERED_STATUSES = ("sent", "outbox")
 
 
 # Small durable facts the service must remember across restarts
@@ -136,6 +150,19 @@ kv = Table(
     metadata,
     Column("key", String(128), primary_key=True),
     Column("value", Text, nullable=False),
+)
+
+# The scheduler lease (gpufinops/lease.py): one row per lease name. Only the holder of the unexpired
+# lease acts; `token` grows by one at every takeover, so a leader that lost it can prove it is stale.
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(255), nullable=False),
+    Column("token", Integer, nullable=False),
+    Column("acquired_at", DateTime, nullable=False),
+    Column("renewed_at", DateTime, nullable=False),
+    Column("expires_at", DateTime, nullable=False),
 )
 
 
@@ -158,6 +185,24 @@ class MarkRow:
     stop_at: datetime
     reason: str
     dry_run: bool
+    warned_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NotificationRow:
+    key: str
+    channel: str
+    text: str
+    status: str
+    at: datetime  # when the status was last written; for sent/outbox rows, when it was delivered
+    detail: str | None
+    attempts: int
+    next_attempt_at: datetime | None
+    blocks: tuple[dict, ...]
+
+    @property
+    def delivered(self) -> bool:
+        return self.status in DELIVERED_STATUSES
 
 
 @dataclass(frozen=True)
@@ -192,35 +237,82 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, future=True, pool_pre_ping=True)
 
 
-def add_missing_columns(engine: Engine) -> list[str]:
+def add_missing_columns(conn: Connection) -> list[str]:
     """Upgrade a database written by an older release: add the nullable columns it lacks (`create_all` only
     creates missing tables). Rows already stored keep their values; the new columns start NULL. Returns
-    "table.column" for each column added."""
+    "table.column" for each column added. Runs on the caller's connection (inside its schema lock)."""
     added = []
-    existing_tables = set(inspect(engine).get_table_names())
-    quote = engine.dialect.identifier_preparer.quote
-    with engine.begin() as conn:
-        for table in metadata.sorted_tables:
-            if table.name not in existing_tables:
+    existing_tables = set(inspect(conn).get_table_names())
+    quote = conn.dialect.identifier_preparer.quote
+    for table in metadata.sorted_tables:
+        if table.name not in existing_tables:
+            continue
+        have = {c["name"] for c in inspect(conn).get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have:
                 continue
-            have = {c["name"] for c in inspect(conn).get_columns(table.name)}
-            for col in table.columns:
-                if col.name in have:
-                    continue
-                if not col.nullable:  # not additive: needs a hand-written migration
-                    raise RuntimeError(f"database table {table.name} lacks the NOT NULL column {col.name}")
-                conn.execute(text(f"ALTER TABLE {quote(table.name)} ADD COLUMN {quote(col.name)} "
-                                  f"{col.type.compile(dialect=engine.dialect)}"))
-                added.append(f"{table.name}.{col.name}")
+            if not col.nullable:  # not additive: needs a hand-written migration
+                raise RuntimeError(f"database table {table.name} lacks the NOT NULL column {col.name}")
+            conn.execute(text(f"ALTER TABLE {quote(table.name)} ADD COLUMN {quote(col.name)} "
+                              f"{col.type.compile(dialect=conn.dialect)}"))
+            added.append(f"{table.name}.{col.name}")
     return added
+
+
+# pg_advisory_xact_lock key that serialises schema creation between processes ("gpuf" in ASCII).
+SCHEMA_LOCK_KEY = 0x67707566
+SCHEMA_ATTEMPTS = 8  # SQLite: tries while another process holds the write lock past busy_timeout
+
+
+def create_schema(engine: Engine) -> list[str]:
+    """create_all + add_missing_columns, safe when several processes start on one fresh database at once.
+
+    Without a lock, two processes both see a table missing and the second CREATE TABLE fails ("table
+    decisions already exists" on SQLite, a pg_type unique violation on PostgreSQL). So the check and the
+    creation run inside one lock: a transaction-scoped advisory lock on PostgreSQL, a BEGIN IMMEDIATE
+    write transaction on SQLite (DDL is transactional on both). Returns the columns added."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            metadata.create_all(conn)
+            return add_missing_columns(conn)
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            metadata.create_all(conn)
+            return add_missing_columns(conn)
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            return sqlite_create_schema(engine)
+        except OperationalError as exc:
+            # "locked"/"busy": another process held the write lock past busy_timeout; try again.
+            contended = "locked" in str(exc) or "busy" in str(exc)
+            if not contended or attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def sqlite_create_schema(engine: Engine) -> list[str]:
+    """One SQLite write transaction around the whole schema check and creation: BEGIN IMMEDIATE takes
+    the database's write lock first, so a concurrent starter waits and then finds every table there."""
+    # AUTOCOMMIT: pysqlite then sends no BEGIN of its own, and ours (IMMEDIATE) holds the lock.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            metadata.create_all(conn)
+            added = add_missing_columns(conn)
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
+        conn.exec_driver_sql("COMMIT")
+        return added
 
 
 class Store:
     def __init__(self, url: str):
         self.url = url
         self.engine = make_engine(url)
-        metadata.create_all(self.engine)
-        add_missing_columns(self.engine)
+        create_schema(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -338,12 +430,12 @@ class Store:
             r = conn.execute(select(marks).where(marks.c.instance_id == instance_id)).mappings().first()
         if r is None:
             return None
-        return MarkRow(r["instance_id"], r["rule"], aware_utc(r["marked_at"]), aware_utc(r["stop_at"]), r["reason"], r["dry_run"])
+        return _mark_row(r)
 
     def all_marks(self) -> list[MarkRow]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(marks)).mappings().all()
-        return [MarkRow(r["instance_id"], r["rule"], aware_utc(r["marked_at"]), aware_utc(r["stop_at"]), r["reason"], r["dry_run"]) for r in rows]
+        return [_mark_row(r) for r in rows]
 
     def put_mark(self, m: MarkRow) -> None:
         with self.engine.begin() as conn:
@@ -352,6 +444,7 @@ class Store:
                 insert(marks).values(
                     instance_id=m.instance_id, rule=m.rule, marked_at=naive_utc(m.marked_at),
                     stop_at=naive_utc(m.stop_at), reason=m.reason, dry_run=m.dry_run,
+                    warned_at=naive_utc(m.warned_at),
                 )
             )
 
@@ -392,14 +485,14 @@ class Store:
                 )
             )
 
-    def action_rows(self, status: str | None = None, kinds: Iterable[ActionKind] | None = None,
+    def action_rows(self, status: str | Sequence[str] | None = None, kinds: Iterable[ActionKind] | None = None,
                     start: datetime | None = None, end: datetime | None = None,
                     instance_id: str | None = None) -> list[ActionRow]:
         q = select(actions).order_by(actions.c.at, actions.c.id)
         if instance_id is not None:
             q = q.where(actions.c.instance_id == instance_id)
         if status:
-            q = q.where(actions.c.status == status)
+            q = q.where(actions.c.status.in_((status,) if isinstance(status, str) else tuple(status)))
         if kinds:
             q = q.where(actions.c.kind.in_([k.value for k in kinds]))
         if start is not None:
@@ -416,40 +509,52 @@ class Store:
 
     # ------------------------------------------------------------- notifications
     def notification_sent(self, key: str) -> bool:
+        """Delivered (Slack ok, found by lookup, or in the outbox). A pending key is not: its fate is looked
+        up before any second post (notify.py)."""
+        row = self.get_notification(key)
+        return row is not None and row.delivered
+
+    def get_notification(self, key: str) -> NotificationRow | None:
         with self.engine.connect() as conn:
-            r = conn.execute(
-                select(notifications.c.status).where(notifications.c.key == key)
-            ).first()
-        # "pending" counts as sent: a crash between Slack accepting a message and
-        # us recording it must not produce a second copy (at-most-once).
-        return r is not None and r[0] in ("pending", "sent", "outbox")
+            r = conn.execute(select(notifications).where(notifications.c.key == key)).mappings().first()
+        return None if r is None else _notification_row(r)
 
-    def claim_notification(self, key: str, channel: str, text: str, at: datetime) -> bool:
-        """Atomically take the right to send `key`: True for exactly one caller.
+    def delivered_at(self, key: str) -> datetime | None:
+        """When the message with this key was delivered; None while it is not."""
+        row = self.get_notification(key)
+        return row.at if row is not None and row.delivered else None
 
-        The primary key makes the insert fail for a second claimant (another process on
-        the same database included); a key whose earlier attempt failed may be claimed again.
-        """
-        row = dict(key=key, channel=channel, text=text, status="pending", at=naive_utc(at))
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(notifications).values(**row))
-            return True
-        except IntegrityError:
-            with self.engine.begin() as conn:
-                res = conn.execute(
-                    update(notifications)
-                    .where(notifications.c.key == key, notifications.c.status == "failed")
-                    .values(status="pending", at=naive_utc(at))
-                )
-                return res.rowcount == 1
+    def notifications_due(self, now: datetime, limit: int = 100) -> list[NotificationRow]:
+        """Failed messages whose backoff is over, oldest first."""
+        q = (select(notifications)
+             .where(notifications.c.status == "failed",
+                    (notifications.c.next_attempt_at.is_(None)) | (notifications.c.next_attempt_at <= naive_utc(now)))
+             .order_by(notifications.c.at).limit(limit))
+        with self.engine.connect() as conn:
+            return [_notification_row(r) for r in conn.execute(q).mappings()]
 
-    def record_notification(self, key: str, channel: str, text: str, status: str, at: datetime, detail: str | None = None) -> None:
+    def undelivered_count(self) -> int:
+        """Messages that failed and wait for another try (for health and /metrics)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(notifications)
+                                    .where(notifications.c.status == "failed")).scalar_one())
+
+    def abandon_notification(self, key: str, at: datetime, why: str) -> None:
+        """Never send this message any more (unless already delivered)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(notifications)
+                         .where(notifications.c.key == key, notifications.c.status.in_(("pending", "failed")))
+                         .values(status="abandoned", at=naive_utc(at), detail=why[:500]))
+
+    def record_notification(self, key: str, channel: str, text: str, status: str, at: datetime,
+                            detail: str | None = None, *, blocks: Sequence[dict] | None = None,
+                            attempts: int | None = None, next_attempt_at: datetime | None = None) -> None:
+        values = dict(key=key, channel=channel, text=text, status=status, at=naive_utc(at), detail=detail,
+                      attempts=attempts, next_attempt_at=naive_utc(next_attempt_at),
+                      blocks=json.dumps(list(blocks), default=str) if blocks else None)
         with self.engine.begin() as conn:
             conn.execute(delete(notifications).where(notifications.c.key == key))
-            conn.execute(
-                insert(notifications).values(key=key, channel=channel, text=text, status=status, at=naive_utc(at), detail=detail)
-            )
+            conn.execute(insert(notifications).values(**values))
 
     def notification_rows(self) -> list[dict]:
         with self.engine.connect() as conn:
@@ -475,4 +580,18 @@ class Store:
                 conn.execute(insert(kv).values(key=key, value=value))
 
 
-__all__ = ["Store", "metadata", "StateRow", "MarkRow", "ActionRow", "make_engine", "aware_utc", "naive_utc"]
+def _mark_row(r) -> MarkRow:
+    return MarkRow(r["instance_id"], r["rule"], aware_utc(r["marked_at"]), aware_utc(r["stop_at"]), r["reason"],
+                   r["dry_run"], aware_utc(r["warned_at"]))
+
+
+def _notification_row(r) -> NotificationRow:
+    try:
+        blocks = tuple(json.loads(r["blocks"])) if r["blocks"] else ()
+    except ValueError:
+        blocks = ()
+    return NotificationRow(r["key"], r["channel"], r["text"], r["status"], aware_utc(r["at"]), r["detail"],
+                           int(r["attempts"] or 0), aware_utc(r["next_attempt_at"]), blocks)
+
+
+__all__ = ["Store", "metadata", "leases", "create_schema", "StateRow", "MarkRow", "ActionRow", "NotificationRow", "make_engine", "aware_utc", "naive_utc"]

@@ -64,6 +64,9 @@ class _Failure:
     retry_after: int | None
     body: dict | None
     delay_s: float = 0.0
+    # True: handle the call normally (a post IS stored), then answer `status` instead: the answer is lost.
+    after_handling: bool = False
+    method: str | None = None  # only calls of this Slack method (None: any)
 
 
 class SlackStub:
@@ -77,6 +80,9 @@ class SlackStub:
         # None: any channel exists; a set restricts ("#name" or id), others get channel_not_found.
         self.known_channels: set[str] | None = None
         self._failures: list[_Failure] = []
+        # Messages Slack holds, per conversation id, oldest first (for conversations.history).
+        self.history: dict[str, list[dict[str, Any]]] = {}
+        self._names: dict[str, str] = {}  # conversation id -> the name it was first posted to
         self._ts_counter = 0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -101,7 +107,8 @@ class SlackStub:
         return out
 
     def fail_next(
-        self, status: int, *, retry_after: int | None = None, times: int = 1, body: dict | None = None
+        self, status: int, *, retry_after: int | None = None, times: int = 1, body: dict | None = None,
+        method: str | None = None,
     ) -> None:
         """The next `times` requests (any method) get `status` instead of the normal answer.
 
@@ -111,7 +118,14 @@ class SlackStub:
         """
         with self._lock:
             for _ in range(times):
-                self._failures.append(_Failure(status, retry_after, body))
+                self._failures.append(_Failure(status, retry_after, body, method=method))
+
+    def lose_next_answer(self, *, status: int = 500, times: int = 1, method: str | None = "chat.postMessage") -> None:
+        """The next `times` requests are carried out (a post is delivered and kept in the history), but the
+        answer is lost: the client gets `status` (Slack's 5xx HTML page) as if the edge dropped the reply."""
+        with self._lock:
+            for _ in range(times):
+                self._failures.append(_Failure(status, None, None, after_handling=True, method=method))
 
     def delay_next(self, seconds: float, *, times: int = 1) -> None:
         """Answer the next `times` requests normally, but only after `seconds` (client timeouts)."""
@@ -123,8 +137,17 @@ class SlackStub:
         with self._lock:
             self.calls.clear()
             self._failures.clear()
+            self.history.clear()
+            self._names.clear()
             self.valid_tokens = None
             self.known_channels = None
+
+    def delivered(self, channel: str | None = None) -> list[dict[str, Any]]:
+        """Messages Slack holds (what a person sees in the channel), whatever the client was answered."""
+        with self._lock:
+            if channel is None:
+                return [m for msgs in self.history.values() for m in msgs]
+            return list(self.history.get(self.channel_id(channel), []))
 
     def calls_for(self, method: str) -> list[RecordedCall]:
         with self._lock:
@@ -158,9 +181,13 @@ class SlackStub:
         self._thread = None
 
     # ------------------------------------------------------------------ Slack behaviour
-    def _take_failure(self) -> _Failure | None:
+    def _take_failure(self, method: str) -> _Failure | None:
+        """The first queued failure that applies to this method, taken off the queue."""
         with self._lock:
-            return self._failures.pop(0) if self._failures else None
+            for i, f in enumerate(self._failures):
+                if f.method is None or f.method == method:
+                    return self._failures.pop(i)
+            return None
 
     def _next_ts(self) -> str:
         with self._lock:
@@ -216,8 +243,61 @@ class SlackStub:
                        "ts": ts}
             if blocks:
                 message["blocks"] = blocks
-            return {"ok": True, "channel": self.channel_id(str(channel)), "ts": ts, "message": message}
+            metadata = body.get("metadata")
+            if isinstance(metadata, str):
+                try:
+                    metadata = json.loads(metadata)
+                except ValueError:
+                    return {"ok": False, "error": "invalid_metadata_format"}
+            if metadata is not None:
+                if not isinstance(metadata, dict) or not metadata.get("event_type") \
+                        or not isinstance(metadata.get("event_payload"), dict):
+                    return {"ok": False, "error": "invalid_metadata_schema"}
+                message["metadata"] = metadata
+            cid = self.channel_id(str(channel))
+            with self._lock:
+                self._names.setdefault(cid, str(channel))
+                msgs = self.history.setdefault(cid, [])
+                if method == "chat.update":
+                    found = [m for m in msgs if m["ts"] == ts]
+                    if not found:
+                        return {"ok": False, "error": "message_not_found"}
+                    found[0].update({k: v for k, v in message.items() if k != "ts"})
+                else:
+                    msgs.append(message)
+            return {"ok": True, "channel": cid, "ts": ts, "message": message}
+        if method == "conversations.history":
+            return self._history(body)
+        if method == "conversations.list":
+            with self._lock:
+                names = set(self.known_channels or ()) | set(self._names.values())
+            chans = [{"id": self.channel_id(n), "name": n.lstrip("#"), "is_channel": True}
+                     for n in sorted(names) if not (n[:1] in "CDG" and n[1:].isalnum() and n.isupper())]
+            return {"ok": True, "channels": chans, "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method"}
+
+    def _history(self, body: dict[str, Any]) -> dict[str, Any]:
+        """conversations.history as Slack answers it: newest first, `oldest`/`latest` exclusive bounds,
+        `limit`, cursor paging, and message metadata only with include_all_metadata=true. Slack wants the
+        conversation id; a name is channel_not_found, as on Slack."""
+        cid = str(body.get("channel") or "")
+        with self._lock:
+            known = {self.channel_id(c) for c in self.known_channels or ()}
+            if cid not in self.history and cid not in self._names and cid not in known:
+                return {"ok": False, "error": "channel_not_found"}
+            msgs = [dict(m) for m in self.history.get(cid, [])]
+        oldest = float(body.get("oldest") or 0)
+        latest = float(body.get("latest") or 9e18)
+        msgs = [m for m in reversed(msgs) if oldest < float(m["ts"]) < latest]
+        if str(body.get("include_all_metadata", "")).lower() not in ("true", "1"):
+            for m in msgs:
+                m.pop("metadata", None)
+        limit = max(1, min(int(body.get("limit") or 100), 999))
+        start = int(body.get("cursor") or 0)
+        page = msgs[start:start + limit]
+        more = start + limit < len(msgs)
+        return {"ok": True, "messages": page, "has_more": more,
+                "response_metadata": {"next_cursor": str(start + limit) if more else ""}}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -260,12 +340,22 @@ class _Handler(BaseHTTPRequestHandler):
         body, ctype = self._parse_body()
         headers = {k: v for k, v in self.headers.items()}
 
-        failure = stub._take_failure()
+        channel = body.get("channel")
+        if method == "chat.postMessage" and isinstance(channel, str) and channel and \
+                (stub.known_channels is None or channel in stub.known_channels):
+            # Any channel exists when known_channels is None: one named in a post is listed from then on.
+            with stub._lock:
+                stub._names.setdefault(stub.channel_id(channel), channel)
+        failure = stub._take_failure(method)
         extra_headers: dict[str, str] = {}
         delay_s = 0.0
         if failure is not None and failure.delay_s:
             # Recorded (and, for a post, "delivered") now; the answer comes late.
             delay_s, failure = failure.delay_s, None
+        if failure is not None and failure.after_handling:
+            # Carried out as usual; only the answer is lost on the way back.
+            call_probe = RecordedCall(method, headers, body, 200)
+            stub.answer(method, body, call_probe.token)
         if failure is not None:
             status = failure.status
             if failure.retry_after is not None:

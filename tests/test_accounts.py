@@ -70,3 +70,25 @@ def test_never_acts_on_an_instance_no_account_listed(aws):
     with pytest.raises(InventoryError):
         cloud.stop(stranger)  # not listed by this cloud yet: no guessing which account it is in
     assert aws.state(own) == "running"
+
+
+def test_managed_and_spot_facts_come_from_the_instances_own_account(aws):
+    base = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    other = assumed_role_session(base, ROLE, region="us-east-1", endpoint_url=aws.endpoint_url)
+    ec2b = other.client("ec2", endpoint_url=aws.endpoint_url)
+    ec2b.create_launch_template(LaunchTemplateName="gpu", LaunchTemplateData={"ImageId": aws.ami(), "InstanceType": "g5.xlarge"})
+    other.client("autoscaling", endpoint_url=aws.endpoint_url).create_auto_scaling_group(
+        AutoScalingGroupName="their-asg", LaunchTemplate={"LaunchTemplateName": "gpu", "Version": "$Latest"},
+        MinSize=1, MaxSize=1, DesiredCapacity=1, AvailabilityZones=["us-east-1a"])
+    (member,) = [i["InstanceId"] for r in ec2b.describe_instances()["Reservations"] for i in r["Instances"]]
+    # Its group tag removed: only the other account's DescribeAutoScalingInstances can tell.
+    ec2b.delete_tags(Resources=[member], Tags=[{"Key": "aws:autoscaling:groupName"}])
+    _, spot = aws.request_spot("g5.xlarge", request_type="persistent")
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url, "assume_roles": [ROLE]})
+    cloud = build_cloud(settings.aws, spot_prices=False)
+
+    by_id = {i.instance_id: i for i in cloud.list_gpu_instances()}
+
+    assert by_id[member].account == OTHER and by_id[member].managed_by == "Auto Scaling group 'their-asg'"
+    assert by_id[spot].spot_request_type == "persistent" and by_id[spot].managed_by == ""
+    assert (cloud.last_retries, cloud.last_throttles) == (0, 0)

@@ -229,7 +229,8 @@ def test_crash_between_stop_and_record_is_reconciled_once(tmp_path):
     inst = w.cloud.get("i-00")
     # The previous process wrote its intent, the stop went through, then it died.
     aid = w.store.begin_action("r1", "i-00", ActionKind.STOP, RULE.name, False, "idle", T0)
-    w.store.put_mark(MarkRow("i-00", RULE.name, T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", False))
+    w.store.put_mark(MarkRow("i-00", RULE.name, T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", False,
+                             warned_at=T0 - timedelta(minutes=20)))
     w.cloud.stop(inst)
     notes = Actuator(w.cloud, w.store, w.notifier, w.settings).reconcile(T0)
     assert notes and w.store.action_rows(status="pending") == []
@@ -277,8 +278,11 @@ def test_cloud_error_on_stop_is_recorded_and_does_not_block_others(tmp_path):
 D_IDLE = Decision("i-1", "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", T0, action=Action.STOP)
 D_BUSY = Decision("i-1", "r", Verdict.ACTIVE, ReasonCode.BUSY, "busy", T0, action=Action.STOP)
 D_UNK = Decision("i-1", "r", Verdict.UNKNOWN, ReasonCode.QUERY_ERROR, "down", T0, action=Action.STOP)
-MARK = MarkRow("i-1", "r", T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", False)
-MARK_LATER = MarkRow("i-1", "r", T0, T0 + timedelta(minutes=15), "idle", False)
+MARK = MarkRow("i-1", "r", T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", False,
+               warned_at=T0 - timedelta(minutes=20))
+MARK_LATER = MarkRow("i-1", "r", T0, T0 + timedelta(minutes=15), "idle", False, warned_at=T0)
+# Marked 20 minutes ago, but the warning never reached anyone.
+MARK_UNDELIVERED = MarkRow("i-1", "r", T0 - timedelta(minutes=20), T0 - timedelta(minutes=5), "idle", False)
 INST = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0 - timedelta(days=1), tags={TAG_MARKED: "x"})
 
 

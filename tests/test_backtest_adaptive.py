@@ -49,7 +49,7 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture(scope="module")
 def rules():
-    return load_rules([ROOT / "rules"])
+    return load_rules([ROOT / "rules" / "examples" / "common-40pct-10min.yaml", ROOT / "rules" / "zero-activity.yaml"])
 
 
 def cycles(busy_min: int, idle_min: int, n: int, lull_every: int = 0) -> np.ndarray:
@@ -306,7 +306,7 @@ def test_a_rule_with_a_learned_block_is_backtested_as_the_service_runs_it(tmp_pa
         "rules:\n  - name: learned-5m\n    threshold_pct: 5\n    window: 5m\n    warning_lead: 15m\n"
         "    action: stop\n    learned:\n      fleet_prior: 0\n")
     assert main(["backtest", "--trace", str(tmp_path / "trace.csv"), "--rules", str(tmp_path / "rules.yaml"),
-                 "--json", "-"]) == 0
+                 "-o", "json"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out[out.index("{\n"):])
     by = {r["policy"]: r for r in data["results"]}
@@ -391,7 +391,7 @@ def test_the_shipped_learned_example_is_opt_in_and_holds_serving_lulls_back(tmp_
     u = cycles(20, 35, 100)
     pd.DataFrame({"value": u, "timestamp_anon": T0 + 60.0 * np.arange(len(u)), "container_ip": "pod-a"}).to_csv(
         tmp_path / "trace.csv", index=False)
-    assert main(["backtest", "--trace", str(tmp_path / "trace.csv"), "--rules", str(example), "--json", "-"]) == 0
+    assert main(["backtest", "--trace", str(tmp_path / "trace.csv"), "--rules", str(example), "-o", "json"]) == 0
     out = capsys.readouterr().out
     by = {r["policy"]: r for r in json.loads(out[out.index("{\n"):])["results"]}
     live, alone = by[f"{rule.name} (learned, as live)"], by[f"{rule.name} without its learned block"]

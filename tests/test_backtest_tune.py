@@ -35,7 +35,7 @@ def fleet(rows: list[np.ndarray]):
 
 @pytest.fixture(scope="module")
 def base():
-    return load_rules([ROOT / "rules"])[0]
+    return load_rules([ROOT / "rules" / "examples" / "common-40pct-10min.yaml", ROOT / "rules" / "zero-activity.yaml"])[0]
 
 
 def test_split_halves_alternates_instances():

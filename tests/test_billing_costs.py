@@ -98,14 +98,14 @@ def test_cli_costs_by_team_json_and_store(tmp_path, capsys):
     cur = write_cur_rows(tmp_path / "cur.parquet", fixture_rows())
     cfg = tmp_path / "gpufinops.yaml"
     cfg.write_text(f"database_url: sqlite:///{tmp_path / 'g.db'}\nbilling:\n  source: cur\n  path: {cur}\n")
-    rc = main(["-c", str(cfg), "costs", "--month", "2024-09", "--by", "team", "--format", "json", "--save"])
+    rc = main(["-c", str(cfg), "costs", "--month", "2024-09", "--by", "team", "-o", "json", "--save"])
     assert rc == 0
     out = capsys.readouterr()
     rows = {r["team"]: r["cost"] for r in json.loads(out.out)}
     assert rows == {"ml": pytest.approx(3 * 32.77 + 0.70), "(untagged)": pytest.approx(0.72),
                     "vision": pytest.approx(1.40)}
     assert "stored 5 rows for 2024-09 from cur" in out.err
-    rc = main(["-c", str(cfg), "costs", "--month", "2024-11", "--format", "csv"])
+    rc = main(["-c", str(cfg), "costs", "--month", "2024-11", "-o", "csv"])
     assert rc == 0 and "no GPU instance cost in cur for 2024-11" in capsys.readouterr().err
 
 

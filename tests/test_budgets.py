@@ -36,10 +36,18 @@ def test_shipped_budgets_file_is_valid():
     ("budgets:\n  - name: a\n    amount: 5\n    scope: {kind: team}\n", r"b\.yaml:4: key 'budgets\.0\.scope'.*needs a value"),
     ("budgets:\n  - name: a\n    amount: 5\n    currency: usd\n", r"b\.yaml:4: key 'budgets\.0\.currency'"),
     ("budgets:\n  - name: a\n    amount: 5\n  - name: a\n    amount: 6\n", r"b\.yaml:1: key 'budgets'.*repeated: \['a'\]"),
+    # Nonsense amounts: a DCGM-like sentinel, infinity, nan, over the 1e12 bound.
+    ("budgets:\n  - name: a\n    amount: 9.2e+18\n", r"b\.yaml:3: key 'budgets\.0\.amount'.*less than or equal to 1000000000000"),
+    ("budgets:\n  - name: a\n    amount: .inf\n", r"b\.yaml:3: key 'budgets\.0\.amount'.*finite"),
+    ("budgets:\n  - name: a\n    amount: .nan\n", r"b\.yaml:3: key 'budgets\.0\.amount'.*finite"),
+    ("budgets:\n  - name: a\n    amount: 5\n    thresholds: [50, .inf]\n", r"b\.yaml:4: key 'budgets\.0\.thresholds"),
+    ("budgets:\n  - name: a\n    amount: 5\n    escalate_idle_to_stop_at: .nan\n",
+     r"b\.yaml:4: key 'budgets\.0\.escalate_idle_to_stop_at'.*finite"),
+    (b"budgets:\n  - name: a\xff\n    amount: 5\n", r"b\.yaml:2: not UTF-8 text \(byte 0xff at offset 20\)"),
 ])
 def test_bad_budget_file_names_file_line_and_key(tmp_path, body, where):
     p = tmp_path / "b.yaml"
-    p.write_text(body)
+    p.write_bytes(body if isinstance(body, bytes) else body.encode())
     with pytest.raises(ConfigError, match=where):
         load_budgets(p)
 
@@ -193,7 +201,7 @@ def test_cli_budgets_check_sends_to_outbox_once(tmp_path, capsys, monkeypatch):
                    f"billing:\n  source: cur\n  path: {cur}\n  budgets_path: b.yaml\n")
     outs = []
     for _ in range(2):  # the second run (a restart) sends nothing new
-        assert main(["-c", str(cfg), "budgets", "check", "--month", "2024-09", "--format", "json"]) == 0
+        assert main(["-c", str(cfg), "budgets", "check", "--month", "2024-09", "-o", "json"]) == 0
         outs.append(json.loads(capsys.readouterr().out))
     # ml spent 3 x 32.77 + 0.70 = 99.01 of 120 = 83%: the 75% warning, once.
     assert outs[0][0]["spent"] == 99.01 and outs[0][0]["pct_actual"] == 82.5

@@ -87,23 +87,32 @@ def model_default_families() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------- IAM
 
-
-def _ec2_calls_in(path: Path) -> set[str]:
-    """EC2 API names of every boto3 client method the module names (called, passed or paginated)."""
-    client = boto3.session.Session(
-        aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1"
-    ).client("ec2")
-    methods = client.meta.method_to_api_mapping
-    tree = ast.parse(path.read_text())
-    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    for call in ast.walk(tree):  # get_paginator("describe_instances")
-        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "get_paginator":
-            names |= {a.value for a in call.args if isinstance(a, ast.Constant)}
-    return {methods[n] for n in names if n in methods}
+ACCOUNTS = ROOT / "gpufinops" / "collect" / "accounts.py"
+TERMINATE_POLICY = DEPLOY / "iam-policy-terminate.json"
+OPT_IN = "gpufinops:allow-stop"  # the operator's opt-in tag of the shipped policy (docs/deploy.md)
 
 
-def _statements() -> list[dict]:
-    return json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
+def _api_calls_in(*paths: Path) -> set[str]:
+    """IAM action names ("ec2:StopInstances", "autoscaling:...") of every EC2 and Auto Scaling client
+    method the modules name (called, passed or paginated)."""
+    session = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+    mappings = {prefix: session.client(service).meta.method_to_api_mapping
+                for prefix, service in (("ec2", "ec2"), ("autoscaling", "autoscaling"))}
+    names: set[str] = set()
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for call in ast.walk(tree):  # get_paginator("describe_instances")
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "get_paginator":
+                names |= {a.value for a in call.args if isinstance(a, ast.Constant)}
+    # A name both clients have (delete_tags, describe_tags) is EC2's here: the module tags only instances.
+    autoscaling_only = set(mappings["autoscaling"]) - set(mappings["ec2"])
+    return ({f"ec2:{mappings['ec2'][n]}" for n in names if n in mappings["ec2"]}
+            | {f"autoscaling:{mappings['autoscaling'][n]}" for n in names if n in autoscaling_only})
+
+
+def _statements(path: Path = DEPLOY / "iam-policy.json") -> list[dict]:
+    return json.loads(path.read_text())["Statement"]
 
 
 def _actions(stmt: dict) -> list[str]:
@@ -111,43 +120,146 @@ def _actions(stmt: dict) -> list[str]:
     return [actions] if isinstance(actions, str) else list(actions)
 
 
-def _allowed(action: str) -> list[dict]:
+def _allowed(action: str, statements: list[dict] | None = None) -> list[dict]:
     return [
-        s for s in _statements()
+        s for s in (_statements() if statements is None else statements)
         if s["Effect"] == "Allow" and any(fnmatch.fnmatch(action.lower(), a.lower()) for a in _actions(s))
     ]
 
 
-def test_iam_policy_grants_every_ec2_call_the_inventory_makes():
-    calls = _ec2_calls_in(INVENTORY)
+# A small IAM evaluator for the condition operators the shipped policies use, with AWS's semantics
+# (docs "IAM JSON policy elements: Condition operators" and "multivalued context keys"). moto cannot
+# check these policies: its IAM enforcement (INITIAL_NO_AUTH_ACTION_COUNT) knows the values of no
+# condition key but sts:ExternalId, so any conditioned statement evaluates as if its keys were absent.
+def _context_values(key: str, resource_tags: dict[str, str], tag_keys: list[str] | None) -> list[str] | None:
+    if key == "aws:TagKeys":
+        return tag_keys
+    for prefix in ("aws:ResourceTag/", "ec2:ResourceTag/"):
+        if key.startswith(prefix):
+            value = resource_tags.get(key[len(prefix):])
+            return None if value is None else [value]
+    raise AssertionError(f"the evaluator does not know condition key {key}")
+
+
+def _matches(op: str, actual: str, wanted: str) -> bool:
+    if op == "StringEquals":
+        return actual == wanted
+    if op == "StringEqualsIgnoreCase":
+        return actual.lower() == wanted.lower()
+    if op == "StringLike":
+        return fnmatch.fnmatchcase(actual, wanted)
+    raise AssertionError(f"the evaluator does not know operator {op}")
+
+
+def _condition_holds(condition: dict, resource_tags: dict[str, str], tag_keys: list[str] | None) -> bool:
+    for operator, keys in condition.items():
+        qualifier, _, op = operator.rpartition(":")
+        for key, wanted in keys.items():
+            wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+            values = _context_values(key, resource_tags, tag_keys)
+            if op == "Null":  # "true": the key is absent; "false": it is present
+                holds = (not values) == (wanted == ["true"])
+            elif qualifier == "ForAllValues":  # every value matches one wanted; vacuously true for none
+                holds = all(any(_matches(op, v, w) for w in wanted) for v in values or [])
+            elif qualifier == "ForAnyValue":
+                holds = any(_matches(op, v, w) for v in values or [] for w in wanted)
+            elif op.startswith("StringNot"):  # a negated operator holds when the key is absent
+                positive = op.replace("StringNot", "String")
+                holds = values is None or not any(_matches(positive, values[0], w) for w in wanted)
+            else:
+                holds = values is not None and any(_matches(op, values[0], w) for w in wanted)
+            if not holds:
+                return False
+    return True
+
+
+def _decide(statements: list[dict], action: str, resource_tags: dict[str, str] | None = None,
+            tag_keys: list[str] | None = None) -> str:
+    """"Allow", "Deny" (explicit) or "implicit deny" for one EC2 instance request."""
+    resource_tags = resource_tags or {}
+    verdicts = set()
+    for stmt in statements:
+        resources = stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
+        if not any(fnmatch.fnmatchcase(action, a) for a in _actions(stmt)):
+            continue
+        if not any(fnmatch.fnmatchcase("arn:aws:ec2:us-east-1:111111111111:instance/i-0abc", r) for r in resources):
+            continue
+        if _condition_holds(stmt.get("Condition", {}), resource_tags, tag_keys):
+            verdicts.add(stmt["Effect"])
+    return "Deny" if "Deny" in verdicts else "Allow" if "Allow" in verdicts else "implicit deny"
+
+
+def test_iam_policy_grants_every_call_the_inventory_makes():
+    calls = _api_calls_in(INVENTORY, ACCOUNTS)
     # The scan itself must find the calls, or this test proves nothing.
-    assert {"DescribeInstances", "DescribeInstanceTypes", "StopInstances", "CreateTags"} <= calls
-    missing = sorted(c for c in calls if not _allowed(f"ec2:{c}"))
-    assert not missing, f"deploy/iam-policy.json lacks {missing}"
+    assert {"ec2:DescribeInstances", "ec2:DescribeInstanceTypes", "ec2:StopInstances", "ec2:CreateTags",
+            "ec2:DescribeSpotInstanceRequests", "autoscaling:DescribeAutoScalingInstances"} <= calls
+    both = _statements() + _statements(TERMINATE_POLICY)
+    missing = sorted(c for c in calls if not _allowed(c, both))
+    assert not missing, f"deploy/iam-policy*.json lack {missing}"
+    # Terminate only in the opt-in file, never in the default policy.
+    assert not _allowed("ec2:TerminateInstances") and _allowed("ec2:TerminateInstances", _statements(TERMINATE_POLICY))
 
 
 def test_iam_policy_is_least_privilege():
-    for stmt in _statements():
+    for stmt in _statements() + _statements(TERMINATE_POLICY):
         for action in _actions(stmt):
             assert "*" not in action.split(":", 1)[-1] or stmt["Effect"] == "Deny", f"wildcard action {action}"
-    # Tags: only gpufinops:* keys, and every tag the service writes fits that pattern.
+    # Tags: exactly the keys the service writes; never the ones people set.
     (tagging,) = _allowed("ec2:CreateTags")
     assert _allowed("ec2:DeleteTags") == [tagging]
-    assert tagging["Condition"]["ForAllValues:StringLike"]["aws:TagKeys"] == ["gpufinops:*"]
+    people = {model.TAG_PROTECT, model.TAG_SNOOZE}
+    written = {v for k, v in vars(model).items() if k.startswith("TAG_")} - people
+    assert set(tagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written
     assert tagging["Condition"]["Null"]["aws:TagKeys"] == "false"  # no vacuous "all of none"
-    written = [v for k, v in vars(model).items() if k.startswith("TAG_")]
-    assert written and all(fnmatch.fnmatch(t, "gpufinops:*") for t in written)
-    # Terminate is its own statement so it can be removed; stop never needs it.
-    (terminate,) = _allowed("ec2:TerminateInstances")
-    assert _actions(terminate) == ["ec2:TerminateInstances"]
-    # Protected instances are denied in IAM as well as in code.
-    denies = [s for s in _statements() if s["Effect"] == "Deny"]
-    assert any("ec2:StopInstances" in _actions(s) and "ec2:ResourceTag/gpufinops:protect" in json.dumps(s) for s in denies)
     for action in ("ce:GetCostAndUsage", "ce:GetCostForecast", "s3:GetObject", "s3:ListBucket",
                    "athena:StartQueryExecution", "athena:GetQueryExecution", "athena:GetQueryResults",
                    "pricing:GetProducts", "ec2:DescribeSpotPriceHistory"):
         assert _allowed(action), action
-    assert not _allowed("ec2:RunInstances") and not _allowed("s3:DeleteObject")
+    assert not _allowed("ec2:RunInstances") and not _allowed("s3:DeleteObject") and not _allowed("ec2:StartInstances")
+
+
+@pytest.mark.parametrize("tags, default, with_terminate_file", [
+    ({OPT_IN: "true"}, "Allow", "Allow"),
+    ({}, "implicit deny", "implicit deny"),  # not opted in: never stopped, whatever the code decides
+    ({OPT_IN: "false"}, "implicit deny", "implicit deny"),
+    ({OPT_IN: "true", model.TAG_PROTECT: "yes"}, "Deny", "Deny"),
+    ({OPT_IN: "true", model.TAG_PROTECT: ""}, "Deny", "Deny"),  # any value but false protects
+    ({OPT_IN: "true", model.TAG_PROTECT: "FALSE"}, "Allow", "Allow"),
+])
+def test_iam_stops_only_opted_in_unprotected_instances_and_terminates_only_with_the_opt_in_file(
+        tags, default, with_terminate_file):
+    policy, terminate = _statements(), _statements() + _statements(TERMINATE_POLICY)
+    assert _decide(policy, "ec2:StopInstances", tags) == default
+    assert _decide(policy, "ec2:TerminateInstances", tags) in ("implicit deny", "Deny")
+    assert _decide(terminate, "ec2:TerminateInstances", tags) == with_terminate_file
+    assert _decide(_statements(TERMINATE_POLICY), "ec2:TerminateInstances", tags) == with_terminate_file
+
+
+@pytest.mark.parametrize("keys, verdict", [
+    ([model.TAG_MARKED], "Allow"),
+    ([model.TAG_STOPPED_BY, model.TAG_STOPPED_REASON], "Allow"),
+    ([model.TAG_STOP_REQUESTED], "Allow"),
+    ([model.TAG_MARKED, model.TAG_PROTECT], "Deny"),
+    ([model.TAG_PROTECT], "Deny"),
+    (["GPUFINOPS:Protect"], "Deny"),
+    ([model.TAG_SNOOZE], "Deny"),
+    ([OPT_IN], "Deny"),  # the service cannot opt an instance in
+    (["gpufinops:other"], "implicit deny"),
+    (["team"], "implicit deny"),
+    ([], "implicit deny"),
+])
+def test_iam_tag_writes_are_the_services_own_keys_and_never_protect(keys, verdict):
+    for action in ("ec2:CreateTags", "ec2:DeleteTags"):
+        assert _decide(_statements(), action, {OPT_IN: "true"}, keys) == verdict, (action, keys)
+
+
+def test_the_opt_in_tag_is_the_one_docs_deploy_names():
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    conditions = [s["Condition"] for s in _statements() + _statements(TERMINATE_POLICY)
+                  if s["Effect"] == "Allow" and set(_actions(s)) & {"ec2:StopInstances", "ec2:TerminateInstances"}]
+    assert conditions and all(c == {"StringEquals": {f"aws:ResourceTag/{OPT_IN}": "true"}} for c in conditions)
+    assert f"`{OPT_IN}=true`" in doc and "iam-policy-terminate.json" in doc
 
 
 # ---------------------------------------------------------------------- Kubernetes and Docker
@@ -181,8 +293,8 @@ def test_deployment_runs_one_replica_that_never_overlaps():
     assert k["Service"]["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     # Probes, port and Service agree.
     (port,) = container["ports"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/healthz"
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"]["path"] == path
         assert container[probe]["httpGet"]["port"] in (port["name"], port["containerPort"])
     (svc_port,) = k["Service"]["spec"]["ports"]
     assert port["containerPort"] == svc_port["port"] == 9108 and svc_port["targetPort"] == port["name"]

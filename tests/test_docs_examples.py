@@ -52,3 +52,49 @@ def test_yaml_example_is_valid(md, text, tmp_path):
         billing_settings(settings)
         policy_from_settings(settings)
         report_settings(settings)
+
+
+def code_blocks(text: str):
+    """The bodies of fenced blocks without a language or marked bash/sh (fences paired in order)."""
+    body, lang = None, ""
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            if body is None:
+                body, lang = [], line.strip()[3:].strip()
+            else:
+                if lang in ("", "bash", "sh"):
+                    yield "\n".join(body)
+                body = None
+        elif body is not None:
+            body.append(line)
+
+
+def command_lines():
+    """Every `gpufinops ...` command in the README's and docs' code blocks, continuation lines joined, shell
+    comments, redirections and pipes cut off; usage synopses with [optional] or a|b placeholders are skipped."""
+    import shlex
+
+    for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in code_blocks(md.read_text()):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                for part in re.split(r"&&|;", line.split(" #")[0]):
+                    part = re.split(r" [|>] ", part)[0].strip()
+                    if not part.startswith("gpufinops "):
+                        continue
+                    words = shlex.split(part)
+                    if words[0] != "gpufinops" or any(c in " ".join(words) for c in "[|{<"):
+                        continue
+                    yield pytest.param(words[1:], id=f"{md.name}: {' '.join(words)[:60]}")
+
+
+@pytest.mark.parametrize("argv", list(command_lines()))
+def test_documented_commands_parse(argv, capsys):
+    """Every documented command line is accepted by the real parser (flags renamed in code are renamed in docs)."""
+    from gpufinops.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help / --version exit 0; a bad flag exits 2
+        assert exc.code == 0, f"gpufinops {' '.join(argv)}: {capsys.readouterr().err}"
+        return
+    assert getattr(args, "func", None), f"gpufinops {' '.join(argv)}: no such command"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -72,10 +73,10 @@ class Fleet:
         train = ids["train"][0]
         series += dcgm(dcgm_labels(info[train]["PrivateDnsName"], 0, hostname_label="hostname", model="NVIDIA L40S"),
                        start, end, [100, 5, 0], 30_000)
-        # 8-GPU p4d, every GPU idle while holding 70 GB; matched by the old-style `Hostname`
+        # 8-GPU p4d, every GPU idle while holding 38 GB of its 40 GB (A100 40GB); matched by the old-style `Hostname`
         p4d = ids["p4d"][0]
         for g in range(8):
-            series += dcgm(dcgm_labels(info[p4d]["PrivateDnsName"], g), start, end, [0], 70 * 1024)
+            series += dcgm(dcgm_labels(info[p4d]["PrivateDnsName"], g), start, end, [0], 38 * 1024)
         self.prom = prometheus_factory(series)
         monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
         self.settings = load_settings(
@@ -84,6 +85,9 @@ class Fleet:
             slack={"base_url": slack_stub.base_url, "default_channel": "#gpu-finops", "max_retries": 2},
             act={"dry_run": dry_run, "max_stops_per_run": max_stops, "max_stops_fraction": 1.0},
             database_url=f"sqlite:///{tmp_path / 'gpufinops.db'}",
+            # The common 40%/10 min rule: its short window fits these 4-hour series (the shipped one is 2 h).
+            rules_paths=[str(COMMON_RULES / "examples" / "common-40pct-10min.yaml"),
+                         str(COMMON_RULES / "zero-activity.yaml")],
         )
         self.rules = load_rules(self.settings.rules_paths)
         self.restart()
@@ -108,6 +112,9 @@ class Fleet:
         return self.aws.state(self.ids[key][0])
 
 
+COMMON_RULES = Path(__file__).resolve().parents[1] / "rules"
+
+
 def verdicts(report, rule="gpu-util-below-40pct-10m"):
     return {d.instance_id: d for d in report.decisions if d.rule_name == rule}
 
@@ -119,7 +126,7 @@ def test_idle_is_warned_then_stopped_and_nothing_else_is(aws, prometheus_factory
     r1 = f.tick(20)
     v = verdicts(r1)
     assert v[idle].verdict == Verdict.IDLE
-    assert v[p4d].verdict == Verdict.IDLE and "holds 70 GB" in v[p4d].reason
+    assert v[p4d].verdict == Verdict.IDLE and "holds 38 GB" in v[p4d].reason
     assert v[train].verdict == Verdict.UNDERUTILIZED and "bursts to 100%" in v[train].reason
     assert v[nodata].verdict == Verdict.UNKNOWN
     marked = {a.instance_id for a in r1.actions if a.kind == ActionKind.MARK}
@@ -242,11 +249,11 @@ def test_cli_evaluate_once_json_and_table(aws, prometheus_factory, slack_stub, t
         "act": {"dry_run": False},
     }))
     # Real time is ~T0 here: the fleet was launched seconds ago, so nothing is old enough to judge.
-    assert main(["--config", str(cfg), "evaluate", "--once", "--json"]) == 0
+    assert main(["--config", str(cfg), "evaluate", "--once", "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     by_id = {(d["instance_id"], d["rule"]): d for d in out["decisions"]}
     idle = f.ids["idle"][0]
-    assert by_id[(idle, "gpu-util-below-40pct-10m")]["code"] == "too_young"
+    assert by_id[(idle, "gpu-util-below-10pct-2h")]["code"] == "too_young"  # the shipped default
     assert len({d["instance_id"] for d in out["decisions"]}) == sum(len(v) for v in f.ids.values())
     assert main(["--config", str(cfg), "evaluate", "--once"]) == 0
     table = capsys.readouterr().out

@@ -58,6 +58,13 @@ def usage(*gpus, error=None, expected=20):
         (inst(), usage(gpu(samples=10)), RULE, Verdict.UNKNOWN, ReasonCode.LOW_COVERAGE),
         (inst(gpus=8), usage(*[gpu(i) for i in range(7)]), RULE, Verdict.UNKNOWN, ReasonCode.NO_SERIES),
         (inst(), usage(GpuWindowStats(gpu="0", samples=0)), RULE, Verdict.UNKNOWN, ReasonCode.NO_SERIES),
+        # out-of-range figures from any source are no data (issue 11): sentinel/sentinel is not "1% mean"
+        (inst(), usage(gpu(samples=9223372036854775807, mx=95, mean=1)), MEAN_RULE,
+         Verdict.UNKNOWN, ReasonCode.INVALID_DATA),
+        (inst(), usage(gpu(mx=9.223372036854775808e18, mean=1)), RULE, Verdict.UNKNOWN, ReasonCode.INVALID_DATA),
+        (inst(), usage(GpuWindowStats(gpu="0", samples=0, invalid="the activity sum read from Prometheus is out of "
+                                      "range (a DCGM sentinel, i.e. no data)")), MEAN_RULE,
+         Verdict.UNKNOWN, ReasonCode.INVALID_DATA),
         # too young to judge, and stopped instances are not judged
         (inst(age=timedelta(minutes=4)), usage(gpu()), RULE, Verdict.UNKNOWN, ReasonCode.TOO_YOUNG),
         (inst(state="stopped"), usage(gpu()), RULE, Verdict.UNKNOWN, ReasonCode.NOT_RUNNING),
@@ -101,3 +108,9 @@ def test_evaluate_all_applies_selectors():
     rules = [RULE, Rule(name="only-g5", threshold_pct=40, window_s=600, selector=Selector(instance_families=("g5",)))]
     ds = evaluate_all([inst()], {600: {"i-1": usage(gpu())}}, rules, NOW)
     assert [d.rule_name for d in ds] == ["r40"]
+
+
+def test_reasons_never_print_an_unvalidated_number():
+    d = evaluate(inst(), usage(gpu(mx=9.223372036854775808e18, mean=1)), RULE, NOW)
+    assert "9223372036854775808" not in d.reason and "%" not in d.reason
+    assert d.reason.startswith("GPU 0: the activity maximum read from the metrics source is out of range")

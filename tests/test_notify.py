@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from slack_sdk.http_retry.builtin_interval_calculators import FixedValueRetryIntervalCalculator
@@ -27,6 +27,14 @@ T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 TOKEN = "xoxb-1234567890-0987654321-SeCrEtToKeNvAlUe42"
 ENV = "GPUFINOPS_TEST_SLACK_TOKEN"
 FAST = FixedValueRetryIntervalCalculator(0.01)  # 5xx/connection backoff; 429 still honours Retry-After
+
+
+class Clock:
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 def msg(key: str = "warn:i-0abc:20240501T120000Z", channel: str = "#gpu-alerts") -> Message:
@@ -84,7 +92,8 @@ def test_sends_once_with_bearer_token_json_body_and_records_ts(slack_stub, tmp_p
     [call] = posts(slack_stub)
     assert call.headers["Authorization"] == f"Bearer {TOKEN}"
     assert call.content_type.startswith("application/json")
-    assert call.body == {"channel": "#gpu-alerts", "text": "i-0abc is idle", "blocks": list(m.blocks)}
+    assert call.body == {"channel": "#gpu-alerts", "text": "i-0abc is idle", "blocks": list(m.blocks),
+                         "metadata": {"event_type": "gpufinops_notification", "event_payload": {"key": m.key}}}
     assert slack_stub.posted("#gpu-alerts") == [call.body]
 
     r = row(store, m.key)
@@ -136,18 +145,79 @@ def test_500_then_success(slack_stub, tmp_path, store, with_token):
     assert len(slack_stub.posted()) == 1
 
 
-def test_persistent_500_fails_then_a_later_send_succeeds(slack_stub, tmp_path, store, with_token):
-    n = notifier(slack_stub, tmp_path, store, max_retries=2)
-    slack_stub.fail_next(500, times=3)  # the first try and both retries
+def test_persistent_500_fails_then_waits_its_backoff_then_succeeds_once(slack_stub, tmp_path, store, with_token):
+    clock = Clock(T0)
+    n = SlackNotifier(settings(slack_stub, tmp_path, max_retries=2, retry_backoff_s=60), store, clock,
+                      timeout_s=5.0, retry_interval=FAST)
+    slack_stub.fail_next(500, times=3, method="chat.postMessage")  # the first try and both retries
     assert n.send(msg()) is False
+    # Each 500 was looked up before the next post (the answer might have been lost after posting).
     assert [c.status_returned for c in posts(slack_stub)] == [500, 500, 500]
+    assert len(slack_stub.calls_for("conversations.history")) == 3
     r = row(store, msg().key)
-    assert r["status"] == "failed" and "HTTP 500" in r["detail"]
+    assert r["status"] == "failed" and "HTTP 500" in r["detail"] and r["attempts"] == 1
     assert store.notification_sent(msg().key) is False
 
+    clock.now = T0 + timedelta(seconds=30)  # within the backoff: not even tried
+    assert n.send(msg()) is False
+    assert len(posts(slack_stub)) == 3
+
+    clock.now = T0 + timedelta(seconds=61)
     assert n.send(msg()) is True  # the stub is healthy again
-    assert len(slack_stub.posted()) == 1
+    assert len(slack_stub.delivered()) == 1
     assert row(store, msg().key)["status"] == "sent"
+    assert store.delivered_at(msg().key) == clock.now
+
+
+def test_backoff_doubles_up_to_the_cap_and_retry_due_resends_as_stored(slack_stub, tmp_path, store, with_token):
+    clock = Clock(T0)
+    st = settings(slack_stub, tmp_path, max_retries=0, retry_backoff_s=60, retry_max_backoff_s=200)
+    n = SlackNotifier(st, store, clock, timeout_s=5.0, retry_interval=FAST)
+    slack_stub.valid_tokens = {"xoxb-the-only-good-one"}  # invalid_auth on every post
+    waits = []
+    for _ in range(4):
+        assert n.send(msg()) is False
+        r = store.get_notification(msg().key)
+        waits.append((r.next_attempt_at - clock.now).total_seconds())
+        clock.now = r.next_attempt_at
+    assert waits == [60, 120, 200, 200]
+    assert store.undelivered_count() == 1
+
+    slack_stub.valid_tokens = None  # the token is fixed
+    assert store.notifications_due(clock.now) and n.retry_due(clock.now) == 1
+    [delivered] = slack_stub.delivered("#gpu-alerts")
+    assert delivered["blocks"] == list(msg().blocks) and delivered["metadata"]["event_payload"]["key"] == msg().key
+    assert n.retry_due(clock.now) == 0 and store.undelivered_count() == 0
+
+
+def test_lost_answer_after_slack_posted_is_found_and_not_posted_again(slack_stub, tmp_path, store, with_token):
+    slack_stub.lose_next_answer(status=500)  # Slack posts, the edge loses the answer
+    assert notifier(slack_stub, tmp_path, store).send(msg()) is True
+    assert len(slack_stub.delivered()) == 1
+    assert len(posts(slack_stub)) == 1  # looked up, not re-posted
+    assert json.loads(row(store, msg().key)["detail"]) == {"found_by": "conversations.history"}
+
+
+def test_lost_answer_with_an_unreadable_history_is_left_pending_never_reposted_blind(slack_stub, tmp_path, store,
+                                                                                   with_token):
+    n = notifier(slack_stub, tmp_path, store)
+    slack_stub.lose_next_answer(status=502)
+    slack_stub.fail_next(200, body={"ok": False, "error": "missing_scope"}, method="conversations.history")
+    assert n.send(msg()) is False
+    assert row(store, msg().key)["status"] == "pending"
+    assert n.send(msg()) is True  # the next send looks again first, and finds it
+    assert len(slack_stub.delivered()) == 1 and len(posts(slack_stub)) == 1
+
+
+def test_channel_id_is_listed_once_then_remembered(slack_stub, tmp_path, store, with_token):
+    n = notifier(slack_stub, tmp_path, store)
+    slack_stub.lose_next_answer()
+    assert n.send(msg("k1")) is True
+    assert len(slack_stub.calls_for("conversations.list")) == 1
+    slack_stub.lose_next_answer()
+    assert n.send(msg("k2")) is True
+    assert len(slack_stub.calls_for("conversations.list")) == 1  # the id is kept in the store
+    assert len(slack_stub.delivered()) == 2
 
 
 def test_503_is_retried_but_other_errors_are_not(slack_stub, tmp_path, store, with_token):
@@ -194,14 +264,12 @@ def test_connection_refused_is_retried_then_failed(tmp_path, store, with_token, 
 # ------------------------------------------------------------------ ambiguous outcomes: never twice
 
 
-def test_read_timeout_is_left_pending_and_not_reposted(slack_stub, tmp_path, store, with_token):
+def test_read_timeout_is_looked_up_and_not_reposted(slack_stub, tmp_path, store, with_token):
     slack_stub.delay_next(1.5)  # Slack receives the post but answers after the client gave up
     n = notifier(slack_stub, tmp_path, store, timeout_s=0.3)
-    assert n.send(msg()) is False
-    r = row(store, msg().key)
-    assert r["status"] == "pending" and "timed out" in r["detail"]
-    assert n.send(msg()) is True  # counts as sent: retrying could post a second copy
-    assert len(posts(slack_stub)) == 1
+    assert n.send(msg()) is True  # found in the channel's history
+    assert n.send(msg()) is True
+    assert len(posts(slack_stub)) == 1 and len(slack_stub.delivered()) == 1
 
 
 def test_crash_after_slack_accepted_does_not_post_again(slack_stub, tmp_path, db_url, with_token, monkeypatch):
@@ -218,14 +286,28 @@ def test_crash_after_slack_accepted_does_not_post_again(slack_stub, tmp_path, db
         n1.send(msg())
     store1.close()
     monkeypatch.setattr(SlackNotifier, "_post", real_post)
+    assert Store(db_url).get_notification(msg().key).status == "pending"
 
     store2 = Store(db_url)  # the restarted service
     try:
         assert notifier(slack_stub, tmp_path, store2).send(msg()) is True
-        assert row(store2, msg().key)["status"] == "pending"
+        assert row(store2, msg().key)["status"] == "sent"  # found by the lookup
     finally:
         store2.close()
-    assert len(slack_stub.posted()) == 1
+    assert len(slack_stub.delivered()) == 1 and len(posts(slack_stub)) == 1
+
+
+def test_crash_before_the_post_sends_it_after_restart(slack_stub, tmp_path, db_url, with_token):
+    store1 = Store(db_url)
+    slack_stub.known_channels = {"#gpu-alerts"}  # listed by conversations.list, as on Slack
+    store1.record_notification(msg().key, "#gpu-alerts", "t", "pending", T0)  # claimed, then killed
+    store1.close()
+    store2 = Store(db_url)
+    try:
+        assert notifier(slack_stub, tmp_path, store2).send(msg()) is True
+    finally:
+        store2.close()
+    assert len(slack_stub.delivered()) == 1
 
 
 # ------------------------------------------------------------------ no token: outbox

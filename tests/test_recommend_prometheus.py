@@ -157,7 +157,7 @@ def test_recommend_cli_end_to_end_with_moto_and_prometheus(aws, prometheus_facto
         f"prometheus: {{url: '{prom.url}', scrape_interval_s: {STEP}}}\n"
         f"recommend: {{price_cache_path: '{tmp_path}/prices.json'}}\n"
     )
-    assert main(["--config", str(cfg), "recommend", "--format", "json"]) == 0
+    assert main(["--config", str(cfg), "recommend", "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     mine = [r for r in rows if r["instance_id"] == iid]
     assert len(mine) == 1 and mine[0]["action"] == "rightsize"

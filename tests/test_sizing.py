@@ -83,7 +83,7 @@ def test_quantised_full_training_is_refused(mode, precision):
 
 
 def test_size_cli_json(capsys):
-    rc = main(["size", "--params", "70B", "--mode", "inference", "--precision", "bf16", "--format", "json",
+    rc = main(["size", "--params", "70B", "--mode", "inference", "--precision", "bf16", "-o", "json",
                "--provider", "aws", "--limit", "3"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)

@@ -37,16 +37,19 @@ def test_decisions_survive_a_restart_with_their_reasons(db_url):
     assert row["evaluated_at"] == NOW  # timezone-aware UTC back out
 
 
-def test_only_one_claimant_per_notification_key(db_url):
-    url = db_url
-    a, b = Store(url), Store(url)  # two processes on one database
-    assert a.claim_notification("k", "#c", "t", NOW) is True
-    assert b.claim_notification("k", "#c", "t", NOW) is False
-    assert b.notification_sent("k")  # pending counts as sent: at most once
-    a.record_notification("k", "#c", "t", "failed", NOW, detail="HTTP 500")
-    assert not b.notification_sent("k")
-    assert b.claim_notification("k", "#c", "t", NOW) is True  # a failed send may be retried once
-    assert a.claim_notification("k", "#c", "t", NOW) is False
+def test_notification_delivery_is_shared_between_processes(db_url):
+    a, b = Store(db_url), Store(db_url)  # two processes on one database
+    a.record_notification("k", "#c", "t", "pending", NOW)
+    assert not b.notification_sent("k") and b.delivered_at("k") is None  # fate unknown: looked up, not assumed
+    a.record_notification("k", "#c", "t", "failed", NOW, detail="HTTP 500", attempts=1,
+                          next_attempt_at=NOW.replace(minute=5), blocks=[{"type": "divider"}])
+    assert b.notifications_due(NOW) == [] and b.undelivered_count() == 1
+    [due] = b.notifications_due(NOW.replace(minute=5))
+    assert due.blocks == ({"type": "divider"},) and due.attempts == 1
+    b.record_notification("k", "#c", "t", "sent", NOW.replace(minute=6))
+    assert a.notification_sent("k") and a.delivered_at("k") == NOW.replace(minute=6)
+    a.abandon_notification("k", NOW, "cancelled")  # a delivered message stays delivered
+    assert b.get_notification("k").status == "sent"
 
 
 def test_marks_actions_state_and_kv_round_trip(db_url):

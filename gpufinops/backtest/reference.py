@@ -105,7 +105,9 @@ def replay_per_tick(trace: Trace, rule: Rule, settings: BacktestSettings, instan
                 st = StateRow(iid, rule.name, d.verdict, _dt(now), _dt(now), None, None)
             intent = plan(inst, d, mark, st if d is not None else None, _dt(now), dry_run=False)
             if intent.kind == ActionKind.MARK:
-                mark = MarkRow(iid, rule.name, _dt(now), _dt(now + rule.warning_lead_s), d.reason, False)
+                # The backtest models a warning delivered at once (the live act stage waits for delivery).
+                mark = MarkRow(iid, rule.name, _dt(now), _dt(now + rule.warning_lead_s), d.reason, False,
+                               warned_at=_dt(now))
                 marks += 1
             elif intent.kind == ActionKind.UNMARK:
                 mark = None

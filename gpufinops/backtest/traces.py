@@ -13,6 +13,7 @@ Sources: a CSV/Parquet file (column names detected, GenTD26's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -20,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..config import ConfigError
+from ..config import ConfigError, not_utf8_error
 from ..model import SENTINEL_THRESHOLD
 
 # Candidate column names, most specific first. Matching is case-insensitive.
@@ -32,6 +33,13 @@ UTIL_COLUMNS = (
     "dcgm_fi_dev_gpu_util", "duty_cycle", "value",
 )
 MEM_COLUMNS = ("memory_mib", "mem_mib", "fb_used_mib", "memory_used_mib", "dcgm_fi_dev_fb_used", "memory_used_bytes", "memory_bytes")
+
+# Bounds checked before the grid is allocated: a millisecond epoch read as seconds (or a date in
+# the year 3000) would otherwise ask for a grid of hundreds of GiB.
+MAX_EPOCH_S = 7_258_118_400.0  # 2200-01-01T00:00Z: a larger "epoch second" is milliseconds or a typo
+MAX_SPAN_S = 400 * 86400  # a backtest replays months of history, not years
+MAX_STEP_S = 86400.0
+MAX_GRID_CELLS = 100_000_000  # GPU series x steps: 800 MB of float64 (twice that with memory)
 
 
 @dataclass(frozen=True)
@@ -152,17 +160,57 @@ def _pick(columns: Sequence[str], wanted: str | None, candidates: Sequence[str],
 
 
 def _to_epoch(col: pd.Series, path: str, name: str) -> np.ndarray:
+    """Epoch seconds of a time column; row numbers in errors count the header as row 1."""
     if pd.api.types.is_numeric_dtype(col):
         v = col.to_numpy(dtype=float)
         bad = np.flatnonzero(np.isnan(v))
         if len(bad):
             raise ConfigError(f"{path}: row {bad[0] + 2}: column {name!r}: empty timestamp")
-        return v
-    parsed = pd.to_datetime(col, errors="coerce", utc=True)
-    bad = np.flatnonzero(parsed.isna().to_numpy())
+    else:
+        try:
+            parsed = pd.to_datetime(col, errors="coerce", utc=True)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise ConfigError(f"{path}: column {name!r}: cannot read timestamps: {exc}") from None
+        bad = np.flatnonzero(parsed.isna().to_numpy())
+        if len(bad):
+            raise ConfigError(f"{path}: row {bad[0] + 2}: column {name!r}: cannot read timestamp {col.iloc[bad[0]]!r}")
+        # In the parsed unit (pandas may keep seconds or microseconds): year 2999 must reach the check below.
+        naive = parsed.dt.tz_localize(None).to_numpy()
+        v = (naive - np.datetime64(0, "s")) / np.timedelta64(1, "s")
+    far = np.flatnonzero(~(np.abs(v) <= MAX_EPOCH_S))  # also catches inf
+    if len(far):
+        hint = " (milliseconds since the epoch? divide by 1000)" if pd.api.types.is_numeric_dtype(col) else ""
+        raise ConfigError(f"{path}: row {far[0] + 2}: column {name!r}: timestamp '{col.iloc[far[0]]}' is "
+                          f"{'after 2200-01-01' if v[far[0]] > 0 else 'before 1740'} as epoch seconds{hint}")
+    return v
+
+
+def check_grid(path: str, t: np.ndarray, step: float, n_series: int, time_column: str) -> int:
+    """The number of grid steps, or a ConfigError when the span or the grid is too large to be real."""
+    first, last = int(np.argmin(t)), int(np.argmax(t))
+    span = float(t[last] - t[first])
+    if span > MAX_SPAN_S:
+        raise ConfigError(
+            f"{path}: column {time_column!r}: the trace spans {span / 86400:,.0f} days (row {first + 2} to row "
+            f"{last + 2}), more than {MAX_SPAN_S // 86400} days; are some timestamps in milliseconds?")
+    if not (math.isfinite(step) and 0 < step <= MAX_STEP_S):
+        raise ConfigError(f"{path}: sample step {step!r} s: expected a number of seconds in (0, {MAX_STEP_S:g}]")
+    n_steps = int(round(span / step)) + 1
+    if n_steps * n_series > MAX_GRID_CELLS:
+        raise ConfigError(
+            f"{path}: {n_series} GPU series x {n_steps:,} steps of {step:g} s is more than {MAX_GRID_CELLS:,} "
+            f"samples; give a coarser step (--trace-step) or a shorter trace")
+    return n_steps
+
+
+def _ids(df: pd.DataFrame, column: str, path: str) -> np.ndarray:
+    """An id column as strings; an empty cell is an error naming its row (it would join no instance)."""
+    empty = df[column].isna().to_numpy() | (df[column].astype(str).str.strip() == "").to_numpy()
+    bad = np.flatnonzero(empty)
     if len(bad):
-        raise ConfigError(f"{path}: row {bad[0] + 2}: column {name!r}: cannot read timestamp {col.iloc[bad[0]]!r}")
-    return (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+        raise ConfigError(f"{path}: row {bad[0] + 2}: column {column!r}: empty id")
+    return df[column].astype(str).to_numpy()
+
 
 
 def infer_step(times: np.ndarray) -> float:
@@ -190,6 +238,8 @@ def load_trace(
         df = pd.read_parquet(p) if p.suffix.lower() in (".parquet", ".pq") else pd.read_csv(p)
     except FileNotFoundError:
         raise ConfigError(f"{p}: trace file does not exist") from None
+    except UnicodeDecodeError:
+        raise not_utf8_error(p) from None
     except Exception as exc:  # pandas/pyarrow parse errors carry their own position
         raise ConfigError(f"{p}: cannot read trace: {exc}") from None
     cols = [str(c) for c in df.columns]
@@ -209,21 +259,22 @@ def load_trace(
     if np.nanmax(np.where(util < SENTINEL_THRESHOLD, util, np.nan), initial=0) <= 1.0 and "ratio" in ucol.lower():
         util = util * 100.0  # ratio column (e.g. DCGM_FI_PROF_GR_ENGINE_ACTIVE) -> percent
     t = _to_epoch(df[tcol], src, tcol)
-    ids = df[icol].astype(str).to_numpy()
-    gpus = df[gcol].astype(str).to_numpy() if gcol else np.full(len(df), "0", dtype=object)
+    ids = _ids(df, icol, src)
+    gpus = _ids(df, gcol, src) if gcol else np.full(len(df), "0", dtype=object)
     mem = None
     if mcol:
         mem = pd.to_numeric(df[mcol], errors="coerce").to_numpy(dtype=float)
         if "bytes" in mcol.lower():
             mem = mem / 2**20
 
-    step = float(step_s) if step_s else infer_step(t)
+    step = float(step_s) if step_s is not None else infer_step(t)
+    keys = pd.MultiIndex.from_arrays([ids, gpus])
+    codes, uniques = pd.factorize(keys)
+    check_grid(src, t, step, len(uniques), tcol)  # before any allocation
     t0 = float(t.min())
     col = np.rint((t - t0) / step).astype(np.int64)
     n_steps = int(col.max()) + 1
 
-    keys = pd.MultiIndex.from_arrays([ids, gpus])
-    codes, uniques = pd.factorize(keys)
     inst_of_row = [u[0] for u in uniques]
     inst_ids, gpu_instance = np.unique(np.array(inst_of_row, dtype=object), return_inverse=True)
     grid = np.full((len(uniques), n_steps), np.nan)

@@ -74,6 +74,15 @@ class MultiAccountCloud:
             raise InventoryError("EC2 inventory failed in every account: " + "; ".join(e.message for e in errors))
         return found
 
+    @property
+    def last_retries(self) -> int:
+        """Failed read attempts botocore retried in the last run, over every account."""
+        return sum(c.last_retries for c in self._clouds.values())
+
+    @property
+    def last_throttles(self) -> int:
+        return sum(c.last_throttles for c in self._clouds.values())
+
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
         """Asks every account (after a restart nothing is known yet); any failure raises, as Ec2Cloud does."""
         found: dict[str, GpuInstance] = {}

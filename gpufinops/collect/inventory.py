@@ -4,14 +4,24 @@ Only the act stage calls the mutating methods (set_tags, remove_tags, stop,
 terminate). Everything here is I/O at the edge: no decisions are taken, and
 an error in one region never hides the others.
 
-EC2 API calls made by this module (the IAM policy in deploy/iam-policy.json
+API calls made by this module (the IAM policy in deploy/iam-policy.json
 must grant each one; tests/test_deploy.py checks it by scanning this file):
-DescribeInstances, DescribeInstanceTypes, DescribeSpotPriceHistory,
-CreateTags, DeleteTags, StopInstances, TerminateInstances.
+EC2 DescribeInstances, DescribeInstanceTypes, DescribeSpotPriceHistory,
+DescribeSpotInstanceRequests, CreateTags, DeleteTags, StopInstances,
+TerminateInstances (opt-in policy); Auto Scaling DescribeAutoScalingInstances.
+
+Two kinds of client per region. Reads keep botocore's standard retries, and
+every failed attempt is logged at once and counted (`last_retries`,
+`last_throttles`), so a throttled inventory shows within one run. Mutating
+calls go through a client with retries off: exactly one HTTP request per
+intent, and a failure says whether EC2 certainly did nothing
+(`CloudError.definite`) or its fate is unknown (read back with describe()).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import re
@@ -22,7 +32,21 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+    ProxyConnectionError,
+    ReadTimeoutError,
+)
+from botocore.parsers import ResponseParserError
 
 from gpufinops.config import AwsSettings
 from gpufinops.model import Clock, GpuInstance, utcnow
@@ -35,22 +59,83 @@ PriceLookup = Callable[[str, str, str], "float | None"]
 LISTED_STATES = ("pending", "running", "stopping", "stopped")
 # DescribeInstanceTypes takes at most 100 types per call.
 _TYPES_PER_CALL = 100
+# DescribeAutoScalingInstances takes at most 50 instance ids per call.
+_ASG_IDS_PER_CALL = 50
+# An EC2 filter takes at most 200 values.
+_FILTER_VALUES_PER_CALL = 200
 # A spot price older than this is asked for again.
 _SPOT_PRICE_TTL = timedelta(hours=1)
 
 
-class CloudError(RuntimeError):
-    """An EC2 call failed; the message names the operation, instance and region."""
+# Error codes by which AWS says "too many requests": the call was refused, not done.
+THROTTLE_CODES = frozenset({
+    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+    "TooManyRequestsException", "ProvisionedThroughputExceededException", "TransactionInProgressException",
+    "RequestLimitExceeded", "BandwidthLimitExceeded", "LimitExceededException", "RequestThrottled",
+    "SlowDown", "PriorRequestNotComplete", "EC2ThrottledException",
+})
+# Raised before any byte of the request left this process (or before a connection existed).
+_NEVER_SENT = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError, ParamValidationError,
+               NoCredentialsError, PartialCredentialsError, CredentialRetrievalError, NoRegionError)
 
-    def __init__(self, operation: str, instance_id: str, region: str, cause: Exception) -> None:
-        code = ""
-        if isinstance(cause, ClientError):
-            code = cause.response.get("Error", {}).get("Code", "")
+
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a ClientError ("" for anything else)."""
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "") or "")
+    return ""
+
+
+def fate_is_certain(exc: BaseException) -> tuple[bool, str]:
+    """(definite, why): definite is True only when the call certainly did NOT take effect.
+
+    A 4xx answer (UnsupportedOperation, IncorrectInstanceState, UnauthorizedOperation...) and a
+    throttle are refusals; a connection that never opened sent nothing. A 5xx, a read timeout, a
+    connection closed after sending or an answer that cannot be parsed leave the fate unknown:
+    EC2 may have done it, so the caller must read the instance back before recording anything.
+    """
+    if isinstance(exc, ClientError):
+        code = error_code(exc)
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in THROTTLE_CODES:
+            return True, f"throttled ({code}): refused, not done"
+        if 400 <= status < 500:
+            return True, f"refused by AWS (HTTP {status} {code})"
+        return False, f"AWS answered HTTP {status or '?'} {code}: it may or may not have done it"
+    if isinstance(exc, _NEVER_SENT):
+        return True, f"never sent ({type(exc).__name__})"
+    if isinstance(exc, ReadTimeoutError):
+        return False, "no answer before the read timeout: it may or may not have been done"
+    if isinstance(exc, ConnectionClosedError):
+        return False, "the connection closed after the request was sent: it may or may not have been done"
+    if isinstance(exc, ResponseParserError):
+        return False, "the answer could not be parsed: it may or may not have been done"
+    return False, f"{type(exc).__name__}: the outcome is unknown"
+
+
+class CloudError(RuntimeError):
+    """An EC2 call failed; the message names the operation, instance and region.
+
+    `definite` is True when EC2 certainly did not do it (a refusal: 4xx, throttled, never sent),
+    False when its fate is unknown (5xx, timeout, connection lost, unparsable answer): then the
+    instance must be read back (describe()) before anything is recorded or tried again.
+    """
+
+    def __init__(self, operation: str, instance_id: str, region: str, cause: BaseException | str,
+                 *, definite: bool | None = None, code: str | None = None) -> None:
+        if isinstance(cause, BaseException):
+            certain, why = fate_is_certain(cause)
+        else:
+            certain, why = False, ""
         self.operation = operation
         self.instance_id = instance_id
         self.region = region
-        self.code = code
-        super().__init__(f"{operation} {instance_id} ({region}) failed: {code + ': ' if code else ''}{cause}")
+        self.code = code if code is not None else (error_code(cause) if isinstance(cause, BaseException) else "")
+        self.definite = certain if definite is None else definite
+        self.fate = why
+        shown = self.code
+        super().__init__(f"{operation} {instance_id} ({region}) failed: {shown + ': ' if shown else ''}{cause}"
+                         + (f" [{'not done' if self.definite else 'outcome unknown'}]"))
 
 
 class InventoryError(RuntimeError):
@@ -138,6 +223,131 @@ def _unknown_types(exc: ClientError) -> set[str]:
     return {t.strip() for t in match.group(1).split(",") if t.strip()}
 
 
+# ---------------------------------------------------------------------- managed instances
+
+# What to do instead of stopping, per kind of manager (shown in the reason and the report).
+ADVICE_ASG = ("scale the Auto Scaling group's desired capacity down or set a scheduled action; "
+              "a stopped member is marked unhealthy, terminated and replaced")
+ADVICE_NODE = ("let the cluster autoscaler / Karpenter consolidation remove the node; scale the workload "
+               "down (stopping a node takes its pods with it)")
+ADVICE_NODEGROUP = ("scale the node group's desired size down or let the cluster autoscaler remove the node; "
+                    "scale the workload down")
+ADVICE_KARPENTER = ("let Karpenter consolidation remove the node (consolidationPolicy WhenEmptyOrUnderutilized); "
+                    "scale the workload down")
+ADVICE_BATCH = "lower the compute environment's minimum vCPUs to 0: Batch removes idle instances itself"
+ADVICE_PCLUSTER = ("let the scheduler scale the compute fleet down (ScaledownIdletime) or run "
+                   "`pcluster update-compute-fleet --status STOP_REQUESTED`")
+ADVICE_SAGEMAKER = "stop or scale it in SageMaker (notebook, endpoint, HyperPod cluster), not in EC2"
+ADVICE_EMR = "resize the EMR cluster's instance group or use managed scaling"
+ADVICE_FLEET = "lower the fleet's target capacity; a maintained fleet replaces a stopped instance"
+ADVICE_BEANSTALK = "scale the Elastic Beanstalk environment down"
+ADVICE_UNKNOWN_ASG = ("nothing is stopped until DescribeAutoScalingInstances answers (grant "
+                      "autoscaling:DescribeAutoScalingInstances, see docs/deploy.md)")
+MANAGED_UNKNOWN = "unknown (DescribeAutoScalingInstances failed)"
+
+_K8S_CLUSTER_TAG = "kubernetes.io/cluster/"
+
+
+@dataclass(frozen=True)
+class Manager:
+    """Something other than a person that owns an instance's lifecycle."""
+
+    by: str  # in words: "Auto Scaling group 'ml-asg'"
+    advice: str  # what to do instead of stopping it
+
+
+def _cluster_of(tags: Mapping[str, str]) -> str:
+    for key in ("eks:cluster-name", "eks:eks-cluster-name", "aws:eks:cluster-name"):
+        if tags.get(key):
+            return tags[key]
+    for key in tags:
+        if key.startswith(_K8S_CLUSTER_TAG) and len(key) > len(_K8S_CLUSTER_TAG):
+            return key[len(_K8S_CLUSTER_TAG):]
+    return ""
+
+
+def manager_from_tags(tags: Mapping[str, str]) -> Manager | None:
+    """Who manages an instance, from the tags its manager puts on it; None when no tag says so.
+
+    The most specific manager wins: an EKS node group or Karpenter node is also a Kubernetes node
+    (and a node group is also an Auto Scaling group), and its advice is about that manager.
+    """
+    def has_prefix(*prefixes: str) -> bool:
+        return any(k.startswith(prefixes) for k in tags)
+
+    cluster = _cluster_of(tags)
+    of_cluster = f" of cluster '{cluster}'" if cluster else ""
+    if "aws:batch:compute-environment" in tags:
+        return Manager(f"AWS Batch compute environment '{tags['aws:batch:compute-environment']}'", ADVICE_BATCH)
+    if has_prefix("parallelcluster:", "aws-parallelcluster-"):
+        name = tags.get("parallelcluster:cluster-name") or tags.get("ClusterName") or "?"
+        return Manager(f"AWS ParallelCluster '{name}'", ADVICE_PCLUSTER)
+    if has_prefix("sagemaker:", "aws:sagemaker:"):
+        return Manager("SageMaker", ADVICE_SAGEMAKER)
+    if "aws:elasticmapreduce:job-flow-id" in tags:
+        return Manager(f"EMR cluster '{tags['aws:elasticmapreduce:job-flow-id']}'", ADVICE_EMR)
+    for key in ("karpenter.sh/nodepool", "karpenter.sh/provisioner-name"):
+        if key in tags:
+            kind = "NodePool" if key.endswith("nodepool") else "Provisioner"
+            return Manager(f"Karpenter {kind} '{tags[key]}'{of_cluster}", ADVICE_KARPENTER)
+    if has_prefix("karpenter.sh/", "karpenter.k8s.aws/"):
+        return Manager(f"Karpenter{of_cluster}", ADVICE_KARPENTER)
+    if "eks:nodegroup-name" in tags:
+        return Manager(f"EKS node group '{tags['eks:nodegroup-name']}'{of_cluster}", ADVICE_NODEGROUP)
+    if "aws:autoscaling:groupName" in tags:
+        return Manager(f"Auto Scaling group '{tags['aws:autoscaling:groupName']}'", ADVICE_ASG)
+    if "aws:ec2spot:fleet-request-id" in tags:
+        return Manager(f"Spot Fleet request '{tags['aws:ec2spot:fleet-request-id']}'", ADVICE_FLEET)
+    if "aws:ec2:fleet-id" in tags:
+        return Manager(f"EC2 Fleet '{tags['aws:ec2:fleet-id']}'", ADVICE_FLEET)
+    if "elasticbeanstalk:environment-name" in tags:
+        return Manager(f"Elastic Beanstalk environment '{tags['elasticbeanstalk:environment-name']}'",
+                       ADVICE_BEANSTALK)
+    if cluster:
+        return Manager(f"Kubernetes cluster '{cluster}'", ADVICE_NODE)
+    return None
+
+
+def manager_from_asg(group_name: str) -> Manager:
+    return Manager(f"Auto Scaling group '{group_name}'", ADVICE_ASG)
+
+
+def spot_request_type(request: Mapping[str, Any]) -> str:
+    """"one-time" | "persistent" from a DescribeSpotInstanceRequests item; "" when it cannot be relied on.
+
+    A cancelled or closed request no longer governs the instance the way its type says, so the
+    answer is "" (unknown), which the act stage treats as not stoppable.
+    """
+    kind = str(request.get("Type") or "")
+    if kind not in ("one-time", "persistent"):
+        return ""
+    if request.get("State") in ("cancelled", "closed", "failed"):
+        return ""
+    return kind
+
+
+# ---------------------------------------------------------------------- retries of the read calls
+
+
+def retryable_failure(response: Any, caught_exception: BaseException | None) -> tuple[str, bool] | None:
+    """(what failed, is it a throttle) for one failed attempt that botocore's standard mode retries;
+    None for a success or a final answer (4xx other than throttling)."""
+    if caught_exception is not None:
+        return f"{type(caught_exception).__name__}: {caught_exception}", False
+    if not response:
+        return None
+    http, parsed = response
+    code = str((parsed or {}).get("Error", {}).get("Code", "") or "")
+    status = int(getattr(http, "status_code", 0) or 0)
+    if code in THROTTLE_CODES:
+        return f"throttled ({code}, HTTP {status})", True
+    if status == 429:
+        return f"throttled (HTTP 429 {code})", True
+    if status >= 500:
+        return f"HTTP {status} {code}".rstrip(), False
+    return None
+
+
 class Ec2Cloud:
     """The `Cloud` protocol over real EC2 (or moto) with boto3.
 
@@ -174,31 +384,99 @@ class Ec2Cloud:
         self._spot_prices = spot_prices
         self._clock = clock
         self._page_size = max(5, min(1000, page_size))  # EC2's limits for MaxResults
+        # Reads: botocore's standard retries (max_attempts retries after the first attempt).
+        self._read_attempts = max_attempts + 1
         self._config = Config(
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
             retries={"max_attempts": max_attempts, "mode": "standard"},
             user_agent_extra="gpufinops",
         )
+        # Mutating calls: exactly one HTTP request per call. A retried StopInstances whose first
+        # answer was lost would be a second stop of the same intent, and botocore would hide it.
+        self._write_config = Config(
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            user_agent_extra="gpufinops",
+        )
         # Per-region endpoints (VPC endpoints), else the one endpoint_url, else AWS's.
         self._region_endpoints = dict(region_endpoints or {})
         self._families = frozenset(settings.gpu_families)
         self._types = type_cache if type_cache is not None else PROCESS_TYPE_CACHE
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple[str, str], Any] = {}
         self._spot_cache: dict[tuple[str, str, str], tuple[datetime, float | None]] = {}
         self._region_of: dict[str, str] = {}
         self.last_errors: list[RegionError] = []
+        # Failed read attempts botocore retries, since the last list_gpu_instances() (one run), and
+        # how many of them were throttles; total_retries counts over the process's life.
+        self.last_retries = 0
+        self.last_throttles = 0
+        self.total_retries = 0
+        # (region, API) whose failure was logged, so an outage logs once, not every run.
+        self._failing: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ clients
     def _endpoint(self, region: str) -> str | None:
         return self._region_endpoints.get(region) or self.settings.endpoint_url
 
     def _client(self, region: str):
-        if region not in self._clients:
-            self._clients[region] = self._session.client(
-                "ec2", region_name=region, endpoint_url=self._endpoint(region), config=self._config
-            )
-        return self._clients[region]
+        """EC2 for reads: standard retries, each failed attempt logged and counted."""
+        key = ("ec2", region)
+        if key not in self._clients:
+            client = self._session.client("ec2", region_name=region, endpoint_url=self._endpoint(region),
+                                          config=self._config)
+            client.meta.events.register("needs-retry", functools.partial(self._on_failed_attempt, region))
+            self._clients[key] = client
+        return self._clients[key]
+
+    def _write_client(self, region: str):
+        """EC2 for the mutating calls: retries off, one HTTP request per call."""
+        key = ("ec2-write", region)
+        if key not in self._clients:
+            self._clients[key] = self._session.client(
+                "ec2", region_name=region, endpoint_url=self._endpoint(region), config=self._write_config)
+        return self._clients[key]
+
+    def _autoscaling(self, region: str):
+        # Per-region endpoints are EC2's (VPC endpoints); Auto Scaling has its own, so only endpoint_url.
+        key = ("autoscaling", region)
+        if key not in self._clients:
+            client = self._session.client("autoscaling", region_name=region,
+                                          endpoint_url=self.settings.endpoint_url, config=self._config)
+            client.meta.events.register("needs-retry", functools.partial(self._on_failed_attempt, region))
+            self._clients[key] = client
+        return self._clients[key]
+
+    def _on_failed_attempt(self, region: str, response=None, operation=None, attempts=1, caught_exception=None,
+                           **_) -> None:
+        """botocore's needs-retry hook: log a failed read attempt now, not after the last retry
+        (the backoff of five attempts adds up to about 24 s of silence), and count it."""
+        failure = retryable_failure(response, caught_exception)
+        if failure is None:
+            return None
+        what, throttled = failure
+        name = getattr(operation, "name", "?")
+        if attempts < self._read_attempts:
+            self.last_retries += 1
+            self.total_retries += 1
+            self.last_throttles += int(throttled)
+            log.warning("AWS %s in %s: attempt %d of %d failed: %s; retrying",
+                        name, region, attempts, self._read_attempts, what)
+        else:
+            log.error("AWS %s in %s: attempt %d of %d failed: %s; giving up",
+                      name, region, attempts, self._read_attempts, what)
+        return None  # the decision to retry stays botocore's
+
+    def _log_failure_once(self, region: str, api: str, exc: BaseException) -> None:
+        if (region, api) not in self._failing:
+            self._failing.add((region, api))
+            log.error("%s in %s failed: %s", api, region, exc)
+
+    def _log_recovery(self, region: str, api: str) -> None:
+        if (region, api) in self._failing:
+            self._failing.discard((region, api))
+            log.info("%s in %s answers again", api, region)
 
     # ------------------------------------------------------------------ inventory
     @property
@@ -209,10 +487,11 @@ class Ec2Cloud:
     def list_gpu_instances(self) -> list[GpuInstance]:
         errors: list[RegionError] = []
         found: list[GpuInstance] = []
+        self.last_retries = self.last_throttles = 0
         for region in self.settings.regions:
             try:
                 found.extend(self._list_region(region))
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, ResponseParserError) as exc:
                 log.error("EC2 inventory of region %s failed: %s", region, exc)
                 errors.append(RegionError(region, "DescribeInstances", str(exc)))
         self.last_errors = errors
@@ -235,7 +514,77 @@ class Ec2Cloud:
             if not (info.is_gpu or self._is_gpu_family(inst["InstanceType"])):
                 continue
             result.append(self._to_gpu_instance(region, owner, inst, info))
-        return result
+        return self._with_managers_and_spot(region, result, {inst["InstanceId"]: inst for _, inst in raw})
+
+    # ------------------------------------------------------------------ managers and spot requests
+    def _with_managers_and_spot(self, region: str, instances: list[GpuInstance],
+                                raw: Mapping[str, dict]) -> list[GpuInstance]:
+        """Fills managed_by/managed_advice (tags, then DescribeAutoScalingInstances for the rest)
+        and spot_request_type (DescribeSpotInstanceRequests)."""
+        if not instances:
+            return instances
+        managers = {i.instance_id: manager_from_tags(i.tags) for i in instances}
+        untagged = [iid for iid, m in managers.items() if m is None]
+        managers.update(self._asg_managers(region, untagged))
+        spot = [i.instance_id for i in instances if i.lifecycle == "spot"]
+        types = self._spot_request_types(region, spot, raw) if spot else {}
+        out = []
+        for inst in instances:
+            m = managers.get(inst.instance_id)
+            out.append(dataclasses.replace(
+                inst,
+                managed_by=m.by if m else "",
+                managed_advice=m.advice if m else "",
+                spot_request_type=types.get(inst.instance_id, "") if inst.lifecycle == "spot" else "",
+            ))
+        return out
+
+    def _asg_managers(self, region: str, instance_ids: list[str]) -> dict[str, Manager]:
+        """Auto Scaling group of each id that belongs to one, asked of the API (tags can be missing or
+        edited). If the API fails, every asked id is managed by "unknown": nothing is stopped on doubt."""
+        if not instance_ids:
+            return {}
+        found: dict[str, Manager] = {}
+        try:
+            paginator = self._autoscaling(region).get_paginator("describe_auto_scaling_instances")
+            for start in range(0, len(instance_ids), _ASG_IDS_PER_CALL):
+                chunk = instance_ids[start : start + _ASG_IDS_PER_CALL]
+                for page in paginator.paginate(InstanceIds=chunk):
+                    for item in page.get("AutoScalingInstances", []):
+                        if item.get("InstanceId") in chunk and item.get("AutoScalingGroupName"):
+                            found[item["InstanceId"]] = manager_from_asg(item["AutoScalingGroupName"])
+        except (ClientError, BotoCoreError, ResponseParserError) as exc:
+            self._log_failure_once(region, "DescribeAutoScalingInstances", exc)
+            return {iid: Manager(MANAGED_UNKNOWN, ADVICE_UNKNOWN_ASG) for iid in instance_ids}
+        self._log_recovery(region, "DescribeAutoScalingInstances")
+        return found
+
+    def _spot_request_types(self, region: str, instance_ids: list[str], raw: Mapping[str, dict]) -> dict[str, str]:
+        """"one-time" | "persistent" per spot instance id; absent (unknown) when EC2 does not say.
+
+        Asked by request id (the instance's SpotInstanceRequestId) and, for instances that do not
+        carry one, by the request's instance-id filter; filters, not ids, so one expired request
+        does not fail the whole call with InvalidSpotInstanceRequestID.NotFound.
+        """
+        by_request = {raw[i]["SpotInstanceRequestId"]: i for i in instance_ids if raw.get(i, {}).get("SpotInstanceRequestId")}
+        without = [i for i in instance_ids if i not in by_request.values()]
+        types: dict[str, str] = {}
+        try:
+            paginator = self._client(region).get_paginator("describe_spot_instance_requests")
+            for name, values in (("spot-instance-request-id", list(by_request)), ("instance-id", without)):
+                for start in range(0, len(values), _FILTER_VALUES_PER_CALL):
+                    chunk = values[start : start + _FILTER_VALUES_PER_CALL]
+                    for page in paginator.paginate(Filters=[{"Name": name, "Values": chunk}]):
+                        for req in page.get("SpotInstanceRequests", []):
+                            iid = by_request.get(req.get("SpotInstanceRequestId", "")) or req.get("InstanceId")
+                            if iid in instance_ids and spot_request_type(req):
+                                types[iid] = spot_request_type(req)
+        except (ClientError, BotoCoreError, ResponseParserError) as exc:
+            # Unknown type: the act stage treats a spot instance of unknown type as not stoppable.
+            self._log_failure_once(region, "DescribeSpotInstanceRequests", exc)
+            return {}
+        self._log_recovery(region, "DescribeSpotInstanceRequests")
+        return types
 
     def _describe_raw(self, region: str, **kwargs) -> Iterable[tuple[str, dict]]:
         paginator = self._client(region).get_paginator("describe_instances")
@@ -383,7 +732,7 @@ class Ec2Cloud:
                 continue
             try:
                 found.update(self._describe_ids(region, ids))
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, ResponseParserError) as exc:
                 log.error("EC2 describe in %s failed: %s", region, exc)
                 errors.append(RegionError(region, "DescribeInstances", str(exc)))
         self.last_errors = errors
@@ -397,21 +746,26 @@ class Ec2Cloud:
             chunk = ids[start : start + 200]
             raw = list(self._describe_raw(region, Filters=[{"Name": "instance-id", "Values": chunk}]))
             infos = self._type_infos(region, {inst["InstanceType"] for _, inst in raw})
-            for owner, inst in raw:
-                out[inst["InstanceId"]] = self._to_gpu_instance(region, owner, inst, infos[inst["InstanceType"]])
+            built = [self._to_gpu_instance(region, owner, inst, infos[inst["InstanceType"]]) for owner, inst in raw]
+            for inst in self._with_managers_and_spot(region, built, {i["InstanceId"]: i for _, i in raw}):
+                out[inst.instance_id] = inst
         return out
 
     # ------------------------------------------------------------------ mutating calls (act stage only)
     def _call(self, operation: str, inst: GpuInstance, fn: Callable[..., Any], **kwargs) -> None:
+        """One HTTP request (the write client has no retries). Any failure is a CloudError that says
+        whether EC2 certainly did nothing (definite) or may have done it (read it back)."""
         try:
             fn(**kwargs)
-        except (ClientError, BotoCoreError) as exc:
-            raise CloudError(operation, inst.instance_id, inst.region, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - an unclassified failure is "fate unknown", never a crash
+            error = CloudError(operation, inst.instance_id, inst.region, exc)
+            log.error("%s", error)
+            raise error from exc
 
     def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
         if not tags:
             return
-        client = self._client(inst.region)
+        client = self._write_client(inst.region)
         self._call(
             "CreateTags",
             inst,
@@ -423,7 +777,7 @@ class Ec2Cloud:
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         if not keys:
             return
-        client = self._client(inst.region)
+        client = self._write_client(inst.region)
         self._call(
             "DeleteTags", inst, client.delete_tags, Resources=[inst.instance_id], Tags=[{"Key": k} for k in keys]
         )
@@ -431,9 +785,9 @@ class Ec2Cloud:
     def stop(self, inst: GpuInstance) -> None:
         # Never Force (it skips the OS shutdown, so jobs get no chance to checkpoint)
         # and never hibernate unless a person asked for it on the instance.
-        client = self._client(inst.region)
+        client = self._write_client(inst.region)
         self._call("StopInstances", inst, client.stop_instances, InstanceIds=[inst.instance_id], Force=False, Hibernate=False)
 
     def terminate(self, inst: GpuInstance) -> None:
-        client = self._client(inst.region)
+        client = self._write_client(inst.region)
         self._call("TerminateInstances", inst, client.terminate_instances, InstanceIds=[inst.instance_id])

@@ -20,10 +20,19 @@ series that stopped would keep being counted for 5 minutes. Hence per signal:
   when scrapes are regular at the configured interval.
 Per GPU, series are combined `by` the GPU identity labels (pod labels come and
 go while the GPU stays the same). See docs/metrics.md.
+
+Ranges. Every number an answer holds is checked as it enters (a sentinel, a
+negative, NaN or inf in any aggregate) and again once a GPU's answers are
+combined (activity 0-100% or a 0-1 ratio, memory up to the GPU's, power up to
+a multiple of its TDP, counts whole and within the window, sums within count x
+the maximum): a query layer that hands back sentinels inside aggregates must
+not turn sentinel/sentinel into "1% active". A GPU with any implausible figure
+comes back `invalid` (gpufinops.metric_ranges), and its instance is UNKNOWN.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from contextlib import contextmanager
@@ -37,7 +46,12 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from gpufinops.catalog import CatalogError, load_catalog
 from gpufinops.config import PrometheusSettings
+from gpufinops.metric_ranges import (
+    ACTIVITY_PCT, GR_ENGINE_RATIO, Limit, aggregate_problem, invalidated, memory_limit, number_problem,
+    out_of_range, power_limit, samples_limit, validate_stats_within,
+)
 from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance, GpuWindowStats, InstanceUsage
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
@@ -61,6 +75,12 @@ _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
 _RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
 _COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
 CLEAN, DIRTY = "clean", "dirty"
+SOURCE = "Prometheus"  # how reasons name where an implausible number came from
+# How reasons name each signal and aggregate ("the activity sum read from Prometheus ...").
+_SIGNAL_WORDS = {GPU_UTIL: "activity", GR_ENGINE_ACTIVE: "GR engine activity", FB_USED: "memory used",
+                 POWER_USAGE: "power draw"}
+_AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample count", "sum": "sum",
+              "max": "maximum", "min": "minimum"}
 
 
 class QueryFailed(Exception):
@@ -230,14 +250,71 @@ def gpu_key(labels: Mapping[str, str]) -> str:
 # --------------------------------------------------------------------------- combining answers
 
 
+@dataclass(frozen=True)
+class GpuLimits:
+    """The largest plausible figures of one GPU over one window (see gpufinops.metric_ranges)."""
+
+    expected_samples: int
+    memory: Limit
+    power: Limit
+
+    @property
+    def samples(self) -> Limit:
+        return samples_limit(self.expected_samples)
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_catalog():
+    try:
+        return load_catalog()
+    except (CatalogError, OSError):  # no TDP known: the absolute power ceiling applies
+        return None
+
+
+@functools.lru_cache(maxsize=256)  # a fleet has a handful of GPU models; this runs once per GPU per window
+def gpu_tdp_w(names: tuple[str, ...], gpu_memory_gib: float = 0.0) -> float | None:
+    """The TDP of the first of `names` (EC2 GpuInfo model, DCGM modelName) the bundled catalog knows."""
+    catalog = _bundled_catalog()
+    if catalog is None:
+        return None
+    for name in names:
+        if not name:
+            continue
+        try:
+            return catalog.gpu(name, gpu_memory_gib or None).tdp_w
+        except CatalogError:
+            continue
+    return None
+
+
+def gpu_limits(inst: GpuInstance, model_name: str, expected_samples: int) -> GpuLimits:
+    """Memory from the instance's GPU memory (else an absolute ceiling), power from the catalog's TDP."""
+    tdp = gpu_tdp_w((inst.gpu_model, model_name), inst.gpu_memory_gib)
+    return GpuLimits(expected_samples, memory_limit(inst.gpu_memory_gib), power_limit(tdp))
+
+
+def row_problem(agg: str, value: float) -> str:
+    """What is wrong with one number of an answer as it enters, before it is combined with others
+    (a negative count added to a positive one would otherwise look plausible)."""
+    if agg == "present":
+        # `group` answers 1; anything else is not Prometheus's answer to this query.
+        return "" if value == 1.0 else "not the 1 a presence marker is"
+    return number_problem(value, whole=(agg == "count"))
+
+
 @dataclass
 class _Agg:
     count: float = 0.0
     sum: float = 0.0
     max: float | None = None
     min: float | None = None
+    bad: tuple[str, str] | None = None  # (agg, what is wrong) of the first implausible number read
 
     def add(self, agg: str, value: float) -> None:
+        problem = row_problem(agg, value)
+        if problem:
+            self.bad = self.bad or (agg, problem)
+            return
         if agg == "present":
             pass  # creating the _Gpu entry was the point
         elif agg == "sample":  # one valid sample of a dirty GPU
@@ -258,6 +335,28 @@ class _Agg:
     def mean(self) -> float | None:
         return self.sum / self.count if self.count > 0 else None
 
+    def problem(self, metric: str, limits: GpuLimits) -> str:
+        """"" when every number read for this signal is plausible, else the sentence saying which is not."""
+        found = (_AGG_WORDS[self.bad[0]], self.bad[1]) if self.bad else None
+        if found is None:
+            aggs = _SIGNAL_AGGS[metric]
+            found = aggregate_problem(
+                self.count if "count" in aggs else None,
+                self.sum if "sum" in aggs else None,
+                self.max, self.min,
+                _VALUE_LIMIT[metric](limits), limits.samples,
+            )
+        return out_of_range(f"{_SIGNAL_WORDS[metric]} {found[0]}", SOURCE, found[1]) if found else ""
+
+
+# The range of each signal's values, in its own unit.
+_VALUE_LIMIT = {
+    GPU_UTIL: lambda limits: ACTIVITY_PCT,
+    GR_ENGINE_ACTIVE: lambda limits: GR_ENGINE_RATIO,
+    FB_USED: lambda limits: limits.memory,
+    POWER_USAGE: lambda limits: limits.power,
+}
+
 
 @dataclass
 class _Gpu:
@@ -265,7 +364,8 @@ class _Gpu:
     model_name: str = ""
     signals: dict[str, _Agg] = field(default_factory=dict)
 
-    def stats(self, key: str) -> GpuWindowStats:
+    def stats(self, key: str, limits: GpuLimits) -> GpuWindowStats:
+        """The GPU's window figures; `invalid` when any number read for any of its signals is implausible."""
         util = self.signals.get(GPU_UTIL, _Agg())
         gr = self.signals.get(GR_ENGINE_ACTIVE, _Agg())
         fb = self.signals.get(FB_USED, _Agg())
@@ -280,9 +380,9 @@ class _Gpu:
         def scaled(v: float | None) -> float | None:
             return None if v is None else v * scale
 
-        return GpuWindowStats(
+        stats = GpuWindowStats(
             gpu=key,
-            samples=int(act.count),
+            samples=int(act.count) if math.isfinite(act.count) else 0,
             activity_max=scaled(act.max) if act.count else None,
             activity_mean=scaled(act.mean),
             activity_min=scaled(act.min) if act.count else None,
@@ -292,9 +392,14 @@ class _Gpu:
             uuid=self.uuid,
             model_name=self.model_name,
         )
+        for metric in _SIGNAL_AGGS:  # every signal read, not only the one judged
+            problem = self.signals[metric].problem(metric, limits) if metric in self.signals else ""
+            if problem:
+                return invalidated(stats, problem)
+        return validate_stats_within(stats, limits.expected_samples, limits.memory, limits.power, source=SOURCE)
 
 
-def _parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str], str, float]]:
+def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str], str, float]]:
     """(labels, agg, value) rows of one answer; QueryFailed if malformed.
 
     A clean answer is an instant vector with an `agg` label; a dirty answer is
@@ -317,9 +422,8 @@ def _parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str
             else:
                 agg, points = "sample", item["values"]
             for point in points:
-                value = float(point[1])
-                if not math.isnan(value):
-                    rows.append((labels, agg, value))
+                # NaN and inf are kept: they are implausible numbers, checked where combined (row_problem).
+                rows.append((labels, agg, float(point[1])))
     except (KeyError, IndexError, TypeError, ValueError):
         raise QueryFailed(f"malformed answer for {metric}") from None
     return rows
@@ -380,7 +484,7 @@ class PrometheusMetrics:
             answer = self._client.custom_query(
                 promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):.3f}"}
             )
-        return _parse_answer(key, answer)
+        return parse_answer(key, answer)
 
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime
@@ -399,23 +503,42 @@ class PrometheusMetrics:
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
                 for inst in instances
             }
-        matcher = InstanceMatcher.build(instances, self.settings.instance_label, tuple(self.settings.hostname_labels))
-        per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
-        for (metric, _kind), rows in answers.items():
-            for labels, agg, value in rows:
-                instance_id = matcher.match(labels)
-                if instance_id is None:
-                    continue
-                gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
-                gpu.uuid = gpu.uuid or labels.get("UUID", "")
-                gpu.model_name = gpu.model_name or labels.get("modelName", "")
-                gpu.signals.setdefault(metric, _Agg()).add(agg, value)
-        return {
-            iid: InstanceUsage(
-                iid, window_s, expected, tuple(g.stats(k) for k, g in sorted(gpus.items(), key=_gpu_sort))
-            )
-            for iid, gpus in per_instance.items()
-        }
+        return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
+                                  tuple(self.settings.hostname_labels))
+
+
+Row = tuple[dict[str, str], str, float]  # (series labels, agg, value) as parsed from one answer
+
+
+def usage_from_answers(
+    answers: Mapping[tuple[str, str], Sequence[Row]],
+    instances: Sequence[GpuInstance],
+    window_s: int,
+    expected_samples: int,
+    instance_label: str = "instance_id",
+    hostname_labels: tuple[str, ...] = ("Hostname", "hostname"),
+) -> dict[str, InstanceUsage]:
+    """Pure: the parsed answers of the query set, keyed (signal, clean|dirty), mapped to instances and
+    combined per GPU, every number range-checked on the way (see gpufinops.metric_ranges)."""
+    matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
+    per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
+    for (metric, _kind), rows in answers.items():
+        for labels, agg, value in rows:
+            instance_id = matcher.match(labels)
+            if instance_id is None:
+                continue
+            gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
+            gpu.uuid = gpu.uuid or labels.get("UUID", "")
+            gpu.model_name = gpu.model_name or labels.get("modelName", "")
+            gpu.signals.setdefault(metric, _Agg()).add(agg, value)
+    by_id = {inst.instance_id: inst for inst in instances}
+    return {
+        iid: InstanceUsage(iid, window_s, expected_samples, tuple(
+            g.stats(k, gpu_limits(by_id[iid], g.model_name, expected_samples))
+            for k, g in sorted(gpus.items(), key=_gpu_sort)
+        ))
+        for iid, gpus in per_instance.items()
+    }
 
 
 def _gpu_sort(item: tuple[str, _Gpu]) -> tuple:

@@ -23,7 +23,7 @@ import pandas as pd
 from ..collect.billing.schema import UNTAGGED, single_currency
 from ..costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
-from ..model import ReasonCode
+from ..model import TAG_SNOOZE, ReasonCode
 from .inputs import AuditInputs
 from .options import ReportSettings
 from .period import ReportPeriod
@@ -65,6 +65,7 @@ RECOMMENDATION_COLUMNS = ["instance_id", "team", "instance_type", "region", "act
 DAILY_COLUMNS = ["date", *[f"{v.lower()}_cost" for v in VERDICTS], "evaluated_cost", "billed_cost", "hours",
                  "idle_hours"]
 ACTION_COLUMNS = ["kind", "dry_run", "status", "count"]
+SNOOZE_COLUMNS = ["team", "instance_id", "snoozes", "capped", "unreadable"]
 
 
 @dataclass
@@ -84,6 +85,7 @@ class MonthlyAudit:
     daily: pd.DataFrame
     actions: pd.DataFrame
     rules: list[str] = field(default_factory=list)
+    snoozes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in SNOOZE_COLUMNS}))
 
     @property
     def has_data(self) -> bool:
@@ -93,7 +95,7 @@ class MonthlyAudit:
         """The tables as written to CSV and JSON, in report order."""
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
                 "stops": self.stops, "unknown_time": self.unknown_time, "recommendations": self.recommendations,
-                "daily": self.daily, "actions": self.actions}
+                "daily": self.daily, "actions": self.actions, "snoozes": self.snoozes}
 
 
 # --------------------------------------------------------------------------- time model
@@ -436,6 +438,26 @@ def action_summary(inp: AuditInputs) -> pd.DataFrame:
     return d.groupby(["kind", "dry_run", "status"]).size().rename("count").reset_index()[ACTION_COLUMNS]
 
 
+def snooze_table(inp: AuditInputs) -> pd.DataFrame:
+    """Idle episodes a snooze tag held back from a stop, per team and instance, with how many of them asked
+    for longer than the cap (`act.max_snooze_s`) or could not be read: a snooze renewed every week, or one
+    set to 2099, is a stop someone keeps avoiding."""
+    rows = [a for a in inp.actions
+            if a.kind.value in ("skip", "unmark") and TAG_SNOOZE in (a.reason or "")]
+    if not rows:
+        return pd.DataFrame({c: [] for c in SNOOZE_COLUMNS})
+    dec = inp.decisions
+    teams = (dec.sort_values("evaluated_at").groupby("instance_id")["team"].last().to_dict()
+             if len(dec) and "team" in dec else {})
+    d = pd.DataFrame([{"team": teams.get(a.instance_id) or "", "instance_id": a.instance_id,
+                       "capped": "capped" in a.reason or "not an ISO time" in a.reason,
+                       "unreadable": "not an ISO time" in a.reason} for a in rows])
+    out = (d.groupby(["team", "instance_id"])
+           .agg(snoozes=("capped", "size"), capped=("capped", "sum"), unreadable=("unreadable", "sum"))
+           .reset_index().sort_values(["snoozes", "team", "instance_id"], ascending=[False, True, True]))
+    return out.astype({"snoozes": int, "capped": int, "unreadable": int})[SNOOZE_COLUMNS]
+
+
 # --------------------------------------------------------------------------- data quality
 
 
@@ -601,7 +623,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     }
     rules = sorted(frame["rule"].unique().tolist())
     audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
-                         daily, actions, rules)
+                         daily, actions, rules, snooze_table(inp))
     audit.notes = quality_notes(audit)
     return audit
 

@@ -16,16 +16,16 @@ from ..config import Settings, validate_section
 
 
 class ReportSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # The field's monthly-audit rule of thumb: under 60% average utilization is paying for unused capacity.
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
-    false_stop_s: int = Field(1800, ge=0)
-    top_n: int = Field(10, ge=1)
-    price_max_age_days: int = Field(90, ge=1)
+    false_stop_s: int = Field(1800, ge=0, le=7 * 86400)
+    top_n: int = Field(10, ge=1, le=1000)
+    price_max_age_days: int = Field(90, ge=1, le=3660)
     # Seconds between evaluations. None: measured from the stored decisions (the median spacing), so a
     # report on a database written by a service with another schedule still counts time right.
-    evaluate_every_s: int | None = Field(None, ge=1)
+    evaluate_every_s: int | None = Field(None, ge=1, le=86400)
 
 
 def report_settings(settings: Settings | None) -> ReportSettings:

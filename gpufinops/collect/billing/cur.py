@@ -51,6 +51,8 @@ COST_COLUMNS = ("line_item_unblended_cost", "reservation_effective_cost", "savin
 STRING_COLUMNS = (USAGE_TYPE, LINE_TYPE, "line_item_resource_id", "line_item_usage_account_id",
                   "line_item_currency_code", "identity_line_item_id", "product_region_code")
 USAGE_LINE_TYPES = ("Usage", "DiscountedUsage", "SavingsPlanCoveredUsage")
+# One line item's usage hours above this are not a measurement (inf, a 9.2e18 sentinel).
+MAX_LINE_HOURS = 1e9
 GROUP_KEYS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model",
               "team", "project", "owner", "currency")
 
@@ -199,7 +201,7 @@ def _read_file(name: str, source, gpu_re: re.Pattern) -> Iterator[tuple[pa.Table
     try:
         handle = source.open() if isinstance(source, _S3Object) else source
         pf = pq.ParquetFile(handle, read_dictionary=_DICT_COLUMNS)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise BillingDataError(f"{name}: not a readable Parquet file (truncated or not Parquet?): {exc}") from None
     schema = pf.schema_arrow
     warnings = _check_schema(name, schema)
@@ -213,7 +215,7 @@ def _read_file(name: str, source, gpu_re: re.Pattern) -> Iterator[tuple[pa.Table
                 continue
             mask, itype, pricing = found
             rest = pf.read_row_group(i, columns=other).filter(mask)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise BillingDataError(f"{name}: row group {i} unreadable (truncated file?): {exc}") from None
         rest = rest.append_column("instance_type", itype).append_column("pricing_model", pricing)
         yield rest, head.num_rows, warnings
@@ -269,8 +271,9 @@ def _normalise(name: str, t: pa.Table, start: datetime, end: datetime, max_line_
                       pc.if_else(pc.equal(code, 3), _num(t, "savings_plan_savings_plan_effective_cost"),
                                  _num(t, "line_item_unblended_cost")))
     usage = _num(t, "line_item_usage_amount")
+    # nan compares false and inf is above any bound, so neither survives as a cost or a usage.
     ok = pc.fill_null(pc.and_(pc.and_(pc.greater_equal(cost, 0.0), pc.less_equal(cost, max_line_cost)),
-                              pc.greater_equal(usage, 0.0)), False)
+                              pc.and_(pc.greater_equal(usage, 0.0), pc.less_equal(usage, MAX_LINE_HOURS))), False)
     bad = t.num_rows - pc.sum(pc.cast(ok, pa.int64())).as_py()
     if bad:
         counts["bad"] = counts.get("bad", 0) + bad
@@ -312,7 +315,10 @@ def read_cur(
             warnings.extend(file_warnings)
             rows_read += n
             if piece.num_rows:
-                rows = _normalise(name, piece, start, end, max_line_cost, counts)
+                try:
+                    rows = _normalise(name, piece, start, end, max_line_cost, counts)
+                except pa.ArrowException as exc:  # a value the schema check let through (e.g. an odd date type)
+                    raise BillingDataError(f"{name}: cannot read the GPU line items: {exc}") from None
                 if rows.num_rows:
                     # Aggregate each row group at once: memory stays at one group + the sums.
                     partials.append(_sum(rows))
@@ -320,7 +326,8 @@ def read_cur(
             warnings.append(
                 f"{name}: {counts['bad']} GPU line item(s) excluded: cost (line_item_unblended_cost, or "
                 f"reservation_effective_cost / savings_plan_savings_plan_effective_cost for RI / SP lines) "
-                f"missing, negative or above {max_line_cost:g}, or negative line_item_usage_amount"
+                f"missing, negative or above {max_line_cost:g}, or line_item_usage_amount negative or above "
+                f"{MAX_LINE_HOURS:g}"
                 + (f" (first: identity_line_item_id={counts['first']})" if "first" in counts else ""))
     for w in warnings:
         log.warning("%s", w)
@@ -443,7 +450,7 @@ valid AS (
     {_sql_tag(tag_keys.project)} AS project,
     {_sql_tag(tag_keys.owner)} AS owner
   FROM gpu
-  WHERE cost >= 0 AND cost <= {float(max_line_cost)!r} AND usage_hours >= 0
+  WHERE cost >= 0 AND cost <= {float(max_line_cost)!r} AND usage_hours >= 0 AND usage_hours <= {MAX_LINE_HOURS!r}
 )
 SELECT
   CAST(usage_date AS VARCHAR) AS date, account, region, resource_id, instance_type, pricing_model,

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from ...config import not_utf8_error
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import BillingSettings
 
@@ -34,6 +35,8 @@ REQUIRED = ("ChargePeriodStart", "BillingCurrency", "ChargeCategory", "ResourceI
 OPTIONAL = ("SubAccountId", "RegionId", "Tags", "PricingCategory", "CommitmentDiscountType",
             "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails")
 HOUR_UNITS = {"hours", "hour", "hrs", "hr", "h"}
+# One line's usage hours above this are not a measurement (a month of 10,000 instances is 7.4e6).
+MAX_LINE_HOURS = 1e9
 _PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
               "google cloud": "gcp", "google": "gcp", "oracle": "oci", "oci": "oci"}
 _AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
@@ -60,7 +63,9 @@ def _read(path: str, columns: Sequence[str]) -> pd.DataFrame:
             header = pd.read_csv(p, nrows=0).columns
             df = pd.read_csv(p, usecols=[c for c in columns if c in header], dtype=str,
                              keep_default_na=False, na_values=["NULL", ""])
-    except (OSError, ValueError) as exc:  # ArrowInvalid and ParserError are ValueErrors
+    except UnicodeDecodeError:  # names the first bad byte's line and offset, not pandas' read block
+        raise BillingDataError(str(not_utf8_error(path))) from None
+    except (OSError, ValueError, TypeError, NotImplementedError) as exc:  # Arrow and CSV parser errors among them
         raise BillingDataError(f"{path}: cannot read FOCUS file: {exc}") from None
     return df
 
@@ -125,17 +130,22 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings) -
             raise BillingDataError(f"{path}: column '{col}' is not a number on data row {int(bad.idxmax()) + 2} "
                                    f"(value {df.loc[bad.idxmax(), col]!r})")
         df[col] = num
-    when = pd.to_datetime(df["ChargePeriodStart"], errors="coerce", utc=True)
+    try:
+        when = pd.to_datetime(df["ChargePeriodStart"], errors="coerce", utc=True)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BillingDataError(f"{path}: column 'ChargePeriodStart' cannot be read as dates: {exc}") from None
     bad = when.isna() & df["ChargePeriodStart"].notna()
     if bad.any():
         raise BillingDataError(f"{path}: column 'ChargePeriodStart' is not a date on data row {int(bad.idxmax()) + 2}")
     in_period = (when >= start) & (when < end)
     df, itype, when = df[in_period], itype[in_period], when[in_period]
     cost = df[cost_col]
-    ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (df["ConsumedQuantity"].fillna(0) >= 0)
+    quantity = df["ConsumedQuantity"].fillna(0)
+    # Hours of one line: a day at most per resource in practice; inf or 9.2e18 is not a measurement.
+    ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (quantity >= 0) & (quantity <= MAX_LINE_HOURS)
     if (~ok).any():
         warnings.append(f"{path}: {int((~ok).sum())} GPU row(s) excluded: column '{cost_col}' missing, negative "
-                        f"or above {bs.max_line_cost:g}, or negative ConsumedQuantity")
+                        f"or above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {MAX_LINE_HOURS:g} h")
         df, itype, when = df[ok], itype[ok], when[ok]
     if df.empty:
         warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")

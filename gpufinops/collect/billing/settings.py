@@ -25,7 +25,7 @@ _TAG_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TagKeys(_Strict):
@@ -65,8 +65,8 @@ class AthenaSettings(_Strict):
     workgroup: str = "primary"
     output_location: str | None = None  # s3://bucket/prefix/ for query results
     region: str = "us-east-1"
-    poll_interval_s: float = Field(1.0, gt=0)
-    timeout_s: float = Field(600.0, gt=0)
+    poll_interval_s: float = Field(1.0, gt=0, le=60)
+    timeout_s: float = Field(600.0, gt=0, le=3600)  # Athena queries over a month of CUR take minutes
 
     @field_validator("database", "table")
     @classmethod
@@ -89,14 +89,14 @@ class BillingSettings(_Strict):
     )
     focus_cost_column: Literal["BilledCost", "EffectiveCost", "ListCost", "ContractedCost"] = "BilledCost"
     # A single line item above this many currency units is refused as absurd.
-    max_line_cost: float = Field(100_000.0, gt=0)
+    max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
     budgets_path: str = str(DEFAULT_RULES_DIR / "budgets.yaml")
     price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
     tag_keys: TagKeys = TagKeys()
     ce: CeSettings = CeSettings()
     athena: AthenaSettings = AthenaSettings()
     # An instance counts as running now if it was evaluated this recently.
-    running_fresh_s: int = Field(900, gt=0)
+    running_fresh_s: int = Field(900, gt=0, le=7 * 86400)
 
     @field_validator("gpu_families")
     @classmethod
@@ -113,7 +113,7 @@ class BillingSettings(_Strict):
         for p in v:
             try:
                 re.compile(p)
-            except re.error as exc:
+            except (re.error, OverflowError, RecursionError) as exc:
                 raise ValueError(f"bad regex {p!r}: {exc}") from None
         return v
 
