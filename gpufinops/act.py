@@ -251,12 +251,14 @@ class Outcome:
 
     ok: bool | None  # None: unconfirmed, to be read back next tick
     error: str | None = None
+    action_id: int | None = None  # the action row, when one was written and may still be open
 
 
 # A stop that failed this many times on one mark is given up for the idle episode (and said so).
 MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
-UNSETTLED = ("pending", "unconfirmed")
+# "applied": the cloud change went through, its bookkeeping (tags, mark, notice) is not finished yet.
+UNSETTLED = ("pending", "unconfirmed", "applied")
 
 
 class Actuator:
@@ -355,7 +357,10 @@ class Actuator:
             if result is not None:
                 results.append(result)
         # Messages that failed earlier (cancellations, stop notices, alerts) go out again once their backoff is over.
-        self.notifier.retry_due(ctx.now)
+        try:
+            self.notifier.retry_due(ctx.now)
+        except Exception:  # noqa: BLE001 - a resend must not undo what this run recorded
+            log.exception("re-sending failed notifications failed; next run tries again")
         return results
 
     def _channel(self, rule: Rule | None) -> str:
@@ -399,11 +404,14 @@ class Actuator:
 
         call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
-        outcome = self._change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done)
+        outcome = self._change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
+                               keep_open=True)
         if not outcome.ok:
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
                                 error=outcome.error)
         self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, channel)
+        if outcome.action_id is not None:
+            self.store.finish_action(outcome.action_id, True, ctx.now, status="done")
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
                             ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
                             rule_name, ctx.now)
@@ -489,12 +497,16 @@ class Actuator:
                                             action=decision.action))
 
     def _tag_stopped(self, inst, rule_name: str, reason: str) -> None:
+        """Bookkeeping after a stop; each call on its own, so one failing does not leave the other undone."""
+        try:
+            self.cloud.remove_tags(inst, [TAG_MARKED])
+        except Exception as exc:  # noqa: BLE001 - the stop happened; the tag is bookkeeping
+            log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, exc)
         try:
             self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
                                        TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]})
-            self.cloud.remove_tags(inst, [TAG_MARKED])
-        except Exception as exc:  # the stop happened; tagging is bookkeeping
-            log.warning("stopped %s but could not tag it: %s", inst.instance_id, exc)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, exc)
 
     def _record(self, ctx, result: ActionResult, persist: bool = True) -> ActionResult:
         if persist:
@@ -504,13 +516,16 @@ class Actuator:
     # ------------------------------------------------------------------ THE chokepoint
     def _change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
                 call: Callable[[], None], *, verify: Callable[[GpuInstance | None], bool] | None = None,
-                record: bool = True) -> Outcome:
+                record: bool = True, keep_open: bool = False) -> Outcome:
         """The only place a cloud mutation is made. Dry-run makes none; a process that lost the scheduler
         lease makes none; the intent is written before the one call and its outcome after it.
 
         After any error the instance's real state is read back (`verify`) before the outcome is
-        recorded, so the record equals the cloud: done, failed, or "unconfirmed" when the read-back
-        fails too (reconciled next tick; until then nothing else is done to the instance).
+        recorded, so the record equals the cloud: done; failed only when the error says EC2 did not do
+        it and the instance agrees; else "unconfirmed" (a request may still be in flight, or the read
+        failed): reconciled next tick, and until then nothing else is done to the instance.
+        `keep_open`: a change that went through is recorded "applied" until the caller's bookkeeping
+        is done (`Store.finish_action`), so a crash in between is finished by reconcile.
         """
         if ctx.dry_run:
             if record:
@@ -520,6 +535,7 @@ class Actuator:
         check_lease(ctx.lease)
         action_id = self.store.begin_action(ctx.run_id, inst.instance_id, kind, rule, False, reason, ctx.now) \
             if record else None
+        went_through = "applied" if keep_open else "done"
         try:
             call()
         except Exception as exc:
@@ -529,17 +545,19 @@ class Actuator:
             if action_id is None:
                 return Outcome(bool(seen), error)
             if seen is True:
-                self.store.finish_action(action_id, True, ctx.now, error=f"confirmed by read-back after: {error}")
-                return Outcome(True)
-            if seen is None:
-                self.store.finish_action(action_id, False, ctx.now, status="unconfirmed",
-                                         error=f"outcome unknown, read-back failed: {error}")
-                return Outcome(None, error)
-            self.store.finish_action(action_id, False, ctx.now, error=error)
-            return Outcome(False, error)
+                self.store.finish_action(action_id, True, ctx.now, status=went_through,
+                                         error=f"confirmed by read-back after: {error}")
+                return Outcome(True, action_id=action_id)
+            if seen is False and getattr(exc, "definite", False):
+                self.store.finish_action(action_id, False, ctx.now, error=error)
+                return Outcome(False, error)
+            why = "read-back failed" if seen is None else "not done yet by the read-back, request may be in flight"
+            self.store.finish_action(action_id, False, ctx.now, status="unconfirmed",
+                                     error=f"outcome unknown ({why}): {error}")
+            return Outcome(None, error)
         if action_id is not None:
-            self.store.finish_action(action_id, True, ctx.now)
-        return Outcome(True)
+            self.store.finish_action(action_id, True, ctx.now, status=went_through)
+        return Outcome(True, action_id=action_id)
 
     def _read_back(self, inst: GpuInstance, verify: Callable[[GpuInstance | None], bool]) -> bool | None:
         """Did the change happen? True/False from the instance's real state; None when it cannot be read."""
@@ -567,8 +585,7 @@ class Actuator:
             if p.kind in (ActionKind.STOP, ActionKind.TERMINATE):
                 done = (_terminated if p.kind == ActionKind.TERMINATE else _stopped)(inst)
                 if done:
-                    self.store.finish_action(p.id, True, now, status="done",
-                                             error="reconciled: instance found " + (inst.state if inst else "gone"))
+                    # Bookkeeping first, the record last: a crash in between is reconciled again.
                     if inst is not None:
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
@@ -578,6 +595,8 @@ class Actuator:
                                          self.settings.slack.default_channel)
                     else:
                         self.store.clear_mark(p.instance_id)
+                    self.store.finish_action(p.id, True, now, status="done",
+                                             error="reconciled: instance found " + (inst.state if inst else "gone"))
                 else:
                     self.store.finish_action(p.id, False, now, status="failed",
                                              error=f"reconciled: instance still {inst.state if inst else 'unknown'}; "

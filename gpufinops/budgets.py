@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .collect.billing.load import LoadedCosts
 from .collect.billing.schema import UNTAGGED, month_bounds, single_currency
 from .collect.billing.settings import BillingSettings, billing_settings
 from . import escalation
-from .config import ConfigError, Settings, format_validation_error, load_yaml
+from .config import ConfigError, Settings, StrictModel, format_validation_error, load_yaml
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
 from .model import Message, Notifier, hours
 from .store import Store
@@ -51,11 +51,7 @@ Kind = Literal["actual", "forecast"]
 MAX_AMOUNT = 1e12
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class Threshold(_Strict):
+class Threshold(StrictModel):
     pct: float = Field(gt=0, le=1000)
     level: Level
 
@@ -64,7 +60,7 @@ DEFAULT_THRESHOLDS = (Threshold(pct=75, level="warning"), Threshold(pct=90, leve
                       Threshold(pct=100, level="emergency"))
 
 
-class Scope(_Strict):
+class Scope(StrictModel):
     kind: Literal["all", "team", "project", "account", "instance_family"] = "all"
     value: str | None = None
 
@@ -81,7 +77,7 @@ class Scope(_Strict):
         return "all" if self.kind == "all" else f"{self.kind}={self.value}"
 
 
-class Budget(_Strict):
+class Budget(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     scope: Scope = Scope()
     amount: float = Field(gt=0, le=MAX_AMOUNT)
@@ -114,7 +110,7 @@ class Budget(_Strict):
         return tuple(sorted(v, key=lambda t: t.pct))
 
 
-class BudgetFile(_Strict):
+class BudgetFile(StrictModel):
     budgets: tuple[Budget, ...]
 
     @field_validator("budgets")

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from .config import ConfigError
-from .model import Aggregation
+from .model import FALSE_STOP_WITHIN_S, Aggregation
 from .rules import load_rules, parse_duration
 
 
@@ -83,8 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rules", nargs="+", default=None, help="rule files/dirs (default: rules_paths from the config)")
     p.add_argument("--tick", type=_duration, default=None, help="evaluation period (default: schedule.evaluate_every_s)")
     p.add_argument("--restart-cost", type=_duration, default=600, help="GPU time lost per restart (default 10m)")
-    p.add_argument("--break-even", type=_duration, default=1800,
-                   help="a stop followed by demand sooner than this is a false stop (default 30m)")
+    p.add_argument("--break-even", type=_duration, default=FALSE_STOP_WITHIN_S,
+                   help=f"a stop followed by demand sooner than this is a false stop (default {FALSE_STOP_WITHIN_S // 60}m)")
     p.add_argument("--demand-pct", type=float, default=5.0,
                    help="activity above this restarts a stopped instance (default 5)")
     p.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default 2.745, p4d.24xlarge / 8)")

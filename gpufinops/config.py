@@ -7,13 +7,17 @@ mounted file that holds them.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .model import FALSE_STOP_WITHIN_S
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -36,12 +40,15 @@ class ConfigError(ValueError):
     """Bad configuration or rule file; the message names file, key and line."""
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every settings and budget-file model: an unknown key is an error (a typo never passes as a
+    default), values are frozen once loaded."""
+
     # inf and nan are never a setting: `timeout_s: .inf` would wait forever, nan compares false everywhere.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class SecretRef(_Strict):
+class SecretRef(StrictModel):
     """Where a secret lives: an environment variable or a mounted file."""
 
     env: str | None = None
@@ -55,7 +62,7 @@ class SecretRef(_Strict):
         return None
 
 
-class PrometheusSettings(_Strict):
+class PrometheusSettings(StrictModel):
     url: str = "http://127.0.0.1:9090"
     # Seconds one query may take; past it the usage is UNKNOWN (never idle). Bounded: a tick is a minute.
     timeout_s: float = Field(10.0, gt=0, le=600)
@@ -72,7 +79,7 @@ class PrometheusSettings(_Strict):
     selector: str = ""
 
 
-class AwsSettings(_Strict):
+class AwsSettings(StrictModel):
     # At least one: the first is the default region of S3, pricing and unpriced instances.
     regions: tuple[str, ...] = Field(("us-east-1",), min_length=1)
     # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json).
@@ -88,7 +95,7 @@ class AwsSettings(_Strict):
     )
 
 
-class SlackSettings(_Strict):
+class SlackSettings(StrictModel):
     token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
     default_channel: str = "#gpu-finops"
     base_url: str | None = None  # slack-sdk default when None
@@ -100,7 +107,7 @@ class SlackSettings(_Strict):
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
 
 
-class ActSettings(_Strict):
+class ActSettings(StrictModel):
     dry_run: bool = True
     max_stops_per_run: int = Field(5, ge=0, le=100_000)
     max_stops_fraction: float = Field(0.1, ge=0.0, le=1.0)
@@ -109,7 +116,7 @@ class ActSettings(_Strict):
     max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
 
 
-class ScheduleSettings(_Strict):
+class ScheduleSettings(StrictModel):
     evaluate_every_s: int = Field(60, ge=1, le=86400)
     misfire_grace_s: int = Field(30, ge=0, le=86400)
     # Budget alerts, when a `billing:` section is configured; 0 turns the job off.
@@ -121,13 +128,13 @@ class ScheduleSettings(_Strict):
     monthly_report_dir: str = ""
 
 
-class ServiceSettings(_Strict):
+class ServiceSettings(StrictModel):
     host: str = "127.0.0.1"
     # 0 = any free port (the tests bind one that way).
     port: int = Field(9108, ge=0, le=65535)
 
 
-class LeaseSettings(_Strict):
+class LeaseSettings(StrictModel):
     """The scheduler lease in the database (gpufinops/lease.py): of several `serve` processes on one
     database only the holder acts. A leader that dies is replaced by a standby after ttl_s; the leader
     renews every ttl_s/3, so a renewal may fail twice before the lease is lost."""
@@ -135,7 +142,187 @@ class LeaseSettings(_Strict):
     ttl_s: int = Field(90, ge=3, le=3600)
 
 
-class Settings(_Strict):
+# --------------------------------------------------------------------------- billing:
+# Read by gpufinops.collect.billing (settings.billing_settings fills in what depends on other sections).
+
+_FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")
+# Tag keys end up inside JSON paths in the Athena SQL: keep them to safe characters.
+_TAG_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class TagKeys(StrictModel):
+    """Tag keys tried in order; CUR 2.0 prefixes user tags with `user_`."""
+
+    team: tuple[str, ...] = ("team", "Team", "user_team", "user_Team")
+    project: tuple[str, ...] = ("project", "Project", "user_project", "user_Project")
+    owner: tuple[str, ...] = ("owner", "Owner", "user_owner", "user_Owner", "created-by")
+
+    @field_validator("team", "project", "owner")
+    @classmethod
+    def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("needs at least one tag key")
+        return v
+
+
+class CeSettings(StrictModel):
+    region: str = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
+    metric: Literal["UnblendedCost", "AmortizedCost", "NetUnblendedCost", "BlendedCost"] = "UnblendedCost"
+    group_tag: str = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
+    service: str = "Amazon Elastic Compute Cloud - Compute"
+    # One query per CE PURCHASE_TYPE value, so every row knows its pricing model.
+    purchase_types: dict[str, Literal["on-demand", "spot", "reserved", "savings-plan"]] = {
+        "On Demand Instances": "on-demand",
+        "Spot Instances": "spot",
+        "Standard Reserved Instances": "reserved",
+        "Convertible Reserved Instances": "reserved",
+        "Savings Plans": "savings-plan",
+    }
+    account: str = ""  # written into the account column (CE rows are not per account here)
+
+
+class AthenaSettings(StrictModel):
+    database: str = "cur"
+    table: str = "cur2"
+    workgroup: str = "primary"
+    output_location: str | None = None  # s3://bucket/prefix/ for query results
+    region: str = "us-east-1"
+    poll_interval_s: float = Field(1.0, gt=0, le=60)
+    timeout_s: float = Field(600.0, gt=0, le=3600)  # Athena queries over a month of CUR take minutes
+
+    @field_validator("database", "table")
+    @classmethod
+    def _ident(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", v):
+            raise ValueError("letters, digits and _ only (it is quoted into SQL)")
+        return v
+
+
+class BillingSettings(StrictModel):
+    source: Literal["ce", "cur", "focus", "athena"] = "ce"
+    path: str | None = None
+    currency: str = "USD"
+    gpu_families: tuple[str, ...] | None = None  # None: settings.aws.gpu_families
+    # Other providers' GPU instance names (FOCUS): regexes matched on the charge text.
+    gpu_patterns: tuple[str, ...] = (
+        r"Standard_N[CDV][A-Za-z0-9_]*",  # Azure N-series
+        r"\b(?:a2|a3|a4|g2|g4)-(?:highgpu|megagpu|ultragpu|edgegpu|standard)-[0-9a-z]+\b",  # GCP
+        r"\bVM\.GPU[0-9A-Za-z.]*\b|\bBM\.GPU[0-9A-Za-z.]*\b",  # OCI
+    )
+    focus_cost_column: Literal["BilledCost", "EffectiveCost", "ListCost", "ContractedCost"] = "BilledCost"
+    # A single line item above this many currency units is refused as absurd.
+    max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
+    budgets_path: str = str(DEFAULT_RULES_DIR / "budgets.yaml")
+    price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
+    tag_keys: TagKeys = TagKeys()
+    ce: CeSettings = CeSettings()
+    athena: AthenaSettings = AthenaSettings()
+    # An instance counts as running now if it was evaluated this recently.
+    running_fresh_s: int = Field(900, gt=0, le=7 * 86400)
+
+    @field_validator("gpu_families")
+    @classmethod
+    def _families(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None:
+            bad = [f for f in v if not _FAMILY.match(f)]
+            if bad or not v:
+                raise ValueError(f"instance families are lower-case like 'g5' or 'p6-b200', got {list(bad) or v}")
+        return v
+
+    @field_validator("gpu_patterns")
+    @classmethod
+    def _patterns(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            try:
+                re.compile(p)
+            except (re.error, OverflowError, RecursionError) as exc:
+                raise ValueError(f"bad regex {p!r}: {exc}") from None
+        return v
+
+    @field_validator("tag_keys")
+    @classmethod
+    def _tag_keys(cls, v: TagKeys) -> TagKeys:
+        for key in (*v.team, *v.project, *v.owner):
+            if not _TAG_KEY.match(key.replace("-", "_")):
+                raise ValueError(f"tag key {key!r}: letters, digits, _ and - only")
+        return v
+
+
+# --------------------------------------------------------------------------- recommend:
+# Read by gpufinops.recommend: every rule of thumb of right-sizing and purchase advice as a knob with a default.
+
+
+class InterruptionOverride(StrictModel):
+    instance_type: str = "*"  # glob, e.g. "p5.*"
+    region: str = "*"
+    interruption_rate_per_hour: float = Field(ge=0, le=100)
+
+
+class SpotPolicy(StrictModel):
+    # Expected interruptions per instance-hour. GPU spot capacity is scarce; one
+    # interruption every ~2 days is a cautious default (AWS Spot Advisor shows
+    # many GPU types in its ">20%/month" bucket). Override per type/region.
+    interruption_rate_per_hour: float = Field(0.02, ge=0, le=100)
+    overrides: tuple[InterruptionOverride, ...] = ()
+    checkpoint_interval_h: float = Field(1.0, gt=0, le=24 * 366)  # work lost per interruption: half of this on average
+    restart_overhead_h: float = Field(0.25, ge=0, le=24 * 366)  # re-provision, reload data/model, warm up
+    min_saving_fraction: float = Field(0.05, ge=0, lt=1)  # spot must beat on-demand by this much
+
+    def rate_for(self, instance_type: str, region: str) -> float:
+        for o in self.overrides:  # first match wins, like the rules files
+            if fnmatch.fnmatch(instance_type, o.instance_type) and fnmatch.fnmatch(region, o.region):
+                return o.interruption_rate_per_hour
+        return self.interruption_rate_per_hour
+
+
+class CommitmentPolicy(StrictModel):
+    window_days: int = Field(30, ge=1, le=400)
+    baseline_percentile: float = Field(10.0, ge=0, le=100)
+    # Used when the catalog has no reserved/committed price for the type
+    # (1-year no-upfront savings plans on GPU families are roughly 30-40% off).
+    default_discount: float = Field(0.30, ge=0, lt=1)
+    term: str = "1-year savings plan / reserved"
+
+
+class RecommendSettings(StrictModel):
+    window_days: int = Field(14, ge=1, le=400)
+    min_coverage: float = Field(0.8, gt=0, le=1)  # fraction of expected samples per GPU
+    scrape_interval_s: int | None = Field(None, ge=1, le=3600)  # default: prometheus.scrape_interval_s
+    memory_headroom: float = Field(0.20, ge=0, le=100)  # candidate GPU memory >= peak x (1 + this)
+    compute_headroom: float = Field(0.10, ge=0, le=100)  # candidate TFLOPS >= demand x (1 + this)
+    usable_memory_fraction: float = Field(0.93, gt=0, le=1)  # nominal GB a process really gets
+    worked_activity_pct: float = Field(5.0, ge=0, le=100)  # a GPU "did work" if its max activity reached this
+    hours_per_month: float = Field(730.0, gt=0, le=745)  # 745: a 31-day month plus the DST hour
+    providers: tuple[str, ...] = ()  # candidates from these providers; empty = the instance's own
+    same_region: bool = True
+    workload_tag: str = "workload"
+    interruptible_values: tuple[str, ...] = ("batch", "training", "train", "etl")
+    non_interruptible_values: tuple[str, ...] = ("inference", "interactive", "serving", "notebook")
+    spot: SpotPolicy = SpotPolicy()
+    commitment: CommitmentPolicy = CommitmentPolicy()
+    catalog_dir: str | None = None  # default: the bundled catalog
+    price_cache_path: str = "gpufinops-aws-prices.json"
+    price_max_age_days: int = Field(90, ge=1, le=3660)  # older prices are flagged in the reason
+    digest_channel: str | None = None  # default: slack.default_channel
+    digest_top: int = Field(10, ge=1, le=1000)
+
+
+# --------------------------------------------------------------------------- report:
+# Read by gpufinops.report: the monthly audit's rules of thumb, each a knob with a default.
+
+
+class ReportSettings(StrictModel):
+    # The field's monthly-audit rule of thumb: under 60% average utilization is paying for unused capacity.
+    underutilized_below_pct: float = Field(60.0, ge=0, le=100)
+    false_stop_s: int = Field(FALSE_STOP_WITHIN_S, ge=0, le=7 * 86400)
+    top_n: int = Field(10, ge=1, le=1000)
+    price_max_age_days: int = Field(90, ge=1, le=3660)
+    # Seconds between evaluations. None: measured from the stored decisions (the median spacing), so a
+    # report on a database written by a service with another schedule still counts time right.
+    evaluate_every_s: int | None = Field(None, ge=1, le=86400)
+
+
+class Settings(StrictModel):
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()
@@ -145,12 +332,18 @@ class Settings(_Strict):
     lease: LeaseSettings = LeaseSettings()
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
-    # Free-form sections owned by capabilities (billing, recommend, report):
-    # each validates its own section with its own model.
-    billing: dict[str, Any] = Field(default_factory=dict)
-    recommend: dict[str, Any] = Field(default_factory=dict)
-    report: dict[str, Any] = Field(default_factory=dict)
+    # The capabilities' sections, typed like the rest and so checked at load: a typo in any of them fails
+    # `load_settings`, not the weekly digest days later. No `billing:` section (or an empty one) is None:
+    # the budget job is off and reports price from the catalog.
+    billing: BillingSettings | None = None
+    recommend: RecommendSettings = RecommendSettings()
+    report: ReportSettings = ReportSettings()
     source_path: str = ""
+
+    @field_validator("billing", mode="before")
+    @classmethod
+    def _no_billing(cls, v: Any) -> Any:
+        return None if v == {} else v
 
     @field_validator("database_url")
     @classmethod
@@ -288,23 +481,6 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
     return parse_yaml(p, text), text
 
 
-def validate_section(settings: "Settings", key: str, model: type[BaseModel]):
-    """Validate a capability's free-form section (settings.billing, settings.recommend) with its
-    own model; errors name the config file, the line and `key.sub.key`, like the core settings."""
-    try:
-        return model.model_validate(getattr(settings, key) or {})
-    except ValidationError as exc:
-        text = ""
-        if settings.source_path:
-            try:
-                _, text = load_yaml(settings.source_path)
-            except ConfigError:
-                text = ""
-        raise ConfigError(
-            format_validation_error(settings.source_path or "<defaults>", text, exc, prefix=(key,))
-        ) from None
-
-
 def nul_locations(node: Any, loc: tuple = ()) -> list[tuple]:
     """Where a YAML document holds a string (key or value) with a NUL character."""
     out: list[tuple] = []
@@ -363,16 +539,19 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
                 return url
             return f"{scheme}:///{near_config(file)}{q}{query}"
 
-        recommend = dict(settings.recommend)
-        for key in ("catalog_dir", "price_cache_path"):
-            if isinstance(recommend.get(key), str):
-                recommend[key] = near_config(recommend[key])
+        def file_near_config(p: str | None) -> str | None:  # billing paths may be s3:// prefixes
+            return p if not p or "://" in p else near_config(p)
+
+        rec, bill = settings.recommend, settings.billing
         settings = settings.model_copy(update={
             "rules_paths": tuple(near_config(p) for p in settings.rules_paths),
             "database_url": sqlite_near_config(settings.database_url),
             "slack": settings.slack.model_copy(update={"outbox_path": near_config(settings.slack.outbox_path)}),
             "schedule": settings.schedule.model_copy(
                 update={"monthly_report_dir": near_config(settings.schedule.monthly_report_dir)}),
-            "recommend": recommend,
+            "recommend": rec.model_copy(update={"catalog_dir": file_near_config(rec.catalog_dir),
+                                                "price_cache_path": near_config(rec.price_cache_path)}),
+            "billing": bill and bill.model_copy(update={
+                name: file_near_config(getattr(bill, name)) for name in ("path", "budgets_path", "price_catalog")}),
         })
     return settings

@@ -22,7 +22,7 @@ from typing import TextIO
 import pandas as pd
 
 from .config import Settings, load_settings
-from .model import GpuInstance, RunContext
+from .model import FALSE_STOP_WITHIN_S, GpuInstance, RunContext
 from .pipeline import Peers, run_once
 from .prices import OnDemandPrices
 from .rules import load_rules
@@ -32,7 +32,6 @@ from .store import Store
 TRACE_PATH = Path(__file__).resolve().parent / "data" / "demo_trace_gentd26.csv.gz"
 TRACE_STEP_S = 57  # the GenTD26 sampling step
 DEMAND_PCT = 5.0  # a stopped instance whose trace shows more activity than this gets started again
-FALSE_STOP_S = 30 * 60  # demand back within this long after a stop: the stop cost more than it saved
 MAX_PRINTED_MESSAGES = 25
 
 # (instance type, tags) per pod, in trace order: a plausible mixed fleet.
@@ -104,7 +103,7 @@ class DemoSummary:
     simulated_hours: float
     stops: int
     restarts: int
-    false_stops: int  # demand back within FALSE_STOP_S of the stop (the backtest's break-even)
+    false_stops: int  # demand back within FALSE_STOP_WITHIN_S of the stop (the backtest's break-even)
     gpu_hours_stopped: float
     restart_gpu_hours: float
     dollars_stopped: float
@@ -195,7 +194,7 @@ def simulate(trace: pd.DataFrame, rules, settings: Settings, t_start: datetime, 
                 if wanted:
                     cloud.start(inst_id)
                     restarts += 1
-                    false_stops += (clock.now - since).total_seconds() <= FALSE_STOP_S
+                    false_stops += (clock.now - since).total_seconds() <= FALSE_STOP_WITHIN_S
                     restart_gpu_h += RESTART_COST_S / 3600 * gpus
                     restart_dollars += RESTART_COST_S / 3600 * (inst.hourly_cost or 0.0)
                     printer(f"  [{clock.now:%H:%M}] demand returned on {inst_id}: owner starts it again")
@@ -223,7 +222,7 @@ def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
         ("", [c[0] for c in cols]),
         ("", [c[1] for c in cols]),
         ("stops", [str(s.stops) for s in summaries]),
-        (f"false stops (demand back within {FALSE_STOP_S // 60} min)",
+        (f"false stops (demand back within {FALSE_STOP_WITHIN_S // 60} min)",
          [f"{s.false_stops} ({s.false_stop_rate:.0%})" for s in summaries]),
         ("restarted by their owners", [str(s.restarts) for s in summaries]),
         ("GPU-hours stopped", [f"{s.gpu_hours_stopped:.1f}" for s in summaries]),

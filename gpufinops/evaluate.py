@@ -166,6 +166,14 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         rule.max_memory_mib is not None and mem_max is not None and mem_max > rule.max_memory_mib
     )
     if all(idle_flags) and not memory_veto:
+        dropped = [g.gpu for g in usage.gpus if g.dropped_invalid]
+        if dropped:
+            # Idle from the valid samples alone is a guess about the others: missing data is never idle.
+            return decide(
+                Verdict.UNKNOWN, ReasonCode.INVALID_DATA,
+                f"GPU {', '.join(dropped[:4])}: some activity samples in the last {window} are out of range "
+                f"(DCGM sentinels, i.e. no data): not judged idle", **stats,
+            )
         how = "every sample" if rule.aggregation == Aggregation.STAYS_BELOW else "mean"
         if mem_max is not None and mem_max >= MEMORY_HELD_MIB and act_max < 1.0:
             return decide(

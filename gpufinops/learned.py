@@ -49,7 +49,15 @@ from .collect.prometheus import (
     translated_errors,
 )
 from .config import PrometheusSettings
-from .model import SENTINEL_THRESHOLD, Decision, GpuInstance, ReasonCode, Rule, Verdict
+from .model import (
+    FALSE_STOP_WITHIN_S,
+    SENTINEL_THRESHOLD,
+    Decision,
+    GpuInstance,
+    ReasonCode,
+    Rule,
+    Verdict,
+)
 
 log = logging.getLogger("gpufinops.learned")
 
@@ -79,7 +87,7 @@ class LearnedParams(BaseModel):
     step_s: int = Field(300, alias="step")  # history resolution: coarse keeps the range queries small
     demand_pct: float = Field(5.0, gt=0, lt=100)  # activity above this on any GPU ends an idle stretch
     refresh_s: int = Field(3600, alias="refresh")  # full re-read of the history (and the fleet prior) this often
-    break_even_s: int = Field(1800, alias="break_even")  # a stop followed by demand sooner than this is false
+    break_even_s: int = Field(FALSE_STOP_WITHIN_S, alias="break_even")  # demand back sooner than this: a false stop
     restart_cost_s: int = Field(600, alias="restart_cost")  # GPU time lost per restart
     false_stop_cost_h: float = Field(2.0, ge=0)  # GPU-hours a false stop counts as, on top of the restart
     fleet_prior: float = Field(5.0, ge=0)  # pseudo-stretches borrowed from the fleet (0: own history only)

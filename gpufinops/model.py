@@ -29,6 +29,11 @@ TAG_STOP_REQUESTED = "gpufinops:stop-requested"
 # available; anything at or above this, or negative, is not a measurement.
 SENTINEL_THRESHOLD = 1e9
 
+# A stop undone within this long (demand back, instance restarted) is a false stop: it cost more than
+# it saved, the break-even of a stop. The backtest, the learned policy, the demo and the monthly report
+# count false stops against this one figure; their settings default to it.
+FALSE_STOP_WITHIN_S = 1800
+
 
 class Verdict(str, enum.Enum):
     ACTIVE = "ACTIVE"
@@ -155,6 +160,9 @@ class GpuWindowStats:
     uuid: str = ""
     model_name: str = ""
     invalid: str = ""  # "" = every figure is plausible; else why not (never the number read)
+    # Some raw activity samples of the window were out of range (DCGM sentinels, negatives) and left out:
+    # the figures come from the valid ones, enough to see work, never enough to call the GPU idle.
+    dropped_invalid: bool = False
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ class ServiceMetrics:
                                   registry=self.registry)
         self.duration = Gauge("gpufinops_last_evaluation_seconds", "Wall time of the last evaluation",
                               registry=self.registry)
+        self.clock_steps_back = Counter("gpufinops_clock_steps_back", "Ticks that began earlier than the one before",
+                                        registry=self.registry)
         self.leader = Gauge("gpufinops_leader", "1 while this process holds the scheduler lease (it acts), "
                             "0 on a standby (it judges read-only)", registry=self.registry)
         self.lease_token = Gauge("gpufinops_lease_token", "Fencing token of the scheduler lease this process "
@@ -115,6 +117,7 @@ class Service:
         self._started = False
         self._started_at = self.clock()
         self._last_tick_end: datetime | None = None
+        self._last_tick_start: datetime | None = None
         self._last_ok: datetime | None = None  # last tick in which every source answered
         self._tick_error: tuple[str, datetime] | None = None  # (what failed, since when)
         self._degraded: dict[str, tuple[str, datetime]] = {}  # source -> (error, since when)
@@ -220,6 +223,7 @@ class Service:
         # a broken edit keeps the service up and is reported as an error.
         rules = load_rules(self.settings.rules_paths)
         ctx = RunContext(now=self.clock(), dry_run=self.settings.act.dry_run, lease=self.lease)
+        self.note_clock(ctx.now)
         t0 = time.perf_counter()
         # A standby judges read-only and records nothing, so the audit log holds each tick once.
         report = run_once(ctx, self.settings, rules, self.peers, act=leader, record=leader)
@@ -231,6 +235,16 @@ class Service:
                  report.verdict_counts(), len(report.actions), " [dry-run]" if ctx.dry_run else "",
                  "".join(f"; {s} degraded: {e}" for s, e in report.degraded().items()))
         return report
+
+    def note_clock(self, now: datetime) -> None:
+        """A clock that steps back (NTP, a VM restored) is said: times in the audit log go out of order.
+        Nothing else depends on it: leads count from stored times, which only a later tick reaches."""
+        last = self._last_tick_start
+        if last is not None and now < last:
+            log.warning("system clock went back %.0f s since the last tick (%s -> %s)",
+                        (last - now).total_seconds(), last.isoformat(), now.isoformat())
+            self.metrics.clock_steps_back.inc()
+        self._last_tick_start = now
 
     def finish_tick(self, report: RunReport | None, error: str | None) -> None:
         now = self.clock()

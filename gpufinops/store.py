@@ -471,7 +471,9 @@ class Store:
             conn.execute(
                 update(actions)
                 .where(actions.c.id == action_id)
-                .values(status=status or ("done" if ok else "failed"), error=error, finished_at=naive_utc(at))
+                # error None keeps what an earlier step noted (an "applied" row finished after its bookkeeping).
+                .values(status=status or ("done" if ok else "failed"), finished_at=naive_utc(at),
+                        **({} if error is None else {"error": error}))
             )
 
     def record_action(self, run_id: str, result: ActionResult) -> None:
@@ -524,10 +526,11 @@ class Store:
         row = self.get_notification(key)
         return row.at if row is not None and row.delivered else None
 
-    def notifications_due(self, now: datetime, limit: int = 100) -> list[NotificationRow]:
-        """Failed messages whose backoff is over, oldest first."""
+    def notifications_due(self, now: datetime, limit: int = 100, skip_prefix: str = "warn:") -> list[NotificationRow]:
+        """Failed messages whose backoff is over, oldest first. Stop warnings are left out: the act stage
+        sends them again itself, with the stop time counted from that try."""
         q = (select(notifications)
-             .where(notifications.c.status == "failed",
+             .where(notifications.c.status == "failed", ~notifications.c.key.startswith(skip_prefix, autoescape=True),
                     (notifications.c.next_attempt_at.is_(None)) | (notifications.c.next_attempt_at <= naive_utc(now)))
              .order_by(notifications.c.at).limit(limit))
         with self.engine.connect() as conn:

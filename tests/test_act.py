@@ -262,9 +262,12 @@ def test_restarted_instance_is_left_alone_for_a_full_window(tmp_path):
 def test_cloud_error_on_stop_is_recorded_and_does_not_block_others(tmp_path):
     w = World(tmp_path, n=2)
 
+    class Unauthorized(RuntimeError):
+        definite = True  # a 4xx: EC2 certainly did nothing (as CloudError says)
+
     def boom(inst):
         if inst.instance_id == "i-00":
-            raise RuntimeError("UnauthorizedOperation")
+            raise Unauthorized("UnauthorizedOperation")
         SimCloud.stop(w.cloud, inst)
 
     w.cloud.stop = boom

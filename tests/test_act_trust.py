@@ -23,6 +23,10 @@ from tests.test_act import RULE, T0, World, make_fleet
 TOKEN_ENV = "GPUFINOPS_TEST_SLACK_TOKEN"
 
 
+class Refused(RuntimeError):
+    definite = True  # as CloudError for a 4xx: EC2 certainly did not do it
+
+
 class FlakyCloud(SimCloud):
     """SimCloud whose next stop can fail in the ways EC2 does: `lost` (EC2 stopped it, the answer was lost),
     `refused` (EC2 did nothing), and whose describe can fail (`describe_fails`)."""
@@ -36,7 +40,11 @@ class FlakyCloud(SimCloud):
         fault, self.stop_fault = self.stop_fault, None
         if fault == "refused":
             self.calls.append(("stop", inst.instance_id))
-            raise RuntimeError("RequestLimitExceeded")
+            raise Refused("RequestLimitExceeded: EC2 did not do it")
+        if fault == "inflight":  # EC2 carries it out only after the client gave up and read the state back
+            self.calls.append(("stop", inst.instance_id))
+            self.landing, self.reads_before_landing = inst, 1
+            raise TimeoutError("read timeout on StopInstances")
         super().stop(inst)
         if fault == "lost":
             raise TimeoutError("read timeout on StopInstances")
@@ -44,6 +52,12 @@ class FlakyCloud(SimCloud):
     def describe(self, ids):
         if self.describe_fails:
             raise RuntimeError("DescribeInstances: InternalError")
+        if getattr(self, "landing", None) is not None:
+            if self.reads_before_landing == 0:
+                self._replace(self.landing.instance_id, state="stopped")
+                self.landing = None
+            else:
+                self.reads_before_landing -= 1
         return super().describe(ids)
 
 
@@ -137,6 +151,21 @@ def test_unreadable_outcome_is_unconfirmed_then_reconciled_never_sent_twice(tmp_
     assert w.cloud.get("i-00").tags[TAG_STOPPED_BY] == "gpufinops"
     assert [m for m in slack.delivered() if m["text"].startswith("Stopped")]  # the notice after a reconcile
     assert len(w.stops()) == 1
+
+
+def test_a_stop_still_in_flight_at_the_read_back_is_unconfirmed_then_done_never_sent_twice(tmp_path, slack):
+    w = SlackWorld(tmp_path, slack)
+    for _ in range(15):
+        w.tick()
+    w.cloud.stop_fault = "inflight"
+    w.tick()
+    [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
+    assert stop.status == "unconfirmed" and w.cloud.get("i-00").state == "running"  # read back as not done yet
+    w.tick()  # reconcile: the request has landed
+    [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
+    assert stop.status == "done" and w.cloud.get("i-00").state == "stopped"
+    assert len(w.stops()) == 1 and w.store.get_mark("i-00") is None
+    assert [m for m in slack.delivered() if m["text"].startswith("Stopped")]
 
 
 def test_a_refused_stop_is_recorded_failed_retried_and_given_up_after_three(tmp_path, slack):
@@ -247,3 +276,29 @@ def test_actuator_reconcile_raises_when_the_cloud_cannot_be_read(tmp_path):
     with pytest.raises(RuntimeError):
         Actuator(cloud, w.store, w.notifier, w.settings).reconcile(T0)
     assert w.store.action_rows(status="pending")  # left for the next try, not guessed
+
+
+def test_a_crash_between_the_stop_and_its_bookkeeping_is_finished_by_reconcile(tmp_path, slack):
+    w = SlackWorld(tmp_path, slack)
+    for _ in range(15):
+        w.tick()
+    real_after_stop = Actuator._after_stop
+
+    def crash(self, *a, **kw):
+        raise SystemExit("killed after StopInstances, before its tags and notice")
+
+    Actuator._after_stop = crash
+    try:
+        with pytest.raises(SystemExit):
+            w.tick()
+    finally:
+        Actuator._after_stop = real_after_stop
+    [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
+    assert stop.status == "applied" and w.store.get_mark("i-00") is not None
+    w.open_store()  # the restarted service
+    w.tick()
+    [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
+    assert stop.status == "done" and w.store.get_mark("i-00") is None
+    inst = w.cloud.get("i-00")
+    assert inst.tags[TAG_STOPPED_BY] == "gpufinops" and TAG_MARKED not in inst.tags
+    assert len([m for m in slack.delivered() if m["text"].startswith("Stopped")]) == 1 and len(w.stops()) == 1

@@ -12,7 +12,7 @@ from gpufinops.budgets import (
     Budget, Scope, alert_messages, evaluate_budget, load_budgets, run_budget_check,
 )
 from gpufinops.collect.billing.schema import conform
-from gpufinops.config import DEFAULT_RULES_DIR, ConfigError, SecretRef, Settings, SlackSettings
+from gpufinops.config import DEFAULT_RULES_DIR, BillingSettings, ConfigError, SecretRef, Settings, SlackSettings
 from gpufinops.model import Decision, ReasonCode, Verdict
 from gpufinops.notify import build_notifier
 from gpufinops.store import Store
@@ -176,7 +176,7 @@ def test_simulated_month_alerts_once_per_threshold_forecast_first(sim, slack_stu
 
 def test_budget_in_another_currency_is_skipped_with_an_error(sim, slack_stub, tmp_path):
     (tmp_path / "eur.yaml").write_text("budgets:\n  - name: eur\n    amount: 10\n    currency: EUR\n")
-    s = sim.model_copy(update={"billing": {"budgets_path": str(tmp_path / "eur.yaml")}})
+    s = sim.model_copy(update={"billing": BillingSettings(budgets_path=str(tmp_path / "eur.yaml"))})
     store = Store(s.database_url)
     now = datetime(2024, 9, 10, 12, tzinfo=timezone.utc)
     (status,) = check(s, store, now, 10)

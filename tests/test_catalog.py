@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import ast
 import csv
 import filecmp
+import importlib.util
+import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from gpufinops.catalog import (
-    DATA_DIR, CatalogError, UnknownGpuError, build, canonical_gpu, load_catalog, load_refresh,
+    DATA_DIR, CatalogError, UnknownGpuError, canonical_gpu, load_catalog, load_refresh,
     refresh_from_aws, save_refresh,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+BUILDER = REPO / "tools" / "build_catalog.py"  # offline script, not in the wheel: loaded by path
+
+
+@pytest.fixture(scope="module")
+def builder():
+    spec = importlib.util.spec_from_file_location("build_catalog", BUILDER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +106,38 @@ def test_unknown_gpu_names_are_refused(name):
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data not present")
-def test_build_regenerates_the_bundled_files(tmp_path):
-    counts = build(SHARED, tmp_path)
+def test_build_regenerates_the_bundled_files(builder, tmp_path):
+    counts = builder.build(SHARED, tmp_path)
     assert counts["instances"] > 100 and counts["gpus"] >= 20
     assert any(k.startswith("skipped: unknown GPU") for k in counts)  # e.g. Inferentia, M60: counted, not guessed
     for name in ("gpus.csv", "instances.csv"):
         assert filecmp.cmp(tmp_path / name, DATA_DIR / name, shallow=False), f"{name} differs from build()"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/data not present")
+def test_builder_command_writes_where_told_and_prints_counts(tmp_path):
+    done = subprocess.run([sys.executable, str(BUILDER), str(SHARED), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, check=True)
+    counts = json.loads(done.stdout)
+    assert counts["gpus"] == len((DATA_DIR / "gpus.csv").read_text().splitlines()) - 1
+    assert filecmp.cmp(tmp_path / "out" / "instances.csv", DATA_DIR / "instances.csv", shallow=False)
+
+
+def test_builder_names_a_missing_data_folder(tmp_path):
+    done = subprocess.run([sys.executable, str(BUILDER), str(tmp_path / "nope"), "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{tmp_path / 'nope' / 'gpu_specs'}" in done.stderr
+    assert not (tmp_path / "gpus.csv").exists()
+
+
+def test_the_package_never_imports_the_offline_builder():
+    # tools/ is not shipped in the wheel: an import of it would break every installed copy.
+    for path in (REPO / "gpufinops").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "tools" or n.startswith(("tools.", "build_catalog")) for n in names), path
 
 
 def _copy_catalog(tmp_path: Path, extra_rows: list[dict]) -> Path:

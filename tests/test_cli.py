@@ -85,7 +85,7 @@ def test_every_relative_path_in_a_config_is_relative_to_the_config_file(tmp_path
     assert s.rules_paths == (str(base / "rules"),)
     assert s.slack.outbox_path == str(base / "outbox.jsonl")
     assert s.schedule.monthly_report_dir == str(base / "reports")
-    assert s.recommend["price_cache_path"] == str(base / "prices.json")
+    assert s.recommend.price_cache_path == str(base / "prices.json")
     # Defaults not written in the file follow the same rule.
     (conf_dir / "empty.yaml").write_text("{}\n")
     assert load_settings(conf_dir / "empty.yaml").database_url == f"sqlite:///{base / 'gpufinops.db'}"

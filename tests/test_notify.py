@@ -173,21 +173,26 @@ def test_backoff_doubles_up_to_the_cap_and_retry_due_resends_as_stored(slack_stu
     clock = Clock(T0)
     st = settings(slack_stub, tmp_path, max_retries=0, retry_backoff_s=60, retry_max_backoff_s=200)
     n = SlackNotifier(st, store, clock, timeout_s=5.0, retry_interval=FAST)
+    notice = msg("stop:i-0abc:20240501T120000Z")
     slack_stub.valid_tokens = {"xoxb-the-only-good-one"}  # invalid_auth on every post
     waits = []
     for _ in range(4):
-        assert n.send(msg()) is False
-        r = store.get_notification(msg().key)
+        assert n.send(notice) is False
+        r = store.get_notification(notice.key)
         waits.append((r.next_attempt_at - clock.now).total_seconds())
         clock.now = r.next_attempt_at
     assert waits == [60, 120, 200, 200]
     assert store.undelivered_count() == 1
 
+    warning = msg()  # a stop warning is re-sent by the act stage (with a fresh stop time), never by retry_due
+    assert n.send(warning) is False
     slack_stub.valid_tokens = None  # the token is fixed
+    clock.now += timedelta(days=1)
     assert store.notifications_due(clock.now) and n.retry_due(clock.now) == 1
     [delivered] = slack_stub.delivered("#gpu-alerts")
-    assert delivered["blocks"] == list(msg().blocks) and delivered["metadata"]["event_payload"]["key"] == msg().key
-    assert n.retry_due(clock.now) == 0 and store.undelivered_count() == 0
+    assert delivered["blocks"] == list(notice.blocks) and delivered["metadata"]["event_payload"]["key"] == notice.key
+    assert n.retry_due(clock.now) == 0 and store.undelivered_count() == 1  # only the warning waits
+    assert store.get_notification(warning.key).status == "failed"
 
 
 def test_lost_answer_after_slack_posted_is_found_and_not_posted_again(slack_stub, tmp_path, store, with_token):

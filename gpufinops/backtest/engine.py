@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..evaluate import coverage_ok, window_is_idle
-from ..model import Aggregation, GpuInstance, Rule
+from ..model import FALSE_STOP_WITHIN_S, Aggregation, GpuInstance, Rule
 from .traces import Trace
 
 # Verdict codes in the int8 matrices (order matters only for readability).
@@ -48,7 +48,7 @@ _EPS = 1e-9
 class BacktestSettings:
     tick_s: float = 60.0  # evaluation period of the live service
     restart_cost_s: float = 600.0  # GPU time lost per restart (boot, model load, warm-up)
-    break_even_s: float = 1800.0  # a stop followed by demand sooner than this is a false stop
+    break_even_s: float = float(FALSE_STOP_WITHIN_S)  # a stop followed by demand sooner than this is a false stop
     demand_pct: float = 5.0  # activity above this while stopped means someone needs the GPU: restart
     price_per_gpu_hour: float = DEFAULT_PRICE_PER_GPU_HOUR
     scrape_interval_s: float | None = None  # expected samples = window / this; default: the trace step

@@ -309,8 +309,11 @@ class _Agg:
     max: float | None = None
     min: float | None = None
     bad: tuple[str, str] | None = None  # (agg, what is wrong) of the first implausible number read
+    dirty: bool = False  # came through the dirty query: the window held invalid raw samples, left out
 
     def add(self, agg: str, value: float) -> None:
+        if agg == "sample":
+            self.dirty = True
         problem = row_problem(agg, value)
         if problem:
             self.bad = self.bad or (agg, problem)
@@ -391,6 +394,7 @@ class _Gpu:
             power_mean_w=power.mean,
             uuid=self.uuid,
             model_name=self.model_name,
+            dropped_invalid=act.dirty,
         )
         for metric in _SIGNAL_AGGS:  # every signal read, not only the one judged
             problem = self.signals[metric].problem(metric, limits) if metric in self.signals else ""

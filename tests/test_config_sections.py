@@ -1,0 +1,117 @@
+"""The capability sections of gpufinops.yaml (billing, recommend, report) are typed settings, checked when
+the file is loaded: a typo fails at start, naming the file, the line and the dotted key, not on the Monday
+the weekly digest first reads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufinops.backtest.engine import BacktestSettings
+from gpufinops.budgets import BudgetFile
+from gpufinops.cli import build_parser
+from gpufinops.collect.billing.settings import billing_settings
+from gpufinops.config import (
+    BillingSettings,
+    ConfigError,
+    RecommendSettings,
+    ReportSettings,
+    Settings,
+    StrictModel,
+    load_settings,
+)
+from gpufinops.jobs import scheduled_jobs
+from gpufinops.learned import LearnedParams
+from gpufinops.model import FALSE_STOP_WITHIN_S
+from gpufinops.recommend.policy import policy_from_settings
+from gpufinops.report.options import report_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "gpufinops.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("doc,line,key,says", [
+    ("recommend:\n  windw_days: 3\n", 2, "recommend.windw_days", "Extra inputs are not permitted"),
+    ("recommend:\n  spot:\n    rate: 0.1\n", 3, "recommend.spot.rate", "Extra inputs are not permitted"),
+    ("recommend:\n  window_days: 0\n", 2, "recommend.window_days", "greater than or equal to 1"),
+    ("report:\n  top_m: 5\n", 2, "report.top_m", "Extra inputs are not permitted"),
+    ("report:\n  false_stop_s: .inf\n", 2, "report.false_stop_s", ""),
+    ("billing:\n  source: cur\n  budget_path: b.yaml\n", 3, "billing.budget_path", "Extra inputs are not permitted"),
+    ("billing:\n  athena:\n    timout_s: 5\n", 3, "billing.athena.timout_s", "Extra inputs are not permitted"),
+    ("billing:\n  source: csv\n", 2, "billing.source", "'ce', 'cur', 'focus' or 'athena'"),
+    ("billing: 7\n", 1, "billing", ""),
+])
+def test_a_bad_key_in_a_capability_section_fails_at_load_naming_file_line_and_key(tmp_path, doc, line, key, says):
+    p = write(tmp_path, "prometheus: {url: 'http://127.0.0.1:9090'}\n" + doc)
+    msg = str(pytest.raises(ConfigError, load_settings, p).value)
+    assert f"{p}:{line + 1}: key '{key}'" in msg and says in msg
+    assert "Traceback" not in msg
+
+
+def test_every_error_of_every_section_is_reported_at_once(tmp_path):
+    p = write(tmp_path, "recommend: {windw_days: 3}\nreport: {top_n: 0}\nbilling: {bogus: 1}\n")
+    lines = str(pytest.raises(ConfigError, load_settings, p).value).splitlines()
+    assert [ln.split(": key ")[0] for ln in lines] == [f"{p}:3", f"{p}:1", f"{p}:2"]
+    assert {ln.split("'")[1] for ln in lines} == {"recommend.windw_days", "report.top_n", "billing.bogus"}
+
+
+def test_overrides_are_checked_like_the_file():
+    with pytest.raises(ConfigError, match="key 'recommend.windw_days'"):
+        load_settings(recommend={"windw_days": 3})
+
+
+@pytest.mark.parametrize("doc", ["", "billing:\n", "billing: {}\n"])
+def test_no_billing_section_is_none_and_turns_the_budget_job_off(tmp_path, doc):
+    s = load_settings(write(tmp_path, doc or "{}\n"))
+    assert s.billing is None
+    assert "budgets" not in [job for job, _, _ in scheduled_jobs(s, None, None)]
+    assert billing_settings(s) == BillingSettings(gpu_families=s.aws.gpu_families)  # the commands use CE defaults
+
+
+def test_a_billing_section_turns_the_budget_job_on_and_its_paths_follow_the_config_file(tmp_path, monkeypatch):
+    p = write(tmp_path, "billing:\n  source: focus\n  path: costs/focus.csv\n  price_catalog: prices.csv\n"
+                        "aws: {gpu_families: [g5]}\n")
+    monkeypatch.chdir("/")
+    s = load_settings(p)
+    assert isinstance(s.billing, BillingSettings)
+    assert "budgets" in [job for job, _, _ in scheduled_jobs(s, None, None)]
+    base = tmp_path.resolve()
+    bs = billing_settings(s)
+    assert (bs.path, bs.price_catalog, bs.gpu_families) == (str(base / "costs/focus.csv"), str(base / "prices.csv"),
+                                                             ("g5",))
+    s3 = load_settings(write(tmp_path, "billing: {source: cur, path: 's3://cur/data/'}\n"))
+    assert s3.billing.path == "s3://cur/data/"
+
+
+def test_recommend_paths_follow_the_config_file_defaults_included(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")
+    base = tmp_path.resolve()
+    s = load_settings(write(tmp_path, "recommend: {catalog_dir: cat}\n"))
+    assert (s.recommend.catalog_dir, s.recommend.price_cache_path) == (str(base / "cat"),
+                                                                       str(base / "gpufinops-aws-prices.json"))
+
+
+def test_the_accessors_hand_back_the_typed_sections(tmp_path):
+    s = load_settings(write(tmp_path, "recommend: {window_days: 3}\nreport: {top_n: 4}\n"))
+    assert policy_from_settings(s) is s.recommend and s.recommend.window_days == 3
+    assert report_settings(s) is s.report and s.report.top_n == 4
+    assert report_settings(None) == ReportSettings()
+    defaults = Settings()
+    assert (defaults.billing, defaults.recommend, defaults.report) == (None, RecommendSettings(), ReportSettings())
+
+
+def test_one_strict_base_for_every_settings_and_budget_model():
+    for model in (Settings, BillingSettings, RecommendSettings, ReportSettings, BudgetFile):
+        assert issubclass(model, StrictModel), model
+        assert model.model_config["extra"] == "forbid" and model.model_config["allow_inf_nan"] is False
+
+
+def test_every_false_stop_threshold_defaults_to_the_one_constant():
+    args = build_parser().parse_args(["backtest", "--trace", "trace.csv"])
+    assert FALSE_STOP_WITHIN_S == 1800
+    assert (ReportSettings().false_stop_s, BacktestSettings().break_even_s, LearnedParams().break_even_s,
+            args.break_even) == (FALSE_STOP_WITHIN_S,) * 4
