@@ -198,7 +198,7 @@ def test_lease_lost_changes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("changes,expected", [
-    (dict(tags={"aws:autoscaling:groupName": "asg"}, managed_by="Auto Scaling group 'asg'",
+    (dict(tags={"aws:autoscaling:groupName": "asg", "team": "ml"}, managed_by="Auto Scaling group 'asg'",
           managed_advice="scale the group down"), "managed by Auto Scaling group 'asg'"),
     (dict(lifecycle="spot", spot_request_type="one-time"), "one-time spot instance cannot be stopped"),
     (dict(lifecycle="spot", spot_request_type=""), "request type is unknown"),
@@ -213,6 +213,15 @@ def test_managed_and_unstoppable_spot_are_judged_and_told_never_stopped(tmp_path
     assert len(w.lines) == 1  # one message to the owner, no warning of a stop that will not come
     [row] = w.store.action_rows(kinds=[ActionKind.NOTIFY])
     assert expected in row.reason
+    if "managed_by" in changes:  # the monthly audit says who manages it and what to do instead
+        from gpufinops.report.monthly import monthly_audit
+        from gpufinops.report.render import render_html
+
+        audit = monthly_audit(w.store, "2026-11", w.clock.now)
+        assert audit.managed.to_dict("records") == [
+            {"team": "ml", "instance_id": "i-00", "idle_episodes": 1, "managed_by": "Auto Scaling group 'asg'",
+             "instead": "scale the group down"}]
+        assert "Idle but managed by something else" in render_html(audit)
 
 
 def test_persistent_spot_may_be_stopped_and_terminate_rule_may_end_one_time_spot():

@@ -66,6 +66,11 @@ DAILY_COLUMNS = ["date", *[f"{v.lower()}_cost" for v in VERDICTS], "evaluated_co
                  "idle_hours"]
 ACTION_COLUMNS = ["kind", "dry_run", "status", "count"]
 SNOOZE_COLUMNS = ["team", "instance_id", "snoozes", "capped", "unreadable"]
+MANAGED_COLUMNS = ["team", "instance_id", "idle_episodes", "managed_by", "instead"]
+# The words act.stop_blocker puts in the reason of an instance that is judged but never stopped.
+_MANAGED = " managed by "
+_MANAGED_END = ": never stopped by gpufinops"
+_INSTEAD = "; instead: "
 
 
 @dataclass
@@ -86,6 +91,7 @@ class MonthlyAudit:
     actions: pd.DataFrame
     rules: list[str] = field(default_factory=list)
     snoozes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in SNOOZE_COLUMNS}))
+    managed: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in MANAGED_COLUMNS}))
 
     @property
     def has_data(self) -> bool:
@@ -95,7 +101,8 @@ class MonthlyAudit:
         """The tables as written to CSV and JSON, in report order."""
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
                 "stops": self.stops, "unknown_time": self.unknown_time, "recommendations": self.recommendations,
-                "daily": self.daily, "actions": self.actions, "snoozes": self.snoozes}
+                "daily": self.daily, "actions": self.actions, "snoozes": self.snoozes,
+                "managed": self.managed}
 
 
 # --------------------------------------------------------------------------- time model
@@ -458,6 +465,29 @@ def snooze_table(inp: AuditInputs) -> pd.DataFrame:
     return out.astype({"snoozes": int, "capped": int, "unreadable": int})[SNOOZE_COLUMNS]
 
 
+def managed_table(inp: AuditInputs) -> pd.DataFrame:
+    """Idle instances that something else manages (an Auto Scaling group, a node group, Karpenter...): never
+    stopped, their owners told what to do instead. Per instance: idle episodes, who manages it, the advice."""
+    rows = []
+    for a in inp.actions:
+        reason = a.reason or ""
+        if a.kind.value != "notify" or _MANAGED not in reason or _MANAGED_END not in reason:
+            continue
+        who = reason.split(_MANAGED, 1)[1].split(_MANAGED_END, 1)[0]
+        instead = reason.split(_INSTEAD, 1)[1] if _INSTEAD in reason else ""
+        rows.append({"instance_id": a.instance_id, "managed_by": who, "instead": instead})
+    if not rows:
+        return pd.DataFrame({c: [] for c in MANAGED_COLUMNS})
+    dec = inp.decisions
+    teams = (dec.sort_values("evaluated_at").groupby("instance_id")["team"].last().to_dict()
+             if len(dec) and "team" in dec else {})
+    d = pd.DataFrame(rows)
+    out = (d.groupby("instance_id").agg(idle_episodes=("managed_by", "size"), managed_by=("managed_by", "last"),
+                                        instead=("instead", "last")).reset_index())
+    out["team"] = out["instance_id"].map(lambda i: teams.get(i) or "")
+    return out.sort_values(["idle_episodes", "instance_id"], ascending=[False, True])[MANAGED_COLUMNS]
+
+
 # --------------------------------------------------------------------------- data quality
 
 
@@ -623,7 +653,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     }
     rules = sorted(frame["rule"].unique().tolist())
     audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
-                         daily, actions, rules, snooze_table(inp))
+                         daily, actions, rules, snooze_table(inp), managed_table(inp))
     audit.notes = quality_notes(audit)
     return audit
 
