@@ -6,6 +6,8 @@
     python bench/bench_backtest.py --cost     # both tuned for one false-stop cost, scored held out (backtest --tune)
     python bench/bench_backtest.py --tune-decision  # --tune's own call, made on the tuning half alone (~35 min)
     python bench/bench_backtest.py --trust    # earned trust live: replay all past lulls vs only the new one
+    python bench/bench_backtest.py --ceiling  # fixed rules' score vs the clairvoyant-with-lead ceiling (issue 12)
+    python bench/bench_backtest.py --early-warning  # the warning at the first idle sign, overlapping the window
 
 Policies: every trace is split in two halves of its series (GenTD26 pods by
 position in the sorted id list, Helios by VC, Philly by rank). The fixed-rule
@@ -359,6 +361,79 @@ def trust() -> None:
           f"hosts all complete a lull in the same tick: {t_full * 1000:.0f} s full vs {t_one * 1000:.1f} s")
 
 
+CEILING_COST_H = 2.0  # `backtest --false-stop-cost` default
+
+
+def ceiling() -> None:
+    """Issue 12: the clairvoyant-with-lead ceiling, the old oracle, and the fixed rules' score (net - c x false)."""
+    settings = BacktestSettings(false_stop_cost_h=CEILING_COST_H)
+    base = load_rules([ROOT / "rules"])[0]
+    cands = candidates(base)
+    print(f"\n[ceiling] score = net GPU-h - {CEILING_COST_H:g} x false stops; ceiling = clairvoyant with the "
+          f"{base.warning_lead_s // 60}-min lead; {len(cands)} swept fixed rules (lead as {base.name})")
+    print("| trace | oracle net GPU-h | ceiling score (stops, false) | ceiling / oracle | policy | false stops | "
+          "net GPU-h | score | % of ceiling | restarts / instance-day |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, loader in TRACES:
+        halves = [Prepared(h, settings) for h in loader()]
+        whole = Prepared(_concat([h.trace for h in halves]), settings)
+        c = whole.ceiling(float(base.warning_lead_s))
+        orc = oracle_net_seconds(whole).sum() / 3600
+        head = (f"| {name.split()[0]} | {orc:,.1f} | {c.score:,.1f} ({len(c.stop_at)}, {c.false_stops}) | "
+                f"{100 * c.score / orc:.0f}% |")
+        swept = run_sweep(whole, cands)
+        best = max(swept, key=lambda x: x.score)
+        shipped = backtest_rule(whole, base)[0]
+        for label, x in ((f"shipped {base.name}", shipped), (f"best in hindsight {best.policy}", best)):
+            print(f"{head} {label} | {x.false_stops} | {x.net_gpu_hours:,.1f} | {x.score:,.1f} | "
+                  f"{x.pct_of_ceiling:.0f}% | {x.restarts_per_instance_day:.2f} |")
+            head = "| | | | |"
+        # Held out: picked by score on one half, scored on the other.
+        held = []
+        for a, b in ((0, 1), (1, 0)):
+            pick = max(run_sweep(halves[a], cands), key=lambda x: x.score)
+            assert pick.rule is not None
+            held.append((pick.policy, backtest_rule(halves[b], pick.rule)[0]))
+        score = sum(x.score for _, x in held)
+        ceil = sum(x.ceiling_score for _, x in held)
+        print(f"{head} held out: picked on one half ({', '.join(p for p, _ in held)}), scored on the other | "
+              f"{sum(x.false_stops for _, x in held)} | {sum(x.net_gpu_hours for _, x in held):,.1f} | {score:,.1f} | "
+              f"{100 * score / ceil:.0f}% | "
+              f"{sum(x.restarts for _, x in held) / sum(h.instance_days for h in halves):.2f} |", flush=True)
+
+
+def early_warning() -> None:
+    """Issue 12 part 1.4: the warning at the first idle sign, overlapping the window (`backtest_rule_early_warning`),
+    and the variant that keeps every stop where it is and only warns earlier."""
+    from gpufinops.backtest.engine import IDLE, backtest_rule_early_warning, early_warning_rule
+
+    settings = BacktestSettings(false_stop_cost_h=CEILING_COST_H)
+    base = load_rules([ROOT / "rules"])[0]
+    rules = [base, replace(base, name="below-5pct-30m", threshold_pct=5.0, window_s=1800),
+             replace(base, name="below-5pct-10m", threshold_pct=5.0, window_s=600)]
+    print(f"\n[early warning] score = net - {CEILING_COST_H:g} x false; notice = stop - warning (median, min)")
+    print("| trace | rule | warning | stops | false stops | net GPU-h | score | % of ceiling | notice p50 min |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, loader in TRACES:
+        prep = Prepared(_concat(list(loader())), settings)
+        for rule in rules:
+            today, rep = backtest_rule(prep, rule)
+            early, rep_e = backtest_rule_early_warning(prep, rule)
+            # Stop unchanged, warning at the first idle sign: the sign's idle run that ends at each stop.
+            sign = rule_verdicts(prep, early_warning_rule(rule, settings.tick_s)) == IDLE
+            ticks = np.arange(sign.shape[1])
+            run_start = np.maximum.accumulate(np.where(~sign, ticks, -1), axis=1) + 1
+            a = rep.arrays
+            notice_same = (a["stop_at"] - prep.grid.times[run_start[a["instance"], a["tick"]]]) / 60
+            rows = (("after the window (today)", today, (a["stop_at"] - a["mark_at"]) / 60),
+                    ("at the first sign, stop unchanged", today, notice_same),
+                    ("at the first sign, overlapping", early, (rep_e.arrays["stop_at"] - rep_e.arrays["mark_at"]) / 60))
+            for label, x, notice in rows:
+                p50 = f"{np.median(notice):.0f}" if len(notice) else "-"
+                print(f"| {name.split()[0]} | {rule.name} | {label} | {x.stops} | {x.false_stops} | "
+                      f"{x.net_gpu_hours:,.1f} | {x.score:,.1f} | {x.pct_of_ceiling:.0f}% | {p50} |", flush=True)
+
+
 def policies() -> None:
     settings = BacktestSettings()
     out: list[dict] = []
@@ -382,7 +457,15 @@ if __name__ == "__main__":
     ap.add_argument("--cost", action="store_true")
     ap.add_argument("--tune-decision", action="store_true", help="about 35 min; not part of the default run")
     ap.add_argument("--trust", action="store_true", help="earned trust: full replay vs the lull just completed")
+    ap.add_argument("--ceiling", action="store_true", help="score vs the clairvoyant-with-lead ceiling")
+    ap.add_argument("--early-warning", action="store_true", help="the warning at the first idle sign")
     args = ap.parse_args()
+    if args.ceiling or args.early_warning:
+        if args.ceiling:
+            ceiling()
+        if args.early_warning:
+            early_warning()
+        sys.exit(0)
     every = not (args.perf or args.policies or args.cost or args.tune_decision or args.trust)
     if args.perf or every:
         perf()

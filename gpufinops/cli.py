@@ -22,6 +22,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from .collect.errors import QueryFailed
 from .config import ConfigError, Settings, load_settings
 
 CAPABILITY_CLI_MODULES = (
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_USAGE
+    except QueryFailed as exc:  # a data source failed (Prometheus down, a timeout): one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
 
 
 if __name__ == "__main__":  # pragma: no cover

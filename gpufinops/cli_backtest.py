@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from .cli import add_output_option
 
     p = sub.add_parser(
-        "backtest", help="replay idle rules over past GPU history: savings, false stops, oracle, best rule",
+        "backtest", help="replay idle rules over past GPU history: savings, false stops, score vs the ceiling, best rule",
         description="Replays the same rule files and evaluation code as the live service over history on a simulated "
                     "clock (mark, warning lead, stop, restart on demand) and reports what each rule would have done.",
     )
@@ -91,8 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive", action="store_true",
                    help="also run the learned policy (each instance's idle-stretch history) over each rule")
     p.add_argument("--false-stop-cost", type=float, default=2.0,
-                   help="GPU-hours a false stop counts as, on top of the restart (default 2): the learned policy's "
-                        "setting, and with --tune the cost both candidates are tuned and scored for")
+                   help="GPU-hours a false stop counts as, on top of the restart (default 2): every policy's score "
+                        "is net GPU-h minus this per false stop; also the learned policy's setting, and with --tune "
+                        "the cost both candidates are tuned and scored for")
     p.add_argument("--fleet-prior", type=float, default=5.0,
                    help="learned policy: pseudo-stretches from the fleet's history (0: each instance's own only)")
     p.add_argument("--p-min", type=float, default=None,
@@ -126,15 +127,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _table(rows) -> str:
-    head = ("policy", "stops", "false", "restarts", "GPU-h stopped", "restart GPU-h", "net GPU-h", "net $",
-            "% oracle", "t-stop p50/p90 min")
+    head = ("policy", "stops", "false", "restarts", "restarts/inst-day", "GPU-h stopped", "restart GPU-h",
+            "net GPU-h", "net $", "score", "% ceiling", "t-stop p50/p90 min")
     lines = [head]
     for s in rows:
         tts = s.time_to_stop_min
         lines.append((
-            s.policy[:58], str(s.stops), f"{s.false_stop_rate:.0%}", str(s.restarts), f"{s.gpu_hours_stopped:.1f}",
-            f"{s.restart_cost_gpu_hours:.1f}", f"{s.net_gpu_hours:.1f}", f"{s.net_dollars:,.0f}",
-            f"{s.pct_of_oracle:.0f}%", f"{tts['p50']:.0f}/{tts['p90']:.0f}" if tts else "-",
+            s.policy[:58], str(s.stops), f"{s.false_stop_rate:.0%}", str(s.restarts),
+            f"{s.restarts_per_instance_day:.2f}", f"{s.gpu_hours_stopped:.1f}", f"{s.restart_cost_gpu_hours:.1f}",
+            f"{s.net_gpu_hours:.1f}", f"{s.net_dollars:,.0f}", f"{s.score:.1f}", f"{s.pct_of_ceiling:.0f}%",
+            f"{tts['p50']:.0f}/{tts['p90']:.0f}" if tts else "-",
         ))
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -162,13 +164,10 @@ def run_backtest(args: argparse.Namespace) -> int:
                            gpu_column=args.gpu_column, step_s=args.trace_step)
     else:
         from .backtest.prometheus import load_prometheus
-        from .collect.prometheus import auth_of
 
-        prom = settings.prometheus
-        headers, _basic = auth_of(prom)  # load_prometheus takes headers; basic auth is not passed on
-        trace = load_prometheus(args.prometheus or prom.url, _time(args.start, now), _time(args.end, now), args.step,
-                                selector=args.selector if args.selector is not None else prom.selector,
-                                headers=headers, timeout_s=prom.timeout_s)
+        prom = settings.prometheus  # its auth, TLS, timeout, labels and selector (unless --selector)
+        trace = load_prometheus(prom.model_copy(update={"url": args.prometheus or prom.url}), _time(args.start, now),
+                                _time(args.end, now), args.step, selector=args.selector)
     if args.tune and trace.n_instances < 4:  # before any replay: fail fast
         raise ConfigError(f"--tune holds half the instances out: it needs at least 4 instances, the history has "
                           f"{trace.n_instances}")
@@ -179,6 +178,7 @@ def run_backtest(args: argparse.Namespace) -> int:
         tick_s=float(args.tick or settings.schedule.evaluate_every_s), restart_cost_s=float(args.restart_cost),
         break_even_s=float(args.break_even), demand_pct=args.demand_pct,
         price_per_gpu_hour=args.price if args.price is not None else DEFAULT_PRICE_PER_GPU_HOUR,
+        false_stop_cost_h=args.false_stop_cost,
     )
     _progress(f"{trace.n_instances} instances, {len(trace.gpu_names)} GPUs; preparing windows ...")
     prep = Prepared(trace, bt)
@@ -217,10 +217,20 @@ def run_backtest(args: argparse.Namespace) -> int:
     say(f"history: {trace.source}: {trace.n_instances} instances, {len(trace.gpu_names)} GPUs, {span_h:.1f} h "
           f"at {trace.step_s:g} s; tick {bt.tick_s:g} s, restart cost {bt.restart_cost_s / 60:g} min, "
           f"break-even {bt.break_even_s / 60:g} min, demand > {bt.demand_pct:g}%, ${bt.price_per_gpu_hour:g}/GPU-h")
-    say(f"oracle (every idle stretch > break-even stopped at its start): {oracle.sum() / 3600:.1f} net GPU-h")
+    ceilings = {lead: prep.ceiling(lead) for lead in sorted({float(r.warning_lead_s) for r in rules})}
+    for lead, c in ceilings.items():
+        say(f"ceiling (clairvoyant with a {lead / 60:g}-min lead: every idle stretch whose stop gains stopped one lead "
+            f"after its start): {len(c.stop_at)} stops, {c.false_stops} false, {c.net_gpu_hours:.1f} net GPU-h, "
+            f"score {c.score:.1f}")
+    say(f"score = net GPU-h - {bt.false_stop_cost_h:g} x false stops (--false-stop-cost); % ceiling = score / the "
+        f"ceiling for the rule's lead. Old yardstick, JSON only: oracle (no lead) {oracle.sum() / 3600:.1f} net GPU-h")
     say(_table(results))
     out = {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
-                       "hours": span_h, "step_s": trace.step_s},
+                       "hours": span_h, "step_s": trace.step_s, "instance_days": prep.instance_days},
+           "false_stop_cost_h": bt.false_stop_cost_h,
+           "ceiling": [{"warning_lead_s": lead, "stops": len(c.stop_at), "false_stops": c.false_stops,
+                        "net_gpu_hours": c.net_gpu_hours, "score": c.score} for lead, c in ceilings.items()],
+           "oracle_net_gpu_hours": oracle.sum() / 3600,
            "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
            "results": [s.to_dict() for s in results], "example_stops": examples}
 
@@ -230,7 +240,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
                        args.aggregations or DEFAULT_AGGREGATIONS)
     if args.sweep:
-        from .backtest.sweep import pareto_front, rule_yaml, run_sweep, suggest
+        from .backtest.sweep import best_by_score, pareto_front, rule_yaml, run_sweep, suggest
 
         _progress(f"sweeping {len(cands)} rules ...")
         swept = run_sweep(prep, cands)
@@ -238,8 +248,14 @@ def run_backtest(args: argparse.Namespace) -> int:
         best = suggest(front, args.max_false_stop_rate)
         say(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
         say(_table(front))
+        top = best_by_score(swept)
+        if top is not None:
+            say(f"\nbest swept rule by score: {top.policy}: score {top.score:.1f} = {top.pct_of_ceiling:.0f}% of the "
+                f"ceiling's {top.ceiling_score:.1f}, {top.false_stops} false stops, "
+                f"{top.restarts_per_instance_day:.2f} restarts per instance-day")
         out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
-                        "suggested": best.policy if best else None}
+                        "suggested": best.policy if best else None,
+                        "best_by_score": top.policy if top else None}
         if best is None:
             say("\nno swept rule saves anything on this history: keep notify-only rules")
         else:
@@ -282,8 +298,8 @@ def _tune(trace, bt, base, cands, args, say=print) -> dict:
     """--tune: both candidates tuned on one half of the instances and scored on the other, both ways."""
     from .backtest.engine import Prepared
     from .backtest.sweep import rule_yaml
-    from .backtest.tune import (cost_score, held_out_gain, holdout, learned_rule_yaml, recommend_learned,
-                                setting_text, split_halves, tune)
+    from .backtest.tune import (cost_score, held_out_gain, holdout, learned_rule_yaml,
+                                recommend_learned, setting_text, split_halves, tune)
 
     cost = args.false_stop_cost
     halves = [Prepared(h, bt) for h in split_halves(trace)]
@@ -298,12 +314,14 @@ def _tune(trace, bt, base, cands, args, say=print) -> dict:
     say(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
           f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); each candidate is tuned "
           f"on one half and scored on the other.")
-    rows = [("held out", "candidate (tuned on the other half)", "stops", "false", "net GPU-h", "score")]
+    rows = [("held out", "candidate (tuned on the other half)", "stops", "false", "net GPU-h", "score", "% ceiling",
+             "restarts/inst-day")]
     for h in results:
-        for s, what in ((h.fixed_test, f"fixed {h.tuned.fixed.policy}"),
-                        (h.learned_test, f"learned {setting_text(h.tuned)}")):
+        for s, what, pct in ((h.fixed_test, f"fixed {h.tuned.fixed.policy}", h.fixed_pct_of_ceiling),
+                             (h.learned_test, f"learned {setting_text(h.tuned)}", h.learned_pct_of_ceiling)):
             rows.append((h.label, what, str(s.stops), f"{s.false_stop_rate:.0%}", f"{s.net_gpu_hours:.1f}",
-                         f"{cost_score(s, cost):.1f}"))
+                         f"{cost_score(s, cost):.1f}", f"{pct:.0f}%",
+                         f"{s.restarts_per_instance_day:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         say("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -324,5 +342,7 @@ def _tune(trace, bt, base, cands, args, say=print) -> dict:
                                                                   "params": whole.params.__dict__},
             "holdout": [{"held_out": h.label, "fixed": h.fixed_test.to_dict(), "learned": h.learned_test.to_dict(),
                          "learned_rule": h.tuned.pairing.name, "learned_params": h.tuned.params.__dict__,
-                         "fixed_score": h.fixed_score,
-                         "learned_score": h.learned_score} for h in results]}
+                         "fixed_score": h.fixed_score, "learned_score": h.learned_score,
+                         "ceiling_score": h.ceiling_score,
+                         "fixed_pct_of_ceiling": h.fixed_pct_of_ceiling,
+                         "learned_pct_of_ceiling": h.learned_pct_of_ceiling} for h in results]}

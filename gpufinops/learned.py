@@ -43,10 +43,11 @@ from .collect.prometheus import (
     GPU_LABELS,
     GPU_UTIL,
     GR_ENGINE_ACTIVE,
+    MAX_POINTS,
     InstanceMatcher,
+    PromReader,
     QueryFailed,
-    connect,
-    translated_errors,
+    host_labels,
 )
 from .config import PrometheusSettings
 from .model import (
@@ -61,7 +62,6 @@ from .model import (
 
 log = logging.getLogger("gpufinops.learned")
 
-MAX_POINTS = 10_000  # steps per range query: under Prometheus' 11,000 points per series
 TICK_S = adaptive.REPLAY_TICK_S  # ages at which an earlier IDLE is looked for
 _AGGS = ("util_max", "util_n", "gr_max", "gr_n")
 UNKNOWN_STEP, IDLE_STEP, DEMAND_STEP = 0, 1, 2
@@ -371,15 +371,14 @@ class IdleHistory:
                  max_points: int = MAX_POINTS):
         self.settings = settings
         self.max_points = max_points
-        self.queries_made = 0
         self.errors: dict[_Config, str] = {}
         self._grids: dict[_Config, _Grid] = {}
-        labels: list[str] = []
-        for name in (settings.instance_label, *settings.hostname_labels):
-            if name and name not in labels:
-                labels.append(name)
-        self.host_labels = tuple(labels)
-        self._client = connect(settings, session)
+        self.host_labels = host_labels(settings.instance_label, settings.hostname_labels)
+        self.reader = PromReader(settings, session)
+
+    @property
+    def queries_made(self) -> int:
+        return self.reader.queries_made
 
     # -- queries
 
@@ -400,15 +399,10 @@ class IdleHistory:
         return " or ".join(parts)
 
     def _range(self, promql: str, start: float, end: float, step_s: int):
-        self.queries_made += 1
-        where = self.settings.url.split("@")[-1]
-        with translated_errors(where, self.settings.timeout_s):
-            answer = self._client.custom_query_range(
-                promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
-                str(step_s), params={"timeout": f"{max(self.settings.timeout_s, 0.001):.3f}"})
+        """(host key, agg, ts, value) rows of [start, end], read in pages of at most max_points steps."""
         rows = []
         try:
-            for series in answer:
+            for series in self.reader.range(promql, start, end, step_s, max_points=self.max_points):
                 labels = series["metric"]
                 agg = labels.get("agg")
                 key = tuple(str(labels.get(name, "")) for name in self.host_labels)
@@ -417,17 +411,11 @@ class IdleHistory:
                 for ts, value in series["values"]:
                     rows.append((key, agg, float(ts), float(value)))
         except (KeyError, TypeError, ValueError):
-            raise QueryFailed(f"prometheus at {where}: malformed range answer") from None
+            raise QueryFailed(f"prometheus at {self.reader.where}: malformed range answer") from None
         return rows
 
     def _read(self, grid: _Grid, start: float, end: float) -> None:
-        step = grid.step_s
-        promql = self.query(step)
-        t = start
-        while t <= end:  # chunks of at most max_points steps
-            t1 = min(end, t + (self.max_points - 1) * step)
-            grid.put(t, t1, self._range(promql, t, t1, step))
-            t = t1 + step
+        grid.put(start, end, self._range(self.query(grid.step_s), start, end, grid.step_s))
 
     # -- refresh (I/O)
 

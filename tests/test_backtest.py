@@ -56,6 +56,9 @@ def test_long_idle_night_is_stopped_once_with_the_right_gpu_hours(default_rule):
     assert s.time_to_stop_min["p50"] == pytest.approx(24)
     assert s.oracle_net_gpu_hours == pytest.approx((600 - 10) / 60)  # stopped at minute 480, restarted at 1080
     assert s.pct_of_oracle == pytest.approx(100 * (566 / 590))
+    # The ceiling warns at minute 480 and stops at 495 (the lead): (1080 - 495 - 10) = 575 min, no false stop.
+    assert s.ceiling_score == pytest.approx(575 / 60) and s.score == pytest.approx(566 / 60)
+    assert s.pct_of_ceiling == pytest.approx(100 * 566 / 575)
 
 
 def test_restart_cost_and_price_are_configurable(default_rule):

@@ -118,6 +118,12 @@ def test_cli_tune_suggests_the_learned_block_as_a_rule_file(tmp_path, capsys):
                      r"together; tuned on the whole history", out)
     assert tuned["held_out_gain"] == pytest.approx(sum(h["learned_score"] - h["fixed_score"]
                                                        for h in tuned["holdout"]))
+    # Held-out scores as a % of the clairvoyant-with-lead ceiling on the same half, for the same cost.
+    assert "% ceiling" in out and "restarts/inst-day" in out
+    for h in tuned["holdout"]:
+        assert h["ceiling_score"] > 0
+        assert h["learned_pct_of_ceiling"] == pytest.approx(100 * h["learned_score"] / h["ceiling_score"])
+        assert h["fixed"]["score"] == pytest.approx(h["fixed_score"])  # one score, one --false-stop-cost
     rule = load_rules([out_rule])[0]  # the suggestion is a rule file the service loads
     assert rule.learned is not None and rule.window_s == 300 and rule.threshold_pct == 5.0
     assert rule.learned.break_even_s == 1800 and rule.learned.restart_cost_s == 600

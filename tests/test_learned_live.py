@@ -265,7 +265,7 @@ def test_prometheus_down_leaves_the_fixed_rule_deciding(prom):
         port = s.getsockname()[1]
     down = IdleHistory(PrometheusSettings(url=f"http://127.0.0.1:{port}", timeout_s=2))
     down.refresh([LEARNED], NOW)
-    assert list(down.errors.values()) == [f"prometheus at http://127.0.0.1:{port}: cannot connect"]
+    assert list(down.errors.values()) == [f"prometheus at 127.0.0.1:{port}: cannot connect"]  # as the collector names it
     fixed = fixed_decisions(prom, [LEARNED])
     assert any(d.verdict == Verdict.IDLE for d in fixed)
     assert apply_learned(fixed, MAIN, [LEARNED], down, NOW) == fixed

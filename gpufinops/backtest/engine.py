@@ -24,7 +24,7 @@ Two stages, both without a per-sample Python loop:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -41,6 +41,7 @@ VERDICT_NAMES = ("UNKNOWN", "IDLE", "UNDERUTILIZED", "ACTIVE")
 # p4d.24xlarge on-demand us-east-1, 21.957642 USD/h for 8 A100 GPUs
 # (../shared/data/gpu_prices/aws_ec2_ondemand_prices_karpenter_us-east-1.csv).
 DEFAULT_PRICE_PER_GPU_HOUR = 2.745
+DEFAULT_FALSE_STOP_COST_H = 2.0  # the score's c: GPU-hours a false stop costs a person (`--false-stop-cost`)
 _EPS = 1e-9
 
 
@@ -51,6 +52,9 @@ class BacktestSettings:
     break_even_s: float = float(FALSE_STOP_WITHIN_S)  # a stop followed by demand sooner than this is a false stop
     demand_pct: float = 5.0  # activity above this while stopped means someone needs the GPU: restart
     price_per_gpu_hour: float = DEFAULT_PRICE_PER_GPU_HOUR
+    # GPU-hours a false stop costs a person on top of the restart (lost work, a ticket): the score's c, one
+    # meaning for the report, the sweep and --tune (`gpufinops backtest --false-stop-cost`).
+    false_stop_cost_h: float = DEFAULT_FALSE_STOP_COST_H
     scrape_interval_s: float | None = None  # expected samples = window / this; default: the trace step
     # instance id -> [(start, end) epoch s] during which a gpufinops:snooze-until tag is set.
     snoozes: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
@@ -124,6 +128,20 @@ class Prepared:
         self.prev_demand = np.maximum.accumulate(idx, axis=1)  # last demand sample <= k
         self.gpus = trace.gpus_per_instance()
         self.snoozed = self._snooze_mask()
+        self._ceilings: dict[tuple[float, float], CeilingStops] = {}
+
+    def ceiling(self, warning_lead_s: float, false_stop_cost_h: float | None = None) -> CeilingStops:
+        """`ceiling_stops` for this lead and cost (default: the settings'), computed once (a sweep shares it)."""
+        c = self.settings.false_stop_cost_h if false_stop_cost_h is None else false_stop_cost_h
+        if (warning_lead_s, c) not in self._ceilings:
+            self._ceilings[(warning_lead_s, c)] = ceiling_stops(self, warning_lead_s, c)
+        return self._ceilings[(warning_lead_s, c)]
+
+    @property
+    def instance_days(self) -> float:
+        """Days of history summed over instances (first sample to the end of the last one's step)."""
+        span = np.where(self.last_idx >= self.first_idx, self.end_t - self.first_t, 0.0)
+        return float(span.sum() / 86400)
 
     def _snooze_mask(self) -> np.ndarray:
         mask = np.zeros((self.trace.n_instances, len(self.grid.times)), dtype=bool)
@@ -280,13 +298,15 @@ def next_index(mask: np.ndarray) -> np.ndarray:
 
 
 def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s: float,
-           timeline: bool = False) -> Replay:
+           timeline: bool = False, stop_verdicts: np.ndarray | None = None) -> Replay:
     """Apply mark/stop/cancel/restart to a verdict matrix.
 
     All instances advance together, one event (a mark and its outcome) per round, with numpy on the
     vector of instances: rounds = the most events any one instance has, not ticks or samples.
     grace_s: after a restart, ticks until restart + grace_s are UNKNOWN (too young): the rule window.
     timeline: also return the verdicts the live service would have seen (stopped -> UNKNOWN).
+    stop_verdicts: where given, the stop (at or after mark + lead) waits for an IDLE here, while marks and
+    cancels follow `verdicts` (the early warning, `backtest_rule_early_warning`).
     """
     tr, s, times = prep.trace, prep.settings, prep.grid.times
     n_ticks, n_steps, t0, step, tick = len(times), tr.n_steps, tr.t0, tr.step_s, s.tick_s
@@ -298,9 +318,10 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
     cancels = (verdicts == UNDERUTILIZED) | (verdicts == ACTIVE) | prep.snoozed | renew
     pad = np.full((tr.n_instances, 1), n_ticks)
     nxt_idle = np.concatenate([next_index(eligible), pad], axis=1)
+    nxt_stop = nxt_idle if stop_verdicts is None else np.concatenate(
+        [next_index((stop_verdicts == IDLE) & ~prep.snoozed), pad], axis=1)
     nxt_cancel = np.concatenate([next_index(cancels), pad, pad], axis=1)
-    # The live service marks on one tick and stops on a later one, even with no lead time.
-    lead_ticks = max(1, int(math.ceil(warning_lead_s / tick - _EPS)))
+    lead_ticks = lead_in_ticks(warning_lead_s, tick)
     seen = verdicts.copy() if timeline else verdicts
     out: dict[str, list] = {k: [] for k in ("instance", "stop_at", "restart_at", "stopped_s", "false_stop",
                                             "time_to_stop_s", "mark_at", "tick")}
@@ -315,7 +336,7 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
         # stop_at beyond the history: no stop, but the mark can still be cancelled (then marked again).
         stop_tick = np.minimum(m + lead_ticks, n_ticks)
         c = nxt_cancel[rows, m + 1]
-        st = nxt_idle[rows, stop_tick]
+        st = nxt_stop[rows, stop_tick]
         # A renewal on the very tick the stop would happen wins: the live plan unmarks first.
         cancel = (c < st) | ((c == st) & (c < n_ticks))
         cancelled += int(np.count_nonzero(cancel & (c < n_ticks)))
@@ -380,6 +401,116 @@ def oracle_net_seconds(prep: Prepared) -> np.ndarray:
     return out
 
 
+def lead_in_ticks(warning_lead_s: float, tick_s: float) -> int:
+    """Ticks from a mark to its stop: the live service marks on one tick and stops on a later one, even with
+    no lead time."""
+    return max(1, math.ceil(warning_lead_s / tick_s - _EPS))
+
+
+@dataclass(frozen=True)
+class CeilingStops:
+    """The clairvoyant-with-lead policy's stops, as parallel arrays (one entry per idle stretch it stops)."""
+
+    instance: np.ndarray  # instance index
+    mark_at: np.ndarray  # epoch s: the stretch's first tick, where the warning goes out
+    stop_at: np.ndarray  # epoch s: mark + the lead, on the grid
+    restart_at: np.ndarray  # epoch s; NaN: never needed again before the instance's history ends
+    net_s: np.ndarray  # GPU-seconds saved: stopped time minus the restart cost, times the instance's GPUs
+    false_stop: np.ndarray  # bool; only where the stop's net outweighs the false-stop cost (a many-GPU instance)
+    false_stop_cost_h: float
+
+    @property
+    def net_gpu_hours(self) -> float:
+        return float(self.net_s.sum() / 3600)
+
+    @property
+    def false_stops(self) -> int:
+        return int(np.count_nonzero(self.false_stop))
+
+    @property
+    def score(self) -> float:
+        return net_score(self.net_gpu_hours, self.false_stops, self.false_stop_cost_h)
+
+
+def ceiling_stops(prep: Prepared, warning_lead_s: float, false_stop_cost_h: float | None = None) -> CeilingStops:
+    """The clairvoyant-with-lead ceiling: what perfect foresight saves when it obeys a real rule's constraints.
+
+    Why not the oracle (`oracle_net_seconds`): the oracle stops every idle stretch longer than the break-even at
+    its first second, without a warning. No rule may do that: the live service stops only after a delivered
+    warning and its full lead. With a 15-min lead, perfect foresight reaches only about 58% of the oracle on the
+    shared traces, so "% of oracle" cannot approach 100% and says little about how good a rule is.
+
+    This policy knows the whole future but obeys what any rule obeys, on the grid the engine replays:
+    - idle stretch: samples with no demand (no activity above `demand_pct`; missing data counts as no demand,
+      which only raises the ceiling), ended by the first demand sample, where a stopped instance restarts;
+    - the warning goes out on the stretch's first tick (the first tick at or after its first sample) and the
+      stop comes `lead_in_ticks(warning_lead_s, tick)` ticks later, as `replay` counts a mark and its stop;
+    - it stops a stretch exactly when that gains on the score (`net_score`): the stop comes before the demand (or
+      the instance's end), and the stopped time minus the restart cost, times the GPUs, exceeds the false-stop
+      cost c (`false_stop_cost_h`, default the settings') when the stop is a false one (demand sooner than
+      `break_even_s` after it). A false stop nets at most (break-even - restart cost) x GPUs, 20 GPU-min per GPU
+      by default, so with c = 2 GPU-h the ceiling never stops falsely on instances of up to 6 GPUs; with c = 0 it
+      takes every false stop that nets anything.
+    Every rule's stop in a stretch comes at or after the ceiling's (when its warning needs no demand in its
+    window), and a later stop never scores more, so no such rule's score exceeds the ceiling's for the same c.
+    Not modelled (each only raises the ceiling): snoozes, a rule's window, the grace after a restart.
+    A rule whose warning goes out on a sign that is not idle by this definition (a threshold above the demand
+    level, or a mean that hides a demand sample) can warn before the stretch starts and so beat the ceiling on
+    that stretch; the ceiling bounds rules whose warning goes out only while no demand shows.
+    """
+    tr, s = prep.trace, prep.settings
+    c = s.false_stop_cost_h if false_stop_cost_h is None else false_stop_cost_h
+    n_ticks = len(prep.grid.times)
+    lead = lead_in_ticks(warning_lead_s, s.tick_s)
+    parts: dict[str, list] = {k: [] for k in ("instance", "mark_at", "stop_at", "restart_at", "net_s", "false_stop")}
+    for i in range(tr.n_instances):  # per instance; the stretches themselves are arrays
+        first, last = prep.first_idx[i], prep.last_idx[i]
+        if last < first:
+            continue
+        d = np.flatnonzero(prep.demand[i, first:last + 1]) + first
+        starts = np.concatenate([[first], d + 1])
+        ends = np.concatenate([d, [last + 1]])  # sample index of the demand that ends it (last + 1: none)
+        has_restart = np.concatenate([np.ones(len(d), dtype=bool), [False]])
+        nonempty = ends > starts
+        starts, ends, has_restart = starts[nonempty], ends[nonempty], has_restart[nonempty]
+        mark = np.ceil((starts * tr.step_s) / s.tick_s - _EPS).astype(np.int64)  # first tick at/after the start
+        stop = mark + lead
+        stop_t = tr.t0 + stop * s.tick_s
+        restart_t = np.where(has_restart, tr.t0 + ends * tr.step_s, np.nan)
+        until = np.where(has_restart, restart_t, prep.end_t[i])
+        stopped = until - stop_t
+        net = (stopped - np.where(has_restart, s.restart_cost_s, 0.0)) * prep.gpus[i]
+        false_stop = has_restart & (stopped < s.break_even_s)
+        gain_s = net - np.where(false_stop, c * 3600.0, 0.0)
+        keep = (stop < n_ticks) & (stopped > _EPS) & (gain_s > _EPS)
+        parts["instance"].append(np.full(int(keep.sum()), i, dtype=np.int64))
+        parts["mark_at"].append(tr.t0 + mark[keep] * s.tick_s)
+        parts["stop_at"].append(stop_t[keep])
+        parts["restart_at"].append(restart_t[keep])
+        parts["net_s"].append(net[keep])
+        parts["false_stop"].append(false_stop[keep])
+    cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in parts.items()}
+    return CeilingStops(instance=cat["instance"].astype(np.int64), mark_at=cat["mark_at"], stop_at=cat["stop_at"],
+                        restart_at=cat["restart_at"], net_s=cat["net_s"], false_stop=cat["false_stop"].astype(bool),
+                        false_stop_cost_h=c)
+
+
+def ceiling_net_seconds(prep: Prepared, warning_lead_s: float, false_stop_cost_h: float | None = None) -> np.ndarray:
+    """GPU-seconds the clairvoyant-with-lead ceiling (`ceiling_stops`) saves per instance."""
+    stops = ceiling_stops(prep, warning_lead_s, false_stop_cost_h)
+    return np.bincount(stops.instance, weights=stops.net_s, minlength=prep.trace.n_instances).astype(float)
+
+
+def net_score(net_gpu_hours: float, false_stops: int, false_stop_cost_h: float) -> float:
+    """The score a policy is judged by: net GPU-hours saved minus `false_stop_cost_h` per false stop."""
+    return net_gpu_hours - false_stop_cost_h * false_stops
+
+
+def pct_of_ceiling(score: float, ceiling_score: float) -> float:
+    """A score as a share of the ceiling's score for the same false-stop cost (0 where the ceiling saves nothing)."""
+    return 100.0 * score / ceiling_score if ceiling_score > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Summary:
     policy: str
@@ -398,6 +529,15 @@ class Summary:
     pct_of_oracle: float
     time_to_stop_min: dict  # p10/p50/p90/mean minutes
     rule: Rule | None = None
+    # The yardstick (issue 12): score = net GPU-h - false_stop_cost_h x false stops, against the clairvoyant-with-
+    # lead ceiling for the rule's own lead (`ceiling_stops`). pct_of_oracle above is kept for old readers only.
+    false_stop_cost_h: float = DEFAULT_FALSE_STOP_COST_H
+    score: float = 0.0
+    ceiling_net_gpu_hours: float = 0.0
+    ceiling_false_stops: int = 0
+    ceiling_score: float = 0.0
+    pct_of_ceiling: float = 0.0
+    restarts_per_instance_day: float = 0.0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rule"}
@@ -418,6 +558,9 @@ def summarise(name: str, prep: Prepared, rep: Replay, rule: Rule | None = None,
     false = int(np.count_nonzero(a["false_stop"])) if n else 0
     net = stopped_h - cost_h
     oracle_h = float((oracle_net_seconds(prep) if oracle is None else oracle).sum() / 3600)
+    ceiling = prep.ceiling(float(rule.warning_lead_s) if rule is not None else 0.0)
+    score = net_score(net, false, s.false_stop_cost_h)
+    days = prep.instance_days
     tts = a["time_to_stop_s"] / 60 if n else np.zeros(0)
     dist = ({"p10": float(np.percentile(tts, 10)), "p50": float(np.median(tts)), "p90": float(np.percentile(tts, 90)),
              "mean": float(tts.mean())} if n else {})
@@ -427,6 +570,10 @@ def summarise(name: str, prep: Prepared, rep: Replay, rule: Rule | None = None,
         gpu_hours_stopped=stopped_h, restart_cost_gpu_hours=cost_h, net_gpu_hours=net,
         net_dollars=net * s.price_per_gpu_hour, oracle_net_gpu_hours=oracle_h,
         pct_of_oracle=100.0 * net / oracle_h if oracle_h > 0 else 0.0, time_to_stop_min=dist, rule=rule,
+        false_stop_cost_h=s.false_stop_cost_h, score=score, ceiling_net_gpu_hours=ceiling.net_gpu_hours,
+        ceiling_false_stops=ceiling.false_stops, ceiling_score=ceiling.score,
+        pct_of_ceiling=pct_of_ceiling(score, ceiling.score),
+        restarts_per_instance_day=int(restarted.sum()) / days if days > 0 else 0.0,
     )
 
 
@@ -436,6 +583,30 @@ def backtest_rule(prep: Prepared, rule: Rule, oracle: np.ndarray | None = None) 
     return summarise(rule.name, prep, rep, rule, oracle), rep
 
 
+def early_warning_rule(rule: Rule, tick_s: float) -> Rule:
+    """The first idle sign of a rule: its own predicate over one tick's samples (window = the tick)."""
+    return replace(rule, name=f"{rule.name} (early warning)", window_s=math.ceil(tick_s))
+
+
+def backtest_rule_early_warning(prep: Prepared, rule: Rule) -> tuple[Summary, Replay]:
+    """The rule with a warning that starts at the first idle sign and overlaps the window.
+
+    Today: the window W must be idle before the warning goes out, then the lead L runs: an idle stretch that
+    begins at s is stopped at s + W + L, with L of notice. Early warning, precisely: the warning goes out at the
+    first tick where the rule's own predicate holds over that tick's samples alone (`early_warning_rule`); any
+    later tick where that one-tick sign fails (activity at or over the threshold) cancels it, as an ACTIVE
+    verdict cancels a mark today, and missing data renews it; the stop comes at the first tick at or after
+    warning + L where the rule's full window verdict is IDLE. For a stays_below rule the sign holds for the whole
+    window, so the stop comes at s + max(W, L) (on the grid) with max(W, L) of notice. After a restart no
+    warning starts within the rule's window (the launch-time reset), as today.
+    The other variant, stop time unchanged (s + W + L) with the warning at s, changes no stop and no figure
+    but the notice (W + L instead of L): bench/bench_backtest.py --early-warning measures both.
+    """
+    sign = rule_verdicts(prep, early_warning_rule(rule, prep.settings.tick_s))
+    rep = replay(prep, sign, rule.warning_lead_s, rule.window_s, stop_verdicts=rule_verdicts(prep, rule))
+    return summarise(f"{rule.name} (early warning)", prep, rep, rule), rep
+
+
 def backtest(trace: Trace, rules: Sequence[Rule], settings: BacktestSettings | None = None) -> list[Summary]:
     prep = Prepared(trace, settings or BacktestSettings())
     oracle = oracle_net_seconds(prep)
@@ -443,6 +614,7 @@ def backtest(trace: Trace, rules: Sequence[Rule], settings: BacktestSettings | N
 
 
 __all__ = [
-    "Aggregation", "BacktestSettings", "Prepared", "Replay", "StopEvent", "Summary", "backtest", "backtest_rule",
+    "Aggregation", "BacktestSettings", "backtest_rule_early_warning", "early_warning_rule", "Prepared", "Replay", "StopEvent", "Summary", "backtest", "backtest_rule",
+    "CeilingStops", "ceiling_net_seconds", "ceiling_stops", "lead_in_ticks", "net_score", "pct_of_ceiling",
     "oracle_net_seconds", "replay", "rule_verdicts", "summarise", "UNKNOWN", "IDLE", "UNDERUTILIZED", "ACTIVE",
 ]

@@ -1,83 +1,83 @@
-"""History from Prometheus: range queries of DCGM_FI_DEV_GPU_UTIL with a server-side step.
+"""History from Prometheus: GPU activity as a range query with a server-side step, through the one reader.
 
-One query per chunk of at most 10,000 steps (Prometheus refuses more than
-11,000 points per series). Series are keyed by the instance label the live
-collector uses (instance_id, else Hostname/hostname, else instance) and the
-gpu label (plus GPU_I_ID for MIG slices).
+The live collector's signal, labels and connection: activity is DCGM_FI_DEV_GPU_UTIL where a GPU has it,
+else 100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE (all a MIG slice has), per GPU (`max by` its identity labels);
+read with the settings' auth and TLS in pages under Prometheus' points limit (collect.prometheus.PromReader).
+Series are keyed by the first host label the live collector knows (instance label, else Hostname/hostname)
+and the gpu (plus GPU_I_ID for MIG slices). A series with none of those labels names no instance: left out.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Mapping
-
 import numpy as np
 
-from ..config import ConfigError
+from ..collect.prometheus import (
+    ACTIVITY_SIGNALS,
+    PromReader,
+    activity_percent,
+    endpoint_of,
+    gpu_identity_labels,
+    gpu_key,
+    host_labels,
+)
+from ..config import ConfigError, PrometheusSettings
+from ..model import SENTINEL_THRESHOLD
 from .traces import Trace
 
-METRIC = "DCGM_FI_DEV_GPU_UTIL"
-MAX_POINTS = 10_000
-ID_LABELS = ("instance_id", "Hostname", "hostname", "exported_pod", "instance")
+
+def activity_query(settings: PrometheusSettings, selector: str | None = None) -> str:
+    """The backtest's one PromQL text: activity % per GPU, with the settings' labels (and selector unless given)."""
+    return activity_percent(gpu_identity_labels(settings.instance_label, settings.hostname_labels),
+                            settings.selector if selector is None else selector)
 
 
-def _get(url: str, params: Mapping[str, str], headers: Mapping[str, str], timeout_s: float) -> dict:
-    full = f"{url.rstrip('/')}/api/v1/query_range?{urllib.parse.urlencode(params)}"
-    req = urllib.request.Request(full, headers=dict(headers))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = json.load(resp)
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:300]
-        raise ConfigError(f"prometheus {url}: range query failed: HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise ConfigError(f"prometheus {url}: unreachable: {getattr(exc, 'reason', exc)}") from None
-    if body.get("status") != "success":
-        raise ConfigError(f"prometheus {url}: {body.get('errorType')}: {body.get('error')}")
-    return body["data"]
+def load_prometheus(settings: PrometheusSettings | str, start: float, end: float, step_s: float,
+                    selector: str | None = None) -> Trace:
+    """GPU activity (%) between start and end (epoch s) at `step_s`, as a Trace.
 
-
-def load_prometheus(url: str, start: float, end: float, step_s: float, selector: str = "",
-                    headers: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> Trace:
-    """GPU activity between start and end (epoch s) at `step_s`, as a Trace."""
+    `settings` gives the URL, auth, TLS, timeout and labels (a bare URL means the defaults). A failed query
+    raises QueryFailed; a period or selector with no series at all is a ConfigError (nothing to replay)."""
+    if isinstance(settings, str):
+        settings = PrometheusSettings(url=settings)
     if end <= start:
         raise ConfigError(f"prometheus: empty period ({start} .. {end})")
-    query = f"{METRIC}{{{selector}}}" if selector else METRIC
+    query = activity_query(settings, selector)
+    hosts = host_labels(settings.instance_label, settings.hostname_labels)
     n_steps = int((end - start) // step_s) + 1
+    end = start + (n_steps - 1) * step_s  # on the grid: the last page's steps are the trace's
     keys: dict[tuple[str, str], int] = {}
     rows: list[np.ndarray] = []
-    for c0 in range(0, n_steps, MAX_POINTS):
-        c1 = min(n_steps, c0 + MAX_POINTS) - 1
-        data = _get(url, {"query": query, "start": f"{start + c0 * step_s:.3f}", "end": f"{start + c1 * step_s:.3f}",
-                          "step": f"{step_s:g}"}, headers or {}, timeout_s)
-        for series in data.get("result", []):
-            labels = series["metric"]
-            iid = next((labels[k] for k in ID_LABELS if labels.get(k)), "unknown")
-            gpu = labels.get("gpu", "0") + (f"/{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else "")
-            key = (iid, gpu)
-            if key not in keys:
-                keys[key] = len(rows)
-                rows.append(np.full(n_steps, np.nan))
-            row = rows[keys[key]]
-            for ts, value in series.get("values", []):
-                k = int(round((float(ts) - start) / step_s))
-                if 0 <= k < n_steps:
-                    try:
-                        row[k] = float(value)
-                    except ValueError:  # "NaN" and friends: not a measurement
-                        row[k] = np.nan
+    for series in PromReader(settings).range(query, start, end, step_s):
+        labels = series["metric"]
+        iid = next((labels[k] for k in hosts if labels.get(k)), None)
+        if iid is None:
+            continue
+        key = (iid, gpu_key(labels))
+        if key not in keys:
+            keys[key] = len(rows)
+            rows.append(np.full(n_steps, np.nan))
+        row = rows[keys[key]]
+        for point in series["values"]:
+            k = round((float(point[0]) - start) / step_s)
+            if 0 <= k < n_steps:
+                try:
+                    row[k] = float(point[1])
+                except (TypeError, ValueError, IndexError):  # not a number: not a measurement
+                    row[k] = np.nan
     if not rows:
-        raise ConfigError(f"prometheus {url}: no {query} series between {start:.0f} and {end:.0f}")
-    ordered = sorted(keys, key=lambda k: k)
+        signals = " or ".join(metric for metric, _ in ACTIVITY_SIGNALS)
+        chosen = settings.selector if selector is None else selector
+        signals += f" {{{chosen}}}" if chosen.strip() else ""
+        raise ConfigError(f"prometheus at {endpoint_of(settings.url)}: no {signals} series labelled "
+                          f"{' / '.join(hosts)} between {start:.0f} and {end:.0f}")
+    ordered = sorted(keys)
     inst_ids = sorted({k[0] for k in ordered})
     pos = {iid: i for i, iid in enumerate(inst_ids)}
     util = np.vstack([rows[keys[k]] for k in ordered])
-    util[(util >= 1e9) | (util < 0)] = np.nan
+    with np.errstate(invalid="ignore"):  # NaN compares false: it stays NaN
+        util[(util >= SENTINEL_THRESHOLD) | (util < 0)] = np.nan  # DCGM sentinels and negatives are no data
     return Trace(
         instance_ids=tuple(inst_ids), gpu_names=tuple(k[1] for k in ordered),
         gpu_instance=np.array([pos[k[0]] for k in ordered], dtype=int), t0=float(start), step_s=float(step_s),
-        util=util, source=f"{url} {query}",
+        util=util, source=f"{endpoint_of(settings.url)} activity ({' or '.join(m for m, _ in ACTIVITY_SIGNALS)})",
     )

@@ -69,6 +69,11 @@ def suggest(front: Sequence[Summary], max_false_stop_rate: float = 0.1) -> Summa
     return min(saving, key=lambda s: (s.false_stop_rate, -s.net_gpu_hours)) if saving else None
 
 
+def best_by_score(results: Sequence[Summary]) -> Summary | None:
+    """The rule with the highest score (net GPU-h - c x false stops, c = the settings' false-stop cost)."""
+    return max(results, key=lambda s: s.score) if results else None
+
+
 def rule_doc(rule: Rule, description: str) -> dict:
     """A rule as one entry of a rule file's `rules:` list."""
     return {
@@ -95,4 +100,5 @@ def rule_yaml(summary: Summary, comment: str = "") -> str:
     assert summary.rule is not None
     return rule_file_text([rule_doc(summary.rule, (
         f"Suggested by gpufinops backtest: net {summary.net_gpu_hours:.1f} GPU-h saved, "
-        f"false-stop rate {summary.false_stop_rate:.0%}, {summary.pct_of_oracle:.0f}% of the oracle"))], comment)
+        f"false-stop rate {summary.false_stop_rate:.0%}, score {summary.score:.1f} "
+        f"({summary.pct_of_ceiling:.0f}% of the clairvoyant-with-lead ceiling)"))], comment)

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..model import Action, Aggregation, Rule
 from .adaptive import AdaptiveParams, backtest_adaptive
-from .engine import BacktestSettings, Prepared, Summary, backtest_rule, oracle_net_seconds, rule_verdicts
+from .engine import (BacktestSettings, Prepared, Summary, backtest_rule, net_score, oracle_net_seconds,
+                     pct_of_ceiling, rule_verdicts)
 from .sweep import duration_text, rule_doc, rule_file_text
 from .traces import Trace
 
@@ -41,8 +42,13 @@ FLEET_PRIOR = 10.0
 
 
 def cost_score(s: Summary, cost_h: float) -> float:
-    """Net GPU-hours saved, minus cost_h for every false stop."""
-    return s.net_gpu_hours - cost_h * s.false_stops
+    """Net GPU-hours saved, minus cost_h for every false stop (`engine.net_score`, the report's score)."""
+    return net_score(s.net_gpu_hours, s.false_stops, cost_h)
+
+
+def ceiling_score(prep: Prepared, rule: Rule, cost_h: float) -> float:
+    """The clairvoyant-with-lead ceiling's score on prep for the rule's lead and this false-stop cost."""
+    return prep.ceiling(float(rule.warning_lead_s), cost_h).score
 
 
 def live_pairing(base: Rule, demand_pct: float) -> Rule:
@@ -126,6 +132,7 @@ class Holdout:
     tuned: Tuned
     fixed_test: Summary
     learned_test: Summary
+    ceiling_score: float = 0.0  # the clairvoyant-with-lead ceiling on the held-out half, same lead and cost
 
     @property
     def fixed_score(self) -> float:
@@ -134,6 +141,14 @@ class Holdout:
     @property
     def learned_score(self) -> float:
         return cost_score(self.learned_test, self.tuned.cost_h)
+
+    @property
+    def fixed_pct_of_ceiling(self) -> float:
+        return pct_of_ceiling(self.fixed_score, self.ceiling_score)
+
+    @property
+    def learned_pct_of_ceiling(self) -> float:
+        return pct_of_ceiling(self.learned_score, self.ceiling_score)
 
     @property
     def learned_ahead(self) -> bool:
@@ -151,7 +166,8 @@ def holdout(tune_prep: Prepared, test_prep: Prepared, base: Rule, candidates: Se
     fixed_test = backtest_rule(test_prep, fixed_rule, oracle)[0]
     learned_test = backtest_adaptive(test_prep, t.pairing, t.params, oracle, hold_back_only=True,
                                      name=f"{t.pairing.name} (learned, tuned)")[0]
-    return Holdout(label=label, tuned=t, fixed_test=fixed_test, learned_test=learned_test)
+    return Holdout(label=label, tuned=t, fixed_test=fixed_test, learned_test=learned_test,
+                   ceiling_score=ceiling_score(test_prep, fixed_rule, cost_h))
 
 
 def split_halves(trace: Trace) -> tuple[Trace, Trace]:

@@ -9,8 +9,9 @@ Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a
 field is unavailable, and a broken exporter may write negatives or NaN. Such
 samples are not measurements: they must neither count as samples nor move
 max/mean/min. Range functions cannot skip samples, and a filtering subquery
-`(x < 1e9 >= 0)[w:s]` re-samples every step with the 5-minute lookback, so a
-series that stopped would keep being counted for 5 minutes. Hence per signal:
+`(x < SENTINEL_THRESHOLD >= 0)[w:s]` re-samples every step with the 5-minute
+lookback, so a series that stopped would keep being counted for 5 minutes.
+Hence per signal:
 - the "clean" query: for GPUs without any invalid sample in the window (the
   common case), exact per-GPU count/sum/max/min over the raw samples with
   `sum|max|min by (<GPU identity>) (<fn>_over_time(x[w]))`;
@@ -38,7 +39,7 @@ import threading
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -47,6 +48,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from gpufinops.catalog import CatalogError, load_catalog
+from gpufinops.collect.errors import QueryFailed
 from gpufinops.config import PrometheusSettings
 from gpufinops.metric_ranges import (
     ACTIVITY_PCT, GR_ENGINE_RATIO, Limit, aggregate_problem, invalidated, memory_limit, number_problem,
@@ -63,6 +65,36 @@ POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
 # driver version and pod labels are left out on purpose: they change while the
 # GPU stays the same, and per-GPU figures must span those changes.
 GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName")
+# The activity signals in order of preference, each with its factor to percent: a MIG slice has only the second.
+ACTIVITY_SIGNALS = ((GPU_UTIL, 1.0), (GR_ENGINE_ACTIVE, 100.0))
+MAX_POINTS = 10_000  # steps per range query: under Prometheus' 11,000 points per series
+
+
+def host_labels(instance_label: str, hostname_labels: Iterable[str]) -> tuple[str, ...]:
+    """The labels that name a GPU's host, in the order InstanceMatcher tries them (instance id, then hostnames:
+    dcgm-exporter's `Hostname` and, since 2026, `hostname`)."""
+    return tuple(dict.fromkeys(n for n in (instance_label, *hostname_labels) if n))
+
+
+def gpu_identity_labels(instance_label: str, hostname_labels: Iterable[str]) -> tuple[str, ...]:
+    """The labels that identify one GPU (or MIG slice) on one host: what per-GPU aggregates go `by`."""
+    return tuple(dict.fromkeys((*host_labels(instance_label, hostname_labels), *GPU_LABELS)))
+
+
+def selected(metric: str, selector: str) -> str:
+    """The metric with the configured extra label matchers, if any."""
+    return f"{metric}{{{selector}}}" if selector.strip() else metric
+
+
+def activity_percent(by: Sequence[str], selector: str) -> str:
+    """PromQL: activity in percent per GPU (`max by` its identity), DCGM_FI_DEV_GPU_UTIL where the GPU has a
+    valid sample, else 100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE (the live collector's fallback, per step). Sentinels,
+    negatives and NaN are dropped before the fallback (no data, never a figure). Both sides are aggregated by
+    the same labels, so `or` falls back per GPU and per step, never mixing two signals of one GPU."""
+    labels, hi = ", ".join(by), f"{SENTINEL_THRESHOLD:g}"
+    return " or ".join(
+        f"{'' if scale == 1.0 else f'{scale:g} * '}max by ({labels}) ({selected(metric, selector)} < {hi} >= 0)"
+        for metric, scale in ACTIVITY_SIGNALS)
 
 # What each query computes per GPU, by the `agg` label of its answer.
 _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
@@ -81,10 +113,6 @@ _SIGNAL_WORDS = {GPU_UTIL: "activity", GR_ENGINE_ACTIVE: "GR engine activity", F
                  POWER_USAGE: "power draw"}
 _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample count", "sum": "sum",
               "max": "maximum", "min": "minimum"}
-
-
-class QueryFailed(Exception):
-    """A query could not be answered; the message is short and holds no secret."""
 
 
 @contextmanager
@@ -117,14 +145,10 @@ class PromQL:
 
     @property
     def by_labels(self) -> tuple[str, ...]:
-        seen: list[str] = []
-        for name in (self.instance_label, *self.hostname_labels, *GPU_LABELS):
-            if name and name not in seen:
-                seen.append(name)
-        return tuple(seen)
+        return gpu_identity_labels(self.instance_label, self.hostname_labels)
 
     def _vector(self, metric: str) -> str:
-        return f"{metric}{{{self.selector}}}" if self.selector.strip() else metric
+        return selected(metric, self.selector)
 
     @staticmethod
     def range_of(window_s: int) -> str:
@@ -461,6 +485,71 @@ def connect(settings: PrometheusSettings, session: requests.Session | None = Non
                              session=session, timeout=settings.timeout_s)
 
 
+def endpoint_of(url: str) -> str:
+    """host[:port] of a Prometheus URL: how errors name it (never the credentials a URL may hold)."""
+    parsed = urlparse(url)
+    where = parsed.hostname or "prometheus"
+    return f"{where}:{parsed.port}" if parsed.port else where
+
+
+class PromReader:
+    """The one way gpufinops reads Prometheus (collector, backtest, right-sizing, learned policy): the client
+    from `connect` (bearer or basic auth, TLS, timeout), every failure one short QueryFailed naming host:port,
+    and the count of HTTP queries sent. Answers are the API's `result` lists, shape-checked."""
+
+    def __init__(self, settings: PrometheusSettings, session: requests.Session | None = None):
+        self.settings = settings
+        self.where = endpoint_of(settings.url)
+        self.queries_made = 0
+        self._lock = threading.Lock()  # the collector sends its queries from several threads
+        self._client = connect(settings, session)
+
+    def _timeouts(self, timeout_s: float | None) -> tuple[float, dict[str, str]]:
+        timeout = self.settings.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            self.queries_made += 1
+        # Server-side timeout as float seconds: Prometheus rejects "2.5s" (400).
+        return timeout, {"timeout": f"{max(timeout, 0.001):.3f}"}
+
+    def instant(self, promql: str, at: float, timeout_s: float | None = None) -> list[dict]:
+        """/api/v1/query at `at` (epoch s)."""
+        timeout, params = self._timeouts(timeout_s)
+        with translated_errors(self.where, timeout):
+            answer = self._client.custom_query(promql, params={"time": f"{at:.3f}", **params}, timeout=timeout)
+        return self._series(answer, ("value", "values"))  # a subquery answers a range vector
+
+    def range(self, promql: str, start: float, end: float, step_s: float, *, max_points: int = MAX_POINTS,
+              timeout_s: float | None = None) -> list[dict]:
+        """/api/v1/query_range over [start, end] (epoch s) every `step_s`, in pages of at most `max_points` steps
+        (Prometheus refuses more than 11,000 points per series). The series of every page, in page order: a
+        series spanning pages appears once per page, each with its own steps."""
+        if max_points < 1 or step_s <= 0:
+            raise ValueError(f"range read needs max_points >= 1 and step_s > 0, got {max_points}, {step_s}")
+        out: list[dict] = []
+        t = start
+        while t <= end:
+            t1 = min(end, t + (max_points - 1) * step_s)
+            timeout, params = self._timeouts(timeout_s)
+            # start/end as params: to the millisecond (the client's own arguments round them to seconds).
+            params.update(start=f"{t:.3f}", end=f"{t1:.3f}")
+            at = datetime.fromtimestamp(t, UTC)
+            with translated_errors(self.where, timeout):
+                answer = self._client.custom_query_range(promql, at, at, f"{step_s:g}", params=params,
+                                                         timeout=timeout)
+            out.extend(self._series(answer, ("values",)))
+            t = t1 + step_s
+        return out
+
+    def _series(self, answer: Any, points: tuple[str, ...]) -> list[dict]:
+        ok = isinstance(answer, list) and all(
+            isinstance(s, dict) and isinstance(s.get("metric"), dict)
+            and any(isinstance(s.get(p), list) for p in points)
+            for s in answer)
+        if not ok:
+            raise QueryFailed(f"prometheus at {self.where}: malformed answer")
+        return answer
+
+
 class PrometheusMetrics:
     """MetricsSource over Prometheus + dcgm-exporter."""
 
@@ -472,23 +561,15 @@ class PrometheusMetrics:
             scrape_interval_s=settings.scrape_interval_s,
             selector=settings.selector,
         )
-        self.queries_made = 0  # HTTP queries sent, for tests and the benchmark
-        self._lock = threading.Lock()
-        self._endpoint = urlparse(settings.url).hostname or "prometheus"
-        if urlparse(settings.url).port:
-            self._endpoint += f":{urlparse(settings.url).port}"
-        self._client = connect(settings, session)
+        self.reader = PromReader(settings, session)
+
+    @property
+    def queries_made(self) -> int:
+        """HTTP queries sent, for tests and the benchmark."""
+        return self.reader.queries_made
 
     def _query(self, key: tuple[str, str], promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
-        with self._lock:
-            self.queries_made += 1
-        timeout = self.settings.timeout_s
-        with translated_errors(self._endpoint, timeout):
-            # Server-side timeout as float seconds: Prometheus rejects "2.5s" (400).
-            answer = self._client.custom_query(
-                promql, params={"time": f"{at:.3f}", "timeout": f"{max(timeout, 0.001):.3f}"}
-            )
-        return parse_answer(key, answer)
+        return parse_answer(key, self.reader.instant(promql, at))
 
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime

@@ -11,10 +11,11 @@ A fixed number of HTTP queries for the whole fleet, whatever its size:
 Each instant query joins its aggregates with `or`, tagged by an `agg` label,
 and aggregates per GPU server-side. Series are mapped to EC2 instances with
 the collector's InstanceMatcher (instance_id label, else Hostname/hostname =
-private DNS or IP).
+private DNS or IP). Read through the collector's PromReader: the same auth, TLS
+and errors (QueryFailed) as the live service.
 
-Sentinels: a GPU whose max is a DCGM sentinel (>= 1e9) has that signal
-reported as None (not measured). Sentinels mixed into a long window can still
+Sentinels: a GPU whose max is a DCGM sentinel (>= model.SENTINEL_THRESHOLD) has
+that signal reported as None (not measured). Sentinels mixed into a long window can still
 move a quantile if they are more than 1-5% of the samples; filtering them
 sample by sample would need a 14-day subquery per series, which is too heavy
 for a fleet-wide query (documented in docs/recommend.md).
@@ -28,17 +29,15 @@ from typing import Mapping, Sequence
 
 import requests
 
-from gpufinops.collect.prometheus import GPU_LABELS, InstanceMatcher, auth_of, gpu_key
+from gpufinops.collect.errors import QueryFailed
+from gpufinops.collect.prometheus import (
+    FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, InstanceMatcher, PromReader, gpu_identity_labels, gpu_key, host_labels,
+    selected,
+)
 from gpufinops.config import PrometheusSettings
 from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance
 
-FB_USED = "DCGM_FI_DEV_FB_USED"
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-
-
-class UsageQueryError(RuntimeError):
-    """Prometheus could not answer; the message holds no secret."""
+LONG_QUERY_TIMEOUT_S = 30.0  # a 14-30 day window takes longer than the live collector's 10-minute one
 
 
 @dataclass(frozen=True)
@@ -82,20 +81,15 @@ class FleetUsage:
 
 
 def _by(settings: PrometheusSettings) -> str:
-    names: list[str] = []
-    for n in (settings.instance_label, *settings.hostname_labels, *GPU_LABELS):
-        if n and n not in names:
-            names.append(n)
-    return ", ".join(names)
+    return ", ".join(gpu_identity_labels(settings.instance_label, settings.hostname_labels))
 
 
 def _host_by(settings: PrometheusSettings) -> str:
-    names = [n for n in (settings.instance_label, *settings.hostname_labels) if n]
-    return ", ".join(dict.fromkeys(names))
+    return ", ".join(host_labels(settings.instance_label, settings.hostname_labels))
 
 
 def _vec(metric: str, settings: PrometheusSettings) -> str:
-    return f"{metric}{{{settings.selector}}}" if settings.selector.strip() else metric
+    return selected(metric, settings.selector)
 
 
 def _tag(expr: str, agg: str) -> str:
@@ -132,27 +126,12 @@ class PrometheusUsage:
 
     def __init__(self, settings: PrometheusSettings, session: requests.Session | None = None):
         self.settings = settings
-        self.session = session or requests.Session()
-        self.session.verify = settings.verify_tls
-        headers, auth = auth_of(settings)
-        self.session.headers.update(headers)
-        if auth is not None:
-            self.session.auth = auth
-        self.queries_made = 0
+        self.reader = PromReader(settings, session)
+        self.timeout_s = max(settings.timeout_s, LONG_QUERY_TIMEOUT_S)
 
-    def _get(self, path: str, params: dict) -> list[dict]:
-        self.queries_made += 1
-        url = self.settings.url.rstrip("/") + path
-        try:
-            resp = self.session.get(url, params=params, timeout=max(self.settings.timeout_s, 30.0))
-            body = resp.json()
-        except requests.RequestException as exc:
-            raise UsageQueryError(f"prometheus: {type(exc).__name__}") from None
-        except ValueError:
-            raise UsageQueryError(f"prometheus: HTTP {resp.status_code}, answer is not JSON") from None
-        if body.get("status") != "success":
-            raise UsageQueryError(f"prometheus: {body.get('errorType', 'error')}: {str(body.get('error'))[:200]}")
-        return body["data"]["result"]
+    @property
+    def queries_made(self) -> int:
+        return self.reader.queries_made
 
     def fleet_usage(
         self,
@@ -165,14 +144,12 @@ class PrometheusUsage:
         at = now.astimezone(timezone.utc).timestamp()
         expected = max(1, window_s // scrape_interval_s)
         try:
-            answers = {k: self._get("/api/v1/query", {"query": q, "time": f"{at:.3f}"})
+            answers = {k: self.reader.instant(q, at, timeout_s=self.timeout_s)
                        for k, q in build_queries(self.settings, window_s).items()}
             hours = presence_window_s // 3600
             start = at - (hours - 1) * 3600
-            presence = self._get("/api/v1/query_range", {
-                "query": presence_query(self.settings), "start": f"{start:.3f}", "end": f"{at:.3f}", "step": "3600",
-            })
-        except UsageQueryError as exc:
+            presence = self.reader.range(presence_query(self.settings), start, at, 3600, timeout_s=self.timeout_s)
+        except QueryFailed as exc:
             err = str(exc)
             return FleetUsage({i.instance_id: LongUsage(i.instance_id, window_s, expected, (), err) for i in instances},
                               {}, self.queries_made)
