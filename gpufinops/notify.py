@@ -121,6 +121,8 @@ class OutboxNotifier:
         row = self.store.get_notification(msg.key)
         if row is not None and row.delivered:
             return True
+        if row is not None and row.status == "abandoned":
+            return False  # withdrawn before delivery: never written
         now = self.clock()
         if _waiting(row, now):
             return False
@@ -206,6 +208,8 @@ class SlackNotifier:
         if row is not None and row.delivered:
             log.debug("notification %s already delivered, skipped", msg.key)
             return True
+        if row is not None and row.status == "abandoned":
+            return False  # withdrawn (its stop was cancelled before anyone was told): never sent
         # Resolved per send so a rotated token file is picked up without a restart.
         token = self.settings.token.resolve()
         if not token:
@@ -223,7 +227,7 @@ class SlackNotifier:
                             msg.key)
                 return False
             if found:
-                return self._delivered(msg, channel, now, json.dumps({"found_by": "conversations.history"}))
+                return self._delivered(msg, channel, json.dumps({"found_by": "conversations.history"}))
         attempts = (row.attempts if row else 0) + 1
         self.store.record_notification(msg.key, channel, msg.text, "pending", now, blocks=msg.blocks,
                                        attempts=attempts)
@@ -243,7 +247,7 @@ class SlackNotifier:
                 detail = redact(str(exc), token)
                 found = self._find_posted(client, token, channel, msg.key)
                 if found:
-                    return self._delivered(msg, channel, now, json.dumps({"found_by": "conversations.history"}))
+                    return self._delivered(msg, channel, json.dumps({"found_by": "conversations.history"}))
                 if found is None:
                     # Cannot tell: left "pending", so the next send looks again instead of posting twice.
                     self.store.record_notification(msg.key, channel, msg.text, "pending", self.clock(),
@@ -254,7 +258,7 @@ class SlackNotifier:
                 continue  # not posted: safe to try again
             if channel_id:
                 self.store.set_kv(_channel_key(channel), channel_id)
-            return self._delivered(msg, channel, now, json.dumps({"ts": ts, "channel_id": channel_id}))
+            return self._delivered(msg, channel, json.dumps({"ts": ts, "channel_id": channel_id}))
         retry_at = self.clock() + next_attempt_after(attempts, self.settings)
         self.store.record_notification(msg.key, channel, msg.text, "failed", self.clock(), detail=detail,
                                        blocks=msg.blocks, attempts=attempts, next_attempt_at=retry_at)
@@ -262,7 +266,7 @@ class SlackNotifier:
                   retry_at.isoformat(timespec="seconds"), detail)
         return False
 
-    def _delivered(self, msg: Message, channel: str, at: datetime, detail: str) -> bool:
+    def _delivered(self, msg: Message, channel: str, detail: str) -> bool:
         row = self.store.get_notification(msg.key)
         self.store.record_notification(msg.key, channel, msg.text, "sent", self.clock(), detail=detail,
                                        blocks=msg.blocks, attempts=row.attempts if row else 1)
