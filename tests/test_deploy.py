@@ -62,6 +62,7 @@ def test_alerts_only_use_metrics_the_service_exports():
 
     metrics = ServiceMetrics()
     metrics.stops.labels("false")  # labelled series appear once touched
+    metrics.source_up.labels("prometheus")
     exported = set(re.findall(r"^(gpufinops_\w+)", generate_latest(metrics.registry).decode(), re.M))
     rules = yaml.safe_load((PROM / "gpufinops-alerts.yml").read_text())
     used = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"gpufinops_\w+", r["expr"])}
