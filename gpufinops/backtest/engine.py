@@ -382,20 +382,28 @@ def replay(prep: Prepared, verdicts: np.ndarray, warning_lead_s: float, grace_s:
 # --------------------------------------------------------------------------- savings
 
 
+def idle_stretches(prep: Prepared, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Instance i's stretches without demand, as sample indices: (starts, ends, ended by demand). `ends` is the
+    sample where demand shows (last + 1 when the history ends first); only those have a restart. The
+    oracle and the ceiling read the same stretches."""
+    first, last = prep.first_idx[i], prep.last_idx[i]
+    d = np.flatnonzero(prep.demand[i, first:last + 1]) + first
+    starts = np.concatenate([[first], d + 1])
+    ends = np.concatenate([d, [last + 1]])
+    ended_by_demand = np.concatenate([np.ones(len(d), dtype=bool), [False]])
+    return starts, ends, ended_by_demand
+
+
 def oracle_net_seconds(prep: Prepared) -> np.ndarray:
     """GPU-seconds the oracle saves per instance: every idle stretch (no demand) longer than the
     break-even, stopped at its start, minus the restart cost when demand comes back."""
     tr, s = prep.trace, prep.settings
     out = np.zeros(tr.n_instances)
     for i in range(tr.n_instances):  # per instance; the stretches themselves are arrays
-        first, last = prep.first_idx[i], prep.last_idx[i]
-        if last < first:
+        if prep.last_idx[i] < prep.first_idx[i]:
             continue
-        d = np.flatnonzero(prep.demand[i, first:last + 1]) + first
-        starts = np.concatenate([[first], d + 1])
-        ends = np.concatenate([d, [last + 1]])  # sample index where demand shows (or history ends)
+        starts, ends, restarts = idle_stretches(prep, i)
         dur = (ends - starts) * tr.step_s
-        restarts = np.concatenate([np.ones(len(d), dtype=bool), [False]])
         keep = dur > s.break_even_s
         out[i] = (dur[keep] - np.where(restarts[keep], s.restart_cost_s, 0.0)).sum() * prep.gpus[i]
     return out
@@ -464,13 +472,9 @@ def ceiling_stops(prep: Prepared, warning_lead_s: float, false_stop_cost_h: floa
     lead = lead_in_ticks(warning_lead_s, s.tick_s)
     parts: dict[str, list] = {k: [] for k in ("instance", "mark_at", "stop_at", "restart_at", "net_s", "false_stop")}
     for i in range(tr.n_instances):  # per instance; the stretches themselves are arrays
-        first, last = prep.first_idx[i], prep.last_idx[i]
-        if last < first:
+        if prep.last_idx[i] < prep.first_idx[i]:
             continue
-        d = np.flatnonzero(prep.demand[i, first:last + 1]) + first
-        starts = np.concatenate([[first], d + 1])
-        ends = np.concatenate([d, [last + 1]])  # sample index of the demand that ends it (last + 1: none)
-        has_restart = np.concatenate([np.ones(len(d), dtype=bool), [False]])
+        starts, ends, has_restart = idle_stretches(prep, i)
         nonempty = ends > starts
         starts, ends, has_restart = starts[nonempty], ends[nonempty], has_restart[nonempty]
         mark = np.ceil((starts * tr.step_s) / s.tick_s - _EPS).astype(np.int64)  # first tick at/after the start
