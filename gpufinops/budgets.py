@@ -35,7 +35,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from .collect.billing.load import LoadedCosts
 from .collect.billing.schema import UNTAGGED, month_bounds, single_currency
 from .collect.billing.settings import BillingSettings, billing_settings
-from . import escalation
+from .decide import escalation
 from .config import ConfigError, Settings, StrictModel, format_validation_error, load_yaml
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
 from .model import Message, Notifier, hours
@@ -266,7 +266,7 @@ def running_now(decision_rows: Sequence[dict], now: datetime, fresh_s: int, rate
     return pd.DataFrame(rows, columns=cols)
 
 
-def _default_catalog() -> PriceLookup | None:
+def default_catalog() -> PriceLookup | None:
     try:
         from .prices import OnDemandPrices
 
@@ -296,7 +296,7 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
     start, end = month_bounds(f"{now:%Y-%m}")
     day = table["date"]
     table = table[(day >= pd.Timestamp(start.replace(tzinfo=None))) & (day < pd.Timestamp(end.replace(tzinfo=None)))]
-    catalog = catalog if catalog is not None else _default_catalog()
+    catalog = catalog if catalog is not None else default_catalog()
     rates, attrs = billing_rates(table), resource_attrs(table)
     region = settings.aws.regions[0] if settings.aws.regions else ""
     decisions = store.decision_frame(start, end)

@@ -22,7 +22,7 @@ from typing import TextIO
 import pandas as pd
 
 from .config import Settings, load_settings
-from .model import FALSE_STOP_WITHIN_S, GpuInstance, RunContext
+from .model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, GpuInstance, RunContext
 from .pipeline import Peers, run_once
 from .prices import OnDemandPrices
 from .rules import load_rules
@@ -81,9 +81,7 @@ def build_fleet(trace: pd.DataFrame, start: datetime, prices: OnDemandPrices) ->
 
 COMMON_RULE_PATH = Path(__file__).resolve().parents[1] / "rules" / "examples" / "common-40pct-10min.yaml"
 RESTART_COST_S = 10 * 60  # a restart costs ~10 minutes of paid, unproductive time (boot, model load), as in backtest
-PRINTED_LINES_PER_MESSAGE = 6
-# What a false stop costs on top of the restart (lost work, a person waiting): backtest's --false-stop-cost default.
-FALSE_STOP_COST_H = 2.0  # a metrics alert lists its instances on the lines after its summary
+PRINTED_LINES_PER_MESSAGE = 6  # a metrics alert lists its instances on the lines after its summary
 
 
 def common_rule_path() -> Path:

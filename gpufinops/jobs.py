@@ -35,7 +35,6 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
     from .catalog import load_catalog, load_refresh
     from .recommend.engine import recommend_fleet, store_recommendations, weekly_digest_message
     from .recommend.policy import policy_from_settings
-    from .recommend.usage import PrometheusUsage
 
     policy = policy_from_settings(settings)
     catalog = load_catalog(policy.catalog_dir)
@@ -44,7 +43,9 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
         catalog = catalog.with_aws_refresh(cache)
     instances = peers.cloud.list_gpu_instances()
     interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
-    usage = PrometheusUsage(settings.prometheus).fleet_usage(
+    if peers.usage is None:
+        raise RuntimeError("the right-sizing digest needs a usage reader (compose.live_peers builds one)")
+    usage = peers.usage.fleet_usage(
         instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
     recs = recommend_fleet(instances, usage, catalog, policy, now)
     store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)

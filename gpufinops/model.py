@@ -12,10 +12,7 @@ import enum
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
-
-if TYPE_CHECKING:  # learned.py imports this module
-    from .learned import LearnedParams
+from typing import Callable, Mapping, Protocol, Sequence
 
 # Tag names the service reads and writes on instances.
 TAG_PROTECT = "gpufinops:protect"
@@ -30,9 +27,12 @@ TAG_STOP_REQUESTED = "gpufinops:stop-requested"
 SENTINEL_THRESHOLD = 1e9
 
 # A stop undone within this long (demand back, instance restarted) is a false stop: it cost more than
-# it saved, the break-even of a stop. The backtest, the learned policy, the demo and the monthly report
+# it saved, the break-even of a stop. The backtest, the demo and the monthly report
 # count false stops against this one figure; their settings default to it.
 FALSE_STOP_WITHIN_S = 1800
+# What a false stop costs a person on top of the restart (lost work, a wait, a ticket), in GPU-hours: the c of
+# every policy score, net GPU-h - c x false stops (backtest --false-stop-cost, the demo's summary).
+FALSE_STOP_COST_H = 2.0
 
 
 class Verdict(str, enum.Enum):
@@ -69,8 +69,9 @@ class ReasonCode(str, enum.Enum):
     INVALID_DATA = "invalid_data"  # a value read from the metrics source is out of range (sentinel, > 100%, ...)
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
-    LEARNED_WAIT = "learned_wait"  # adaptive policy still waiting
-    LEARNED_IDLE = "learned_idle"  # adaptive policy: this instance's history says the lull will last
+    # Retired with the learned idle policy; decisions stored by earlier versions still carry them.
+    LEARNED_WAIT = "learned_wait"
+    LEARNED_IDLE = "learned_idle"
 
     @property
     def is_missing_data(self) -> bool:
@@ -233,8 +234,6 @@ class Rule:
     # not idle under this rule (None = memory does not veto idleness).
     max_memory_mib: float | None = None
     source: str = ""  # "file:line" the rule was loaded from, for error messages and audit
-    # Optional learned idle policy (issue 5): may hold this rule's IDLE back, never adds one. None = fixed rule.
-    learned: LearnedParams | None = None
 
 
 # --------------------------------------------------------------------------- decisions

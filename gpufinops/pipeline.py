@@ -11,15 +11,16 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import escalation, messages
+from . import messages
+from .decide import escalation
 from .act import Actuator
 from .config import Settings
-from .evaluate import evaluate_all
+from .decide.evaluate import evaluate_all
 from .model import (
     ActionResult,
     Cloud,
@@ -36,6 +37,9 @@ from .model import (
 from .lease import LeaseLost
 from .store import Store, aware_utc, notifications
 
+if TYPE_CHECKING:  # read only by the weekly digest job; not imported on the every-minute path
+    from .recommend.usage import PrometheusUsage
+
 log = logging.getLogger("gpufinops.pipeline")
 
 # Outage episodes of the "metrics unavailable" alert, one kv entry per instance (prefix + instance id).
@@ -49,8 +53,8 @@ class Peers:
     metrics: MetricsSource
     store: Store
     notifier: Notifier
-    # The learned policy's idle history (gpufinops.learned.IdleHistory), one per service; None: fixed rules only.
-    learned: Any = None
+    # Fleet usage over days for right-sizing (recommend.usage.PrometheusUsage); None where nothing right-sizes.
+    usage: "PrometheusUsage | None" = None
 
 
 @dataclass
@@ -215,14 +219,6 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
     report.sources["prometheus"] = prometheus_status(decisions)
-    if peers.learned is not None and any(r.learned is not None for r in rules):
-        from .learned import apply_learned
-
-        try:
-            peers.learned.refresh(rules, ctx.now)  # a fixed number of range queries; a failure leaves no history
-            decisions = apply_learned(decisions, running, rules, peers.learned, ctx.now)
-        except Exception:  # a bug in the learned policy leaves the fixed rules deciding, never a crash
-            log.exception("learned policy failed; the fixed rules decide this run")
     by_id = {i.instance_id: i for i in running}
     report.decisions = decisions
     try:

@@ -28,6 +28,8 @@ MAX_DURATION_S = 10 * 366 * 86400
 MAX_WINDOW_S = 7 * 86400
 MIN_WARNING_LEAD_S = 60
 MAX_WARNING_LEAD_S = 7 * 86400
+LEARNED_REMOVED = ("the learned idle policy was removed (held out it scored below a tuned fixed rule, see "
+                   "BENCHMARKS.md): delete the 'learned:' block; the rule's own window decides")
 
 
 def _duration_text(seconds: int) -> str:
@@ -109,8 +111,15 @@ class _RuleModel(BaseModel):
     slack_channel: str = ""
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
     max_memory_mib: float | None = Field(None, ge=0, le=16 * 2**20)  # 16 TiB: more than any GPU holds
-    # Validated by gpufinops.learned.LearnedParams in load_rule_file (imported only when a rule has one).
-    learned: dict[str, Any] | None = None
+    # The learned idle policy was removed; a rule file that still has the block gets an error saying so.
+    learned: Any = None
+
+    @field_validator("learned")
+    @classmethod
+    def _learned_removed(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError(LEARNED_REMOVED)
+        return None
 
     @field_validator("window", mode="before")
     @classmethod
@@ -156,18 +165,8 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), text, exc)) from None
     out = []
-    errors = []
     for i, r in enumerate(parsed.rules):
         line = _rule_line(text, i)
-        learned = None
-        if r.learned is not None:
-            from .learned import LearnedParams
-
-            try:
-                learned = LearnedParams.model_validate(r.learned)
-            except ValidationError as exc:
-                errors.append(format_validation_error(str(path), text, exc, prefix=("rules", i, "learned")))
-                continue
         out.append(
             Rule(
                 name=r.name,
@@ -183,11 +182,8 @@ def load_rule_file(path: str | Path) -> list[Rule]:
                 underutilized_below_pct=r.underutilized_below_pct,
                 max_memory_mib=r.max_memory_mib,
                 source=f"{path}:{line}" if line else str(path),
-                learned=learned,
             )
         )
-    if errors:
-        raise ConfigError("\n".join(errors))
     return out
 
 

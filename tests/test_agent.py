@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufinops.agent import Agent, HostIdentity, _measured, gpu_samples, start
-from gpufinops.cli_agent import build_agent, register
+from gpufinops.cli.agent import build_agent, register
 from gpufinops.collect.nvidia_smi import parse_readings
 from gpufinops.collect.prometheus import PrometheusMetrics
 from gpufinops.config import PrometheusSettings

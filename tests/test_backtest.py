@@ -239,7 +239,7 @@ def test_cli_backtest_writes_table_json_chart_and_rule(tmp_path, capsys):
     csv = tmp_path / "trace.csv"
     df.to_csv(csv, index=False)
     out, png, rule = tmp_path / "bt.json", tmp_path / "front.png", tmp_path / "rule.yaml"
-    rc = main(["backtest", "--trace", str(csv), "--rules", *map(str, [ROOT / "rules" / "examples" / "common-40pct-10min.yaml", ROOT / "rules" / "zero-activity.yaml"]), "--adaptive", "--sweep",
+    rc = main(["backtest", "--trace", str(csv), "--rules", *map(str, [ROOT / "rules" / "examples" / "common-40pct-10min.yaml", ROOT / "rules" / "zero-activity.yaml"]), "--sweep",
                "--windows", "10m,1h", "--thresholds", "5,40", "--json", str(out), "--chart", str(png),
                "--suggest-out", str(rule), "--price", "3"])
     assert rc == 0

@@ -57,7 +57,7 @@ def test_prometheus_history_backtests_like_the_same_trace_from_a_file(prometheus
 
 # --------------------------------------------------------------------------- one reader (issue 12)
 #
-# The backtest, right-sizing and the learned policy read Prometheus as the live collector does: the same
+# The backtest and right-sizing read Prometheus as the live collector does: the same
 # signals (GR engine activity where there is no GPU_UTIL), labels (instance id, Hostname or hostname), auth,
 # TLS and errors (QueryFailed). One real Prometheus for the module; a recording proxy in front of it checks
 # what the readers send.
@@ -181,8 +181,7 @@ def test_every_reader_sends_the_basic_auth_of_the_settings(fleet_prom, auth_prox
     from gpufinops.collect.errors import QueryFailed
     from gpufinops.collect.prometheus import PrometheusMetrics
     from gpufinops.config import PrometheusSettings
-    from gpufinops.learned import IdleHistory, LearnedParams
-    from gpufinops.model import Action, GpuInstance, Rule
+    from gpufinops.model import GpuInstance
     from gpufinops.recommend.usage import PrometheusUsage
 
     monkeypatch.setenv("TEST_PROM_PASSWORD", "s3cret")
@@ -203,11 +202,6 @@ def test_every_reader_sends_the_basic_auth_of_the_settings(fleet_prom, auth_prox
 
     live = PrometheusMetrics(settings).window_usage([mig], 600, now)
     assert live["i-mig"].error is None and len(live["i-mig"].gpus) == 2
-
-    history = IdleHistory(settings)
-    history.refresh([Rule("learned", threshold_pct=5.0, window_s=600, warning_lead_s=900, action=Action.STOP,
-                          learned=LearnedParams())], now)
-    assert not history.errors and history.queries_made == 1
 
     # The CLI: the config's basic auth reaches Prometheus through `gpufinops backtest`.
     config = tmp_path / "gpufinops.yaml"

@@ -1,9 +1,9 @@
-"""`backtest --tune`: a fixed rule and a learned block tuned for the same false-stop cost, compared held out."""
+"""`backtest --tune`: the sweep's best rule for a false-stop cost, picked on half the instances and scored on the
+other half (held out), then picked on the whole history as the suggestion."""
 
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,9 +14,10 @@ import pytest
 from gpufinops.backtest.engine import BacktestSettings, Prepared, backtest_rule
 from gpufinops.backtest.sweep import candidates
 from gpufinops.backtest.traces import from_arrays
-from gpufinops.backtest.tune import cost_score, holdout, recommend_learned, split_halves
+from gpufinops.backtest.tune import best_fixed, cost_score, holdout, progress_line, split_halves
 from gpufinops.cli import main
-from gpufinops.rules import load_rules
+from gpufinops.rules import LEARNED_REMOVED, load_rules
+from gpufinops.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 MONDAY = datetime(2026, 11, 2, tzinfo=UTC).timestamp()
@@ -43,58 +44,36 @@ def test_split_halves_alternates_instances():
     assert a.instance_ids == ("i-0", "i-2", "i-4") and b.instance_ids == ("i-1", "i-3")
 
 
-def test_office_fleet_learned_block_wins_held_out(base):
-    # Nights begin at 18:00 and last 14 h; lunches last 45 min. A fixed window must outwait lunch (stopping it
-    # would be false), so it stops each night 45 min or more in; the learned block learns that lulls begun at
-    # 18:00 are nights and stops them 20 min in (5 min idle + 15 min warning) while it still waits out lunch.
-    trace = fleet([office_days(10, shift_min=k * 30) for k in range(6)])  # six teams, starting 30 min apart
+def test_the_pick_outwaits_lunch_and_is_scored_on_the_other_half(base):
+    # Lunches last 45 min, nights 14 h. A window that stops lunch (false stops, charged 4 GPU-h each) loses to
+    # one that outwaits it; held out, the other half's score is the pick's replay there, against its ceiling.
+    trace = fleet([office_days(6, shift_min=k * 30) for k in range(6)])  # six teams, starting 30 min apart
     a, b = (Prepared(h, BacktestSettings()) for h in split_halves(trace))
     cands = candidates(base)
-    results = [holdout(a, b, base, cands, 4.0, label="B"), holdout(b, a, base, cands, 4.0, label="A")]
-    for h in results:
-        assert h.learned_test.false_stops == 0 and h.fixed_test.false_stops == 0
-        assert h.learned_test.net_gpu_hours > h.fixed_test.net_gpu_hours
-        assert h.learned_score == pytest.approx(cost_score(h.learned_test, 4.0))
-        assert h.learned_ahead
-        assert h.learned_test.time_to_stop_min["p50"] == 20.0 and h.fixed_test.time_to_stop_min["p50"] >= 45.0
-    assert recommend_learned(results)
+    h = holdout(a, b, cands, 4.0, label="B")
+    assert h.picked.rule.window_s > 45 * 60 and h.test.false_stops == 0
+    every = [backtest_rule(a, r)[0] for r in cands]
+    assert cost_score(h.picked, 4.0) == pytest.approx(max(cost_score(s, 4.0) for s in every))
+    assert h.score == pytest.approx(cost_score(backtest_rule(b, h.picked.rule)[0], 4.0))
+    assert 0 < h.score < h.ceiling_score
+    assert h.pct_of_ceiling == pytest.approx(100 * h.score / h.ceiling_score)
 
 
-def test_a_tie_keeps_the_fixed_rule(base):
-    # Serving with 25-minute lulls only, under the 30-minute break-even: no stop ever pays, so both candidates
-    # tune to never stopping. Equal scores are not a win: the simpler fixed rule is kept.
+def test_equal_scores_keep_the_first_candidate_in_sweep_order(base):
+    # 25-minute lulls under the 30-minute break-even: a stop never pays, so the best rules never stop (score 0,
+    # several of them); of equals the first in the sweep's order is kept.
     lulls = np.tile(np.concatenate([np.full(20, 80.0), np.zeros(25)]), 100)
-    a, b = (Prepared(h, BacktestSettings()) for h in split_halves(fleet([lulls] * 4)))
+    prep = Prepared(fleet([lulls] * 2), BacktestSettings())
     cands = candidates(base)
-    results = [holdout(a, b, base, cands, 4.0), holdout(b, a, base, cands, 4.0)]
-    for h in results:
-        assert h.fixed_score == h.learned_score == 0.0
-        assert not h.learned_ahead
-    assert not recommend_learned(results)
-    assert not recommend_learned([])
+    scores = [cost_score(backtest_rule(prep, r)[0], 2.0) for r in cands]
+    assert max(scores) == 0.0 and scores.count(0.0) > 1
+    assert best_fixed(prep, cands, 2.0).rule.name == cands[scores.index(0.0)].name
 
 
-def test_the_call_weighs_both_held_out_halves_together(base):
-    """Ahead on one half by more than it is behind on the other: the learned block (earned trust hands an instance
-    where it does worse back to the fixed wait). Behind overall, or level: the fixed rule."""
-    from dataclasses import replace
-
-    from gpufinops.backtest.adaptive import AdaptiveParams
-    from gpufinops.backtest.tune import Holdout, Tuned, held_out_gain
-
-    lulls = np.tile(np.concatenate([np.full(20, 80.0), np.zeros(25)]), 20)
-    s = backtest_rule(Prepared(fleet([lulls]), BacktestSettings()), base)[0]
-    tuned = Tuned(cost_h=2.0, fixed=s, learned=s, params=AdaptiveParams(), pairing=base, settings=BacktestSettings())
-
-    def half(fixed_net: float, learned_net: float, learned_false: int = 0) -> Holdout:
-        return Holdout("", tuned, replace(s, net_gpu_hours=fixed_net, false_stops=0),
-                       replace(s, net_gpu_hours=learned_net, false_stops=learned_false))
-
-    ahead_then_behind = [half(100.0, 130.0), half(100.0, 110.0, learned_false=10)]  # +30, then 110 - 20 - 100
-    assert held_out_gain(ahead_then_behind) == pytest.approx(20.0) and recommend_learned(ahead_then_behind)
-    assert not recommend_learned([half(100.0, 130.0), half(100.0, 100.0, learned_false=20)])  # +30 - 40
-    assert not recommend_learned([half(100.0, 110.0), half(100.0, 90.0)])  # level
-    assert recommend_learned([half(100.0, 101.0), half(100.0, 101.0)])
+def test_progress_line_shows_the_bar_and_the_time_left():
+    assert progress_line(0, 40, 100.0, 100.0, "rules") == "[....................] 0/40 rules"
+    assert progress_line(10, 40, 100.0, 105.0, "rules") == "[#####...............] 10/40 rules, 15 s left"
+    assert progress_line(40, 40, 100.0, 120.0, "rules").startswith("[####################] 40/40 rules, <1 s")
 
 
 def _write(trace_rows: list[np.ndarray], path: Path) -> None:
@@ -103,32 +82,23 @@ def _write(trace_rows: list[np.ndarray], path: Path) -> None:
     pd.concat(frames).to_csv(path, index=False)
 
 
-def test_cli_tune_suggests_the_learned_block_as_a_rule_file(tmp_path, capsys):
-    _write([office_days(10, shift_min=k * 30) for k in range(6)], tmp_path / "office.csv")
+def test_cli_tune_reports_held_out_and_suggests_a_rule_file(tmp_path, capsys):
+    _write([office_days(4, shift_min=k * 30) for k in range(6)], tmp_path / "office.csv")
     out_rule = tmp_path / "suggested.yaml"
     assert main(["backtest", "--trace", str(tmp_path / "office.csv"), "--tune", "--false-stop-cost", "4",
                  "--suggest-out", str(out_rule), "--json", "-"]) == 0
-    out = capsys.readouterr().out
-    data = json.loads(out[out.index("{\n"):])
-    tuned = data["tune"]
-    assert tuned["learned_suggested"] is True
+    captured = capsys.readouterr()
+    out = captured.out
+    tuned = json.loads(out[out.index("{\n"):])["tune"]
     assert [h["held_out"] for h in tuned["holdout"]] == ["B", "A"]
-    assert all(h["learned_score"] > h["fixed_score"] for h in tuned["holdout"])
-    assert re.search(r"the learned block scores \+\d+\.\d GPU-h against the fixed rule over the held-out halves "
-                     r"together; tuned on the whole history", out)
-    assert tuned["held_out_gain"] == pytest.approx(sum(h["learned_score"] - h["fixed_score"]
-                                                       for h in tuned["holdout"]))
-    # Held-out scores as a % of the clairvoyant-with-lead ceiling on the same half, for the same cost.
-    assert "% ceiling" in out and "restarts/inst-day" in out
     for h in tuned["holdout"]:
-        assert h["ceiling_score"] > 0
-        assert h["learned_pct_of_ceiling"] == pytest.approx(100 * h["learned_score"] / h["ceiling_score"])
-        assert h["fixed"]["score"] == pytest.approx(h["fixed_score"])  # one score, one --false-stop-cost
+        assert h["ceiling_score"] > 0 and h["test"]["false_stops"] == 0
+        assert h["pct_of_ceiling"] == pytest.approx(100 * h["score"] / h["ceiling_score"])
+        assert h["test"]["score"] == pytest.approx(h["score"])  # one score, one --false-stop-cost
+    assert "% ceiling" in out and "restarts/inst-day" in out and "held out, the pick scores" in out
+    assert "rules (whole history)" in captured.err and " s left" in captured.err  # progress with an ETA
     rule = load_rules([out_rule])[0]  # the suggestion is a rule file the service loads
-    assert rule.learned is not None and rule.window_s == 300 and rule.threshold_pct == 5.0
-    assert rule.learned.break_even_s == 1800 and rule.learned.restart_cost_s == 600
-    # Where its learned wait has done worse on an instance's past, the fixed pick's window decides.
-    assert rule.learned.trust_wait_s == tuned["fixed_pick"]["rule"]["window_s"]
+    assert rule.name == tuned["pick"]["policy"] and rule.window_s > 45 * 60
     assert out_rule.read_text() == tuned["suggested_yaml"]
 
 
@@ -137,22 +107,14 @@ def test_cli_tune_needs_two_instances_per_half(tmp_path, capsys):
     assert main(["backtest", "--trace", str(tmp_path / "small.csv"), "--tune"]) == 2
     captured = capsys.readouterr()
     assert "--tune holds half the instances out: it needs at least 4 instances, the history has 3" in captured.err
-    assert "oracle" not in captured.out  # failed before replaying anything
+    assert "ceiling" not in captured.out  # failed before replaying anything
 
 
-def test_a_block_on_the_fixed_pick_is_written_as_a_rule_file_that_loads_as_tuned(base, tmp_path):
-    from dataclasses import replace
-
-    from gpufinops.backtest.tune import learned_grid, learned_rule_yaml, tune
-
-    prep = Prepared(fleet([office_days(3, shift_min=k * 30) for k in range(4)]), BacktestSettings())
-    t = tune(prep, base, candidates(base), 4.0, grid=learned_grid(4.0, trust_wait_s=3600.0)[:2])
-    fixed_rule = t.fixed.rule
-    on_fixed = replace(t, pairing=replace(fixed_rule, name=f"{fixed_rule.name}-learned"))
-    (tmp_path / "r.yaml").write_text(learned_rule_yaml(on_fixed))
-    rule = load_rules([tmp_path / "r.yaml"])[0]
-    assert rule.name == f"{fixed_rule.name}-learned"
-    assert (rule.threshold_pct, rule.window_s, rule.aggregation) == (
-        fixed_rule.threshold_pct, fixed_rule.window_s, fixed_rule.aggregation)
-    assert rule.learned.adaptive() == t.params  # live runs exactly the setting that was tuned
-    assert rule.learned.trust_wait_s == 3600
+def test_a_rule_file_with_the_removed_learned_block_says_what_to_do(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("rules:\n  - name: night\n    threshold_pct: 5\n    window: 10m\n    action: stop\n"
+                    "    learned:\n      min_support: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_rules([path])
+    text = str(err.value)
+    assert str(path) in text and "learned" in text and LEARNED_REMOVED in text and ":6" in text

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpufinops.cli import main
-from gpufinops.cli_core import decision_outcome, decision_row, format_decision_table
+from gpufinops.cli.core import decision_outcome, decision_row, format_decision_table
 from gpufinops.config import Settings, load_settings
 from gpufinops.model import TAG_PROTECT, TAG_SNOOZE, Action, Decision, GpuInstance, ReasonCode, Rule, Verdict
 
@@ -229,7 +229,7 @@ def test_dry_run_flag_overrides_the_config_and_says_so(tmp_path, caplog):
     import argparse
 
     from gpufinops.cli import build_parser
-    from gpufinops.cli_core import force_dry_run
+    from gpufinops.cli.core import force_dry_run
 
     cfg = tmp_path / "g.yaml"
     cfg.write_text("act: {dry_run: false}\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufinops.config import load_settings
-from gpufinops.escalation import Escalation, promote
+from gpufinops.decide.escalation import Escalation, promote
 from gpufinops.jobs import budget_check
 from gpufinops.model import (TAG_PROTECT, Action, ActionKind, Decision, GpuInstance, GpuWindowStats, InstanceUsage,
                              ReasonCode, Rule, RunContext, Verdict)

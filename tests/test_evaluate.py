@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from gpufinops.evaluate import evaluate, evaluate_all, window_is_idle
+from gpufinops.decide.evaluate import evaluate, evaluate_all, window_is_idle
 from gpufinops.model import (
     Aggregation,
     GpuInstance,

@@ -12,6 +12,7 @@ from gpufinops.config import load_settings
 from gpufinops.jobs import budget_check, recommend_digest, scheduled_jobs
 from gpufinops.model import GpuInstance
 from gpufinops.pipeline import Peers
+from gpufinops.compose import live_usage
 from gpufinops.sim import ConsoleNotifier, SimCloud
 from gpufinops.store import Store
 from tests.promserver import Series, dcgm_labels
@@ -76,6 +77,7 @@ def test_recommend_digest_from_a_real_prometheus(tmp_path, prometheus_factory):
                        provider="gcp", tags={"team": "search"})
     settings = load_settings(prometheus={"url": prom.url}, recommend={"scrape_interval_s": step})
     peers, lines = peers_for(tmp_path, [inst], now)
+    peers.usage = live_usage(settings)  # the right-sizing reader the service's composition root builds
     recs = recommend_digest(settings, peers, now)
     assert any(r.instance_id == "i-over" and r.monthly_savings > 0 for r in recs)
     assert len(lines) == 1 and "GPU recommendations" in lines[0] and "1 with savings" in lines[0]

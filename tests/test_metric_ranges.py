@@ -20,7 +20,7 @@ from gpufinops.collect.prometheus import (
     usage_from_answers,
 )
 from gpufinops.config import PrometheusSettings, load_settings
-from gpufinops.evaluate import evaluate
+from gpufinops.decide.evaluate import evaluate
 from gpufinops.metric_ranges import (
     ACTIVITY_PCT, Limit, aggregate_problem, max_samples, memory_limit, number_problem, power_limit,
     validate_stats,

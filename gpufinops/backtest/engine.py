@@ -30,8 +30,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..evaluate import coverage_ok, window_is_idle
-from ..model import FALSE_STOP_WITHIN_S, Aggregation, GpuInstance, Rule
+from ..decide.evaluate import coverage_ok, window_is_idle
+from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, Aggregation, GpuInstance, Rule
 from .traces import Trace
 
 # Verdict codes in the int8 matrices (order matters only for readability).
@@ -41,7 +41,6 @@ VERDICT_NAMES = ("UNKNOWN", "IDLE", "UNDERUTILIZED", "ACTIVE")
 # p4d.24xlarge on-demand us-east-1, 21.957642 USD/h for 8 A100 GPUs
 # (../shared/data/gpu_prices/aws_ec2_ondemand_prices_karpenter_us-east-1.csv).
 DEFAULT_PRICE_PER_GPU_HOUR = 2.745
-DEFAULT_FALSE_STOP_COST_H = 2.0  # the score's c: GPU-hours a false stop costs a person (`--false-stop-cost`)
 _EPS = 1e-9
 
 
@@ -54,7 +53,7 @@ class BacktestSettings:
     price_per_gpu_hour: float = DEFAULT_PRICE_PER_GPU_HOUR
     # GPU-hours a false stop costs a person on top of the restart (lost work, a ticket): the score's c, one
     # meaning for the report, the sweep and --tune (`gpufinops backtest --false-stop-cost`).
-    false_stop_cost_h: float = DEFAULT_FALSE_STOP_COST_H
+    false_stop_cost_h: float = FALSE_STOP_COST_H
     scrape_interval_s: float | None = None  # expected samples = window / this; default: the trace step
     # instance id -> [(start, end) epoch s] during which a gpufinops:snooze-until tag is set.
     snoozes: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
@@ -535,7 +534,7 @@ class Summary:
     rule: Rule | None = None
     # The yardstick (issue 12): score = net GPU-h - false_stop_cost_h x false stops, against the clairvoyant-with-
     # lead ceiling for the rule's own lead (`ceiling_stops`). pct_of_oracle above is kept for old readers only.
-    false_stop_cost_h: float = DEFAULT_FALSE_STOP_COST_H
+    false_stop_cost_h: float = FALSE_STOP_COST_H
     score: float = 0.0
     ceiling_net_gpu_hours: float = 0.0
     ceiling_false_stops: int = 0

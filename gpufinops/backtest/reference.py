@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from ..act import plan
-from ..evaluate import evaluate
+from ..decide.evaluate import evaluate
 from ..model import (TAG_MARKED, TAG_SNOOZE, Action, ActionKind, GpuInstance, GpuWindowStats, InstanceUsage, Rule,
                      Verdict)
 from ..store import MarkRow, StateRow

@@ -8,7 +8,6 @@ import sys
 import uuid
 from datetime import datetime, timezone
 
-from gpufinops.catalog import CatalogError, load_catalog, load_refresh, refresh_from_aws, save_refresh
 
 
 def _parse_params(text: str) -> float:
@@ -24,6 +23,8 @@ def _parse_params(text: str) -> float:
 
 
 def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
+    from ..catalog import load_catalog, load_refresh, refresh_from_aws, save_refresh
+
     catalog = load_catalog(policy.catalog_dir)
     if refresh and settings is not None:
         import boto3
@@ -46,13 +47,12 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from gpufinops.cli import load_settings_from_args
-    from gpufinops.collect.accounts import build_cloud
-    from gpufinops.recommend.engine import recommend_fleet, store_recommendations
-    from gpufinops.recommend.policy import policy_from_settings
-    from gpufinops.recommend.table import render
-    from gpufinops.recommend.usage import PrometheusUsage
-    from gpufinops.store import Store
+    from .common import load_settings_from_args
+    from ..catalog import CatalogError
+    from ..compose import live_cloud, live_store, live_usage
+    from ..recommend.engine import recommend_fleet, store_recommendations
+    from ..recommend.policy import policy_from_settings
+    from ..recommend.table import render
 
     settings = load_settings_from_args(args)
     policy = policy_from_settings(settings)
@@ -62,16 +62,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     except CatalogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cloud = build_cloud(settings.aws)
+    cloud = live_cloud(settings, with_prices=False)
     instances = cloud.list_gpu_instances()
     for err in getattr(cloud, "last_errors", []):
         print(f"warning: inventory: {err}", file=sys.stderr)
     interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
-    usage = PrometheusUsage(settings.prometheus).fleet_usage(
+    usage = live_usage(settings).fleet_usage(
         instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
     recs = recommend_fleet(instances, usage, catalog, policy, now)
     if not args.no_store:
-        store = Store(settings.database_url)
+        store = live_store(settings)
         try:
             store_recommendations(store, uuid.uuid4().hex[:12], recs)
         finally:
@@ -81,9 +81,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    from gpufinops.cli import load_settings_from_args
-    from gpufinops.recommend.policy import policy_from_settings
-    from gpufinops.recommend.sizing import SizingError, estimate_memory, fitting_options
+    from .common import load_settings_from_args
+    from ..catalog import CatalogError
+    from ..recommend.policy import policy_from_settings
+    from ..recommend.sizing import SizingError, estimate_memory, fitting_options
 
     policy = policy_from_settings(load_settings_from_args(args))
     try:
@@ -120,7 +121,7 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from gpufinops.cli import add_output_option
+    from .common import add_output_option
 
     p = sub.add_parser("recommend", help="right-size GPU instances and recommend spot/on-demand/commitment, with savings")
     add_output_option(p)

@@ -67,7 +67,7 @@ def register(subparsers) -> None:
 
 
 def build_agent(args: argparse.Namespace):
-    from .agent import Agent, HostIdentity
+    from ..agent import Agent, HostIdentity
 
     hostname = (args.hostname or "").strip()
     if not hostname:
@@ -77,7 +77,7 @@ def build_agent(args: argparse.Namespace):
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from .agent import start
+    from ..agent import start
 
     try:
         agent = build_agent(args)

@@ -1,9 +1,11 @@
 # PYTHON_ARGCOMPLETE_OK
-"""The command line. Each capability registers its own subcommands.
+"""The command line's parser and `main`. Each capability module of this package registers its own subcommands.
 
-A capability module `gpufinops.cli_<name>` exposes `register(subparsers)`; its
-subcommand handlers have the signature `handler(args) -> int` and load settings
-themselves with `load_settings_from_args(args)`.
+A capability module (`core`, `billing`, ...) exposes `register(subparsers)`; its subcommand handlers have the
+signature `handler(args) -> int`, load settings with `common.load_settings_from_args(args)` and build the live
+peers through `gpufinops.compose`. Registering imports argparse only: every heavy library (pandas, boto3,
+SQLAlchemy, pydantic) is imported inside the handler that needs it, so `gpufinops --help` and shell completion
+start fast.
 
 Conventions every subcommand follows:
 - `-o/--output table|json|csv` chooses the format of what is printed; JSON and CSV go to stdout,
@@ -16,54 +18,34 @@ Conventions every subcommand follows:
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
-from .collect.errors import QueryFailed
-from .config import ConfigError, Settings, load_settings
+from . import agent, backtest, billing, core, recommend, report
+from .common import EXIT_PROBLEM_FOUND, EXIT_USAGE
 
-CAPABILITY_CLI_MODULES = (
-    "gpufinops.cli_core",
-    "gpufinops.cli_billing",
-    "gpufinops.cli_recommend",
-    "gpufinops.cli_backtest",
-    "gpufinops.cli_report",
-    "gpufinops.cli_agent",
-)
-
-
-def load_settings_from_args(args: argparse.Namespace) -> Settings:
-    path = getattr(args, "config", None) or os.environ.get("GPUFINOPS_CONFIG")
-    return load_settings(path)
-
-
-EXIT_PROBLEM_FOUND = 1  # the command ran and found a problem
-EXIT_USAGE = 2  # the command could not run as asked (bad flag value, bad config); argparse's own code too
-
-OUTPUT_FORMATS = ("table", "json", "csv")
-
-
-def add_output_option(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUT_FORMATS) -> None:
-    """`-o/--output`, the one format option of every subcommand (the old `--format` still works, unlisted)."""
-    parser.add_argument("-o", "--output", choices=choices, default="table",
-                        help=f"what to print: {' | '.join(choices)} (default table; json and csv go to stdout)")
-    parser.add_argument("--format", dest="output", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-
-def usage_error(message: str) -> int:
-    """Print `error: ...` on stderr and return the exit code of a command that could not run as asked."""
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+CAPABILITIES = (core, billing, recommend, backtest, report, agent)  # the order of `gpufinops --help`
 
 
 def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("gpufinops")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+class VersionAction(argparse.Action):
+    """`--version`, read from the package metadata only when asked (importlib.metadata costs start-up time)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"gpufinops {package_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,16 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="path to gpufinops.yaml (default: $GPUFINOPS_CONFIG, else built-in defaults)",
     )
     parser.add_argument("--log-level", default=os.environ.get("GPUFINOPS_LOG_LEVEL", "INFO"))
-    parser.add_argument("--version", action="version", version=f"gpufinops {package_version()}")
+    parser.add_argument("--version", action=VersionAction, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in CAPABILITY_CLI_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # capability not built in this checkout
-                continue
-            raise
-        module.register(sub)
+    for capability in CAPABILITIES:
+        capability.register(sub)
     return parser
 
 
@@ -94,6 +70,8 @@ def enable_shell_completion(parser: argparse.ArgumentParser) -> None:
 
     argcomplete answers and exits only when the shell asks (it sets _ARGCOMPLETE); otherwise this does nothing.
     """
+    if "_ARGCOMPLETE" not in os.environ:  # not a completion request: skip importing argcomplete
+        return
     try:
         import argcomplete
     except ImportError:  # an install without the dependency still runs, only without completion
@@ -112,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..collect.errors import QueryFailed
+    from ..config import ConfigError
+
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
-import pandas as pd
-
-from .cli import EXIT_PROBLEM_FOUND, add_output_option, usage_error
-from .collect.billing.schema import BillingDataError, month_bounds
+from .common import EXIT_PROBLEM_FOUND, add_output_option, usage_error
 
 
 def register(subparsers) -> None:
@@ -43,10 +40,11 @@ def _now() -> datetime:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from .cli import load_settings_from_args
-    from .collect.billing.schema import save_costs
-    from .costs import summarize
-    from .store import Store
+    from ..collect.billing.schema import BillingDataError, month_bounds
+    from .common import load_settings_from_args
+    from ..collect.billing.schema import save_costs
+    from ..costs import summarize
+    from ..compose import live_store
 
     settings = load_settings_from_args(args)
     now = _now()
@@ -55,12 +53,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
     except BillingDataError as exc:
         return usage_error(str(exc))
     if args.idle and args.source is None:
-        return _print_idle_costs(settings, args, start, end, now, pd.DataFrame())
+        return _print_idle_costs(settings, args, start, end, now, None)
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
         return EXIT_PROBLEM_FOUND
     if args.save:
-        store = Store(settings.database_url)
+        store = live_store(settings)
         n = save_costs(store, loaded.table, loaded.source, start.date(), end.date(), now)
         print(f"stored {n} rows for {args.month} from {loaded.source}", file=sys.stderr)
     if loaded.table.empty:
@@ -72,16 +70,16 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> int:
+def _print_idle_costs(settings, args, start, end, now, table) -> int:
     """What each instance/team cost while ACTIVE, UNDERUTILIZED, UNKNOWN and IDLE, from stored verdicts."""
-    from .budgets import _default_catalog
-    from .costs import billing_rates, idle_cost_report, resource_attrs, verdict_costs
-    from .store import Store
+    from ..budgets import default_catalog
+    from ..costs import billing_rates, idle_cost_report, resource_attrs, verdict_costs
+    from ..compose import live_store
 
-    store = Store(settings.database_url)
-    rates, attrs = (billing_rates(table), resource_attrs(table)) if not table.empty else ({}, {})
+    store = live_store(settings)
+    rates, attrs = (billing_rates(table), resource_attrs(table)) if table is not None and not table.empty else ({}, {})
     vc = verdict_costs(store.decision_frame(start, end), start, min(end, now),
-                       max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=_default_catalog(),
+                       max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=default_catalog(),
                        attrs=attrs, default_region=settings.aws.regions[0] if settings.aws.regions else "")
     if vc.empty:
         print(f"warning: no stored decisions for {args.month} in {settings.database_url.split('@')[-1]}",
@@ -92,7 +90,8 @@ def _print_idle_costs(settings, args, start, end, now, table: pd.DataFrame) -> i
 
 def _load_costs(settings, args, start: datetime, end: datetime, now: datetime):
     """The period's cost table from --source/--path or the config; None (error printed) on bad data."""
-    from .collect.billing.load import load_cost_table
+    from ..collect.billing.load import load_cost_table
+    from ..collect.billing.schema import BillingDataError
 
     try:
         loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
@@ -104,7 +103,7 @@ def _load_costs(settings, args, start: datetime, end: datetime, now: datetime):
     return loaded
 
 
-def _print(df: pd.DataFrame, fmt: str) -> None:
+def _print(df, fmt: str) -> None:
     if fmt == "json":
         print(json.dumps(df.to_dict("records"), default=str, indent=2))
     elif fmt == "csv":
@@ -117,10 +116,11 @@ def _print(df: pd.DataFrame, fmt: str) -> None:
 
 
 def cmd_budgets_check(args: argparse.Namespace) -> int:
-    from .budgets import run_budget_check
-    from .cli import load_settings_from_args
-    from .notify import build_notifier
-    from .store import Store
+    from ..collect.billing.schema import BillingDataError, month_bounds
+    from ..budgets import run_budget_check
+    from .common import load_settings_from_args
+    from ..compose import live_notifier
+    from ..compose import live_store
 
     settings = load_settings_from_args(args)
     now = _now()
@@ -128,7 +128,7 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
         if args.month:
             start, end = month_bounds(args.month)
             if end <= now:
-                now = end - pd.Timedelta(seconds=1).to_pytimedelta()
+                now = end - timedelta(seconds=1)
         else:
             start, end = month_bounds(f"{now:%Y-%m}")
     except BillingDataError as exc:
@@ -136,14 +136,16 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
         return EXIT_PROBLEM_FOUND
-    store = Store(settings.database_url)
-    notifier = build_notifier(settings.slack, store, _now)
+    store = live_store(settings)
+    notifier = live_notifier(settings, store)
     statuses = run_budget_check(settings, store, notifier, now, loaded)
     rows = [{"budget": s.budget, "scope": s.scope, "period": s.period, "amount": s.amount, "currency": s.currency,
              "spent": round(s.spent, 2), "forecast": round(s.forecast, 2), "pct_actual": round(s.pct_actual, 1),
              "pct_forecast": round(s.pct_forecast, 1),
              "idle_share": None if s.idle_share is None else round(s.idle_share, 3),
              "alerts_sent": ", ".join(s.alerts_sent), "error": s.error or ""} for s in statuses]
+    import pandas as pd
+
     _print(pd.DataFrame(rows), args.output)
     if loaded.source == "ce" and args.output == "table":
         _print_aws_forecast(settings, now, end)
@@ -154,9 +156,9 @@ def _print_aws_forecast(settings, now: datetime, end: datetime) -> None:
     """AWS's own forecast, for comparison with ours (it covers the whole service, not only GPUs)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from .collect.billing.ce import fetch_ce_forecast
-    from .collect.billing.load import aws_client
-    from .collect.billing.settings import billing_settings
+    from ..collect.billing.ce import fetch_ce_forecast
+    from ..collect.billing.load import aws_client
+    from ..collect.billing.settings import billing_settings
 
     ce = billing_settings(settings).ce
     try:
@@ -166,5 +168,5 @@ def _print_aws_forecast(settings, now: datetime, end: datetime) -> None:
         return
     if forecast is not None:
         amount, unit = forecast
-        print(f"AWS Cost Explorer forecast for the rest of {end - pd.Timedelta(days=1):%Y-%m} "
+        print(f"AWS Cost Explorer forecast for the rest of {end - timedelta(days=1):%Y-%m} "
               f"({ce.service}, all instances, not only GPUs): {amount:,.2f} {unit}")

@@ -49,11 +49,11 @@ def _database_url(db: str | None, default: str) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .cli import EXIT_PROBLEM_FOUND, load_settings_from_args, usage_error
-    from .collect.billing.schema import BillingDataError
-    from .report import write_monthly_report
-    from .report.period import ReportPeriodError
-    from .store import Store
+    from .common import EXIT_PROBLEM_FOUND, load_settings_from_args, usage_error
+    from ..collect.billing.schema import BillingDataError
+    from ..report import write_monthly_report
+    from ..report.period import ReportPeriodError
+    from ..store import Store
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Iterable, Mapping, Sequence
 
-from .collect.billing.schema import UNTAGGED
-from .model import Action, Decision, GpuInstance, Verdict
-from .store import Store
+from ..collect.billing.schema import UNTAGGED
+from ..model import Action, Decision, GpuInstance, Verdict
+from ..store import Store
 
 KV_PREFIX = "budget-escalation:"
 

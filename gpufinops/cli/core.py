@@ -1,4 +1,4 @@
-"""Core subcommands: serve, evaluate, rules check, demo."""
+"""Core subcommands: serve, evaluate, rules check, audit, demo."""
 
 from __future__ import annotations
 
@@ -7,31 +7,12 @@ import json
 import logging
 import sys
 
-from .config import ConfigError, Settings
-from .model import RunContext, utcnow
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 log = logging.getLogger("gpufinops.cli")
-
-
-def build_live_peers(settings: Settings):
-    """Real peers from settings: EC2 inventory, Prometheus, the database, Slack (or the outbox)."""
-    from .collect.billing import schema as _billing_tables  # noqa: F401 - registers the costs table
-    from .collect.accounts import build_cloud
-    from .collect.prometheus import PrometheusMetrics
-    from .notify import build_notifier
-    from .pipeline import Peers
-    from .prices import OnDemandPrices
-    from .store import Store
-
-    store = Store(settings.database_url)
-    prices = OnDemandPrices.load_default()
-    cloud = build_cloud(settings.aws, prices=prices)
-    metrics = PrometheusMetrics(settings.prometheus)
-    notifier = build_notifier(settings.slack, store, utcnow)
-    from .learned import IdleHistory
-
-    # Built once per process: the service keeps it, so the history is read in full only every `refresh`.
-    return Peers(cloud, metrics, store, notifier, learned=IdleHistory(settings.prometheus))
 
 
 def force_dry_run(settings: Settings, args: argparse.Namespace) -> Settings:
@@ -46,16 +27,18 @@ def force_dry_run(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .cli import load_settings_from_args
-    from .jobs import scheduled_jobs
-    from .rules import load_rules
-    from .service import Service
+    from ..compose import live_peers
+    from ..jobs import scheduled_jobs
+    from ..model import utcnow
+    from .common import load_settings_from_args
+    from ..rules import load_rules
+    from ..service import Service
 
     settings = force_dry_run(load_settings_from_args(args), args)
     load_rules(settings.rules_paths)  # fail fast on a broken rule file before starting
     if args.port is not None:
         settings = settings.model_copy(update={"service": settings.service.model_copy(update={"port": args.port})})
-    peers = build_live_peers(settings)
+    peers = live_peers(settings)
     log.info("gpufinops serve: dry-run=%s, every %ss, database %s", settings.act.dry_run,
              settings.schedule.evaluate_every_s, settings.database_url.split("@")[-1])
     Service(settings, peers, extra_jobs=tuple(scheduled_jobs(settings, peers, utcnow))).serve_forever()
@@ -63,13 +46,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .cli import load_settings_from_args
-    from .pipeline import run_once
-    from .rules import load_rules
+    from ..compose import live_peers
+    from ..model import RunContext, utcnow
+    from ..pipeline import run_once
+    from .common import load_settings_from_args
+    from ..rules import load_rules
 
     settings = force_dry_run(load_settings_from_args(args), args)
     rules = load_rules(args.rules or settings.rules_paths)
-    peers = build_live_peers(settings)
+    peers = live_peers(settings)
     # evaluate --once judges and records; it never tags, stops or messages anyone.
     now = utcnow()
     pipeline_log = logging.getLogger("gpufinops.pipeline")
@@ -112,8 +97,8 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool) -> str:
     Mirrors act.plan()'s order: protection, then being managed by something else, then a snooze; only an
     IDLE verdict of a stop rule leads to a warning and a stop.
     """
-    from .act import snoozed_until
-    from .model import Action, Verdict
+    from ..act import snoozed_until
+    from ..model import Action, Verdict
 
     if decision.verdict != Verdict.IDLE:
         return ""
@@ -164,8 +149,9 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, erro
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from .cli import load_settings_from_args
-    from .rules import load_rules
+    from ..config import ConfigError
+    from ..rules import load_rules
+    from .common import load_settings_from_args
 
     if args.paths:
         paths, where = args.paths, "the paths given"
@@ -190,10 +176,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """What gpufinops did (and, with --decisions, what it judged), newest last: "why was my instance stopped?"."""
     from datetime import timedelta
 
-    from .cli import load_settings_from_args
-    from .model import ActionKind
-    from .rules import parse_duration
-    from .store import Store
+    from ..model import ActionKind, utcnow
+    from ..store import Store
+    from .common import load_settings_from_args
 
     settings = load_settings_from_args(args)
     if args.db is None:
@@ -201,7 +186,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         url = args.db if "://" in args.db else f"sqlite:///{args.db}"
     store = Store(url)
-    start = utcnow() - timedelta(seconds=parse_duration(args.since)) if args.since else None
+    start = utcnow() - timedelta(seconds=args.since) if args.since else None
     kinds = [ActionKind(k) for k in args.kind] if args.kind else None
     # Filtered in the query: a month of decisions for a whole fleet is large.
     actions = store.action_rows(kinds=kinds, start=start, instance_id=args.instance)
@@ -238,17 +223,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
+    package_log = logging.getLogger("gpufinops")
+    level = package_log.level
     if not args.verbose:
         # Per-decision log lines would bury the Slack messages and the summary.
-        logging.getLogger("gpufinops").setLevel(logging.WARNING)
-    run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet, compare=not args.no_compare)
+        package_log.setLevel(logging.WARNING)
+    try:
+        run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet, compare=not args.no_compare)
+    finally:  # main() can be called again in the same process (tests, an embedding tool)
+        package_log.setLevel(level)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_output_option
+    from .common import add_output_option, duration_arg
 
     dry_run_help = "dry-run whatever the config says (act.dry_run: true): nothing is tagged or stopped"
     p = sub.add_parser("serve", help="run the scheduled service (evaluation every minute, /metrics, /healthz)")
@@ -275,7 +265,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("audit", help="the audit trail: what was marked, stopped, cancelled or skipped, and why")
     p.add_argument("--instance", default=None, help="only this instance id")
-    p.add_argument("--since", default=None, help="only the last DURATION, e.g. 24h, 7d")
+    p.add_argument("--since", type=duration_arg, default=None, help="only the last DURATION, e.g. 24h, 7d")
     p.add_argument("--kind", nargs="*", choices=["mark", "stop", "terminate", "unmark", "skip", "notify"],
                    help="only these action kinds")
     p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")

@@ -5,24 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from .config import ConfigError
-from .model import FALSE_STOP_WITHIN_S, Aggregation
-from .rules import load_rules, parse_duration
+from typing import TYPE_CHECKING
 
+from .common import duration_arg
 
-def _duration(value: str) -> int:
-    try:
-        return parse_duration(value if not value.isdigit() else int(value))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+if TYPE_CHECKING:
+    from ..model import Aggregation
+
 
 
 def _time(value: str, now: datetime) -> float:
     """Epoch seconds, an ISO date-time, or 'now-30d' style offsets."""
+    from ..config import ConfigError
+    from ..rules import parse_duration
+
     v = value.strip()
     if v == "now":
         return now.timestamp()
@@ -46,15 +45,13 @@ def _floats(value: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {value!r}") from None
 
 
-def _duration_or_off(value: str) -> int:
-    return 0 if value.strip() == "0" else _duration(value)
-
-
 def _durations(value: str) -> list[int]:
-    return [_duration(x.strip()) for x in value.split(",") if x.strip()]
+    return [duration_arg(x.strip()) for x in value.split(",") if x.strip()]
 
 
 def _aggs(value: str) -> list[Aggregation]:
+    from ..model import Aggregation
+
     try:
         return [Aggregation(x.strip()) for x in value.split(",") if x.strip()]
     except ValueError:
@@ -62,7 +59,7 @@ def _aggs(value: str) -> list[Aggregation]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_output_option
+    from .common import add_output_option
 
     p = sub.add_parser(
         "backtest", help="replay idle rules over past GPU history: savings, false stops, score vs the ceiling, best rule",
@@ -75,38 +72,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="range-query DCGM_FI_DEV_GPU_UTIL (default URL: prometheus.url from the config)")
     p.add_argument("--start", default="now-7d", help="Prometheus period start (epoch s, ISO, now-30d)")
     p.add_argument("--end", default="now", help="Prometheus period end")
-    p.add_argument("--step", type=_duration, default=60, help="Prometheus server-side step (default 60s)")
+    p.add_argument("--step", type=duration_arg, default=60, help="Prometheus server-side step (default 60s)")
     p.add_argument("--selector", default=None, help="extra PromQL label matchers, e.g. 'job=\"dcgm\"'")
     for name in ("id", "time", "util", "memory", "gpu"):
         p.add_argument(f"--{name}-column", default=None, help=f"trace column holding the {name} (auto-detected)")
     p.add_argument("--trace-step", type=float, default=None, help="sample step of the trace in s (default: inferred)")
     p.add_argument("--rules", nargs="+", default=None, help="rule files/dirs (default: rules_paths from the config)")
-    p.add_argument("--tick", type=_duration, default=None, help="evaluation period (default: schedule.evaluate_every_s)")
-    p.add_argument("--restart-cost", type=_duration, default=600, help="GPU time lost per restart (default 10m)")
-    p.add_argument("--break-even", type=_duration, default=FALSE_STOP_WITHIN_S,
-                   help=f"a stop followed by demand sooner than this is a false stop (default {FALSE_STOP_WITHIN_S // 60}m)")
+    p.add_argument("--tick", type=duration_arg, default=None, help="evaluation period (default: schedule.evaluate_every_s)")
+    p.add_argument("--restart-cost", type=duration_arg, default=600, help="GPU time lost per restart (default 10m)")
+    p.add_argument("--break-even", type=duration_arg, default=None,
+                   help="a stop followed by demand sooner than this is a false stop (default: the project's "
+                        "break-even of a stop, model.FALSE_STOP_WITHIN_S, 30m)")
     p.add_argument("--demand-pct", type=float, default=5.0,
                    help="activity above this restarts a stopped instance (default 5)")
     p.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default 2.745, p4d.24xlarge / 8)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="also run the learned policy (each instance's idle-stretch history) over each rule")
-    p.add_argument("--false-stop-cost", type=float, default=2.0,
-                   help="GPU-hours a false stop counts as, on top of the restart (default 2): every policy's score "
-                        "is net GPU-h minus this per false stop; also the learned policy's setting, and with --tune "
-                        "the cost both candidates are tuned and scored for")
-    p.add_argument("--fleet-prior", type=float, default=5.0,
-                   help="learned policy: pseudo-stretches from the fleet's history (0: each instance's own only)")
-    p.add_argument("--p-min", type=float, default=None,
-                   help="learned policy: stop at this confidence of outlasting the break-even instead")
-    p.add_argument("--min-support", type=float, default=3.0, help="learned policy: past stretches needed (default 3)")
-    p.add_argument("--time-of-day", type=_duration_or_off, default=3 * 3600,
-                   help="learned policy: past stretches begun within this much of the current one's time of day "
-                        "weigh fully, the others 0.2 (default 3h; 0: all alike)")
-    p.add_argument("--restart-grace", type=_duration_or_off, default=2 * 3600,
-                   help="learned policy: no stop within this long of an instance's start or restart (default 2h)")
-    p.add_argument("--trust-wait", type=_duration, default=None,
-                   help="learned policy: per instance, a fixed wait of this long decides where the learned wait has "
-                        "done worse on that instance's past idle stretches (default: none, the learned wait decides)")
+    p.add_argument("--false-stop-cost", type=float, default=None,
+                   help="GPU-hours a false stop counts as, on top of the restart (default 2, model.FALSE_STOP_COST_H): "
+                        "every policy's score "
+                        "is net GPU-h minus this per false stop, and --tune picks the rule by it")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")
     p.add_argument("--windows", type=_durations, default=None, help="sweep windows, e.g. 10m,30m,1h,2h")
@@ -114,9 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-false-stop-rate", type=float, default=0.1,
                    help="the suggested rule keeps false stops at or under this share (default 0.1)")
     p.add_argument("--tune", action="store_true",
-                   help="tune a fixed rule (over the sweep's grid) and a learned block for --false-stop-cost, each on "
-                        "half the instances and scored on the other half; suggest the learned block only if it scores "
-                        "higher over the held-out halves together")
+                   help="pick the sweep's best rule by score on half the instances and score it on the other half "
+                        "(both ways), then suggest the pick on the whole history; prints progress with an ETA")
     p.add_argument("--suggest-out", default=None,
                    help="write the suggested rule as a rule file here (--tune's suggestion when both are asked for)")
     add_output_option(p, ("table", "json"))
@@ -149,10 +131,12 @@ def _progress(msg: str) -> None:
 
 
 def run_backtest(args: argparse.Namespace) -> int:
-    from .backtest.adaptive import AdaptiveParams, backtest_adaptive, stop_reason
-    from .backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
-    from .backtest.traces import load_trace
-    from .cli import load_settings_from_args
+    from ..backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
+    from ..backtest.traces import load_trace
+    from ..config import ConfigError
+    from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S
+    from ..rules import load_rules
+    from .common import load_settings_from_args
 
     settings = load_settings_from_args(args)
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
@@ -163,7 +147,7 @@ def run_backtest(args: argparse.Namespace) -> int:
                            util_column=args.util_column, memory_column=args.memory_column,
                            gpu_column=args.gpu_column, step_s=args.trace_step)
     else:
-        from .backtest.prometheus import load_prometheus
+        from ..backtest.prometheus import load_prometheus
 
         prom = settings.prometheus  # its auth, TLS, timeout, labels and selector (unless --selector)
         trace = load_prometheus(prom.model_copy(update={"url": args.prometheus or prom.url}), _time(args.start, now),
@@ -176,43 +160,19 @@ def run_backtest(args: argparse.Namespace) -> int:
         raise ConfigError("no rules to backtest (empty rule files)")
     bt = BacktestSettings(
         tick_s=float(args.tick or settings.schedule.evaluate_every_s), restart_cost_s=float(args.restart_cost),
-        break_even_s=float(args.break_even), demand_pct=args.demand_pct,
+        break_even_s=float(FALSE_STOP_WITHIN_S if args.break_even is None else args.break_even), demand_pct=args.demand_pct,
         price_per_gpu_hour=args.price if args.price is not None else DEFAULT_PRICE_PER_GPU_HOUR,
-        false_stop_cost_h=args.false_stop_cost,
+        false_stop_cost_h=FALSE_STOP_COST_H if args.false_stop_cost is None else args.false_stop_cost,
     )
     _progress(f"{trace.n_instances} instances, {len(trace.gpu_names)} GPUs; preparing windows ...")
     prep = Prepared(trace, bt)
     oracle = oracle_net_seconds(prep)
     results, examples = [], {}
     for n, rule in enumerate(rules, 1):
-        _progress(f"replaying rule {n}/{len(rules)}: {rule.name}" + (" (+ learned policy)" if args.adaptive else ""))
-        lp = rule.learned
-        if lp is not None:
-            # A rule with a `learned:` block is replayed as the service runs it: the policy, with the block's
-            # settings, holding the rule's own IDLE back. The rule without its block is shown after it.
-            if (lp.demand_pct, lp.break_even_s, lp.restart_cost_s) != (bt.demand_pct, bt.break_even_s, bt.restart_cost_s):
-                _progress(f"  {rule.name}: its learned block's demand/break-even/restart cost differ from this "
-                          f"backtest's; the replay uses the backtest's (--demand-pct, --break-even, --restart-cost)")
-            summary, rep, run = backtest_adaptive(prep, rule, lp.adaptive(), oracle, name=f"{rule.name} (learned, as live)",
-                                                  hold_back_only=True)
-            results.append(summary)
-            examples[summary.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}
-                                        for e in rep.stops[:5]]
+        _progress(f"replaying rule {n}/{len(rules)}: {rule.name}")
         summary, rep = backtest_rule(prep, rule, oracle)
-        if lp is not None:
-            summary = replace(summary, policy=f"{rule.name} without its learned block")
         results.append(summary)
         examples[summary.policy] = [e.__dict__ for e in rep.stops[:5]]
-        if args.adaptive:
-            params = AdaptiveParams(false_stop_cost_h=args.false_stop_cost, prior_weight=args.fleet_prior,
-                                    min_support=args.min_support, time_of_day_s=float(args.time_of_day),
-                                    restart_grace_s=float(args.restart_grace),
-                                    trust_wait_s=None if args.trust_wait is None else float(args.trust_wait),
-                                    **({"criterion": "p", "p_min": args.p_min} if args.p_min is not None else {}))
-            a_sum, a_rep, run = backtest_adaptive(prep, rule, params, oracle)
-            results.append(a_sum)
-            examples[a_sum.policy] = [{**e.__dict__, "reason": stop_reason(prep, run, e.instance, e.stop_at)}
-                                      for e in a_rep.stops[:5]]
     span_h = trace.n_steps * trace.step_s / 3600
     say(f"history: {trace.source}: {trace.n_instances} instances, {len(trace.gpu_names)} GPUs, {span_h:.1f} h "
           f"at {trace.step_s:g} s; tick {bt.tick_s:g} s, restart cost {bt.restart_cost_s / 60:g} min, "
@@ -234,13 +194,13 @@ def run_backtest(args: argparse.Namespace) -> int:
            "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
            "results": [s.to_dict() for s in results], "example_stops": examples}
 
-    from .backtest.sweep import DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates
+    from ..backtest.sweep import DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates
 
     base = next((r for r in rules if r.action.value == "stop"), rules[0])
     cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
                        args.aggregations or DEFAULT_AGGREGATIONS)
     if args.sweep:
-        from .backtest.sweep import best_by_score, pareto_front, rule_yaml, run_sweep, suggest
+        from ..backtest.sweep import best_by_score, pareto_front, rule_yaml, run_sweep, suggest
 
         _progress(f"sweeping {len(cands)} rules ...")
         swept = run_sweep(prep, cands)
@@ -269,10 +229,9 @@ def run_backtest(args: argparse.Namespace) -> int:
             if args.suggest_out:
                 Path(args.suggest_out).write_text(text)
         if args.chart:
-            from .backtest.chart import front_png
+            from ..backtest.chart import front_png
 
-            extra = [s for s in results if s.policy.startswith("adaptive")]
-            front_png(args.chart, swept, front, best, extra, title=f"Backtest sweep: {Path(trace.source).name}")
+            front_png(args.chart, swept, front, best, [], title=f"Backtest sweep: {Path(trace.source).name}")
             say(f"chart: {args.chart}")
     elif args.chart:
         print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
@@ -295,54 +254,38 @@ def _printer(args: argparse.Namespace):
 
 
 def _tune(trace, bt, base, cands, args, say=print) -> dict:
-    """--tune: both candidates tuned on one half of the instances and scored on the other, both ways."""
-    from .backtest.engine import Prepared
-    from .backtest.sweep import rule_yaml
-    from .backtest.tune import (cost_score, held_out_gain, holdout, learned_rule_yaml,
-                                recommend_learned, setting_text, split_halves, tune)
+    """--tune: the sweep's best rule by score, picked on one half of the instances and scored on the other,
+    both ways; the suggestion is the pick on the whole history."""
+    from ..backtest.engine import Prepared
+    from ..backtest.sweep import rule_yaml
+    from ..backtest.tune import best_fixed, cost_score, holdout, split_halves
 
-    cost = args.false_stop_cost
+    cost = bt.false_stop_cost_h
     halves = [Prepared(h, bt) for h in split_halves(trace)]
-    results = []
-    for (a, b), label in (((0, 1), "B"), ((1, 0), "A")):
-        _progress(f"tuning on half {'AB'[a]}, scoring on half {label} ...")
-        results.append(holdout(halves[a], halves[b], base, cands, cost, label=label, progress=_progress))
-    _progress("tuning on the whole history ...")
-    whole = tune(Prepared(trace, bt), base, cands, cost, progress=_progress)
-    learned_wins = recommend_learned(results)
-    gain = held_out_gain(results)
+    _progress(f"--tune: {len(cands)} rules x 3 replays (two halves, then the whole history)")
+    results = [holdout(halves[a], halves[b], cands, cost, label=label, progress=_progress)
+               for (a, b), label in (((0, 1), "B"), ((1, 0), "A"))]
+    whole = best_fixed(Prepared(trace, bt), cands, cost, progress=_progress, label=" (whole history)")
     say(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
-          f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); each candidate is tuned "
-          f"on one half and scored on the other.")
-    rows = [("held out", "candidate (tuned on the other half)", "stops", "false", "net GPU-h", "score", "% ceiling",
+        f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); the best rule on one "
+        f"half is scored on the other.")
+    rows = [("held out", "rule picked on the other half", "stops", "false", "net GPU-h", "score", "% ceiling",
              "restarts/inst-day")]
     for h in results:
-        for s, what, pct in ((h.fixed_test, f"fixed {h.tuned.fixed.policy}", h.fixed_pct_of_ceiling),
-                             (h.learned_test, f"learned {setting_text(h.tuned)}", h.learned_pct_of_ceiling)):
-            rows.append((h.label, what, str(s.stops), f"{s.false_stop_rate:.0%}", f"{s.net_gpu_hours:.1f}",
-                         f"{cost_score(s, cost):.1f}", f"{pct:.0f}%",
-                         f"{s.restarts_per_instance_day:.2f}"))
+        s = h.test
+        rows.append((h.label, h.picked.policy, str(s.stops), f"{s.false_stop_rate:.0%}", f"{s.net_gpu_hours:.1f}",
+                     f"{h.score:.1f}", f"{h.pct_of_ceiling:.0f}%", f"{s.restarts_per_instance_day:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         say("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-    source = f"{trace.source} (false-stop cost {cost:g} GPU-h)"
-    if learned_wins:
-        text = learned_rule_yaml(whole, comment=f"learned block suggested by gpufinops backtest --tune on {source}")
-        say(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together; "
-              f"tuned on the whole history:\n{text}")
-    else:
-        text = rule_yaml(whole.fixed, comment=f"suggested by gpufinops backtest --tune on {source}")
-        say(f"\nthe learned block scores {gain:+.1f} GPU-h against the fixed rule over the held-out halves together: "
-              f"keep a fixed rule. Tuned on the whole history:\n{text}")
+    text = rule_yaml(whole, comment=f"suggested by gpufinops backtest --tune on {trace.source} "
+                                    f"(false-stop cost {cost:g} GPU-h)")
+    say(f"\nheld out, the pick scores {sum(h.score for h in results):.1f} over both halves "
+        f"({sum(h.score for h in results) / max(1e-9, sum(h.ceiling_score for h in results)):.0%} of the ceiling). "
+        f"Picked on the whole history:\n{text}")
     if args.suggest_out:
         Path(args.suggest_out).write_text(text)
-    return {"false_stop_cost_h": cost, "learned_suggested": learned_wins, "held_out_gain": gain,
-            "suggested_yaml": text,
-            "fixed_pick": whole.fixed.to_dict(), "learned_pick": {**whole.learned.to_dict(),
-                                                                  "params": whole.params.__dict__},
-            "holdout": [{"held_out": h.label, "fixed": h.fixed_test.to_dict(), "learned": h.learned_test.to_dict(),
-                         "learned_rule": h.tuned.pairing.name, "learned_params": h.tuned.params.__dict__,
-                         "fixed_score": h.fixed_score, "learned_score": h.learned_score,
-                         "ceiling_score": h.ceiling_score,
-                         "fixed_pct_of_ceiling": h.fixed_pct_of_ceiling,
-                         "learned_pct_of_ceiling": h.learned_pct_of_ceiling} for h in results]}
+    return {"false_stop_cost_h": cost, "suggested_yaml": text, "pick": whole.to_dict(),
+            "pick_score": cost_score(whole, cost),
+            "holdout": [{"held_out": h.label, "picked": h.picked.policy, "test": h.test.to_dict(), "score": h.score,
+                         "ceiling_score": h.ceiling_score, "pct_of_ceiling": h.pct_of_ceiling} for h in results]}

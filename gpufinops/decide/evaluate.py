@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .metric_ranges import ACTIVITY_PCT_MAX, MEMORY_CEILING_MIB, POWER_CEILING_W, invalid_reason, validate_stats
-from .model import (
+from ..metric_ranges import ACTIVITY_PCT_MAX, MEMORY_CEILING_MIB, POWER_CEILING_W, invalid_reason, validate_stats
+from ..model import (
     Aggregation,
     Decision,
     GpuInstance,
