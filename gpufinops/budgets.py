@@ -86,7 +86,7 @@ class Budget(StrictModel):
     kinds: tuple[Kind, ...] = ("actual", "forecast")
     channel: str = ""
     # Off by default. At this % of actual spend, IDLE instances of the scope whose rule only
-    # notifies are marked for stop through the normal safe act path (gpufinops/escalation.py).
+    # notifies are marked for stop through the normal safe act path (gpufinops/decide/escalation.py).
     escalate_idle_to_stop_at: float | None = Field(None, gt=0, le=1000)
 
     @field_validator("thresholds", mode="before")

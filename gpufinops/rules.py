@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .config import ConfigError, format_validation_error, load_yaml
+from .config import ConfigError, StrictModel, format_validation_error, load_yaml
 from .model import Action, Aggregation, Rule, Selector
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
@@ -74,8 +74,7 @@ def _as_values(v: Any) -> tuple[str, ...]:
     return (str(v),)
 
 
-class _SelectorModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _SelectorModel(StrictModel):
     tags: dict[str, str | list[str]] = Field(default_factory=dict)
     exclude_tags: dict[str, str | list[str]] = Field(default_factory=dict)
     instance_families: list[str] = Field(default_factory=list)
@@ -94,8 +93,7 @@ class _SelectorModel(BaseModel):
         )
 
 
-class _RuleModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _RuleModel(StrictModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str = ""
     select: _SelectorModel = Field(default_factory=_SelectorModel)
@@ -138,8 +136,7 @@ class _RuleModel(BaseModel):
         return self
 
 
-class _RuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class _RuleFile(StrictModel):
     rules: list[_RuleModel]
 
 

@@ -240,3 +240,13 @@ def test_dry_run_flag_overrides_the_config_and_says_so(tmp_path, caplog):
     assert force_dry_run(live, argparse.Namespace(dry_run=False)).act.dry_run is False
     for command in ("serve", "evaluate"):
         assert build_parser().parse_args([command, "--dry-run"]).dry_run is True
+
+
+def test_help_imports_no_heavy_library():
+    """`gpufinops --help` and shell completion build the whole parser: no subcommand may import pandas, numpy,
+    pydantic, SQLAlchemy, boto3 or requests to register itself (they cost start-up time; issue 13)."""
+    code = ("import sys; from gpufinops.cli import build_parser; build_parser(); "
+            "heavy = {'pandas', 'numpy', 'pydantic', 'sqlalchemy', 'boto3', 'requests', 'yaml', 'pyarrow'}; "
+            "print(sorted(heavy & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
