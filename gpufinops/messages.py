@@ -196,6 +196,10 @@ def _instance_line(inst: GpuInstance) -> str:
     return f"{_v(inst.instance_id, 40)} ({', '.join(bits)})"
 
 
+def _owner_field(inst: GpuInstance) -> str:
+    return _v(inst.owner()) if inst.owner() else "no owner tag"
+
+
 def _instance_field(inst: GpuInstance) -> str:
     name = inst.tags.get("Name") or inst.tags.get("name")
     out = f"`{_v(inst.instance_id, 40)}`"
@@ -297,7 +301,7 @@ def idle_warning(
         _fields([
             ("Instance", _instance_field(inst)),
             ("Type", _type_field(inst)),
-            ("Owner", _v(inst.owner())),
+            ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
             ("Cost", _money_and_day(cost)),
@@ -325,7 +329,7 @@ def stopped(
         lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
     else:
         text = (f"{done.capitalize()} idle GPU instance {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
-                f"Saves {format_money(cost)}.")
+                f"Saves {format_money(cost)} for every hour it stays {done}.")
         title = f":octagonal_sign: Idle GPU instance {done}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
     if action is Action.TERMINATE:
@@ -340,10 +344,10 @@ def stopped(
         _fields([
             ("Instance", _instance_field(inst)),
             ("Type", _type_field(inst)),
-            ("Owner", _v(inst.owner())),
+            ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
-            ("Would save" if dry_run else "Saves", _money_and_day(cost)),
+            ("Would save" if dry_run else "Saves while stopped", format_money(cost)),
             ("Idle for", _window(decision)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
@@ -358,14 +362,15 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
     """The pending stop is off: the instance became active, was snoozed or protected."""
     why = _v(reason, MAX_REASON)
     text = (f"Stop cancelled for GPU instance {_instance_line(inst)}: {why}. "
-            f"It had been marked at {_when(marked_at)}; nothing will be done.")
+            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later stop comes with a "
+            f"new warning first.")
     blocks = [
         _header(f":white_check_mark: Stop cancelled: {_clip_raw(inst.instance_id, 40)}"),
         _section(f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}"),
         _fields([
             ("Instance", _instance_field(inst)),
             ("Type", _type_field(inst)),
-            ("Owner", _v(inst.owner())),
+            ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Marked at", _slack_date(marked_at)),
         ]),
@@ -392,7 +397,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
         _fields([
             ("Instance", _instance_field(inst)),
             ("Type", _type_field(inst)),
-            ("Owner", _v(inst.owner())),
+            ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
             ("Cost", _money_and_day(cost)),

@@ -127,7 +127,8 @@ class GpuInstance:
         return value is not None and value.strip().lower() != "false"
 
     def owner(self) -> str:
-        for key in ("owner", "Owner", "team", "Team", "created-by"):
+        """The owner tag only: a team is not an owner (messages say "no owner tag" rather than guess)."""
+        for key in ("owner", "Owner", "created-by"):
             if self.tags.get(key):
                 return self.tags[key]
         return ""

@@ -294,3 +294,19 @@ def test_metrics_unavailable_single_instance_lists_it_without_more():
     assert "for 1 instance since" in msg.text
     assert "more" not in json.dumps(msg.blocks)
     assert "Prometheus timeout" in msg.text
+
+
+def test_a_team_is_not_an_owner_and_a_stop_promises_no_daily_saving():
+    # Issue 14: without an owner tag the message says so instead of printing the team as the owner.
+    i = inst(tags={"team": "ml-research"})
+    d = decision(i.instance_id)
+    warn = m.idle_warning(i, d, marked_at=T0, stop_at=T0 + timedelta(minutes=15), channel="#c", dry_run=False,
+                          action=Action.STOP)
+    stop = m.stopped(i, d, at=T0, channel="#c", dry_run=False, action=Action.STOP)
+    for msg in (warn, stop):
+        fields = json.dumps(msg.blocks)
+        assert "no owner tag" in fields and "owner ml-research" not in msg.text
+    assert "/day" not in json.dumps(stop.blocks) and "for every hour it stays stopped" in stop.text
+    cancelled = m.mark_cancelled(i, reason="became active", marked_at=T0, channel="#c")
+    # A warning withdrawn (say in dry-run) must not promise that nothing will ever be done.
+    assert "nothing will be done" not in cancelled.text and "new warning first" in cancelled.text
