@@ -115,7 +115,7 @@ def helios() -> tuple[Trace, Trace]:
         t0 = pd.Timestamp(g["time"].iloc[0]).timestamp()
         halves[k % 2].append(pool_ranks_trace(g["running_gpu_num"].to_numpy(), g["total_gpu_num"].to_numpy(),
                                               ranks=(0.2, 0.4, 0.6, 0.8, 0.95), step_s=60.0, t0=t0, name=f"helios/{vc}"))
-    return tuple(_concat(h) for h in halves)  # type: ignore[return-value]
+    return tuple(concat(h) for h in halves)  # type: ignore[return-value]
 
 
 def philly() -> tuple[Trace, Trace]:
@@ -127,7 +127,7 @@ def philly() -> tuple[Trace, Trace]:
     return mk(ranks[0::2]), mk(ranks[1::2])
 
 
-def _concat(traces: list[Trace]) -> Trace:
+def concat(traces: list[Trace]) -> Trace:
     n = max(t.n_steps for t in traces)
     util = np.vstack([np.pad(t.util, ((0, 0), (0, n - t.n_steps)), constant_values=np.nan) for t in traces])
     ids = tuple(i for t in traces for i in t.instance_ids)
@@ -155,7 +155,7 @@ def ceiling() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, loader in TRACES:
         halves = [Prepared(h, settings) for h in loader()]
-        whole = Prepared(_concat([h.trace for h in halves]), settings)
+        whole = Prepared(concat([h.trace for h in halves]), settings)
         c = whole.ceiling(float(base.warning_lead_s))
         orc = oracle_net_seconds(whole).sum() / 3600
         head = (f"| {name.split()[0]} | {orc:,.1f} | {c.score:,.1f} ({len(c.stop_at)}, {c.false_stops}) | "
@@ -194,7 +194,7 @@ def early_warning() -> None:
     print("| trace | rule | warning | stops | false stops | net GPU-h | score | % of ceiling | notice p50 min |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, loader in TRACES:
-        prep = Prepared(_concat(list(loader())), settings)
+        prep = Prepared(concat(list(loader())), settings)
         for rule in rules:
             today, rep = backtest_rule(prep, rule)
             early, rep_e = backtest_rule_early_warning(prep, rule)

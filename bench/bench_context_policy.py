@@ -44,12 +44,9 @@ from gpufinops.backtest.engine import (  # noqa: E402
     rule_verdicts, summarise,
 )
 from gpufinops.backtest.sweep import candidates, run_sweep  # noqa: E402
-from gpufinops.backtest.traces import Trace, from_arrays, load_trace, pool_ranks_trace  # noqa: E402
-from gpufinops.model import Rule  # noqa: E402
+from gpufinops.model import FALSE_STOP_COST_H, Rule  # noqa: E402
 from gpufinops.rules import load_rules  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "gpu_util_traces"
-FALSE_STOP_COST_H = 2.0  # `backtest --false-stop-cost` default, as bench_backtest.py --ceiling
 LOOKBACK_S = 3 * 3600.0  # busy share: the 3 h before the lull began
 FLEET_IDLE_S = 900.0  # fleet-idle share: instances idle for at least 15 min
 TOP_BASES = 3  # the context policy may sit on any of the tuning half's 3 best fixed rules
@@ -59,45 +56,8 @@ F = (0.0, 0.3, 0.5, 0.7)
 AUC_IDLE_S = 300.0  # the AUC's decision point: 5 min into a lull
 
 
-# --------------------------------------------------------------------------- traces (as bench_backtest.py)
-# Copied rather than imported: bench_backtest.py imports the learned policy, which is being removed.
-
-
-def gentd26() -> tuple[Trace, Trace]:
-    tr = load_trace(DATA / "alibaba_gentd26_pod_gpu_duty_cycle.csv")
-    idx = np.arange(tr.n_instances)
-    return tr.select(idx[idx % 2 == 0]), tr.select(idx[idx % 2 == 1])
-
-
-def helios() -> tuple[Trace, Trace]:
-    df = pd.read_parquet(DATA / "helios_earth_all16vc_cluster_sequence_1min.parquet")
-    halves: list[list[Trace]] = [[], []]
-    for k, (vc, g) in enumerate(sorted(df.groupby("vc"), key=lambda x: x[0])):
-        g = g.sort_values("time")
-        t0 = pd.Timestamp(g["time"].iloc[0]).timestamp()
-        halves[k % 2].append(pool_ranks_trace(g["running_gpu_num"].to_numpy(), g["total_gpu_num"].to_numpy(),
-                                              ranks=(0.2, 0.4, 0.6, 0.8, 0.95), step_s=60.0, t0=t0, name=f"helios/{vc}"))
-    return concat(halves[0]), concat(halves[1])
-
-
-def philly() -> tuple[Trace, Trace]:
-    df = pd.read_csv(DATA / "philly_node_sequence_helios_artifact.csv")
-    t0 = pd.Timestamp(df["time"].iloc[0]).timestamp()
-    ranks = np.linspace(0.5, 0.98, 12)
-
-    def make(rs: np.ndarray) -> Trace:
-        return pool_ranks_trace(df["active"].to_numpy(), df["total"].to_numpy(), ranks=rs, step_s=60.0, t0=t0,
-                                name="philly")
-
-    return make(ranks[0::2]), make(ranks[1::2])
-
-
-def concat(traces: list[Trace]) -> Trace:
-    n = max(t.n_steps for t in traces)
-    util = np.vstack([np.pad(t.util, ((0, 0), (0, n - t.n_steps)), constant_values=np.nan) for t in traces])
-    ids = tuple(i for t in traces for i in t.instance_ids)
-    return from_arrays(util, step_s=traces[0].step_s, t0=traces[0].t0, instance_ids=ids, source=traces[0].source)
-
+# --------------------------------------------------------------------------- traces: the same halves as bench_backtest.py
+from bench_backtest import gentd26, helios, philly  # noqa: E402
 
 TRACES = (("GenTD26", gentd26), ("Helios", helios), ("Philly", philly))
 
