@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
-from . import messages
+from . import interact, messages
 from .config import Settings
 from .model import (
     TAG_MARKED,
@@ -320,6 +320,12 @@ class Actuator:
             return []
         except Exception as exc:  # the cloud cannot be read: those instances wait (below), the others go on
             log.error("could not settle earlier changes yet: %s", exc)
+        try:
+            # Before planning: a snooze a person asked for in Slack holds on this very tick.
+            instances = self.apply_snooze_requests(ctx, instances)
+        except NotLeader as exc:
+            log.error("not acting: %s", exc)
+            return []
         unsettled = {a.instance_id for a in self.store.action_rows(status=UNSETTLED)}
         states = self.track_states(decisions, ctx.now)
         by_instance: dict[str, list[Decision]] = {}
@@ -437,7 +443,9 @@ class Actuator:
         """Send (or send again) the mark's warning; once delivered, the stop is due a full lead after delivery."""
         lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
         msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
-                                    channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now)
+                                    channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now,
+                                    buttons=bool(self.settings.slack.signing_secret.resolve()),
+                                    idle_since=idle_since(self.store.get_state(inst.instance_id, mark.rule), decision))
         rule_name = mark.rule
         if not self.notifier.send(msg):
             log.warning("%s: warning not delivered; no stop until it is", inst.instance_id)
@@ -471,8 +479,8 @@ class Actuator:
             # Nobody was told of this stop, so nobody is told it is off; the warning is not sent any more.
             self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
         else:
-            self.notifier.send(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
-                                                       channel=channel))
+            self.notifier.send(replace(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
+                                                               channel=channel), thread_key=warning_key))
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
     def _give_up(self, ctx, inst, mark: MarkRow, rule_name, channel, last_error: str) -> ActionResult:
@@ -489,12 +497,16 @@ class Actuator:
         """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
         self._change(ctx, inst, kind, rule_name, "stopped-by tags",
                      lambda: self._tag_stopped(inst, rule_name, decision.reason), record=False)
+        mark = self.store.get_mark(inst.instance_id)
         self.store.clear_mark(inst.instance_id)
         state = self.store.get_state(inst.instance_id, rule_name)
         if state is not None:
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, at, dry_run)
-        self.notifier.send(messages.stopped(inst, decision, at=at, channel=channel, dry_run=dry_run,
-                                            action=decision.action))
+        notice = messages.stopped(inst, decision, at=at, channel=channel, dry_run=dry_run, action=decision.action,
+                                  idle_since=idle_since(state, decision))
+        # Under its warning, so the owner reads warning and outcome in one place.
+        self.notifier.send(replace(notice, thread_key=messages.warning_key(inst.instance_id, mark.marked_at))
+                           if mark is not None else notice)
 
     def _tag_stopped(self, inst, rule_name: str, reason: str) -> None:
         """Bookkeeping after a stop; each call on its own, so one failing does not leave the other undone."""
@@ -512,6 +524,56 @@ class Actuator:
         if persist:
             self.store.record_action(ctx.run_id, result)
         return result
+
+    # ------------------------------------------------------------------ people's snoozes (Slack buttons)
+    def apply_snooze_requests(self, ctx: RunContext, instances: Sequence[GpuInstance]) -> list[GpuInstance]:
+        """Set the snooze tag people asked for with a button (gpufinops.interact), through the chokepoint; the
+        instances come back with the tag as the cloud now has it, so the plan below sees the snooze.
+
+        Live: one tag call per request; a tag already equal to the request (a retry after a lost answer) is
+        not set again. Not confirmed: the request stays and its action row is reconciled; until then nothing
+        else is done to the instance. Dry-run: no tag is set; the request is audited and shown once and holds
+        in memory until it ends, as the tag would."""
+        requests = interact.pending_requests(self.store)
+        if not requests:
+            return list(instances)
+        by_id = {i.instance_id: i for i in instances}
+        for req in requests:
+            inst = by_id.get(req.instance_id)
+            until = parse_time(req.until)
+            if inst is None or until is None or until <= ctx.now:
+                interact.forget_request(self.store, req.instance_id)  # gone, or the snooze has ended
+                continue
+            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
+            if ctx.dry_run:
+                if not req.recorded:
+                    self._change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
+                    self._update_warning(req, until, dry_run=True)
+                    interact.keep_request(self.store, replace(req, recorded=True))
+            elif inst.tags.get(TAG_SNOOZE) != req.until:
+                outcome = self._change(ctx, inst, ActionKind.SNOOZE, "", reason,
+                                       lambda inst=inst, req=req: self.cloud.set_tags(inst, {TAG_SNOOZE: req.until}),
+                                       verify=lambda found, req=req: found is not None
+                                       and found.tags.get(TAG_SNOOZE) == req.until)
+                if not outcome.ok:
+                    continue  # failed: asked again next tick; unconfirmed: its row is settled first
+                self._update_warning(req, until, dry_run=False)
+                interact.forget_request(self.store, req.instance_id)
+            else:
+                interact.forget_request(self.store, req.instance_id)
+            by_id[req.instance_id] = replace(inst, tags={**inst.tags, TAG_SNOOZE: req.until})
+        return [by_id[i.instance_id] for i in instances]
+
+    def _update_warning(self, req: "interact.SnoozeRequest", until: datetime, dry_run: bool) -> None:
+        """The warning the button was on, updated in place: who snoozed it until when (cosmetic: never raises)."""
+        if not (req.channel_id and req.message_ts):
+            return
+        text, blocks = messages.snoozed_in_place(req.blocks, user=req.user_id or req.user_name, until=until,
+                                                 dry_run=dry_run)
+        try:
+            self.notifier.update(req.channel_id, req.message_ts, text, blocks)
+        except Exception as exc:  # noqa: BLE001 - the snooze is set; the message edit is not worth a failure
+            log.warning("could not update the Slack message of %s: %s", req.instance_id, exc)
 
     # ------------------------------------------------------------------ THE chokepoint
     def _change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
@@ -601,6 +663,10 @@ class Actuator:
                     self.store.finish_action(p.id, False, now, status="failed",
                                              error=f"reconciled: instance still {inst.state if inst else 'unknown'}; "
                                                    f"stop not done")
+            elif p.kind == ActionKind.SNOOZE:
+                tagged = inst is not None and bool(inst.tags.get(TAG_SNOOZE))
+                self.store.finish_action(p.id, tagged, now, status="done" if tagged else "failed",
+                                         error="reconciled: snooze tag " + ("present" if tagged else "absent"))
             elif p.kind == ActionKind.MARK:
                 tagged = inst is not None and TAG_MARKED in inst.tags
                 self.store.finish_action(p.id, tagged, now, status="done" if tagged else "failed",
@@ -612,6 +678,14 @@ class Actuator:
             notes.append(f"reconciled {p.kind.value} on {p.instance_id}")
             log.warning("reconciled unsettled %s on %s", p.kind.value, p.instance_id)
         return notes
+
+
+def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:
+    """When the instance really went idle: its IDLE verdict's first tick minus the rule's window (the window
+    before that tick was idle already). None when not known (no state, not IDLE): messages then say "≥ window"."""
+    if state is None or decision is None or state.verdict != Verdict.IDLE or not decision.window_s:
+        return None
+    return state.since - timedelta(seconds=decision.window_s)
 
 
 def check_lease(lease: LeaseCheck | None) -> None:

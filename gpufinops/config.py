@@ -105,6 +105,13 @@ class SlackSettings(StrictModel):
     # failure and doubling up to retry_max_backoff_s. Until a warning is delivered, no stop happens.
     retry_backoff_s: int = Field(60, ge=1, le=86400)
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
+    # Buttons on warnings (Snooze 2 h / until tomorrow 09:00 / Keep running 7 days), handled at POST
+    # /slack/actions. Shown only when this secret resolves: every click is checked against it (docs/notifications.md).
+    signing_secret: SecretRef = SecretRef(env="SLACK_SIGNING_SECRET")
+    # Who may snooze: the instance's owner (its owner tag: a Slack user id, name or email), the Slack user ids
+    # of its team here (team tag value -> ids), and these admins, anything.
+    snooze_admins: tuple[str, ...] = ()
+    team_members: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
 
 class ActSettings(StrictModel):

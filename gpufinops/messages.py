@@ -16,8 +16,9 @@ however many runs see the same event.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .model import (
     TAG_PROTECT,
@@ -242,6 +243,13 @@ def _window(decision: Decision) -> str:
     return f"≥ {format_duration(decision.window_s)}" if decision.window_s else "—"
 
 
+def _idle_for(decision: Decision, idle_since: datetime | None, now: datetime) -> str:
+    """'1 h 40 min (since <02:12>)' when the start of the lull is known, else '≥ <the rule's window>'."""
+    if idle_since is None or idle_since > now:
+        return _window(decision)
+    return f"{format_duration((_utc(now) - _utc(idle_since)).total_seconds())} (since {_slack_date(idle_since)})"
+
+
 def _verbs(action: Action, fn: str) -> tuple[str, str]:
     if action not in _VERBS:
         raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
@@ -273,8 +281,12 @@ def idle_warning(
     dry_run: bool,
     action: Action,
     sent_at: datetime | None = None,
+    buttons: bool = False,
+    idle_since: datetime | None = None,
 ) -> Message:
     """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle.
+    `buttons`: Snooze / Keep running buttons (only where the service verifies clicks: slack.signing_secret).
+    `idle_since`: when it really went idle (act.idle_since), shown instead of "≥ the rule's window".
 
     The key is the mark's (one warning per mark, however many tries its delivery takes); `sent_at` is
     this try's time, from which the lead is counted when an earlier try was not delivered."""
@@ -305,18 +317,49 @@ def idle_warning(
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
             ("Cost", _money_and_day(cost)),
-            ("Idle for", _window(decision)),
+            ("Idle for", _idle_for(decision, idle_since, sent_at or marked_at)),
             ("GPU activity", _activity_field(decision)),
             (f"{verb.capitalize()} at", _slack_date(stop_at)),
             ("Rule", _v(decision.rule_name)),
         ]),
-        _context(_keep_hint()),
     ]
+    if buttons:
+        blocks.append(snooze_buttons(inst.instance_id))
+    blocks.append(_context(_keep_hint()))
     return _message(warning_key(inst.instance_id, marked_at), channel, text, blocks)
 
 
+# What each button asks for; gpufinops.interact turns a verified, allowed click into the snooze tag.
+SNOOZE_ACTIONS = {
+    "gpufinops_snooze_2h": "Snooze 2 h",
+    "gpufinops_snooze_tomorrow": "Snooze until tomorrow 09:00",
+    "gpufinops_keep_7d": "Keep running (7 days)",
+}
+SNOOZE_BLOCK_ID = "gpufinops_snooze"
+
+
+def snooze_buttons(instance_id: str) -> dict:
+    """The actions block of a warning; each button's value is the instance id (checked again on click)."""
+    elements = [{"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label},
+                 "value": _clip_raw(instance_id, 100)} for action_id, label in SNOOZE_ACTIONS.items()]
+    elements[0]["style"] = "primary"
+    return {"type": "actions", "block_id": SNOOZE_BLOCK_ID, "elements": elements}
+
+
+def snoozed_in_place(blocks: Sequence[Mapping], *, user: str, until: datetime, dry_run: bool) -> tuple[str, list[dict]]:
+    """The warning as it reads after a click: its buttons replaced by who snoozed it until when."""
+    who = f"<@{_v(user, 40)}>" if re.fullmatch(r"[UW][A-Z0-9]{2,20}", user or "") else _v(user, 60)
+    said = f":zzz: Snoozed by {who} until {_slack_date(until)}" + (
+        " (dry-run: recorded by gpufinops, no tag set on the instance)" if dry_run else
+        f": `{TAG_SNOOZE}` is set, no stop before then.")
+    kept = [dict(b) for b in blocks if b.get("block_id") != SNOOZE_BLOCK_ID]
+    kept.append(_context(said))
+    return clip_mrkdwn(said, MAX_FALLBACK), kept[:MAX_BLOCKS]
+
+
 def stopped(
-    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str, dry_run: bool, action: Action
+    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str, dry_run: bool, action: Action,
+    idle_since: datetime | None = None,
 ) -> Message:
     """Phase two: the instance was stopped (or, in dry-run, would have been)."""
     verb, done = _verbs(action, "stopped")
@@ -348,7 +391,7 @@ def stopped(
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
             ("Would save" if dry_run else "Saves while stopped", format_money(cost)),
-            ("Idle for", _window(decision)),
+            ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
             ("Rule", _v(decision.rule_name)),

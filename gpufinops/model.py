@@ -281,6 +281,7 @@ class ActionKind(str, enum.Enum):
     UNMARK = "unmark"  # became active or snoozed: mark cancelled
     SKIP = "skip"  # wanted to act, did not (protected, cap, snooze, dry-run reason...)
     NOTIFY = "notify"  # rule action is notify only
+    SNOOZE = "snooze"  # a person clicked Snooze / Keep running on a warning: the snooze tag, set for them
 
 
 @dataclass(frozen=True)
@@ -359,6 +360,9 @@ class Message:
     channel: str
     text: str  # fallback text, also what the outbox/log shows
     blocks: tuple[dict, ...] = ()
+    # The key of the message this one follows up (a cancellation or a stop under its warning): posted as a
+    # reply in that thread when Slack holds the parent, else on its own in `channel`.
+    thread_key: str = ""
 
 
 class Notifier(Protocol):
@@ -368,6 +372,10 @@ class Notifier(Protocol):
 
     def retry_due(self, now: datetime) -> int:
         """Send again the failed messages whose backoff is over; how many were delivered."""
+        ...
+
+    def update(self, channel_id: str, ts: str, text: str, blocks: Sequence[dict]) -> bool:
+        """Edit a delivered message in place (a snooze shown on its warning); False when it was not edited."""
         ...
 
 

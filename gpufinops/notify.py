@@ -157,6 +157,18 @@ class OutboxNotifier:
         """Send again every failed message whose backoff is over; returns how many were delivered."""
         return _retry_due(self, now)
 
+    def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
+        """No Slack message to edit: the edit is written as a line of its own."""
+        line = {"update_of": {"channel": channel_id, "ts": ts}, "text": text, "blocks": list(blocks),
+                "at": self.clock().isoformat()}
+        try:
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+        except OSError as exc:
+            log.warning("outbox %s: message update not written: %s", self.path, exc)
+            return False
+        return True
+
 
 def _retry_due(notifier, now: datetime) -> int:
     delivered = 0
@@ -202,6 +214,27 @@ class SlackNotifier:
         """Send again every failed message whose backoff is over; returns how many were delivered."""
         return _retry_due(self, now)
 
+    def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
+        """chat.update of a delivered message: one try (an edit repeated is harmless, one lost is cosmetic)."""
+        token = self.settings.token.resolve()
+        if not token:
+            return False
+        try:
+            self._client(token).chat_update(channel=channel_id, ts=ts, text=text, blocks=list(blocks) or None)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised into the act stage
+            log.warning("chat.update of %s in %s failed: %s", ts, channel_id, redact(_clip(str(exc)), token))
+            return False
+        return True
+
+    def user_info(self, user_id: str) -> dict:
+        """users.info's user (name, tz, profile.email with the users:read.email scope); {} when unknown."""
+        token = self.settings.token.resolve()
+        if not token:
+            return {}
+        resp = self._client(token).users_info(user=user_id)
+        user = resp.get("user") if isinstance(resp.data, dict) else None
+        return user if isinstance(user, dict) else {}
+
     def send(self, msg: Message) -> bool:
         """True when the message is delivered (now or before); False when it is not (yet)."""
         row = self.store.get_notification(msg.key)
@@ -218,10 +251,13 @@ class SlackNotifier:
         if _waiting(row, now):
             return False
         channel = msg.channel or self.settings.default_channel
+        thread = self._thread_of(msg)
+        if thread is not None:
+            channel = thread[0]  # a reply lives in its parent's conversation
         client = self._client(token)
         if row is not None and row.status == "pending":
             # An earlier try's fate is unknown (answer lost, timeout, crash): look before posting again.
-            found = self._find_posted(client, token, channel, msg.key)
+            found = self._find_posted(client, token, channel, msg.key, thread)
             if found is None:
                 log.warning("notification %s: earlier delivery unknown and the lookup failed; not re-sent",
                             msg.key)
@@ -237,7 +273,7 @@ class SlackNotifier:
             if attempt:
                 time.sleep(self.retry_interval.calculate_sleep_duration(attempt - 1))
             try:
-                ts, channel_id = self._post(client, channel, msg)
+                ts, channel_id = self._post(client, channel, msg, thread[1] if thread else None)
             except _Undelivered as exc:
                 detail = redact(str(exc), token)
                 if exc.transient:
@@ -245,7 +281,7 @@ class SlackNotifier:
                 break
             except _Ambiguous as exc:
                 detail = redact(str(exc), token)
-                found = self._find_posted(client, token, channel, msg.key)
+                found = self._find_posted(client, token, channel, msg.key, thread)
                 if found:
                     return self._delivered(msg, channel, json.dumps({"found_by": "conversations.history"}))
                 if found is None:
@@ -273,11 +309,32 @@ class SlackNotifier:
         log.info("notification %s delivered to %s (%s)", msg.key, channel, detail)
         return True
 
-    def _post(self, client: WebClient, channel: str, msg: Message) -> tuple[str, str]:
-        """chat.postMessage with the key in metadata; (ts, channel id) or _Undelivered / _Ambiguous."""
+    def _thread_of(self, msg: Message) -> tuple[str, str] | None:
+        """(conversation id, ts) of the delivered parent this message replies to, or None (posted on its own).
+        The parent's key is remembered for the message, so a retry from the store lands in the same thread."""
+        remembered = f"slack:thread:{msg.key}"
+        parent_key = msg.thread_key or self.store.get_kv(remembered) or ""
+        if not parent_key:
+            return None
+        if msg.thread_key and self.store.get_kv(remembered) != parent_key:
+            self.store.set_kv(remembered, parent_key)
+        parent = self.store.get_notification(parent_key)
+        if parent is None or not parent.delivered:
+            return None
+        try:
+            where = json.loads(parent.detail or "{}")
+        except ValueError:
+            return None
+        if not (isinstance(where, dict) and where.get("ts") and where.get("channel_id")):
+            return None  # found by a lookup or in the outbox: its ts is not known
+        return str(where["channel_id"]), str(where["ts"])
+
+    def _post(self, client: WebClient, channel: str, msg: Message, thread_ts: str | None = None) -> tuple[str, str]:
+        """chat.postMessage with the key in metadata (in a thread when thread_ts is given); (ts, channel id)
+        or _Undelivered / _Ambiguous."""
         try:
             resp = client.chat_postMessage(
-                channel=channel, text=msg.text, blocks=list(msg.blocks) or None,
+                channel=channel, text=msg.text, blocks=list(msg.blocks) or None, thread_ts=thread_ts,
                 metadata={"event_type": METADATA_EVENT, "event_payload": {"key": msg.key}},
             )
         except SlackApiError as exc:
@@ -303,17 +360,23 @@ class SlackNotifier:
         return str(data.get("ts", "")), str(data.get("channel", ""))
 
     # ------------------------------------------------------------------ the lookup
-    def _find_posted(self, client: WebClient, token: str, channel: str, key: str) -> bool | None:
-        """Is a message with this key in the channel? None when that cannot be told (lookup failed)."""
+    def _find_posted(self, client: WebClient, token: str, channel: str, key: str,
+                     thread: tuple[str, str] | None = None) -> bool | None:
+        """Is a message with this key in the channel (or, for a reply, in its thread: replies are not in the
+        channel's history)? None when that cannot be told (lookup failed)."""
         try:
-            channel_id = self._channel_id(client, channel)
+            channel_id = thread[0] if thread else self._channel_id(client, channel)
             if channel_id is None:
                 log.warning("cannot look up %s: no conversation id for channel %s", key, channel)
                 return None
             cursor = None
             for _ in range(_LOOKUP_PAGES):
-                resp = client.conversations_history(channel=channel_id, limit=_LOOKUP_PAGE_SIZE,
-                                                    include_all_metadata=True, cursor=cursor)
+                if thread:
+                    resp = client.conversations_replies(channel=channel_id, ts=thread[1], limit=_LOOKUP_PAGE_SIZE,
+                                                        include_all_metadata=True, cursor=cursor)
+                else:
+                    resp = client.conversations_history(channel=channel_id, limit=_LOOKUP_PAGE_SIZE,
+                                                        include_all_metadata=True, cursor=cursor)
                 for message in resp.get("messages") or []:
                     meta = message.get("metadata") or {}
                     if meta.get("event_type") == METADATA_EVENT and (meta.get("event_payload") or {}).get("key") == key:

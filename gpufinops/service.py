@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .act import Actuator
 from .config import Settings
-from .httpd import metrics_and_health_server
+from .httpd import PostHandler, metrics_and_health_server
 from .lease import LeaseLost, SchedulerLease, read_lease
 from .model import RunContext, utcnow
 from .pipeline import SOURCES, Peers, RunReport, run_once
@@ -94,9 +94,11 @@ class ServiceMetrics:
 
 
 def make_http_server(settings: Settings, metrics: ServiceMetrics, healthy: Callable[[], tuple[bool, str]],
-                     ready: Callable[[], tuple[bool, str]] | None = None) -> ThreadingHTTPServer:
+                     ready: Callable[[], tuple[bool, str]] | None = None,
+                     slack_actions: "PostHandler | None" = None) -> ThreadingHTTPServer:
     return metrics_and_health_server(settings.service.host, settings.service.port,
-                                     lambda: generate_latest(metrics.registry), healthy, ready)
+                                     lambda: generate_latest(metrics.registry), healthy, ready,
+                                     post={"/slack/actions": slack_actions} if slack_actions else None)
 
 
 @dataclass
@@ -328,8 +330,18 @@ class Service:
             except SQLAlchemyError as exc:
                 log.error("could not release the lease (it expires in %ss): %s", self.settings.lease.ttl_s, exc)
 
+    def slack_actions(self, headers, body: bytes) -> tuple[int, str]:
+        """POST /slack/actions: a button click, verified and stored as a request (gpufinops.interact); the
+        leader's next tick applies it. Any replica answers it: no cloud change is made here."""
+        from .interact import handle_click
+
+        users = getattr(self.peers.notifier, "user_info", None) or (lambda _user_id: {})
+        answer = handle_click(headers, body, settings=self.settings, store=self.peers.store, cloud=self.peers.cloud,
+                              users=users, now=self.clock())
+        return answer.status, answer.text
+
     def serve_forever(self) -> None:
-        http = make_http_server(self.settings, self.metrics, self.live, self.ready)
+        http = make_http_server(self.settings, self.metrics, self.live, self.ready, self.slack_actions)
         threading.Thread(target=http.serve_forever, name="http", daemon=True).start()
         log.info("serving /metrics, /livez (/healthz) and /readyz on %s:%d as %s", self.settings.service.host,
                  http.server_address[1], self.lease.holder_id)

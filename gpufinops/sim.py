@@ -133,6 +133,10 @@ class ConsoleNotifier:
     def retry_due(self, now: datetime) -> int:
         return 0  # the console never fails a delivery
 
+    def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
+        self.printer(f"  [slack {channel_id} edit of {ts}] {text.splitlines()[0] if text else ''}")
+        return True
+
 
 class SimClock:
     def __init__(self, start: datetime):

@@ -83,6 +83,8 @@ class SlackStub:
         # Messages Slack holds, per conversation id, oldest first (for conversations.history).
         self.history: dict[str, list[dict[str, Any]]] = {}
         self._names: dict[str, str] = {}  # conversation id -> the name it was first posted to
+        # users.info answers: Slack user id -> the "user" object (name, tz, profile.email).
+        self.users: dict[str, dict[str, Any]] = {}
         self._ts_counter = 0
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -241,6 +243,8 @@ class SlackStub:
                 return {"ok": False, "error": "message_not_found"}
             message = {"type": "message", "user": "U0STUB", "bot_id": "B0STUB", "text": body.get("text", ""),
                        "ts": ts}
+            if method == "chat.postMessage" and body.get("thread_ts"):
+                message["thread_ts"] = str(body["thread_ts"])  # a reply: in the thread, not in history
             if blocks:
                 message["blocks"] = blocks
             metadata = body.get("metadata")
@@ -266,8 +270,13 @@ class SlackStub:
                 else:
                     msgs.append(message)
             return {"ok": True, "channel": cid, "ts": ts, "message": message}
+        if method == "users.info":
+            user = self.users.get(str(body.get("user")))
+            return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}
         if method == "conversations.history":
             return self._history(body)
+        if method == "conversations.replies":
+            return self._history(body, thread_ts=str(body.get("ts") or ""))
         if method == "conversations.list":
             with self._lock:
                 names = set(self.known_channels or ()) | set(self._names.values())
@@ -276,10 +285,11 @@ class SlackStub:
             return {"ok": True, "channels": chans, "response_metadata": {"next_cursor": ""}}
         return {"ok": False, "error": "unknown_method"}
 
-    def _history(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _history(self, body: dict[str, Any], thread_ts: str | None = None) -> dict[str, Any]:
         """conversations.history as Slack answers it: newest first, `oldest`/`latest` exclusive bounds,
         `limit`, cursor paging, and message metadata only with include_all_metadata=true. Slack wants the
-        conversation id; a name is channel_not_found, as on Slack."""
+        conversation id; a name is channel_not_found, as on Slack. Thread replies are not in the history;
+        with `thread_ts` (conversations.replies) the answer is that thread: its parent and replies, oldest first."""
         cid = str(body.get("channel") or "")
         with self._lock:
             known = {self.channel_id(c) for c in self.known_channels or ()}
@@ -288,7 +298,12 @@ class SlackStub:
             msgs = [dict(m) for m in self.history.get(cid, [])]
         oldest = float(body.get("oldest") or 0)
         latest = float(body.get("latest") or 9e18)
-        msgs = [m for m in reversed(msgs) if oldest < float(m["ts"]) < latest]
+        if thread_ts is None:
+            msgs = [m for m in reversed(msgs) if "thread_ts" not in m and oldest < float(m["ts"]) < latest]
+        else:
+            msgs = [m for m in msgs if thread_ts in (m["ts"], m.get("thread_ts"))]
+            if not msgs:
+                return {"ok": False, "error": "thread_not_found"}
         if str(body.get("include_all_metadata", "")).lower() not in ("true", "1"):
             for m in msgs:
                 m.pop("metadata", None)

@@ -384,3 +384,15 @@ def test_an_instance_restarted_by_hand_while_marked_gets_a_fresh_warning(tmp_pat
         r = w.tick()
         assert not [a for a in r.actions if a.kind == ActionKind.STOP]
     assert w.store.get_mark("i-00") is None or w.store.get_mark("i-00").marked_at > T0 + timedelta(days=3)
+
+
+def test_the_warning_and_the_stop_notice_say_how_long_it_has_really_been_idle(tmp_path):
+    import json
+
+    w = World(tmp_path)
+    w.tick()  # first IDLE tick: idle for the rule's 10-min window already
+    for _ in range(16):
+        w.tick()
+    warning, stopped = [m for m in w.notifier.sent if m.key.startswith(("warn:", "stop:"))]
+    assert "10 min (since" in json.dumps(warning.blocks, ensure_ascii=False)
+    assert "25 min (since" in json.dumps(stopped.blocks, ensure_ascii=False)  # the 10-min window + the 15-min lead

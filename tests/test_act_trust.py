@@ -311,3 +311,19 @@ def test_a_crash_between_the_stop_and_its_bookkeeping_is_finished_by_reconcile(t
     inst = w.cloud.get("i-00")
     assert inst.tags[TAG_STOPPED_BY] == "gpufinops" and TAG_MARKED not in inst.tags
     assert len([m for m in slack.delivered() if m["text"].startswith("Stopped")]) == 1 and len(w.stops()) == 1
+
+
+def test_the_stop_notice_replies_under_its_warning_and_a_lost_answer_is_found_in_the_thread(tmp_path, slack):
+    w = SlackWorld(tmp_path, slack)
+    w.tick()  # mark + warning
+    [warning] = [m for m in slack.delivered() if m["text"].startswith("Idle GPU instance")]
+    for _ in range(14):
+        w.tick()
+    slack.lose_next_answer(status=500, method="chat.postMessage")  # Slack posts the notice, the answer is lost
+    for _ in range(3):
+        w.tick()
+    assert len(w.stops()) == 1
+    stopped = [m for m in slack.delivered() if m["text"].startswith("Stopped")]
+    assert len(stopped) == 1 and stopped[0]["thread_ts"] == warning["ts"]  # once, in the warning's thread
+    assert slack.calls_for("conversations.replies")  # a reply is looked up where it lives, not in the history
+    assert not [m for m in slack.delivered() if "thread_ts" not in m and m["text"].startswith("Stopped")]

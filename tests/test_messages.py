@@ -310,3 +310,31 @@ def test_a_team_is_not_an_owner_and_a_stop_promises_no_daily_saving():
     cancelled = m.mark_cancelled(i, reason="became active", marked_at=T0, channel="#c")
     # A warning withdrawn (say in dry-run) must not promise that nothing will ever be done.
     assert "nothing will be done" not in cancelled.text and "new warning first" in cancelled.text
+
+
+def test_warning_buttons_are_valid_block_kit_and_the_snoozed_edit_drops_them():
+    i = inst(instance_id=EVIL[:30])
+    msg = m.idle_warning(i, decision(i.instance_id), marked_at=T0, stop_at=T0 + timedelta(minutes=15),
+                         channel="#c", dry_run=False, action=Action.STOP, buttons=True)
+    assert_within_slack_limits(msg)
+    [actions] = [b for b in msg.blocks if b["type"] == "actions"]
+    assert {e["value"] for e in actions["elements"]} == {i.instance_id}
+    assert not [b for b in m.idle_warning(i, decision(i.instance_id), marked_at=T0, stop_at=T0, channel="#c",
+                                          dry_run=False, action=Action.STOP).blocks if b["type"] == "actions"]
+    text, blocks = m.snoozed_in_place(msg.blocks, user="U0ANA", until=T0, dry_run=False)
+    assert "Snoozed by <@U0ANA>" in text and not [b for b in blocks if b["type"] == "actions"]
+    text, _ = m.snoozed_in_place(msg.blocks, user=EVIL, until=T0, dry_run=True)
+    assert "<!channel>" not in text and "dry-run" in text  # a name that is not a user id is escaped
+
+
+def test_idle_for_is_the_real_time_since_the_lull_began():
+    i = inst()
+    d = decision(i.instance_id)
+    since = T0 - timedelta(hours=1, minutes=40)
+    warn = m.idle_warning(i, d, marked_at=T0, stop_at=T0 + timedelta(minutes=15), channel="#c", dry_run=False,
+                          action=Action.STOP, idle_since=since)
+    fields = json.dumps(warn.blocks, ensure_ascii=False)
+    assert "1 h 40 min (since <!date^" in fields and "≥ 30 min" not in fields
+    unknown = m.idle_warning(i, d, marked_at=T0, stop_at=T0 + timedelta(minutes=15), channel="#c", dry_run=False,
+                             action=Action.STOP)
+    assert "≥ 30 min" in json.dumps(unknown.blocks, ensure_ascii=False)  # without the lull's start, the rule's window as a lower bound

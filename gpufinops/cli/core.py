@@ -196,7 +196,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         rows += [{"at": d["evaluated_at"].isoformat(), "instance_id": d["instance_id"], "what": "decision",
                   "rule": d["rule"], "dry_run": d["dry_run"], "status": d["verdict"], "reason": d["reason"],
                   "error": ""}
-                 for d in store.decision_rows(start=start, instance_id=args.instance)]
+                 for d in store.verdict_history(start=start, instance_id=args.instance)]
         rows.sort(key=lambda r: r["at"])
     rows = rows[-args.limit:] if args.limit else rows
     if args.output == "json":
@@ -266,7 +266,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="the audit trail: what was marked, stopped, cancelled or skipped, and why")
     p.add_argument("--instance", default=None, help="only this instance id")
     p.add_argument("--since", type=duration_arg, default=None, help="only the last DURATION, e.g. 24h, 7d")
-    p.add_argument("--kind", nargs="*", choices=["mark", "stop", "terminate", "unmark", "skip", "notify"],
+    p.add_argument("--kind", nargs="*", choices=["mark", "stop", "terminate", "unmark", "skip", "notify", "snooze"],
                    help="only these action kinds")
     p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")
     p.add_argument("--limit", type=int, default=200, help="at most this many rows, newest (0: all)")
