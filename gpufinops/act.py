@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
@@ -36,6 +37,7 @@ from .model import (
     Decision,
     GpuInstance,
     LeaseCheck,
+    Message,
     Notifier,
     ReasonCode,
     Rule,
@@ -254,6 +256,8 @@ class Outcome:
     action_id: int | None = None  # the action row, when one was written and may still be open
 
 
+# An owner tag that is a Slack user id (a direct message needs no lookup).
+OWNER_SLACK_ID = re.compile(r"[UW][A-Z0-9]{6,20}")
 # A stop that failed this many times on one mark is given up for the idle episode (and said so).
 MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
@@ -369,13 +373,29 @@ class Actuator:
             log.exception("re-sending failed notifications failed; next run tries again")
         return results
 
-    def _channel(self, rule: Rule | None) -> str:
-        return (rule.slack_channel if rule and rule.slack_channel else "") or self.settings.slack.default_channel
+    def _channel(self, rule: Rule | None, inst: GpuInstance | None = None) -> str:
+        """Where an instance's messages go: its rule's channel, else its team's (slack.team_channels), else
+        the default channel."""
+        if rule and rule.slack_channel:
+            return rule.slack_channel
+        team_channel = self.settings.slack.team_channels.get(inst.team()) if inst is not None else None
+        return team_channel or self.settings.slack.default_channel
+
+    def _dm_owner(self, inst: GpuInstance, msg: Message) -> None:
+        """A copy of the warning to its owner (slack.dm_owners): the owner tag as a Slack user id, or an email
+        looked up. Best effort: the stop waits for the channel's delivery, never for this one."""
+        owner = inst.owner().strip()
+        if not self.settings.slack.dm_owners or not owner:
+            return
+        user_id = owner if OWNER_SLACK_ID.fullmatch(owner) else (
+            self.notifier.user_id_for_email(owner) if "@" in owner else None)
+        if user_id:
+            self.notifier.send(replace(msg, key=f"dm:{msg.key}", channel=user_id))
 
     def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult | None:
         kind, decision = intent.kind, intent.decision
         rule_name = rule.name if rule else (mark.rule if mark else "")
-        channel = self._channel(rule)
+        channel = self._channel(rule, inst)
 
         if intent.deliver_warning:
             return self._deliver_warning(ctx, inst, mark, decision, rule, channel)
@@ -453,6 +473,7 @@ class Actuator:
                                 "warning not delivered: no stop until it is (retried with backoff)", rule_name,
                                 ctx.now, error="warning not delivered")
         delivered = self.store.delivered_at(msg.key) or ctx.now
+        self._dm_owner(inst, msg)
         stop_at = max(mark.stop_at, delivered + lead)
         self.store.put_mark(replace(mark, warned_at=delivered, stop_at=stop_at))
         if not ctx.dry_run and stop_at - mark.stop_at >= timedelta(minutes=1):
@@ -653,8 +674,7 @@ class Actuator:
                                             _reason_of(p.reason), p.at,
                                             action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else Action.STOP,
                                             hourly_cost=inst.hourly_cost)
-                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False,
-                                         self.settings.slack.default_channel)
+                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._channel(None, inst))
                     else:
                         self.store.clear_mark(p.instance_id)
                     self.store.finish_action(p.id, True, now, status="done",

@@ -112,6 +112,11 @@ class SlackSettings(StrictModel):
     # of its team here (team tag value -> ids), and these admins, anything.
     snooze_admins: tuple[str, ...] = ()
     team_members: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Routing: an instance's messages go to its team's channel (team tag value -> channel) unless its rule names
+    # one; `default_channel` gets the rest and the daily summary. dm_owners: the owner (owner tag = a Slack user id,
+    # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
+    team_channels: dict[str, str] = Field(default_factory=dict)
+    dm_owners: bool = False
 
 
 class ActSettings(StrictModel):
@@ -131,6 +136,8 @@ class ScheduleSettings(StrictModel):
     # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
     recommend_digest_day: str = "mon"
     recommend_digest_hour: int = Field(9, ge=0, le=23)
+    # The platform channel's daily summary (stops, marks, snoozes, budget alerts) at this UTC hour; null = off.
+    daily_summary_hour: int | None = Field(8, ge=0, le=23)
     # Monthly audit report for the month just ended, written here on the 1st at 06:00 UTC; empty = off.
     monthly_report_dir: str = ""
 

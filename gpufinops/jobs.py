@@ -53,6 +53,39 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
     return recs
 
 
+def daily_summary(settings: Settings, peers: Peers, now: datetime):
+    """The platform channel's summary of the last 24 h, from the audit log (one message per day)."""
+    from datetime import timedelta
+
+    from .messages import daily_summary as summary_message
+    from .model import ActionKind
+
+    since = now - timedelta(hours=24)
+    rows = peers.store.action_rows(start=since)
+    stops = [r for r in rows if r.kind in (ActionKind.STOP, ActionKind.TERMINATE) and r.status == "done"]
+    rates = {s.instance_id: s.hourly_cost for s in peers.cloud.list_gpu_instances()} if stops else {}
+    budget_alerts = [r["text"].splitlines()[0] for r in peers.store.notification_rows()
+                     if str(r["key"]).startswith("budget:") and r["status"] in ("sent", "outbox")
+                     and r["at"] is not None and _utc(r["at"]) >= since]
+    msg = summary_message(
+        now, stopped=[(r.instance_id, rates.get(r.instance_id)) for r in stops if not r.dry_run],
+        dry_run_stops=sum(1 for r in stops if r.dry_run),
+        warnings=sum(1 for r in rows if r.kind == ActionKind.MARK and r.status == "done"),
+        cancelled=sum(1 for r in rows if r.kind == ActionKind.UNMARK and r.status == "done"),
+        snoozed_by_people=[f"{r.instance_id}: {r.reason}" for r in rows
+                           if r.kind == ActionKind.SNOOZE and r.status == "done"],
+        pending=[(m.instance_id, m.stop_at) for m in peers.store.all_marks()],
+        budget_alerts=budget_alerts, channel=settings.slack.default_channel)
+    peers.notifier.send(msg)
+    return msg
+
+
+def _utc(dt: datetime) -> datetime:
+    from datetime import timezone
+
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt
+
+
 def monthly_report(settings: Settings, peers: Peers, now: datetime):
     """The audit report of the month that just ended (HTML + CSV + JSON)."""
     from .report.monthly import write_monthly_report
@@ -74,6 +107,9 @@ def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetim
         jobs.append(("recommend-digest", {"trigger": "cron", "day_of_week": settings.schedule.recommend_digest_day,
                                           "hour": settings.schedule.recommend_digest_hour, "timezone": "UTC"},
                      lambda: recommend_digest(settings, peers, clock())))
+    if settings.schedule.daily_summary_hour is not None:
+        jobs.append(("daily-summary", {"trigger": "cron", "hour": settings.schedule.daily_summary_hour, "timezone": "UTC"},
+                     lambda: daily_summary(settings, peers, clock())))
     if settings.schedule.monthly_report_dir:
         jobs.append(("monthly-report", {"trigger": "cron", "day": 1, "hour": 6, "timezone": "UTC"},
                      lambda: monthly_report(settings, peers, clock())))

@@ -542,3 +542,33 @@ __all__ = [
     "idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "idle_notice",
     "format_duration", "format_money", "escape", "clip_mrkdwn",
 ]
+
+
+def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]], dry_run_stops: int,
+                  warnings: int, cancelled: int, snoozed_by_people: Sequence[str],
+                  pending: Sequence[tuple[str, datetime]], budget_alerts: Sequence[str], channel: str) -> Message:
+    """The platform channel's daily summary (slack.default_channel, once a day): what was stopped, what is marked,
+    who snoozed what, and the budget alerts sent, instead of every message of every team."""
+    saved = sum(c for _, c in stopped if c)
+    unpriced = sum(1 for _, c in stopped if c is None)
+    lines = [
+        f"*Last 24 h:* {len(stopped)} stopped" + (f" (saving {format_money(saved)} while they stay stopped"
+                                                  + (f", {unpriced} unpriced" if unpriced else "") + ")" if stopped else "")
+        + (f", {dry_run_stops} would have been stopped (dry-run)" if dry_run_stops else "")
+        + f"; {warnings} warning(s) sent; {cancelled} stop(s) cancelled; {len(snoozed_by_people)} snoozed from Slack.",
+    ]
+    if pending:
+        nxt = min(at for _, at in pending)
+        lines.append(f"*Marked for stop now:* {len(pending)}, the next at {_slack_date(nxt)}: "
+                     + ", ".join(_v(i, 40) for i, _ in sorted(pending, key=lambda p: p[1])[:10])
+                     + (" …" if len(pending) > 10 else ""))
+    else:
+        lines.append("*Marked for stop now:* none.")
+    if snoozed_by_people:
+        lines.append("*Snoozed by people:* " + "; ".join(_v(x, 120) for x in snoozed_by_people[:10]))
+    lines.append("*Budget alerts sent:* " + ("; ".join(_v(b, 120) for b in budget_alerts[:10]) if budget_alerts
+                                              else "none."))
+    title = f"GPU FinOps daily summary, {day:%Y-%m-%d}"
+    text = title + "\n" + "\n".join(lines)
+    blocks = [_header(f":bar_chart: {title}"), _section("\n".join(lines))]
+    return _message(f"daily:{day:%Y-%m-%d}:{channel}", channel, text, blocks)

@@ -378,6 +378,10 @@ class Notifier(Protocol):
         """Edit a delivered message in place (a snooze shown on its warning); False when it was not edited."""
         ...
 
+    def user_id_for_email(self, email: str) -> str | None:
+        """The Slack user id with this email (users.lookupByEmail), None when unknown or not Slack."""
+        ...
+
 
 def hours(delta: timedelta) -> float:
     return delta.total_seconds() / 3600.0

@@ -157,6 +157,9 @@ class OutboxNotifier:
         """Send again every failed message whose backoff is over; returns how many were delivered."""
         return _retry_due(self, now)
 
+    def user_id_for_email(self, email: str) -> str | None:
+        return None  # no token: no workspace to look people up in
+
     def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
         """No Slack message to edit: the edit is written as a line of its own."""
         line = {"update_of": {"channel": channel_id, "ts": ts}, "text": text, "blocks": list(blocks),
@@ -225,6 +228,26 @@ class SlackNotifier:
             log.warning("chat.update of %s in %s failed: %s", ts, channel_id, redact(_clip(str(exc)), token))
             return False
         return True
+
+    def user_id_for_email(self, email: str) -> str | None:
+        """users.lookupByEmail (scope users:read.email), remembered in the store; None when nobody has it or the
+        lookup fails (logged): a direct message is a copy, never what a stop waits for."""
+        key = f"slack:user_by_email:{email.strip().lower()}"
+        cached = self.store.get_kv(key)
+        if cached:
+            return cached
+        token = self.settings.token.resolve()
+        if not token:
+            return None
+        try:
+            resp = self._client(token).users_lookupByEmail(email=email.strip())
+        except Exception as exc:  # noqa: BLE001 - users_not_found, missing scope, Slack down: no DM this time
+            log.warning("users.lookupByEmail for an owner tag failed: %s", redact(_clip(str(exc)), token))
+            return None
+        user_id = (resp.get("user") or {}).get("id") if isinstance(resp.data, dict) else None
+        if user_id:
+            self.store.set_kv(key, str(user_id))
+        return str(user_id) if user_id else None
 
     def user_info(self, user_id: str) -> dict:
         """users.info's user (name, tz, profile.email with the users:read.email scope); {} when unknown."""

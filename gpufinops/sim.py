@@ -137,6 +137,9 @@ class ConsoleNotifier:
         self.printer(f"  [slack {channel_id} edit of {ts}] {text.splitlines()[0] if text else ''}")
         return True
 
+    def user_id_for_email(self, email: str) -> str | None:
+        return None  # no Slack workspace behind the console
+
 
 class SimClock:
     def __init__(self, start: datetime):

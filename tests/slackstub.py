@@ -270,6 +270,10 @@ class SlackStub:
                 else:
                     msgs.append(message)
             return {"ok": True, "channel": cid, "ts": ts, "message": message}
+        if method == "users.lookupByEmail":
+            email = str(body.get("email") or "").lower()
+            found = [u for u in self.users.values() if str((u.get("profile") or {}).get("email", "")).lower() == email]
+            return {"ok": True, "user": found[0]} if found else {"ok": False, "error": "users_not_found"}
         if method == "users.info":
             user = self.users.get(str(body.get("user")))
             return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}

@@ -327,3 +327,21 @@ def test_the_stop_notice_replies_under_its_warning_and_a_lost_answer_is_found_in
     assert len(stopped) == 1 and stopped[0]["thread_ts"] == warning["ts"]  # once, in the warning's thread
     assert slack.calls_for("conversations.replies")  # a reply is looked up where it lives, not in the history
     assert not [m for m in slack.delivered() if "thread_ts" not in m and m["text"].startswith("Stopped")]
+
+
+def test_routing_team_channel_owner_dm_and_a_failed_dm_never_holds_the_stop(tmp_path, slack):
+    w = SlackWorld(tmp_path, slack, n=2, **{"i-00": {"owner": "ana@example.com"}, "i-01": {"owner": "nobody@x.io"}})
+    w.settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
+                               slack={"team_channels": {"ml": "#ml-gpu"}, "dm_owners": True})
+    slack.users["UANA"] = {"id": "UANA", "name": "ana", "profile": {"email": "ana@example.com"}}
+    w.tick()
+    warnings = [p for p in slack.posted() if p["text"].startswith("Idle GPU instance")]
+    by_channel = sorted((p["channel"], p["text"].split()[3]) for p in warnings)
+    # Both in the team's channel (not the default one); ana's also as a direct message; nobody@x.io has no user.
+    assert by_channel == [("#ml-gpu", "i-00"), ("#ml-gpu", "i-01"), ("UANA", "i-00")]
+    for _ in range(16):
+        w.tick()
+    assert len(w.stops()) == 2  # the missing DM held nothing back
+    # Replies in the warnings' threads, in the team's channel.
+    assert {p["channel"] for p in slack.posted() if p["text"].startswith("Stopped")} == {slack.channel_id("#ml-gpu")}
+    assert w.store.undelivered_count() == 0  # a DM that could not be addressed is not a failed delivery

@@ -27,9 +27,9 @@ def peers_for(tmp_path, instances, now):
 
 
 def test_jobs_enabled_by_settings():
-    assert [j[0] for j in scheduled_jobs(load_settings(), None, None)] == ["recommend-digest"]
+    assert [j[0] for j in scheduled_jobs(load_settings(), None, None)] == ["recommend-digest", "daily-summary"]
     s = load_settings(billing={"source": "focus", "path": "x.csv"},
-                      schedule={"recommend_digest_day": "", "monthly_report_dir": "/tmp/r"})
+                      schedule={"recommend_digest_day": "", "monthly_report_dir": "/tmp/r", "daily_summary_hour": None})
     assert [(j[0], j[1]["trigger"]) for j in scheduled_jobs(s, None, None)] == [
         ("budgets", "interval"), ("monthly-report", "cron")]
 
@@ -84,3 +84,22 @@ def test_recommend_digest_from_a_real_prometheus(tmp_path, prometheus_factory):
     assert "i-over" in peers.notifier.sent[0].text
     recommend_digest(settings, peers, now + timedelta(hours=1))  # same ISO week: no second digest
     assert len(lines) == 1
+
+
+def test_daily_summary_counts_the_audit_log_and_is_sent_once_a_day(tmp_path):
+    from tests.test_act import World
+
+    from gpufinops.jobs import daily_summary
+
+    w = World(tmp_path, n=3, **{"i-02": {"gpufinops:protect": "true"}})
+    for _ in range(17):  # two marked, warned, stopped; the protected one never
+        w.tick()
+    now = w.clock.now
+    msg = daily_summary(w.settings, Peers(w.cloud, w.metrics, w.store, w.notifier), now)
+    assert msg.channel == w.settings.slack.default_channel and msg.key == f"daily:{now:%Y-%m-%d}:{msg.channel}"
+    assert "2 stopped (saving $2.01/h while they stay stopped)" in msg.text  # 2 x g5.xlarge at $1.006/h
+    assert "2 warning(s) sent" in msg.text and "Marked for stop now:* none" in msg.text
+    assert "Budget alerts sent:* none" in msg.text
+    sent = len(w.notifier.sent)
+    daily_summary(w.settings, Peers(w.cloud, w.metrics, w.store, w.notifier), now + timedelta(hours=1))
+    assert len(w.notifier.sent) == sent  # the same day: not sent again
