@@ -23,6 +23,8 @@ COLORS = {"ACTIVE": "#2e7d32", "UNDERUTILIZED": "#f9a825", "UNKNOWN": "#9e9e9e",
 LABELS = {"ACTIVE": "active", "UNDERUTILIZED": "underutilized", "UNKNOWN": "unknown (no data / not judged)",
           "IDLE": "idle"}
 DPI = 110
+DESKTOP_WIDTH_IN = 9.0
+PHONE_WIDTH_IN = 3.8  # drawn again this narrow for phones: the same fonts then read at ~10 px, not ~4 px
 
 
 def plain(text: object, limit: int = 40) -> str:
@@ -45,13 +47,20 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _title_pad(width_in: float, entries: int) -> float:
+    """Room above the plot for the legend's rows under the title (one row on a desktop, more on a phone)."""
+    rows = 1 if width_in >= 6 else -(-entries // 2)
+    return 12 + 12 * rows
+
+
 def _legend_on_top(ax, ncols: int = 4) -> None:
     # Above the plot, under the title: the same place whatever the chart's height.
     ax.legend(fontsize=8, ncols=ncols, loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False,
               borderaxespad=0.2, handlelength=1.2)
 
 
-def daily_cost_chart(daily: pd.DataFrame, currency: str, month_start: date, days_in_period: int) -> bytes | None:
+def daily_cost_chart(daily: pd.DataFrame, currency: str, month_start: date, days_in_period: int,
+                     width_in: float = DESKTOP_WIDTH_IN) -> bytes | None:
     """Stacked bars per day of the month: cost by verdict (idle on top, in red); billed cost as a line when known.
 
     The x axis is the whole month, so a day without evaluations shows as a gap, not as a cheap day.
@@ -59,7 +68,7 @@ def daily_cost_chart(daily: pd.DataFrame, currency: str, month_start: date, days
     if daily.empty or (daily["evaluated_cost"].fillna(0).sum() <= 0 and daily["billed_cost"].fillna(0).sum() <= 0):
         return None
     x = [(d - month_start).days + 1 for d in daily["date"]]
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(width_in, 3.8))
     bottom = pd.Series(0.0, index=daily.index)
     for v in VERDICTS:  # ACTIVE at the bottom, IDLE on top where it is easy to read
         values = daily[f"{v.lower()}_cost"].fillna(0.0)
@@ -69,25 +78,26 @@ def daily_cost_chart(daily: pd.DataFrame, currency: str, month_start: date, days
         ax.plot(x, daily["billed_cost"], color="#1a237e", marker="o", linewidth=1.5, markersize=3,
                 label="billed (all GPU instances)")
     ax.set_xlim(0.4, days_in_period + 0.6)
-    ax.set_xticks(range(1, days_in_period + 1))
+    # Every day on a desktop; every 5th on a phone, where 31 labels would touch.
+    ax.set_xticks(range(1, days_in_period + 1, 1 if width_in >= 6 else 5))
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel(plain(f"day of {month_start:%B %Y} (UTC)"), fontsize=9)
-    ax.set_title("Daily GPU cost, by verdict", loc="left", fontsize=11, pad=24)
+    ax.set_title("Daily GPU cost, by verdict", loc="left", fontsize=11, pad=_title_pad(width_in, 5))
     _money_axis(ax, currency)
     ax.set_ylabel(plain(currency))
     ax.grid(axis="y", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
-    _legend_on_top(ax, ncols=5)
+    _legend_on_top(ax, ncols=5 if width_in >= 6 else 2)
     return _png(fig)
 
 
-def team_verdict_chart(teams: pd.DataFrame) -> bytes | None:
+def team_verdict_chart(teams: pd.DataFrame, width_in: float = DESKTOP_WIDTH_IN) -> bytes | None:
     """Share of each team's evaluated hours by verdict (100% bars)."""
     t = teams[teams["hours"].fillna(0) > 0] if len(teams) else teams
     if t.empty:
         return None
     t = t.sort_values("idle_pct", ascending=True, kind="stable")
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(t) + 1.4))
+    fig, ax = plt.subplots(figsize=(width_in, 0.45 * len(t) + 1.4))
     left = pd.Series(0.0, index=t.index)
     names = [plain(x) for x in t["team"]]
     for v in VERDICTS:
@@ -96,20 +106,21 @@ def team_verdict_chart(teams: pd.DataFrame) -> bytes | None:
         left = left + values
     ax.set_xlim(0, 100)
     ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter())
-    ax.set_title("Share of evaluated hours by verdict, per team", loc="left", fontsize=11, pad=24)
+    ax.set_title("Share of evaluated hours by verdict, per team", loc="left", fontsize=11, pad=_title_pad(width_in, 4))
     ax.spines[["top", "right"]].set_visible(False)
-    _legend_on_top(ax)
+    _legend_on_top(ax, ncols=4 if width_in >= 6 else 2)
     return _png(fig)
 
 
-def top_idle_chart(instances: pd.DataFrame, currency: str, top: int = 10) -> bytes | None:
+def top_idle_chart(instances: pd.DataFrame, currency: str, top: int = 10,
+                   width_in: float = DESKTOP_WIDTH_IN) -> bytes | None:
     """The instances whose IDLE hours cost the most."""
     t = instances[instances["idle_cost"].fillna(0) > 0] if len(instances) else instances
     if t.empty:
         return None
     t = t.nlargest(top, "idle_cost").iloc[::-1]
     names = [plain(f"{i} ({team})", 48) for i, team in zip(t["instance_id"], t["team"])]
-    fig, ax = plt.subplots(figsize=(9, 0.4 * len(t) + 1.2))
+    fig, ax = plt.subplots(figsize=(width_in, 0.4 * len(t) + 1.2))
     bars = ax.barh(names, t["idle_cost"], color=COLORS["IDLE"], height=0.6)
     sym = "$" if currency == "USD" else ""
     ax.bar_label(bars, labels=[plain(f"{sym}{v:,.2f}") for v in t["idle_cost"]], padding=3, fontsize=8)

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import re
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Iterable
@@ -151,20 +152,52 @@ def environment(templates_dir: Path = TEMPLATES_DIR) -> Environment:
     return env
 
 
+_TABLE = re.compile(r"<table>(.*?)</table>", re.S)
+_ROW = re.compile(r"<tr([^>]*)>(.*?)</tr>", re.S)
+_HEAD_CELL = re.compile(r"<th[^>]*>(.*?)</th>", re.S)
+_CELL_OPEN = re.compile(r"<td(?=[\s>])")
+
+
+def label_cells(html: str) -> str:
+    """Each table cell gets its column's header as `data-label`, so that on a phone (the stylesheet's narrow
+    layout) a row reads as a card of "Header: value" lines instead of running off the screen. The headers are
+    the template's own text (already escaped); no script is needed, so a forwarded file reads the same."""
+
+    def one_table(m: re.Match) -> str:
+        rows = _ROW.findall(m.group(1))
+        if not rows:
+            return m.group(0)
+        labels = [re.sub(r"<[^>]+>", "", h).strip() for h in _HEAD_CELL.findall(rows[0][1])]
+
+        def one_row(r: re.Match) -> str:
+            if "<th" in r.group(2):
+                return r.group(0)
+            cells = iter(labels)
+            body = _CELL_OPEN.sub(lambda _: f'<td data-label="{next(cells, "")}"', r.group(2))
+            return f"<tr{r.group(1)}>{body}</tr>"
+
+        return "<table>" + _ROW.sub(one_row, m.group(1)) + "</table>"
+
+    return _TABLE.sub(one_table, html)
+
+
 def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
     top = a.options.top_n
-    chart_uris = {
-        "daily": charts.data_uri(charts.daily_cost_chart(a.daily, a.currency, a.period.start.date(),
-                                                        math.ceil(a.period.hours / 24))),
-        "teams": charts.data_uri(charts.team_verdict_chart(a.teams)),
-        "top_idle": charts.data_uri(charts.top_idle_chart(a.instances, a.currency, top)),
-    }
+    def drawn(width_in: float) -> dict[str, str | None]:
+        return {
+            "daily": charts.data_uri(charts.daily_cost_chart(a.daily, a.currency, a.period.start.date(),
+                                                            math.ceil(a.period.hours / 24), width_in)),
+            "teams": charts.data_uri(charts.team_verdict_chart(a.teams, width_in)),
+            "top_idle": charts.data_uri(charts.top_idle_chart(a.instances, a.currency, top, width_in)),
+        }
+
+    chart_uris, phone_uris = drawn(charts.DESKTOP_WIDTH_IN), drawn(charts.PHONE_WIDTH_IN)
     tables = {name: records(df) for name, df in a.tables().items()}
-    return environment(templates_dir).get_template(HTML_TEMPLATE).render(
+    return label_cells(environment(templates_dir).get_template(HTML_TEMPLATE).render(
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
-        charts=chart_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
+        charts=chart_uris, phone_charts=phone_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
         last_day=(a.period.end - timedelta(days=1)).date().isoformat(),
-    )
+    ))
 
 
 def write_report(a: MonthlyAudit, out_dir: Path, formats: Iterable[str] = FORMATS) -> list[Path]:
