@@ -76,7 +76,7 @@ def test_the_report_reads_at_desktop_and_phone_widths(page, width):
     url = (page / ("probed.html" if width > 500 else "phone.html")).as_uri()
     seen = measure(url, width)
     assert seen["viewport"] == width
-    assert f"GPU FinOps audit" in seen["title"] and MONTH in seen["title"] and "Headline" in seen["headline"]
+    assert "GPU FinOps audit" in seen["title"] and MONTH in seen["title"] and "Headline" in seen["headline"]
     assert seen["page"] <= width  # nothing makes the page scroll sideways
     assert seen["tables"], "the month has tables"
     for t in seen["tables"]:
@@ -87,3 +87,4 @@ def test_the_report_reads_at_desktop_and_phone_widths(page, width):
         assert 0 < c["shown"] <= width
         # Drawn for about this width: shrunk to under half its pixels, 8-pt text would read at ~4 px.
         assert c["shown"] / c["natural"] >= 0.6, c
+

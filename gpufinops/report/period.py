@@ -44,6 +44,7 @@ def report_period(month: str | None, now: datetime) -> ReportPeriod:
         start, end = month_bounds(month)
     except BillingDataError as exc:
         raise ReportPeriodError(str(exc)) from None
+    month = f"{start:%Y-%m}"  # "2022-9" is read as 2022-09 and named so in file names and titles
     if start >= now:
         raise ReportPeriodError(f"month {month} has not started yet (now is {now:%Y-%m-%d %H:%M} UTC)")
     return ReportPeriod(month, start, end, min(end, now), now)

@@ -97,12 +97,47 @@ def _write_atomic(path: Path, text: str) -> Path:
     return path
 
 
-def write_csv(df: pd.DataFrame, path: Path) -> Path:
+# How a CSV column is written for finance (a spreadsheet): money to the cent with the currency in the header,
+# hours and percentages to two decimals, shares to four, whole numbers as integers, booleans as true/false.
+_MONEY_SUFFIXES = ("cost", "savings", "_usd")
+_RATE_COLUMNS = ("hourly_rate",)  # $/h: to a tenth of a cent
+
+
+def csv_column(name: str, values: pd.Series, currency: str) -> tuple[str, list]:
+    """(header, cells) of one report column as written to its CSV."""
+    cells = [plain_value(v) for v in values]
+    if any(isinstance(v, bool) for v in cells) and all(isinstance(v, bool) or v is None for v in cells):
+        return name, ["" if v is None else ("true" if v else "false") for v in cells]
+    if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in cells):
+        return name, [_csv_cell(v) for v in cells]  # text (or mixed): as it is
+    numbers = [v for v in cells if v is not None]
+    unit = currency.lower()
+    if name in _RATE_COLUMNS:
+        return f"{unit}_per_hour", [_rounded(v, 4) for v in cells]
+    if name.endswith(_MONEY_SUFFIXES):
+        return f"{name}_{unit}", [_rounded(v, 2) for v in cells]
+    if all(float(v).is_integer() for v in numbers) and not name.endswith(("_pct", "_share", "hours")):
+        return name, ["" if v is None else int(v) for v in cells]
+    digits = 4 if name.endswith("share") else 2
+    return name, [_rounded(v, digits) for v in cells]
+
+
+def _rounded(v, digits: int):
+    if v is None:
+        return ""
+    r = round(float(v), digits)
+    return int(r) if digits == 0 else r
+
+
+def write_csv(df: pd.DataFrame, path: Path, currency: str = "USD") -> Path:
+    columns = [csv_column(str(c), df[c], currency) for c in df.columns]
+    if any(header != name for header, name in zip((h for h, _ in columns), df.columns)):  # a money column
+        columns.append(("currency", [currency] * len(df)))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(list(df.columns))
-    for row in df.itertuples(index=False, name=None):
-        w.writerow([_csv_cell(v) for v in row])
+    w.writerow([h for h, _ in columns])
+    for row in zip(*(cells for _, cells in columns)) if columns else ():
+        w.writerow(list(row))
     return _write_atomic(path, buf.getvalue())
 
 
@@ -211,7 +246,7 @@ def write_report(a: MonthlyAudit, out_dir: Path, formats: Iterable[str] = FORMAT
     if "html" in formats:
         written.append(_write_atomic(out_dir / f"{stem}.html", render_html(a)))
     if "csv" in formats:
-        written += [write_csv(df, out_dir / f"{stem}-{name}.csv") for name, df in a.tables().items()]
+        written += [write_csv(df, out_dir / f"{stem}-{name}.csv", a.currency) for name, df in a.tables().items()]
     if "json" in formats:
         written.append(write_json(a, out_dir / f"{stem}.json"))
     return written
