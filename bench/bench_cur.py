@@ -1,19 +1,27 @@
-"""CUR 2.0 aggregation benchmark: gpufinops (pyarrow) vs DuckDB on the same Parquet, same run.
+"""CUR 2.0 per-key totals: gpufinops (`cur_totals`, what `costs --by` runs) vs DuckDB, same answer, same run.
 
-Aggregates GPU instance usage to cost per instance per day (the read_cur()
-selection: GPU BoxUsage/SpotUsage lines, RI/SP effective cost, tags) for a
-generated CUR 2.0 file of N line items. Each engine runs in its own child
-process so peak memory (ru_maxrss) is that engine's alone.
+Both compute, over the same generated CUR 2.0 Parquet file, the cost and usage
+hours per instance (and per team) of the GPU instance-hours of September 2024:
+GPU BoxUsage/SpotUsage lines, RI / savings-plan effective cost, lines with a bad
+cost or usage excluded, the team from the first configured tag key that has a
+value. DuckDB gets the idiomatic SQL (native map access). Each engine runs in
+its own child process, so its peak memory (VmHWM: imports included) is its own;
+runs are interleaved and the best wall time of --repeat is kept (the machine is
+shared). The totals of the two engines are compared key by key, to the cent.
 
-    python bench/bench_cur.py                 # 1M and 10M rows
-    python bench/bench_cur.py --rows 1000000  # one size
+    python bench/bench_cur.py                       # 5 M and 20 M line items, by instance and by team
+    python bench/bench_cur.py --rows 5000000 --by instance --cli
 
-Files are generated once into bench/out/ (git-ignored) and reused.
+--cli adds a third engine: the whole `gpufinops costs --by ... --source cur`
+command (settings, printing) in its child. Files are generated once into
+bench/out/ (git-ignored) and reused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import resource
@@ -26,27 +34,32 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "out"
 SEP = datetime(2024, 9, 1, tzinfo=timezone.utc)
 OCT = datetime(2024, 10, 1, tzinfo=timezone.utc)
+CENT = 0.005
 
 
-def duckdb_sql(path: Path, families) -> str:
-    """The same aggregation written the idiomatic DuckDB way (native map access, no JSON)."""
-    fams = "|".join(sorted(families, key=lambda f: (-len(f), f)))
+def duckdb_sql(path: Path, by: str, families, team_keys, max_line_cost: float, max_line_hours: float) -> str:
+    """The cur_totals() answer as one DuckDB statement."""
+    fams = "|".join(sorted(set(families), key=lambda f: (-len(f), f)))
+    if by == "instance":
+        key = "COALESCE(line_item_resource_id, '')"
+    else:
+        tried = ", ".join(f"NULLIF(resource_tags['{k}'], '')" for k in team_keys)
+        key = f"COALESCE({tried}, '')"
     return f"""
-    SELECT CAST(line_item_usage_start_date AS DATE) AS date, line_item_usage_account_id, product_region_code,
-           line_item_resource_id, regexp_extract(line_item_usage_type, ':([a-z0-9-]+\\.[A-Za-z0-9]+)$', 1) AS itype,
-           CASE WHEN line_item_line_item_type = 'DiscountedUsage' THEN 'reserved'
-                WHEN line_item_line_item_type = 'SavingsPlanCoveredUsage' THEN 'savings-plan'
-                WHEN contains(line_item_usage_type, 'SpotUsage:') THEN 'spot' ELSE 'on-demand' END AS pricing,
-           line_item_currency_code, resource_tags,
-           SUM(CASE WHEN line_item_line_item_type = 'DiscountedUsage' THEN reservation_effective_cost
-                    WHEN line_item_line_item_type = 'SavingsPlanCoveredUsage' THEN savings_plan_savings_plan_effective_cost
-                    ELSE line_item_unblended_cost END) AS cost,
-           SUM(line_item_usage_amount) AS hours
-    FROM read_parquet('{path}')
-    WHERE line_item_usage_start_date >= TIMESTAMP '2024-09-01' AND line_item_usage_start_date < TIMESTAMP '2024-10-01'
-      AND line_item_line_item_type IN ('Usage', 'DiscountedUsage', 'SavingsPlanCoveredUsage')
-      AND regexp_matches(line_item_usage_type, '(^|-)(BoxUsage|SpotUsage):({fams})\\.[A-Za-z0-9]+$')
-    GROUP BY ALL
+    WITH gpu AS (
+      SELECT {key} AS key, COALESCE(line_item_currency_code, '') AS currency,
+             CAST(CASE WHEN line_item_line_item_type = 'DiscountedUsage' THEN reservation_effective_cost
+                       WHEN line_item_line_item_type = 'SavingsPlanCoveredUsage'
+                            THEN savings_plan_savings_plan_effective_cost
+                       ELSE line_item_unblended_cost END AS DOUBLE) AS cost,
+             CAST(line_item_usage_amount AS DOUBLE) AS hours
+      FROM read_parquet('{path}')
+      WHERE line_item_usage_start_date >= TIMESTAMP '2024-09-01' AND line_item_usage_start_date < TIMESTAMP '2024-10-01'
+        AND line_item_line_item_type IN ('Usage', 'DiscountedUsage', 'SavingsPlanCoveredUsage')
+        AND regexp_matches(line_item_usage_type, '(^|-)(BoxUsage|SpotUsage):({fams})\\.[A-Za-z0-9]+$'))
+    SELECT key, currency, SUM(cost) AS cost, SUM(hours) AS usage_hours FROM gpu
+    WHERE cost >= 0 AND cost <= {max_line_cost!r} AND hours >= 0 AND hours <= {max_line_hours!r}
+    GROUP BY key, currency
     """
 
 
@@ -56,66 +69,124 @@ def vm_hwm_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def child(engine: str, path: str) -> None:
-    from gpufinops.config import AwsSettings
+def parameters() -> dict:
+    """The selection both engines use: the default GPU families and team tag keys, the line guards."""
+    from gpufinops.collect.billing.cur import MAX_LINE_HOURS
+    from gpufinops.config import AwsSettings, TagKeys
 
-    families = AwsSettings().gpu_families
+    return {"families": list(AwsSettings().gpu_families), "team_keys": list(TagKeys().team),
+            "max_line_cost": 100_000.0, "max_line_hours": MAX_LINE_HOURS}
+
+
+def child(engine: str, by: str, path: str, params: dict) -> None:
+    """One engine's answer, its wall and CPU time (all threads; on a shared machine CPU time moves less
+    than wall time) and its peak memory. Imports are timed apart (import_s) and not in wall_s, except for
+    the cli engine, which is the whole command (its imports happen inside it). The DuckDB child imports
+    duckdb only (not gpufinops, pandas or pyarrow), so its peak is DuckDB's own."""
     t0 = time.perf_counter()
     if engine == "gpufinops":
-        from gpufinops.collect.billing.cur import read_cur
-
-        rows = len(read_cur(path, SEP, OCT, families).table)
+        from gpufinops.collect.billing.cur import cur_totals
+        from gpufinops.config import TagKeys
+    elif engine == "cli":
+        from gpufinops.cli import main
     else:
         import duckdb
-
+    import_s = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), cpu_s()
+    if engine == "gpufinops":
+        t = cur_totals(path, SEP, OCT, params["families"], by, TagKeys(team=tuple(params["team_keys"])),
+                       params["max_line_cost"]).table
+        totals = {k: (c, h) for k, c, h in zip(t["key"], t["cost"], t["usage_hours"])}
+    elif engine == "cli":
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["costs", "--month", "2024-09", "--source", "cur", "--path", path, "--by", by, "-o", "json"])
+        assert rc == 0, rc
+        label = "(untagged)" if by == "team" else "(none)"
+        totals = {("" if r[by] == label else r[by]): (r["cost"], r["usage_hours"]) for r in json.loads(out.getvalue())}
+    else:
         con = duckdb.connect()
         con.execute("SET TimeZone='UTC'")
-        rows = len(con.execute(duckdb_sql(Path(path), families)).fetchall())
-    wall = time.perf_counter() - t0
-    peak_mib = vm_hwm_mib()
-    print(json.dumps({"engine": engine, "wall_s": wall, "peak_mib": peak_mib, "rows_out": rows}))
+        rows = con.execute(duckdb_sql(Path(path), by, params["families"], params["team_keys"],
+                                      params["max_line_cost"], params["max_line_hours"])).fetchall()
+        totals = {k: (c, h) for k, _, c, h in rows}
+    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+    print(json.dumps({"engine": engine, "wall_s": wall, "cpu_s": cpu, "import_s": import_s,
+                      "peak_mib": vm_hwm_mib(), "totals": totals}))
 
 
-def run(engine: str, path: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", engine, str(path)], check=True,
-                         capture_output=True, text=True)
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run_child(engine: str, by: str, path: Path, params: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", engine, by, str(path), json.dumps(params)],
+                         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """Keys whose cost or hours differ by a cent (or an hour's hundredth) or more, or that one side lacks."""
+    out = [f"{k!r} only in one" for k in sorted(set(a) ^ set(b))]
+    for k in sorted(set(a) & set(b)):
+        (ca, ha), (cb, hb) = a[k], b[k]
+        if abs(ca - cb) >= CENT or abs(ha - hb) >= CENT:
+            out.append(f"{k!r}: cost {ca:.4f} vs {cb:.4f}, hours {ha:.4f} vs {hb:.4f}")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, action="append")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per engine; the best wall time is kept")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, action="append", help="line items (repeatable; default 5 M and 20 M)")
+    ap.add_argument("--by", action="append", choices=["instance", "team"], help="grain (default both)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; the best wall time is kept")
+    ap.add_argument("--cli", action="store_true", help="also time the whole `gpufinops costs` command")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(*args.child)
+        engine, by, path, params = args.child
+        child(engine, by, path, json.loads(params))
         return 0
     from gpufinops.collect.billing.synth import generate_cur
 
     OUT.mkdir(parents=True, exist_ok=True)
-    print(f"cores: {os.cpu_count()}")
-    print(f"{'line items':>11} {'file MiB':>9} {'engine':>10} {'wall s':>8} {'peak MiB':>9} {'rows out':>9}")
-    for n in args.rows or [1_000_000, 10_000_000]:
+    engines = ["duckdb", "gpufinops"] + (["cli"] if args.cli else [])
+    params = parameters()
+    print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
+    print(f"{'line items':>11} {'file MiB':>9} {'by':>9} {'engine':>10} {'wall s':>8} {'cpu s':>7} {'import s':>9} "
+          f"{'peak MiB':>9} {'keys':>6} {'time x':>7} {'mem x':>6}")
+    failed = False
+    for n in args.rows or [5_000_000, 20_000_000]:
         path = OUT / f"cur2_{n}.parquet"
         if not path.exists():
             t0 = time.perf_counter()
             generate_cur(path, n)
             print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
         size = path.stat().st_size / 2**20
-        results = {}
-        for engine in ("duckdb", "gpufinops"):
-            runs = [run(engine, path) for _ in range(args.repeat)]
-            best = min(runs, key=lambda r: r["wall_s"])
-            best["peak_mib"] = max(r["peak_mib"] for r in runs)
-            results[engine] = best
-            print(f"{n:>11,} {size:>9.0f} {engine:>10} {best['wall_s']:>8.2f} {best['peak_mib']:>9.0f} {best['rows_out']:>9,}")
-        ratio = results["gpufinops"]["wall_s"] / results["duckdb"]["wall_s"]
-        print(f"{n:>11,} gpufinops / duckdb wall time: {ratio:.2f}x")
-    return 0
+        for by in args.by or ["instance", "team"]:
+            runs: dict[str, list[dict]] = {e: [] for e in engines}
+            for _ in range(args.repeat):
+                for e in engines:
+                    runs[e].append(run_child(e, by, path, params))
+            best = {e: min(r, key=lambda x: x["wall_s"]) | {"peak_mib": max(x["peak_mib"] for x in r)}
+                    for e, r in runs.items()}
+            base = best["duckdb"]
+            for e in engines:
+                r = best[e]
+                print(f"{n:>11,} {size:>9.0f} {by:>9} {e:>10} {r['wall_s']:>8.2f} {r['cpu_s']:>7.2f} {r['import_s']:>9.2f} "
+                      f"{r['peak_mib']:>9.0f} "
+                      f"{len(r['totals']):>6} {r['wall_s'] / base['wall_s']:>6.2f}x {r['peak_mib'] / base['peak_mib']:>5.2f}x")
+                diff = differences(r["totals"], base["totals"])
+                if diff:
+                    failed = True
+                    print(f"  {e} totals differ from duckdb's: {len(diff)} key(s), e.g. {diff[:3]}")
+            total = sum(c for c, _ in base["totals"].values())
+            print(f"{'':>11} totals equal to the cent across engines: {not failed} (sum {total:,.2f})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,29 +1,45 @@
-"""Benchmark: one `window_usage` over 1,000 and 10,000 GPUs in a real Prometheus.
+"""Benchmark: one `window_usage` over 1,000 to 20,000 GPUs in a real Prometheus (and VictoriaMetrics).
 
-For each fleet size a real Prometheus is filled by promtool backfill (the same
-helper the tests use: tests/promserver.py) with dcgm-exporter-shaped series:
-8 GPUs per instance, GPU_UTIL + FB_USED + POWER_USAGE, 40 samples at 30 s
-(the 20 minutes before now), ~1% DCGM sentinel samples. Then, side by side:
+For each fleet size a real engine is filled with dcgm-exporter-shaped series (the same helpers the tests
+use: tests/promserver.py backfills Prometheus with promtool, tests/vmserver.py imports into
+VictoriaMetrics): 8 GPUs per instance, GPU_UTIL + FB_USED + POWER_USAGE at 30 s over the window before
+now, and DCGM sentinel samples on a fraction of the GPUs (`--sentinel-gpus`, default 1% of GPUs, each
+with ~5% of its samples blank; `--sentinel-gpus 1` puts them on every GPU).
 
-  fixed     PrometheusMetrics.window_usage over the whole fleet (4 queries)
-  baseline  the naive way: the same query set once per instance
-            (selector instance_id="i-...")
+Two tables:
 
-Each measurement runs in a fresh child process so its peak RSS is its own:
-wall time (one call, no tracing), HTTP queries, peak Python heap
-(tracemalloc, a second traced call) and peak RSS of the child.
+1. Engine CPU per tick (always): CPU seconds the engine's own process spent (utime + stime from
+   /proc/<pid>/stat, read just before and after) for
 
-    python bench/bench_evaluate.py [--sizes 1000,10000] [--window 600]
+     1 pass    one plain `max by (<GPU identity>) (max_over_time(DCGM_FI_DEV_GPU_UTIL[w]))` over the
+               same window: the least any collector must ask
+     tick      one PrometheusMetrics.window_usage over the whole fleet (what the service sends per tick),
+               from the raw samples (recording_rules: off)
+     --recording: the engine also holds the 5-minute buckets of deploy/prometheus/gpufinops-recording.yml
+               (evaluated by a first Prometheus over the window, tests/recorded.py), and
+               tick, recorded buckets   the same call with recording_rules: on
+               rules, per minute        one evaluation of every rule (each expression as an instant
+                                        query, which is what the rule engine runs) x 60 / 300 s
 
-Progress goes to stderr; the table to stdout.
+   each the median of `--repeat` runs, and the ratio to 1 pass.
+2. Wall time and memory (`--wall`): fixed query set vs the naive way (the same query set once per
+   instance, selector instance_id="i-..."), each in a fresh child process: wall time, HTTP queries, peak
+   Python heap (tracemalloc, a second traced call) and peak RSS of the child.
+
+    python bench/bench_evaluate.py [--sizes 1000,10000,20000] [--window 3600] [--engines prometheus,vm]
+                                   [--recording] [--wall [--naive]]
+
+Progress goes to stderr; the tables to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import random
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -34,26 +50,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.promserver, when run from anywhere
 
-from gpufinops.collect.prometheus import FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics  # noqa: E402
+from gpufinops.collect.prometheus import (  # noqa: E402
+    BUCKET_S, FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics, PromQL, PromReader, gpu_identity_labels,
+)
 from gpufinops.config import PrometheusSettings  # noqa: E402
 from gpufinops.model import GpuInstance  # noqa: E402
 from tests.promserver import Series, dcgm_labels, start_prometheus  # noqa: E402
 
 GPUS_PER_INSTANCE = 8
 SCRAPE_S = 30
-SAMPLES = 40
 SENTINEL = 9.223372036854775e18
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def make_fleet(n_gpus: int, now: datetime) -> tuple[list[GpuInstance], list[Series]]:
+def make_fleet(n_gpus: int, now: datetime, window_s: int, sentinel_gpus: float
+               ) -> tuple[list[GpuInstance], list[Series]]:
+    """The fleet and its series: samples every SCRAPE_S over the window (plus two before it)."""
     rng = random.Random(n_gpus)
     n_inst = n_gpus // GPUS_PER_INSTANCE
     end = now.timestamp()
-    times = [end - SCRAPE_S * (SAMPLES - 1 - i) for i in range(SAMPLES)]
+    n_samples = window_s // SCRAPE_S + 2
+    times = [end - SCRAPE_S * (n_samples - 1 - i) for i in range(n_samples)]
     instances, series = [], []
     for k in range(n_inst):
         iid = f"i-{k:017x}"
@@ -65,9 +86,10 @@ def make_fleet(n_gpus: int, now: datetime) -> tuple[list[GpuInstance], list[Seri
         profile = rng.choice(("idle", "busy", "bursty"))
         for g in range(GPUS_PER_INSTANCE):
             labels = dcgm_labels(host, g, instance_id=iid)
+            blank_rate = 0.05 if rng.random() < sentinel_gpus else 0.0
             util = []
             for t in times:
-                if rng.random() < 0.01:
+                if rng.random() < blank_rate:
                     v = SENTINEL
                 elif profile == "idle":
                     v = 0.0
@@ -80,6 +102,65 @@ def make_fleet(n_gpus: int, now: datetime) -> tuple[list[GpuInstance], list[Seri
             series.append(Series(FB_USED, labels, [(t, 70000.0 if profile != "idle" else 0.0) for t in times]))
             series.append(Series(POWER_USAGE, labels, [(t, 90.0 + rng.random() * 300) for t in times]))
     return instances, series
+
+
+# --------------------------------------------------------------------------- engine CPU per tick
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def engine_cpu(pid: int, fn, repeat: int) -> tuple[float, float]:
+    """Median engine CPU seconds and median wall seconds of `repeat` calls of fn()."""
+    cpu, wall = [], []
+    for _ in range(repeat):
+        c0, t0 = process_cpu_s(pid), time.perf_counter()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(process_cpu_s(pid) - c0)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def one_pass_query(settings: PrometheusSettings, window_s: int) -> str:
+    by = ", ".join(gpu_identity_labels(settings.instance_label, settings.hostname_labels))
+    return f"max by ({by}) (max_over_time({GPU_UTIL}[{window_s * 1000 - 1}ms]))"
+
+
+def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int,
+             recording: str) -> list[tuple]:
+    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300)
+    at = now.timestamp()
+    reader = PromReader(settings)
+    baseline = one_pass_query(settings, window_s)
+    reader.instant(baseline, at)  # warm: index and page cache, as in a running service
+    pass_cpu, pass_wall = engine_cpu(pid, lambda: reader.instant(baseline, at), repeat)
+    ratio = (lambda cpu: cpu / pass_cpu) if pass_cpu > 0 else (lambda cpu: float("nan"))
+    rows = [(engine, "1 pass", pass_cpu, pass_wall, 1, 1.0)]
+    for mode in ["off"] if recording == "off" else ["off", "on"]:
+        source = PrometheusMetrics(settings.model_copy(update={"recording_rules": mode}))
+        usage = source.window_usage(instances, window_s, now)  # warm
+        errors = [u.error for u in usage.values() if u.error]
+        if errors:
+            log(f"{engine}: {len(errors)} instances answered with an error: {errors[0]}")
+        before = source.queries_made
+        tick_cpu, tick_wall = engine_cpu(pid, lambda s=source: s.window_usage(instances, window_s, now), repeat)
+        queries = (source.queries_made - before) // repeat
+        if mode == "off":
+            rows.append((engine, "tick, raw samples", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
+            continue
+        rows.append((engine, "tick, recorded buckets", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
+        rule_cpu, rule_wall = rules_cpu(pid, url, now, repeat)
+        rows.append((engine, "rules, per minute", rule_cpu, rule_wall, "-", ratio(rule_cpu)))
+        rows.append((engine, "tick + rules per minute", tick_cpu + rule_cpu, tick_wall + rule_wall, "-",
+                     ratio(tick_cpu + rule_cpu)))
+    return rows
+
+
+# --------------------------------------------------------------------------- wall time and memory
 
 
 def _fixed(settings, instances, window_s, now):
@@ -128,41 +209,108 @@ def measure(method, url, instances, window_s, now) -> dict:
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="1000,10000", help="GPU counts, comma-separated")
-    ap.add_argument("--window", type=int, default=600, help="window seconds (default 600)")
-    args = ap.parse_args()
-    now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
-    rows = []
-    for n_gpus in (int(s) for s in args.sizes.split(",")):
-        log(f"{n_gpus} GPUs: generating series")
-        instances, series = make_fleet(n_gpus, now)
-        n_samples = sum(len(s.samples) for s in series)
-        with tempfile.TemporaryDirectory(prefix="bench-prom-") as tmp:
-            log(f"{n_gpus} GPUs: backfilling {len(series)} series / {n_samples} samples and starting Prometheus")
-            t0 = time.perf_counter()
-            server = start_prometheus(Path(tmp), series)
-            log(f"{n_gpus} GPUs: Prometheus ready in {time.perf_counter() - t0:.1f}s at {server.url}")
-            del series
-            try:
-                results = {}
-                for method in ("fixed", "baseline"):
-                    log(f"{n_gpus} GPUs: measuring {method} ({len(instances)} instances)")
-                    results[method] = measure(method, server.url, instances, args.window, now)
-                    log(f"{n_gpus} GPUs: {method} took {results[method]['wall_s']:.2f}s")
-            finally:
-                server.stop()
-        agree = results["fixed"]["signature"] == results["baseline"]["signature"]
-        for method, r in results.items():
-            rows.append((n_gpus, len(instances), method, r["wall_s"], r["queries"], r["py_peak_mib"],
-                         r["rss_mib"], r["errors"], "yes" if agree else "NO"))
-    header = ("GPUs", "instances", "method", "wall s", "HTTP queries", "py peak MiB", "peak RSS MiB",
-              "errors", "same result")
+def wall_rows(url: str, instances, window_s: int, now: datetime, naive: bool) -> list[tuple]:
+    results = {}
+    for method in ("fixed", "baseline") if naive else ("fixed",):
+        log(f"measuring {method} ({len(instances)} instances)")
+        results[method] = measure(method, url, instances, window_s, now)
+    agree = len(results) < 2 or results["fixed"]["signature"] == results["baseline"]["signature"]
+    return [(method, r["wall_s"], r["queries"], r["py_peak_mib"], r["rss_mib"], r["errors"],
+             "yes" if agree else "NO") for method, r in results.items()]
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def with_buckets(workdir: Path, series: list[Series], now: datetime, window_s: int) -> list[Series]:
+    """The raw series plus the buckets deploy/prometheus/gpufinops-recording.yml would have recorded over the
+    window, the last evaluation 97 s before now (tests/recorded.py: each rule evaluated by a first Prometheus)."""
+    from tests.recorded import recorded_buckets
+
+    last = now.timestamp() - 97
+    with start_prometheus(workdir / "evaluator", series) as evaluator:
+        buckets = recorded_buckets(evaluator.url, last - window_s - 2 * BUCKET_S, last)
+    log(f"recorded {len(buckets)} bucket series")
+    return series + buckets
+
+
+def start_engine(engine: str, workdir: Path, series: list[Series]):
+    if engine == "vm":
+        from tests.vmserver import start_victoria_metrics
+
+        return start_victoria_metrics(workdir / "engine", series)
+    return start_prometheus(workdir / "engine", series)
+
+
+def rules_cpu(pid: int, url: str, now: datetime, repeat: int) -> tuple[float, float]:
+    """Engine CPU of one evaluation of every recording rule (each expression as an instant query, which is
+    what the rule engine runs), per minute: the group runs every BUCKET_S seconds."""
+    reader = PromReader(PrometheusSettings(url=url, timeout_s=300))
+    rules = PromQL().recording_rules()
+    at = now.timestamp()
+
+    def evaluate_all():
+        for _record, expr in rules:
+            reader.instant(expr, at)
+
+    cpu, wall = engine_cpu(pid, evaluate_all, repeat)
+    per_minute = 60 / BUCKET_S
+    return cpu * per_minute, wall * per_minute
+
+
+def table(header: tuple[str, ...], rows: list[tuple]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]} | {r[5]:.1f} | {r[6]:.0f} | {r[7]} | {r[8]} |")
+        print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r) + " |")
+    print()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000", help="GPU counts, comma-separated")
+    ap.add_argument("--window", type=int, default=3600, help="window seconds (default 3600)")
+    ap.add_argument("--engines", default="prometheus", help="prometheus,vm")
+    ap.add_argument("--sentinel-gpus", type=float, default=0.01, help="fraction of GPUs with sentinel samples")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per CPU figure (median)")
+    ap.add_argument("--recording", action="store_true",
+                    help="also backfill the recorded buckets and measure the tick with recording_rules: on, "
+                         "and the rules' own evaluation")
+    ap.add_argument("--wall", action="store_true", help="also the wall/memory table (fixed vs naive)")
+    ap.add_argument("--naive", action="store_true", help="with --wall: the per-instance baseline too (slow)")
+    args = ap.parse_args()
+    now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
+    cpu, wall = [], []
+    for n_gpus in (int(s) for s in args.sizes.split(",")):
+        log(f"{n_gpus} GPUs: generating series")
+        instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus)
+        n_samples = sum(len(s.samples) for s in series)
+        if args.recording:
+            with tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
+                series = with_buckets(Path(tmp), series, now, args.window)
+        for engine in args.engines.split(","):
+            with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-") as tmp:
+                log(f"{n_gpus} GPUs: {engine}: loading {len(series)} series / {n_samples} raw samples")
+                t0 = time.perf_counter()
+                server = start_engine(engine, Path(tmp), series)
+                log(f"{n_gpus} GPUs: {engine} ready in {time.perf_counter() - t0:.1f}s at {server.url}")
+                try:
+                    for row in cpu_rows(engine, server.url, server.process.pid, instances, args.window, now,
+                                        args.repeat, "on" if args.recording else "off"):
+                        cpu.append((n_gpus, *row))
+                        log(f"{n_gpus} GPUs: {row[0]} {row[1]}: {row[2]:.2f} CPU-s")
+                    if args.wall:
+                        wall += [(n_gpus, engine, *r) for r in wall_rows(server.url, instances, args.window, now,
+                                                                          args.naive)]
+                finally:
+                    server.stop()
+        del series
+    print(f"Window {args.window} s, scrape {SCRAPE_S} s, {args.sentinel_gpus:g} of GPUs with sentinels; "
+          f"median of {args.repeat}.\n")
+    table(("GPUs", "engine", "what", "engine CPU-s", "wall s", "HTTP queries", "x 1 pass"), cpu)
+    if wall:
+        table(("GPUs", "engine", "method", "wall s", "HTTP queries", "py peak MiB", "peak RSS MiB", "errors",
+               "same result"), wall)
     return 0
 
 

@@ -299,11 +299,11 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
     catalog = catalog if catalog is not None else default_catalog()
     rates, attrs = billing_rates(table), resource_attrs(table)
     region = settings.aws.regions[0] if settings.aws.regions else ""
-    decisions = store.decision_frame(start, end)
     gap = 2 * settings.schedule.evaluate_every_s
-    recent = decisions[decisions["evaluated_at"] >= pd.Timestamp(now - timedelta(seconds=bs.running_fresh_s))]
+    recent = store.decision_frame(max(start, now - timedelta(seconds=bs.running_fresh_s)), end)  # raw: recent only
     running = running_now(recent.to_dict("records"), now, bs.running_fresh_s, rates, catalog, attrs, region)
-    verdicts = verdict_costs(decisions, start, min(end, now), max_gap_s=gap, rates=rates, catalog=catalog,
+    verdicts = verdict_costs(store.verdict_hours_frame(start, min(end, now), grain="period"), start, min(end, now),
+                             max_gap_s=gap, rates=rates, catalog=catalog,
                              attrs=attrs, default_region=region)
     table_currency = single_currency(table, "cost table") if len(table) else None
     out = []

@@ -77,6 +77,19 @@ class PrometheusSettings(StrictModel):
     scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
+    # Read the window from the 5-minute buckets of deploy/prometheus/gpufinops-recording.yml: auto = when
+    # the recorded series exist (asked once), on = every tick (raw samples while they are missing), off.
+    # Off by default: on Prometheus 2.42 and VictoriaMetrics 1.79 the buckets cost more engine CPU per tick
+    # than the raw samples for windows up to 6 h (docs/scale.md).
+    recording_rules: Literal["auto", "on", "off"] = "off"
+
+    @field_validator("recording_rules")
+    @classmethod
+    def _recorded_series_know_no_selector(cls, value: str, info) -> str:
+        if value == "on" and str(info.data.get("selector") or "").strip():
+            raise ValueError("the shipped recording rules record no selector: with `selector` set, use "
+                             "recording_rules: off (or auto, which then reads the raw samples)")
+        return value
 
 
 class AwsSettings(StrictModel):
@@ -331,9 +344,19 @@ class ReportSettings(StrictModel):
     false_stop_s: int = Field(FALSE_STOP_WITHIN_S, ge=0, le=7 * 86400)
     top_n: int = Field(10, ge=1, le=1000)
     price_max_age_days: int = Field(90, ge=1, le=3660)
-    # Seconds between evaluations. None: measured from the stored decisions (the median spacing), so a
+    # Seconds between evaluations. None: measured from the stored decisions (the mean spacing within service runs), so a
     # report on a database written by a service with another schedule still counts time right.
     evaluate_every_s: int | None = Field(None, ge=1, le=86400)
+
+
+# --------------------------------------------------------------------------- store:
+# Read by gpufinops.pipeline when it records a tick (gpufinops.store.Store.record_decisions).
+
+
+class StoreSettings(StrictModel):
+    # Raw per-tick decision rows are kept this many days for forensics (`audit --decisions`); older time is in
+    # the verdict episodes and hourly rollups, which reports and idle costs read. Pruned at most once an hour.
+    raw_decisions_days: float = Field(7, ge=0, le=3660)
 
 
 class Settings(StrictModel):
@@ -352,6 +375,7 @@ class Settings(StrictModel):
     billing: BillingSettings | None = None
     recommend: RecommendSettings = RecommendSettings()
     report: ReportSettings = ReportSettings()
+    store: StoreSettings = StoreSettings()
     source_path: str = ""
 
     @field_validator("billing", mode="before")

@@ -24,20 +24,26 @@ from typing import Callable, Iterable, Mapping
 import pandas as pd
 
 from .collect.billing.schema import UNTAGGED
+from .collect.billing.totals import GRAINS, table_totals
 
 PriceLookup = Callable[[str, str], "float | None"]  # (instance_type, region) -> USD/h
 
-BY_COLUMNS = {"team": "team", "instance": "resource_id", "instance_type": "instance_type",
-              "account": "account", "project": "project"}
+BY_COLUMNS = GRAINS  # grain -> cost-table column (one definition, in collect/billing/totals.py)
 VERDICTS = ("ACTIVE", "UNDERUTILIZED", "UNKNOWN", "IDLE")
 _RANK = {v: i for i, v in enumerate(VERDICTS)}  # lower = less idle, wins a tie
 
 
 def summarize(table: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Cost and instance-hours per key; empty keys (untagged, no resource id) are their own row."""
-    col = BY_COLUMNS[by]
-    keys = table[col].where(table[col] != "", UNTAGGED if by in ("team", "project") else "(none)")
-    out = (table.assign(key=keys).groupby(["key", "currency"], sort=False)[["cost", "usage_hours"]].sum()
+    """Cost and instance-hours per key of a cost table; empty keys (untagged, no resource id) are their own row."""
+    return summarize_totals(table_totals(table, by), by)
+
+
+def summarize_totals(totals: pd.DataFrame, by: str) -> pd.DataFrame:
+    """A totals table (key, currency, cost, usage_hours; from cur_totals or table_totals) as `costs --by` prints
+    it: empty keys labelled, $/h, most expensive first (ties by key, so every source prints the same order)."""
+    empty = UNTAGGED if by in ("team", "project") else "(none)"
+    keys = totals["key"].where(totals["key"] != "", empty)
+    out = (totals.assign(key=keys).groupby(["key", "currency"], sort=True)[["cost", "usage_hours"]].sum()
            .reset_index().rename(columns={"key": by}))
     out["cost_per_hour"] = out["cost"] / out["usage_hours"].where(out["usage_hours"] > 0)
     return out.sort_values("cost", ascending=False, kind="stable").reset_index(drop=True)
@@ -79,32 +85,29 @@ def hourly_rate(instance_id: str, instance_type: str, region: str, rates: Mappin
     return HourlyRate(None, "unknown")
 
 
+ROLLUP_EXTRA = ["code", "measured", "hourly_cost", "ticks", "evaluations", "activity_hours", "activity_max",
+                "memory_max_mib", "after_stop_hours", "open"]
+
+
 def verdict_costs(decision_rows: "pd.DataFrame | Iterable[dict]", start: datetime, end: datetime, *,
                   max_gap_s: float, rates: Mapping[str, float] | None = None, catalog: PriceLookup | None = None,
                   attrs: Mapping[str, Mapping[str, str]] | None = None, default_region: str = "") -> pd.DataFrame:
-    """One row per decision interval in [start, end): instance, team, verdict, hours, rate, cost (NaN if unpriced).
+    """Priced time in each verdict in [start, end): instance, team, verdict, at, hours, rate, cost (NaN if unpriced).
 
-    Takes Store.decision_frame() (fast) or Store.decision_rows(). Vectorised: the rate is looked
-    up once per distinct (instance, type, stored rate), not once per decision, because a month of
-    minute-by-minute decisions is millions of rows.
+    Takes Store.verdict_hours_frame() (the hourly rollups: one row per hour or period and key, rules already
+    resolved per tick; the extra rollup columns are kept) or, the per-minute way, Store.decision_frame() /
+    Store.decision_rows() (one row per decision interval). Both count the same time: each tick covers the
+    time to the instance's next tick, at most max_gap_s; the latest tick up to `end`. The rate is looked up
+    once per distinct (instance, type, stored rate).
     """
     rates, attrs = rates or {}, attrs or {}
     cols = ["instance_id", "team", "project", "account", "instance_type", "verdict", "at", "hours", "rate", "cost"]
     d = decision_rows.copy() if isinstance(decision_rows, pd.DataFrame) else pd.DataFrame(list(decision_rows))
     if d.empty:
         return pd.DataFrame({c: [] for c in cols})
-    d["at"] = pd.to_datetime(d["evaluated_at"], utc=True)
-    d = d[(d["at"] >= pd.Timestamp(start)) & (d["at"] < pd.Timestamp(end))]
+    d = rollup_hours(d, start, end, max_gap_s) if "hours" in d.columns else decision_hours(d, start, end, max_gap_s)
     if d.empty:
         return pd.DataFrame({c: [] for c in cols})
-    for c in ("team", "instance_type", "hourly_cost"):
-        if c not in d:
-            d[c] = None
-    d["rank"] = d["verdict"].map(_RANK).fillna(_RANK["UNKNOWN"])
-    d = d.sort_values(["instance_id", "at", "rank"]).drop_duplicates(["instance_id", "at"], keep="first")
-    nxt = d.groupby("instance_id")["at"].shift(-1)
-    span = (nxt.fillna(pd.Timestamp(end)) - d["at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
-    d["hours"] = span / 3600.0
 
     def attr(iid: str, key: str) -> str:
         return attrs.get(iid, {}).get(key, "")
@@ -117,23 +120,59 @@ def verdict_costs(decision_rows: "pd.DataFrame | Iterable[dict]", start: datetim
     missing_team = d["team"] == ""
     if missing_team.any():
         d.loc[missing_team, "team"] = [attr(i, "team") for i in d.loc[missing_team, "instance_id"]]
-    stored = pd.to_numeric(d["hourly_cost"], errors="coerce")
-    keys = pd.DataFrame({"instance_id": d["instance_id"], "instance_type": d["instance_type"], "stored": stored})
-    combos = keys.drop_duplicates()
-    priced = {}
-    for iid, itype, st in combos.itertuples(index=False):
-        hr = hourly_rate(iid, itype, attr(iid, "region") or default_region, rates, catalog,
-                         None if pd.isna(st) else float(st))
-        priced[(iid, itype, None if pd.isna(st) else float(st))] = float("nan") if hr.rate is None else hr.rate
-    d["rate"] = [priced[(i, t, None if pd.isna(st) else float(st))]
-                 for i, t, st in zip(keys["instance_id"], keys["instance_type"], keys["stored"])]
+    stored = pd.to_numeric(d["hourly_cost"], errors="coerce").astype("float64")
+    # One price per distinct (instance, type, stored rate); joined back by key, not row by row.
+    keys = pd.DataFrame({"instance_id": d["instance_id"].to_numpy(), "instance_type": d["instance_type"].to_numpy(),
+                         "stored": stored.fillna(-1.0).to_numpy()})  # -1: none stored (a rate is never < 0)
+    combos = keys.drop_duplicates().reset_index(drop=True)
+    combos["rate"] = [
+        float("nan") if (hr := hourly_rate(iid, itype, attr(iid, "region") or default_region, rates, catalog,
+                                           None if st < 0 else st)).rate is None
+        else hr.rate
+        for iid, itype, st in combos.itertuples(index=False)]
+    d["rate"] = keys.merge(combos, on=["instance_id", "instance_type", "stored"], how="left")["rate"].to_numpy()
     d["cost"] = d["hours"] * d["rate"]
-    d["project"] = [attr(i, "project") for i in d["instance_id"]] if attrs else ""
-    d["account"] = [attr(i, "account") for i in d["instance_id"]] if attrs else ""
-    out = d[cols].reset_index(drop=True)
+    if attrs:
+        per = pd.DataFrame({"instance_id": d["instance_id"].unique()})
+        per["project"] = [attr(i, "project") for i in per["instance_id"]]
+        per["account"] = [attr(i, "account") for i in per["instance_id"]]
+        d = d.merge(per, on="instance_id", how="left")
+    else:
+        d["project"], d["account"] = "", ""
+    out = d[cols + [c for c in ROLLUP_EXTRA if c in d.columns]].reset_index(drop=True)
     # Unknown rates stay None in `rate` (NaN in `cost`), as before.
     out["rate"] = out["rate"].astype(object).where(out["rate"].notna(), None)
     return out
+
+
+def decision_hours(d: pd.DataFrame, start: datetime, end: datetime, max_gap_s: float) -> pd.DataFrame:
+    """Per-minute decisions to intervals: the least idle verdict per (instance, time) covers the time to the
+    instance's next decision, at most max_gap_s; the last one up to `end`."""
+    d["at"] = pd.to_datetime(d["evaluated_at"], utc=True)
+    d = d[(d["at"] >= pd.Timestamp(start)) & (d["at"] < pd.Timestamp(end))]
+    if d.empty:
+        return d
+    for c in ("team", "instance_type", "hourly_cost"):
+        if c not in d:
+            d[c] = None
+    d = d.assign(rank=d["verdict"].map(_RANK).fillna(_RANK["UNKNOWN"]))
+    d = d.sort_values(["instance_id", "at", "rank"]).drop_duplicates(["instance_id", "at"], keep="first")
+    nxt = d.groupby("instance_id")["at"].shift(-1)
+    span = (nxt.fillna(pd.Timestamp(end)) - d["at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
+    return d.assign(hours=span / 3600.0)
+
+
+def rollup_hours(d: pd.DataFrame, start: datetime, end: datetime, max_gap_s: float) -> pd.DataFrame:
+    """Rollup rows (Store.verdict_hours_frame): hours are known, except each instance's tail (its latest
+    tick, `hours` NaN), which lasts up to `end`, at most max_gap_s."""
+    d = d[d["at"] < pd.Timestamp(end)].copy()
+    open_ = d["hours"].isna()
+    if open_.any():
+        span = (pd.Timestamp(end) - d.loc[open_, "at"]).dt.total_seconds().clip(lower=0, upper=max_gap_s)
+        d.loc[open_, "hours"] = span / 3600.0
+        if "activity_hours" in d:  # the tail carries its activity mean; weight it by its hours now
+            d.loc[open_, "activity_hours"] = d.loc[open_, "activity_hours"] * d.loc[open_, "hours"]
+    return d
 
 
 def idle_cost_report(vc: pd.DataFrame, by: str = "instance") -> pd.DataFrame:

@@ -240,6 +240,8 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
                 ctx.run_id, decisions, ctx.dry_run,
                 teams={i.instance_id: i.team() for i in running},
                 types={i.instance_id: i.instance_type for i in running},
+                max_gap_s=2 * settings.schedule.evaluate_every_s,
+                raw_keep_s=settings.store.raw_decisions_days * 86400,
             )
         except SQLAlchemyError as exc:
             # Acting on decisions the audit log does not hold would break "records equal the cloud".

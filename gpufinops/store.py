@@ -1,4 +1,9 @@
-"""The database: audit log of decisions, marks, actions, notifications, state.
+"""The database: verdicts (episodes, hourly rollups, recent raw decisions), marks, actions, notifications, state.
+
+Each tick's decisions are recorded once (`Store.record_decisions`): the raw rows, kept for
+StoreSettings.raw_decisions_days, and in the same transaction the verdict episodes and hourly rollups that
+reports, idle costs and budgets read (gpufinops/episodes.py). The actions audit trail is complete and
+append-only. The schema is migrated on start (Alembic, gpufinops/store_migrations).
 
 SQLite (file, WAL) by default; any SQLAlchemy URL (postgresql://...) works.
 Capabilities (billing, recommend, ...) define their own tables on the shared
@@ -7,10 +12,12 @@ Capabilities (billing, recommend, ...) define their own tables on the shared
 
 from __future__ import annotations
 
+import logging
 import time
 import json
+from operator import itemgetter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from sqlalchemy import (
@@ -18,11 +25,13 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    bindparam,
     create_engine,
     event,
     insert,
@@ -36,8 +45,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
+from .episodes import Episode, HourAgg, Heads, Run, Tail, fold_ticks
 from .model import ActionKind, ActionResult, Decision, Verdict
 
+log = logging.getLogger(__name__)
 metadata = MetaData()
 
 
@@ -77,6 +88,82 @@ decisions = Table(
     Column("instance_type", String(64)),
     Column("dry_run", Boolean, nullable=False),
 )
+
+# Verdicts as run-length episodes and hourly rollups (gpufinops/episodes.py folds each tick into them). The
+# raw `decisions` rows are kept only for a recent window (StoreSettings.raw_decisions_days); reports, idle
+# costs and budgets read these.
+verdict_episodes = Table(
+    "verdict_episodes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("instance_id", String(64), nullable=False),
+    Column("rule", String(128), nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("code", String(32), nullable=False),
+    Column("started_at", DateTime, nullable=False),
+    Column("last_seen_at", DateTime, nullable=False, index=True),
+    Column("ticks", Integer, nullable=False),
+    Column("reason", Text, nullable=False),  # the latest tick's reason text
+    Column("stats", Text),  # JSON: the latest tick's window stats (window_s, activity, memory, coverage)
+    Column("hourly_cost", Float),
+    Column("team", String(128)),
+    Column("instance_type", String(64)),
+    Column("dry_run", Boolean, nullable=False),
+    Index("ix_verdict_episodes_head", "instance_id", "rule", "id"),
+)
+
+# Per hour and instance, rules resolved per tick (least idle wins): hours in each verdict, by reason code,
+# price, team and type. `measured` = the ticks had an activity figure (activity_hours / hours is their mean).
+verdict_hours = Table(
+    "verdict_hours",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("hour", DateTime, nullable=False),
+    Column("instance_id", String(64), nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("code", String(32), nullable=False),
+    Column("measured", Boolean, nullable=False),
+    Column("hourly_cost", Float),
+    Column("team", String(128)),
+    Column("instance_type", String(64)),
+    Column("hours", Float, nullable=False),
+    Column("ticks", Integer, nullable=False),
+    Column("evaluations", Integer, nullable=False),
+    Column("activity_hours", Float, nullable=False),
+    Column("activity_max", Float),
+    Column("memory_max_mib", Float),
+    Column("after_stop_hours", Float, nullable=False),  # of `hours`, after a completed stop (report: not running)
+    Index("ix_verdict_hours_hour_instance", "hour", "instance_id"),
+)
+
+# The latest resolved tick of each instance: its time is counted by readers up to their end (max_gap_s).
+verdict_tails = Table(
+    "verdict_tails",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("at", DateTime, nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("code", String(32), nullable=False),
+    Column("hourly_cost", Float),
+    Column("team", String(128)),
+    Column("instance_type", String(64)),
+    Column("activity_mean", Float),
+    Column("activity_max", Float),
+    Column("memory_max_mib", Float),
+    Column("evaluations", Integer, nullable=False),
+)
+
+# Stretches in which the service evaluated anything at most max_gap_s apart (coverage, blind spots).
+service_runs = Table(
+    "service_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("started_at", DateTime, nullable=False),
+    Column("last_seen_at", DateTime, nullable=False, index=True),
+    Column("ticks", Integer, nullable=False),
+)
+
+ROLLUP_TABLES = ("verdict_episodes", "verdict_hours", "verdict_tails", "service_runs")
 
 # Last verdict per (instance, rule): what makes "act only on transitions" possible.
 instance_state = Table(
@@ -264,8 +351,86 @@ SCHEMA_LOCK_KEY = 0x67707566
 SCHEMA_ATTEMPTS = 8  # SQLite: tries while another process holds the write lock past busy_timeout
 
 
+def build_schema(conn: Connection) -> list[str]:
+    """The whole schema check, on a connection that holds the schema lock in one transaction: the Alembic
+    migrations up to head (gpufinops/store_migrations; a database from before Alembic is stamped at the
+    baseline first), create_all for the tables capabilities define, the new nullable columns, then any
+    backfill a migration left pending. Returns the columns added."""
+    migrate(conn)
+    metadata.create_all(conn)
+    added = add_missing_columns(conn)
+    backfill_rollups(conn)
+    return added
+
+
+def migrate(conn: Connection) -> str | None:
+    """Upgrade to the newest revision; returns the revision found (None: none recorded). Alembic is imported
+    only when there is something to do."""
+    from .store_migrations import BASELINE, HEAD, SCRIPT_LOCATION
+
+    tables = set(inspect(conn).get_table_names())
+    current = (conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+               if "alembic_version" in tables else None)
+    if current == HEAD:
+        return current
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+    cfg.attributes["connection"] = conn
+    # Alembic's own INFO lines (plugin set-up, context) would land in every command's output; one line of ours.
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        if current is None and tables - {"alembic_version"}:
+            command.stamp(cfg, BASELINE)  # tables written by create_all before Alembic: they are the baseline
+        command.upgrade(cfg, "head")
+    finally:
+        alembic_log.setLevel(level)
+    if tables - {"alembic_version"}:
+        log.info("database schema upgraded from %s to %s", current or f"{BASELINE} (before migrations)", HEAD)
+    return current
+
+
+BACKFILL_WINDOW = timedelta(hours=6)
+
+
+def backfill_rollups(conn: Connection) -> int:
+    """Fold every stored decision row into episodes, rollups, tails and service runs, when a migration asked
+    for it (kv BACKFILL_KEY), oldest first, six hours of ticks at a time. Returns the rows folded."""
+    from .store_migrations import BACKFILL_KEY
+
+    if conn.execute(select(kv.c.value).where(kv.c.key == BACKFILL_KEY)).scalar() is None:
+        return 0
+    lo, hi = conn.execute(select(func.min(decisions.c.evaluated_at), func.max(decisions.c.evaluated_at))).one()
+    gap = stored_max_gap_s(conn)
+    done, t = 0, lo
+    log.info("folding the stored decisions (%s .. %s) into verdict episodes and hourly rollups", lo, hi)
+    while t is not None and t <= hi:
+        q = (select(decisions).where(decisions.c.evaluated_at >= t, decisions.c.evaluated_at < t + BACKFILL_WINDOW)
+             .order_by(decisions.c.evaluated_at, decisions.c.id))
+        rows = [dict(r) for r in conn.execute(q).mappings()]
+        if rows:
+            fold_into_store(conn, rows, gap)
+            done += len(rows)
+        t += BACKFILL_WINDOW
+    conn.execute(delete(kv).where(kv.c.key == BACKFILL_KEY))
+    return done
+
+
+def stored_max_gap_s(conn: Connection) -> float:
+    """2 x the median spacing of the latest stored ticks (the schedule that wrote them), for a backfill."""
+    times = [r[0] for r in conn.execute(select(decisions.c.evaluated_at).distinct()
+                                        .order_by(decisions.c.evaluated_at.desc()).limit(1000))]
+    gaps = sorted((a - b).total_seconds() for a, b in zip(times, times[1:]))
+    return 2 * gaps[len(gaps) // 2] if gaps else DEFAULT_MAX_GAP_S
+
+
 def create_schema(engine: Engine) -> list[str]:
-    """create_all + add_missing_columns, safe when several processes start on one fresh database at once.
+    """Migrations + create_all + add_missing_columns (build_schema), safe when several processes start on one
+    fresh database at once.
 
     Without a lock, two processes both see a table missing and the second CREATE TABLE fails ("table
     decisions already exists" on SQLite, a pg_type unique violation on PostgreSQL). So the check and the
@@ -274,12 +439,10 @@ def create_schema(engine: Engine) -> list[str]:
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
-            metadata.create_all(conn)
-            return add_missing_columns(conn)
+            return build_schema(conn)
     if engine.dialect.name != "sqlite":
         with engine.begin() as conn:
-            metadata.create_all(conn)
-            return add_missing_columns(conn)
+            return build_schema(conn)
     for attempt in range(SCHEMA_ATTEMPTS):
         try:
             return sqlite_create_schema(engine)
@@ -299,13 +462,162 @@ def sqlite_create_schema(engine: Engine) -> list[str]:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
         try:
-            metadata.create_all(conn)
-            added = add_missing_columns(conn)
+            added = build_schema(conn)
         except BaseException:
             conn.exec_driver_sql("ROLLBACK")
             raise
         conn.exec_driver_sql("COMMIT")
         return added
+
+
+DEFAULT_MAX_GAP_S = 120.0  # 2 x the default evaluate_every_s (60 s)
+PRUNE_EVERY_S = 3600  # raw decision rows are pruned at most once an hour
+PRUNED_AT_KEY = "store:raw_decisions_pruned_at"
+
+
+def insert_rows(conn: Connection, table: Table, rows: Sequence[dict]) -> None:
+    """INSERT many rows. On SQLite straight through the driver's executemany, with each value converted by
+    its column type's own bind processor (the text SQLAlchemy would store): a tick of a large fleet, or an
+    hour of them, is tens of thousands of rows and the generic path spends most of its time per row."""
+    if conn.dialect.name != "sqlite" or not rows:
+        conn.execute(insert(table), list(rows))
+        return
+    names = list(rows[0])
+    convert = [(i, p) for i, p in enumerate(table.c[n].type.bind_processor(conn.dialect) for n in names)
+               if p is not None]
+    values = itemgetter(*names)
+    quote = conn.dialect.identifier_preparer.quote
+    sql = (f"INSERT INTO {conn.dialect.identifier_preparer.format_table(table)} "
+           f"({', '.join(quote(n) for n in names)}) VALUES ({', '.join('?' * len(names))})")
+    params = []
+    for r in rows:
+        v = list(values(r))
+        for i, p in convert:
+            if v[i] is not None:
+                v[i] = p(v[i])
+        params.append(tuple(v))
+    conn.exec_driver_sql(sql, params)
+
+
+def load_heads(conn: Connection, instance_ids: Sequence[str], since: datetime) -> Heads:
+    """The latest episode per (instance, rule) seen since `since` (an older one cannot be extended: the gap is
+    too long), the tails of these instances and the latest service run."""
+    heads = Heads()
+    ids = sorted(set(instance_ids))
+    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        latest = (select(func.max(verdict_episodes.c.id))
+                  .where(verdict_episodes.c.instance_id.in_(chunk), verdict_episodes.c.last_seen_at >= since)
+                  .group_by(verdict_episodes.c.instance_id, verdict_episodes.c.rule))
+        for r in conn.execute(select(verdict_episodes).where(verdict_episodes.c.id.in_(latest))).mappings():
+            heads.episodes[(r["instance_id"], r["rule"])] = Episode(
+                r["instance_id"], r["rule"], r["verdict"], r["code"], r["started_at"], r["last_seen_at"], r["ticks"],
+                r["reason"], r["stats"], r["hourly_cost"], r["team"], r["instance_type"], r["dry_run"], id=r["id"])
+        for r in conn.execute(select(verdict_tails).where(verdict_tails.c.instance_id.in_(chunk))).mappings():
+            heads.tails[r["instance_id"]] = Tail(**{k: r[k] for k in TAIL_FIELDS})
+    r = conn.execute(select(service_runs).order_by(service_runs.c.id.desc()).limit(1)).mappings().first()
+    if r is not None:
+        heads.run = Run(r["started_at"], r["last_seen_at"], r["ticks"], id=r["id"])
+    return heads
+
+
+TAIL_FIELDS = ("instance_id", "at", "verdict", "code", "hourly_cost", "team", "instance_type", "activity_mean",
+               "activity_max", "memory_max_mib", "evaluations")
+EPISODE_FIELDS = ("instance_id", "rule", "verdict", "code", "started_at", "last_seen_at", "ticks", "reason", "stats",
+                  "hourly_cost", "team", "instance_type", "dry_run")
+HOUR_KEY_FIELDS = ("hour", "instance_id", "verdict", "code", "measured", "hourly_cost", "team", "instance_type")
+HOUR_AGG_FIELDS = ("hours", "ticks", "evaluations", "activity_hours", "activity_max", "memory_max_mib",
+                   "after_stop_hours")
+STOP_KINDS = ("stop", "terminate")
+
+
+def completed_stops(conn: Connection, heads: Heads) -> dict[str, list[datetime]]:
+    """Completed real stops of the instances whose tails are about to be rolled up, since their tails' ticks."""
+    if not heads.tails:
+        return {}
+    since = min(t.at for t in heads.tails.values())
+    ids = sorted(heads.tails)
+    out: dict[str, list[datetime]] = {}
+    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        q = (select(actions.c.instance_id, actions.c.at)
+             .where(actions.c.instance_id.in_(chunk), actions.c.kind.in_(STOP_KINDS), actions.c.dry_run.is_(False),
+                    actions.c.status == "done", actions.c.at >= since).order_by(actions.c.at))
+        for inst, at in conn.execute(q):
+            out.setdefault(inst, []).append(at)
+    return out
+
+
+def fold_into_store(conn: Connection, rows: Sequence[dict], max_gap_s: float) -> None:
+    """Fold decision rows into the stored episodes, tails, service runs and hourly rollups (one connection,
+    the caller's transaction)."""
+    since = min(r["evaluated_at"] for r in rows) - timedelta(seconds=max_gap_s)
+    heads = load_heads(conn, [r["instance_id"] for r in rows], since)
+    hours = fold_ticks(rows, heads, max_gap_s, completed_stops(conn, heads))
+    changed = [e.settle() for e in heads.episodes.values() if e.changed and e.id is not None]
+    if changed:
+        conn.execute(update(verdict_episodes).where(verdict_episodes.c.id == bindparam("ep_id"))
+                     .values(**{f: bindparam(f"v_{f}") for f in ("last_seen_at", "ticks", "reason", "stats",
+                                                                   "hourly_cost", "team", "instance_type")}),
+                     [{"ep_id": e.id, **{f"v_{f}": getattr(e, f) for f in ("last_seen_at", "ticks", "reason", "stats",
+                                                                           "hourly_cost", "team", "instance_type")}}
+                      for e in changed])
+    if heads.new_episodes:
+        conn.execute(insert(verdict_episodes), [{f: getattr(e.settle(), f) for f in EPISODE_FIELDS}
+                                                for e in heads.new_episodes])
+    runs = [r for r in ([heads.run] if heads.run is not None else []) if r.changed and r.id is not None]
+    for run in runs:
+        conn.execute(update(service_runs).where(service_runs.c.id == run.id)
+                     .values(last_seen_at=run.last_seen_at, ticks=run.ticks))
+    if heads.new_runs:
+        conn.execute(insert(service_runs), [{"started_at": r.started_at, "last_seen_at": r.last_seen_at,
+                                             "ticks": r.ticks} for r in heads.new_runs])
+    if heads.changed_tails:
+        ids = sorted(heads.changed_tails)
+        for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+            conn.execute(delete(verdict_tails).where(verdict_tails.c.instance_id.in_(chunk)))
+        conn.execute(insert(verdict_tails), [{f: getattr(heads.tails[i], f) for f in TAIL_FIELDS} for i in ids])
+    if hours:
+        upsert_hours(conn, hours)
+
+
+def upsert_hours(conn: Connection, hours: dict) -> None:
+    """Add hour aggregates to the stored rollups: the rows of the hours and instances touched are read once,
+    summed in, and written back (updates by id, inserts for new keys)."""
+    first_hour = min(k[0] for k in hours)
+    instances = sorted({k[1] for k in hours})
+    stored: dict[tuple, tuple[int, HourAgg]] = {}
+    for chunk in (instances[i:i + 500] for i in range(0, len(instances), 500)):
+        q = select(verdict_hours).where(verdict_hours.c.hour >= first_hour, verdict_hours.c.instance_id.in_(chunk))
+        for r in conn.execute(q).mappings():
+            stored[tuple(r[f] for f in HOUR_KEY_FIELDS)] = (r["id"], HourAgg(*(r[f] for f in HOUR_AGG_FIELDS)))
+    updates, inserts = [], []
+    for key, agg in hours.items():
+        if key in stored:
+            row_id, have = stored[key]
+            have.add(agg)
+            updates.append({"row_id": row_id, **{f"v_{f}": getattr(have, f) for f in HOUR_AGG_FIELDS}})
+        else:
+            inserts.append({**dict(zip(HOUR_KEY_FIELDS, key)), **{f: getattr(agg, f) for f in HOUR_AGG_FIELDS}})
+    if updates:
+        conn.execute(update(verdict_hours).where(verdict_hours.c.id == bindparam("row_id"))
+                     .values(**{f: bindparam(f"v_{f}") for f in HOUR_AGG_FIELDS}), updates)
+    if inserts:
+        conn.execute(insert(verdict_hours), inserts)
+
+
+def prune_raw_decisions(conn: Connection, now: datetime, keep_s: float) -> int:
+    """Delete raw decision rows older than keep_s before `now`, at most once an hour (noted in kv). Their
+    time is already in the episodes and rollups, written in the transaction that stored them."""
+    from .store_migrations import BACKFILL_KEY
+
+    if conn.execute(select(kv.c.value).where(kv.c.key == BACKFILL_KEY)).scalar() is not None:
+        return 0  # stored rows not yet folded into rollups: keep them all
+    last = conn.execute(select(kv.c.value).where(kv.c.key == PRUNED_AT_KEY)).scalar()
+    if last is not None and (now - datetime.fromisoformat(last)).total_seconds() < PRUNE_EVERY_S:
+        return 0
+    res = conn.execute(delete(decisions).where(decisions.c.evaluated_at < now - timedelta(seconds=keep_s)))
+    conn.execute(delete(kv).where(kv.c.key == PRUNED_AT_KEY))
+    conn.execute(insert(kv).values(key=PRUNED_AT_KEY, value=now.isoformat()))
+    return int(res.rowcount or 0)
 
 
 class Store:
@@ -325,7 +637,16 @@ class Store:
         dry_run: bool,
         teams: dict[str, str] | None = None,
         types: dict[str, str] | None = None,
+        *,
+        max_gap_s: float = DEFAULT_MAX_GAP_S,
+        raw_keep_s: float | None = None,
     ) -> None:
+        """Record a tick's decisions (or many ticks', in any order) in one transaction: the raw rows, the
+        verdict episodes, the hourly rollups and the service run they extend (gpufinops/episodes.py).
+
+        max_gap_s: a longer gap between two ticks of an instance is time nobody watched (2 x evaluate_every_s).
+        raw_keep_s: raw rows older than this before the newest tick are deleted, at most once an hour (their
+        episodes and rollups are already stored); None keeps them all."""
         if not items:
             return
         teams = teams or {}
@@ -352,7 +673,10 @@ class Store:
             for d in items
         ]
         with self.engine.begin() as conn:
-            conn.execute(insert(decisions), rows)
+            insert_rows(conn, decisions, rows)
+            fold_into_store(conn, rows, max_gap_s)
+            if raw_keep_s is not None:
+                prune_raw_decisions(conn, max(r["evaluated_at"] for r in rows), raw_keep_s)
 
     def decision_rows(self, start: datetime | None = None, end: datetime | None = None,
                       instance_id: str | None = None) -> list[dict]:
@@ -387,6 +711,111 @@ class Store:
         with self.engine.connect() as conn:
             frame = pd.read_sql_query(q, conn)
         frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
+        return frame
+
+    # ------------------------------------------------------------- episodes and rollups
+    def verdict_hours_frame(self, start: datetime, end: datetime, grain: str = "hour"):
+        """Time in each verdict in [start, end), from the hourly rollups plus each instance's tail (its latest
+        tick, whose `hours` is NaN: the reader counts it up to its own end, at most max_gap_s).
+
+        grain="hour": one row per hour and key, `at` = the hour; grain="period": summed over the period in SQL
+        (`at` = the first hour). Columns: instance_id, team, instance_type, verdict, code, measured,
+        hourly_cost, at, hours, ticks, evaluations, activity_hours, activity_max, memory_max_mib,
+        after_stop_hours, open (a tail). Hours are counted from the hour `start` falls in, up to the hour
+        before `end` (exact for an `end` on the hour or after the latest tick, e.g. now)."""
+        import pandas as pd
+
+        h = verdict_hours.c
+        keys = [h.instance_id, h.team, h.instance_type, h.verdict, h.code, h.measured, h.hourly_cost]
+        where = (h.hour >= naive_utc(start).replace(minute=0, second=0, microsecond=0), h.hour < naive_utc(end))
+        if grain == "hour":
+            q = select(*keys, h.hour.label("at"), h.hours, h.ticks, h.evaluations, h.activity_hours, h.activity_max,
+                       h.memory_max_mib, h.after_stop_hours).where(*where)
+        elif grain == "period":
+            q = (select(*keys, func.min(h.hour).label("at"), func.sum(h.hours).label("hours"),
+                        func.sum(h.ticks).label("ticks"), func.sum(h.evaluations).label("evaluations"),
+                        func.sum(h.activity_hours).label("activity_hours"),
+                        func.max(h.activity_max).label("activity_max"),
+                        func.max(h.memory_max_mib).label("memory_max_mib"),
+                        func.sum(h.after_stop_hours).label("after_stop_hours")).where(*where).group_by(*keys))
+        else:
+            raise ValueError(f"grain must be hour or period, not {grain!r}")
+        t = verdict_tails.c
+        tq = (select(t.instance_id, t.team, t.instance_type, t.verdict, t.code, t.activity_mean, t.hourly_cost,
+                     t.at, t.evaluations, t.activity_max, t.memory_max_mib)
+              .where(t.at >= naive_utc(start), t.at < naive_utc(end)))
+        with self.engine.connect() as conn:
+            rolled = pd.read_sql_query(q, conn)
+            tails = pd.read_sql_query(tq, conn)
+        tails = tails.assign(measured=tails["activity_mean"].notna(), hours=float("nan"), ticks=1,
+                             activity_hours=tails["activity_mean"],  # x hours once they are known
+                             after_stop_hours=0.0)  # a tail's stop is applied by the report itself
+        frame = pd.concat([rolled, tails[rolled.columns.tolist() + ["activity_mean"]]], ignore_index=True) \
+            if len(tails) else rolled.assign(activity_mean=float("nan"))
+        frame["at"] = pd.to_datetime(frame["at"], utc=True)
+        frame["measured"] = frame["measured"].astype(bool)
+        for c in ("hours", "activity_hours", "activity_max", "memory_max_mib", "hourly_cost", "activity_mean",
+                  "after_stop_hours"):
+            frame[c] = pd.to_numeric(frame[c], errors="coerce").astype("float64")
+        frame["open"] = frame["hours"].isna()
+        return frame
+
+    def episode_frame(self, start: datetime | None = None, end: datetime | None = None,
+                      instance_ids: Iterable[str] | None = None, with_reason: bool = False):
+        """Verdict episodes that overlap [start, end), oldest first (aware UTC times)."""
+        import pandas as pd
+
+        e = verdict_episodes.c
+        cols = [e.id, e.instance_id, e.rule, e.verdict, e.code, e.started_at, e.last_seen_at, e.ticks, e.hourly_cost,
+                e.team, e.instance_type, e.dry_run] + ([e.reason, e.stats] if with_reason else [])
+        q = select(*cols).order_by(e.started_at, e.id)
+        if start is not None:
+            q = q.where(e.last_seen_at >= naive_utc(start))
+        if end is not None:
+            q = q.where(e.started_at < naive_utc(end))
+        if instance_ids is not None:
+            q = q.where(e.instance_id.in_(sorted(set(instance_ids))))
+        with self.engine.connect() as conn:
+            frame = pd.read_sql_query(q, conn)
+        for c in ("started_at", "last_seen_at"):
+            frame[c] = pd.to_datetime(frame[c], utc=True)
+        return frame
+
+    def verdict_history(self, start: datetime | None = None, end: datetime | None = None,
+                        instance_id: str | None = None) -> list[dict]:
+        """The verdict episodes as audit rows, oldest first: evaluated_at (when the verdict began), rule,
+        verdict, code, dry_run, and the latest reason with how long it held. Complete for every month stored,
+        unlike the raw decision rows (kept for StoreSettings.raw_decisions_days)."""
+        e = verdict_episodes.c
+        q = select(verdict_episodes).order_by(e.started_at, e.id)
+        if instance_id is not None:
+            q = q.where(e.instance_id == instance_id)
+        if start is not None:
+            q = q.where(e.last_seen_at >= naive_utc(start))
+        if end is not None:
+            q = q.where(e.started_at < naive_utc(end))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [{"evaluated_at": aware_utc(r["started_at"]), "last_seen_at": aware_utc(r["last_seen_at"]),
+                 "instance_id": r["instance_id"], "rule": r["rule"], "verdict": r["verdict"], "code": r["code"],
+                 "dry_run": r["dry_run"], "ticks": r["ticks"],
+                 "reason": f"{r['reason']} [{r['ticks']} evaluation(s) until {r['last_seen_at']:%Y-%m-%d %H:%M} UTC]"}
+                for r in rows]
+
+    def service_run_frame(self, start: datetime | None = None, end: datetime | None = None):
+        """Stretches in which the service evaluated anything, that overlap [start, end) (aware UTC)."""
+        import pandas as pd
+
+        r = service_runs.c
+        q = select(r.started_at, r.last_seen_at, r.ticks).order_by(r.started_at)
+        if start is not None:
+            q = q.where(r.last_seen_at >= naive_utc(start))
+        if end is not None:
+            q = q.where(r.started_at < naive_utc(end))
+        with self.engine.connect() as conn:
+            frame = pd.read_sql_query(q, conn)
+        for c in ("started_at", "last_seen_at"):
+            frame[c] = pd.to_datetime(frame[c], utc=True)
         return frame
 
     # ------------------------------------------------------------- state

@@ -1,3 +1,3 @@
-"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, moto server, Slack stub, PostgreSQL)."""
+"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL)."""
 
-pytest_plugins = ["tests.promserver", "tests.motoserver", "tests.slackstub", "tests.pgserver"]
+pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver"]

@@ -13,7 +13,8 @@ import pytest
 from gpufinops.collect.billing.cur import read_cur
 from gpufinops.collect.billing.schema import COLUMNS, BillingDataError, DTYPES, load_costs, save_costs
 from gpufinops.collect.billing.synth import line, write_cur_rows
-from gpufinops.config import AwsSettings
+from gpufinops.collect.billing.load import s3_filesystem
+from gpufinops.config import AwsSettings, Settings
 from gpufinops.store import Store
 
 SEP = datetime(2024, 9, 1, tzinfo=timezone.utc)
@@ -155,7 +156,8 @@ def test_cur_from_s3_through_moto(aws, cur_file):
     s3.put_object(Bucket="cur-bucket", Key="exports/gpu/data/BILLING_PERIOD=2024-09/part-0.parquet",
                   Body=cur_file.read_bytes())
     s3.put_object(Bucket="cur-bucket", Key="exports/gpu/metadata/manifest.json", Body=b"{}")
-    res = read_cur("s3://cur-bucket/exports/gpu/", SEP, OCT, FAMILIES, s3_client=s3)
+    fs = s3_filesystem(Settings(aws=AwsSettings(endpoint_url=aws.endpoint_url)), "s3://cur-bucket/exports/gpu/")
+    res = read_cur("s3://cur-bucket/exports/gpu/", SEP, OCT, FAMILIES, filesystem=fs)
     local = read_cur(str(cur_file), SEP, OCT, FAMILIES)
     assert res.files == ["s3://cur-bucket/exports/gpu/data/BILLING_PERIOD=2024-09/part-0.parquet"]
     pd.testing.assert_frame_equal(res.table, local.table)

@@ -1,4 +1,5 @@
-"""PrometheusMetrics against a real Prometheus filled by promtool backfill."""
+"""PrometheusMetrics against a real Prometheus filled by promtool backfill, and the same tests against a real
+VictoriaMetrics filled through its import API (tests/vmserver.py): the collector must answer alike on both."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpufinops.collect.prometheus import (
-    FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, InstanceMatcher, PrometheusMetrics, PromQL,
+    BUCKET_S, FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, InstanceMatcher, PrometheusMetrics, PromQL,
+    plan_detail,
 )
 from gpufinops.config import PrometheusSettings, SecretRef
 from gpufinops.model import GpuInstance
 from tests.promserver import Series, binaries_missing, dcgm_labels, start_prometheus
+from tests.recorded import recorded_buckets
+from tests.vmserver import binary_missing as vm_missing
+from tests.vmserver import start_victoria_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +30,9 @@ WINDOW = 600  # 10 minutes: 20 expected samples
 # Real now (rounded to the scrape grid) so the backfill lands in the last hours.
 NOW = datetime.fromtimestamp(int(time.time()) // SCRAPE * SCRAPE, timezone.utc)
 SENTINEL = 9.223372036854775e18
-N_QUERIES = 8  # two per signal (clean aggregates, dirty samples), whatever the fleet
+N_QUERIES = 4  # one per signal, whatever the fleet
+PROBE = 1  # recording_rules: auto asks once whether the recorded series exist (off by default)
+ENGINES = ["prometheus", "victoriametrics"]
 
 
 def grid(n: int = WINDOW // SCRAPE, *, end: datetime = NOW, first: int = 0) -> list[float]:
@@ -109,20 +116,42 @@ def fleet_series() -> list[Series]:
     return s
 
 
-@pytest.fixture(scope="module")
-def fleet_prom(tmp_path_factory):
-    if binaries_missing():
-        pytest.skip(binaries_missing())
-    server = start_prometheus(tmp_path_factory.mktemp("fleet"), fleet_series())
+def start_engine(engine: str, workdir, series: list[Series]):
+    """A real Prometheus (promtool backfill) or VictoriaMetrics (import API) holding `series`."""
+    missing = binaries_missing() if engine == "prometheus" else vm_missing()
+    if missing:
+        pytest.skip(missing)
+    start = start_prometheus if engine == "prometheus" else start_victoria_metrics
+    return start(workdir, series)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def fleet_prom(request, tmp_path_factory):
+    server = start_engine(request.param, tmp_path_factory.mktemp(f"fleet-{request.param}"), fleet_series())
     yield server
     server.stop()
+
+
+@pytest.fixture
+def engine_factory(request, tmp_path_factory):
+    """start(engine, series) -> a server of that engine; all stopped at teardown."""
+    servers = []
+
+    def start(engine: str, series: list[Series]):
+        servers.append(start_engine(engine, tmp_path_factory.mktemp(engine), series))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
 def usage(fleet_prom):
     source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, scrape_interval_s=SCRAPE))
     result = source.window_usage(FLEET, WINDOW, NOW)
-    assert source.queries_made == N_QUERIES
+    # The GPUs with sentinels take one more query per signal that has them (activity, memory, power).
+    assert source.queries_made == N_QUERIES + 3
     return result
 
 
@@ -188,6 +217,22 @@ def test_sentinel_and_negative_samples_are_not_measurements(usage):
     assert g3.activity_mean == pytest.approx((7 * 20.0 + 12 * 80.0) / 19)
 
 
+def test_too_many_gpus_with_sentinels_are_filtered_server_side(fleet_prom, usage, monkeypatch):
+    # A field blank on most of the fleet: the whole-fleet subquery filters the samples instead of reading
+    # them all back. It works at scrape-interval steps: never more samples than the raw ones, same figures.
+    monkeypatch.setattr("gpufinops.collect.prometheus.MAX_DETAIL_POINTS", 1)
+    source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, scrape_interval_s=SCRAPE))
+    server_side = by_gpu(source.window_usage(FLEET, WINDOW, NOW), I_SENTINEL)
+    assert source.queries_made == N_QUERIES + 3
+    exact = by_gpu(usage, I_SENTINEL)
+    assert sorted(server_side) == sorted(exact)
+    for gpu, g in server_side.items():
+        assert not g.invalid and (g.dropped_invalid or g.samples == 0), gpu
+        assert exact[gpu].samples - 1 <= g.samples <= exact[gpu].samples, gpu
+        if g.samples == exact[gpu].samples:
+            assert (g.activity_max, g.activity_mean) == (exact[gpu].activity_max, exact[gpu].activity_mean)
+
+
 def test_instance_without_series_has_no_gpus(usage):
     assert usage[I_NOTHING.instance_id].gpus == ()
     assert usage[I_NOTHING.instance_id].error is None
@@ -214,11 +259,12 @@ def test_window_ending_later_sees_fewer_samples(fleet_prom):
     assert {g.gpu: g.samples for g in later[I_LABEL.instance_id].gpus} == {"0": 10, "1": 10}
 
 
-def test_query_count_does_not_grow_with_fleet(prometheus_factory):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_query_count_does_not_grow_with_fleet(engine_factory, engine):
     hosts = [inst(f"i-{n:017x}", f"ip-10-9-{n // 200}-{n % 200}.ec2.internal") for n in range(50)]
     series = [const(GPU_UTIL, dcgm_labels(h.private_dns.split(".")[0], g), 20.0, grid())
               for h in hosts for g in range(2)]
-    server = prometheus_factory(series)
+    server = engine_factory(engine, series)
     small = PrometheusMetrics(PrometheusSettings(url=server.url))
     large = PrometheusMetrics(PrometheusSettings(url=server.url))
     small_usage = small.window_usage(hosts[:2], WINDOW, NOW)
@@ -228,16 +274,114 @@ def test_query_count_does_not_grow_with_fleet(prometheus_factory):
     assert len(small_usage) == 2
 
 
-def test_backfill_thirty_days_old_is_queryable(prometheus_factory):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_backfill_thirty_days_old_is_queryable(engine_factory, engine):
     old = NOW - timedelta(days=30)
     labels = dcgm_labels("ip-10-0-1-1", 0, instance_id=I_LABEL.instance_id)
-    server = prometheus_factory([const(GPU_UTIL, labels, 33.0, grid(end=old)),
-                                 const(GPU_UTIL, labels, 66.0, grid())])
+    server = engine_factory(engine, [const(GPU_UTIL, labels, 33.0, grid(end=old)),
+                                     const(GPU_UTIL, labels, 66.0, grid())])
     source = PrometheusMetrics(PrometheusSettings(url=server.url))
     then = source.window_usage([I_LABEL], WINDOW, old)[I_LABEL.instance_id].gpus
     recent = source.window_usage([I_LABEL], WINDOW, NOW)[I_LABEL.instance_id].gpus
     assert (then[0].samples, then[0].activity_mean) == (20, 33.0)
     assert (recent[0].samples, recent[0].activity_mean) == (20, 66.0)
+
+
+# ------------------------------------------------------------------------ recorded buckets
+
+HOUR = 3600
+# The rule engine's last evaluation: 97 s of raw tail after it. Off the scrape grid by 7 s, as rule and scrape
+# times are in practice (each has its own hashed offset): on the grid, Prometheus 2's closed ranges would put
+# each boundary sample in two buckets (docs/metrics.md).
+LAST_BUCKET = NOW.timestamp() - 97
+I_REC = inst("i-0ccc00000000000c1", "ip-10-0-3-1.ec2.internal", "10.0.3.1")
+
+
+def recorded_fleet() -> list[Series]:
+    """Two hours at 30 s for one 5-GPU instance, each GPU testing one thing the buckets must get right."""
+    times = [NOW.timestamp() - SCRAPE * k for k in range(2 * HOUR // SCRAPE)][::-1]
+    end = NOW.timestamp()
+
+    def util(g: int, value) -> Series:
+        return Series(GPU_UTIL, dcgm_labels("ip-10-0-3-1", g, instance_id=I_REC.instance_id),
+                      [(t, value(t)) for t in times])
+
+    labels0 = dcgm_labels("ip-10-0-3-1", 0, instance_id=I_REC.instance_id)
+    return [
+        util(0, lambda t: 90.0 if t == end - 30 else 0.0),  # busy once, after the last bucket
+        util(1, lambda t: SENTINEL if t == end - 1800 else 20.0),  # a DCGM blank inside a bucket
+        util(2, lambda t: 5.0),  # a bucket the rule engine missed (left out below)
+        util(3, lambda t: 95.0 if t == end - HOUR - 60 else 10.0),  # busy 1 min before the window
+        util(4, lambda t: 50.0),
+        const(FB_USED, labels0, 1024.0, times),
+        const(POWER_USAGE, labels0, 70.0, times),
+    ]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def recorded_prom(request, tmp_path_factory):
+    """An engine holding the raw fleet and the buckets the shipped rules would have recorded."""
+    raw = recorded_fleet()
+    if binaries_missing():
+        pytest.skip(binaries_missing())
+    evaluator = start_prometheus(tmp_path_factory.mktemp("rec-eval"), raw)
+    try:
+        missed = next(g for g in raw if g.labels["gpu"] == "2").labels["UUID"]
+        buckets = recorded_buckets(evaluator.url, LAST_BUCKET - 2 * HOUR + BUCKET_S, LAST_BUCKET,
+                                   skip=frozenset({(missed, LAST_BUCKET - 600)}))
+    finally:
+        evaluator.stop()
+    server = start_engine(request.param, tmp_path_factory.mktemp(f"rec-{request.param}"), raw + buckets)
+    yield server
+    server.stop()
+
+
+def read(url: str, mode: str, now: datetime = NOW) -> tuple[dict, int]:
+    source = PrometheusMetrics(PrometheusSettings(url=url, scrape_interval_s=SCRAPE, recording_rules=mode))
+    usage = source.window_usage([I_REC], HOUR, now)[I_REC.instance_id]
+    assert usage.error is None
+    return usage, source.queries_made
+
+
+def test_recorded_buckets_answer_as_the_raw_samples_do(recorded_prom):
+    rec, rec_queries = read(recorded_prom.url, "on")
+    raw, raw_queries = read(recorded_prom.url, "off")
+    assert raw_queries == N_QUERIES + 1  # + the raw samples of GPU 1 (the sentinel)
+    # The newest bucket, 4 signals from buckets + tail, then GPU 1 (sentinel) and GPU 2 (missed bucket).
+    assert rec_queries == 1 + N_QUERIES + 1
+    r, w = {g.gpu: g for g in rec.gpus}, {g.gpu: g for g in raw.gpus}
+    assert sorted(r) == sorted(w) == ["0", "1", "2", "3", "4"]
+    # The span read starts at the bucket boundary before the window: 97 s longer, 3 samples more expected.
+    assert rec.expected_samples == raw.expected_samples + 3 == 123
+    assert r["0"].activity_max == w["0"].activity_max == 90.0  # the raw tail after the last bucket is read
+    assert (r["0"].fb_used_max_mib, r["0"].power_mean_w) == (1024.0, 70.0)
+    for gpu in ("1", "2"):  # a sentinel / a missed bucket: that GPU's raw samples, exactly as the raw path
+        assert (r[gpu].samples, r[gpu].activity_mean, r[gpu].activity_max) == \
+            (w[gpu].samples, w[gpu].activity_mean, w[gpu].activity_max)
+    assert r["1"].samples == 119 and r["1"].dropped_invalid
+    assert r["3"].activity_max == 95.0 and w["3"].activity_max == 10.0  # the longer span is stricter
+    assert (r["4"].samples, r["4"].activity_mean, r["4"].activity_min) == (124, 50.0, 50.0)
+    assert (w["4"].samples, w["4"].activity_mean) == (120, 50.0)
+
+
+def test_stale_buckets_are_not_read(recorded_prom):
+    later = NOW + timedelta(minutes=11)  # the last bucket is 12.6 minutes old: the rule engine stopped
+    rec, queries = read(recorded_prom.url, "on", later)
+    raw, _ = read(recorded_prom.url, "off", later)
+    assert queries == 1 + N_QUERIES + 1 and rec == raw
+
+
+def test_auto_finds_the_recorded_series_once(recorded_prom, fleet_prom):
+    auto = PrometheusSettings(url=recorded_prom.url, scrape_interval_s=SCRAPE, recording_rules="auto")
+    source = PrometheusMetrics(auto)
+    first = source.window_usage([I_REC], HOUR, NOW)
+    source.window_usage([I_REC], HOUR, NOW)
+    assert source.queries_made == PROBE + 2 * (1 + N_QUERIES + 1)
+    assert first[I_REC.instance_id] == read(recorded_prom.url, "on")[0]
+    without = PrometheusMetrics(auto.model_copy(update={"url": fleet_prom.url}))
+    without.window_usage([I_LABEL], WINDOW, NOW)
+    without.window_usage([I_LABEL], WINDOW, NOW)
+    assert without.queries_made == PROBE + 2 * N_QUERIES  # none there: raw samples, never asked again
 
 
 # ------------------------------------------------------------------------ failures
@@ -275,10 +419,11 @@ def test_query_timeout_gives_an_error(silent_server):
 
 
 def test_http_error_from_prometheus_gives_an_error(fleet_prom):
-    # A broken selector in the settings: Prometheus answers 400 (parse error).
+    # A broken selector in the settings: Prometheus answers 400 (parse error), VictoriaMetrics 422.
     source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, selector='job="dcgm'))
     usage = source.window_usage([I_LABEL], WINDOW, NOW)
-    assert "400" in usage[I_LABEL.instance_id].error
+    assert "HTTP Status Code 400" in usage[I_LABEL.instance_id].error or \
+        "HTTP Status Code 422" in usage[I_LABEL.instance_id].error
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -350,9 +495,50 @@ def test_matcher_refuses_hostnames_shared_by_two_instances():
     assert m.match({"instance_id": twin.instance_id, "Hostname": "ip-10-0-1-2"}) == twin.instance_id
 
 
+def test_recording_rules_setting_is_validated():
+    assert PrometheusSettings().recording_rules == "off"
+    with pytest.raises(ValueError, match="recording_rules"):
+        PrometheusSettings(recording_rules="yes")
+    with pytest.raises(ValueError, match="selector"):
+        PrometheusSettings(recording_rules="on", selector='job="dcgm"')
+
+
+def test_auto_with_a_selector_reads_raw_samples(recorded_prom):
+    # The shipped rules know no selector: their buckets would hold series the selector leaves out.
+    settings = PrometheusSettings(url=recorded_prom.url, scrape_interval_s=SCRAPE, recording_rules="auto",
+                                  selector='job="dcgm-exporter"')
+    source = PrometheusMetrics(settings)
+    usage = source.window_usage([I_REC], HOUR, NOW)[I_REC.instance_id]
+    assert source.queries_made == N_QUERIES + 1 and usage.expected_samples == 120  # no probe, no buckets
+
+
 def test_query_text_does_not_depend_on_fleet_and_uses_selector():
     q = PromQL(selector='job="dcgm"').queries(WINDOW)
     assert len(q) == N_QUERIES
     assert {metric for metric, _ in q} == {GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE}
     assert all('{job="dcgm"}[599999ms]' in text for text in q.values())
     assert "i-" not in "".join(q.values())
+
+
+def test_detail_is_planned_only_for_requested_gpus_with_invalid_samples():
+    promql = PromQL()
+    matcher = InstanceMatcher.build([I_LABEL], "instance_id", ("Hostname", "hostname"))
+
+    def row(gpu: int, agg: str, value: float, uuid: bool = True, iid: str = I_LABEL.instance_id):
+        labels = {"instance_id": iid, "gpu": str(gpu), "agg": agg, **({"UUID": f"GPU-{gpu}.x"} if uuid else {})}
+        return labels, agg, value
+
+    clean = {GPU_UTIL: [row(0, "max", 50.0), row(0, "count", 20.0), row(1, "min", 0.0)]}
+    assert plan_detail(promql, clean, matcher, WINDOW, 20).queries == {}
+    dirty = {GPU_UTIL: [row(0, "max", SENTINEL), row(1, "sum", float("nan")), row(2, "min", -1.0, uuid=False),
+                        row(3, "max", SENTINEL, iid="i-0fffffffffffffff0")],  # not requested: not read
+             FB_USED: [row(0, "max", 512.0)]}
+    plan = plan_detail(promql, dirty, matcher, WINDOW, 20)
+    assert {(m, ident[3]) for m, ident in plan.pairs} == {(GPU_UTIL, "0"), (GPU_UTIL, "1"), (GPU_UTIL, "2")}
+    assert sorted(plan.queries.values()) == [
+        'DCGM_FI_DEV_GPU_UTIL{UUID=~"GPU-0\\\\.x|GPU-1\\\\.x"}[599999ms]',  # RE2 metacharacters escaped
+        'DCGM_FI_DEV_GPU_UTIL{instance_id=~"i-0aaa00000000000a1"}[599999ms]',  # no UUID: its host label
+    ]
+    many = {GPU_UTIL: [row(g, "max", SENTINEL) for g in range(250)]}
+    assert len(plan_detail(promql, many, matcher, WINDOW, 20).queries) == 3  # 100 GPUs per query (URL size)
+    assert [k[1] for k in plan_detail(promql, many, matcher, WINDOW, 20, max_points=4999).queries] == ["dirty"]

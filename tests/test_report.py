@@ -253,10 +253,11 @@ def test_repeated_dry_run_stops_credit_each_idle_hour_once(tmp_path):
 def test_html_is_one_file_with_charts_and_escapes_hostile_values(demo, tmp_path):
     db = _copy(demo[0], tmp_path)
     con = sqlite3.connect(db)
-    con.execute("update decisions set team='<script>alert(1)</script>' where instance_id='i-demo0006'")
-    con.execute("update decisions set team='=HYPERLINK(\"http://x\")' where instance_id='i-demo0002'")
-    con.execute(r"update decisions set team='ml $\frac{' where instance_id='i-demo0009'")  # mathtext bait
-    con.execute("update decisions set team='' where instance_id='i-demo0011'")
+    for table in ("decisions", "verdict_episodes", "verdict_hours", "verdict_tails"):  # what the report reads
+        con.execute(f"update {table} set team='<script>alert(1)</script>' where instance_id='i-demo0006'")
+        con.execute(f"update {table} set team='=HYPERLINK(\"http://x\")' where instance_id='i-demo0002'")
+        con.execute(rf"update {table} set team='ml $\frac{{' where instance_id='i-demo0009'")  # mathtext bait
+        con.execute(f"update {table} set team='' where instance_id='i-demo0011'")
     con.execute("update actions set reason=reason || ' <img src=x onerror=alert(2)>' where kind='stop'")
     con.commit()
     con.close()

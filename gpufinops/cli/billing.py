@@ -54,6 +54,21 @@ def cmd_costs(args: argparse.Namespace) -> int:
         return usage_error(str(exc))
     if args.idle and args.source is None:
         return _print_idle_costs(settings, args, start, end, now, None)
+    if not (args.save or args.idle):  # a plain total: CUR is read once at the asked grain, no day x tag table
+        from ..collect.billing.load import load_cost_totals
+        from ..costs import summarize_totals
+
+        try:
+            totals = load_cost_totals(settings, start, end, now, args.by, source=args.source, path=args.path)
+        except BillingDataError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_PROBLEM_FOUND
+        for w in totals.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if totals.table.empty:
+            print(f"warning: no GPU instance cost in {totals.source} for {args.month}", file=sys.stderr)
+        _print(summarize_totals(totals.table, args.by), args.output)
+        return 0
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
         return EXIT_PROBLEM_FOUND
@@ -78,7 +93,7 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
 
     store = live_store(settings)
     rates, attrs = (billing_rates(table), resource_attrs(table)) if table is not None and not table.empty else ({}, {})
-    vc = verdict_costs(store.decision_frame(start, end), start, min(end, now),
+    vc = verdict_costs(store.verdict_hours_frame(start, min(end, now), grain="period"), start, min(end, now),
                        max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=default_catalog(),
                        attrs=attrs, default_region=settings.aws.regions[0] if settings.aws.regions else "")
     if vc.empty:

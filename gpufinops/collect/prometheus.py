@@ -1,34 +1,33 @@
-"""DCGM GPU usage from Prometheus, in a fixed number of queries.
+"""DCGM GPU usage from Prometheus (or VictoriaMetrics), in a fixed number of queries.
 
-One `window_usage` call sends eight instant queries, concurrently, whatever
-the fleet size: two per signal (activity from DCGM_FI_DEV_GPU_UTIL, activity
-from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They aggregate the
-window ending at `now` per GPU; the answers are mapped to EC2 instances here.
+One `window_usage` call sends four instant queries, concurrently, whatever the fleet size: one per signal
+(activity from DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They
+aggregate the window ending at `now` per GPU; the answers are mapped to EC2 instances here.
 
-Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a
-field is unavailable, and a broken exporter may write negatives or NaN. Such
-samples are not measurements: they must neither count as samples nor move
-max/mean/min. Range functions cannot skip samples, and a filtering subquery
-`(x < SENTINEL_THRESHOLD >= 0)[w:s]` re-samples every step with the 5-minute
-lookback, so a series that stopped would keep being counted for 5 minutes.
-Hence per signal:
-- the "clean" query: for GPUs without any invalid sample in the window (the
-  common case), exact per-GPU count/sum/max/min over the raw samples with
-  `sum|max|min by (<GPU identity>) (<fn>_over_time(x[w]))`;
-- the "dirty" query: for the other GPUs only, their valid samples one per
-  scrape interval, via `last_over_time(x[step - 1ms])` in a subquery (no
-  lookback: a stopped series adds nothing), aggregated client-side. Exact
-  when scrapes are regular at the configured interval.
-Per GPU, series are combined `by` the GPU identity labels (pod labels come and
-go while the GPU stays the same). See docs/metrics.md.
+Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a field is unavailable, and a
+broken exporter may write negatives or NaN. Such samples are not measurements: they must neither count as
+samples nor move max/mean/min. Range functions cannot skip samples, and a filtering subquery
+`(x < SENTINEL_THRESHOLD >= 0)[w:s]` re-samples every step with the 5-minute lookback (a series that
+stopped would keep being counted for 5 minutes) and costs Prometheus a whole-fleet evaluation per step.
+Hence:
+- the "clean" query per signal: per-GPU count/sum/max/min over the raw samples of every GPU, with
+  `sum|max|min by (<GPU identity>) (<fn>_over_time(x[w]))`, one range function per figure. Exact for a
+  GPU without invalid samples (nearly all), and they show the others: an invalid sample raises the max or
+  the sum to the sentinel, lowers the min below 0, or makes the sum NaN (`needs_detail`);
+- for those GPUs only (of requested instances), and only when there are any: their raw samples, with a
+  label matcher on their UUID (else host) label, `x{UUID=~"..."}[w]`; the valid ones are counted here,
+  exactly (`plan_detail`). Past MAX_DETAIL_POINTS samples (a field blank on most of the fleet), the
+  whole-fleet subquery of earlier versions (`dirty_query`) filters them server-side instead.
+Per GPU, series are combined `by` the GPU identity labels (pod labels come and go while the GPU stays the
+same). Optionally (recording_rules), the window is read from 5-minute buckets recorded by
+deploy/prometheus/gpufinops-recording.yml plus the raw samples after the newest bucket. See docs/metrics.md.
 
-Ranges. Every number an answer holds is checked as it enters (a sentinel, a
-negative, NaN or inf in any aggregate) and again once a GPU's answers are
-combined (activity 0-100% or a 0-1 ratio, memory up to the GPU's, power up to
-a multiple of its TDP, counts whole and within the window, sums within count x
-the maximum): a query layer that hands back sentinels inside aggregates must
-not turn sentinel/sentinel into "1% active". A GPU with any implausible figure
-comes back `invalid` (gpufinops.metric_ranges), and its instance is UNKNOWN.
+Ranges. Every number an answer holds is checked as it enters (a sentinel, a negative, NaN or inf in a count
+or in the figures of a GPU read clean) and again once a GPU's answers are combined (activity 0-100% or a
+0-1 ratio, memory up to the GPU's, power up to a multiple of its TDP, counts whole and within the window,
+sums within count x the maximum): a query layer that hands back sentinels inside aggregates must not turn
+sentinel/sentinel into "1% active". A GPU with any implausible figure comes back `invalid`
+(gpufinops.metric_ranges), and its instance is UNKNOWN.
 """
 
 from __future__ import annotations
@@ -96,23 +95,55 @@ def activity_percent(by: Sequence[str], selector: str) -> str:
         f"{'' if scale == 1.0 else f'{scale:g} * '}max by ({labels}) ({selected(metric, selector)} < {hi} >= 0)"
         for metric, scale in ACTIVITY_SIGNALS)
 
-# What each query computes per GPU, by the `agg` label of its answer.
+# What the clean query computes per GPU, by the `agg` label of its answer. Unfiltered aggregates over the raw
+# samples; together they reveal any invalid sample (see `needs_detail`): a sentinel or +Inf raises the
+# maximum (FB_USED, activity) or the sum (power: a real sum stays far below the threshold), a negative or -Inf
+# lowers the minimum, a NaN makes the sum NaN (Prometheus' max/min skip NaN; VictoriaMetrics drops NaN samples).
 _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
-    GPU_UTIL: ("present", "count", "sum", "max", "min"),
-    GR_ENGINE_ACTIVE: ("present", "count", "sum", "max", "min"),
-    FB_USED: ("present", "max"),
-    POWER_USAGE: ("present", "count", "sum"),
+    GPU_UTIL: ("count", "sum", "max", "min"),
+    GR_ENGINE_ACTIVE: ("count", "sum", "max", "min"),
+    FB_USED: ("max",),  # max skips a NaN, and a negative never beats a valid sample
+    POWER_USAGE: ("count", "sum", "min"),
 }
+# What an answer may hold: the queried aggregates, and `present` (the marker of earlier query sets).
+_ACCEPTED_AGGS = {metric: ("present", *aggs) for metric, aggs in _SIGNAL_AGGS.items()}
 # Per-series range function, and how the series of one GPU are combined.
 _RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
 _COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
-CLEAN, DIRTY = "clean", "dirty"
+CLEAN, DIRTY, RAW = "clean", "dirty", "raw"
 SOURCE = "Prometheus"  # how reasons name where an implausible number came from
 # How reasons name each signal and aggregate ("the activity sum read from Prometheus ...").
 _SIGNAL_WORDS = {GPU_UTIL: "activity", GR_ENGINE_ACTIVE: "GR engine activity", FB_USED: "memory used",
                  POWER_USAGE: "power draw"}
 _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample count", "sum": "sum",
               "max": "maximum", "min": "minimum"}
+# Raw samples read back per tick for GPUs with invalid samples, at most; past it the whole-fleet subquery
+# (the DIRTY query) filters them server-side instead (a fleet whose exporter blanks a field everywhere).
+MAX_DETAIL_POINTS = 200_000
+# GPUs named in one detail query: its URL stays under the 8 KiB a reverse proxy accepts (nginx's default).
+DETAIL_GPUS_PER_QUERY = 100
+# Recording rules (deploy/prometheus/gpufinops-recording.yml): per-GPU aggregates of 5-minute buckets.
+BUCKET_S = 300
+RECORDED_PREFIX = "gpufinops:"
+
+
+def recorded_name(metric: str, agg: str) -> str:
+    """The recorded series of one signal's bucket aggregate, e.g. gpufinops:DCGM_FI_DEV_GPU_UTIL:max_5m."""
+    return f"{RECORDED_PREFIX}{metric}:{agg}_{BUCKET_S // 60}m"
+
+
+def is_valid_sample(value: float) -> bool:
+    """A measurement, as the PromQL filter `x < SENTINEL_THRESHOLD >= 0` keeps it (NaN fails both)."""
+    return 0.0 <= value < SENTINEL_THRESHOLD
+
+
+def needs_detail(agg: str, value: float) -> bool:
+    """True when an unfiltered aggregate shows the window held invalid raw samples (sentinel, negative, NaN,
+    inf), so the GPU's figures must come from its valid samples instead. A count or presence marker never
+    does: an implausible one is the query layer's fault, and flagged as such (row_problem)."""
+    if agg not in ("sum", "max", "min"):
+        return False
+    return not (math.isfinite(value) and 0.0 <= value < SENTINEL_THRESHOLD)
 
 
 @contextmanager
@@ -168,17 +199,61 @@ class PromQL:
         )
 
     def clean_query(self, metric: str, window_s: int) -> str:
-        """Exact per-GPU aggregates over the raw samples of GPUs with no invalid
-        sample, labelled agg=count|sum|max|min; plus agg=present for every GPU
-        that has series at all (even if no sample is valid)."""
+        """Per-GPU aggregates over the raw samples of every GPU, labelled agg=count|sum|max|min (what the
+        signal needs, _SIGNAL_AGGS). One range function per aggregate and nothing else: GPUs whose figures
+        show invalid samples (`needs_detail`, nearly never) are read again by `detail_query`."""
         v, r = self._vector(metric), self.range_of(window_s)
-        by = ", ".join(self.by_labels)
-        aggs = [a for a in _SIGNAL_AGGS[metric] if a != "present"]
-        parts = " or ".join(
-            f'label_replace({_COMBINE[a]} by ({by}) ({_RANGE_FN[a]}({v}[{r}])), "agg", "{a}", "", "")' for a in aggs
-        )
-        present = f'label_replace(group by ({by}) (present_over_time({v}[{r}])), "agg", "present", "", "")'
-        return f"(({parts}) unless ignoring(agg) {self.dirty_gpus(metric, window_s)}) or {present}"
+        return " or ".join(self._labelled(a, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({v}[{r}]))")
+                           for a in _SIGNAL_AGGS[metric])
+
+    @property
+    def _by(self) -> str:
+        return ", ".join(self.by_labels)
+
+    @staticmethod
+    def _labelled(agg: str, expr: str, part: str = "") -> str:
+        out = f'label_replace({expr}, "agg", "{agg}", "", "")'
+        return f'label_replace({out}, "part", "{part}", "", "")' if part else out
+
+    def detail_query(self, metric: str, window_s: int, label: str, values: Iterable[str]) -> str:
+        """The raw samples of the window of the series whose `label` is one of `values` (the GPUs with
+        invalid samples): a range vector, filtered and aggregated here, exactly, sample by sample."""
+        alternatives = "|".join(sorted({regex_literal(x) for x in values}))
+        matchers = ", ".join(m for m in (self.selector.strip(), f'{label}=~"{alternatives}"') if m)
+        return f"{metric}{{{matchers}}}[{self.range_of(window_s)}]"
+
+    def recorded_query(self, metric: str, body_s: int, body_end: float, tail_ms: int) -> str:
+        """Per-GPU aggregates of the window from the recorded 5-minute buckets ending in (body_end - body_s,
+        body_end] (`@ body_end`), plus the raw samples after the last bucket, (body_end, now], as rows
+        labelled part=body|tail, combined here (counts and sums added, max of maxes, min of mins)."""
+        parts = []
+        v = self._vector(metric)
+        for a in _SIGNAL_AGGS[metric]:
+            over = "sum_over_time" if _COMBINE[a] == "sum" else _RANGE_FN[a]
+            parts.append(self._labelled(
+                a, f"{_COMBINE[a]} by ({self._by}) ({over}({recorded_name(metric, a)}[{body_s * 1000 - 1}ms]"
+                   f" @ {body_end:.3f}))", "body"))
+            if tail_ms > 1:
+                parts.append(self._labelled(
+                    a, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({v}[{tail_ms - 1}ms]))", "tail"))
+        # Bucket count per GPU: a bucket the rule engine missed must not pass for a quiet five minutes.
+        parts.append(self._labelled(
+            "buckets", f"max by ({self._by}) (count_over_time({recorded_name(metric, _SIGNAL_AGGS[metric][0])}"
+                       f"[{body_s * 1000 - 1}ms] @ {body_end:.3f}))", "body"))
+        return " or ".join(parts)
+
+    def recording_rules(self) -> list[tuple[str, str]]:
+        """(record, expr) of every bucket the recorded path reads: per signal and aggregate, the unfiltered
+        per-GPU aggregate of the last BUCKET_S seconds (deploy/prometheus/gpufinops-recording.yml). `[5m]`
+        and not 1 ms short: Prometheus 2.x ranges are closed, so a sample exactly on a boundary lands in two
+        buckets (counted twice: a slightly longer window), never in none (a busy sample lost)."""
+        return [(recorded_name(metric, a),
+                 f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({self._vector(metric)}[{BUCKET_S // 60}m]))")
+                for metric in _SIGNAL_AGGS for a in _SIGNAL_AGGS[metric]]
+
+    def last_bucket_query(self) -> str:
+        """When the rule engine last wrote the buckets (one number): the end of the recorded part."""
+        return f"max(timestamp({recorded_name(GPU_UTIL, 'count')}))"
 
     def dirty_query(self, metric: str, window_s: int) -> str:
         """For GPUs with an invalid sample only: their valid samples, one per
@@ -196,14 +271,16 @@ class PromQL:
         return f"({fresh_valid} and on({', '.join(self.by_labels)}) {dirty})[{r}:{self.scrape_interval_s}s]"
 
     def queries(self, window_s: int) -> dict[tuple[str, str], str]:
-        """The fixed query set: (signal, clean|dirty) -> PromQL text."""
+        """The fixed query set of every tick: (signal, clean) -> PromQL text."""
         if window_s < 1:
             raise ValueError(f"window_s must be >= 1, got {window_s}")
-        out = {}
-        for metric in _SIGNAL_AGGS:
-            out[(metric, CLEAN)] = self.clean_query(metric, window_s)
-            out[(metric, DIRTY)] = self.dirty_query(metric, window_s)
-        return out
+        return {(metric, CLEAN): self.clean_query(metric, window_s) for metric in _SIGNAL_AGGS}
+
+
+def regex_literal(value: str) -> str:
+    """`value` as a literal inside a PromQL double-quoted RE2 regex (metacharacters escaped, then the string)."""
+    escaped = "".join(f"\\{c}" if c in r".^$*+?()[]{}|\\" else c for c in value)
+    return escaped.replace("\\", "\\\\").replace('"', '\\"')
 
 
 # --------------------------------------------------------------------------- instance mapping
@@ -335,6 +412,11 @@ class _Agg:
     bad: tuple[str, str] | None = None  # (agg, what is wrong) of the first implausible number read
     dirty: bool = False  # came through the dirty query: the window held invalid raw samples, left out
 
+    def check(self, agg: str, value: float) -> None:
+        """Note an implausible count or presence marker of an answer whose other figures are not used."""
+        if agg in ("count", "present") and (problem := row_problem(agg, value)):
+            self.bad = self.bad or (agg, problem)
+
     def add(self, agg: str, value: float) -> None:
         if agg == "sample":
             self.dirty = True
@@ -430,8 +512,9 @@ class _Gpu:
 def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str], str, float]]:
     """(labels, agg, value) rows of one answer; QueryFailed if malformed.
 
-    A clean answer is an instant vector with an `agg` label; a dirty answer is
-    a range vector whose every point is one valid sample (agg "sample").
+    A clean answer is an instant vector with an `agg` label; a dirty answer is a range vector whose every
+    point is one valid sample (agg "sample"); a raw answer is a range vector of raw samples, of which only
+    the valid ones (`is_valid_sample`) become "sample" rows: the others are not measurements.
     """
     metric, kind = key
     if not isinstance(answer, list):
@@ -444,14 +527,16 @@ def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str]
                 raise TypeError
             if kind == CLEAN:
                 agg = labels["agg"]
-                if agg not in _SIGNAL_AGGS[metric]:
+                if agg not in _ACCEPTED_AGGS[metric] and agg != "buckets":
                     raise QueryFailed(f"malformed answer for {metric}: unexpected agg {agg[:20]!r}")
                 points = [item["value"]]
             else:
                 agg, points = "sample", item["values"]
             for point in points:
                 # NaN and inf are kept: they are implausible numbers, checked where combined (row_problem).
-                rows.append((labels, agg, float(point[1])))
+                value = float(point[1])
+                if kind != RAW or is_valid_sample(value):
+                    rows.append((labels, agg, value))
     except (KeyError, IndexError, TypeError, ValueError):
         raise QueryFailed(f"malformed answer for {metric}") from None
     return rows
@@ -550,8 +635,62 @@ class PromReader:
         return answer
 
 
+Row = tuple[dict[str, str], str, float]  # (series labels, agg, value) as parsed from one answer
+Identity = tuple[str, ...]  # the values of a GPU's identity labels (gpu_identity_labels), "" when absent
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Which (signal, GPU) pairs had invalid samples in the window, and the raw-sample queries that read
+    their valid samples back (or the whole-fleet DIRTY subquery when there are too many to read raw)."""
+
+    pairs: frozenset[tuple[str, Identity]]
+    queries: dict[tuple[str, str, str], str]  # (signal, kind, narrowing label#chunk) -> PromQL
+
+
+def narrowing(labels: Mapping[str, str], by_labels: Sequence[str]) -> tuple[str, str] | None:
+    """The one label that picks a GPU's series out of the fleet: its UUID, else its host label."""
+    for name in ("UUID", *by_labels):
+        if labels.get(name):
+            return name, labels[name]
+    return None
+
+
+def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], matcher: InstanceMatcher,
+                window_s: int, expected_samples: int, max_points: int | None = None) -> Detail:
+    """Pure: the GPUs of requested instances whose clean figures show invalid samples (`needs_detail`),
+    and the queries for their raw samples, narrowed by label matchers; none when no GPU needs them."""
+    by = promql.by_labels
+    wanted: dict[str, dict[str, set[str]]] = {}  # signal -> narrowing label -> values
+    unnarrowable: set[str] = set()
+    pairs = set()
+    for metric, rows in rows_by_signal.items():
+        for labels, agg, value in rows:
+            if not needs_detail(agg, value) or matcher.match(labels) is None:
+                continue
+            pairs.add((metric, tuple(labels.get(n, "") for n in by)))
+            pick = narrowing(labels, by)
+            if pick is None:
+                unnarrowable.add(metric)
+            else:
+                wanted.setdefault(metric, {}).setdefault(pick[0], set()).add(pick[1])
+    queries: dict[tuple[str, str, str], str] = {}
+    n_gpus = len(pairs)
+    too_many = n_gpus * max(expected_samples, 1) > (MAX_DETAIL_POINTS if max_points is None else max_points)
+    for metric in sorted({m for m, _ in pairs}):
+        if too_many or metric in unnarrowable:
+            queries[(metric, DIRTY, "")] = promql.dirty_query(metric, window_s)
+            continue
+        for label, values in sorted(wanted[metric].items()):
+            ordered = sorted(values)
+            for i in range(0, len(ordered), DETAIL_GPUS_PER_QUERY):
+                queries[(metric, RAW, f"{label}#{i}")] = promql.detail_query(
+                    metric, window_s, label, ordered[i:i + DETAIL_GPUS_PER_QUERY])
+    return Detail(frozenset(pairs), queries)
+
+
 class PrometheusMetrics:
-    """MetricsSource over Prometheus + dcgm-exporter."""
+    """MetricsSource over Prometheus + dcgm-exporter (or VictoriaMetrics: the same API)."""
 
     def __init__(self, settings: PrometheusSettings, session: requests.Session | None = None):
         self.settings = settings
@@ -562,37 +701,117 @@ class PrometheusMetrics:
             selector=settings.selector,
         )
         self.reader = PromReader(settings, session)
+        # recording_rules: auto asks once whether the recorded series exist, then keeps the answer. The
+        # shipped rules know no `selector`: with one, auto reads the raw samples (`on` is refused at load).
+        self._recorded: bool | None = {"on": True, "off": False}.get(settings.recording_rules)
+        if settings.selector.strip() and self._recorded is None:
+            self._recorded = False
 
     @property
     def queries_made(self) -> int:
         """HTTP queries sent, for tests and the benchmark."""
         return self.reader.queries_made
 
-    def _query(self, key: tuple[str, str], promql: str, at: float) -> list[tuple[dict[str, str], str, float]]:
+    def _query(self, key: tuple[str, str], promql: str, at: float) -> list[Row]:
         return parse_answer(key, self.reader.instant(promql, at))
+
+    def _all(self, queries: Mapping[Any, str], kind_of, at: float) -> dict[Any, list[Row]]:
+        # Concurrent: Prometheus evaluates queries in parallel, so the wall time is that of the slowest.
+        with ThreadPoolExecutor(max_workers=max(len(queries), 1)) as pool:
+            futures = {key: pool.submit(self._query, kind_of(key), q, at) for key, q in queries.items()}
+            return {key: f.result() for key, f in futures.items()}
 
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime
     ) -> dict[str, InstanceUsage]:
         expected = window_s // self.settings.scrape_interval_s
         at = _as_utc(now).timestamp()
-        queries = self.promql.queries(window_s)
+        matcher = InstanceMatcher.build(instances, self.settings.instance_label,
+                                        tuple(self.settings.hostname_labels))
         try:
-            # Concurrent: Prometheus evaluates queries in parallel, so the wall
-            # time is that of the slowest query, not the sum.
-            with ThreadPoolExecutor(max_workers=len(queries)) as pool:
-                futures = {key: pool.submit(self._query, key, q, at) for key, q in queries.items()}
-                answers = {key: f.result() for key, f in futures.items()}
+            recorded = self._recorded_answers(window_s, at) if self._use_recorded(at) else None
+            if recorded is None:
+                clean = self._all(self.promql.queries(window_s), lambda key: key, at)
+            else:  # the span read is up to one bucket longer than the window: so many more samples expected
+                clean, span_s = recorded
+                expected = span_s // self.settings.scrape_interval_s
+            rows = {metric: r for (metric, _kind), r in clean.items()}
+            detail = plan_detail(self.promql, rows, matcher, window_s, expected)
+            extra = self._all(detail.queries, lambda key: key[:2], at)
         except QueryFailed as exc:
             return {
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
                 for inst in instances
             }
+        answers: dict[tuple[str, str], list[Row]] = {key: [r for r in v if r[1] != "buckets"]
+                                                     for key, v in clean.items()}
+        by = self.promql.by_labels
+        for (metric, kind, _label), found in extra.items():
+            if kind == RAW:  # the narrowing label may pick more series than needed: keep the GPUs asked for
+                found = [r for r in found if (metric, tuple(r[0].get(n, "") for n in by)) in detail.pairs]
+            answers.setdefault((metric, kind), []).extend(found)
         return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
-                                  tuple(self.settings.hostname_labels))
+                                  tuple(self.settings.hostname_labels), detailed=detail.pairs)
+
+    # ---------------------------------------------------------------- recorded buckets
+
+    def _use_recorded(self, at: float) -> bool:
+        if self._recorded is None:  # auto: one probe, its answer kept (a failed probe decides nothing)
+            self._recorded = bool(self.reader.instant(self.promql.last_bucket_query(), at))
+        return self._recorded
+
+    def _recorded_answers(self, window_s: int, at: float) -> tuple[dict[tuple[str, str], list[Row]], int] | None:
+        """The clean answers from the recorded buckets and the seconds they span, or None (read the raw
+        samples) when the buckets are missing or stale, or the window is short. See `recorded_span`."""
+        found = self.reader.instant(self.promql.last_bucket_query(), at)
+        try:
+            last = float(found[0]["value"][1]) if found else None
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise QueryFailed(f"prometheus at {self.reader.where}: malformed answer") from None
+        span = recorded_span(window_s, at, last)
+        if span is None:
+            return None
+        body_s, tail_ms, n_buckets = span
+        queries = {(metric, CLEAN): self.promql.recorded_query(metric, body_s, last, tail_ms)
+                   for metric in _SIGNAL_AGGS}
+        answers = self._all(queries, lambda key: key, at)
+        return incomplete_buckets_to_detail(answers, n_buckets), body_s + tail_ms // 1000
 
 
-Row = tuple[dict[str, str], str, float]  # (series labels, agg, value) as parsed from one answer
+def recorded_span(window_s: int, at: float, last_bucket: float | None) -> tuple[int, int, int] | None:
+    """(seconds of recorded buckets, milliseconds of raw tail after them, number of buckets) that cover the
+    window (at - window_s, at], or None when the raw samples must be read instead: no buckets, the newest
+    in the future or older than two buckets (the rule engine stopped or lags), or a window shorter than
+    four buckets. Buckets end at the rule engine's evaluation times, not at the window's start: the span
+    starts at the bucket boundary at or before it, so what is read is at most one bucket longer than the
+    window, never shorter (a longer window is stricter, and the expected samples grow with it)."""
+    if last_bucket is None or window_s < 4 * BUCKET_S:
+        return None
+    tail_ms = round((at - last_bucket) * 1000)
+    if tail_ms < 0 or tail_ms > 2 * BUCKET_S * 1000:
+        return None
+    n = math.ceil((window_s * 1000 - tail_ms) / (BUCKET_S * 1000))
+    return n * BUCKET_S, tail_ms, n
+
+
+def incomplete_buckets_to_detail(answers: dict[tuple[str, str], list[Row]], n_buckets: int
+                                 ) -> dict[tuple[str, str], list[Row]]:
+    """Recorded answers in which a GPU short of `n_buckets` buckets (the rule engine missed one, or the GPU
+    came up mid-window) gets a NaN sum: `needs_detail` then reads its raw samples, exactly."""
+    out = {}
+    for key, rows in answers.items():
+        short = {_identity_key(labels) for labels, agg, value in rows if agg == "buckets" and value < n_buckets}
+        fixed = []
+        for labels, agg, value in rows:
+            if agg in ("sum", "max", "min") and _identity_key(labels) in short:
+                value = math.nan
+            fixed.append((labels, agg, value))
+        out[key] = fixed
+    return out
+
+
+def _identity_key(labels: Mapping[str, str]) -> tuple:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in ("agg", "part", "__name__")))
 
 
 def usage_from_answers(
@@ -602,12 +821,16 @@ def usage_from_answers(
     expected_samples: int,
     instance_label: str = "instance_id",
     hostname_labels: tuple[str, ...] = ("Hostname", "hostname"),
+    detailed: frozenset[tuple[str, Identity]] = frozenset(),
 ) -> dict[str, InstanceUsage]:
-    """Pure: the parsed answers of the query set, keyed (signal, clean|dirty), mapped to instances and
-    combined per GPU, every number range-checked on the way (see gpufinops.metric_ranges)."""
+    """Pure: the parsed answers of the query set, keyed (signal, clean|dirty|raw), mapped to instances and
+    combined per GPU, every number range-checked on the way (see gpufinops.metric_ranges). For the
+    (signal, GPU) pairs in `detailed` the clean figures held invalid samples: only their valid samples
+    (dirty/raw answers) count."""
     matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
+    by = gpu_identity_labels(instance_label, hostname_labels)
     per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
-    for (metric, _kind), rows in answers.items():
+    for (metric, kind), rows in answers.items():
         for labels, agg, value in rows:
             instance_id = matcher.match(labels)
             if instance_id is None:
@@ -615,7 +838,12 @@ def usage_from_answers(
             gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
             gpu.uuid = gpu.uuid or labels.get("UUID", "")
             gpu.model_name = gpu.model_name or labels.get("modelName", "")
-            gpu.signals.setdefault(metric, _Agg()).add(agg, value)
+            signal = gpu.signals.setdefault(metric, _Agg())
+            if kind == CLEAN and (metric, tuple(labels.get(n, "") for n in by)) in detailed:
+                signal.dirty = True  # its figures come from the valid samples only
+                signal.check(agg, value)  # but a count no query can answer still says the layer is broken
+                continue
+            signal.add(agg, value)
     by_id = {inst.instance_id: inst for inst in instances}
     return {
         iid: InstanceUsage(iid, window_s, expected_samples, tuple(

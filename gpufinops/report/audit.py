@@ -31,7 +31,6 @@ from .period import ReportPeriod
 MISSING_DATA_CODES = tuple(c.value for c in ReasonCode if c.is_missing_data)
 STOP_KINDS = ("stop", "terminate")
 DEMAND_VERDICTS = ("ACTIVE", "UNDERUTILIZED")  # some real activity: the workload wanted the GPU
-_RANK = {v: i for i, v in enumerate(VERDICTS)}  # same tie-break as gpufinops.costs: least idle wins
 
 # What a low average most likely means, by the dominant reason code (DOMAIN: low is not always waste).
 HINTS = {
@@ -113,51 +112,35 @@ def _ts(values) -> pd.DatetimeIndex:
     return pd.DatetimeIndex(pd.to_datetime(list(values), utc=True))
 
 
-DECISION_COLUMNS = ["instance_id", "rule", "verdict", "code", "evaluated_at", "activity_mean", "activity_max",
-                    "memory_max_mib", "hourly_cost"]
-
-
-def decision_frame(decisions: pd.DataFrame) -> pd.DataFrame:
-    """The columns of the stored decisions the audit uses, with `at` as aware UTC timestamps."""
-    d = pd.DataFrame(decisions, columns=DECISION_COLUMNS)
-    d["at"] = _ts(d["evaluated_at"])
-    return d.drop(columns="evaluated_at")
-
-
-def evaluation_period_s(frame: pd.DataFrame, fallback_s: float) -> float:
-    """Median spacing between an instance's consecutive evaluations: how often the service looked."""
-    if frame.empty:
+def evaluation_period_s(runs: pd.DataFrame, fallback_s: float) -> float:
+    """How often the service looked: the mean spacing of its ticks within its runs (service_runs)."""
+    multi = runs[runs["ticks"] > 1] if len(runs) else runs
+    if multi.empty:
         return float(fallback_s)
-    d = frame[["instance_id", "at"]].drop_duplicates().sort_values(["instance_id", "at"])
-    gaps = d.groupby("instance_id")["at"].diff().dt.total_seconds()
-    gaps = gaps[gaps > 0]
-    return float(gaps.median()) if len(gaps) else float(fallback_s)
+    span = (multi["last_seen_at"] - multi["started_at"]).dt.total_seconds().sum()
+    return float(span / (multi["ticks"] - 1).sum())
 
 
-def _dedup_details(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (instance, time) with the reason code and activity, chosen like costs.verdict_costs does."""
-    d = frame.assign(rank=frame["verdict"].map(_RANK).fillna(_RANK["UNKNOWN"]))
-    d = d.sort_values(["instance_id", "at", "rank"], kind="stable").drop_duplicates(["instance_id", "at"], keep="first")
-    return d[["instance_id", "at", "code", "rule", "activity_mean", "activity_max", "memory_max_mib"]]
+def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFrame:
+    """Priced verdict time of the month (costs.verdict_costs over the hourly rollups), with reason code,
+    activity and GPU-hours: one row per hour, instance and verdict key, plus each instance's latest tick.
 
-
-def intervals(inp: AuditInputs, frame: pd.DataFrame, period_s: float, obs_end: datetime) -> pd.DataFrame:
-    """Priced verdict intervals of the month (costs.verdict_costs), with reason code, activity and GPU-hours.
-
-    Running time is cut at completed stops and at the end of what the month observed.
+    Running time is cut at completed stops (noted in the rollups as they are written; a latest tick is cut
+    here) and at the end of what the month observed.
     """
     p = inp.period
     rates, attrs = billing_rates(inp.cost_table), resource_attrs(inp.cost_table)
-    vc = verdict_costs(inp.decisions, p.start, p.as_of, max_gap_s=2 * period_s, rates=rates, catalog=inp.catalog,
+    vc = verdict_costs(inp.verdicts, p.start, p.as_of, max_gap_s=2 * period_s, rates=rates, catalog=inp.catalog,
                        attrs=attrs, default_region=inp.default_region)
     if vc.empty:
-        return vc.assign(code=[], rule=[], activity_mean=[], activity_max=[], memory_max_mib=[], gpus=[],
+        return vc.assign(code=[], activity_mean=[], activity_max=[], memory_max_mib=[], hourly_cost=[], gpus=[],
                          gpu_hours=[])
-    vc["at"] = pd.to_datetime(vc["at"], utc=True)
-    iv = vc.merge(_dedup_details(frame), on=["instance_id", "at"], how="left", validate="one_to_one")
+    iv = vc.assign(at=pd.to_datetime(vc["at"], utc=True)).sort_values("at", kind="stable").reset_index(drop=True)
+    # The time-weighted mean activity of the row (its measured ticks); NaN where nothing was measured.
+    iv["activity_mean"] = (iv["activity_hours"] / iv["hours"].where(iv["hours"] > 0)).where(iv["measured"].astype(bool))
+    iv["hours"] = (iv["hours"] - iv["after_stop_hours"].fillna(0.0)).clip(lower=0.0)
     stops = [(a.instance_id, a.at) for a in inp.actions
              if a.kind.value in STOP_KINDS and not a.dry_run and a.status == "done"]
-    iv = iv.sort_values("at", kind="stable").reset_index(drop=True)
     limit = pd.Series(pd.Timestamp(obs_end), index=iv.index)
     if stops:
         s = pd.DataFrame(stops, columns=["instance_id", "stop_at"])
@@ -165,7 +148,9 @@ def intervals(inp: AuditInputs, frame: pd.DataFrame, period_s: float, obs_end: d
         s = s.sort_values("stop_at")
         nxt = pd.merge_asof(iv[["at", "instance_id"]], s.assign(at=s["stop_at"]), on="at", by="instance_id",
                             direction="forward")
-        limit = pd.concat([limit, nxt["stop_at"]], axis=1).min(axis=1)
+        # Only a latest tick's open time is cut here: an hour row's time after a stop is already taken out.
+        cut = nxt["stop_at"].where(iv["open"].astype(bool))
+        limit = pd.concat([limit, cut], axis=1).min(axis=1)
     room = ((limit - iv["at"]).dt.total_seconds() / 3600.0).clip(lower=0.0)
     iv["hours"] = iv["hours"].where(iv["hours"] <= room, room)
     iv["cost"] = iv["hours"] * iv["rate"].astype("float64")
@@ -184,29 +169,46 @@ def _instance_rates(iv: pd.DataFrame) -> dict[str, float]:
     return {} if priced.empty else priced.groupby("instance_id")["rate"].last().astype(float).to_dict()
 
 
-def _rule_timelines(frame: pd.DataFrame, instances: set[str], period_s: float,
+def _rule_timelines(episodes: pd.DataFrame, instances: set[str], period_s: float,
                     obs_end: pd.Timestamp) -> dict[tuple[str, str], pd.DataFrame]:
-    """Per (instance, rule), for the given instances: its own verdicts in time order and the hours each covers."""
-    d = frame.loc[frame["instance_id"].isin(instances), ["instance_id", "rule", "verdict", "at"]]
+    """Per (instance, rule), for the given instances: its verdict episodes in time order, with `until`: when
+    the time of the episode's last tick ends (the next episode's start, at most two periods; the end of what
+    the month observed)."""
+    d = episodes.loc[episodes["instance_id"].isin(instances),
+                     ["instance_id", "rule", "verdict", "started_at", "last_seen_at"]]
     if d.empty:
         return {}
-    d = d.sort_values(["instance_id", "rule", "at"], kind="stable").drop_duplicates(["instance_id", "rule", "at"])
-    nxt = d.groupby(["instance_id", "rule"])["at"].shift(-1).fillna(obs_end)
-    d["hours"] = ((nxt - d["at"]).dt.total_seconds().clip(lower=0, upper=2 * period_s)
-                  .where(d["at"] < obs_end, 0.0)) / 3600.0
+    d = d.sort_values(["instance_id", "rule", "started_at"], kind="stable")
+    nxt = d.groupby(["instance_id", "rule"])["started_at"].shift(-1).fillna(obs_end)
+    cap = d["last_seen_at"] + pd.Timedelta(seconds=2 * period_s)
+    d["until"] = pd.concat([nxt, cap, pd.Series(obs_end, index=d.index)], axis=1).min(axis=1)
+    d["until"] = d[["until", "last_seen_at"]].max(axis=1)
     return {k: g.reset_index(drop=True) for k, g in d.groupby(["instance_id", "rule"])}
 
 
-def _would_have(acts: list, timelines: dict) -> dict[int, tuple[float, pd.Timestamp | None]]:
+def _subtract(span: tuple[pd.Timestamp, pd.Timestamp], taken: list[tuple[pd.Timestamp, pd.Timestamp]]) -> float:
+    """Seconds of `span` not already in `taken` (disjoint spans), then merges it into `taken`."""
+    lo, hi = span
+    if hi <= lo:
+        return 0.0
+    free = (hi - lo).total_seconds() - sum(max(0.0, (min(hi, b) - max(lo, a)).total_seconds()) for a, b in taken)
+    keep = [(a, b) for a, b in taken if b < lo or a > hi]
+    merged = (min([lo] + [a for a, b in taken if not (b < lo or a > hi)]),
+              max([hi] + [b for a, b in taken if not (b < lo or a > hi)]))
+    taken[:] = sorted(keep + [merged])
+    return max(0.0, free)
+
+
+def _would_have(acts: list, timelines: dict, period_s: float) -> dict[int, tuple[float, pd.Timestamp | None]]:
     """Dry-run stops: the hours the instance would have stayed stopped, and when demand came back.
 
     A dry-run stop by rule R would have saved R's IDLE time that followed it, up to R's first verdict that
-    is not IDLE. Each evaluation is credited once per instance (to the earliest stop it follows), so a rule
-    that "stops" the same idle instance every few minutes in dry-run does not count an hour twice.
+    is not IDLE. Each stretch of time is credited once per instance (to the earliest stop it follows), so a
+    rule that "stops" the same idle instance every few minutes in dry-run does not count an hour twice.
     Demand came back at R's first ACTIVE/UNDERUTILIZED verdict after the stop.
     """
     out: dict[int, tuple[float, pd.Timestamp | None]] = {}
-    credited: dict[str, set] = {}
+    credited: dict[str, list] = {}
     order = sorted((pd.Timestamp(a.at), n) for n, a in enumerate(acts) if a.dry_run and a.status == "done")
     for at, n in order:
         a = acts[n]
@@ -214,21 +216,24 @@ def _would_have(acts: list, timelines: dict) -> dict[int, tuple[float, pd.Timest
         if tl is None:
             out[n] = (0.0, None)
             continue
-        after = tl[tl["at"] >= at]
-        seen = credited.setdefault(a.instance_id, set())
-        hours = 0.0
+        after = tl[tl["last_seen_at"] >= at]
+        taken = credited.setdefault(a.instance_id, [])
+        seconds = 0.0
         for row in after.itertuples(index=False):
             if row.verdict != "IDLE":
                 break
-            if row.at not in seen:
-                seen.add(row.at)
-                hours += row.hours
-        demand = after[(after["at"] > at) & after["verdict"].isin(DEMAND_VERDICTS)]
-        out[n] = (hours, demand["at"].iloc[0] if len(demand) else None)
+            seconds += _subtract((max(at, row.started_at), row.until), taken)
+        demand = tl[(tl["last_seen_at"] > at) & tl["verdict"].isin(DEMAND_VERDICTS)]
+        back = None
+        if len(demand):
+            first = demand.iloc[0]
+            # Demand already in the episode of the stop: it is seen at the next tick.
+            back = first["started_at"] if first["started_at"] > at else at + pd.Timedelta(seconds=period_s)
+        out[n] = (seconds / 3600.0, back)
     return out
 
 
-def stop_audit(inp: AuditInputs, frame: pd.DataFrame, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
+def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: ReportSettings,
                period_s: float) -> pd.DataFrame:
     """Every stop/terminate of the month, real or dry-run: what it saved (or would have), and whether it was false."""
     acts = [a for a in inp.actions if a.kind.value in STOP_KINDS]
@@ -236,9 +241,11 @@ def stop_audit(inp: AuditInputs, frame: pd.DataFrame, iv: pd.DataFrame, obs_end:
         return pd.DataFrame({c: [] for c in STOP_COLUMNS})
     rates = _instance_rates(iv)
     meta = iv.groupby("instance_id")[["team", "instance_type", "gpus"]].last() if not iv.empty else None
-    seen_at = {k: g["at"] for k, g in iv.groupby("instance_id")} if not iv.empty else {}
+    # When each instance was seen (evaluated) again: the first ticks of its episodes, any rule.
+    ep = inp.episodes
+    seen_at = ({k: g["started_at"].sort_values() for k, g in ep.groupby("instance_id")} if len(ep) else {})
     dry_instances = {a.instance_id for a in acts if a.dry_run}
-    would = _would_have(acts, _rule_timelines(frame, dry_instances, period_s, pd.Timestamp(obs_end)))
+    would = _would_have(acts, _rule_timelines(ep, dry_instances, period_s, pd.Timestamp(obs_end)), period_s)
     rows = []
     for n, a in enumerate(acts):
         at = pd.Timestamp(a.at)
@@ -453,9 +460,7 @@ def snooze_table(inp: AuditInputs) -> pd.DataFrame:
             if a.kind.value in ("skip", "unmark") and TAG_SNOOZE in (a.reason or "")]
     if not rows:
         return pd.DataFrame({c: [] for c in SNOOZE_COLUMNS})
-    dec = inp.decisions
-    teams = (dec.sort_values("evaluated_at").groupby("instance_id")["team"].last().to_dict()
-             if len(dec) and "team" in dec else {})
+    teams = instance_teams(inp)
     d = pd.DataFrame([{"team": teams.get(a.instance_id) or "", "instance_id": a.instance_id,
                        "capped": "capped" in a.reason or "not an ISO time" in a.reason,
                        "unreadable": "not an ISO time" in a.reason} for a in rows])
@@ -478,9 +483,7 @@ def managed_table(inp: AuditInputs) -> pd.DataFrame:
         rows.append({"instance_id": a.instance_id, "managed_by": who, "instead": instead})
     if not rows:
         return pd.DataFrame({c: [] for c in MANAGED_COLUMNS})
-    dec = inp.decisions
-    teams = (dec.sort_values("evaluated_at").groupby("instance_id")["team"].last().to_dict()
-             if len(dec) and "team" in dec else {})
+    teams = instance_teams(inp)
     d = pd.DataFrame(rows)
     out = (d.groupby("instance_id").agg(idle_episodes=("managed_by", "size"), managed_by=("managed_by", "last"),
                                         instead=("instead", "last")).reset_index())
@@ -491,28 +494,42 @@ def managed_table(inp: AuditInputs) -> pd.DataFrame:
 # --------------------------------------------------------------------------- data quality
 
 
-def service_coverage(period: ReportPeriod, frame: pd.DataFrame, period_s: float) -> dict:
-    """How much of the period the service was evaluating anything, and its blind spots.
+def instance_teams(inp: AuditInputs) -> dict[str, str]:
+    """The latest team tag seen per instance in the month's stored verdicts."""
+    v = inp.verdicts
+    if v.empty:
+        return {}
+    return v.sort_values("at", kind="stable").groupby("instance_id")["team"].last().fillna("").to_dict()
+
+
+def service_coverage(period: ReportPeriod, runs: pd.DataFrame, period_s: float) -> dict:
+    """How much of the period the service was evaluating anything, and its blind spots (from service_runs).
 
     An evaluation covers the time to the next one, at most two periods (the last one: one period); a
     longer stretch, or the start of the month before the first evaluation, is a blind spot.
     """
     start, end = pd.Timestamp(period.start), pd.Timestamp(period.as_of)
     hours = period.hours
-    times = pd.Series(frame["at"].drop_duplicates().sort_values().to_numpy())
-    if times.empty:
+    blind: list[tuple[float, pd.Timestamp]] = []
+    covered = 0.0
+    if runs.empty:
         blind = [((end - start).total_seconds(), start)] if hours > 0 else []
-        covered = 0.0
     else:
-        times = pd.to_datetime(times, utc=True)
-        nxt = times.shift(-1).fillna(end)
-        span = (nxt - times).dt.total_seconds()
-        allowed = pd.Series(2 * period_s, index=times.index)
-        allowed.iloc[-1] = period_s
-        covered = float(span.clip(upper=allowed).sum())
-        over = span > allowed
-        blind = list(zip((span[over] - period_s).tolist(), (times[over] + pd.Timedelta(seconds=period_s)).tolist()))
-        first_gap = (times.iloc[0] - start).total_seconds()
+        r = runs.sort_values("started_at")
+        first = r["started_at"].clip(lower=start)  # a run that began last month counts from the month start
+        last = r["last_seen_at"].clip(upper=end)
+        covered = float((last - first).dt.total_seconds().sum())
+        nxt = first.shift(-1)
+        for lo, nx in zip(last.iloc[:-1], nxt.iloc[:-1]):
+            span = (nx - lo).total_seconds()
+            covered += min(span, 2 * period_s)
+            if span > 2 * period_s:
+                blind.append((span - period_s, lo + pd.Timedelta(seconds=period_s)))
+        tail = (end - last.iloc[-1]).total_seconds()
+        covered += min(tail, period_s)
+        if tail > period_s:
+            blind.append((tail - period_s, last.iloc[-1] + pd.Timedelta(seconds=period_s)))
+        first_gap = (first.iloc[0] - start).total_seconds()
         if first_gap > 2 * period_s:
             blind.append((first_gap, start))
     longest = max(blind, default=(0.0, None), key=lambda x: x[0])
@@ -520,12 +537,12 @@ def service_coverage(period: ReportPeriod, frame: pd.DataFrame, period_s: float)
             "longest_gap_hours": longest[0] / 3600.0, "longest_gap_start": longest[1], "gaps": len(blind)}
 
 
-def rate_sources(inp: AuditInputs, frame: pd.DataFrame, iv: pd.DataFrame) -> dict[str, float]:
+def rate_sources(inp: AuditInputs, iv: pd.DataFrame) -> dict[str, float]:
     """Instance-hours priced from billing, from the price stored with the evaluation, from the catalog, or unpriced."""
     if iv.empty:
         return {}
     rates, attrs = billing_rates(inp.cost_table), resource_attrs(inp.cost_table)
-    priced = frame[frame["hourly_cost"].notna()]
+    priced = iv[iv["hourly_cost"].notna()]
     stored = priced.groupby("instance_id")["hourly_cost"].last().to_dict() if len(priced) else {}
     out: dict[str, float] = {}
     for inst, grp in iv.groupby("instance_id"):
@@ -561,16 +578,19 @@ def _f(x) -> float | None:
 def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
     opts = opts or ReportSettings()
     p = inp.period
-    frame = decision_frame(inp.decisions)
+    runs = inp.runs
     period_s = (float(opts.evaluate_every_s) if opts.evaluate_every_s
-                else evaluation_period_s(frame, fallback_period_s))
-    last_eval = frame["at"].max() if len(frame) else None
+                else evaluation_period_s(runs, fallback_period_s))
+    has_evaluations = inp.evaluations > 0
+    # A run still going at the end of the period last evaluated (within a period of) its end.
+    last_eval = min(runs["last_seen_at"].max(), pd.Timestamp(p.as_of)) if has_evaluations else None
+    first_eval = max(runs["started_at"].min(), pd.Timestamp(p.start)) if has_evaluations else None
     # What the month observed ends one evaluation period after the last evaluation.
     obs_end = (min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None
                else pd.Timestamp(p.start))
 
-    iv = intervals(inp, frame, period_s, obs_end)
-    stops = stop_audit(inp, frame, iv, obs_end, opts, period_s)
+    iv = intervals(inp, period_s, obs_end)
+    stops = stop_audit(inp, iv, obs_end, opts, period_s)
     instances = instance_table(iv, stops, inp.cost_table)
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
@@ -588,7 +608,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
     failed = stops[(~stops["dry_run"]) & (stops["status"] != "done")] if len(stops) else stops
     unknown_iv = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
-    if inp.decisions.empty:
+    if not has_evaluations:
         evaluated = None  # nothing evaluated: the cost of running time is unknown, not zero
     headline = {
         "currency": currency,
@@ -603,7 +623,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "underutilized_cost": (None if evaluated is None
                                else _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna())),
         "unknown_cost": None if evaluated is None else _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
-        "evaluations": len(inp.decisions),
+        "evaluations": inp.evaluations,
         "instances": int(iv["instance_id"].nunique()) if not iv.empty else 0,
         "teams": int(len(teams)),
         "instance_hours": _sum(iv["hours"]) if not iv.empty else 0.0,
@@ -627,12 +647,12 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "recommendations": int(len(recs)),
         "recommended_monthly_savings": _sum(recs["monthly_savings"]) if len(recs) else 0.0,
     }
-    coverage = service_coverage(p, frame, period_s)
+    coverage = service_coverage(p, runs, period_s)
     measured = _sum(iv.loc[iv["verdict"] != "UNKNOWN", "hours"]) if not iv.empty else 0.0
     quality = {
         "period_hours": p.hours,
         "partial_month": p.partial,
-        "first_evaluation": frame["at"].min() if len(frame) else None,
+        "first_evaluation": first_eval,
         "last_evaluation": last_eval,
         "evaluation_period_s": period_s,
         "max_gap_s": 2 * period_s,
@@ -640,7 +660,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "measured_share": measured / headline["instance_hours"] if headline["instance_hours"] > 0 else None,
         "missing_data_hours": headline["missing_data_hours"],
         "unpriced_hours": headline["unpriced_hours"],
-        "rate_source_hours": rate_sources(inp, frame, iv),
+        "rate_source_hours": rate_sources(inp, iv),
         "gpu_count_unknown_types": sorted({t for t, g in zip(iv.get("instance_type", []), iv.get("gpus", []))
                                            if pd.isna(g)}),
         "billing_rows": int(len(inp.cost_table)),
@@ -651,7 +671,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         **price_age(inp, iv, opts),
         "warnings": list(inp.warnings),
     }
-    rules = sorted(frame["rule"].unique().tolist())
+    rules = sorted(inp.episodes["rule"].unique().tolist()) if len(inp.episodes) else []
     audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
                          daily, actions, rules, snooze_table(inp), managed_table(inp))
     audit.notes = quality_notes(audit)

@@ -34,7 +34,9 @@ class BillingImport:
 @dataclass
 class AuditInputs:
     period: ReportPeriod
-    decisions: pd.DataFrame  # Store.decision_frame() of the month
+    verdicts: pd.DataFrame  # Store.verdict_hours_frame() of the month: hourly rollups and each instance's tail
+    episodes: pd.DataFrame  # Store.episode_frame() overlapping the month: per (instance, rule) verdict runs
+    runs: pd.DataFrame  # Store.service_run_frame() overlapping the month: when the service evaluated anything
     actions: list[ActionRow]
     notifications: list[dict]
     cost_table: pd.DataFrame  # the stored billing rows of the month (possibly empty)
@@ -45,6 +47,11 @@ class AuditInputs:
     price_date: Callable[[str, str], date | None]  # (instance_type, region) -> the catalog price's date
     default_region: str = ""
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def evaluations(self) -> int:
+        """Decision rows (one per instance, rule and tick) stored for the month."""
+        return int(self.verdicts["evaluations"].sum()) if len(self.verdicts) else 0
 
 
 def _on_demand_prices(settings: Settings | None, warnings: list[str]):
@@ -116,7 +123,9 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
     region = settings.aws.regions[0] if settings is not None and settings.aws.regions else "us-east-1"
     return AuditInputs(
         period=period,
-        decisions=store.decision_frame(period.start, period.as_of),
+        verdicts=store.verdict_hours_frame(period.start, period.as_of),
+        episodes=store.episode_frame(period.start, period.as_of),
+        runs=store.service_run_frame(period.start, period.as_of),
         actions=store.action_rows(start=period.start, end=period.as_of),
         notifications=notes,
         cost_table=cost_rows if len(cost_rows) else empty_table(),

@@ -132,7 +132,7 @@ def test_prom_outage_during_the_lead_blocks_the_stop(world):
 def test_prom_one_query_of_the_set_fails(world):
     # A partial answer set (one query 500, the others fine) is not a verdict.
     w = world()
-    w.prom.arm("status", prom_query_contains("last_over_time"), status=500)
+    w.prom.arm("status", prom_query_contains("count_over_time"), status=500)
     w.run(*TIMELINE)
     assert all(d.verdict.value == "UNKNOWN" for t in w.ticks for d in t.report.decisions)
     check_invariants(w, *PROM_DOWN)

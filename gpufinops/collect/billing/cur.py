@@ -1,4 +1,4 @@
-"""AWS CUR 2.0 (Data Exports) Parquet -> the cost table, with pyarrow; and the same as SQL.
+"""AWS CUR 2.0 (Data Exports) Parquet -> the cost table or per-key totals, with pyarrow; and the same as SQL.
 
 GPU instance-hours are the line items whose `line_item_usage_type` is
 `[REGION-]BoxUsage:<type>` or `[REGION-]SpotUsage:<type>` with <type> in a GPU
@@ -8,10 +8,21 @@ effective cost: `reservation_effective_cost` for DiscountedUsage,
 `savings_plan_savings_plan_effective_cost` for SavingsPlanCoveredUsage,
 `line_item_unblended_cost` otherwise.
 
-Reading is done one row group at a time: the two filter columns first (read as
-Parquet dictionaries, so the regex runs over the few distinct usage types,
-not over millions of rows), then the remaining columns of the matching rows
-only. Memory stays near one row group plus the GPU rows kept.
+Two answers, one scanner (`_scan_file`), so the selection, the cost rule and the
+exclusions are the same code for both:
+- `read_cur()`: the cost table (per resource, day, pricing model and tag set), for
+  `--save`, budgets and the report;
+- `cur_totals()`: cost and hours per instance, team, project, instance type or
+  account, in one pass at that grain, for a plain `costs --by`: no dates, no tag
+  JSON, and only the columns that grain needs.
+
+Files are streamed one batch of rows at a time (local files through a small read
+buffer; S3 objects through pyarrow's S3 filesystem with ranged GETs, never a
+whole-object read). Strings are read as Parquet dictionaries, so the usage-type
+regex and the tag-key lookups run over the few distinct values, and rows only see
+integer lookups. A row group whose start-date statistics lie inside the period is
+not filtered row by row; one wholly outside it is not read. `identity_line_item_id`
+is read only to name the first excluded line of a file.
 
 `cur_sql()` is the same selection and aggregation as one SQL statement
 (Presto/Trino dialect, run by Athena); tests run that exact text on DuckDB over
@@ -21,9 +32,11 @@ the same Parquet and compare the two tables.
 from __future__ import annotations
 
 import logging
+import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -31,30 +44,47 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .schema import COLUMNS, BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import TagKeys
+from .totals import GRAINS, TOTAL_COLUMNS, empty_totals
 
 log = logging.getLogger(__name__)
 
 USAGE_TYPE = "line_item_usage_type"
 LINE_TYPE = "line_item_line_item_type"
 START = "line_item_usage_start_date"
-REQUIRED = (
-    USAGE_TYPE, LINE_TYPE, START, "line_item_resource_id", "line_item_usage_account_id",
-    "line_item_unblended_cost", "line_item_usage_amount", "line_item_currency_code",
-)
-# Absent columns read as null; the cost of RI/SP lines falls back to unblended with a warning.
-OPTIONAL = ("identity_line_item_id", "product_region_code", "resource_tags", "reservation_effective_cost", "savings_plan_savings_plan_effective_cost")
-COST_COLUMNS = ("line_item_unblended_cost", "reservation_effective_cost", "savings_plan_savings_plan_effective_cost", "line_item_usage_amount")
-STRING_COLUMNS = (USAGE_TYPE, LINE_TYPE, "line_item_resource_id", "line_item_usage_account_id",
-                  "line_item_currency_code", "identity_line_item_id", "product_region_code")
+RESOURCE = "line_item_resource_id"
+ACCOUNT = "line_item_usage_account_id"
+CURRENCY = "line_item_currency_code"
+REGION = "product_region_code"
+TAGS = "resource_tags"
+LINE_ID = "identity_line_item_id"
+UNBLENDED = "line_item_unblended_cost"
+RI_COST = "reservation_effective_cost"
+SP_COST = "savings_plan_savings_plan_effective_cost"
+USAGE = "line_item_usage_amount"
+REQUIRED = (USAGE_TYPE, LINE_TYPE, START, RESOURCE, ACCOUNT, UNBLENDED, USAGE, CURRENCY)
+# Absent columns read as null (an RI/SP line without its effective cost is then excluded, with a warning).
+OPTIONAL = (LINE_ID, REGION, TAGS, RI_COST, SP_COST)
+COST_COLUMNS = (UNBLENDED, RI_COST, SP_COST, USAGE)
+STRING_COLUMNS = (USAGE_TYPE, LINE_TYPE, RESOURCE, ACCOUNT, CURRENCY, LINE_ID, REGION)
 USAGE_LINE_TYPES = ("Usage", "DiscountedUsage", "SavingsPlanCoveredUsage")
 # One line item's usage hours above this are not a measurement (inf, a 9.2e18 sentinel).
 MAX_LINE_HOURS = 1e9
 GROUP_KEYS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model",
               "team", "project", "owner", "currency")
+# The CUR column each grain of cur_totals() groups on (team and project come from the tags).
+GRAIN_SOURCE = {"instance": RESOURCE, "account": ACCOUNT, "instance_type": USAGE_TYPE, "team": TAGS, "project": TAGS}
+# Rows per batch: every needed column of a batch is a few MiB, whatever the row group size.
+BATCH_ROWS = 65_536
+# Local files are read through a buffer of this size instead of whole column chunks at once.
+READ_BUFFER = 1 << 20
+# The cost table is summed again whenever the partial sums of the batches pass this many rows.
+COMPACT_ROWS = 1_000_000
+COMPACT_TOTALS = 100_000  # the same for cur_totals() (a handful of keys per batch, so it rarely applies)
 
 
 def gpu_usage_pattern(families: Sequence[str]) -> str:
@@ -77,38 +107,46 @@ class CurResult:
 # --------------------------------------------------------------------------- sources
 
 
-def list_parquet(path: str, s3_client=None) -> list[tuple[str, object]]:
-    """(display name, pyarrow-readable source) for a file, a folder or an s3:// prefix."""
+@dataclass(frozen=True)
+class ParquetSource:
+    name: str  # what messages call it: the local path or s3://bucket/key
+    path: str  # its path in `filesystem`
+    filesystem: pafs.FileSystem | None = None  # None: the local disk
+
+
+def list_parquet(path: str, filesystem: pafs.FileSystem | None = None) -> list[ParquetSource]:
+    """The Parquet files of a file, a folder or an s3:// prefix (a folder-like prefix or one object)."""
     if path.startswith("s3://"):
-        if s3_client is None:
-            raise BillingDataError(f"{path}: an S3 client is needed to read s3:// paths")
-        bucket, _, prefix = path[5:].partition("/")
-        keys: list[str] = []
-        for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys.extend(o["Key"] for o in page.get("Contents", []) if o["Key"].endswith(".parquet"))
-        if not keys:
-            raise BillingDataError(f"{path}: no .parquet objects under this prefix")
-        return [(f"s3://{bucket}/{k}", _S3Object(s3_client, bucket, k)) for k in sorted(keys)]
+        if filesystem is None:
+            raise BillingDataError(f"{path}: an S3 filesystem is needed to read s3:// paths")
+        return _list_s3(path, filesystem)
     p = Path(path)
     if p.is_dir():
         files = sorted(p.rglob("*.parquet"))
         if not files:
             raise BillingDataError(f"{path}: no .parquet files in this folder")
-        return [(str(f), str(f)) for f in files]
+        return [ParquetSource(str(f), str(f)) for f in files]
     if not p.exists():
         raise BillingDataError(f"{path}: no such file")
-    return [(str(p), str(p))]
+    return [ParquetSource(str(p), str(p))]
 
 
-@dataclass(frozen=True)
-class _S3Object:
-    client: object
-    bucket: str
-    key: str
-
-    def open(self) -> pa.BufferReader:
-        body = self.client.get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
-        return pa.BufferReader(body)
+def _list_s3(path: str, fs: pafs.FileSystem) -> list[ParquetSource]:
+    base = path[len("s3://"):].rstrip("/")
+    try:
+        info = fs.get_file_info(base)
+        if info.type == pafs.FileType.File:
+            infos = [info]
+        elif info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        else:
+            infos = []
+    except (OSError, pa.ArrowException) as exc:
+        raise BillingDataError(f"{path}: cannot list the S3 objects: {exc}") from None
+    keys = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    if not keys:
+        raise BillingDataError(f"{path}: no .parquet objects under this prefix")
+    return [ParquetSource(f"s3://{k}", k, fs) for k in keys]
 
 
 # --------------------------------------------------------------------------- schema checks
@@ -121,7 +159,7 @@ def _check_schema(name: str, schema: pa.Schema) -> list[str]:
     if missing:
         raise BillingDataError(f"{name}: missing CUR 2.0 column(s) {missing}")
     for c in OPTIONAL:
-        if c not in schema.names and c not in ("product_region_code", "identity_line_item_id"):
+        if c not in schema.names and c not in (REGION, LINE_ID):
             warnings.append(f"{name}: column '{c}' absent; read as empty")
 
     def typ(c):
@@ -140,158 +178,391 @@ def _check_schema(name: str, schema: pa.Schema) -> list[str]:
             t = typ(c)
             if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
                 raise BillingDataError(f"{name}: column '{c}' has type {t}, expected a string")
-    if "resource_tags" in schema.names:
-        t = schema.field("resource_tags").type
+    if TAGS in schema.names:
+        t = schema.field(TAGS).type
         if not (pa.types.is_map(t) or pa.types.is_null(t)):
             raise BillingDataError(f"{name}: column 'resource_tags' has type {t}, expected map<string,string>")
     return warnings
 
 
-# --------------------------------------------------------------------------- reading
+# --------------------------------------------------------------------------- the scanner
 
 
 _PRICING = pa.array(["on-demand", "spot", "reserved", "savings-plan"], pa.string())
+_LINE_CODE = {"Usage": 0, "DiscountedUsage": 2, "SavingsPlanCoveredUsage": 3}  # pricing code; -1: not usage
 _SEP_KV, _SEP_ITEM = "\x1f", "\x1e"
-# Strings read straight as Parquet dictionaries: grouping then hashes small integers.
-_DICT_COLUMNS = [USAGE_TYPE, LINE_TYPE, "line_item_resource_id", "line_item_usage_account_id",
-                 "line_item_currency_code", "product_region_code"]
+# Strings read straight as Parquet dictionaries: lookups and grouping then touch small integers.
+_DICT_COLUMNS = (USAGE_TYPE, LINE_TYPE, RESOURCE, ACCOUNT, CURRENCY, REGION)
+_EMPTY = pa.array([""], pa.string())
 
 
-def _as_dictionary(col: pa.ChunkedArray) -> pa.DictionaryArray:
-    col = col.unify_dictionaries() if pa.types.is_dictionary(col.type) else col
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    return arr
-
-
-def _gpu_rows(head: pa.Table, gpu_re: re.Pattern) -> tuple[pa.Array, pa.Array, pa.Array] | None:
-    """Mask of the GPU usage rows; instance type and pricing model of the kept rows.
-
-    All string work happens on the dictionaries (a few hundred distinct usage
-    types); rows only see integer lookups.
-    """
-    ut = _as_dictionary(head.column(USAGE_TYPE))
-    lt = _as_dictionary(head.column(LINE_TYPE))
-    ut_values = ut.dictionary.to_pylist()
-    lt_values = lt.dictionary.to_pylist()
-    is_gpu = np.array([v is not None and bool(gpu_re.search(v)) for v in ut_values] + [False])
-    if not is_gpu.any():
-        return None
-    # Line type -> pricing code (0 = decided by the usage type), -1 = not usage.
-    lt_code = np.array([{"Usage": 0, "DiscountedUsage": 2, "SavingsPlanCoveredUsage": 3}.get(v, -1)
-                        for v in lt_values] + [-1], dtype=np.int8)
-    ut_idx = ut.indices.fill_null(len(ut_values)).to_numpy(zero_copy_only=False)
-    lt_idx = lt.indices.fill_null(len(lt_values)).to_numpy(zero_copy_only=False)
-    mask = is_gpu[ut_idx] & (lt_code[lt_idx] >= 0)
-    if not mask.any():
-        return None
-    ut_kept, lt_kept = ut_idx[mask], lt_idx[mask]
-    itypes = [m.group(1) if v and (m := re.search(INSTANCE_TYPE_PATTERN, v)) else "" for v in ut_values]
-    instance_type = pa.DictionaryArray.from_arrays(pa.array(ut_kept.astype(np.int32)), pa.array(itypes + [""], pa.string()))
-    spot = np.array([v is not None and "SpotUsage:" in v for v in ut_values] + [False], dtype=np.int8)
-    code = lt_code[lt_kept]
-    code = np.where(code > 0, code, spot[ut_kept])
-    pricing = pa.DictionaryArray.from_arrays(pa.array(code.astype(np.int8)), _PRICING)
-    return pa.array(mask), instance_type, pricing
-
-
-def _read_file(name: str, source, gpu_re: re.Pattern) -> Iterator[tuple[pa.Table, int, list[str]]]:
-    """The GPU usage rows of one file, one row group at a time (with its row count)."""
+def _open(src: ParquetSource, tag_dictionary: bool) -> pq.ParquetFile:
+    """The file, its strings (and with `tag_dictionary` its tag keys and values) read as dictionaries."""
     try:
-        handle = source.open() if isinstance(source, _S3Object) else source
-        pf = pq.ParquetFile(handle, read_dictionary=_DICT_COLUMNS)
+        handle = src.path if src.filesystem is None else src.filesystem.open_input_file(src.path)
     except (pa.ArrowException, OSError) as exc:
-        raise BillingDataError(f"{name}: not a readable Parquet file (truncated or not Parquet?): {exc}") from None
-    schema = pf.schema_arrow
-    warnings = _check_schema(name, schema)
-    other = [c for c in (*REQUIRED, *OPTIONAL) if c in schema.names and c not in (USAGE_TYPE, LINE_TYPE)]
-    for i in range(pf.num_row_groups):
-        try:
-            head = pf.read_row_group(i, columns=[USAGE_TYPE, LINE_TYPE])
-            found = _gpu_rows(head, gpu_re)
-            if found is None:
-                yield pa.table({}), head.num_rows, warnings
-                continue
-            mask, itype, pricing = found
-            rest = pf.read_row_group(i, columns=other).filter(mask)
-        except (pa.ArrowException, OSError) as exc:
-            raise BillingDataError(f"{name}: row group {i} unreadable (truncated file?): {exc}") from None
-        rest = rest.append_column("instance_type", itype).append_column("pricing_model", pricing)
-        yield rest, head.num_rows, warnings
-        warnings = []
+        raise BillingDataError(f"{src.name}: cannot open: {exc}") from None
+    remote = src.filesystem is not None
+    try:
+        meta = pq.read_metadata(handle)
+        names = set(meta.schema.to_arrow_schema().names)
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        wanted = [c for c in _DICT_COLUMNS if c in names]
+        if tag_dictionary:
+            wanted += [p for p in leaves if p.startswith(TAGS + ".")]
+        # Remote: fetch each row group's needed column chunks in a few coalesced ranged GETs.
+        return pq.ParquetFile(handle, metadata=meta, read_dictionary=wanted, pre_buffer=remote,
+                              buffer_size=0 if remote else READ_BUFFER)
+    except (pa.ArrowException, OSError) as exc:
+        raise BillingDataError(f"{src.name}: not a readable Parquet file (truncated or not Parquet?): {exc}") from None
 
 
-def _num(t: pa.Table, col: str) -> pa.Array:
-    if col not in t.column_names or pa.types.is_null(t.schema.field(col).type):
-        return pa.nulls(t.num_rows, pa.float64())
-    return pc.cast(t.column(col), pa.float64())
+def _dict_array(arr: pa.Array) -> pa.DictionaryArray:
+    if pa.types.is_dictionary(arr.type):
+        return arr
+    if pa.types.is_null(arr.type):
+        return pa.DictionaryArray.from_arrays(pa.nulls(len(arr), pa.int32()), pa.array([], pa.string()))
+    return pc.dictionary_encode(arr)
 
 
-def _key(t: pa.Table, col: str) -> pa.Array:
-    """A string key column as a dictionary with '' for null (CUR leaves many blank)."""
-    if col not in t.column_names or pa.types.is_null(t.schema.field(col).type):
-        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(t.num_rows, np.int32)), pa.array([""]))
-    arr = _as_dictionary(t.column(col))
+def _indices(d: pa.DictionaryArray) -> np.ndarray:
+    """Dictionary indices as numpy, null -> len(dictionary) (callers append one entry for it)."""
+    idx = d.indices
+    if idx.null_count:
+        idx = idx.fill_null(len(d.dictionary))
+    return idx.to_numpy(zero_copy_only=False)
+
+
+def _strings(d: pa.DictionaryArray) -> pa.Array:
+    """The dictionary's values plus '' for null (CUR leaves many keys blank)."""
+    return pa.concat_arrays([d.dictionary.cast(pa.string()), _EMPTY])
+
+
+def _floats(b: pa.RecordBatch, col: str) -> np.ndarray:
+    """A number column as float64, NaN for null or absent (NaN fails every bound, so it is excluded)."""
+    if col not in b.schema.names or pa.types.is_null(b.schema.field(col).type):
+        return np.full(b.num_rows, np.nan)
+    arr = b.column(col)
+    if arr.type != pa.float64():
+        arr = pc.cast(arr, pa.float64())
     if arr.null_count:
-        values = pa.concat_arrays([arr.dictionary.cast(pa.string()), pa.array([""])])
-        arr = pa.DictionaryArray.from_arrays(arr.indices.fill_null(len(values) - 1), values)
-    return arr
+        arr = arr.fill_null(np.nan)
+    return arr.to_numpy(zero_copy_only=False)
 
 
-def _tag_keys(t: pa.Table) -> pa.DictionaryArray:
-    """Each row's tags flattened to one string (k\\x1fv\\x1e...), dictionary-encoded.
+class _UsageTypes:
+    """What each distinct usage type means: GPU or not, spot or not, the instance type.
 
-    Rows share a handful of tag sets, so JSON and the team/project/owner lookup
-    are done once per distinct set, after aggregation.
-    """
-    n = t.num_rows
-    if "resource_tags" not in t.column_names or not pa.types.is_map(t.schema.field("resource_tags").type):
-        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([""]))
-    maps = t.column("resource_tags").combine_chunks()
-    if maps.offset or (len(maps.offsets) and maps.offsets[0].as_py() != 0):
-        maps = pc.take(maps, pa.array(np.arange(n)))  # fresh offsets starting at 0
-    kv = pc.binary_join_element_wise(maps.keys, pc.fill_null(maps.items, ""), _SEP_KV)
-    lists = pa.ListArray.from_arrays(maps.offsets, kv, mask=maps.is_null())
-    return pc.dictionary_encode(pc.fill_null(pc.binary_join(lists, _SEP_ITEM), ""))
+    Worked out once per Parquet dictionary (a row group's batches share one)."""
+
+    def __init__(self, gpu_re: re.Pattern) -> None:
+        self.gpu_re = gpu_re
+        self._dictionary: pa.Array | None = None
+        self._classes: tuple[np.ndarray, np.ndarray, pa.Array] | None = None
+
+    def classes(self, dictionary: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+        """(is_gpu, is_spot, instance type) per dictionary entry, plus one entry for null."""
+        if self._dictionary is None or not self._dictionary.equals(dictionary):
+            values = dictionary.to_pylist()
+            is_gpu = np.array([v is not None and bool(self.gpu_re.search(v)) for v in values] + [False])
+            spot = np.array([v is not None and "SpotUsage:" in v for v in values] + [False], dtype=np.int8)
+            itypes = [m.group(1) if v and (m := re.search(INSTANCE_TYPE_PATTERN, v)) else "" for v in values]
+            self._dictionary, self._classes = dictionary, (is_gpu, spot, pa.array(itypes + [""], pa.string()))
+        return self._classes
 
 
-def _normalise(name: str, t: pa.Table, start: datetime, end: datetime, max_line_cost: float,
-               counts: dict[str, int]) -> pa.Table:
-    """One row group's GPU rows -> the flat key and value columns the aggregation groups on."""
-    ts = t.column(START)
+@dataclass
+class _Kept:
+    """The GPU usage lines of one batch that count: in the period, cost and hours valid."""
+    batch: pa.RecordBatch
+    rows: np.ndarray  # their positions in the batch
+    pricing: np.ndarray  # index into _PRICING
+    cost: np.ndarray
+    usage: np.ndarray
+    usage_type: np.ndarray  # index into instance_types
+    instance_types: pa.Array
+
+
+def _in_period(ts: pa.Array, start: datetime, end: datetime) -> np.ndarray:
     tz = getattr(ts.type, "tz", None)
     lo = pa.scalar(start if tz else start.replace(tzinfo=None), ts.type)
     hi = pa.scalar(end if tz else end.replace(tzinfo=None), ts.type)
-    t = t.filter(pc.fill_null(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)), False))
-    if not t.num_rows:
-        return t
-    code = t.column("pricing_model").combine_chunks().indices
-    cost = pc.if_else(pc.equal(code, 2), _num(t, "reservation_effective_cost"),
-                      pc.if_else(pc.equal(code, 3), _num(t, "savings_plan_savings_plan_effective_cost"),
-                                 _num(t, "line_item_unblended_cost")))
-    usage = _num(t, "line_item_usage_amount")
+    return pc.fill_null(pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi)), False).to_numpy(zero_copy_only=False)
+
+
+def _select(b: pa.RecordBatch, usage_types: _UsageTypes, period: tuple[datetime, datetime] | None,
+            max_line_cost: float) -> tuple[_Kept | None, np.ndarray]:
+    """The batch's kept lines, and the positions of its GPU usage lines excluded for a bad cost or usage."""
+    none = np.zeros(0, np.int64)
+    ut = _dict_array(b.column(USAGE_TYPE))
+    is_gpu, spot, itypes = usage_types.classes(ut.dictionary)
+    if not is_gpu.any():
+        return None, none
+    lt = _dict_array(b.column(LINE_TYPE))
+    lt_code = np.array([_LINE_CODE.get(v, -1) for v in lt.dictionary.to_pylist()] + [-1], dtype=np.int8)
+    ut_idx, code = _indices(ut), lt_code[_indices(lt)]
+    mask = is_gpu[ut_idx] & (code >= 0)
+    if period is not None and mask.any():
+        mask &= _in_period(b.column(START), *period)
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        return None, none
+    ut_idx, code = ut_idx[rows], code[rows]
+    code = np.where(code > 0, code, spot[ut_idx])
+    cost = _floats(b, UNBLENDED)[rows]
+    for pricing_code, col in ((2, RI_COST), (3, SP_COST)):
+        covered = code == pricing_code
+        if covered.any():
+            cost[covered] = _floats(b, col)[rows[covered]]
+    usage = _floats(b, USAGE)[rows]
     # nan compares false and inf is above any bound, so neither survives as a cost or a usage.
-    ok = pc.fill_null(pc.and_(pc.and_(pc.greater_equal(cost, 0.0), pc.less_equal(cost, max_line_cost)),
-                              pc.and_(pc.greater_equal(usage, 0.0), pc.less_equal(usage, MAX_LINE_HOURS))), False)
-    bad = t.num_rows - pc.sum(pc.cast(ok, pa.int64())).as_py()
+    with np.errstate(invalid="ignore"):
+        ok = (cost >= 0.0) & (cost <= max_line_cost) & (usage >= 0.0) & (usage <= MAX_LINE_HOURS)
+    bad = rows[~ok]
+    if not ok.any():
+        return None, bad
+    return _Kept(b, rows[ok], code[ok], cost[ok], usage[ok], ut_idx[ok], itypes), bad
+
+
+def _period_coverage(rg: pq.RowGroupMetaData, leaf: int, start: datetime, end: datetime) -> str:
+    """'all', 'none' or 'some' of a row group's start dates in [start, end), from its statistics."""
+    try:
+        stats = rg.column(leaf).statistics if leaf >= 0 else None
+        if stats is None or not stats.has_min_max or not stats.has_null_count:
+            return "some"
+        lo, hi = _as_utc(stats.min), _as_utc(stats.max)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):  # statistics pyarrow cannot convert
+        return "some"
+    if lo is None or hi is None:
+        return "some"
+    if hi < start or lo >= end:
+        return "none"
+    return "all" if lo >= start and hi < end and stats.null_count == 0 else "some"
+
+
+def _as_utc(v) -> datetime | None:
+    if isinstance(v, datetime):
+        return v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+    if isinstance(v, date):
+        return datetime(v.year, v.month, v.day, tzinfo=timezone.utc)
+    return None
+
+
+@dataclass
+class _Found:
+    """What reading found besides the lines: warnings and how many line items were read."""
+    warnings: list[str] = field(default_factory=list)
+    rows_read: int = 0
+
+
+@contextmanager
+def _returning_pool() -> Iterator[None]:
+    """Read with a memory pool that hands freed batches back to the system.
+
+    pyarrow's default pool (mimalloc) keeps what a streamed read frees: about 80 MiB
+    more peak memory for the same 20 MiB of live batches. jemalloc (or the system
+    allocator where a build lacks it) returns it. Buffers remember their pool, so
+    restoring the default afterwards is safe; a pool the user chose
+    (ARROW_DEFAULT_MEMORY_POOL) is kept."""
+    previous = pa.default_memory_pool()
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or previous.backend_name != "mimalloc":
+        yield
+        return
+    try:
+        pool = pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+def _scan_file(src: ParquetSource, usage_types: _UsageTypes, start: datetime, end: datetime, max_line_cost: float,
+               columns: Sequence[str], found: _Found, tag_dictionary: bool = False) -> Iterator[_Kept]:
+    """The kept GPU usage lines of one file, batch by batch, reading the cost columns plus `columns`."""
+    pf = _open(src, tag_dictionary)
+    schema = pf.schema_arrow
+    found.warnings.extend(_check_schema(src.name, schema))
+    base = [c for c in (USAGE_TYPE, LINE_TYPE, UNBLENDED, RI_COST, SP_COST, USAGE, CURRENCY) if c in schema.names]
+    base += [c for c in columns if c in schema.names and c not in base]
+    leaves = [pf.metadata.schema.column(i).path for i in range(pf.metadata.num_columns)]
+    start_leaf = leaves.index(START) if START in leaves else -1
+    bad, first_bad = 0, None
+    for i in range(pf.num_row_groups):
+        found.rows_read += pf.metadata.row_group(i).num_rows
+        coverage = _period_coverage(pf.metadata.row_group(i), start_leaf, start, end)
+        if coverage == "none":
+            continue
+        period = (start, end) if coverage == "some" else None
+        cols = base + [START] if period and START not in base else base
+        # One thread: a batch is a few columns of 64 Ki rows, and reading them on the pool's threads
+        # costs more memory (each thread's allocator cache) than it saves time.
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[i], columns=cols, use_threads=False)
+        offset = 0
+        while True:
+            try:
+                b = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise BillingDataError(f"{src.name}: row group {i} unreadable (truncated file?): {exc}") from None
+            if b is None:
+                break
+            try:
+                kept, excluded = _select(b, usage_types, period, max_line_cost)
+            except pa.ArrowException as exc:  # a value the schema check let through (e.g. an odd date type)
+                raise BillingDataError(f"{src.name}: cannot read the GPU line items: {exc}") from None
+            if len(excluded):
+                bad += len(excluded)
+                if first_bad is None and LINE_ID in schema.names:
+                    first_bad = _line_id(pf, i, offset + int(excluded[0]))
+            if kept is not None:
+                yield kept
+            offset += b.num_rows
+        # The pool keeps freed batches for reuse; hand them back so memory stays near one batch.
+        pa.default_memory_pool().release_unused()
     if bad:
-        counts["bad"] = counts.get("bad", 0) + bad
-        if "identity_line_item_id" in t.column_names:
-            counts.setdefault("first", pc.filter(t.column("identity_line_item_id"), pc.invert(ok))[0].as_py())
-        t, cost, usage = t.filter(ok), pc.filter(cost, ok), pc.filter(usage, ok)
-    return pa.table({
-        "date": pc.cast(t.column(START), pa.date32()),
-        "account": _key(t, "line_item_usage_account_id"),
-        "region": _key(t, "product_region_code"),
-        "resource_id": _key(t, "line_item_resource_id"),
-        "instance_type": t.column("instance_type"),
-        "pricing_model": t.column("pricing_model"),
-        "currency": _key(t, "line_item_currency_code"),
-        "tags_key": _tag_keys(t),
-        "cost": cost,
-        "usage_hours": usage,
-    })
+        found.warnings.append(
+            f"{src.name}: {bad} GPU line item(s) excluded: cost (line_item_unblended_cost, or "
+            f"reservation_effective_cost / savings_plan_savings_plan_effective_cost for RI / SP lines) "
+            f"missing, negative or above {max_line_cost:g}, or line_item_usage_amount negative or above "
+            f"{MAX_LINE_HOURS:g}" + (f" (first: identity_line_item_id={first_bad})" if first_bad is not None else ""))
+
+
+def _line_id(pf: pq.ParquetFile, row_group: int, row: int) -> str | None:
+    """identity_line_item_id of one line, read only when a line is excluded (to name it)."""
+    try:
+        return pf.read_row_group(row_group, columns=[LINE_ID]).column(0)[row].as_py()
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _key_codes(kept: _Kept, col: str) -> tuple[np.ndarray, pa.Array]:
+    """A string column of the kept lines as (codes, values); null or absent is ''."""
+    if col not in kept.batch.schema.names:
+        return np.zeros(len(kept.rows), np.int64), _EMPTY
+    d = _dict_array(kept.batch.column(col))
+    return _indices(d)[kept.rows], _strings(d)
+
+
+def _tag_value_codes(kept: _Kept, keys: Sequence[str]) -> tuple[np.ndarray, pa.Array]:
+    """Per kept line, the value of the first of `keys` its tags hold non-empty ('' if none), as
+    _tag_lookup() does on a dict of the tags: a key given twice counts with its last value."""
+    b = kept.batch
+    if TAGS not in b.schema.names or not pa.types.is_map(b.schema.field(TAGS).type):
+        return np.zeros(len(kept.rows), np.int64), _EMPTY
+    maps = b.column(TAGS)
+    offsets = maps.offsets.to_numpy(zero_copy_only=False)
+    kd, vd = _dict_array(maps.keys), _dict_array(maps.items)
+    values = _strings(vd)
+    nonempty = np.array([bool(v) for v in vd.dictionary.to_pylist()] + [False])
+    rank = {}
+    for r, k in enumerate(keys):
+        rank.setdefault(k, r)
+    key_rank = np.array([rank.get(k, -1) for k in kd.dictionary.to_pylist()] + [-1])
+    entry_rank = key_rank[_indices(kd)]
+    # Entries of this batch's maps (a sliced batch may see children outside it) with a wanted key.
+    entries = np.flatnonzero(entry_rank >= 0)
+    entries = entries[(entries >= offsets[0]) & (entries < offsets[-1])]
+    code = np.full(len(maps), len(values) - 1, np.int64)
+    if len(entries):
+        row = np.searchsorted(offsets, entries, side="right") - 1
+        if maps.null_count:
+            valid = maps.is_valid().to_numpy(zero_copy_only=False)[row]
+            entries, row = entries[valid], row[valid]
+        value, erank = _indices(vd)[entries], entry_rank[entries]
+        # Worst-ranked key first, so a better-ranked key with a value overwrites it.
+        for r in sorted(set(erank.tolist()), reverse=True):
+            at = erank == r
+            r_rows, r_values = row[at], value[at]
+            last = np.r_[r_rows[1:] != r_rows[:-1], True]
+            r_rows, r_values = r_rows[last], r_values[last]
+            has = nonempty[r_values]
+            code[r_rows[has]] = r_values[has]
+    return code[kept.rows], values
+
+
+# --------------------------------------------------------------------------- per-key totals
+
+
+@dataclass
+class CurTotals:
+    table: pd.DataFrame  # totals.TOTAL_COLUMNS
+    warnings: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    rows_read: int = 0
+
+
+def cur_totals(
+    path: str,
+    start: datetime,
+    end: datetime,
+    families: Sequence[str],
+    by: str,
+    tag_keys: TagKeys = TagKeys(),
+    max_line_cost: float = 100_000.0,
+    filesystem: pafs.FileSystem | None = None,
+) -> CurTotals:
+    """Cost and usage hours per `by` key (instance, team, project, instance_type, account) and currency,
+    for usage starting in [start, end): read_cur()'s table summed at that grain, in one pass."""
+    if by not in GRAINS:
+        raise ValueError(f"unknown grain {by!r}; expected one of {sorted(GRAINS)}")
+    source = GRAIN_SOURCE[by]
+    usage_types = _UsageTypes(re.compile(gpu_usage_pattern(families)))
+    found = _Found()
+    files = list_parquet(path, filesystem)
+    partials: list[pa.Table] = []
+    tag_names = getattr(tag_keys, by) if source == TAGS else ()
+    columns = [] if source == USAGE_TYPE else [source]
+    with _returning_pool():
+        for src in files:
+            for kept in _scan_file(src, usage_types, start, end, max_line_cost, columns, found,
+                                   tag_dictionary=source == TAGS):
+                if source == TAGS:
+                    keys, key_values = _tag_value_codes(kept, tag_names)
+                elif source == USAGE_TYPE:
+                    keys, key_values = kept.usage_type, kept.instance_types
+                else:
+                    keys, key_values = _key_codes(kept, source)
+                partials.append(_group_sums(keys, key_values, *_key_codes(kept, CURRENCY), kept.cost, kept.usage))
+                if sum(p.num_rows for p in partials) > COMPACT_TOTALS:
+                    partials = [_total(pa.concat_tables(partials))]
+    for w in found.warnings:
+        log.warning("%s", w)
+    names = [s.name for s in files]
+    if not partials:
+        found.warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
+        return CurTotals(empty_totals(), found.warnings, names, found.rows_read)
+    df = _total(pa.concat_tables(partials)).to_pandas()
+    df = df[list(TOTAL_COLUMNS)].sort_values(["key", "currency"], kind="stable").reset_index(drop=True)
+    single_currency(df, path)
+    return CurTotals(df, found.warnings, names, found.rows_read)
+
+
+def _total(partials: pa.Table) -> pa.Table:
+    out = partials.group_by(["key", "currency"]).aggregate([("cost", "sum"), ("usage_hours", "sum")])
+    return out.rename_columns([c.removesuffix("_sum") for c in out.column_names]).select(list(TOTAL_COLUMNS))
+
+
+def _group_sums(keys: np.ndarray, key_values: pa.Array, currencies: np.ndarray, currency_values: pa.Array,
+                cost: np.ndarray, usage: np.ndarray) -> pa.Table:
+    """Cost and hours per (key, currency) of one batch, as strings: batches' dictionaries differ."""
+    n_cur = len(currency_values)
+    group = keys.astype(np.int64) * n_cur + currencies
+    size = len(key_values) * n_cur
+    if size <= 4 * len(group) + 1024:
+        count = np.bincount(group, minlength=size)
+        present = np.flatnonzero(count)
+        sums = [np.bincount(group, weights=w, minlength=size)[present] for w in (cost, usage)]
+    else:  # a dictionary much larger than the batch's kept lines
+        present, inverse = np.unique(group, return_inverse=True)
+        sums = [np.bincount(inverse, weights=w, minlength=len(present)) for w in (cost, usage)]
+    return pa.table({"key": key_values.take(pa.array(present // n_cur)),
+                     "currency": currency_values.take(pa.array(present % n_cur)),
+                     "cost": sums[0], "usage_hours": sums[1]})
+
+
+# --------------------------------------------------------------------------- the cost table
 
 
 def read_cur(
@@ -301,42 +572,81 @@ def read_cur(
     families: Sequence[str],
     tag_keys: TagKeys = TagKeys(),
     max_line_cost: float = 100_000.0,
-    s3_client=None,
+    filesystem: pafs.FileSystem | None = None,
 ) -> CurResult:
     """GPU instance cost per resource per day for usage starting in [start, end)."""
-    gpu_re = re.compile(gpu_usage_pattern(families))
-    warnings: list[str] = []
+    usage_types = _UsageTypes(re.compile(gpu_usage_pattern(families)))
+    found = _Found()
     partials: list[pa.Table] = []
-    files = list_parquet(path, s3_client)
-    rows_read = 0
-    for name, source in files:
-        counts: dict[str, int] = {}
-        for piece, n, file_warnings in _read_file(name, source, gpu_re):
-            warnings.extend(file_warnings)
-            rows_read += n
-            if piece.num_rows:
+    pending: list[pa.Table] = []
+    files = list_parquet(path, filesystem)
+    with _returning_pool():
+        for src in files:
+            for kept in _scan_file(src, usage_types, start, end, max_line_cost,
+                                   (START, ACCOUNT, REGION, RESOURCE, TAGS), found):
                 try:
-                    rows = _normalise(name, piece, start, end, max_line_cost, counts)
+                    rows = _cost_rows(kept)
                 except pa.ArrowException as exc:  # a value the schema check let through (e.g. an odd date type)
-                    raise BillingDataError(f"{name}: cannot read the GPU line items: {exc}") from None
-                if rows.num_rows:
-                    # Aggregate each row group at once: memory stays at one group + the sums.
-                    partials.append(_sum(rows))
-        if counts.get("bad"):
-            warnings.append(
-                f"{name}: {counts['bad']} GPU line item(s) excluded: cost (line_item_unblended_cost, or "
-                f"reservation_effective_cost / savings_plan_savings_plan_effective_cost for RI / SP lines) "
-                f"missing, negative or above {max_line_cost:g}, or line_item_usage_amount negative or above "
-                f"{MAX_LINE_HOURS:g}"
-                + (f" (first: identity_line_item_id={counts['first']})" if "first" in counts else ""))
-    for w in warnings:
+                    raise BillingDataError(f"{src.name}: cannot read the GPU line items: {exc}") from None
+                # Sum every COMPACT_ROWS lines (one group_by per million lines, not per batch), and the sums
+                # again when they grow: memory stays near that many lines plus the sums.
+                pending.append(rows)
+                if sum(p.num_rows for p in pending) >= COMPACT_ROWS:
+                    partials, pending = _add_sums(partials, pending), []
+        if pending:
+            partials = _add_sums(partials, pending)
+    for w in found.warnings:
         log.warning("%s", w)
+    names = [s.name for s in files]
     if not partials:
-        warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
-        return CurResult(empty_table(), warnings, [n for n, _ in files], rows_read)
+        found.warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
+        return CurResult(empty_table(), found.warnings, names, found.rows_read)
     table = _finish(_sum(pa.concat_tables(partials).unify_dictionaries()), tag_keys, "cur")
     single_currency(table, path)
-    return CurResult(table, warnings, [n for n, _ in files], rows_read)
+    return CurResult(table, found.warnings, names, found.rows_read)
+
+
+def _add_sums(partials: list[pa.Table], pending: list[pa.Table]) -> list[pa.Table]:
+    partials = [*partials, _sum(pa.concat_tables(pending).unify_dictionaries())]
+    if sum(p.num_rows for p in partials) > 2 * COMPACT_ROWS:
+        partials = [_sum(pa.concat_tables(partials).unify_dictionaries())]
+    return partials
+
+
+def _cost_rows(kept: _Kept) -> pa.Table:
+    """The kept lines as the key and value columns the cost table groups on."""
+    b, rows = kept.batch, pa.array(kept.rows)
+
+    def coded(codes: np.ndarray, values: pa.Array) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), values)
+
+    return pa.table({
+        "date": pc.cast(b.column(START).take(rows), pa.date32()),
+        "account": coded(*_key_codes(kept, ACCOUNT)),
+        "region": coded(*_key_codes(kept, REGION)),
+        "resource_id": coded(*_key_codes(kept, RESOURCE)),
+        "instance_type": coded(kept.usage_type, kept.instance_types),
+        "pricing_model": coded(kept.pricing, _PRICING),
+        "currency": coded(*_key_codes(kept, CURRENCY)),
+        "tags_key": _tag_keys(b.column(TAGS).take(rows) if TAGS in b.schema.names else None, len(kept.rows)),
+        "cost": kept.cost,
+        "usage_hours": kept.usage,
+    })
+
+
+def _tag_keys(maps: pa.Array | None, n: int) -> pa.DictionaryArray:
+    """Each row's tags flattened to one string (k\\x1fv\\x1e...), dictionary-encoded.
+
+    Rows share a handful of tag sets, so JSON and the team/project/owner lookup
+    are done once per distinct set, after aggregation.
+    """
+    if maps is None or not pa.types.is_map(maps.type):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), _EMPTY)
+    if maps.offset or (len(maps.offsets) and maps.offsets[0].as_py() != 0):
+        maps = pc.take(maps, pa.array(np.arange(n)))  # fresh offsets starting at 0
+    kv = pc.binary_join_element_wise(maps.keys, pc.fill_null(maps.items, ""), _SEP_KV)
+    lists = pa.ListArray.from_arrays(maps.offsets, kv, mask=maps.is_null())
+    return pc.dictionary_encode(pc.fill_null(pc.binary_join(lists, _SEP_ITEM), ""))
 
 
 _KEYS = ["date", "account", "region", "resource_id", "instance_type", "pricing_model", "currency", "tags_key"]

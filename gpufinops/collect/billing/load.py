@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
-import boto3
 import pandas as pd
 
 from ...config import Settings
 from .schema import BillingDataError
 from .settings import BillingSettings, billing_settings
+from .totals import table_totals
 
 
 @dataclass
@@ -22,9 +23,47 @@ class LoadedCosts:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class LoadedTotals:
+    table: pd.DataFrame  # totals.TOTAL_COLUMNS: key, currency, cost, usage_hours
+    source: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def _session(settings: Settings):
+    import boto3  # here, not at import: a local CUR or FOCUS file needs no AWS SDK (~10 MiB resident)
+
+    return boto3.session.Session(profile_name=settings.aws.profile) if settings.aws.profile else boto3.session.Session()
+
+
 def aws_client(settings: Settings, service: str, region: str):
-    session = boto3.session.Session(profile_name=settings.aws.profile) if settings.aws.profile else boto3.session.Session()
-    return session.client(service, region_name=region, endpoint_url=settings.aws.endpoint_url)
+    return _session(settings).client(service, region_name=region, endpoint_url=settings.aws.endpoint_url)
+
+
+def s3_filesystem(settings: Settings, path: str):
+    """pyarrow's S3 filesystem with the credentials, endpoint (moto in tests) and region boto3 uses, so CUR
+    objects are read by ranged GETs as the reader needs them, never downloaded whole into memory."""
+    from pyarrow import fs
+
+    session = _session(settings)
+    credentials = session.get_credentials()
+    options: dict = {"region": settings.aws.regions[0], "connect_timeout": 10, "request_timeout": 60}
+    if credentials is not None:
+        frozen = credentials.get_frozen_credentials()
+        options.update(access_key=frozen.access_key, secret_key=frozen.secret_key, session_token=frozen.token)
+    if settings.aws.endpoint_url:
+        url = urlsplit(settings.aws.endpoint_url)
+        options.update(endpoint_override=url.netloc + url.path.rstrip("/"), scheme=url.scheme or "https")
+    else:
+        # boto3 follows a bucket's region redirect by itself; the C++ SDK needs the region up front.
+        try:
+            options["region"] = fs.resolve_s3_region(path[len("s3://"):].split("/", 1)[0])
+        except (OSError, ValueError):
+            pass
+    try:
+        return fs.S3FileSystem(**options)
+    except (OSError, ValueError) as exc:
+        raise BillingDataError(f"{path}: cannot set up S3 access: {exc}") from None
 
 
 def _complete_through(table: pd.DataFrame, start: datetime, end: datetime, now: datetime) -> datetime:
@@ -58,8 +97,8 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
     if source == "cur":
         from .cur import read_cur
 
-        s3 = aws_client(settings, "s3", settings.aws.regions[0]) if path.startswith("s3://") else None
-        r = read_cur(path, start, end, families, bs.tag_keys, bs.max_line_cost, s3_client=s3)
+        s3 = s3_filesystem(settings, path) if path.startswith("s3://") else None
+        r = read_cur(path, start, end, families, bs.tag_keys, bs.max_line_cost, filesystem=s3)
         return LoadedCosts(r.table, "cur", _complete_through(r.table, start, end, now), r.warnings)
     if source == "focus":
         from .focus import read_focus
@@ -67,3 +106,22 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
         r = read_focus(path, start, end, bs)
         return LoadedCosts(r.table, "focus", _complete_through(r.table, start, end, now), r.warnings)
     raise BillingDataError(f"unknown billing source {source!r}; expected ce, cur, focus or athena")
+
+
+def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: datetime, by: str,
+                     source: str | None = None, path: str | None = None,
+                     bs: BillingSettings | None = None) -> LoadedTotals:
+    """Cost and usage hours per `by` key (totals.GRAINS) for the period. CUR is read in one pass at that
+    grain (no per-day, per-tag table); the other sources sum their cost table."""
+    bs = bs or billing_settings(settings)
+    source = source or bs.source
+    path = path or bs.path
+    if source == "cur" and path:
+        from .cur import cur_totals
+
+        s3 = s3_filesystem(settings, path) if path.startswith("s3://") else None
+        r = cur_totals(path, start, end, tuple(bs.gpu_families or settings.aws.gpu_families), by, bs.tag_keys,
+                       bs.max_line_cost, filesystem=s3)
+        return LoadedTotals(r.table, "cur", r.warnings)
+    loaded = load_cost_table(settings, start, end, now, source=source, path=path, bs=bs)
+    return LoadedTotals(table_totals(loaded.table, by), loaded.source, loaded.warnings)
