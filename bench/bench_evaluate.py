@@ -13,13 +13,7 @@ Two tables:
 
      1 pass    one plain `max by (<GPU identity>) (max_over_time(DCGM_FI_DEV_GPU_UTIL[w]))` over the
                same window: the least any collector must ask
-     tick      one PrometheusMetrics.window_usage over the whole fleet (what the service sends per tick),
-               from the raw samples (recording_rules: off)
-     --recording: the engine also holds the 5-minute buckets of deploy/prometheus/gpufinops-recording.yml
-               (evaluated by a first Prometheus over the window, tests/recorded.py), and
-               tick, recorded buckets   the same call with recording_rules: on
-               rules, per minute        one evaluation of every rule (each expression as an instant
-                                        query, which is what the rule engine runs) x 60 / 300 s
+     tick      one PrometheusMetrics.window_usage over the whole fleet (what the service sends per tick)
 
    each the median of `--repeat` runs, and the ratio to 1 pass.
 2. Wall time and memory (`--wall`): fixed query set vs the naive way (the same query set once per
@@ -27,7 +21,10 @@ Two tables:
    Python heap (tracemalloc, a second traced call) and peak RSS of the child.
 
     python bench/bench_evaluate.py [--sizes 1000,10000,20000] [--window 3600] [--engines prometheus,vm]
-                                   [--recording] [--wall [--naive]]
+                                   [--wall [--naive]]
+
+(A read from recorded 5-minute buckets was measured with this script and removed: 1.08 engine CPU-s per tick
+at 1k GPUs against 0.52 from the raw samples; BENCHMARKS.md "Prometheus work per tick".)
 
 Progress goes to stderr; the tables to stdout.
 """
@@ -51,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.promserver, when run from anywhere
 
 from gpufinops.collect.prometheus import (  # noqa: E402
-    BUCKET_S, FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics, PromQL, PromReader, gpu_identity_labels,
+    FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics, PromReader, gpu_identity_labels,
 )
 from gpufinops.config import PrometheusSettings  # noqa: E402
 from gpufinops.model import GpuInstance  # noqa: E402
@@ -130,8 +127,7 @@ def one_pass_query(settings: PrometheusSettings, window_s: int) -> str:
     return f"max by ({by}) (max_over_time({GPU_UTIL}[{window_s * 1000 - 1}ms]))"
 
 
-def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int,
-             recording: str) -> list[tuple]:
+def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int) -> list[tuple]:
     settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300)
     at = now.timestamp()
     reader = PromReader(settings)
@@ -140,23 +136,15 @@ def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: dat
     pass_cpu, pass_wall = engine_cpu(pid, lambda: reader.instant(baseline, at), repeat)
     ratio = (lambda cpu: cpu / pass_cpu) if pass_cpu > 0 else (lambda cpu: float("nan"))
     rows = [(engine, "1 pass", pass_cpu, pass_wall, 1, 1.0)]
-    for mode in ["off"] if recording == "off" else ["off", "on"]:
-        source = PrometheusMetrics(settings.model_copy(update={"recording_rules": mode}))
-        usage = source.window_usage(instances, window_s, now)  # warm
-        errors = [u.error for u in usage.values() if u.error]
-        if errors:
-            log(f"{engine}: {len(errors)} instances answered with an error: {errors[0]}")
-        before = source.queries_made
-        tick_cpu, tick_wall = engine_cpu(pid, lambda s=source: s.window_usage(instances, window_s, now), repeat)
-        queries = (source.queries_made - before) // repeat
-        if mode == "off":
-            rows.append((engine, "tick, raw samples", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
-            continue
-        rows.append((engine, "tick, recorded buckets", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
-        rule_cpu, rule_wall = rules_cpu(pid, url, now, repeat)
-        rows.append((engine, "rules, per minute", rule_cpu, rule_wall, "-", ratio(rule_cpu)))
-        rows.append((engine, "tick + rules per minute", tick_cpu + rule_cpu, tick_wall + rule_wall, "-",
-                     ratio(tick_cpu + rule_cpu)))
+    source = PrometheusMetrics(settings)
+    usage = source.window_usage(instances, window_s, now)  # warm
+    errors = [u.error for u in usage.values() if u.error]
+    if errors:
+        log(f"{engine}: {len(errors)} instances answered with an error: {errors[0]}")
+    before = source.queries_made
+    tick_cpu, tick_wall = engine_cpu(pid, lambda: source.window_usage(instances, window_s, now), repeat)
+    queries = (source.queries_made - before) // repeat
+    rows.append((engine, "tick, raw samples", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
     return rows
 
 
@@ -222,40 +210,12 @@ def wall_rows(url: str, instances, window_s: int, now: datetime, naive: bool) ->
 # --------------------------------------------------------------------------- engines
 
 
-def with_buckets(workdir: Path, series: list[Series], now: datetime, window_s: int) -> list[Series]:
-    """The raw series plus the buckets deploy/prometheus/gpufinops-recording.yml would have recorded over the
-    window, the last evaluation 97 s before now (tests/recorded.py: each rule evaluated by a first Prometheus)."""
-    from tests.recorded import recorded_buckets
-
-    last = now.timestamp() - 97
-    with start_prometheus(workdir / "evaluator", series) as evaluator:
-        buckets = recorded_buckets(evaluator.url, last - window_s - 2 * BUCKET_S, last)
-    log(f"recorded {len(buckets)} bucket series")
-    return series + buckets
-
-
 def start_engine(engine: str, workdir: Path, series: list[Series]):
     if engine == "vm":
         from tests.vmserver import start_victoria_metrics
 
         return start_victoria_metrics(workdir / "engine", series)
     return start_prometheus(workdir / "engine", series)
-
-
-def rules_cpu(pid: int, url: str, now: datetime, repeat: int) -> tuple[float, float]:
-    """Engine CPU of one evaluation of every recording rule (each expression as an instant query, which is
-    what the rule engine runs), per minute: the group runs every BUCKET_S seconds."""
-    reader = PromReader(PrometheusSettings(url=url, timeout_s=300))
-    rules = PromQL().recording_rules()
-    at = now.timestamp()
-
-    def evaluate_all():
-        for _record, expr in rules:
-            reader.instant(expr, at)
-
-    cpu, wall = engine_cpu(pid, evaluate_all, repeat)
-    per_minute = 60 / BUCKET_S
-    return cpu * per_minute, wall * per_minute
 
 
 def table(header: tuple[str, ...], rows: list[tuple]) -> None:
@@ -273,9 +233,6 @@ def main() -> int:
     ap.add_argument("--engines", default="prometheus", help="prometheus,vm")
     ap.add_argument("--sentinel-gpus", type=float, default=0.01, help="fraction of GPUs with sentinel samples")
     ap.add_argument("--repeat", type=int, default=3, help="runs per CPU figure (median)")
-    ap.add_argument("--recording", action="store_true",
-                    help="also backfill the recorded buckets and measure the tick with recording_rules: on, "
-                         "and the rules' own evaluation")
     ap.add_argument("--wall", action="store_true", help="also the wall/memory table (fixed vs naive)")
     ap.add_argument("--naive", action="store_true", help="with --wall: the per-instance baseline too (slow)")
     args = ap.parse_args()
@@ -285,9 +242,6 @@ def main() -> int:
         log(f"{n_gpus} GPUs: generating series")
         instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus)
         n_samples = sum(len(s.samples) for s in series)
-        if args.recording:
-            with tempfile.TemporaryDirectory(prefix="bench-rules-") as tmp:
-                series = with_buckets(Path(tmp), series, now, args.window)
         for engine in args.engines.split(","):
             with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-") as tmp:
                 log(f"{n_gpus} GPUs: {engine}: loading {len(series)} series / {n_samples} raw samples")
@@ -296,7 +250,7 @@ def main() -> int:
                 log(f"{n_gpus} GPUs: {engine} ready in {time.perf_counter() - t0:.1f}s at {server.url}")
                 try:
                     for row in cpu_rows(engine, server.url, server.process.pid, instances, args.window, now,
-                                        args.repeat, "on" if args.recording else "off"):
+                                        args.repeat):
                         cpu.append((n_gpus, *row))
                         log(f"{n_gpus} GPUs: {row[0]} {row[1]}: {row[2]:.2f} CPU-s")
                     if args.wall:

@@ -77,19 +77,6 @@ class PrometheusSettings(StrictModel):
     scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
-    # Read the window from the 5-minute buckets of deploy/prometheus/gpufinops-recording.yml: auto = when
-    # the recorded series exist (asked once), on = every tick (raw samples while they are missing), off.
-    # Off by default: on Prometheus 2.42 and VictoriaMetrics 1.79 the buckets cost more engine CPU per tick
-    # than the raw samples for windows up to 6 h (docs/scale.md).
-    recording_rules: Literal["auto", "on", "off"] = "off"
-
-    @field_validator("recording_rules")
-    @classmethod
-    def _recorded_series_know_no_selector(cls, value: str, info) -> str:
-        if value == "on" and str(info.data.get("selector") or "").strip():
-            raise ValueError("the shipped recording rules record no selector: with `selector` set, use "
-                             "recording_rules: off (or auto, which then reads the raw samples)")
-        return value
 
 
 class AwsSettings(StrictModel):

@@ -13,13 +13,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpufinops.collect.prometheus import (
-    BUCKET_S, FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, InstanceMatcher, PrometheusMetrics, PromQL,
+    FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, InstanceMatcher, PrometheusMetrics, PromQL,
     plan_detail,
 )
 from gpufinops.config import PrometheusSettings, SecretRef
 from gpufinops.model import GpuInstance
 from tests.promserver import Series, binaries_missing, dcgm_labels, start_prometheus
-from tests.recorded import recorded_buckets
 from tests.vmserver import binary_missing as vm_missing
 from tests.vmserver import start_victoria_metrics
 
@@ -31,7 +30,6 @@ WINDOW = 600  # 10 minutes: 20 expected samples
 NOW = datetime.fromtimestamp(int(time.time()) // SCRAPE * SCRAPE, timezone.utc)
 SENTINEL = 9.223372036854775e18
 N_QUERIES = 4  # one per signal, whatever the fleet
-PROBE = 1  # recording_rules: auto asks once whether the recorded series exist (off by default)
 ENGINES = ["prometheus", "victoriametrics"]
 
 
@@ -287,103 +285,6 @@ def test_backfill_thirty_days_old_is_queryable(engine_factory, engine):
     assert (recent[0].samples, recent[0].activity_mean) == (20, 66.0)
 
 
-# ------------------------------------------------------------------------ recorded buckets
-
-HOUR = 3600
-# The rule engine's last evaluation: 97 s of raw tail after it. Off the scrape grid by 7 s, as rule and scrape
-# times are in practice (each has its own hashed offset): on the grid, Prometheus 2's closed ranges would put
-# each boundary sample in two buckets (docs/metrics.md).
-LAST_BUCKET = NOW.timestamp() - 97
-I_REC = inst("i-0ccc00000000000c1", "ip-10-0-3-1.ec2.internal", "10.0.3.1")
-
-
-def recorded_fleet() -> list[Series]:
-    """Two hours at 30 s for one 5-GPU instance, each GPU testing one thing the buckets must get right."""
-    times = [NOW.timestamp() - SCRAPE * k for k in range(2 * HOUR // SCRAPE)][::-1]
-    end = NOW.timestamp()
-
-    def util(g: int, value) -> Series:
-        return Series(GPU_UTIL, dcgm_labels("ip-10-0-3-1", g, instance_id=I_REC.instance_id),
-                      [(t, value(t)) for t in times])
-
-    labels0 = dcgm_labels("ip-10-0-3-1", 0, instance_id=I_REC.instance_id)
-    return [
-        util(0, lambda t: 90.0 if t == end - 30 else 0.0),  # busy once, after the last bucket
-        util(1, lambda t: SENTINEL if t == end - 1800 else 20.0),  # a DCGM blank inside a bucket
-        util(2, lambda t: 5.0),  # a bucket the rule engine missed (left out below)
-        util(3, lambda t: 95.0 if t == end - HOUR - 60 else 10.0),  # busy 1 min before the window
-        util(4, lambda t: 50.0),
-        const(FB_USED, labels0, 1024.0, times),
-        const(POWER_USAGE, labels0, 70.0, times),
-    ]
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def recorded_prom(request, tmp_path_factory):
-    """An engine holding the raw fleet and the buckets the shipped rules would have recorded."""
-    raw = recorded_fleet()
-    if binaries_missing():
-        pytest.skip(binaries_missing())
-    evaluator = start_prometheus(tmp_path_factory.mktemp("rec-eval"), raw)
-    try:
-        missed = next(g for g in raw if g.labels["gpu"] == "2").labels["UUID"]
-        buckets = recorded_buckets(evaluator.url, LAST_BUCKET - 2 * HOUR + BUCKET_S, LAST_BUCKET,
-                                   skip=frozenset({(missed, LAST_BUCKET - 600)}))
-    finally:
-        evaluator.stop()
-    server = start_engine(request.param, tmp_path_factory.mktemp(f"rec-{request.param}"), raw + buckets)
-    yield server
-    server.stop()
-
-
-def read(url: str, mode: str, now: datetime = NOW) -> tuple[dict, int]:
-    source = PrometheusMetrics(PrometheusSettings(url=url, scrape_interval_s=SCRAPE, recording_rules=mode))
-    usage = source.window_usage([I_REC], HOUR, now)[I_REC.instance_id]
-    assert usage.error is None
-    return usage, source.queries_made
-
-
-def test_recorded_buckets_answer_as_the_raw_samples_do(recorded_prom):
-    rec, rec_queries = read(recorded_prom.url, "on")
-    raw, raw_queries = read(recorded_prom.url, "off")
-    assert raw_queries == N_QUERIES + 1  # + the raw samples of GPU 1 (the sentinel)
-    # The newest bucket, 4 signals from buckets + tail, then GPU 1 (sentinel) and GPU 2 (missed bucket).
-    assert rec_queries == 1 + N_QUERIES + 1
-    r, w = {g.gpu: g for g in rec.gpus}, {g.gpu: g for g in raw.gpus}
-    assert sorted(r) == sorted(w) == ["0", "1", "2", "3", "4"]
-    # The span read starts at the bucket boundary before the window: 97 s longer, 3 samples more expected.
-    assert rec.expected_samples == raw.expected_samples + 3 == 123
-    assert r["0"].activity_max == w["0"].activity_max == 90.0  # the raw tail after the last bucket is read
-    assert (r["0"].fb_used_max_mib, r["0"].power_mean_w) == (1024.0, 70.0)
-    for gpu in ("1", "2"):  # a sentinel / a missed bucket: that GPU's raw samples, exactly as the raw path
-        assert (r[gpu].samples, r[gpu].activity_mean, r[gpu].activity_max) == \
-            (w[gpu].samples, w[gpu].activity_mean, w[gpu].activity_max)
-    assert r["1"].samples == 119 and r["1"].dropped_invalid
-    assert r["3"].activity_max == 95.0 and w["3"].activity_max == 10.0  # the longer span is stricter
-    assert (r["4"].samples, r["4"].activity_mean, r["4"].activity_min) == (124, 50.0, 50.0)
-    assert (w["4"].samples, w["4"].activity_mean) == (120, 50.0)
-
-
-def test_stale_buckets_are_not_read(recorded_prom):
-    later = NOW + timedelta(minutes=11)  # the last bucket is 12.6 minutes old: the rule engine stopped
-    rec, queries = read(recorded_prom.url, "on", later)
-    raw, _ = read(recorded_prom.url, "off", later)
-    assert queries == 1 + N_QUERIES + 1 and rec == raw
-
-
-def test_auto_finds_the_recorded_series_once(recorded_prom, fleet_prom):
-    auto = PrometheusSettings(url=recorded_prom.url, scrape_interval_s=SCRAPE, recording_rules="auto")
-    source = PrometheusMetrics(auto)
-    first = source.window_usage([I_REC], HOUR, NOW)
-    source.window_usage([I_REC], HOUR, NOW)
-    assert source.queries_made == PROBE + 2 * (1 + N_QUERIES + 1)
-    assert first[I_REC.instance_id] == read(recorded_prom.url, "on")[0]
-    without = PrometheusMetrics(auto.model_copy(update={"url": fleet_prom.url}))
-    without.window_usage([I_LABEL], WINDOW, NOW)
-    without.window_usage([I_LABEL], WINDOW, NOW)
-    assert without.queries_made == PROBE + 2 * N_QUERIES  # none there: raw samples, never asked again
-
-
 # ------------------------------------------------------------------------ failures
 
 
@@ -493,23 +394,6 @@ def test_matcher_refuses_hostnames_shared_by_two_instances():
     # The full DNS names differ, so they still decide.
     assert m.match({"hostname": "ip-10-0-1-2.eu-west-1.compute.internal"}) == twin.instance_id
     assert m.match({"instance_id": twin.instance_id, "Hostname": "ip-10-0-1-2"}) == twin.instance_id
-
-
-def test_recording_rules_setting_is_validated():
-    assert PrometheusSettings().recording_rules == "off"
-    with pytest.raises(ValueError, match="recording_rules"):
-        PrometheusSettings(recording_rules="yes")
-    with pytest.raises(ValueError, match="selector"):
-        PrometheusSettings(recording_rules="on", selector='job="dcgm"')
-
-
-def test_auto_with_a_selector_reads_raw_samples(recorded_prom):
-    # The shipped rules know no selector: their buckets would hold series the selector leaves out.
-    settings = PrometheusSettings(url=recorded_prom.url, scrape_interval_s=SCRAPE, recording_rules="auto",
-                                  selector='job="dcgm-exporter"')
-    source = PrometheusMetrics(settings)
-    usage = source.window_usage([I_REC], HOUR, NOW)[I_REC.instance_id]
-    assert source.queries_made == N_QUERIES + 1 and usage.expected_samples == 120  # no probe, no buckets
 
 
 def test_query_text_does_not_depend_on_fleet_and_uses_selector():

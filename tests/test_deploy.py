@@ -55,21 +55,6 @@ def test_alert_rules_fire_as_their_unit_tests_say():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_accepts_the_recording_rules_and_their_unit_tests():
-    result = _run(_tool("promtool"), "check", "rules", str(PROM / "gpufinops-recording.yml"))
-    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
-    result = _run(_tool("promtool"), "test", "rules", str(PROM / "gpufinops-recording.test.yml"))
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_recording_rules_are_the_buckets_the_collector_reads():
-    from gpufinops.collect.prometheus import BUCKET_S, PromQL
-
-    groups = yaml.safe_load((PROM / "gpufinops-recording.yml").read_text())["groups"]
-    assert [g["interval"] for g in groups] == [f"{BUCKET_S // 60}m"]  # one group: one evaluation time
-    assert [(r["record"], r["expr"]) for r in groups[0]["rules"]] == PromQL().recording_rules()
-
-
 def test_alerts_only_use_metrics_the_service_exports():
     from prometheus_client import generate_latest
 

@@ -19,8 +19,8 @@ Hence:
   exactly (`plan_detail`). Past MAX_DETAIL_POINTS samples (a field blank on most of the fleet), the
   whole-fleet subquery of earlier versions (`dirty_query`) filters them server-side instead.
 Per GPU, series are combined `by` the GPU identity labels (pod labels come and go while the GPU stays the
-same). Optionally (recording_rules), the window is read from 5-minute buckets recorded by
-deploy/prometheus/gpufinops-recording.yml plus the raw samples after the newest bucket. See docs/metrics.md.
+same). See docs/metrics.md. (Reading the window from recorded 5-minute buckets was measured and removed: it
+cost Prometheus more CPU per tick than the raw samples, BENCHMARKS.md "Prometheus work per tick".)
 
 Ranges. Every number an answer holds is checked as it enters (a sentinel, a negative, NaN or inf in a count
 or in the figures of a GPU read clean) and again once a GPU's answers are combined (activity 0-100% or a
@@ -122,15 +122,6 @@ _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample
 MAX_DETAIL_POINTS = 200_000
 # GPUs named in one detail query: its URL stays under the 8 KiB a reverse proxy accepts (nginx's default).
 DETAIL_GPUS_PER_QUERY = 100
-# Recording rules (deploy/prometheus/gpufinops-recording.yml): per-GPU aggregates of 5-minute buckets.
-BUCKET_S = 300
-RECORDED_PREFIX = "gpufinops:"
-
-
-def recorded_name(metric: str, agg: str) -> str:
-    """The recorded series of one signal's bucket aggregate, e.g. gpufinops:DCGM_FI_DEV_GPU_UTIL:max_5m."""
-    return f"{RECORDED_PREFIX}{metric}:{agg}_{BUCKET_S // 60}m"
-
 
 def is_valid_sample(value: float) -> bool:
     """A measurement, as the PromQL filter `x < SENTINEL_THRESHOLD >= 0` keeps it (NaN fails both)."""
@@ -211,9 +202,8 @@ class PromQL:
         return ", ".join(self.by_labels)
 
     @staticmethod
-    def _labelled(agg: str, expr: str, part: str = "") -> str:
-        out = f'label_replace({expr}, "agg", "{agg}", "", "")'
-        return f'label_replace({out}, "part", "{part}", "", "")' if part else out
+    def _labelled(agg: str, expr: str) -> str:
+        return f'label_replace({expr}, "agg", "{agg}", "", "")'
 
     def detail_query(self, metric: str, window_s: int, label: str, values: Iterable[str]) -> str:
         """The raw samples of the window of the series whose `label` is one of `values` (the GPUs with
@@ -221,39 +211,6 @@ class PromQL:
         alternatives = "|".join(sorted({regex_literal(x) for x in values}))
         matchers = ", ".join(m for m in (self.selector.strip(), f'{label}=~"{alternatives}"') if m)
         return f"{metric}{{{matchers}}}[{self.range_of(window_s)}]"
-
-    def recorded_query(self, metric: str, body_s: int, body_end: float, tail_ms: int) -> str:
-        """Per-GPU aggregates of the window from the recorded 5-minute buckets ending in (body_end - body_s,
-        body_end] (`@ body_end`), plus the raw samples after the last bucket, (body_end, now], as rows
-        labelled part=body|tail, combined here (counts and sums added, max of maxes, min of mins)."""
-        parts = []
-        v = self._vector(metric)
-        for a in _SIGNAL_AGGS[metric]:
-            over = "sum_over_time" if _COMBINE[a] == "sum" else _RANGE_FN[a]
-            parts.append(self._labelled(
-                a, f"{_COMBINE[a]} by ({self._by}) ({over}({recorded_name(metric, a)}[{body_s * 1000 - 1}ms]"
-                   f" @ {body_end:.3f}))", "body"))
-            if tail_ms > 1:
-                parts.append(self._labelled(
-                    a, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({v}[{tail_ms - 1}ms]))", "tail"))
-        # Bucket count per GPU: a bucket the rule engine missed must not pass for a quiet five minutes.
-        parts.append(self._labelled(
-            "buckets", f"max by ({self._by}) (count_over_time({recorded_name(metric, _SIGNAL_AGGS[metric][0])}"
-                       f"[{body_s * 1000 - 1}ms] @ {body_end:.3f}))", "body"))
-        return " or ".join(parts)
-
-    def recording_rules(self) -> list[tuple[str, str]]:
-        """(record, expr) of every bucket the recorded path reads: per signal and aggregate, the unfiltered
-        per-GPU aggregate of the last BUCKET_S seconds (deploy/prometheus/gpufinops-recording.yml). `[5m]`
-        and not 1 ms short: Prometheus 2.x ranges are closed, so a sample exactly on a boundary lands in two
-        buckets (counted twice: a slightly longer window), never in none (a busy sample lost)."""
-        return [(recorded_name(metric, a),
-                 f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({self._vector(metric)}[{BUCKET_S // 60}m]))")
-                for metric in _SIGNAL_AGGS for a in _SIGNAL_AGGS[metric]]
-
-    def last_bucket_query(self) -> str:
-        """When the rule engine last wrote the buckets (one number): the end of the recorded part."""
-        return f"max(timestamp({recorded_name(GPU_UTIL, 'count')}))"
 
     def dirty_query(self, metric: str, window_s: int) -> str:
         """For GPUs with an invalid sample only: their valid samples, one per
@@ -527,7 +484,7 @@ def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str]
                 raise TypeError
             if kind == CLEAN:
                 agg = labels["agg"]
-                if agg not in _ACCEPTED_AGGS[metric] and agg != "buckets":
+                if agg not in _ACCEPTED_AGGS[metric]:
                     raise QueryFailed(f"malformed answer for {metric}: unexpected agg {agg[:20]!r}")
                 points = [item["value"]]
             else:
@@ -701,11 +658,6 @@ class PrometheusMetrics:
             selector=settings.selector,
         )
         self.reader = PromReader(settings, session)
-        # recording_rules: auto asks once whether the recorded series exist, then keeps the answer. The
-        # shipped rules know no `selector`: with one, auto reads the raw samples (`on` is refused at load).
-        self._recorded: bool | None = {"on": True, "off": False}.get(settings.recording_rules)
-        if settings.selector.strip() and self._recorded is None:
-            self._recorded = False
 
     @property
     def queries_made(self) -> int:
@@ -729,12 +681,7 @@ class PrometheusMetrics:
         matcher = InstanceMatcher.build(instances, self.settings.instance_label,
                                         tuple(self.settings.hostname_labels))
         try:
-            recorded = self._recorded_answers(window_s, at) if self._use_recorded(at) else None
-            if recorded is None:
-                clean = self._all(self.promql.queries(window_s), lambda key: key, at)
-            else:  # the span read is up to one bucket longer than the window: so many more samples expected
-                clean, span_s = recorded
-                expected = span_s // self.settings.scrape_interval_s
+            clean = self._all(self.promql.queries(window_s), lambda key: key, at)
             rows = {metric: r for (metric, _kind), r in clean.items()}
             detail = plan_detail(self.promql, rows, matcher, window_s, expected)
             extra = self._all(detail.queries, lambda key: key[:2], at)
@@ -743,8 +690,7 @@ class PrometheusMetrics:
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
                 for inst in instances
             }
-        answers: dict[tuple[str, str], list[Row]] = {key: [r for r in v if r[1] != "buckets"]
-                                                     for key, v in clean.items()}
+        answers: dict[tuple[str, str], list[Row]] = {key: list(v) for key, v in clean.items()}
         by = self.promql.by_labels
         for (metric, kind, _label), found in extra.items():
             if kind == RAW:  # the narrowing label may pick more series than needed: keep the GPUs asked for
@@ -753,65 +699,9 @@ class PrometheusMetrics:
         return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
                                   tuple(self.settings.hostname_labels), detailed=detail.pairs)
 
-    # ---------------------------------------------------------------- recorded buckets
-
-    def _use_recorded(self, at: float) -> bool:
-        if self._recorded is None:  # auto: one probe, its answer kept (a failed probe decides nothing)
-            self._recorded = bool(self.reader.instant(self.promql.last_bucket_query(), at))
-        return self._recorded
-
-    def _recorded_answers(self, window_s: int, at: float) -> tuple[dict[tuple[str, str], list[Row]], int] | None:
-        """The clean answers from the recorded buckets and the seconds they span, or None (read the raw
-        samples) when the buckets are missing or stale, or the window is short. See `recorded_span`."""
-        found = self.reader.instant(self.promql.last_bucket_query(), at)
-        try:
-            last = float(found[0]["value"][1]) if found else None
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise QueryFailed(f"prometheus at {self.reader.where}: malformed answer") from None
-        span = recorded_span(window_s, at, last)
-        if span is None:
-            return None
-        body_s, tail_ms, n_buckets = span
-        queries = {(metric, CLEAN): self.promql.recorded_query(metric, body_s, last, tail_ms)
-                   for metric in _SIGNAL_AGGS}
-        answers = self._all(queries, lambda key: key, at)
-        return incomplete_buckets_to_detail(answers, n_buckets), body_s + tail_ms // 1000
-
-
-def recorded_span(window_s: int, at: float, last_bucket: float | None) -> tuple[int, int, int] | None:
-    """(seconds of recorded buckets, milliseconds of raw tail after them, number of buckets) that cover the
-    window (at - window_s, at], or None when the raw samples must be read instead: no buckets, the newest
-    in the future or older than two buckets (the rule engine stopped or lags), or a window shorter than
-    four buckets. Buckets end at the rule engine's evaluation times, not at the window's start: the span
-    starts at the bucket boundary at or before it, so what is read is at most one bucket longer than the
-    window, never shorter (a longer window is stricter, and the expected samples grow with it)."""
-    if last_bucket is None or window_s < 4 * BUCKET_S:
-        return None
-    tail_ms = round((at - last_bucket) * 1000)
-    if tail_ms < 0 or tail_ms > 2 * BUCKET_S * 1000:
-        return None
-    n = math.ceil((window_s * 1000 - tail_ms) / (BUCKET_S * 1000))
-    return n * BUCKET_S, tail_ms, n
-
-
-def incomplete_buckets_to_detail(answers: dict[tuple[str, str], list[Row]], n_buckets: int
-                                 ) -> dict[tuple[str, str], list[Row]]:
-    """Recorded answers in which a GPU short of `n_buckets` buckets (the rule engine missed one, or the GPU
-    came up mid-window) gets a NaN sum: `needs_detail` then reads its raw samples, exactly."""
-    out = {}
-    for key, rows in answers.items():
-        short = {_identity_key(labels) for labels, agg, value in rows if agg == "buckets" and value < n_buckets}
-        fixed = []
-        for labels, agg, value in rows:
-            if agg in ("sum", "max", "min") and _identity_key(labels) in short:
-                value = math.nan
-            fixed.append((labels, agg, value))
-        out[key] = fixed
-    return out
-
 
 def _identity_key(labels: Mapping[str, str]) -> tuple:
-    return tuple(sorted((k, v) for k, v in labels.items() if k not in ("agg", "part", "__name__")))
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in ("agg", "__name__")))
 
 
 def usage_from_answers(
