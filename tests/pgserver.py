@@ -10,7 +10,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,16 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.promserver import free_port
+
 
 def _bin_dir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_user(cmd: list[str]) -> list[str]:
@@ -54,7 +49,7 @@ def postgres_url():
     data = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
-    port = _free_port()
+    port = free_port()
     subprocess.run(_as_user([str(bindir / "initdb"), "-D", str(data), "-U", "gpufinops", "--auth=trust",
                              "-E", "UTF8", "--no-locale"]), check=True, capture_output=True)
     log = root / "pg.log"

@@ -180,7 +180,7 @@ class PromServer:
                 self.process.kill()
                 self.process.wait(timeout=5)
 
-    def __enter__(self) -> "PromServer":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -195,7 +195,7 @@ def binaries_missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -261,7 +261,7 @@ def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromS
     """Start /usr/bin/prometheus on a free 127.0.0.1 port and wait until it is ready."""
     log_path = workdir / "prometheus.log"
     for _attempt in range(3):  # another process may grab the free port first
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         with log_path.open("ab") as log:
             process = subprocess.Popen(

@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -37,7 +35,7 @@ from typing import Callable, Iterable, Iterator
 
 import pytest
 
-from tests.promserver import Series
+from tests.promserver import PromServer, Series, free_port
 
 VM_BIN = os.environ.get("GPUFINOPS_TEST_VICTORIA_METRICS", "/usr/bin/victoria-metrics")
 _READY_TIMEOUT_S = 60.0
@@ -49,27 +47,10 @@ class VictoriaMetricsUnavailable(RuntimeError):
 
 
 @dataclass
-class VmServer:
-    url: str
-    process: subprocess.Popen
-    workdir: Path
-    log_path: Path
+class VmServer(PromServer):
+    """A VictoriaMetrics process: stopped (SIGTERM, then kill) and used as a context manager like PromServer."""
+
     engine: str = "victoriametrics"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-    def __enter__(self) -> "VmServer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def binary_missing() -> str | None:
@@ -77,12 +58,6 @@ def binary_missing() -> str | None:
     if not (Path(VM_BIN).is_file() and os.access(VM_BIN, os.X_OK)):
         return f"{VM_BIN} not installed (apt-get install victoria-metrics)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def text_value(value: float) -> str:
