@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
@@ -256,8 +255,6 @@ class Outcome:
     action_id: int | None = None  # the action row, when one was written and may still be open
 
 
-# An owner tag that is a Slack user id (a direct message needs no lookup).
-OWNER_SLACK_ID = re.compile(r"[UW][A-Z0-9]{6,20}")
 # A stop that failed this many times on one mark is given up for the idle episode (and said so).
 MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
@@ -387,7 +384,7 @@ class Actuator:
         owner = inst.owner().strip()
         if not self.settings.slack.dm_owners or not owner:
             return
-        user_id = owner if OWNER_SLACK_ID.fullmatch(owner) else (
+        user_id = owner if messages.SLACK_USER_ID.fullmatch(owner) else (
             self.notifier.user_id_for_email(owner) if "@" in owner else None)
         if user_id:
             self.notifier.send(replace(msg, key=f"dm:{msg.key}", channel=user_id))

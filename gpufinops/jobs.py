@@ -59,6 +59,7 @@ def daily_summary(settings: Settings, peers: Peers, now: datetime):
 
     from .messages import daily_summary as summary_message
     from .model import ActionKind
+    from .store import aware_utc
 
     since = now - timedelta(hours=24)
     rows = peers.store.action_rows(start=since)
@@ -66,7 +67,7 @@ def daily_summary(settings: Settings, peers: Peers, now: datetime):
     rates = {s.instance_id: s.hourly_cost for s in peers.cloud.list_gpu_instances()} if stops else {}
     budget_alerts = [r["text"].splitlines()[0] for r in peers.store.notification_rows()
                      if str(r["key"]).startswith("budget:") and r["status"] in ("sent", "outbox")
-                     and r["at"] is not None and _utc(r["at"]) >= since]
+                     and r["at"] is not None and aware_utc(r["at"]) >= since]
     msg = summary_message(
         now, stopped=[(r.instance_id, rates.get(r.instance_id)) for r in stops if not r.dry_run],
         dry_run_stops=sum(1 for r in stops if r.dry_run),
@@ -78,12 +79,6 @@ def daily_summary(settings: Settings, peers: Peers, now: datetime):
         budget_alerts=budget_alerts, channel=settings.slack.default_channel)
     peers.notifier.send(msg)
     return msg
-
-
-def _utc(dt: datetime) -> datetime:
-    from datetime import timezone
-
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt
 
 
 def monthly_report(settings: Settings, peers: Peers, now: datetime):

@@ -336,6 +336,8 @@ SNOOZE_ACTIONS = {
     "gpufinops_keep_7d": "Keep running (7 days)",
 }
 SNOOZE_BLOCK_ID = "gpufinops_snooze"
+# A Slack user id ("U012AB3CD", "W0123ABCDE"): mentioned as <@id> in messages, a DM channel for the owner.
+SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{8,20}")
 
 
 def snooze_buttons(instance_id: str) -> dict:
@@ -348,7 +350,7 @@ def snooze_buttons(instance_id: str) -> dict:
 
 def snoozed_in_place(blocks: Sequence[Mapping], *, user: str, until: datetime, dry_run: bool) -> tuple[str, list[dict]]:
     """The warning as it reads after a click: its buttons replaced by who snoozed it until when."""
-    who = f"<@{_v(user, 40)}>" if re.fullmatch(r"[UW][A-Z0-9]{2,20}", user or "") else _v(user, 60)
+    who = f"<@{_v(user, 40)}>" if SLACK_USER_ID.fullmatch(user or "") else _v(user, 60)
     said = f":zzz: Snoozed by {who} until {_slack_date(until)}" + (
         " (dry-run: recorded by gpufinops, no tag set on the instance)" if dry_run else
         f": `{TAG_SNOOZE}` is set, no stop before then.")

@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import pytest
 
@@ -306,22 +306,28 @@ def start_scraping_prometheus(workdir: Path, targets: Iterable[str], scrape_inte
     return _launch(workdir, config, data)
 
 
-@pytest.fixture
-def prometheus_factory(tmp_path_factory) -> Callable[[Iterable[Series]], PromServer]:
-    """Start a real Prometheus holding the given series; all stopped at teardown."""
-    missing = binaries_missing()
+def server_factory(tmp_path_factory, missing: str | None, launch: Callable[[Path, Iterable[Series]], PromServer],
+                   name: str) -> Iterator[Callable[[Iterable[Series]], PromServer]]:
+    """The body of an engine fixture: skip when the engine is not installed, start one per call in its own
+    folder, stop them all at teardown."""
     if missing:
         pytest.skip(missing)
     servers: list[PromServer] = []
 
     def start(series: Iterable[Series]) -> PromServer:
-        server = start_prometheus(tmp_path_factory.mktemp("prometheus"), series)
+        server = launch(tmp_path_factory.mktemp(name), series)
         servers.append(server)
         return server
 
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path_factory) -> Iterator[Callable[[Iterable[Series]], PromServer]]:
+    """Start a real Prometheus holding the given series; all stopped at teardown."""
+    yield from server_factory(tmp_path_factory, binaries_missing(), start_prometheus, "prometheus")
 
 
 if __name__ == "__main__":  # pragma: no cover - manual smoke test

@@ -88,7 +88,7 @@ def world(tmp_path, slack_stub, monkeypatch):
 
 def test_owner_clicks_snooze_the_tag_is_set_no_stop_audited_and_the_message_says_who(world):
     world.cloud._replace("i-00", tags={**world.cloud.get("i-00").tags, "owner": "ana@example.com"})
-    world.stub.users["UANA"] = {"id": "UANA", "name": "ana", "tz": "Europe/Berlin",
+    world.stub.users["U0ANA0001"] = {"id": "U0ANA0001", "name": "ana", "tz": "Europe/Berlin",
                                 "profile": {"email": "Ana@Example.com"}}
     world.tick()  # marked, warning delivered with its buttons
     warn = world.warning()
@@ -96,7 +96,7 @@ def test_owner_clicks_snooze_the_tag_is_set_no_stop_audited_and_the_message_says
     assert [e["action_id"] for e in actions[0]["elements"]] == [
         "gpufinops_snooze_2h", "gpufinops_snooze_tomorrow", "gpufinops_keep_7d"]
     clicked_at = world.clock.now
-    body = click_body("UANA", "gpufinops_snooze_2h", "i-00",
+    body = click_body("U0ANA0001", "gpufinops_snooze_2h", "i-00",
                       {"channel": warn["channel"], "ts": warn["ts"], "blocks": warn["blocks"]})
     status, text = world.post(body, signed(body, clicked_at))
     assert status == 200, text
@@ -108,11 +108,11 @@ def test_owner_clicks_snooze_the_tag_is_set_no_stop_audited_and_the_message_says
     until = (clicked_at + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert world.cloud.get("i-00").tags[TAG_SNOOZE] == until
     [row] = world.store.action_rows(kinds=[ActionKind.SNOOZE])
-    assert row.status == "done" and "ana" in row.reason and "UANA" in row.reason and until in row.reason
+    assert row.status == "done" and "ana" in row.reason and "U0ANA0001" in row.reason and until in row.reason
     # One tag call for the one intent (the mark's removal after the snooze is a remove_tags call).
     assert len([c for c in world.cloud.calls if c[0] == "set_tags"]) == len(tag_calls) + 1
     updated = world.warning()  # the same message, edited in place
-    assert updated["ts"] == warn["ts"] and "Snoozed by <@UANA>" in updated["text"]
+    assert updated["ts"] == warn["ts"] and "Snoozed by <@U0ANA0001>" in updated["text"]
     assert not [b for b in updated["blocks"] if b["type"] == "actions"]
 
 

@@ -321,8 +321,9 @@ def test_warning_buttons_are_valid_block_kit_and_the_snoozed_edit_drops_them():
     assert {e["value"] for e in actions["elements"]} == {i.instance_id}
     assert not [b for b in m.idle_warning(i, decision(i.instance_id), marked_at=T0, stop_at=T0, channel="#c",
                                           dry_run=False, action=Action.STOP).blocks if b["type"] == "actions"]
-    text, blocks = m.snoozed_in_place(msg.blocks, user="U0ANA", until=T0, dry_run=False)
-    assert "Snoozed by <@U0ANA>" in text and not [b for b in blocks if b["type"] == "actions"]
+    text, blocks = m.snoozed_in_place(msg.blocks, user="U0ANA0001", until=T0, dry_run=False)
+    assert "Snoozed by <@U0ANA0001>" in text and not [b for b in blocks if b["type"] == "actions"]
+    assert not m.SLACK_USER_ID.fullmatch("WEB") and not m.SLACK_USER_ID.fullmatch("ml-team")  # tags, not ids
     text, _ = m.snoozed_in_place(msg.blocks, user=EVIL, until=T0, dry_run=True)
     assert "<!channel>" not in text and "dry-run" in text  # a name that is not a user id is escaped
 

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Iterator
 
 import pytest
 
-from tests.promserver import PromServer, Series, free_port
+from tests.promserver import PromServer, Series, free_port, server_factory
 
 VM_BIN = os.environ.get("GPUFINOPS_TEST_VICTORIA_METRICS", "/usr/bin/victoria-metrics")
 _READY_TIMEOUT_S = 60.0
@@ -186,18 +186,6 @@ def start_victoria_metrics(workdir: Path, series: Iterable[Series]) -> VmServer:
 
 
 @pytest.fixture
-def vm_factory(tmp_path_factory) -> Callable[[Iterable[Series]], VmServer]:
+def vm_factory(tmp_path_factory) -> Iterator[Callable[[Iterable[Series]], VmServer]]:
     """Start a real VictoriaMetrics holding the given series; all stopped at teardown."""
-    missing = binary_missing()
-    if missing:
-        pytest.skip(missing)
-    servers: list[VmServer] = []
-
-    def start(series: Iterable[Series]) -> VmServer:
-        server = start_victoria_metrics(tmp_path_factory.mktemp("victoria-metrics"), series)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
+    yield from server_factory(tmp_path_factory, binary_missing(), start_victoria_metrics, "victoria-metrics")

@@ -55,16 +55,11 @@ def cmd_costs(args: argparse.Namespace) -> int:
     if args.idle and args.source is None:
         return _print_idle_costs(settings, args, start, end, now, None)
     if not (args.save or args.idle):  # a plain total: CUR is read once at the asked grain, no day x tag table
-        from ..collect.billing.load import load_cost_totals
         from ..costs import summarize_totals
 
-        try:
-            totals = load_cost_totals(settings, start, end, now, args.by, source=args.source, path=args.path)
-        except BillingDataError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        totals = _load_costs(settings, args, start, end, now, by=args.by)
+        if totals is None:
             return EXIT_PROBLEM_FOUND
-        for w in totals.warnings:
-            print(f"warning: {w}", file=sys.stderr)
         if totals.table.empty:
             print(f"warning: no GPU instance cost in {totals.source} for {args.month}", file=sys.stderr)
         _print(summarize_totals(totals.table, args.by), args.output)
@@ -103,13 +98,17 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
     return 0
 
 
-def _load_costs(settings, args, start: datetime, end: datetime, now: datetime):
-    """The period's cost table from --source/--path or the config; None (error printed) on bad data."""
-    from ..collect.billing.load import load_cost_table
+def _load_costs(settings, args, start: datetime, end: datetime, now: datetime, by: str | None = None):
+    """The period's cost table from --source/--path or the config, or with `by` only its totals at that grain
+    (one pass); None (error printed) on bad data. Warnings go to stderr."""
+    from ..collect.billing.load import load_cost_table, load_cost_totals
     from ..collect.billing.schema import BillingDataError
 
     try:
-        loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
+        if by is None:
+            loaded = load_cost_table(settings, start, end, now, source=args.source, path=args.path)
+        else:
+            loaded = load_cost_totals(settings, start, end, now, by, source=args.source, path=args.path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
