@@ -130,6 +130,9 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     if inst.managed_by:
         advice = f"; instead: {inst.managed_advice}" if inst.managed_advice else ""
         return f"managed by {inst.managed_by}: never stopped by gpufinops{advice}"
+    if inst.provider == "kubernetes" and action == Action.TERMINATE:
+        return ("a Kubernetes workload is scaled to zero, never deleted: notify only; give the rule "
+                "action: stop to scale it to zero")
     if inst.lifecycle == "spot" and action == Action.STOP:
         if inst.spot_request_type == "persistent":
             return ""

@@ -1,57 +1,82 @@
-"""`gpufinops agent`: DCGM-shaped GPU metrics from nvidia-smi, for hosts without dcgm-exporter.
+"""`gpufinops agent`: DCGM-shaped GPU metrics read on the host (NVML or nvidia-smi), for hosts without dcgm-exporter.
 
-The agent runs `nvidia-smi --query-gpu=... --format=csv` every `interval_s`
-and serves the last good answer on /metrics under dcgm-exporter's metric names
-and labels (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_POWER_USAGE,
-DCGM_FI_DEV_GPU_TEMP; gpu, UUID, pci_bus_id, device, modelName, Hostname,
-DCGM_FI_DRIVER_VERSION and optionally instance_id). Prometheus scrapes it like
-dcgm-exporter, so gpufinops.collect.prometheus reads it unchanged.
+Every `interval_s` the agent reads a HostSnapshot (gpufinops.collect.gpu_snapshot) with its reader: NVML
+(`nvidia-ml-py`) when the library loads, else nvidia-smi (`--reader auto`, the default). It serves the last good
+snapshot on /metrics under dcgm-exporter's metric names and labels, so Prometheus scrapes it like dcgm-exporter
+and gpufinops.collect.prometheus reads it unchanged:
+
+- per GPU (labels gpu, UUID, pci_bus_id, device, modelName, Hostname and/or hostname, DCGM_FI_DRIVER_VERSION,
+  and instance_id when given): DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_POWER_USAGE,
+  DCGM_FI_DEV_GPU_TEMP, gpufinops_gpu_processes;
+- under MIG, one series set per GPU instance, with the parent GPU's labels (UUID is the parent's, as
+  dcgm-exporter writes it) plus GPU_I_PROFILE and GPU_I_ID: DCGM_FI_DEV_FB_USED (the GI's memory, once even with
+  several compute instances), DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0..1, only where the reader has a figure),
+  gpufinops_gpu_processes. The board-wide series (power, temperature) stay on the parent GPU without GPU_I_ID,
+  and the parent has no FB_USED of its own (it would count the GIs' memory twice).
 
 Missing data is never zero:
-- a field nvidia-smi reports as `[N/A]`/`[Not Supported]` (utilization.gpu on
-  a MIG-enabled GPU) or as a sentinel/negative value has no series at all;
-- when nvidia-smi fails, times out or prints something unparseable, every GPU
-  series disappears at once (a stale value would read as "still measured") and
-  gpufinops_agent_nvidia_smi_errors_total{reason} goes up; the agent keeps
-  sampling and the series come back with the next good answer;
-- a snapshot older than `max_age_s` (the sampling thread wedged) is not served.
+- a figure the driver does not give (`[N/A]`, NotSupported: utilization on a MIG GPU) or a sentinel/negative
+  value has no series at all; processes that could not be read have no gpufinops_gpu_processes series;
+- when a read fails, times out or gives something unparseable, every GPU series disappears at once (a stale
+  value would read as "still measured") and gpufinops_agent_read_errors_total{reason} goes up; the agent keeps
+  sampling and the series come back with the next good read;
+- a snapshot older than `max_age_s` (the sampling thread wedged) is not served, nor given to latest_snapshot().
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from typing import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from gpufinops.collect.nvidia_smi import GpuReading, NvidiaSmiError, parse_readings
+from gpufinops.collect.gpu_snapshot import (
+    PROCESSES_METRIC,
+    READ_ERROR_REASONS,
+    GpuReadError,
+    GpuSnapshot,
+    HostSnapshot,
+    MigInstance,
+)
+from gpufinops.collect.nvidia_smi import NvidiaSmiReader, measured
+from gpufinops.collect.nvml import NvmlReader
 from gpufinops.httpd import metrics_and_health_server
-from gpufinops.model import SENTINEL_THRESHOLD
 
 log = logging.getLogger("gpufinops.agent")
 
-# Only what the exported series need: a short query is cheaper for the driver.
-AGENT_QUERY_FIELDS = (
-    "index", "uuid", "name", "pci.bus_id", "driver_version", "mig.mode.current",
-    "utilization.gpu", "memory.used", "power.draw", "temperature.gpu",
-)
-
-# (metric, HELP, nvidia-smi field). HELP texts are dcgm-exporter's.
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+POWER = "DCGM_FI_DEV_POWER_USAGE"
+TEMP = "DCGM_FI_DEV_GPU_TEMP"
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+# (metric, HELP) in exposition order. HELP texts are dcgm-exporter's (etc/default-counters.csv).
 EXPORTED = (
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "utilization.gpu"),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "memory.used"),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power.draw"),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temperature.gpu"),
+    (UTIL, "GPU utilization (in %)."),
+    (FB_USED, "Framebuffer memory used (in MiB)."),
+    (POWER, "Power draw (in W)."),
+    (TEMP, "GPU temperature (in C)."),
+    (GR_ENGINE_ACTIVE, "Ratio of time the graphics engine is active."),
+    (PROCESSES_METRIC, "Compute processes running on the GPU or MIG GPU instance (gpufinops agent)."),
 )
-ERROR_REASONS = ("exit", "timeout", "unparseable", "not_found")
+# A read that gave figures but not everything (processes refused): counted, the figures still served.
+ERROR_REASONS = (*READ_ERROR_REASONS, "partial")
+READERS = ("auto", "nvml", "nvidia-smi")
+# dcgm-exporter renamed the host label `Hostname` to `hostname` (its PR #655); export either or both.
+HOSTNAME_LABELS = {"Hostname": ("Hostname",), "hostname": ("hostname",), "both": ("Hostname", "hostname")}
+
+
+class GpuReader(Protocol):
+    source: str
+
+    def read(self) -> HostSnapshot: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +85,7 @@ class HostIdentity:
 
     hostname: str
     instance_id: str | None = None
+    hostname_labels: tuple[str, ...] = HOSTNAME_LABELS["both"]
 
 
 @dataclass(frozen=True)
@@ -69,163 +95,164 @@ class Sample:
     value: float
 
 
-def _measured(value: object) -> float | None:
-    """A number nvidia-smi measured, else None (missing, a word, a sentinel, negative)."""
-    if isinstance(value, str):  # a column without a unit in its header, e.g. temperature.gpu
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, float) and 0 <= value < SENTINEL_THRESHOLD:
-        return value
-    return None
+def gpu_labels(gpu: GpuSnapshot, host: HostIdentity, mig: MigInstance | None = None) -> dict[str, str]:
+    """dcgm-exporter's label set for one GPU, or one MIG GPU instance of it (UUID stays the parent's).
 
-
-def gpu_labels(reading: GpuReading, host: HostIdentity) -> dict[str, str]:
-    """dcgm-exporter's label set for one GPU. Empty values are left out, as Prometheus would drop them."""
-    fields = reading.fields
-    labels = {
-        "gpu": str(reading.index),
-        "UUID": reading.uuid,
-        "pci_bus_id": str(fields.get("pci.bus_id") or ""),
-        "device": f"nvidia{reading.index}",
-        "modelName": reading.name,
-        "Hostname": host.hostname,
-        "DCGM_FI_DRIVER_VERSION": str(fields.get("driver_version") or ""),
-    }
+    Empty values are left out, as Prometheus would drop them.
+    """
+    labels = {"gpu": str(gpu.index), "UUID": gpu.uuid, "pci_bus_id": gpu.pci_bus_id,
+              "device": f"nvidia{gpu.index}", "modelName": gpu.name}
+    if mig is not None:
+        labels["GPU_I_PROFILE"] = mig.profile
+        labels["GPU_I_ID"] = str(mig.gpu_instance_id)
+    for name in host.hostname_labels:
+        labels[name] = host.hostname
+    labels["DCGM_FI_DRIVER_VERSION"] = gpu.driver_version
     if host.instance_id:
         labels["instance_id"] = host.instance_id
     return {k: v for k, v in labels.items() if v}
 
 
-def gpu_samples(readings: Iterable[GpuReading], host: HostIdentity) -> list[Sample]:
-    """Pure: the series to expose for one nvidia-smi answer. An unmeasured field has no sample."""
-    out = []
-    for reading in readings:
-        if reading.index < 0 or not reading.uuid:
-            continue  # a row that does not say which GPU it is cannot be attributed
-        labels = gpu_labels(reading, host)
-        for metric, _help, field_name in EXPORTED:
-            value = _measured(reading.fields.get(field_name))
-            if value is not None:
-                out.append(Sample(metric, labels, value))
+def _add(out: list[Sample], metric: str, labels: dict[str, str], value: object) -> None:
+    number = measured(value)
+    if number is not None:  # not measured: no sample, never 0
+        out.append(Sample(metric, labels, number))
+
+
+def gpu_samples(snapshot: HostSnapshot, host: HostIdentity) -> list[Sample]:
+    """Pure: the series to expose for one snapshot. An unmeasured figure has no sample."""
+    out: list[Sample] = []
+    for gpu in snapshot.gpus:
+        if gpu.index < 0 or not gpu.uuid:
+            continue  # a GPU that does not say which it is cannot be attributed
+        labels = gpu_labels(gpu, host)
+        _add(out, UTIL, labels, gpu.utilization_pct)
+        if not gpu.mig_enabled:
+            _add(out, FB_USED, labels, gpu.memory_used_mib)
+        _add(out, POWER, labels, gpu.power_w)
+        _add(out, TEMP, labels, gpu.temperature_c)
+        if gpu.processes is not None:
+            _add(out, PROCESSES_METRIC, labels, len(gpu.processes))
+        for mig in gpu.mig_instances:
+            mig_labels = gpu_labels(gpu, host, mig)
+            _add(out, FB_USED, mig_labels, mig.memory_used_mib)
+            activity = measured(mig.activity_pct)
+            if activity is not None and activity <= 100:
+                out.append(Sample(GR_ENGINE_ACTIVE, mig_labels, activity / 100.0))
+            if mig.processes is not None:
+                _add(out, PROCESSES_METRIC, mig_labels, len(mig.processes))
     return out
 
 
-class NvidiaSmiFailed(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def run_nvidia_smi(binary: str, timeout_s: float, fields: Sequence[str] = AGENT_QUERY_FIELDS) -> str:
-    """stdout of one nvidia-smi query; NvidiaSmiFailed(reason) otherwise.
-
-    nvidia-smi runs in its own process group so that a hung one is killed with
-    everything it started (a wrapper script's children would otherwise keep
-    running and keep the output pipe open).
-    """
-    argv = [binary, f"--query-gpu={','.join(fields)}", "--format=csv"]
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, start_new_session=True)
-    except OSError as exc:  # not installed, not executable
-        raise NvidiaSmiFailed("not_found", f"cannot run {binary}: {exc.strerror or exc}") from None
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+def open_reader(kind: str = "auto", *, nvidia_smi: str = "nvidia-smi", timeout_s: float = 5.0,
+                nvml: Any | None = None) -> GpuReader:
+    """The reader for `--reader`: NVML if asked (GpuReadError when it does not initialise), nvidia-smi if
+    asked, and for `auto` NVML when the library loads and initialises, else nvidia-smi."""
+    if kind not in READERS:
+        raise ValueError(f"--reader must be one of {', '.join(READERS)}, got {kind!r}")
+    if kind in ("auto", "nvml"):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        raise NvidiaSmiFailed("timeout", f"{binary} did not answer within {timeout_s:g}s; killed") from None
-    if proc.returncode != 0:
-        detail = (stderr.strip() or stdout.strip())[:200]
-        raise NvidiaSmiFailed("exit", f"{binary} exited {proc.returncode}: {detail}")
-    return stdout
+            return NvmlReader(nvml, timeout_s).open()
+        except GpuReadError as exc:
+            if kind == "nvml":
+                raise
+            log.info("NVML not used (%s); reading GPUs with %s", exc, nvidia_smi)
+    return NvidiaSmiReader(nvidia_smi, timeout_s)
 
 
 class _GpuCollector:
     """prometheus_client collector that renders the current snapshot at scrape time."""
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: Agent):
         self.agent = agent
 
     def collect(self):
         samples = self.agent.current_samples()
-        for metric, help_text, _field in EXPORTED:
-            family = None
-            for s in samples:
-                if s.metric != metric:
-                    continue
-                if family is None:
-                    family = GaugeMetricFamily(metric, help_text, labels=list(s.labels))
-                family.add_metric(list(s.labels.values()), s.value)
-            if family is not None:  # no GPU measured it: no family, not an empty one
-                yield family
+        for metric, help_text in EXPORTED:
+            mine = [s for s in samples if s.metric == metric]
+            if not mine:  # nothing measured it: no family, not an empty one
+                continue
+            family = GaugeMetricFamily(metric, help_text)
+            for s in mine:  # GPU and GI series of one metric have different label sets
+                family.add_sample(metric, s.labels, s.value)
+            yield family
 
 
 class Agent:
-    """Samples nvidia-smi and holds the last good answer for /metrics.
+    """Reads the host's GPUs every interval and holds the last good snapshot for /metrics and on_sample.
 
-    `runner(binary, timeout_s) -> csv text` and `clock` (monotonic seconds) are injectable.
+    `reader` (default: nvidia-smi at `nvidia_smi`), `clock` (monotonic seconds) and `on_sample` are injectable.
+    `on_sample(snapshot, "")` is called after every good read, `on_sample(None, "<reason>: <message>")` after
+    every failed one (reason one of ERROR_REASONS); an exception in it is logged and never stops sampling.
     """
 
-    def __init__(self, host: HostIdentity, *, nvidia_smi: str = "nvidia-smi", interval_s: float = 10.0,
-                 timeout_s: float = 5.0, max_age_s: float | None = None,
-                 runner: Callable[[str, float], str] = run_nvidia_smi,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, host: HostIdentity, *, reader: GpuReader | None = None, nvidia_smi: str = "nvidia-smi",
+                 interval_s: float = 10.0, timeout_s: float = 5.0, max_age_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_sample: Callable[[HostSnapshot | None, str], None] | None = None):
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval and timeout must be > 0")
         self.host = host
-        self.nvidia_smi = nvidia_smi
+        self.reader: GpuReader = reader if reader is not None else NvidiaSmiReader(nvidia_smi, timeout_s)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         # A snapshot older than this is not served: the sampler is stuck, the values are not current.
         self.max_age_s = max_age_s if max_age_s is not None else 2 * interval_s + timeout_s
-        self.runner = runner
         self.clock = clock
+        self.on_sample = on_sample
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
+        self._snapshot: HostSnapshot | None = None
         self._taken_at: float | None = None
         self._stop = threading.Event()
         self.registry = CollectorRegistry()
-        self.errors = Counter("gpufinops_agent_nvidia_smi_errors", "nvidia-smi runs that failed, timed out "
-                              "or printed unparseable output", ["reason"], registry=self.registry)
+        self.errors = Counter("gpufinops_agent_read_errors", "GPU reads that failed, timed out, were unparseable "
+                              "or were partial", ["reason"], registry=self.registry)
         for reason in ERROR_REASONS:
             self.errors.labels(reason)  # exported at 0 from the start, so rate() sees the first error
         self.last_success = Gauge("gpufinops_agent_last_success_timestamp_seconds",
-                                  "Unix time of the last good nvidia-smi answer", registry=self.registry)
-        self.gpus = Gauge("gpufinops_agent_gpus", "GPUs in the last good nvidia-smi answer", registry=self.registry)
+                                  "Unix time of the last good GPU read", registry=self.registry)
+        self.gpus = Gauge("gpufinops_agent_gpus", "GPUs in the last good read", registry=self.registry)
+        Gauge("gpufinops_agent_reader", "The reader in use (1)", ["reader"],
+              registry=self.registry).labels(self.reader.source).set(1)
         self.registry.register(_GpuCollector(self))
 
     # ------------------------------------------------------------------ sampling
 
     def sample_once(self) -> bool:
-        """One nvidia-smi run. True if it gave readings; on failure the GPU series are cleared."""
+        """One read. True if it gave GPUs; on failure the GPU series are cleared."""
         try:
-            text = self.runner(self.nvidia_smi, self.timeout_s)
-            readings = parse_readings(text, source=self.nvidia_smi)
-            if not readings:
-                raise NvidiaSmiError(f"{self.nvidia_smi}: no GPU rows")
-        except NvidiaSmiFailed as exc:
+            snapshot = self.reader.read()
+            if not snapshot.gpus:
+                raise GpuReadError("unparseable", f"{self.reader.source}: no GPU in the answer")
+        except GpuReadError as exc:
             return self._failed(exc.reason, str(exc))
-        except NvidiaSmiError as exc:
-            return self._failed("unparseable", str(exc))
-        samples = gpu_samples(readings, self.host)
+        samples = gpu_samples(snapshot, self.host)
         with self._lock:
-            self._samples, self._taken_at = samples, self.clock()
-        self.gpus.set(len(readings))
+            self._samples, self._snapshot, self._taken_at = samples, snapshot, self.clock()
+        for problem in snapshot.problems:
+            self.errors.labels("partial").inc()
+            log.warning("GPU read (%s) partial: %s", snapshot.source, problem)
+        self.gpus.set(len(snapshot.gpus))
         self.last_success.set(time.time())
+        self._notify(snapshot, "")
         return True
 
     def _failed(self, reason: str, message: str) -> bool:
         with self._lock:
-            self._samples, self._taken_at = [], None
+            self._samples, self._snapshot, self._taken_at = [], None, None
         self.errors.labels(reason).inc()
-        log.warning("nvidia-smi %s: %s", reason, message)
+        log.warning("GPU read (%s) failed, %s: %s", self.reader.source, reason, message)
+        self._notify(None, f"{reason}: {message}")
         return False
+
+    def _notify(self, snapshot: HostSnapshot | None, reason: str) -> None:
+        if self.on_sample is None:
+            return
+        try:
+            self.on_sample(snapshot, reason)
+        except Exception:  # a consumer's bug must not stop the metrics
+            log.exception("on_sample failed")
 
     def _is_current(self) -> bool:
         return self._taken_at is not None and self.clock() - self._taken_at <= self.max_age_s
@@ -233,6 +260,11 @@ class Agent:
     def current_samples(self) -> list[Sample]:
         with self._lock:
             return list(self._samples) if self._is_current() else []
+
+    def latest_snapshot(self) -> HostSnapshot | None:
+        """The last good snapshot while it is current (not older than max_age_s), else None."""
+        with self._lock:
+            return self._snapshot if self._is_current() else None
 
     def run_forever(self) -> None:
         """Sample every interval until stop(); a failing sample never ends the loop."""
@@ -249,6 +281,10 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
 
+    def close(self) -> None:
+        self.stop()
+        self.reader.close()
+
     # ------------------------------------------------------------------ serving
 
     def metrics_text(self) -> bytes:
@@ -257,7 +293,7 @@ class Agent:
     def healthy(self) -> tuple[bool, str]:
         with self._lock:
             ok = self._is_current()
-        return (True, "ok\n") if ok else (False, "no current nvidia-smi answer\n")
+        return (True, "ok\n") if ok else (False, f"no current GPU read ({self.reader.source})\n")
 
 
 def make_http_server(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
@@ -282,6 +318,7 @@ class RunningAgent:
         self.server.server_close()
         for t in self.threads:
             t.join(timeout=self.agent.timeout_s + 5)
+        self.agent.close()
 
 
 def start(agent: Agent, address: str = "0.0.0.0", port: int = 9400, *, sample: bool = True) -> RunningAgent:

@@ -35,6 +35,18 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> "Cloud":
     return build_cloud(settings.aws, prices=OnDemandPrices.load_default()) if with_prices else build_cloud(settings.aws)
 
 
+def live_inventory(settings: Settings) -> "Cloud":
+    """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
+    hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
+    from .collect.static_hosts import WithRentedHosts, static_hosts_cloud
+
+    hosts = static_hosts_cloud(settings)
+    if hosts is None:
+        return live_cloud(settings)
+    ec2 = live_cloud(settings) if "aws" in settings.model_fields_set else None
+    return WithRentedHosts(ec2, hosts)
+
+
 def live_notifier(settings: Settings, store: "Store") -> "Notifier":
     from .notify import build_notifier
 
@@ -54,5 +66,9 @@ def live_peers(settings: Settings) -> "Peers":
     from .pipeline import Peers
 
     store = live_store(settings)
-    return Peers(live_cloud(settings), PrometheusMetrics(settings.prometheus), store,
-                 live_notifier(settings, store), usage=live_usage(settings))
+    cloud, metrics = live_inventory(settings), PrometheusMetrics(settings.prometheus)
+    if settings.kubernetes is not None:  # GPU workloads judged (and scaled to zero) beside the instances
+        from .fleet import live_fleet
+
+        cloud, metrics = live_fleet(settings, cloud, metrics)
+    return Peers(cloud, metrics, store, live_notifier(settings, store), usage=live_usage(settings))

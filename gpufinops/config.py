@@ -79,11 +79,25 @@ class PrometheusSettings(StrictModel):
     selector: str = ""
 
 
+class AssumeRole(StrictModel):
+    """A role gpufinops assumes in another account; external_id when the role's trust policy requires one
+    (sts:ExternalId, AWS's guard against the confused deputy)."""
+    arn: str = Field(min_length=1)
+    external_id: str | None = Field(None, min_length=2, max_length=1224)
+
+
 class AwsSettings(StrictModel):
     # At least one: the first is the default region of S3, pricing and unpriced instances.
     regions: tuple[str, ...] = Field(("us-east-1",), min_length=1)
-    # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json).
-    assume_roles: tuple[str, ...] = ()
+    # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json), as an
+    # ARN string or {arn: ..., external_id: ...}.
+    assume_roles: tuple[AssumeRole, ...] = ()
+
+    @field_validator("assume_roles", mode="before")
+    @classmethod
+    def _roles(cls, v):
+        return tuple({"arn": r} if isinstance(r, str) else r for r in v) if isinstance(v, (list, tuple)) else v
+
     # Govern the account of gpufinops' own credentials too (with assume_roles).
     include_own_account: bool = True
     endpoint_url: str | None = None  # moto / VPC endpoint
@@ -346,7 +360,143 @@ class StoreSettings(StrictModel):
     raw_decisions_days: float = Field(7, ge=0, le=3660)
 
 
+# --------------------------------------------------------------------------- kubernetes:
+# Read by gpufinops.collect.kubernetes (the cluster reader) and `costs --by namespace|workload`; docs/kubernetes.md.
+
+
+class KubernetesSettings(StrictModel):
+    in_cluster: bool = False  # the pod's service account (deploy/kubernetes/workloads/); else the kubeconfig
+    kubeconfig: str | None = None  # None: $KUBECONFIG or ~/.kube/config
+    context: str | None = None  # None: the kubeconfig's current context
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    exclude_namespaces: tuple[str, ...] = ("kube-system",)
+    namespace_selector: dict[str, str] = Field(default_factory=dict)  # namespace labels that must all match
+    # A workload (annotation) or namespace (label) carrying this key, any value but "false", is never scaled.
+    protect_key: str = "gpufinops.io/protect"
+    # Off: workloads are judged, warned about and reported, never scaled (stop rules written for EC2 instances
+    # must not start scaling Deployments when a cluster is added). On: idle Deployments/StatefulSets are scaled
+    # to zero through the act stage (dry-run, cap, audit as for instances).
+    scale_to_zero: bool = False
+
+
+# --------------------------------------------------------------------------- hosts:
+# Read by gpufinops.collect.static_hosts (rented hosts watched by `gpufinops agent`, no cloud API, no bill) and
+# priced by gpufinops.host_prices; docs/billing.md, "Hosts without a cloud bill".
+
+# Above these a price is a typo (a 72-GPU rack rents for a few hundred $/h).
+MAX_USD_PER_GPU_HOUR = 1_000.0
+MAX_USD_PER_HOST_HOUR = 10_000.0
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?$")
+
+
+def usd_price(v: Any, most: float) -> float:
+    """A price in USD/h: a positive number (not a string, not true/false) no higher than `most`."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a price in USD per hour (a number such as 2.49), got {v!r}")
+    if not 0 < v <= most or v != v:
+        raise ValueError(f"a price must be above 0 and at most {most:,.0f} USD/h, got {v!r}")
+    return float(v)
+
+
+def usd_only(v: Any) -> str:
+    if v != "USD":
+        raise ValueError(f"only USD ({v!r} given): bills, the catalog and every message are in USD and no conversion "
+                         f"is done; convert the price to USD")
+    return v
+
+
+def known_gpu(name: str) -> str:
+    """The catalog's key for a GPU model name ("NVIDIA H100 80GB HBM3" -> "H100"), or a ValueError naming it."""
+    from .catalog import UnknownGpuError, canonical_gpu  # the catalog's name rules; it imports nothing of ours
+
+    try:
+        return canonical_gpu(name)
+    except UnknownGpuError:
+        raise ValueError(f"unknown GPU model {name!r}: use a name such as H100, H200, A100-80GB, L40S, RTX-4090 "
+                         f"(gpufinops/data/catalog/gpus.csv)") from None
+
+
+class RentedHost(StrictModel):
+    """One rented GPU host: judged from its agent's metrics (matched on its hostname label), never stopped
+    centrally (`gpufinops agent --autostop` stops it from the host)."""
+
+    hostname: str  # as the agent's Hostname/hostname label says it
+    gpu_count: int = Field(ge=1, le=1024)
+    # The whole host, USD/h (what the rental contract says); none: the GPU model's price below, else an estimate.
+    # Before gpu_model, so that gpu_model's check sees it.
+    usd_per_hour: float | None = None
+    gpu_model: str = Field(min_length=1)  # any spelling: "H100", "NVIDIA H100 80GB HBM3"
+    region: str = ""  # where it is, in words ("hetzner fsn1"): shown in messages
+    tags: dict[str, str] = Field(default_factory=dict)  # owner, team, workload...: what rules and messages see
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, v: str) -> str:
+        if not _HOSTNAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a hostname (letters, digits, '.', '-', '_')")
+        return v
+
+    @field_validator("usd_per_hour", mode="before")
+    @classmethod
+    def _host_price(cls, v: Any) -> float | None:
+        return None if v is None else usd_price(v, MAX_USD_PER_HOST_HOUR)
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _model(cls, v: str, info) -> str:
+        # A model gpufinops cannot name has no price but the host's own: refuse it only when none is given.
+        if "usd_per_hour" in info.data and info.data["usd_per_hour"] is None:  # absent: it failed, said above
+            try:
+                known_gpu(v)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; or give the host's usd_per_hour") from None
+        return v.strip()
+
+
+class HostsSettings(StrictModel):
+    currency: str = "USD"
+    # GPU model -> USD/h of ONE GPU of it; a host listed without usd_per_hour costs this x its gpu_count.
+    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
+    inventory: tuple[RentedHost, ...] = ()
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, v: str) -> str:
+        return usd_only(v)
+
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _per_gpu(cls, v: Any) -> dict[str, float]:
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping GPU model -> USD per GPU-hour, e.g. {H100: 2.49, A100-80GB: 1.6}")
+        out: dict[str, float] = {}
+        for name, price in v.items():
+            key = known_gpu(str(name))
+            if key in out:
+                raise ValueError(f"{name!r} is {key}, which is priced twice")
+            try:
+                out[key] = usd_price(price, MAX_USD_PER_GPU_HOUR)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return out
+
+    @field_validator("inventory")
+    @classmethod
+    def _unique(cls, v: tuple[RentedHost, ...]) -> tuple[RentedHost, ...]:
+        seen: set[str] = set()
+        for h in v:
+            if h.hostname.lower() in seen:
+                raise ValueError(f"host {h.hostname!r} is listed twice")
+            seen.add(h.hostname.lower())
+        return v
+
+
 class Settings(StrictModel):
+    # No `hosts:` section: no rented host is listed (hosts with an AWS API come from the EC2 inventory).
+    hosts: HostsSettings | None = None
+    # No `kubernetes:` section: no cluster is read.
+    kubernetes: KubernetesSettings | None = None
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()

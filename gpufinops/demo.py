@@ -22,7 +22,7 @@ from typing import TextIO
 import pandas as pd
 
 from .config import Settings, load_settings
-from .model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, GpuInstance, RunContext
+from .model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
 from .pipeline import Peers, run_once
 from .prices import OnDemandPrices
 from .rules import load_rules
@@ -80,7 +80,6 @@ def build_fleet(trace: pd.DataFrame, start: datetime, prices: OnDemandPrices) ->
 
 
 COMMON_RULE_PATH = Path(__file__).resolve().parents[1] / "rules" / "examples" / "common-40pct-10min.yaml"
-RESTART_COST_S = 10 * 60  # a restart costs ~10 minutes of paid, unproductive time (boot, model load), as in backtest
 PRINTED_LINES_PER_MESSAGE = 6  # a metrics alert lists its instances on the lines after its summary
 
 
@@ -224,7 +223,7 @@ def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
          [f"{s.false_stops} ({s.false_stop_rate:.0%})" for s in summaries]),
         ("restarted by their owners", [str(s.restarts) for s in summaries]),
         ("GPU-hours stopped", [f"{s.gpu_hours_stopped:.1f}" for s in summaries]),
-        (f"restart cost, GPU-h ({RESTART_COST_S // 60} min each)", [f"{s.restart_gpu_hours:.1f}" for s in summaries]),
+        (f"restart cost, GPU-h ({RESTART_COST_S / 60:.0f} min each)", [f"{s.restart_gpu_hours:.1f}" for s in summaries]),
         ("net GPU-hours saved", [f"{s.net_gpu_hours:.1f}" for s in summaries]),
         ("net dollars saved (on-demand prices)", [f"${s.net_dollars:,.2f}" for s in summaries]),
         (f"net GPU-h - {FALSE_STOP_COST_H:g} GPU-h per false stop", [f"{s.score:.1f}" for s in summaries]),

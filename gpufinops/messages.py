@@ -20,6 +20,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping, Sequence
 
+from .k8s.model import DEFAULT_PROTECT_KEY, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION
 from .model import (
     TAG_PROTECT,
     TAG_SNOOZE,
@@ -63,6 +64,10 @@ _HINTS = {
         "batch sizes and host-to-device copies before downsizing."
     ),
     ReasonCode.LOW_STEADY: "Low but steady use: a smaller or shared GPU may do the same work for less.",
+    ReasonCode.IDLE_NO_PROCESSES: (
+        "No activity counter here (MIG): judged idle because no process ran and its memory stayed at the idle "
+        "floor for the whole window, as the rule's idle_without_activity_counter option allows."
+    ),
 }
 
 
@@ -117,17 +122,18 @@ def format_duration(seconds: float | None) -> str:
     return f"{d} d {h} h"
 
 
-def format_money(usd_per_hour: float | None) -> str:
-    """'$32.77/h', '$1,234.50/h'; unknown prices stay unknown, never $0."""
+def format_money(usd_per_hour: float | None, *, estimate: bool = False) -> str:
+    """'$32.77/h', '$1,234.50/h', '$31.92/h (estimate)' for a guessed price (a rented host priced from the
+    catalog); unknown prices stay unknown, never $0."""
     if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
         return "unknown $/h"
-    return f"${usd_per_hour:,.2f}/h"
+    return f"${usd_per_hour:,.2f}/h" + (" (estimate)" if estimate else "")
 
 
-def _money_and_day(usd_per_hour: float | None) -> str:
+def _money_and_day(usd_per_hour: float | None, *, estimate: bool = False) -> str:
     if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
         return format_money(None)
-    return f"{format_money(usd_per_hour)} (≈ ${usd_per_hour * 24:,.0f}/day)"
+    return f"{format_money(usd_per_hour)} ({'estimate, ' if estimate else ''}≈ ${usd_per_hour * 24:,.0f}/day)"
 
 
 def _utc(dt: datetime) -> datetime:
@@ -239,6 +245,11 @@ def _cost(inst: GpuInstance, decision: Decision | None) -> float | None:
     return decision.hourly_cost if decision is not None else None
 
 
+def _estimated(inst: GpuInstance) -> bool:
+    """The $/h shown (the instance's own) is a guess: GpuInstance.price_source starts with "estimate"."""
+    return inst.hourly_cost is not None and inst.price_source.startswith("estimate")
+
+
 def _window(decision: Decision) -> str:
     return f"≥ {format_duration(decision.window_s)}" if decision.window_s else "—"
 
@@ -250,13 +261,27 @@ def _idle_for(decision: Decision, idle_since: datetime | None, now: datetime) ->
     return f"{format_duration((_utc(now) - _utc(idle_since)).total_seconds())} (since {_slack_date(idle_since)})"
 
 
-def _verbs(action: Action, fn: str) -> tuple[str, str]:
+def _is_workload(inst: GpuInstance) -> bool:
+    """A Kubernetes Deployment/StatefulSet (collect.kubernetes_cloud): scaled to zero, kept by annotations."""
+    return inst.provider == "kubernetes"
+
+
+def _noun(inst: GpuInstance) -> str:
+    return "GPU workload" if _is_workload(inst) else "GPU instance"
+
+
+def _verbs(action: Action, fn: str, inst: GpuInstance | None = None) -> tuple[str, str]:
     if action not in _VERBS:
         raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
+    if inst is not None and _is_workload(inst) and action is Action.STOP:
+        return "scale to zero", "scaled to zero"
     return _VERBS[action]
 
 
-def _keep_hint() -> str:
+def _keep_hint(inst: GpuInstance | None = None) -> str:
+    if inst is not None and _is_workload(inst):
+        return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
+                f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
     return (
         f"To keep it running: make it busy, or tag it `{TAG_SNOOZE}` = an ISO-8601 time (pause until then) "
         f"or `{TAG_PROTECT}` = `true` (never stop)."
@@ -290,7 +315,7 @@ def idle_warning(
 
     The key is the mark's (one warning per mark, however many tries its delivery takes); `sent_at` is
     this try's time, from which the lead is counted when an earlier try was not delivered."""
-    verb, _done = _verbs(action, "idle_warning")
+    verb, _done = _verbs(action, "idle_warning", inst)
     lead = format_duration((_utc(stop_at) - _utc(sent_at or marked_at)).total_seconds())
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
@@ -298,10 +323,10 @@ def idle_warning(
 
     text = (
         ("[DRY-RUN] " if dry_run else "")
-        + f"Idle GPU instance {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
-        f"active. Why: {reason}. Cost {format_money(cost)}. {_keep_hint()}"
+        + f"Idle {_noun(inst)} {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
+        f"active. Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {_keep_hint(inst)}"
     )
-    blocks = [_header(f":hourglass: Idle GPU instance {'would be' if dry_run else 'will be'} {_done}: "
+    blocks = [_header(f":hourglass: Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: "
                       f"{_clip_raw(inst.instance_id, 40)}")]
     if dry_run:
         blocks.append(_dry_run_banner())
@@ -316,7 +341,7 @@ def idle_warning(
             ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
-            ("Cost", _money_and_day(cost)),
+            ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, sent_at or marked_at)),
             ("GPU activity", _activity_field(decision)),
             (f"{verb.capitalize()} at", _slack_date(stop_at)),
@@ -325,7 +350,7 @@ def idle_warning(
     ]
     if buttons:
         blocks.append(snooze_buttons(inst.instance_id))
-    blocks.append(_context(_keep_hint()))
+    blocks.append(_context(_keep_hint(inst)))
     return _message(warning_key(inst.instance_id, marked_at), channel, text, blocks)
 
 
@@ -364,20 +389,24 @@ def stopped(
     idle_since: datetime | None = None,
 ) -> Message:
     """Phase two: the instance was stopped (or, in dry-run, would have been)."""
-    verb, done = _verbs(action, "stopped")
+    verb, done = _verbs(action, "stopped", inst)
+    noun = _noun(inst)
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
     if dry_run:
-        text = (f"[DRY-RUN] Would {verb} idle GPU instance {_instance_line(inst)} at {_when(at)}; "
-                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost)}.")
-        title = f":test_tube: Would {verb} idle GPU instance: {_clip_raw(inst.instance_id, 40)}"
+        text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
+                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, estimate=_estimated(inst))}.")
+        title = f":test_tube: Would {verb} idle {noun}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
     else:
-        text = (f"{done.capitalize()} idle GPU instance {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
-                f"Saves {format_money(cost)} for every hour it stays {done}.")
-        title = f":octagonal_sign: Idle GPU instance {done}: {_clip_raw(inst.instance_id, 40)}"
+        text = (f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
+                f"Saves {format_money(cost, estimate=_estimated(inst))} for every hour it stays {done}.")
+        title = f":octagonal_sign: Idle {noun} {done}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
-    if action is Action.TERMINATE:
+    if _is_workload(inst):
+        after = (f"Bring it back with `gpufinops k8s restore <namespace>/<name>` (the replica count is kept in "
+                 f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
+    elif action is Action.TERMINATE:
         after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
     else:
         after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
@@ -392,7 +421,7 @@ def stopped(
             ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
-            ("Would save" if dry_run else "Saves while stopped", format_money(cost)),
+            ("Would save" if dry_run else "Saves while stopped", format_money(cost, estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
@@ -406,7 +435,7 @@ def stopped(
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Message:
     """The pending stop is off: the instance became active, was snoozed or protected."""
     why = _v(reason, MAX_REASON)
-    text = (f"Stop cancelled for GPU instance {_instance_line(inst)}: {why}. "
+    text = (f"Stop cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later stop comes with a "
             f"new warning first.")
     blocks = [
@@ -434,7 +463,8 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     hint = _HINTS.get(decision.code, "")
     text = (f"GPU instance {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
-            f"Why: {reason}. Cost {format_money(cost)}. {hint} This rule only notifies: nothing will be stopped.")
+            f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} This rule only notifies: "
+            f"nothing will be stopped.")
     blocks = [
         _header(f":zzz: Idle GPU instance: {_clip_raw(inst.instance_id, 40)}"),
         _section(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
@@ -445,7 +475,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
             ("Owner", _owner_field(inst)),
             ("Team", _v(inst.team())),
             ("Where", _where_field(inst)),
-            ("Cost", _money_and_day(cost)),
+            ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
             ("Idle for", f"≥ {format_duration(idle_s)}"),
             ("GPU activity", _activity_field(decision)),
             ("Rule", _v(decision.rule_name)),

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from .model import SENTINEL_THRESHOLD, GpuWindowStats
+from .model import MAX_PROCESSES_PER_GPU, SENTINEL_THRESHOLD, GpuWindowStats
 
 ACTIVITY_PCT_MAX = 100.0  # DCGM_FI_DEV_GPU_UTIL, and GpuWindowStats activity, in percent
 GR_ENGINE_RATIO_MAX = 1.0  # DCGM_FI_PROF_GR_ENGINE_ACTIVE is a ratio
@@ -77,6 +77,7 @@ def power_limit(tdp_w: float | None) -> Limit:
 
 ACTIVITY_PCT = Limit(ACTIVITY_PCT_MAX, "above 100%")
 GR_ENGINE_RATIO = Limit(GR_ENGINE_RATIO_MAX, "above 1, the most a ratio can be")
+PROCESS_COUNT = Limit(float(MAX_PROCESSES_PER_GPU), f"above {MAX_PROCESSES_PER_GPU}, more processes than a GPU runs")
 
 
 def number_problem(value: float, limit: Limit | None = None, *, whole: bool = False) -> str:

@@ -25,6 +25,8 @@ TAG_STOP_REQUESTED = "gpufinops:stop-requested"
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.
 SENTINEL_THRESHOLD = 1e9
+# More compute processes than this on one GPU (or MIG instance) in a count read is not a measurement.
+MAX_PROCESSES_PER_GPU = 10_000
 
 # A stop undone within this long (demand back, instance restarted) is a false stop: it cost more than
 # it saved, the break-even of a stop. The backtest, the demo and the monthly report
@@ -33,6 +35,9 @@ FALSE_STOP_WITHIN_S = 1800
 # What a false stop costs a person on top of the restart (lost work, a wait, a ticket), in GPU-hours: the c of
 # every policy score, net GPU-h - c x false stops (backtest --false-stop-cost, the demo's summary).
 FALSE_STOP_COST_H = 2.0
+# Paid, unproductive time of a restart (boot, model load, warm-up), in seconds: the backtest's restart_cost_s
+# default, the demo's and the monthly report's, so that all three count net savings alike.
+RESTART_COST_S = 600.0
 
 
 class Verdict(str, enum.Enum):
@@ -69,6 +74,10 @@ class ReasonCode(str, enum.Enum):
     INVALID_DATA = "invalid_data"  # a value read from the metrics source is out of range (sentinel, > 100%, ...)
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
+    # GPUs without an activity counter (MIG instances read by `gpufinops agent`): judged by their processes and memory.
+    EVIDENCE_OF_WORK = "evidence_of_work"  # ACTIVE: processes ran or memory was held where no counter says more
+    NO_ACTIVITY_COUNTER = "no_activity_counter"  # UNKNOWN: no counter, no evidence, and the rule does not opt in
+    IDLE_NO_PROCESSES = "idle_no_processes"  # IDLE by the rule's idle_without_activity_counter option
     # Retired with the learned idle policy; decisions stored by earlier versions still carry them.
     LEARNED_WAIT = "learned_wait"
     LEARNED_IDLE = "learned_idle"
@@ -111,6 +120,10 @@ class GpuInstance:
     managed_advice: str = ""
     # For spot instances: "one-time" (cannot be stopped, only terminated) or "persistent"; "" otherwise/unknown.
     spot_request_type: str = ""
+    # Where hourly_cost comes from: "" = the bill or a price list (EC2 prices, the catalog's price of this type);
+    # "estimate: ..." = a guess (a rented host priced from the catalog's GPU model, gpufinops.host_prices), shown
+    # as "(estimate)" wherever the price is; other words name a price a person configured.
+    price_source: str = ""
 
     @property
     def family(self) -> str:
@@ -165,6 +178,11 @@ class GpuWindowStats:
     # Some raw activity samples of the window were out of range (DCGM sentinels, negatives) and left out:
     # the figures come from the valid ones, enough to see work, never enough to call the GPU idle.
     dropped_invalid: bool = False
+    # Compute processes on this GPU / MIG instance (gpufinops agent's gpufinops_gpu_processes), where exported:
+    # evidence of work when no activity figure exists; None = not exported or not read.
+    processes_max: int | None = None
+    process_samples: int = 0  # valid process-count samples in the window, for coverage
+    mig_profile: str = ""  # dcgm-exporter's GPU_I_PROFILE (e.g. "3g.40gb") for a MIG instance, for reasons
 
 
 @dataclass(frozen=True)
@@ -212,6 +230,20 @@ class Selector:
         return True
 
 
+class NoCounterPolicy(str, enum.Enum):
+    """How a rule judges a GPU that has no activity counter (a MIG instance read by nvidia-smi/NVML)."""
+
+    NEVER = "never"  # never idle: UNKNOWN unless processes or memory show work (the default)
+    # Idle when, for the whole window (process-count coverage >= min_coverage), no process ran and memory
+    # stayed at or under the rule's idle_memory_floor_mib.
+    NO_PROCESSES_AND_IDLE_MEMORY = "no_processes_and_idle_memory"
+
+
+# Memory an idle GPU holds, at most: idle MIG instances hold 9-26 MiB, idle whole GPUs 0-600 MiB (driver,
+# persistence); anything a workload loads is GiBs. A rule's idle_memory_floor_mib defaults to this.
+IDLE_MEMORY_FLOOR_MIB = 1024.0
+
+
 class Aggregation(str, enum.Enum):
     STAYS_BELOW = "stays_below"  # every sample below threshold (max < threshold)
     MEAN = "mean"  # window mean below threshold
@@ -234,6 +266,10 @@ class Rule:
     # Optional: an instance holding more than this much memory on any GPU is
     # not idle under this rule (None = memory does not veto idleness).
     max_memory_mib: float | None = None
+    # A GPU without an activity counter (MIG under gpufinops agent) is never idle unless the rule opts in here.
+    idle_without_activity_counter: NoCounterPolicy = NoCounterPolicy.NEVER
+    # Memory at or under this is an idle GPU's (no activity counter): above it counts as work.
+    idle_memory_floor_mib: float = IDLE_MEMORY_FLOOR_MIB
     source: str = ""  # "file:line" the rule was loaded from, for error messages and audit
 
 
@@ -282,6 +318,7 @@ class ActionKind(str, enum.Enum):
     SKIP = "skip"  # wanted to act, did not (protected, cap, snooze, dry-run reason...)
     NOTIFY = "notify"  # rule action is notify only
     SNOOZE = "snooze"  # a person clicked Snooze / Keep running on a warning: the snooze tag, set for them
+    RESTORE = "restore"  # a person brought back what gpufinops scaled to zero (gpufinops k8s restore)
 
 
 @dataclass(frozen=True)

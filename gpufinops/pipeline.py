@@ -246,6 +246,13 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         except SQLAlchemyError as exc:
             # Acting on decisions the audit log does not hold would break "records equal the cloud".
             return database_failed(report, "recording decisions", exc)
+        try:
+            # Owner, account and region for the report: labels only, so a failure here never holds back acting.
+            peers.store.record_instances(instances, ctx.now)
+        except SQLAlchemyError as exc:
+            log.error("database failed recording instance labels, acting goes on: %s", exc)
+            report.errors.append(f"database: recording instance labels: {exc}")
+            report.sources["database"] = f"recording instance labels: {exc}"
     if not act:
         return with_store_status(report, peers.store)
     actuator = Actuator(peers.cloud, peers.store, peers.notifier, settings)

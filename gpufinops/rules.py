@@ -15,7 +15,7 @@ from typing import Any, Iterable, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config import ConfigError, StrictModel, format_validation_error, load_yaml
-from .model import Action, Aggregation, Rule, Selector
+from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -109,6 +109,10 @@ class _RuleModel(StrictModel):
     slack_channel: str = ""
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
     max_memory_mib: float | None = Field(None, ge=0, le=16 * 2**20)  # 16 TiB: more than any GPU holds
+    # GPUs without an activity counter (MIG instances read by gpufinops agent): "never" idle (UNKNOWN unless
+    # processes or memory show work), or "no_processes_and_idle_memory" (docs/metrics.md, "Evidence of work").
+    idle_without_activity_counter: NoCounterPolicy = NoCounterPolicy.NEVER
+    idle_memory_floor_mib: float = Field(IDLE_MEMORY_FLOOR_MIB, ge=0, le=16 * 2**20)
     # The learned idle policy was removed; a rule file that still has the block gets an error saying so.
     learned: Any = None
 
@@ -178,6 +182,8 @@ def load_rule_file(path: str | Path) -> list[Rule]:
                 slack_channel=r.slack_channel,
                 underutilized_below_pct=r.underutilized_below_pct,
                 max_memory_mib=r.max_memory_mib,
+                idle_without_activity_counter=r.idle_without_activity_counter,
+                idle_memory_floor_mib=r.idle_memory_floor_mib,
                 source=f"{path}:{line}" if line else str(path),
             )
         )

@@ -3,7 +3,9 @@
 Each tick's decisions are recorded once (`Store.record_decisions`): the raw rows, kept for
 StoreSettings.raw_decisions_days, and in the same transaction the verdict episodes and hourly rollups that
 reports, idle costs and budgets read (gpufinops/episodes.py). The actions audit trail is complete and
-append-only. The schema is migrated on start (Alembic, gpufinops/store_migrations).
+append-only. Each tick also upserts what the inventory listed of each instance (`Store.record_instances`:
+owner, team, account, region, type; the report's owner / account / region columns). The schema is migrated on
+start (Alembic, gpufinops/store_migrations).
 
 SQLite (file, WAL) by default; any SQLAlchemy URL (postgresql://...) works.
 Capabilities (billing, recommend, ...) define their own tables on the shared
@@ -46,7 +48,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from .episodes import Episode, HourAgg, Heads, Run, Tail, fold_ticks
-from .model import ActionKind, ActionResult, Decision, Verdict
+from .model import ActionKind, ActionResult, Decision, GpuInstance, Verdict
 
 log = logging.getLogger(__name__)
 metadata = MetaData()
@@ -164,6 +166,28 @@ service_runs = Table(
 )
 
 ROLLUP_TABLES = ("verdict_episodes", "verdict_hours", "verdict_tails", "service_runs")
+
+# What the service saw of each instance in its inventory, latest tick wins (Store.record_instances): the owner,
+# account and region the report shows, which no decision, episode or rollup row carries. Tag values are
+# untrusted text, clipped to the column sizes (LABEL_SIZES).
+instance_labels = Table(
+    "instance_labels",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("owner", String(128)),
+    Column("team", String(128)),
+    Column("account", String(64)),
+    Column("region", String(64)),
+    Column("instance_type", String(64)),
+    Column("gpu_model", String(64)),
+    Column("gpu_count", Integer),
+    Column("provider", String(32)),
+    Column("first_seen", DateTime, nullable=False),
+    Column("last_seen", DateTime, nullable=False, index=True),
+)
+LABEL_SIZES = {c.name: c.type.length for c in instance_labels.columns if isinstance(c.type, String)}
+LABEL_UPDATED = ("owner", "team", "account", "region", "instance_type", "gpu_model", "gpu_count", "provider",
+                 "last_seen")  # first_seen is kept
 
 # Last verdict per (instance, rule): what makes "act only on transitions" possible.
 instance_state = Table(
@@ -373,17 +397,18 @@ def migrate(conn: Connection) -> str | None:
                if "alembic_version" in tables else None)
     if current == HEAD:
         return current
-    from alembic import command
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
-    cfg.attributes["connection"] = conn
-    # Alembic's own INFO lines (plugin set-up, context) would land in every command's output; one line of ours.
+    # Alembic's own INFO lines (plugin set-up at import, context) would land in every command's output; one
+    # line of ours instead. Quieted before the import: the plugin lines are logged while importing.
     alembic_log = logging.getLogger("alembic")
     level = alembic_log.level
     alembic_log.setLevel(logging.WARNING)
     try:
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+        cfg.attributes["connection"] = conn
         if current is None and tables - {"alembic_version"}:
             command.stamp(cfg, BASELINE)  # tables written by create_all before Alembic: they are the baseline
         command.upgrade(cfg, "head")
@@ -604,6 +629,48 @@ def upsert_hours(conn: Connection, hours: dict) -> None:
         conn.execute(insert(verdict_hours), inserts)
 
 
+def label_row(inst: GpuInstance, now: datetime) -> dict:
+    """One instance_labels row: owner and team as the messages read them (GpuInstance.owner(), .team()), every
+    text clipped to its column (tag values are whatever a person typed)."""
+    def clip(name: str, value) -> str:
+        return str(value or "")[:LABEL_SIZES[name]]
+
+    seen = naive_utc(now)
+    return {"instance_id": clip("instance_id", inst.instance_id), "owner": clip("owner", inst.owner()),
+            "team": clip("team", inst.team()), "account": clip("account", inst.account),
+            "region": clip("region", inst.region), "instance_type": clip("instance_type", inst.instance_type),
+            "gpu_model": clip("gpu_model", inst.gpu_model), "gpu_count": int(inst.gpu_count or 0),
+            "provider": clip("provider", inst.provider), "first_seen": seen, "last_seen": seen}
+
+
+def upsert_labels(conn: Connection, rows: Sequence[dict]) -> None:
+    """Insert new instances, update the labels and last_seen of known ones, first_seen kept: one INSERT ... ON
+    CONFLICT statement on SQLite and PostgreSQL; elsewhere one read of the known ids, then batched updates and
+    inserts."""
+    if conn.dialect.name in ("sqlite", "postgresql"):
+        if conn.dialect.name == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        stmt = dialect_insert(instance_labels)
+        conn.execute(stmt.on_conflict_do_update(index_elements=[instance_labels.c.instance_id],
+                                                set_={f: stmt.excluded[f] for f in LABEL_UPDATED}), list(rows))
+        return
+    ids = sorted(r["instance_id"] for r in rows)
+    known: set[str] = set()
+    for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+        known.update(conn.execute(select(instance_labels.c.instance_id)
+                                  .where(instance_labels.c.instance_id.in_(chunk))).scalars())
+    updates = [{"label_id": r["instance_id"], **{f"v_{f}": r[f] for f in LABEL_UPDATED}}
+               for r in rows if r["instance_id"] in known]
+    if updates:
+        conn.execute(update(instance_labels).where(instance_labels.c.instance_id == bindparam("label_id"))
+                     .values(**{f: bindparam(f"v_{f}") for f in LABEL_UPDATED}), updates)
+    inserts = [r for r in rows if r["instance_id"] not in known]
+    if inserts:
+        conn.execute(insert(instance_labels), inserts)
+
+
 def prune_raw_decisions(conn: Connection, now: datetime, keep_s: float) -> int:
     """Delete raw decision rows older than keep_s before `now`, at most once an hour (noted in kv). Their
     time is already in the episodes and rollups, written in the transaction that stored them."""
@@ -712,6 +779,31 @@ class Store:
             frame = pd.read_sql_query(q, conn)
         frame["evaluated_at"] = pd.to_datetime(frame["evaluated_at"], utc=True)
         return frame
+
+    # ------------------------------------------------------------- instance labels
+    def record_instances(self, instances: Iterable[GpuInstance], now: datetime) -> int:
+        """Upsert what this tick's inventory listed of each instance (owner, team, account, region, type, GPUs)
+        into instance_labels, in one transaction and one statement batch. Returns the rows written."""
+        rows = list({r["instance_id"]: r for r in (label_row(i, now) for i in instances)}.values())
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            upsert_labels(conn, rows)
+        return len(rows)
+
+    def instance_labels(self, instance_ids: Iterable[str] | None = None) -> dict[str, dict]:
+        """The stored labels by instance id (first_seen / last_seen aware UTC); all of them without ids."""
+        q = select(instance_labels)
+        ids = None if instance_ids is None else sorted(set(instance_ids))
+        chunks = [q] if ids is None else [q.where(instance_labels.c.instance_id.in_(ids[i:i + 500]))
+                                            for i in range(0, len(ids), 500)]
+        out: dict[str, dict] = {}
+        with self.engine.connect() as conn:
+            for chunk in chunks:
+                for r in conn.execute(chunk).mappings():
+                    out[r["instance_id"]] = {**r, "first_seen": aware_utc(r["first_seen"]),
+                                             "last_seen": aware_utc(r["last_seen"])}
+        return out
 
     # ------------------------------------------------------------- episodes and rollups
     def verdict_hours_frame(self, start: datetime, end: datetime, grain: str = "hour"):

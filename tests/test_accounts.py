@@ -92,3 +92,57 @@ def test_managed_and_spot_facts_come_from_the_instances_own_account(aws):
     assert by_id[member].account == OTHER and by_id[member].managed_by == "Auto Scaling group 'their-asg'"
     assert by_id[spot].spot_request_type == "persistent" and by_id[spot].managed_by == ""
     assert (cloud.last_retries, cloud.last_throttles) == (0, 0)
+
+
+def test_assume_roles_take_an_external_id_or_a_plain_arn(aws):
+    ec2b = other_account_ec2(aws)
+    other = ec2b.run_instances(ImageId=aws.ami(), InstanceType="g5.xlarge", MinCount=1,
+                               MaxCount=1)["Instances"][0]["InstanceId"]
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": aws.endpoint_url,
+                                  "include_own_account": False,
+                                  "assume_roles": [{"arn": ROLE, "external_id": "gpufinops-ext-7731"},
+                                                   f"arn:aws:iam::{OTHER}:role/plain"]})
+    assert [(r.arn, r.external_id) for r in settings.aws.assume_roles] == [
+        (ROLE, "gpufinops-ext-7731"), (f"arn:aws:iam::{OTHER}:role/plain", None)]
+    cloud = build_cloud(settings.aws, spot_prices=False)
+    assert other in {i.instance_id for i in cloud.list_gpu_instances()} and cloud.last_errors == []
+
+
+def test_the_external_id_goes_to_sts_assume_role(aws):
+    base = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    sent: list[dict] = []
+    base.events.register("provide-client-params.sts.AssumeRole", lambda params, **_: sent.append(dict(params)))
+    session = assumed_role_session(base, ROLE, region="us-east-1", endpoint_url=aws.endpoint_url,
+                                   external_id="gpufinops-ext-7731")
+    identity = session.client("sts", endpoint_url=aws.endpoint_url).get_caller_identity()
+    assert identity["Account"] == OTHER  # moto answered the AssumeRole; its credentials act in the other account
+    assert [(p["RoleArn"], p.get("ExternalId")) for p in sent] == [(ROLE, "gpufinops-ext-7731")]
+
+
+def test_assume_role_request_sends_external_id_only_when_set():
+    from gpufinops.collect.accounts import assume_role_request
+
+    assert assume_role_request(ROLE, "ext-1", 900) == {"RoleArn": ROLE, "RoleSessionName": "gpufinops",
+                                                       "DurationSeconds": 900, "ExternalId": "ext-1"}
+    assert "ExternalId" not in assume_role_request(ROLE, None, 900)
+
+
+def test_a_bad_assume_roles_entry_names_the_key(tmp_path):
+    from gpufinops.config import ConfigError
+
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"aws:\n  assume_roles:\n    - arn: {ROLE}\n      externalid: x\n")
+    with pytest.raises(ConfigError, match=r"assume_roles\.0\.externalid"):
+        load_settings(cfg)
+
+
+def test_billing_read_clients_get_the_botocore_config_of_ec2_reads():
+    from gpufinops.collect.aws_config import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, READ_TIMEOUT_S
+    from gpufinops.collect.billing.load import aws_client
+
+    settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": "http://127.0.0.1:1"})
+    for service in ("ce", "athena", "s3", "pricing"):
+        config = aws_client(settings, service, "us-east-1").meta.config
+        # botocore keeps max_attempts (retries) as total_max_attempts (retries + the first attempt).
+        assert config.retries == {"mode": "standard", "total_max_attempts": MAX_ATTEMPTS + 1}, service
+        assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)

@@ -345,3 +345,10 @@ def test_routing_team_channel_owner_dm_and_a_failed_dm_never_holds_the_stop(tmp_
     # Replies in the warnings' threads, in the team's channel.
     assert {p["channel"] for p in slack.posted() if p["text"].startswith("Stopped")} == {slack.channel_id("#ml-gpu")}
     assert w.store.undelivered_count() == 0  # a DM that could not be addressed is not a failed delivery
+
+
+def test_a_kubernetes_workload_is_scaled_to_zero_never_terminated():
+    workload = GpuInstance("k8s:ml/Deployment/infer", "p4d.24xlarge", "us-east-1", "running", T0,
+                           provider="kubernetes")
+    assert stop_blocker(workload, Action.STOP) == ""
+    assert "never deleted" in stop_blocker(workload, Action.TERMINATE)

@@ -236,11 +236,11 @@ BS = BillingSettings(gpu_families=AwsSettings().gpu_families)
 
 @st.composite
 def focus_csv(draw) -> bytes:
-    header = [*FOCUS_REQUIRED, "BilledCost", "Tags"]
+    header = [*FOCUS_REQUIRED, "ServiceProviderName", "BilledCost", "Tags"]
     header = draw(st.permutations(header).flatmap(lambda h: st.integers(len(h) - 2, len(h)).map(lambda n: h[:n])))
     cell = {"ChargePeriodStart": st.one_of(st.just("2024-09-02 00:00:00"), TIMESTAMP),
             "BillingCurrency": st.sampled_from(["USD", "EUR", ""]), "ChargeCategory": st.sampled_from(["Usage", "Tax"]),
-            "ConsumedUnit": st.sampled_from(["Hours", "GB"]), "ProviderName": st.sampled_from(["AWS", "Microsoft", ""]),
+            "ConsumedUnit": st.sampled_from(["Hours", "GB"]), "ServiceProviderName": st.sampled_from(["AWS", "Microsoft", ""]),
             "ChargeDescription": st.sampled_from(["g5.4xlarge Instance Hour", "Standard_NC24ads_A100_v4", "x"]),
             "Tags": st.sampled_from(['{"team": "ml"}', "{", "[1]", "", '{"team": {"a": 1}}'])}
     rows = draw(st.lists(st.tuples(*[cell.get(h, CELL) for h in header]).map(list), max_size=5))

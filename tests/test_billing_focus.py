@@ -71,7 +71,7 @@ def test_azure_gpu_vm_and_spot_and_commitment(tmp_path):
 
 def test_missing_column_is_named(tmp_path):
     path = _write(tmp_path, [{k: v for k, v in _row().items() if k != "BilledCost"}])
-    with pytest.raises(BillingDataError, match=r"focus\.csv: missing FOCUS column\(s\) \['BilledCost'\]"):
+    with pytest.raises(BillingDataError, match=r"focus\.csv: missing FOCUS 1.0 column\(s\) \['BilledCost'\]"):
         read_focus(path, SEP, OCT, BS)
 
 

@@ -16,6 +16,7 @@ from gpufinops.collect.prometheus import (
     FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, InstanceMatcher, PrometheusMetrics, PromQL,
     plan_detail,
 )
+from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC
 from gpufinops.config import PrometheusSettings, SecretRef
 from gpufinops.model import GpuInstance
 from tests.promserver import Series, binaries_missing, dcgm_labels, start_prometheus
@@ -60,7 +61,9 @@ I_SENTINEL = inst("i-0aaa00000000000a7", "ip-10-0-1-7.ec2.internal", "10.0.1.7")
 I_NOTHING = inst("i-0aaa00000000000a8", "ip-10-0-1-8.ec2.internal", "10.0.1.8")
 I_STOPPED = inst("i-0aaa00000000000a9", "ip-10-0-1-9.ec2.internal", "10.0.1.9")
 I_PODS = inst("i-0aaa00000000000b0", "ip-10-0-2-0.ec2.internal", "10.0.2.0")
-FLEET = [I_LABEL, I_HOST_SHORT, I_HOST_LOWER, I_HOST_IP, I_HOST_ID, I_MIG, I_SENTINEL, I_NOTHING, I_STOPPED, I_PODS]
+I_AGENT_MIG = inst("i-0aaa00000000000b1", "ip-10-0-2-1.ec2.internal", "10.0.2.1")  # gpufinops agent, MIG
+FLEET = [I_LABEL, I_HOST_SHORT, I_HOST_LOWER, I_HOST_IP, I_HOST_ID, I_MIG, I_SENTINEL, I_NOTHING, I_STOPPED, I_PODS,
+         I_AGENT_MIG]
 
 
 def fleet_series() -> list[Series]:
@@ -111,6 +114,13 @@ def fleet_series() -> list[Series]:
     first, second = full[:12], full[12:]
     s.append(const(GPU_UTIL, {**base, "exported_pod": "train-a", "exported_namespace": "ml"}, 90.0, first))
     s.append(const(GPU_UTIL, {**base, "exported_pod": "train-b", "exported_namespace": "ml"}, 10.0, second))
+    # gpufinops agent on a MIG host: memory and process counts per GPU instance, no activity series at all;
+    # the second instance's agent came up halfway through the window.
+    for gi, processes, times in (("2", 3.0, full), ("3", 0.0, full[10:])):
+        labels = {**dcgm_labels("ip-10-0-2-1", 0, GPU_I_ID=gi, GPU_I_PROFILE="3g.40gb", job="gpufinops-agent"),
+                  "hostname": "ip-10-0-2-1.ec2.internal"}  # the agent writes both spellings
+        s.append(const(FB_USED, labels, 11091.0 if processes else 9.0, times))
+        s.append(const(PROCESSES_METRIC, labels, processes, times))
     return s
 
 
@@ -195,6 +205,18 @@ def test_mig_slices_use_gr_engine_active_as_percent(usage):
     assert busy.activity_signal == GR_ENGINE_ACTIVE and idle.activity_signal == GR_ENGINE_ACTIVE
     assert busy.activity_mean == pytest.approx(25.0) and busy.samples == 20
     assert idle.activity_max == 0.0 and idle.fb_used_max_mib == 500.0
+
+
+def test_agent_process_counts_per_mig_instance(usage):
+    # Read in the memory query (the tick stays N_QUERIES): max over the window and the number of samples.
+    gpus = by_gpu(usage, I_AGENT_MIG)
+    assert sorted(gpus) == ["0/2", "0/3"]
+    busy, idle = gpus["0/2"], gpus["0/3"]
+    assert (busy.samples, busy.processes_max, busy.process_samples, busy.fb_used_max_mib) == (0, 3, 20, 11091.0)
+    assert (idle.samples, idle.processes_max, idle.process_samples, idle.fb_used_max_mib) == (0, 0, 10, 9.0)
+    assert busy.mig_profile == "3g.40gb" and not busy.invalid and not idle.invalid
+    # GPUs of dcgm-exporter have no process count: not read, never zero.
+    assert all(g.processes_max is None and g.process_samples == 0 for g in by_gpu(usage, I_LABEL).values())
 
 
 def test_sentinel_and_negative_samples_are_not_measurements(usage):

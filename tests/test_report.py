@@ -295,10 +295,14 @@ def test_empty_month_is_a_valid_report(demo, tmp_path, which):
     h = doc["headline"]
     assert h["evaluations"] == 0 and h["stops"] == 0
     assert h["gpu_spend"] is None and h["idle_cost"] is None  # unknown, not $0
-    assert all(rows == [] for rows in doc["tables"].values())
+    assert all(rows == [] for name, rows in doc["tables"].items() if name != "trend")
+    # The trend has its rows, every figure not measured ("–" on the page), never 0.
+    assert [r["this_month"] for r in doc["tables"]["trend"]] == [None, None, None]
+    assert h["saved_cost"] is None and h["net_saved_cost"] is None and h["recommended_monthly_savings"] is None
     assert doc["notes"][0].startswith(f"No evaluations were stored for {month}")
     html = next(p for p in paths if p.suffix == ".html").read_text()
     assert f"No data for {month}" in html and "data:image/png" not in html
+    assert "$0.00" not in html  # nothing measured is "–", not $0 (saved, idle, spend)
     header = (tmp_path / "out" / f"gpu-audit-{month}-stops.csv").read_text().splitlines()
     assert len(header) == 1 and header[0].startswith("at,instance_id,team")
 
@@ -353,7 +357,7 @@ def test_cli_writes_the_requested_formats_and_prints_paths(demo, tmp_path, capsy
     out = tmp_path / "reports-out"
     assert main(["report", "--month", MONTH, "--db", str(db), "--out-dir", str(out), "--formats", "csv,json"]) == 0
     printed = capsys.readouterr().out.split()
-    assert sorted(printed) == sorted(str(p) for p in out.iterdir()) and len(printed) == 11  # 10 tables + JSON
+    assert sorted(printed) == sorted(str(p) for p in out.iterdir()) and len(printed) == 17  # 16 tables + JSON
     assert not list(out.glob("*.html")) and (out / f"gpu-audit-{MONTH}.json").is_file()
 
     assert main(["report", "--month", "2022-13", "--db", str(db), "--out-dir", str(out)]) == 2

@@ -1,6 +1,7 @@
 """The monthly audit as a person sees it: rendered by headless Chromium (Debian `chromium`) at a desktop width
 (1280 px) and a phone width (400 px), measured by a probe script added to a copy of the page (the report itself
-has no script). Checked: the headline is there, the page does not scroll sideways, no table runs off the screen
+has no script). Checked: the headline, the coverage banner and the executive summary are there (banner and summary before
+the first figure), the page does not scroll sideways, no table runs off the screen
 (on a phone each row is a card of "Header: value" lines), every chart is drawn with its text large enough to read.
 The phone width is an iframe of 400 px: Chromium's headless window is at least 500 px wide."""
 
@@ -35,6 +36,13 @@ window.addEventListener('load', function () {
   });
   var h = document.querySelector('#headline');
   out.headline = h ? h.textContent : '';
+  ['coverage', 'summary', 'toc'].forEach(function (id) {
+    var e = document.getElementById(id), box = e ? (id === 'summary' ? e.nextElementSibling : e) : null;
+    out[id] = box ? {text: box.textContent, right: box.getBoundingClientRect().right,
+                     scrolls: box.scrollWidth > box.clientWidth + 1, top: box.getBoundingClientRect().top} : null;
+  });
+  var first = document.querySelector('.card');
+  out.first_card_top = first ? first.getBoundingClientRect().top : null;
   out.title = (document.querySelector('h1') || {}).textContent || '';
   var pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(out);
   (window.parent === window ? document.body : window.parent.document.body).appendChild(pre);
@@ -82,6 +90,13 @@ def test_the_report_reads_at_desktop_and_phone_widths(page, width):
     for t in seen["tables"]:
         assert t["labelled"] == t["cells"]  # every cell knows its column's header
         assert not t["scrolls"] and t["right"] <= width  # no table runs off the screen, none scrolls inside
+    # The coverage banner (a partial month: 3 simulated hours, no billing) and the executive summary come
+    # before the first figure, and fit the width.
+    for box in ("coverage", "summary", "toc"):
+        assert seen[box], f"#{box} missing"
+        assert seen[box]["right"] <= width and not seen[box]["scrolls"], (box, seen[box])
+    assert "cover part of" in seen["coverage"]["text"] and "Top actions" in seen["summary"]["text"]
+    assert seen["coverage"]["top"] < seen["summary"]["top"] < seen["first_card_top"]
     assert len(seen["charts"]) == 3
     for c in seen["charts"]:
         assert 0 < c["shown"] <= width

@@ -136,3 +136,39 @@ def test_window_and_warning_lead_are_bounded(tmp_path, field, value, why):
 def test_every_shipped_and_example_rule_is_within_the_bounds():
     rules = load_rules([REPO / "rules", REPO / "rules" / "examples"])
     assert rules and all(60 <= r.warning_lead_s <= 7 * 86400 and 1 <= r.window_s <= 7 * 86400 for r in rules)
+
+
+def test_idle_without_activity_counter_is_off_by_default_and_validated(tmp_path):
+    from gpufinops.model import IDLE_MEMORY_FLOOR_MIB, NoCounterPolicy
+
+    default = load_rules([REPO / "rules"])
+    assert {r.idle_without_activity_counter for r in default} == {NoCounterPolicy.NEVER}
+    assert {r.idle_memory_floor_mib for r in default} == {IDLE_MEMORY_FLOOR_MIB}
+    p = write(tmp_path, "rules:\n  - name: mig\n    threshold_pct: 10\n    window: 2h\n"
+                        "    idle_without_activity_counter: no_processes_and_idle_memory\n"
+                        "    idle_memory_floor_mib: 256\n")
+    (rule,) = load_rules([p])
+    assert rule.idle_without_activity_counter == NoCounterPolicy.NO_PROCESSES_AND_IDLE_MEMORY
+    assert rule.idle_memory_floor_mib == 256
+
+
+@pytest.mark.parametrize("line, key", [
+    ("idle_without_activity_counter: yes", "rules.0.idle_without_activity_counter"),  # YAML's yes is a boolean
+    ("idle_without_activity_counter: no_processes", "rules.0.idle_without_activity_counter"),
+    ("idle_memory_floor_mib: -1", "rules.0.idle_memory_floor_mib"),
+    ("idle_memory_floor_mib: lots", "rules.0.idle_memory_floor_mib"),
+])
+def test_bad_no_counter_options_name_file_line_and_key(tmp_path, line, key):
+    p = write(tmp_path, f"rules:\n  - name: mig\n    threshold_pct: 10\n    window: 2h\n    {line}\n")
+    msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
+    assert f"{p}:5" in msg and key in msg, msg
+
+
+def test_rules_check_shows_the_no_counter_option_when_on(tmp_path, capsys):
+    p = write(tmp_path, "rules:\n  - name: mig\n    threshold_pct: 10\n    window: 2h\n"
+                        "    idle_without_activity_counter: no_processes_and_idle_memory\n"
+                        "  - name: plain\n    threshold_pct: 10\n    window: 2h\n")
+    assert main(["rules", "check", str(p)]) == 0
+    mig, plain = capsys.readouterr().out.splitlines()[:2]
+    assert "no counter: idle if no_processes_and_idle_memory (floor 1024 MiB)" in mig
+    assert "no counter" not in plain

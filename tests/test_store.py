@@ -115,3 +115,33 @@ def test_a_database_from_an_older_release_is_upgraded_without_losing_rows(db_url
     assert (row.verdict, row.since.hour, row.stopped_at.minute, row.stop_dry_run) == (Verdict.IDLE, 10, 30, None)
     store.put_state("i-1", "r", Verdict.IDLE, row.since, NOW, NOW, True)
     assert Store(db_url).get_state("i-1", "r").stop_dry_run is True
+
+
+def test_instance_labels_upsert_keeps_first_seen_and_follows_tags(db_url):
+    """Store.record_instances (once per tick): new instances inserted, known ones get the tick's tags and
+    last_seen, first_seen stays; tag values are stored as text, clipped to the column."""
+    from datetime import timedelta
+
+    from gpufinops.model import GpuInstance
+
+    def inst(iid, **tags):
+        return GpuInstance(iid, "g5.xlarge", "eu-west-1", "running", NOW - timedelta(days=1), account="111122223333",
+                           tags=tags, gpu_count=1, gpu_model="A10G")
+
+    s = Store(db_url)
+    assert s.record_instances([], NOW) == 0
+    assert s.record_instances([inst("i-1", owner="ana", team="ml"), inst("i-2", Owner="li")], NOW) == 2
+    later = NOW + timedelta(minutes=5)
+    hostile = "<script>alert(1)</script>" + "x" * 300
+    # The same instance twice in one listing (two regions answering alike) is one row, not a conflict.
+    assert s.record_instances([inst("i-1", owner=hostile, team="vision"), inst("i-1", owner=hostile, team="vision")],
+                              later) == 1
+    labels = Store(db_url).instance_labels()
+    assert set(labels) == {"i-1", "i-2"}
+    one, two = labels["i-1"], labels["i-2"]
+    assert (one["first_seen"], one["last_seen"]) == (NOW, later)
+    assert one["owner"] == hostile[:128] and one["team"] == "vision"
+    assert (one["account"], one["region"], one["instance_type"], one["gpu_model"], one["gpu_count"],
+            one["provider"]) == ("111122223333", "eu-west-1", "g5.xlarge", "A10G", 1, "aws")
+    assert (two["owner"], two["team"], two["first_seen"], two["last_seen"]) == ("li", "", NOW, NOW)
+    assert set(s.instance_labels(["i-2", "i-9"])) == {"i-2"}

@@ -121,7 +121,7 @@ def test_a_database_from_before_alembic_is_upgraded_in_place(db_url):
 
 
 CORE_TABLES = ("decisions", "instance_state", "marks", "actions", "notifications", "kv", "leases",
-               "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs")
+               "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs", "instance_labels")
 
 
 def schema_of(url: str) -> dict:
@@ -141,3 +141,48 @@ def test_the_migrations_build_the_schema_the_code_declares(tmp_path):
     metadata.create_all(engine)
     engine.dispose()
     assert schema_of(migrated) == schema_of(declared)
+
+
+def test_a_database_at_0002_is_upgraded_to_instance_labels_keeping_its_rows(db_url):
+    """0002 -> 0003 adds instance_labels and touches nothing stored: decisions, episodes, rollups, tails, runs,
+    actions and kv come back as they were, and the new table fills from the next tick."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")  # the schema of the release before instance_labels
+        assert "instance_labels" not in inspect(conn).get_table_names()
+    engine.dispose()
+    old = Store.__new__(Store)  # the 0002 tables, written through the code that writes them, without migrating
+    old.url, old.engine = db_url, make_engine(db_url)
+    t = T0.replace(tzinfo=timezone.utc)
+    for m in range(3):
+        old.record_decisions(f"r{m}", [Decision("i-1", "default", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle",
+                                                t + timedelta(minutes=m), hourly_cost=2.5)],
+                             dry_run=True, teams={"i-1": "ml"}, max_gap_s=120)
+    old.set_kv("k", "v")
+    tables = ("decisions", "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs", "kv")
+
+    def contents(engine):
+        with engine.connect() as conn:
+            return {n: sorted(tuple(map(str, r)) for r in conn.execute(text(f"SELECT * FROM {n}"))) for n in tables}
+
+    before = contents(old.engine)
+    old.close()
+    assert len(before["decisions"]) == 3 and before["verdict_episodes"]
+
+    store = Store(db_url)  # upgrades on start
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0003"
+    assert contents(store.engine) == before  # nothing stored is lost or changed
+    assert store.instance_labels() == {}
+    from gpufinops.model import GpuInstance
+
+    store.record_instances([GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", t, tags={"owner": "ana"})],
+                           t + timedelta(minutes=3))
+    assert store.instance_labels()["i-1"]["owner"] == "ana"
+    store.close()

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..decide.evaluate import coverage_ok, window_is_idle
-from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, Aggregation, GpuInstance, Rule
+from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, Aggregation, GpuInstance, Rule
 from .traces import Trace
 
 # Verdict codes in the int8 matrices (order matters only for readability).
@@ -47,7 +47,7 @@ _EPS = 1e-9
 @dataclass(frozen=True)
 class BacktestSettings:
     tick_s: float = 60.0  # evaluation period of the live service
-    restart_cost_s: float = 600.0  # GPU time lost per restart (boot, model load, warm-up)
+    restart_cost_s: float = RESTART_COST_S  # GPU time lost per restart (boot, model load, warm-up)
     break_even_s: float = float(FALSE_STOP_WITHIN_S)  # a stop followed by demand sooner than this is a false stop
     demand_pct: float = 5.0  # activity above this while stopped means someone needs the GPU: restart
     price_per_gpu_hour: float = DEFAULT_PRICE_PER_GPU_HOUR

@@ -1,4 +1,4 @@
-"""`gpufinops agent`: serve DCGM-shaped /metrics from nvidia-smi on a GPU host without dcgm-exporter.
+"""`gpufinops agent`: serve DCGM-shaped /metrics from NVML or nvidia-smi on a GPU host without dcgm-exporter.
 
 Flags default to environment variables (GPUFINOPS_AGENT_*), so `--help` is the manual and a
 systemd unit or container can configure it without a command line.
@@ -40,12 +40,13 @@ def _port(text: str) -> int:
 def register(subparsers) -> None:
     env = os.environ.get
     p = subparsers.add_parser(
-        "agent", help="serve dcgm-exporter-shaped GPU metrics from nvidia-smi (hosts without DCGM)",
-        description="Run nvidia-smi every --interval seconds and serve /metrics in Prometheus text format with "
-                    "dcgm-exporter's names and labels (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, "
-                    "DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_GPU_TEMP). Scrape it like dcgm-exporter. "
-                    "A field nvidia-smi cannot measure has no series; when nvidia-smi fails the GPU series "
-                    "disappear and gpufinops_agent_nvidia_smi_errors_total goes up.")
+        "agent", help="serve dcgm-exporter-shaped GPU metrics from NVML or nvidia-smi (hosts without DCGM)",
+        description="Read the GPUs (NVML, else nvidia-smi) every --interval seconds and serve /metrics in "
+                    "Prometheus text format with dcgm-exporter's names and labels (DCGM_FI_DEV_GPU_UTIL, "
+                    "DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_POWER_USAGE, DCGM_FI_DEV_GPU_TEMP; per MIG GPU instance "
+                    "with GPU_I_ID / GPU_I_PROFILE) and gpufinops_gpu_processes. Scrape it like dcgm-exporter. "
+                    "A figure the driver cannot measure has no series; when a read fails the GPU series "
+                    "disappear and gpufinops_agent_read_errors_total goes up.")
     p.add_argument("--address", default=env("GPUFINOPS_AGENT_ADDRESS", "0.0.0.0"),
                    help="listen address (env GPUFINOPS_AGENT_ADDRESS; default 0.0.0.0)")
     p.add_argument("--port", type=_port, default=env("GPUFINOPS_AGENT_PORT", "9400"),
@@ -56,37 +57,55 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=_positive, default=env("GPUFINOPS_AGENT_TIMEOUT", "5"),
                    help="seconds before a hung nvidia-smi is killed (env GPUFINOPS_AGENT_TIMEOUT; default 5)")
     p.add_argument("--hostname", default=env("GPUFINOPS_AGENT_HOSTNAME") or socket.gethostname(),
-                   help="value of the Hostname label; on EC2 the private DNS name, e.g. ip-10-0-1-2.ec2.internal "
+                   help="value of the host label; on EC2 the private DNS name, e.g. ip-10-0-1-2.ec2.internal "
                         "(env GPUFINOPS_AGENT_HOSTNAME; default: this host's name)")
+    p.add_argument("--hostname-label", choices=("Hostname", "hostname", "both"),
+                   default=env("GPUFINOPS_AGENT_HOSTNAME_LABEL", "both"),
+                   help="name of the host label: dcgm-exporter's old `Hostname`, its new `hostname`, or both "
+                        "(env GPUFINOPS_AGENT_HOSTNAME_LABEL; default both)")
+    p.add_argument("--reader", choices=("auto", "nvml", "nvidia-smi"), default=env("GPUFINOPS_AGENT_READER", "auto"),
+                   help="how to read the GPUs: nvml (nvidia-ml-py), nvidia-smi, or auto = NVML when the library "
+                        "loads, else nvidia-smi (env GPUFINOPS_AGENT_READER; default auto)")
     p.add_argument("--instance-id", default=env("GPUFINOPS_AGENT_INSTANCE_ID") or None,
                    help="value of the instance_id label, e.g. i-0123456789abcdef0 "
                         "(env GPUFINOPS_AGENT_INSTANCE_ID; default: no such label)")
     p.add_argument("--nvidia-smi", default=env("GPUFINOPS_AGENT_NVIDIA_SMI", "nvidia-smi"), metavar="PATH",
                    help="nvidia-smi executable (env GPUFINOPS_AGENT_NVIDIA_SMI; default: nvidia-smi on PATH)")
     p.set_defaults(func=cmd_agent)
+    from ..autostop.cli import add_autostop_arguments  # --autostop* flags, `agent snooze` (gpufinops/autostop)
+    add_autostop_arguments(p)
 
 
-def build_agent(args: argparse.Namespace):
-    from ..agent import Agent, HostIdentity
+def build_agent(args: argparse.Namespace, **agent_kwargs):
+    """The Agent the flags describe; `agent_kwargs` (e.g. on_sample) go to Agent unchanged."""
+    from ..agent import HOSTNAME_LABELS, Agent, HostIdentity, open_reader
 
     hostname = (args.hostname or "").strip()
     if not hostname:
-        raise ValueError("--hostname is empty: the Hostname label is how gpufinops finds this host's instance")
-    return Agent(HostIdentity(hostname, (args.instance_id or "").strip() or None),
-                 nvidia_smi=args.nvidia_smi, interval_s=args.interval, timeout_s=args.timeout)
+        raise ValueError("--hostname is empty: the hostname label is how gpufinops finds this host's instance")
+    if args.hostname_label not in HOSTNAME_LABELS:  # from the environment, which argparse does not check
+        raise ValueError(f"GPUFINOPS_AGENT_HOSTNAME_LABEL must be Hostname, hostname or both, "
+                         f"got {args.hostname_label!r}")
+    host = HostIdentity(hostname, (args.instance_id or "").strip() or None, HOSTNAME_LABELS[args.hostname_label])
+    reader = open_reader(args.reader, nvidia_smi=args.nvidia_smi, timeout_s=args.timeout)
+    return Agent(host, reader=reader, interval_s=args.interval, timeout_s=args.timeout, **agent_kwargs)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from ..agent import start
+    from ..collect.gpu_snapshot import GpuReadError
 
     try:
         agent = build_agent(args)
+        from ..autostop.cli import maybe_start_autostop  # with --autostop: judge and stop this host when idle
+        autostop = maybe_start_autostop(args, agent)  # noqa: F841 - a daemon thread fed by agent.on_sample
         running = start(agent, args.address, args.port)
-    except (ValueError, OSError) as exc:  # empty hostname, port in use
+    except (ValueError, OSError, GpuReadError) as exc:  # empty hostname, port in use, --reader nvml without NVML
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log.info("serving /metrics on %s:%d for Hostname=%s%s, nvidia-smi every %gs", args.address, running.port,
-             agent.host.hostname, f" instance_id={agent.host.instance_id}" if agent.host.instance_id else "",
+    log.info("serving /metrics on %s:%d for %s=%s%s, %s every %gs", args.address, running.port,
+             "/".join(agent.host.hostname_labels), agent.host.hostname,
+             f" instance_id={agent.host.instance_id}" if agent.host.instance_id else "", agent.reader.source,
              agent.interval_s)
     done = threading.Event()
 

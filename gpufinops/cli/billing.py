@@ -7,17 +7,21 @@ import json
 import sys
 from datetime import datetime, timedelta, timezone
 
-from .common import EXIT_PROBLEM_FOUND, add_output_option, usage_error
+from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage_error
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
     p.add_argument("--month", required=True, help="YYYY-MM")
-    p.add_argument("--by", choices=["team", "instance", "instance_type", "account"], default="team")
+    p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload"],
+                   default="team", help="namespace / workload: a Kubernetes cluster's GPU cost now, idle "
+                   "capacity included (docs/kubernetes.md)")
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
                    help="default: billing.source from the config")
-    p.add_argument("--path", default=None, help="CUR/FOCUS file, folder or s3:// prefix (default: billing.path)")
-    add_output_option(p)
+    p.add_argument("--path", default=None,
+                   help="CUR/FOCUS file, folder, glob or s3:// prefix (default: billing.path)")
+    # focus: with --idle, FOCUS 1.2/1.3 CSV rows of the cost split by verdict (docs/billing.md)
+    add_output_option(p, (*OUTPUT_FORMATS, "focus"))
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
     p.add_argument("--idle", action="store_true",
                    help="cost by verdict (ACTIVE/UNDERUTILIZED/UNKNOWN/IDLE) from the stored decisions instead of "
@@ -40,6 +44,10 @@ def _now() -> datetime:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
+    if args.by in ("namespace", "workload"):  # the cluster as it is now, not billing
+        from .k8s import cmd_k8s_costs
+
+        return cmd_k8s_costs(args)
     from ..collect.billing.schema import BillingDataError, month_bounds
     from .common import load_settings_from_args
     from ..collect.billing.schema import save_costs
@@ -52,6 +60,8 @@ def cmd_costs(args: argparse.Namespace) -> int:
         start, end = month_bounds(args.month)
     except BillingDataError as exc:
         return usage_error(str(exc))
+    if args.output == "focus" and not args.idle:
+        return usage_error("--output focus needs --idle (the cost split by verdict as FOCUS rows)")
     if args.idle and args.source is None:
         return _print_idle_costs(settings, args, start, end, now, None)
     if not (args.save or args.idle):  # a plain total: CUR is read once at the asked grain, no day x tag table
@@ -94,8 +104,29 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
     if vc.empty:
         print(f"warning: no stored decisions for {args.month} in {settings.database_url.split('@')[-1]}",
               file=sys.stderr)
+    if args.output == "focus":
+        _print_focus(store, vc, start, min(end, now), table, settings)
+        return 0
     _print(idle_cost_report(vc, args.by), args.output)
     return 0
+
+
+def _print_focus(store, vc, start, end, table, settings) -> None:
+    """The verdict split as FOCUS CSV on stdout; unpriced hours are said on stderr (FOCUS costs are not null)."""
+    from ..collect.billing.focus_export import catalog_gpu_counts, focus_rows, rules_by_verdict
+    from ..costs import resource_attrs
+
+    attrs = resource_attrs(table) if table is not None and not table.empty else {}
+    currency = str(table["currency"].iloc[0]) if table is not None and not table.empty else "USD"
+    rows = focus_rows(vc, start, end, rules=rules_by_verdict(store.episode_frame(start, end)),
+                      regions={i: a.get("region", "") for i, a in attrs.items()},
+                      gpu_counts=catalog_gpu_counts(vc["instance_type"] if len(vc) else []), currency=currency,
+                      default_region=settings.aws.regions[0] if settings.aws.regions else "")
+    unpriced = vc[vc["cost"].isna()]["hours"].sum() if len(vc) else 0.0
+    if unpriced > 0:
+        print(f"warning: {unpriced:.2f} instance-hours have no price (no billing rate, stored $/h or catalog "
+              "price) and are not in the FOCUS rows", file=sys.stderr)
+    rows.to_csv(sys.stdout, index=False)
 
 
 def _load_costs(settings, args, start: datetime, end: datetime, now: datetime, by: str | None = None):

@@ -166,8 +166,12 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
     for r in rules:
+        # The opt-in for GPUs without an activity counter (MIG under gpufinops agent), shown only when on.
+        no_counter = (f"  no counter: idle if {r.idle_without_activity_counter.value} "
+                      f"(floor {r.idle_memory_floor_mib:g} MiB)" if r.idle_without_activity_counter.value != "never"
+                      else "")
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
-              f"for {r.window_s}s (lead {r.warning_lead_s}s)  [{r.source}]")
+              f"for {r.window_s}s (lead {r.warning_lead_s}s){no_counter}  [{r.source}]")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 

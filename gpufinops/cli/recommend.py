@@ -29,10 +29,13 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
     if refresh and settings is not None:
         import boto3
 
+        from ..collect.aws_config import read_config
+
         session = boto3.session.Session(profile_name=settings.aws.profile)
         region = settings.aws.regions[0]
-        ec2 = session.client("ec2", region_name=region, endpoint_url=settings.aws.endpoint_url)
-        pricing = session.client("pricing", region_name="us-east-1", endpoint_url=settings.aws.endpoint_url)
+        ec2 = session.client("ec2", region_name=region, endpoint_url=settings.aws.endpoint_url, config=read_config())
+        pricing = session.client("pricing", region_name="us-east-1", endpoint_url=settings.aws.endpoint_url,
+                                 config=read_config())
         types = sorted({o.instance_type for o in catalog.offers if o.provider == "aws"})
         cache = refresh_from_aws(ec2, pricing, region, types, now)
         save_refresh(cache, policy.price_cache_path)

@@ -17,21 +17,33 @@ from botocore.credentials import DeferredRefreshableCredentials
 
 from ..config import AwsSettings
 from ..model import GpuInstance
+from .aws_config import read_config
 from .inventory import Ec2Cloud, InventoryError, RegionError
+from .routed import RoutedCloud
 
 log = logging.getLogger(__name__)
 
 SESSION_NAME = "gpufinops"
 
 
+def assume_role_request(role_arn: str, external_id: str | None, duration_s: int) -> dict:
+    """The AssumeRole parameters: ExternalId only when the role's trust policy asks for one."""
+    request = {"RoleArn": role_arn, "RoleSessionName": SESSION_NAME, "DurationSeconds": duration_s}
+    if external_id:
+        request["ExternalId"] = external_id
+    return request
+
+
 def assumed_role_session(base: boto3.session.Session, role_arn: str, *, region: str,
-                         endpoint_url: str | None = None, duration_s: int = 3600) -> boto3.session.Session:
+                         endpoint_url: str | None = None, duration_s: int = 3600,
+                         external_id: str | None = None) -> boto3.session.Session:
     """A boto3 session acting as `role_arn`. The role is assumed on first use (so an account whose role
     cannot be assumed fails its own listing, not the service's start) and again before expiry."""
-    sts = base.client("sts", region_name=region, endpoint_url=endpoint_url)
+    sts = base.client("sts", region_name=region, endpoint_url=endpoint_url, config=read_config())
+    request = assume_role_request(role_arn, external_id, duration_s)
 
     def fetch() -> dict:
-        creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=SESSION_NAME, DurationSeconds=duration_s)
+        creds = sts.assume_role(**request)
         c = creds["Credentials"]
         return {"access_key": c["AccessKeyId"], "secret_key": c["SecretAccessKey"], "token": c["SessionToken"],
                 "expiry_time": c["Expiration"].isoformat()}
@@ -42,7 +54,7 @@ def assumed_role_session(base: boto3.session.Session, role_arn: str, *, region: 
     return boto3.session.Session(botocore_session=core, region_name=region)
 
 
-class MultiAccountCloud:
+class MultiAccountCloud(RoutedCloud):
     """The `Cloud` protocol over several accounts, each an Ec2Cloud labelled by its role or "own"."""
 
     def __init__(self, clouds: Mapping[str, Ec2Cloud]):
@@ -92,24 +104,12 @@ class MultiAccountCloud:
                 self._owner[inst.instance_id] = cloud
         return [found[i] for i in instance_ids if i in found]
 
-    def _cloud_of(self, inst: GpuInstance) -> Ec2Cloud:
+    def cloud_of(self, inst: GpuInstance) -> Ec2Cloud:
         cloud = self._owner.get(inst.instance_id)
         if cloud is None:
             # Never guess an account for a mutating call.
             raise InventoryError(f"{inst.instance_id} was not listed in any governed account")
         return cloud
-
-    def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
-        self._cloud_of(inst).set_tags(inst, tags)
-
-    def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
-        self._cloud_of(inst).remove_tags(inst, keys)
-
-    def stop(self, inst: GpuInstance) -> None:
-        self._cloud_of(inst).stop(inst)
-
-    def terminate(self, inst: GpuInstance) -> None:
-        self._cloud_of(inst).terminate(inst)
 
 
 def build_cloud(settings: AwsSettings, **ec2_kwargs) -> Ec2Cloud | MultiAccountCloud:
@@ -122,6 +122,7 @@ def build_cloud(settings: AwsSettings, **ec2_kwargs) -> Ec2Cloud | MultiAccountC
     if settings.include_own_account:
         clouds["own"] = Ec2Cloud(settings, session=base, **ec2_kwargs)
     for role in settings.assume_roles:
-        session = assumed_role_session(base, role, region=region, endpoint_url=settings.endpoint_url)
-        clouds[role] = Ec2Cloud(settings, session=session, **ec2_kwargs)
+        session = assumed_role_session(base, role.arn, region=region, endpoint_url=settings.endpoint_url,
+                                       external_id=role.external_id)
+        clouds[role.arn] = Ec2Cloud(settings, session=session, **ec2_kwargs)
     return MultiAccountCloud(clouds)

@@ -48,6 +48,7 @@ from botocore.exceptions import (
 )
 from botocore.parsers import ResponseParserError
 
+from gpufinops.collect.aws_config import read_config
 from gpufinops.config import AwsSettings
 from gpufinops.model import Clock, GpuInstance, utcnow
 from gpufinops.prices import GpuSpec, OnDemandPrices
@@ -386,12 +387,7 @@ class Ec2Cloud:
         self._page_size = max(5, min(1000, page_size))  # EC2's limits for MaxResults
         # Reads: botocore's standard retries (max_attempts retries after the first attempt).
         self._read_attempts = max_attempts + 1
-        self._config = Config(
-            connect_timeout=connect_timeout_s,
-            read_timeout=read_timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
-            user_agent_extra="gpufinops",
-        )
+        self._config = read_config(max_attempts, connect_timeout_s, read_timeout_s)
         # Mutating calls: exactly one HTTP request per call. A retried StopInstances whose first
         # answer was lost would be a second stop of the same intent, and botocore would hide it.
         self._write_config = Config(

@@ -2,7 +2,9 @@
 
 One `window_usage` call sends four instant queries, concurrently, whatever the fleet size: one per signal
 (activity from DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They
-aggregate the window ending at `now` per GPU; the answers are mapped to EC2 instances here.
+aggregate the window ending at `now` per GPU; the answers are mapped to EC2 instances here. The memory query
+also carries the compute-process counts `gpufinops agent` exports per GPU / MIG instance (FOLDED): evidence of
+work where no activity counter exists (docs/metrics.md, "Evidence of work").
 
 Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a field is unavailable, and a
 broken exporter may write negatives or NaN. Such samples are not measurements: they must neither count as
@@ -37,7 +39,7 @@ import math
 import threading
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
@@ -48,9 +50,10 @@ from urllib3.util.retry import Retry
 
 from gpufinops.catalog import CatalogError, load_catalog
 from gpufinops.collect.errors import QueryFailed
+from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC
 from gpufinops.config import PrometheusSettings
 from gpufinops.metric_ranges import (
-    ACTIVITY_PCT, GR_ENGINE_RATIO, Limit, aggregate_problem, invalidated, memory_limit, number_problem,
+    ACTIVITY_PCT, GR_ENGINE_RATIO, PROCESS_COUNT, Limit, aggregate_problem, invalidated, memory_limit, number_problem,
     out_of_range, power_limit, samples_limit, validate_stats_within,
 )
 from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance, GpuWindowStats, InstanceUsage
@@ -59,6 +62,9 @@ GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1; all a MIG slice has
 FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
+# Compute processes per GPU / MIG instance, exported by `gpufinops agent` only (not dcgm-exporter): evidence of
+# work where no activity counter exists. Read in the memory query (see FOLDED), so a tick still sends four.
+PROCESSES = PROCESSES_METRIC
 
 # Labels that identify one GPU (or MIG slice) on one host. `instance`, `job`,
 # driver version and pod labels are left out on purpose: they change while the
@@ -104,9 +110,33 @@ _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
     GR_ENGINE_ACTIVE: ("count", "sum", "max", "min"),
     FB_USED: ("max",),  # max skips a NaN, and a negative never beats a valid sample
     POWER_USAGE: ("count", "sum", "min"),
+    # count for coverage, max for "a process ran"; min and sum reveal a negative or a non-whole count.
+    PROCESSES: ("count", "sum", "max", "min"),
 }
-# What an answer may hold: the queried aggregates, and `present` (the marker of earlier query sets).
-_ACCEPTED_AGGS = {metric: ("present", *aggs) for metric, aggs in _SIGNAL_AGGS.items()}
+# Signals whose clean legs ride in another signal's query, with agg labels prefixed "<prefix>_": the
+# processes legs are `or`-ed into the memory query (both come from gpufinops agent, per GPU instance), so the
+# number of HTTP queries per tick stays four. The engine evaluates the legs alike either way: free on a fleet
+# without the series, four more range functions per GPU that has it (docs/metrics.md, "Evidence of work").
+FOLDED: Mapping[str, tuple[str, str]] = {PROCESSES: (FB_USED, "processes")}
+# The signals with a query of their own, in query order.
+QUERIED_SIGNALS = tuple(m for m in _SIGNAL_AGGS if m not in FOLDED)
+# Signals whose GPUs with invalid samples are read again sample by sample (plan_detail). Process counts are
+# not: gpufinops agent writes no sentinels, so an implausible count is a broken exporter and the GPU invalid.
+DETAILED_SIGNALS = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE)
+# Signals whose every value is a whole number (a count of things, not a measurement).
+WHOLE_SIGNALS = (PROCESSES,)
+
+
+def accepted_aggs() -> dict[str, tuple[str, ...]]:
+    """What an answer may hold, per queried signal: its aggregates, those of the signals folded into its query
+    (prefixed), and `present` (the marker of earlier query sets)."""
+    accepted = {metric: ("present", *aggs) for metric, aggs in _SIGNAL_AGGS.items()}
+    for folded, (host, prefix) in FOLDED.items():
+        accepted[host] += tuple(f"{prefix}_{a}" for a in _SIGNAL_AGGS[folded])
+    return accepted
+
+
+_ACCEPTED_AGGS = accepted_aggs()
 # Per-series range function, and how the series of one GPU are combined.
 _RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
 _COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
@@ -114,7 +144,7 @@ CLEAN, DIRTY, RAW = "clean", "dirty", "raw"
 SOURCE = "Prometheus"  # how reasons name where an implausible number came from
 # How reasons name each signal and aggregate ("the activity sum read from Prometheus ...").
 _SIGNAL_WORDS = {GPU_UTIL: "activity", GR_ENGINE_ACTIVE: "GR engine activity", FB_USED: "memory used",
-                 POWER_USAGE: "power draw"}
+                 POWER_USAGE: "power draw", PROCESSES: "process count"}
 _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample count", "sum": "sum",
               "max": "maximum", "min": "minimum"}
 # Raw samples read back per tick for GPUs with invalid samples, at most; past it the whole-fleet subquery
@@ -122,6 +152,15 @@ _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample
 MAX_DETAIL_POINTS = 200_000
 # GPUs named in one detail query: its URL stays under the 8 KiB a reverse proxy accepts (nginx's default).
 DETAIL_GPUS_PER_QUERY = 100
+
+
+def signal_of(metric: str, agg: str) -> tuple[str, str]:
+    """(signal, agg) of one row of `metric`'s answer: a folded signal's row (FOLDED) is its own signal's."""
+    for folded, (host, prefix) in FOLDED.items():
+        if metric == host and agg.startswith(prefix + "_"):
+            return folded, agg[len(prefix) + 1:]
+    return metric, agg
+
 
 def is_valid_sample(value: float) -> bool:
     """A measurement, as the PromQL filter `x < SENTINEL_THRESHOLD >= 0` keeps it (NaN fails both)."""
@@ -193,9 +232,13 @@ class PromQL:
         """Per-GPU aggregates over the raw samples of every GPU, labelled agg=count|sum|max|min (what the
         signal needs, _SIGNAL_AGGS). One range function per aggregate and nothing else: GPUs whose figures
         show invalid samples (`needs_detail`, nearly never) are read again by `detail_query`."""
-        v, r = self._vector(metric), self.range_of(window_s)
-        return " or ".join(self._labelled(a, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({v}[{r}]))")
-                           for a in _SIGNAL_AGGS[metric])
+        r = self.range_of(window_s)
+        legs = [(metric, a, a) for a in _SIGNAL_AGGS[metric]]
+        legs += [(folded, a, f"{prefix}_{a}") for folded, (host, prefix) in FOLDED.items() if host == metric
+                 for a in _SIGNAL_AGGS[folded]]
+        return " or ".join(
+            self._labelled(label, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({self._vector(m)}[{r}]))")
+            for m, a, label in legs)
 
     @property
     def _by(self) -> str:
@@ -231,7 +274,7 @@ class PromQL:
         """The fixed query set of every tick: (signal, clean) -> PromQL text."""
         if window_s < 1:
             raise ValueError(f"window_s must be >= 1, got {window_s}")
-        return {(metric, CLEAN): self.clean_query(metric, window_s) for metric in _SIGNAL_AGGS}
+        return {(metric, CLEAN): self.clean_query(metric, window_s) for metric in QUERIED_SIGNALS}
 
 
 def regex_literal(value: str) -> str:
@@ -351,13 +394,15 @@ def gpu_limits(inst: GpuInstance, model_name: str, expected_samples: int) -> Gpu
     return GpuLimits(expected_samples, memory_limit(inst.gpu_memory_gib), power_limit(tdp))
 
 
-def row_problem(agg: str, value: float) -> str:
+def row_problem(agg: str, value: float, whole: bool = False) -> str:
     """What is wrong with one number of an answer as it enters, before it is combined with others
-    (a negative count added to a positive one would otherwise look plausible)."""
+    (a negative count added to a positive one would otherwise look plausible). `whole`: the signal counts
+    things (processes), so its sums, maxima and minima are whole numbers too (a fraction in a sample shows
+    in one of them)."""
     if agg == "present":
         # `group` answers 1; anything else is not Prometheus's answer to this query.
         return "" if value == 1.0 else "not the 1 a presence marker is"
-    return number_problem(value, whole=(agg == "count"))
+    return number_problem(value, whole=(agg == "count" or whole))
 
 
 @dataclass
@@ -368,6 +413,7 @@ class _Agg:
     min: float | None = None
     bad: tuple[str, str] | None = None  # (agg, what is wrong) of the first implausible number read
     dirty: bool = False  # came through the dirty query: the window held invalid raw samples, left out
+    whole: bool = False  # a count of things (WHOLE_SIGNALS): every value read must be a whole number
 
     def check(self, agg: str, value: float) -> None:
         """Note an implausible count or presence marker of an answer whose other figures are not used."""
@@ -377,7 +423,7 @@ class _Agg:
     def add(self, agg: str, value: float) -> None:
         if agg == "sample":
             self.dirty = True
-        problem = row_problem(agg, value)
+        problem = row_problem(agg, value, self.whole)
         if problem:
             self.bad = self.bad or (agg, problem)
             return
@@ -421,6 +467,7 @@ _VALUE_LIMIT = {
     GR_ENGINE_ACTIVE: lambda limits: GR_ENGINE_RATIO,
     FB_USED: lambda limits: limits.memory,
     POWER_USAGE: lambda limits: limits.power,
+    PROCESSES: lambda limits: PROCESS_COUNT,
 }
 
 
@@ -428,6 +475,7 @@ _VALUE_LIMIT = {
 class _Gpu:
     uuid: str = ""
     model_name: str = ""
+    mig_profile: str = ""
     signals: dict[str, _Agg] = field(default_factory=dict)
 
     def stats(self, key: str, limits: GpuLimits) -> GpuWindowStats:
@@ -436,6 +484,7 @@ class _Gpu:
         gr = self.signals.get(GR_ENGINE_ACTIVE, _Agg())
         fb = self.signals.get(FB_USED, _Agg())
         power = self.signals.get(POWER_USAGE, _Agg())
+        procs = self.signals.get(PROCESSES, _Agg())
         if util.count > 0:
             signal, act, scale = GPU_UTIL, util, 1.0
         elif gr.count > 0:
@@ -458,12 +507,16 @@ class _Gpu:
             uuid=self.uuid,
             model_name=self.model_name,
             dropped_invalid=act.dirty,
+            processes_max=int(procs.max) if procs.count > 0 and procs.max is not None else None,
+            process_samples=int(procs.count) if math.isfinite(procs.count) else 0,
+            mig_profile=self.mig_profile,
         )
         for metric in _SIGNAL_AGGS:  # every signal read, not only the one judged
             problem = self.signals[metric].problem(metric, limits) if metric in self.signals else ""
             if problem:
-                return invalidated(stats, problem)
-        return validate_stats_within(stats, limits.expected_samples, limits.memory, limits.power, source=SOURCE)
+                return replace(invalidated(stats, problem), processes_max=None, process_samples=0)
+        checked = validate_stats_within(stats, limits.expected_samples, limits.memory, limits.power, source=SOURCE)
+        return replace(checked, processes_max=None, process_samples=0) if checked.invalid else checked
 
 
 def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str], str, float]]:
@@ -621,9 +674,10 @@ def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], mat
     wanted: dict[str, dict[str, set[str]]] = {}  # signal -> narrowing label -> values
     unnarrowable: set[str] = set()
     pairs = set()
-    for metric, rows in rows_by_signal.items():
-        for labels, agg, value in rows:
-            if not needs_detail(agg, value) or matcher.match(labels) is None:
+    for host_metric, rows in rows_by_signal.items():
+        for labels, host_agg, value in rows:
+            metric, agg = signal_of(host_metric, host_agg)
+            if metric not in DETAILED_SIGNALS or not needs_detail(agg, value) or matcher.match(labels) is None:
                 continue
             pairs.add((metric, tuple(labels.get(n, "") for n in by)))
             pick = narrowing(labels, by)
@@ -644,6 +698,18 @@ def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], mat
                 queries[(metric, RAW, f"{label}#{i}")] = promql.detail_query(
                     metric, window_s, label, ordered[i:i + DETAIL_GPUS_PER_QUERY])
     return Detail(frozenset(pairs), queries)
+
+
+def with_detail(clean: Mapping[tuple[str, str], Sequence[Row]], extra: Mapping[tuple, Sequence[Row]],
+                by: Sequence[str], pairs) -> dict[tuple[str, str], list[Row]]:
+    """The clean answers plus the detail read for the GPUs that needed it (`plan_detail`): the raw reads keep only
+    those GPUs' series, since the narrowing label may select more than were asked for."""
+    answers: dict[tuple[str, str], list[Row]] = {key: list(v) for key, v in clean.items()}
+    for (metric, kind, _label), found in extra.items():
+        if kind == RAW:
+            found = [r for r in found if (metric, tuple(r[0].get(n, "") for n in by)) in pairs]
+        answers.setdefault((metric, kind), []).extend(found)
+    return answers
 
 
 class PrometheusMetrics:
@@ -690,12 +756,7 @@ class PrometheusMetrics:
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
                 for inst in instances
             }
-        answers: dict[tuple[str, str], list[Row]] = {key: list(v) for key, v in clean.items()}
-        by = self.promql.by_labels
-        for (metric, kind, _label), found in extra.items():
-            if kind == RAW:  # the narrowing label may pick more series than needed: keep the GPUs asked for
-                found = [r for r in found if (metric, tuple(r[0].get(n, "") for n in by)) in detail.pairs]
-            answers.setdefault((metric, kind), []).extend(found)
+        answers = with_detail(clean, extra, self.promql.by_labels, detail.pairs)
         return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
                                   tuple(self.settings.hostname_labels), detailed=detail.pairs)
 
@@ -720,15 +781,17 @@ def usage_from_answers(
     matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
     by = gpu_identity_labels(instance_label, hostname_labels)
     per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
-    for (metric, kind), rows in answers.items():
-        for labels, agg, value in rows:
+    for (host_metric, kind), rows in answers.items():
+        for labels, host_agg, value in rows:
             instance_id = matcher.match(labels)
             if instance_id is None:
                 continue
+            metric, agg = signal_of(host_metric, host_agg)
             gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
             gpu.uuid = gpu.uuid or labels.get("UUID", "")
             gpu.model_name = gpu.model_name or labels.get("modelName", "")
-            signal = gpu.signals.setdefault(metric, _Agg())
+            gpu.mig_profile = gpu.mig_profile or labels.get("GPU_I_PROFILE", "")
+            signal = gpu.signals.setdefault(metric, _Agg(whole=metric in WHOLE_SIGNALS))
             if kind == CLEAN and (metric, tuple(labels.get(n, "") for n in by)) in detailed:
                 signal.dirty = True  # its figures come from the valid samples only
                 signal.check(agg, value)  # but a count no query can answer still says the layer is broken

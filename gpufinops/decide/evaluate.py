@@ -8,19 +8,23 @@ of window aggregates, so the idle predicate is literally the same code.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Sequence
 
 import numpy as np
 
-from ..metric_ranges import ACTIVITY_PCT_MAX, MEMORY_CEILING_MIB, POWER_CEILING_W, invalid_reason, validate_stats
+from ..metric_ranges import (
+    ACTIVITY_PCT_MAX, MEMORY_CEILING_MIB, POWER_CEILING_W, PROCESS_COUNT, invalid_reason, invalidated, number_problem,
+    out_of_range, samples_limit, validate_stats,
+)
 from ..model import (
     Aggregation,
     Decision,
     GpuInstance,
     GpuWindowStats,
     InstanceUsage,
+    NoCounterPolicy,
     ReasonCode,
     Rule,
     Verdict,
@@ -77,8 +81,28 @@ def checked_usage(usage: InstanceUsage) -> InstanceUsage:
     The memory and power ceilings are the absolute ones: the collector checks against the GPU's own
     memory and TDP where it reads them; this check is the last line against sentinels and garbage.
     """
-    gpus = tuple(validate_stats(g, usage.expected_samples, MEMORY_CEILING_MIB, POWER_CEILING_W) for g in usage.gpus)
+    gpus = tuple(checked_processes(validate_stats(g, usage.expected_samples, MEMORY_CEILING_MIB, POWER_CEILING_W),
+                                   usage.expected_samples) for g in usage.gpus)
     return usage if gpus == usage.gpus else replace(usage, gpus=gpus)
+
+
+def process_count_problem(stats: GpuWindowStats, expected_samples: int) -> str:
+    """"" when the process figures are plausible (a whole number 0..MAX_PROCESSES_PER_GPU, a sample count the
+    window can hold), else the sentence saying which is not."""
+    source = "the metrics source"
+    if stats.processes_max is not None and (p := number_problem(stats.processes_max, PROCESS_COUNT, whole=True)):
+        return out_of_range("process count", source, p)
+    if p := number_problem(stats.process_samples, samples_limit(expected_samples), whole=True):
+        return out_of_range("process-count sample count", source, p)
+    return ""
+
+
+def checked_processes(stats: GpuWindowStats, expected_samples: int) -> GpuWindowStats:
+    """`stats` invalid (no figure left, processes included) when its process figures are implausible."""
+    if stats.invalid:
+        return replace(stats, processes_max=None, process_samples=0) if stats.processes_max is not None else stats
+    problem = process_count_problem(stats, expected_samples)
+    return replace(invalidated(stats, problem), processes_max=None, process_samples=0) if problem else stats
 
 
 def _fmt_window(seconds: int) -> str:
@@ -136,16 +160,18 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
             f"{inst.gpu_count - len(seen)} of {inst.gpu_count} GPUs have no DCGM series",
         )
 
-    expected = usage.expected_samples
-    worst = min(g.samples for g in usage.gpus) / max(expected, 1)
-    unmeasured = [g.gpu for g in usage.gpus if g.activity_max is None or g.activity_mean is None]
-    if unmeasured:
-        return decide(
-            Verdict.UNKNOWN, ReasonCode.NO_SERIES,
-            f"GPU {', '.join(unmeasured[:4])} has no valid activity samples in the last {window}", coverage=worst,
-        )
-    if not coverage_ok(min(g.samples for g in usage.gpus), expected, rule.min_coverage):
-        low = min(usage.gpus, key=lambda g: g.samples)
+    no_counter = without_activity(usage.gpus, rule)
+    if no_counter:
+        return _judge_with_no_counter(no_counter, usage, rule, window, decide)
+    return _judge_measured(tuple(g for g in usage.gpus if _measured(g)), usage.expected_samples, rule, window,
+                           decide)
+
+
+def _judge_measured(gpus: Sequence[GpuWindowStats], expected: int, rule: Rule, window: str, decide) -> Decision:
+    """The verdict from GPUs that all have activity figures (the DCGM path)."""
+    worst = min(g.samples for g in gpus) / max(expected, 1)
+    if not coverage_ok(min(g.samples for g in gpus), expected, rule.min_coverage):
+        low = min(gpus, key=lambda g: g.samples)
         return decide(
             Verdict.UNKNOWN, ReasonCode.LOW_COVERAGE,
             f"GPU {low.gpu} has {low.samples} of {expected} expected samples in the last {window} "
@@ -153,20 +179,20 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
             coverage=worst,
         )
 
-    act_max = max(g.activity_max for g in usage.gpus)
-    act_mean = sum(g.activity_mean for g in usage.gpus) / len(usage.gpus)
-    mems = [g.fb_used_max_mib for g in usage.gpus if g.fb_used_max_mib is not None]
+    act_max = max(g.activity_max for g in gpus)
+    act_mean = sum(g.activity_mean for g in gpus) / len(gpus)
+    mems = [g.fb_used_max_mib for g in gpus if g.fb_used_max_mib is not None]
     mem_max = max(mems) if mems else None
     stats = dict(activity_mean=act_mean, activity_max=act_max, memory_max_mib=mem_max, coverage=worst)
 
     idle_flags = [
-        window_is_idle(g.activity_max, g.activity_mean, rule.threshold_pct, rule.aggregation) for g in usage.gpus
+        window_is_idle(g.activity_max, g.activity_mean, rule.threshold_pct, rule.aggregation) for g in gpus
     ]
     memory_veto = (
         rule.max_memory_mib is not None and mem_max is not None and mem_max > rule.max_memory_mib
     )
     if all(idle_flags) and not memory_veto:
-        dropped = [g.gpu for g in usage.gpus if g.dropped_invalid]
+        dropped = [g.gpu for g in gpus if g.dropped_invalid]
         if dropped:
             # Idle from the valid samples alone is a guess about the others: missing data is never idle.
             return decide(
@@ -184,7 +210,7 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         code = ReasonCode.IDLE_STAYS_BELOW if rule.aggregation == Aggregation.STAYS_BELOW else ReasonCode.IDLE_MEAN_BELOW
         return decide(
             Verdict.IDLE, code,
-            f"all {len(usage.gpus)} GPU(s) idle: {how} under {rule.threshold_pct:g}% for {window} "
+            f"all {len(gpus)} GPU(s) idle: {how} under {rule.threshold_pct:g}% for {window} "
             f"(max {_fmt_pct(act_max)}, mean {_fmt_pct(act_mean)})",
             **stats,
         )
@@ -196,12 +222,12 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
             f"(over the {rule.max_memory_mib:.0f} MiB this rule allows an idle GPU)",
             **stats,
         )
-    busy = [g for g, idle in zip(usage.gpus, idle_flags) if not idle]
+    busy = [g for g, idle in zip(gpus, idle_flags) if not idle]
     if act_mean < rule.underutilized_below_pct:
-        if len(busy) < len(usage.gpus):
+        if len(busy) < len(gpus):
             return decide(
                 Verdict.UNDERUTILIZED, ReasonCode.SOME_GPUS_BUSY,
-                f"only {len(busy)} of {len(usage.gpus)} GPUs did work in the last {window} "
+                f"only {len(busy)} of {len(gpus)} GPUs did work in the last {window} "
                 f"(mean {_fmt_pct(act_mean)}): consider a smaller instance",
                 **stats,
             )
@@ -221,6 +247,143 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         Verdict.ACTIVE, ReasonCode.BUSY,
         f"busy: mean {_fmt_pct(act_mean)}, max {_fmt_pct(act_max)} over {window}", **stats,
     )
+
+
+# --------------------------------------------------------------------------- GPUs without an activity counter
+# Under MIG, nvidia-smi and NVML give no utilization per GPU instance, so `gpufinops agent` exports memory and
+# the number of compute processes per instance instead (docs/metrics.md, "Evidence of work"). Processes or
+# memory held are evidence of work; their absence is evidence of idleness only where the rule opts in.
+
+
+@dataclass(frozen=True)
+class NoCounterJudgement:
+    """One GPU without activity figures, judged by its processes and memory alone."""
+
+    gpu: GpuWindowStats
+    verdict: Verdict  # ACTIVE (evidence of work), IDLE (by the rule's option) or UNKNOWN
+    code: ReasonCode
+    reason: str
+    coverage: float | None = None  # process-count samples / expected, where they were counted
+
+
+def _measured(g: GpuWindowStats) -> bool:
+    return g.activity_max is not None and g.activity_mean is not None
+
+
+def _is_mig(g: GpuWindowStats) -> bool:
+    return "/" in g.gpu or bool(g.mig_profile)
+
+
+def gpu_name(g: GpuWindowStats) -> str:
+    """How reasons name a GPU: "GPU 0/2 (3g.40gb)" for a MIG instance with its profile, else "GPU 0"."""
+    return f"GPU {g.gpu} ({g.mig_profile})" if g.mig_profile else f"GPU {g.gpu}"
+
+
+def _fmt_gib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
+
+
+def evidence_of_work(g: GpuWindowStats, floor_mib: float) -> list[str]:
+    """What shows work on a GPU without an activity counter, in words ("3 processes", "10.8 GiB held")."""
+    found = []
+    if g.processes_max is not None and g.processes_max >= 1:
+        found.append(f"{g.processes_max} process{'es' if g.processes_max > 1 else ''}")
+    if g.fb_used_max_mib is not None and g.fb_used_max_mib > floor_mib:
+        found.append(f"{_fmt_gib(g.fb_used_max_mib)} held")
+    return found
+
+
+def mig_boards(gpus: Sequence[GpuWindowStats]) -> set[str]:
+    """The physical GPUs split into MIG instances: their own series ("0", no GPU_I_ID) are the board's."""
+    return {_physical_gpu(g) for g in gpus if "/" in g.gpu}
+
+
+def without_activity(gpus: Sequence[GpuWindowStats], rule: Rule) -> tuple[GpuWindowStats, ...]:
+    """The GPUs to judge by processes and memory: those without activity figures, less the board-level
+    series of a MIG GPU (power, the whole GPU's process count; no GPU_I_ID) that show no work: its instances
+    are judged. MIG instances first, so a reason names the instance that worked rather than its board."""
+    boards = mig_boards(gpus)
+    found = [g for g in gpus
+             if not _measured(g) and not (g.gpu in boards and not evidence_of_work(g, rule.idle_memory_floor_mib))]
+    return tuple(sorted(found, key=lambda g: g.gpu in boards))
+
+
+def judge_without_counter(g: GpuWindowStats, expected: int, rule: Rule,
+                          mig: bool | None = None) -> NoCounterJudgement:
+    """A GPU without activity figures: working when processes ran or memory was held above the rule's idle
+    floor; idle only under `idle_without_activity_counter: no_processes_and_idle_memory`, with no process
+    over the whole window (process-count coverage) and memory at or under the floor; else UNKNOWN.
+    `mig`: the GPU is a MIG instance or a MIG GPU's board (None: told by its name and profile)."""
+    window = _fmt_window(rule.window_s)
+    name = gpu_name(g)
+    is_mig = _is_mig(g) if mig is None else mig
+    lacks = "has no activity counter (MIG)" if is_mig else "has no valid activity samples"
+    floor = rule.idle_memory_floor_mib
+    evidence = evidence_of_work(g, floor)
+    if evidence:
+        return NoCounterJudgement(g, Verdict.ACTIVE, ReasonCode.EVIDENCE_OF_WORK,
+                                  f"{name} {lacks}; {' and '.join(evidence)}: counted as work")
+    if g.processes_max is None:
+        return NoCounterJudgement(g, Verdict.UNKNOWN, ReasonCode.NO_SERIES,
+                                  f"{name} {lacks} and no process count in the last {window}: not judged")
+    option = f"idle_without_activity_counter: {NoCounterPolicy.NO_PROCESSES_AND_IDLE_MEMORY.value}"
+    if rule.idle_without_activity_counter is not NoCounterPolicy.NO_PROCESSES_AND_IDLE_MEMORY:
+        return NoCounterJudgement(
+            g, Verdict.UNKNOWN, ReasonCode.NO_ACTIVITY_COUNTER,
+            f"{name} {lacks} and no processes in the last {window}: not judged idle unless the rule accepts it "
+            f"({option})")
+    coverage = g.process_samples / max(expected, 1)
+    if not coverage_ok(g.process_samples, expected, rule.min_coverage):
+        return NoCounterJudgement(
+            g, Verdict.UNKNOWN, ReasonCode.LOW_COVERAGE,
+            f"{name} {lacks}; {g.process_samples} of {expected} expected process-count samples in the last "
+            f"{window} ({coverage:.0%} < {rule.min_coverage:.0%} required): not judged idle", coverage)
+    if g.fb_used_max_mib is None:
+        return NoCounterJudgement(
+            g, Verdict.UNKNOWN, ReasonCode.NO_SERIES,
+            f"{name} {lacks}; no processes but no memory figure in the last {window}: not judged idle", coverage)
+    return NoCounterJudgement(
+        g, Verdict.IDLE, ReasonCode.IDLE_NO_PROCESSES,
+        f"{name}: 0 processes and at most {_fmt_mib(g.fb_used_max_mib)} held (idle floor {floor:g} MiB) "
+        f"for {window}", coverage)
+
+
+def _judge_with_no_counter(no_counter: Sequence[GpuWindowStats], usage: InstanceUsage, rule: Rule, window: str,
+                           decide) -> Decision:
+    """Any GPU working -> ACTIVE; else any unknown -> UNKNOWN; else (every one idle by the rule's option) the
+    measured GPUs decide, and IDLE only when they are idle too."""
+    boards = mig_boards(usage.gpus)
+    judged = [judge_without_counter(g, usage.expected_samples, rule, mig=_is_mig(g) or g.gpu in boards)
+              for g in no_counter]
+    mems = [g.fb_used_max_mib for g in usage.gpus if g.fb_used_max_mib is not None]
+    mem_max = max(mems) if mems else None
+
+    def more(rest: Sequence[NoCounterJudgement]) -> str:
+        return f"; and {len(rest)} more GPU{'s' if len(rest) > 1 else ''}" if rest else ""
+
+    working = [j for j in judged if j.verdict is Verdict.ACTIVE]
+    if working:
+        return decide(Verdict.ACTIVE, ReasonCode.EVIDENCE_OF_WORK, working[0].reason + more(working[1:]),
+                      memory_max_mib=mem_max)
+    unknown = [j for j in judged if j.verdict is Verdict.UNKNOWN]
+    if unknown:
+        return decide(Verdict.UNKNOWN, unknown[0].code, unknown[0].reason + more(unknown[1:]),
+                      memory_max_mib=mem_max, coverage=unknown[0].coverage)
+    option = f"idle_without_activity_counter: {NoCounterPolicy.NO_PROCESSES_AND_IDLE_MEMORY.value}"
+    coverage = min(j.coverage for j in judged if j.coverage is not None)
+    held = max(j.gpu.fb_used_max_mib for j in judged)
+    names = ", ".join(gpu_name(j.gpu) for j in judged[:4]) + (f" and {len(judged) - 4} more" if len(judged) > 4 else "")
+    idle_words = (f"{names}: no activity counter, 0 processes and at most {_fmt_mib(held)} held (idle floor "
+                  f"{rule.idle_memory_floor_mib:g} MiB) for {window}: judged idle by the rule's {option}")
+    measured = tuple(g for g in usage.gpus if _measured(g))
+    if not measured:
+        return decide(Verdict.IDLE, ReasonCode.IDLE_NO_PROCESSES,
+                      f"all {len(judged)} GPU(s) idle: {idle_words}", memory_max_mib=mem_max, coverage=coverage)
+    rest = _judge_measured(measured, usage.expected_samples, rule, window, decide)
+    if rest.verdict is Verdict.UNKNOWN:
+        return rest
+    return replace(rest, reason=f"{rest.reason}; {idle_words}", memory_max_mib=mem_max,
+                   coverage=min(coverage, rest.coverage) if rest.coverage is not None else coverage)
 
 
 def evaluate_all(

@@ -23,10 +23,12 @@ import pandas as pd
 from ..collect.billing.schema import UNTAGGED, single_currency
 from ..costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
-from ..model import TAG_SNOOZE, ReasonCode
+from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
+from . import sections
 from .inputs import AuditInputs
 from .options import ReportSettings
 from .period import ReportPeriod
+from .words import words
 
 MISSING_DATA_CODES = tuple(c.value for c in ReasonCode if c.is_missing_data)
 STOP_KINDS = ("stop", "terminate")
@@ -47,17 +49,18 @@ HINTS = {
 TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost", "idle_hours", "idle_cost",
                 "idle_share", "underutilized_cost", "unknown_hours", "active_pct", "underutilized_pct", "idle_pct",
                 "unknown_pct", "stops", "dry_run_stops", "unpriced_hours"]
-INSTANCE_COLUMNS = ["instance_id", "team", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
+INSTANCE_COLUMNS = ["instance_id", "team", "owner", "account", "region", "gpu_model", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
                     "billed_cost", "idle_hours", "idle_cost", "idle_share", "underutilized_cost", "unknown_hours",
                     "active_pct", "underutilized_pct", "idle_pct", "unknown_pct", "mean_activity_pct",
                     "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours"]
 UNDERUTILIZED_COLUMNS = ["instance_id", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
                          "max_memory_gib", "measured_hours", "cost", "idle_cost", "main_code", "hint"]
 STOP_COLUMNS = ["at", "instance_id", "team", "instance_type", "kind", "rule", "dry_run", "status", "reason", "error",
-                "back_at", "back_after_min", "false_stop", "saved_hours", "saved_gpu_hours", "saved_cost", "savings"]
+                "back_at", "back_after_min", "false_stop", "saved_hours", "saved_gpu_hours", "saved_cost", "savings",
+                "restarted", "restart_cost", "false_stop_cost", "net_gpu_hours", "net_cost"]
 UNKNOWN_COLUMNS = ["instance_id", "team", "instance_type", "hours", "unknown_hours", "unknown_share",
                    "missing_data_hours", *[f"{c}_hours" for c in MISSING_DATA_CODES], "other_unknown_hours",
-                   "unknown_cost"]
+                   "unknown_cost", "missing_data_cost"]
 RECOMMENDATION_COLUMNS = ["instance_id", "team", "instance_type", "region", "action", "current_monthly",
                           "recommended", "recommended_monthly", "monthly_savings", "risk", "reason", "prices_as_of",
                           "created_at"]
@@ -91,6 +94,17 @@ class MonthlyAudit:
     rules: list[str] = field(default_factory=list)
     snoozes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in SNOOZE_COLUMNS}))
     managed: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in MANAGED_COLUMNS}))
+    coverage: dict = field(default_factory=dict)  # sections.coverage: month, fleet and billing covered
+    stops_by_instance: pd.DataFrame = field(default_factory=lambda: sections.stops_by_instance(
+        pd.DataFrame({c: [] for c in STOP_COLUMNS}), {}))
+    accounts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    regions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gpu_models: pd.DataFrame = field(default_factory=pd.DataFrame)
+    budgets: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in sections.BUDGET_COLUMNS}))
+    budgets_path: str = ""
+    summary: dict = field(default_factory=dict)  # sections.executive_summary
+    previous_month: str = ""
+    trend: pd.DataFrame = field(default_factory=lambda: sections.trend_table({}, None))
 
     @property
     def has_data(self) -> bool:
@@ -99,9 +113,11 @@ class MonthlyAudit:
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables as written to CSV and JSON, in report order."""
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
-                "stops": self.stops, "unknown_time": self.unknown_time, "recommendations": self.recommendations,
-                "daily": self.daily, "actions": self.actions, "snoozes": self.snoozes,
-                "managed": self.managed}
+                "stops_by_instance": self.stops_by_instance, "stops": self.stops, "unknown_time": self.unknown_time,
+                "recommendations": self.recommendations, "daily": self.daily, "actions": self.actions,
+                "snoozes": self.snoozes, "managed": self.managed, "accounts": self.accounts,
+                "regions": self.regions, "gpu_models": self.gpu_models, "trend": self.trend,
+                "budgets": self.budgets}
 
 
 # --------------------------------------------------------------------------- time model
@@ -266,15 +282,33 @@ def stop_audit(inp: AuditInputs, iv: pd.DataFrame, obs_end: datetime, opts: Repo
             hours = max(0.0, ((back_at if back_at is not None else pd.Timestamp(obs_end)) - at).total_seconds() / 3600)
             savings = "saved"
         back_min = (back_at - at).total_seconds() / 60.0 if back_at is not None else None
+        false_stop = bool(back_min is not None and back_min * 60.0 <= opts.false_stop_s)
         rows.append({
             "at": at, "instance_id": a.instance_id, "team": team, "instance_type": itype, "kind": a.kind.value,
             "rule": a.rule, "dry_run": bool(a.dry_run), "status": a.status, "reason": a.reason, "error": a.error or "",
-            "back_at": back_at, "back_after_min": back_min,
-            "false_stop": bool(back_min is not None and back_min * 60.0 <= opts.false_stop_s),
+            "back_at": back_at, "back_after_min": back_min, "false_stop": false_stop,
             "saved_hours": hours, "saved_gpu_hours": hours * gpus if not math.isnan(gpus) else float("nan"),
             "saved_cost": hours * rate if rate is not None else float("nan"), "savings": savings,
+            **net_of_stop(hours, back_at is not None and a.status == "done", false_stop, gpus, rate),
         })
     return pd.DataFrame(rows, columns=STOP_COLUMNS)
+
+
+def net_of_stop(saved_hours: float, restarted: bool, false_stop: bool, gpus: float, rate: float | None) -> dict:
+    """A stop's net saving, counted as the backtest counts it: the stopped time, less the restart's paid
+    unproductive time (RESTART_COST_S) when the instance was started again, less FALSE_STOP_COST_H GPU-hours of
+    lost work when that happened within the false-stop window. GPU-hours are priced at the instance's rate per GPU.
+    """
+    restart_h = RESTART_COST_S / 3600.0 if restarted else 0.0
+    false_gpu_h = FALSE_STOP_COST_H if false_stop else 0.0
+    known_gpus = not math.isnan(gpus) and gpus > 0
+    per_gpu = rate / gpus if rate is not None and known_gpus else None
+    net_gpu_h = (saved_hours - restart_h) * gpus - false_gpu_h if known_gpus else float("nan")
+    restart_cost = restart_h * rate if rate is not None else float("nan")
+    false_cost = false_gpu_h * per_gpu if per_gpu is not None else (0.0 if not false_stop else float("nan"))
+    net_cost = (saved_hours * rate - restart_cost - false_cost) if rate is not None else float("nan")
+    return {"restarted": bool(restarted), "restart_cost": restart_cost, "false_stop_cost": false_cost,
+            "net_gpu_hours": net_gpu_h, "net_cost": net_cost}
 
 
 # --------------------------------------------------------------------------- per instance / team
@@ -334,7 +368,7 @@ def instance_table(iv: pd.DataFrame, stops: pd.DataFrame, cost_table: pd.DataFra
     out["billed_cost"] = billed.reindex(out.index)
     out = out.reset_index()
     return out.sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True],
-                           kind="stable").reset_index(drop=True)[INSTANCE_COLUMNS]
+                           kind="stable").reset_index(drop=True).reindex(columns=INSTANCE_COLUMNS)
 
 
 def team_table(iv: pd.DataFrame, instances: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
@@ -405,6 +439,8 @@ def unknown_table(iv: pd.DataFrame) -> pd.DataFrame:
     out["missing_data_hours"] = out[[f"{c}_hours" for c in MISSING_DATA_CODES]].sum(axis=1)
     out["other_unknown_hours"] = out["unknown_hours"] - out["missing_data_hours"]
     out["unknown_cost"] = unk.groupby("instance_id")["cost"].sum(min_count=1).reindex(out.index)
+    missing = unk[unk["code"].isin(MISSING_DATA_CODES)]
+    out["missing_data_cost"] = missing.groupby("instance_id")["cost"].sum(min_count=1).reindex(out.index)
     out = out.rename_axis("instance_id").reset_index()
     return out.sort_values(["missing_data_hours", "unknown_hours", "instance_id"], ascending=[False, False, True],
                            kind="stable").reset_index(drop=True)[UNKNOWN_COLUMNS]
@@ -567,12 +603,53 @@ def price_age(inp: AuditInputs, iv: pd.DataFrame, opts: ReportSettings) -> dict:
 # --------------------------------------------------------------------------- the whole audit
 
 
+def unjudged_time(iv: pd.DataFrame) -> dict:
+    """The one definition of the time the report could not judge, in hours and money from the same rows:
+    every UNKNOWN verdict hour of the month, split into missing data (no series, a failed query, too few samples,
+    out-of-range values: MISSING_DATA_CODES) and other reasons (too new to judge, ...). The headline card, the
+    UNKNOWN spend and the unknown-time table all sum these rows."""
+    unk = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
+    if unk.empty:
+        return {k: 0.0 for k in ("unknown_hours", "unknown_cost", "missing_data_hours", "missing_data_cost",
+                                 "other_unknown_hours", "other_unknown_cost")}
+    missing = unk["code"].isin(MISSING_DATA_CODES)
+    return {
+        "unknown_hours": _sum(unk["hours"]), "unknown_cost": _sum(unk["cost"].dropna()),
+        "missing_data_hours": _sum(unk.loc[missing, "hours"]),
+        "missing_data_cost": _sum(unk.loc[missing, "cost"].dropna()),
+        "other_unknown_hours": _sum(unk.loc[~missing, "hours"]),
+        "other_unknown_cost": _sum(unk.loc[~missing, "cost"].dropna()),
+    }
+
+
+def used_gpu_hours(iv: pd.DataFrame) -> dict:
+    """GPU-hours the workloads used: time with an ACTIVE or UNDERUTILIZED verdict (some real activity)."""
+    if iv.empty:
+        return {"used_gpu_hours": 0.0}
+    return {"used_gpu_hours": _sum(iv.loc[iv["verdict"].isin(DEMAND_VERDICTS), "gpu_hours"].dropna())}
+
+
 def _sum(series: pd.Series) -> float:
     return float(series.sum()) if len(series) else 0.0
 
 
 def _f(x) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def seen_attrs(bill_owners: dict[str, str], bill_attrs: dict[str, dict[str, str]],
+               labels: dict[str, dict]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Owner and account / region per instance from billing and from what the service saw (instance_labels).
+    The owner is the tag the service last saw (the one its Slack messages named), else billing's; account and
+    region are billing's where billing has them, else the inventory's."""
+    owners = {**bill_owners, **{i: lab["owner"] for i, lab in labels.items() if lab.get("owner")}}
+    attrs = {i: dict(a) for i, a in bill_attrs.items()}
+    for inst, lab in labels.items():
+        a = attrs.setdefault(inst, {})
+        for key in ("account", "region", "instance_type"):
+            if not a.get(key) and lab.get(key):
+                a[key] = lab[key]
+    return owners, attrs
 
 
 def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
@@ -592,6 +669,13 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     iv = intervals(inp, period_s, obs_end)
     stops = stop_audit(inp, iv, obs_end, opts, period_s)
     instances = instance_table(iv, stops, inp.cost_table)
+    owner_of, bill_attrs = seen_attrs(sections.owners(inp.cost_table),
+                                      resource_attrs(inp.cost_table) if len(inp.cost_table) else {}, inp.labels)
+    types = iv.groupby("instance_id")["instance_type"].last().to_dict() if not iv.empty else {}
+    attrs = sections.instance_attrs(sorted(types), bill_attrs, owner_of, types, inp.gpu_model, inp.default_region)
+    if len(instances):
+        instances = (instances.drop(columns=["owner", "account", "region", "gpu_model"], errors="ignore")
+                     .merge(attrs, on="instance_id", how="left")[INSTANCE_COLUMNS])
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
     unknown = unknown_table(iv)
@@ -607,9 +691,17 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     real = stops[(~stops["dry_run"]) & (stops["status"] == "done")] if len(stops) else stops
     dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
     failed = stops[(~stops["dry_run"]) & (stops["status"] != "done")] if len(stops) else stops
-    unknown_iv = iv[iv["verdict"] == "UNKNOWN"] if not iv.empty else iv
+    unjudged = unjudged_time(iv)
     if not has_evaluations:
         evaluated = None  # nothing evaluated: the cost of running time is unknown, not zero
+        unjudged = {k: (v if k.endswith("hours") else None) for k, v in unjudged.items()}
+    # Not measured is not zero: with nothing evaluated and no stop, what stops saved is unknown.
+    measured_stops = has_evaluations or len(stops) > 0
+
+    def stop_sum(frame: pd.DataFrame, column: str) -> float | None:
+        if not measured_stops:
+            return None
+        return _sum(frame[column].dropna()) if len(frame) else 0.0
     headline = {
         "currency": currency,
         "gpu_spend": billed if billed is not None else evaluated,
@@ -622,7 +714,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "idle_gpu_hours": _sum(idle["gpu_hours"].dropna()) if len(idle) else 0.0,
         "underutilized_cost": (None if evaluated is None
                                else _sum(iv.loc[iv["verdict"] == "UNDERUTILIZED", "cost"].dropna())),
-        "unknown_cost": None if evaluated is None else _sum(unknown_iv["cost"].dropna()) if len(unknown_iv) else 0.0,
+        **unjudged,
         "evaluations": inp.evaluations,
         "instances": int(iv["instance_id"].nunique()) if not iv.empty else 0,
         "teams": int(len(teams)),
@@ -634,19 +726,30 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         "false_stops": int(real["false_stop"].sum()) if len(real) else 0,
         "saved_hours": _sum(real["saved_hours"]) if len(real) else 0.0,
         "saved_gpu_hours": _sum(real["saved_gpu_hours"].dropna()) if len(real) else 0.0,
-        "saved_cost": _sum(real["saved_cost"].dropna()) if len(real) else 0.0,
+        "saved_cost": stop_sum(real, "saved_cost"),
+        "restarts": int(real["restarted"].sum()) if len(real) else 0,
+        "restart_cost": stop_sum(real, "restart_cost"),
+        "false_stop_cost": stop_sum(real, "false_stop_cost"),
+        "net_saved_cost": stop_sum(real, "net_cost"),
+        "net_saved_gpu_hours": stop_sum(real, "net_gpu_hours"),
         "dry_run_stops": int(len(dry)),
         "would_have_saved_hours": _sum(dry["saved_hours"]) if len(dry) else 0.0,
         "would_have_saved_gpu_hours": _sum(dry["saved_gpu_hours"].dropna()) if len(dry) else 0.0,
-        "would_have_saved_cost": _sum(dry["saved_cost"].dropna()) if len(dry) else 0.0,
+        "would_have_saved_cost": stop_sum(dry, "saved_cost"),
+        "would_have_net_cost": stop_sum(dry, "net_cost"),
         "would_be_false_stops": int(dry["false_stop"].sum()) if len(dry) else 0,
         "underutilized_instances": int(len(under)),
         "underutilized_below_pct": opts.underutilized_below_pct,
-        "missing_data_hours": _sum(unknown["missing_data_hours"]) if len(unknown) else 0.0,
         "unpriced_hours": _sum(iv.loc[iv["cost"].isna(), "hours"]) if not iv.empty else 0.0,
         "recommendations": int(len(recs)),
-        "recommended_monthly_savings": _sum(recs["monthly_savings"]) if len(recs) else 0.0,
+        # No recommendation run this month: not measured, not $0.
+        "recommended_monthly_savings": (None if not inp.recommendations
+                                        else _sum(recs["monthly_savings"]) if len(recs) else 0.0),
+        **used_gpu_hours(iv),
     }
+    headline["cost_per_used_gpu_hour"] = (headline["evaluated_cost"] / headline["used_gpu_hours"]
+                                          if headline["evaluated_cost"] is not None and headline["used_gpu_hours"]
+                                          else None)
     coverage = service_coverage(p, runs, period_s)
     measured = _sum(iv.loc[iv["verdict"] != "UNKNOWN", "hours"]) if not iv.empty else 0.0
     quality = {
@@ -674,6 +777,25 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     rules = sorted(inp.episodes["rule"].unique().tolist()) if len(inp.episodes) else []
     audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
                          daily, actions, rules, snooze_table(inp), managed_table(inp))
+    period_days = math.ceil(p.hours / 24) if p.hours > 0 else 0
+    audit.coverage = sections.coverage(p.hours, coverage["covered_hours"], iv, inp.cost_table,
+                                       {a.instance_id for a in inp.actions},
+                                       sorted({b.source for b in inp.billing_imports}), quality["billing_days"],
+                                       period_days)
+    audit.stops_by_instance = sections.stops_by_instance(stops, owner_of)
+    audit.accounts = sections.breakdown(iv, attrs, "account")
+    audit.regions = sections.breakdown(iv, attrs, "region")
+    audit.gpu_models = sections.breakdown(iv, attrs, "gpu_model")
+    last_bill = inp.cost_table["date"].max() if len(inp.cost_table) else None
+    billed_through = (min(pd.Timestamp(p.as_of), pd.Timestamp(last_bill).tz_localize("UTC") + pd.Timedelta(days=1))
+                      if last_bill is not None else None)
+    audit.budgets = sections.budget_table(
+        inp.budgets, inp.cost_table, sections.estimate_table(iv, attrs), p.start, p.end, billed_through,
+        pd.Timestamp(obs_end), sections.running_at_end(iv, attrs, p.as_of, max(inp.running_fresh_s, 2 * period_s)),
+        sections.estimate_table(iv, attrs), currency)
+    audit.budgets_path = inp.budgets_path
+    audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
+    audit.trend = sections.trend_table(headline, None)
     audit.notes = quality_notes(audit)
     return audit
 
@@ -732,7 +854,7 @@ def quality_notes(a: MonthlyAudit) -> list[str]:
     notif = q["notifications"]
     if notif:
         failed = notif.get("failed", 0)
-        notes.append("Slack messages this month: " + ", ".join(f"{k} {v}" for k, v in sorted(notif.items()))
+        notes.append("Slack messages this month: " + ", ".join(f"{v} {words(k)}" for k, v in sorted(notif.items()))
                      + (f" - {failed} failed to send" if failed else "") + ".")
     if q["recommendations_run_at"] is None:
         notes.append("No recommendation run since the start of the month (gpufinops recommend).")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
@@ -47,6 +48,12 @@ class AuditInputs:
     price_date: Callable[[str, str], date | None]  # (instance_type, region) -> the catalog price's date
     default_region: str = ""
     warnings: list[str] = field(default_factory=list)
+    gpu_model: Callable[[str], str | None] = lambda itype: None  # GPU model per instance type (catalog)
+    budgets: list = field(default_factory=list)  # gpufinops.budgets.Budget from billing.budgets_path
+    budgets_path: str = ""  # where they were read ("" = no settings at hand, or no such file)
+    running_fresh_s: float = 900.0  # billing.running_fresh_s: "running now" for the budget forecast
+    # Store.instance_labels() of the month's instances: owner, account, region as the service last saw them.
+    labels: dict[str, dict] = field(default_factory=dict)
 
     @property
     def evaluations(self) -> int:
@@ -88,6 +95,28 @@ def _price_dates(warnings: list[str]) -> Callable[[str, str], date | None]:
     return lookup
 
 
+def _budgets(settings: Settings | None, warnings: list[str]) -> tuple[list, str, float]:
+    """The budgets of billing.budgets_path, read by gpufinops.budgets.load_budgets; none without settings."""
+    if settings is None:
+        return [], "", 900.0
+    try:
+        from ..budgets import load_budgets
+        from ..collect.billing.settings import billing_settings
+
+        bs = billing_settings(settings)
+    except Exception as exc:  # noqa: BLE001 - a bad billing section only loses the budget section
+        warnings.append(f"billing settings unusable, budgets not shown: {exc}")
+        return [], "", 900.0
+    path = Path(bs.budgets_path)
+    if not path.is_file():
+        return [], "", float(bs.running_fresh_s)
+    try:
+        return load_budgets(path), str(path), float(bs.running_fresh_s)
+    except Exception as exc:  # noqa: BLE001 - a broken budgets file is reported, the audit still runs
+        warnings.append(f"budgets not shown: {exc}")
+        return [], str(path), float(bs.running_fresh_s)
+
+
 def _billing_imports(store: Store, start: date, end: date) -> list[BillingImport]:
     q = (select(costs_table.c.source, func.count(), func.min(costs_table.c.date), func.max(costs_table.c.date),
                 func.max(costs_table.c.imported_at))
@@ -118,12 +147,19 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         spec = prices.gpu_spec(itype) if prices is not None and itype else None
         return spec.gpu_count if spec else None
 
+    def gpu_model(itype: str) -> str | None:
+        spec = prices.gpu_spec(itype) if prices is not None and itype else None
+        return spec.gpu_model or None if spec else None
+
+    budgets, budgets_path, fresh_s = _budgets(settings, warnings)
+
     notes = [n for n in store.notification_rows() if n["at"] is not None
              and period.start <= aware_utc(n["at"]) < period.as_of]
     region = settings.aws.regions[0] if settings is not None and settings.aws.regions else "us-east-1"
+    verdicts = store.verdict_hours_frame(period.start, period.as_of)
     return AuditInputs(
         period=period,
-        verdicts=store.verdict_hours_frame(period.start, period.as_of),
+        verdicts=verdicts,
         episodes=store.episode_frame(period.start, period.as_of),
         runs=store.service_run_frame(period.start, period.as_of),
         actions=store.action_rows(start=period.start, end=period.as_of),
@@ -136,6 +172,11 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         price_date=_price_dates(warnings),
         default_region=region,
         warnings=warnings,
+        gpu_model=gpu_model,
+        budgets=budgets,
+        budgets_path=budgets_path,
+        running_fresh_s=fresh_s,
+        labels=store.instance_labels(verdicts["instance_id"].unique().tolist()) if len(verdicts) else {},
     )
 
 

@@ -11,16 +11,23 @@ from ..store import Store
 from .audit import MonthlyAudit, build_audit
 from .inputs import read_inputs
 from .options import report_settings
-from .period import report_period
+from .period import previous_month, report_period
+from .sections import trend_table
 from .render import FORMATS, write_report
 
 
 def monthly_audit(store: Store, month: str | None, now: datetime, settings: Settings | None = None) -> MonthlyAudit:
-    """The audit of `month` (YYYY-MM; None = the previous full month before `now`)."""
+    """The audit of `month` (YYYY-MM; None = the previous full month before `now`), with its trend against
+    the month before, which is audited the same way (same code, same definitions)."""
     period = report_period(month, now)
     opts = report_settings(settings)
     fallback = settings.schedule.evaluate_every_s if settings is not None else 60
-    return build_audit(read_inputs(store, period, settings), opts, fallback_period_s=fallback)
+    audit = build_audit(read_inputs(store, period, settings), opts, fallback_period_s=fallback)
+    before = report_period(previous_month(period.start), now)
+    previous = build_audit(read_inputs(store, before, settings), opts, fallback_period_s=fallback)
+    audit.previous_month = before.month
+    audit.trend = trend_table(audit.headline, previous.headline if previous.has_data else None)
+    return audit
 
 
 def write_monthly_report(store: Store, month: str | None, out_dir: str | Path, now: datetime,

@@ -21,12 +21,16 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..config import REPORTS_DIR
+from ..model import FALSE_STOP_COST_H, RESTART_COST_S
 from . import charts
 from .audit import MonthlyAudit
+from .sections import SORTED_BY
+from .words import action_words, words
 
 TEMPLATES_DIR = REPORTS_DIR
 HTML_TEMPLATE = "monthly_audit.html.j2"
 FORMATS = ("html", "csv", "json")
+STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -69,6 +73,9 @@ def report_document(a: MonthlyAudit) -> dict:
             "settings": a.options.model_dump(),
         },
         "headline": plain_value(a.headline),
+        "coverage": plain_value(a.coverage),
+        "summary": plain_value(a.summary),
+        "previous_month": a.previous_month,
         "data_quality": plain_value(a.data_quality),
         "notes": list(a.notes),
         "tables": {name: records(df) for name, df in a.tables().items()},
@@ -101,6 +108,8 @@ def _write_atomic(path: Path, text: str) -> Path:
 # hours and percentages to two decimals, shares to four, whole numbers as integers, booleans as true/false.
 _MONEY_SUFFIXES = ("cost", "savings", "_usd")
 _RATE_COLUMNS = ("hourly_rate",)  # $/h: to a tenth of a cent
+# Money columns whose names do not say so (budgets, the trend): amounts in the report's currency.
+_MONEY_COLUMNS = ("amount", "actual", "forecast", "this_month", "previous_month", "change")
 
 
 def csv_column(name: str, values: pd.Series, currency: str) -> tuple[str, list]:
@@ -114,7 +123,7 @@ def csv_column(name: str, values: pd.Series, currency: str) -> tuple[str, list]:
     unit = currency.lower()
     if name in _RATE_COLUMNS:
         return f"{unit}_per_hour", [_rounded(v, 4) for v in cells]
-    if name.endswith(_MONEY_SUFFIXES):
+    if name.endswith(_MONEY_SUFFIXES) or name in _MONEY_COLUMNS:
         return f"{name}_{unit}", [_rounded(v, 2) for v in cells]
     if all(float(v).is_integer() for v in numbers) and not name.endswith(("_pct", "_share", "hours")):
         return name, ["" if v is None else int(v) for v in cells]
@@ -157,7 +166,10 @@ def _money(v, currency: str = "USD", digits: int = 2) -> str:
     v = plain_value(v)
     if v is None:
         return "–"
-    return f"${v:,.{digits}f}" if currency == "USD" else f"{v:,.{digits}f} {currency}"
+    if currency != "USD":
+        return f"{v:,.{digits}f} {currency}"
+    sign = "-" if round(v, digits) < 0 else ""  # -$6.17, not $-6.17
+    return f"{sign}${abs(v):,.{digits}f}"
 
 
 def _share(v) -> str:
@@ -183,7 +195,7 @@ def _when(v, fmt: str = "%Y-%m-%d %H:%M") -> str:
 def environment(templates_dir: Path = TEMPLATES_DIR) -> Environment:
     env = Environment(loader=FileSystemLoader(str(templates_dir)), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=_num, money=_money, share=_share, pct=_pct, when=_when)
+    env.filters.update(num=_num, money=_money, share=_share, pct=_pct, when=_when, words=words)
     return env
 
 
@@ -231,7 +243,8 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
     return label_cells(environment(templates_dir).get_template(HTML_TEMPLATE).render(
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
         charts=chart_uris, phone_charts=phone_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
-        last_day=(a.period.end - timedelta(days=1)).date().isoformat(),
+        last_day=(a.period.end - timedelta(days=1)).date().isoformat(), sorted_by=SORTED_BY, stops_top=STOPS_TOP,
+        action_words=action_words, restart_cost_s=RESTART_COST_S, false_stop_cost_h=FALSE_STOP_COST_H,
     ))
 
 

@@ -2,8 +2,8 @@
 
 The statement is `cur.cur_sql()` — the same selection, cost rule and grouping
 as the pyarrow path — run with start_query_execution, polled with
-get_query_execution until it ends, and read back with get_query_results
-(paginated, every value a string, the first row the header).
+get_query_execution until it ends, and read back with the get_query_results
+paginator (every value a string, the first row of the first page the header).
 """
 
 from __future__ import annotations
@@ -51,19 +51,14 @@ def run_query(client, sql: str, a: AthenaSettings, sleep: Callable[[float], None
         raise BillingDataError(f"athena query {qid} on {a.database}.{a.table}: {state}: {reason}")
     header: list[str] | None = None
     rows: list[dict] = []
-    kwargs = {"QueryExecutionId": qid}
-    while True:
-        resp = client.get_query_results(**kwargs)
-        for r in resp["ResultSet"]["Rows"]:
+    for page in client.get_paginator("get_query_results").paginate(QueryExecutionId=qid):
+        for r in page["ResultSet"]["Rows"]:
             values = [d.get("VarCharValue") for d in r.get("Data", [])]
             if header is None:
                 header = values
                 continue
             rows.append(dict(zip(header, values)))
-        token = resp.get("NextToken")
-        if not token:
-            return qid, rows
-        kwargs["NextToken"] = token
+    return qid, rows
 
 
 def fetch_athena(client, start: datetime, end: datetime, families: Sequence[str], a: AthenaSettings,

@@ -1,40 +1,68 @@
-"""FOCUS 1.x exports (CSV or Parquet; AWS, Azure, GCP, OCI, others) -> the cost table.
+"""FOCUS 1.0-1.4 exports (CSV, CSV.gz or Parquet; one file, a folder, a glob or an s3:// prefix; AWS, Azure,
+Google Cloud, OCI, others) -> the cost table.
 
-FOCUS 1.0 has no instance-type column, so a GPU instance row is a Usage
-charge in the Compute service category, measured in hours, whose charge text
-names a GPU instance: an AWS type of a GPU family ("$1.624 per On Demand Linux
-g5.4xlarge Instance Hour", or `x_UsageType` "BoxUsage:g5.4xlarge" in AWS's own
-FOCUS export) or a name matching one of `billing.gpu_patterns` (Azure
-Standard_NC..., GCP a2-highgpu-..., OCI VM.GPU...).
+FOCUS has no instance-type column, so a GPU instance row is a Usage charge
+(any case: Google's view writes "usage") measured in time (hours, or seconds as
+Google's export does), outside any non-compute FOCUS service category, whose
+text names a GPU instance: an AWS type of a GPU family ("$1.624 per On Demand
+Linux g5.4xlarge Instance Hour", `x_UsageType` "BoxUsage:g5.4xlarge", or
+SkuPriceDetails), or a name matching one of `billing.gpu_patterns` (Azure
+Standard_NC..., GCP a2-highgpu-... as Google's machine_spec system label, OCI
+VM.GPU...).
+
+Columns by version (focus_spec.py): the provider is ServiceProviderName from
+1.3 on (ProviderName is deprecated in 1.3 and gone in 1.4), ProviderName
+before; every other column read here keeps its 1.0 name through 1.4.
 
 Pricing model: CommitmentDiscountType "Reservation" -> reserved, a savings
-plan or committed-use discount -> savings-plan, PricingCategory "Dynamic" or a
-"Spot" charge -> spot, else on-demand.
+plan or committed-use discount (or PricingCategory "Committed") ->
+savings-plan, PricingCategory "Dynamic" or a "Spot" charge -> spot, else
+on-demand.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pandas as pd
+import pyarrow.fs as pafs
 
 from ...config import not_utf8_error
+from .cur import ParquetSource, list_files
+from .focus_spec import detect_version, provider_column
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import BillingSettings
 
 log = logging.getLogger(__name__)
 
 REQUIRED = ("ChargePeriodStart", "BillingCurrency", "ChargeCategory", "ResourceId", "ConsumedQuantity",
-            "ConsumedUnit", "ProviderName", "ChargeDescription")
+            "ConsumedUnit", "ChargeDescription")
+PROVIDER_COLUMNS = ("ServiceProviderName", "ProviderName", "HostProviderName")
 OPTIONAL = ("SubAccountId", "RegionId", "Tags", "PricingCategory", "CommitmentDiscountType",
-            "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails")
+            "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails", "x_SkuDetails",
+            # Read only to tell the version apart (focus_spec.detect_version).
+            "InvoiceId", "PricingCurrency", "SkuMeter", "ServiceSubcategory", "CapacityReservationId",
+            "AllocatedMethodId", "AllocatedResourceId", "ContractApplied", "CommitmentProgramEligibilityDetails",
+            "InvoiceDetailId", "ChargePeriodEnd")
+FILE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
 HOUR_UNITS = {"hours", "hour", "hrs", "hr", "h"}
+SECOND_UNITS = {"seconds", "second", "secs", "sec", "s"}
+COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
+# FOCUS ServiceCategory values that are not GPU instances; other values (Google writes its product
+# taxonomy, "GCP > Compute > GPUs > ...") are kept.
+NON_COMPUTE_CATEGORIES = {"analytics", "business applications", "databases", "developer tools", "multicloud",
+                          "identity", "integration", "internet of things", "management and governance", "media",
+                          "migration", "mobile", "networking", "security", "storage", "web", "other"}
+# Google's system label naming the machine type of a Compute Engine charge.
+GCP_MACHINE_LABEL = "compute.googleapis.com/machine_spec"
+CHUNK_ROWS = 200_000  # rows parsed at a time: about 100 MiB of a FOCUS CSV's read columns
+PERIOD, SECONDS = "charge_period_start", "in_seconds"
 # One line's usage hours above this are not a measurement (a month of 10,000 instances is 7.4e6).
 MAX_LINE_HOURS = 1e9
 _PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
@@ -47,27 +75,48 @@ class FocusResult:
     table: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     rows_read: int = 0
+    files: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # file -> FOCUS version detected
 
 
-def _read(path: str, columns: Sequence[str]) -> pd.DataFrame:
-    p = Path(path)
-    if not p.exists():
-        raise BillingDataError(f"{path}: no such file")
+def _chunks(src: ParquetSource, columns: Sequence[str]) -> Iterator[pd.DataFrame]:
+    """The wanted columns of one file (the others are never parsed), CHUNK_ROWS rows at a time so a large
+    export never sits in memory whole: first an empty frame with the file's columns (to check them), then
+    the rows, indexed by their data row in the file (0 = the first after the header). CSV values as strings."""
+    wanted = set(columns)
     try:
-        if p.suffix == ".parquet":
+        if src.name.lower().endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            names = pq.ParquetFile(p).schema_arrow.names
-            df = pd.read_parquet(p, columns=[c for c in columns if c in names])
-        else:
-            header = pd.read_csv(p, nrows=0).columns
-            df = pd.read_csv(p, usecols=[c for c in columns if c in header], dtype=str,
-                             keep_default_na=False, na_values=["NULL", ""])
+            pf = pq.ParquetFile(src.path, filesystem=src.filesystem) if src.filesystem else pq.ParquetFile(src.path)
+            names = [c for c in pf.schema_arrow.names if c in wanted]
+            yield pf.schema_arrow.empty_table().select(names).to_pandas()
+            offset = 0
+            for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=names):
+                df = batch.to_pandas()
+                df.index += offset
+                offset += len(df)
+                yield df
+            return
+        kw = dict(usecols=lambda c: c in wanted, dtype=str, keep_default_na=False, na_values=["NULL", ""])
+        if src.filesystem is None:
+            yield pd.read_csv(src.path, compression="infer", nrows=0, **kw)
+            with pd.read_csv(src.path, compression="infer", chunksize=CHUNK_ROWS, **kw) as reader:
+                yield from reader
+            return
+        with src.filesystem.open_input_stream(src.path, compression="detect") as stream:
+            yield pd.read_csv(stream, nrows=0, **kw)
+        with src.filesystem.open_input_stream(src.path, compression="detect") as stream:
+            with pd.read_csv(stream, chunksize=CHUNK_ROWS, **kw) as reader:
+                yield from reader
     except UnicodeDecodeError:  # names the first bad byte's line and offset, not pandas' read block
-        raise BillingDataError(str(not_utf8_error(path))) from None
+        if src.filesystem is None and not src.name.lower().endswith(".gz"):
+            raise BillingDataError(str(not_utf8_error(src.path))) from None
+        raise BillingDataError(f"{src.name}: not UTF-8 text") from None
+    except pd.errors.EmptyDataError:
+        raise BillingDataError(f"{src.name}: empty file, no FOCUS header") from None
     except (OSError, ValueError, TypeError, NotImplementedError) as exc:  # Arrow and CSV parser errors among them
-        raise BillingDataError(f"{path}: cannot read FOCUS file: {exc}") from None
-    return df
+        raise BillingDataError(f"{src.name}: cannot read FOCUS file: {exc}") from None
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:
@@ -84,16 +133,31 @@ def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Patte
     return ""
 
 
-def _tags(value) -> dict:
+def focus_tags(value) -> dict:
+    """Tags as a dict, from each shape exports write: a JSON object (FOCUS), a Parquet map (pairs), or a
+    list of {key, value} objects (Google's view, as JSON text in a CSV)."""
     if value is None or (isinstance(value, float) and value != value):
         return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
     if isinstance(value, dict):
         return value
-    try:
-        parsed = json.loads(value)
-    except (TypeError, ValueError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+    if hasattr(value, "tolist"):  # numpy array from Parquet
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for item in value:
+            if isinstance(item, dict):
+                low = {str(k).lower(): v for k, v in item.items()}
+                if "key" in low:
+                    out[str(low["key"])] = low.get("value")
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                out[str(item[0])] = item[1]
+        return out
+    return {}
 
 
 def _pick(tags: dict, keys: Sequence[str]) -> str:
@@ -103,61 +167,99 @@ def _pick(tags: dict, keys: Sequence[str]) -> str:
     return ""
 
 
-def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings) -> FocusResult:
-    cost_col = bs.focus_cost_column
-    df = _read(path, (*REQUIRED, *OPTIONAL, cost_col))
+def each_distinct(values: pd.Series, fn) -> pd.Series:
+    """fn of each value, computed once per distinct value (charge texts and tags repeat over millions of
+    rows); values that cannot be hashed (a Parquet map read as a list of pairs) one by one."""
+    try:
+        results = {v: fn(v) for v in pd.unique(values)}
+    except TypeError:
+        return values.map(fn)
+    return pd.Series([results[v] for v in values], index=values.index, dtype=object)
+
+
+def _column_text(df: pd.DataFrame, col: str) -> pd.Series:
+    if col not in df.columns:
+        return pd.Series("", index=df.index)
+    return df[col].map(lambda v: "" if v is None or (isinstance(v, float) and v != v)
+                       else v if isinstance(v, str) else json.dumps(v, default=str))
+
+
+def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str]:
+    """(FOCUS version, provider column) of one file, or an error naming the file and the missing columns."""
+    version = detect_version(df.columns)
+    provider = provider_column(df.columns)
     missing = [c for c in (*REQUIRED, cost_col) if c not in df.columns]
+    if provider is None:
+        missing.append("ServiceProviderName" if version >= "1.3" else "ProviderName")
     if missing:
-        raise BillingDataError(f"{path}: missing FOCUS column(s) {missing}")
-    warnings: list[str] = []
-    n_read = len(df)
+        raise BillingDataError(f"{name}: missing FOCUS {version} column(s) {missing}"
+                               + (" (FOCUS 1.3+ names the provider ServiceProviderName, 1.0-1.2 ProviderName)"
+                                  if provider is None else ""))
+    return version, provider
+
+
+def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: BillingSettings,
+              provider_col: str, warnings: list[str]) -> pd.DataFrame | None:
+    """One file's GPU instance rows in [start, end), not yet grouped; None when it has none."""
+    cost_col = bs.focus_cost_column
     families = set(bs.gpu_families or ())
     patterns = [re.compile(p) for p in bs.gpu_patterns]
-    text = df["ChargeDescription"].fillna("").astype(str)
-    if "x_UsageType" in df.columns:
-        text = df["x_UsageType"].fillna("").astype(str) + " " + text
-    itype = text.map(lambda t: gpu_instance_type(t, families, patterns))
+    # Vectorised tests first, so the text and tag parsing below runs on usage-in-time rows only.
     unit = df["ConsumedUnit"].fillna("").astype(str).str.strip().str.lower()
-    keep = (df["ChargeCategory"].fillna("") == "Usage") & (itype != "") & unit.isin(HOUR_UNITS)
+    category = df["ChargeCategory"].fillna("").astype(str).str.strip().str.lower()
+    # Time units carry instance hours; a compound one (Google's RAM "byte-seconds") carries cost only.
+    compound = unit.str.contains(COMPOUND_TIME_UNIT)
+    usage = (category == "usage") & (unit.isin(HOUR_UNITS) | unit.isin(SECOND_UNITS) | compound)
     if "ServiceCategory" in df.columns:
-        keep &= df["ServiceCategory"].fillna("Compute").isin(["Compute", "AI and Machine Learning"])
-    df, itype = df[keep].copy(), itype[keep]
-    # Types: a value that is not a number or a date is an error naming the column and row.
+        usage &= ~df["ServiceCategory"].fillna("").astype(str).str.strip().str.lower().isin(NON_COMPUTE_CATEGORIES)
+    df, unit, compound = df[usage], unit[usage], compound[usage]
+    tags = (each_distinct(df["Tags"].fillna(""), focus_tags) if "Tags" in df.columns
+            else pd.Series([{}] * len(df), index=df.index, dtype=object))
+    text = (_column_text(df, "x_UsageType") + " " + df["ChargeDescription"].fillna("").astype(str) + " "
+            + _column_text(df, "SkuPriceDetails") + " " + _column_text(df, "x_SkuDetails") + " "
+            + tags.map(lambda t: str(t.get(GCP_MACHINE_LABEL) or "")))
+    itype = each_distinct(text, lambda t: gpu_instance_type(t, families, patterns))
+    keep = itype != ""
+    df, itype, unit, tags, compound = df[keep].copy(), itype[keep], unit[keep], tags[keep], compound[keep]
+    # Types: a value that is not a number or a date is an error naming the file, column and row.
     for col in (cost_col, "ConsumedQuantity"):
         num = pd.to_numeric(df[col], errors="coerce")
         bad = num.isna() & df[col].notna()
         if bad.any():
-            raise BillingDataError(f"{path}: column '{col}' is not a number on data row {int(bad.idxmax()) + 2} "
+            raise BillingDataError(f"{name}: column '{col}' is not a number on data row {int(bad.idxmax()) + 2} "
                                    f"(value {df.loc[bad.idxmax(), col]!r})")
-        df[col] = num
+        df[col] = num.astype("float64")
     try:
-        when = pd.to_datetime(df["ChargePeriodStart"], errors="coerce", utc=True)
+        when = pd.to_datetime(df["ChargePeriodStart"], errors="coerce", utc=True, format="mixed")
     except (ValueError, TypeError, OverflowError) as exc:
-        raise BillingDataError(f"{path}: column 'ChargePeriodStart' cannot be read as dates: {exc}") from None
+        raise BillingDataError(f"{name}: column 'ChargePeriodStart' cannot be read as dates: {exc}") from None
     bad = when.isna() & df["ChargePeriodStart"].notna()
     if bad.any():
-        raise BillingDataError(f"{path}: column 'ChargePeriodStart' is not a date on data row {int(bad.idxmax()) + 2}")
+        raise BillingDataError(f"{name}: column 'ChargePeriodStart' is not a date on data row {int(bad.idxmax()) + 2}")
     in_period = (when >= start) & (when < end)
-    df, itype, when = df[in_period], itype[in_period], when[in_period]
+    df, itype, when, unit, tags = df[in_period], itype[in_period], when[in_period], unit[in_period], tags[in_period]
     cost = df[cost_col]
     quantity = df["ConsumedQuantity"].fillna(0)
+    hours = quantity.where(unit.isin(HOUR_UNITS), quantity / 3600.0).where(~compound, 0.0)
     # Hours of one line: a day at most per resource in practice; inf or 9.2e18 is not a measurement.
-    ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (quantity >= 0) & (quantity <= MAX_LINE_HOURS)
+    ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (hours >= 0) & (hours <= MAX_LINE_HOURS)
     if (~ok).any():
-        warnings.append(f"{path}: {int((~ok).sum())} GPU row(s) excluded: column '{cost_col}' missing, negative "
+        warnings.append(f"{name}: {int((~ok).sum())} GPU row(s) excluded: column '{cost_col}' missing, negative "
                         f"or above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {MAX_LINE_HOURS:g} h")
-        df, itype, when = df[ok], itype[ok], when[ok]
+        df, itype, when, unit, tags, hours = df[ok], itype[ok], when[ok], unit[ok], tags[ok], hours[ok]
     if df.empty:
-        warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
-        return FocusResult(empty_table(), warnings, n_read)
-    single_currency(df, path, "BillingCurrency")
-    tags = df["Tags"].map(_tags) if "Tags" in df.columns else pd.Series([{}] * len(df), index=df.index)
-    out = pd.DataFrame({
+        return None
+    single_currency(df, name, "BillingCurrency")
+    if "ChargePeriodEnd" in df.columns:  # 12 vCPU-seconds a second are 1 instance-second, not 12
+        until = pd.to_datetime(df["ChargePeriodEnd"], errors="coerce", utc=True, format="mixed")
+        period_h = (until - when).dt.total_seconds() / 3600.0
+        hours = hours.where(~unit.isin(SECOND_UNITS) | period_h.isna(), hours.clip(upper=period_h))
+    return pd.DataFrame({
         "date": when.dt.tz_localize(None).dt.floor("D"),
-        "provider": df["ProviderName"].fillna("").str.strip().str.lower().map(lambda p: _PROVIDERS.get(p, p)),
-        "account": df.get("SubAccountId", pd.Series("", index=df.index)).fillna(""),
-        "region": df.get("RegionId", pd.Series("", index=df.index)).fillna(""),
-        "resource_id": df["ResourceId"].fillna(""),
+        "provider": df[provider_col].fillna("").astype(str).str.strip().str.lower().map(lambda p: _PROVIDERS.get(p, p)),
+        "account": _column_text(df, "SubAccountId"),
+        "region": _column_text(df, "RegionId"),
+        "resource_id": df["ResourceId"].fillna("").astype(str),
         "instance_type": itype,
         "pricing_model": [_pricing(r) for r in df.to_dict("records")],
         "team": tags.map(lambda t: _pick(t, bs.tag_keys.team)),
@@ -165,23 +267,69 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings) -
         "owner": tags.map(lambda t: _pick(t, bs.tag_keys.owner)),
         "tags": tags.map(canonical_tags),
         "cost": df[cost_col],
-        "currency": df["BillingCurrency"],
-        "usage_hours": df["ConsumedQuantity"].fillna(0.0),
+        "currency": df["BillingCurrency"].astype(str),
+        "usage_hours": hours,
         "source": "focus",
+        # For instance_hours() once every file is read (a charge period may span chunks); then dropped.
+        PERIOD: when, SECONDS: unit.isin(SECOND_UNITS),
     })
+
+
+def instance_hours(rows: pd.DataFrame) -> pd.Series:
+    """Instance hours, once per instance and charge period. A seconds-unit export (Google) bills one
+    instance-hour as several rows (GPU-seconds, vCPU-seconds): the instance ran as long as its longest
+    row says, so the others count 0 h (their cost is kept). Hour-unit rows are one per instance-hour."""
+    hours = rows["usage_hours"]
+    secs = rows[SECONDS]
+    if not secs.any():
+        return hours
+    frame = rows.loc[secs, ["resource_id", PERIOD, "usage_hours"]].sort_values("usage_hours", ascending=False,
+                                                                             kind="stable")
+    dup = frame.duplicated(["resource_id", PERIOD], keep="first")
+    return hours.where(~hours.index.isin(dup[dup].index), 0.0)
+
+
+def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
+               filesystem: pafs.FileSystem | None = None) -> FocusResult:
+    """GPU instance cost from every FOCUS file of `path` (a file, a folder, a glob or an s3:// prefix)."""
+    cost_col = bs.focus_cost_column
+    sources = list_files(path, filesystem, FILE_SUFFIXES, "FOCUS (.csv, .csv.gz, .parquet)")
+    warnings: list[str] = []
+    parts: list[pd.DataFrame] = []
+    versions: dict[str, str] = {}
+    n_read = 0
+    for src in sources:
+        chunks = _chunks(src, (*REQUIRED, *PROVIDER_COLUMNS, *OPTIONAL, cost_col))
+        header = next(chunks)
+        first = next(chunks, None)  # a file unreadable from its first rows (not UTF-8) says so before its columns
+        versions[src.name], provider_col = _check_columns(header, src.name, cost_col)
+        for df in itertools.chain([first] if first is not None else [], chunks):
+            n_read += len(df)
+            rows = _gpu_rows(df, src.name, start, end, bs, provider_col, warnings)
+            if rows is not None:
+                parts.append(rows)
+    if not parts:
+        warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
+        for w in warnings:
+            log.warning("%s", w)
+        return FocusResult(empty_table(), warnings, n_read, [s.name for s in sources], versions)
+    out = pd.concat(parts, ignore_index=True)
+    single_currency(out, path)
+    out = out.assign(usage_hours=instance_hours(out)).drop(columns=[PERIOD, SECONDS])
     keys = [c for c in out.columns if c not in ("cost", "usage_hours")]
     out = out.groupby(keys, sort=True)[["cost", "usage_hours"]].sum().reset_index()
     for w in warnings:
         log.warning("%s", w)
-    return FocusResult(conform(out), warnings, n_read)
+    return FocusResult(conform(out), warnings, n_read, [s.name for s in sources], versions)
 
 
 def _pricing(row: dict) -> str:
     kind = str(row.get("CommitmentDiscountType") or "").lower()
+    category = str(row.get("PricingCategory") or "").strip().lower()
     if "reserv" in kind:
         return "reserved"
-    if "saving" in kind or "commit" in kind:
+    if "saving" in kind or "commit" in kind or (not kind and category == "committed"):
         return "savings-plan"
-    if str(row.get("PricingCategory") or "") == "Dynamic" or "spot" in str(row.get("ChargeDescription") or "").lower():
+    if category == "dynamic" or "spot" in str(row.get("ChargeDescription") or "").lower():
         return "spot"
     return "on-demand"

@@ -37,17 +37,26 @@ def _session(settings: Settings):
 
 
 def aws_client(settings: Settings, service: str, region: str):
-    return _session(settings).client(service, region_name=region, endpoint_url=settings.aws.endpoint_url)
+    """A read client (Cost Explorer, Athena, S3, Pricing) with the retries and timeouts of EC2's reads."""
+    from ..aws_config import read_config
+
+    return _session(settings).client(service, region_name=region, endpoint_url=settings.aws.endpoint_url,
+                                     config=read_config())
 
 
 def s3_filesystem(settings: Settings, path: str):
-    """pyarrow's S3 filesystem with the credentials, endpoint (moto in tests) and region boto3 uses, so CUR
-    objects are read by ranged GETs as the reader needs them, never downloaded whole into memory."""
+    """pyarrow's S3 filesystem with the credentials, endpoint (moto in tests) and region boto3 uses, so CUR and
+    FOCUS objects are read by ranged GETs or streamed as the reader needs them, never downloaded whole into
+    memory. Standard retries as every read client; connect 10 s, request 60 s."""
     from pyarrow import fs
+
+    from ..aws_config import MAX_ATTEMPTS
 
     session = _session(settings)
     credentials = session.get_credentials()
-    options: dict = {"region": settings.aws.regions[0], "connect_timeout": 10, "request_timeout": 60}
+    # The retries of every AWS read (aws_config); longer timeouts than the API clients', for object reads.
+    options: dict = {"region": settings.aws.regions[0], "connect_timeout": 10, "request_timeout": 60,
+                     "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=MAX_ATTEMPTS + 1)}
     if credentials is not None:
         frozen = credentials.get_frozen_credentials()
         options.update(access_key=frozen.access_key, secret_key=frozen.secret_key, session_token=frozen.token)
@@ -103,7 +112,8 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
     if source == "focus":
         from .focus import read_focus
 
-        r = read_focus(path, start, end, bs)
+        s3 = s3_filesystem(settings, path) if path.startswith("s3://") else None
+        r = read_focus(path, start, end, bs, filesystem=s3)
         return LoadedCosts(r.table, "focus", _complete_through(r.table, start, end, now), r.warnings)
     raise BillingDataError(f"unknown billing source {source!r}; expected ce, cur, focus or athena")
 

@@ -1,0 +1,92 @@
+"""The snooze file (/run/gpufinops/snooze-until): one ISO time; while it is in the future, no warning, no stop.
+
+`gpufinops agent snooze 2h` writes it (capped at max_snooze, 7 days by default), `--clear` removes it; a person
+may also write it by hand. A snooze is capped on read as well, counted from when the file was written (its
+mtime), so a hand-written year 2099 snoozes for the cap, never forever; an unreadable value snoozes for the cap
+too (the person meant "keep it running"), and both are said in the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Snooze:
+    until: datetime | None  # None = no snooze
+    reason: str
+
+
+def _fmt(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def parse_snooze(text: str, written_at: datetime, now: datetime, max_snooze_s: int) -> Snooze:
+    """Pure: the snooze one file's text means at `now`."""
+    cap = written_at + timedelta(seconds=max_snooze_s)
+    value = text.strip()
+    try:
+        until = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        until = None
+    if until is None:
+        if now >= cap:
+            return Snooze(None, "")
+        return Snooze(cap, f"snooze file holds {value[:40]!r}, not an ISO time: snoozed for the cap, until {_fmt(cap)}")
+    if until.tzinfo is None:
+        until = until.replace(tzinfo=timezone.utc)
+    capped = ""
+    if until > cap:
+        until, capped = cap, f" (capped at {max_snooze_s // 3600} h after it was written)"
+    if now >= until:
+        return Snooze(None, "")
+    return Snooze(until, f"snoozed until {_fmt(until)}{capped}")
+
+
+def read_snooze(path: str | Path, now: datetime, max_snooze_s: int) -> Snooze:
+    p = Path(path)
+    try:
+        text = p.read_text(errors="replace")[:200]
+        written_at = datetime.fromtimestamp(p.stat().st_mtime, timezone.utc)
+    except FileNotFoundError:
+        return Snooze(None, "")
+    except OSError as exc:
+        # Cannot tell whether someone asked to keep it running: the safe side is "snoozed", and it is said.
+        return Snooze(now + timedelta(seconds=max_snooze_s), f"snooze file {p} unreadable ({exc.strerror}): "
+                                                             f"treated as snoozed")
+    return parse_snooze(text, written_at, now, max_snooze_s)
+
+
+def snooze_until(duration_s: int, now: datetime, max_snooze_s: int) -> tuple[datetime, str]:
+    """Pure: when a `snooze DURATION` ends, capped, and a note when it was capped."""
+    if duration_s > max_snooze_s:
+        return now + timedelta(seconds=max_snooze_s), f"capped at the maximum of {max_snooze_s // 3600} h"
+    return now + timedelta(seconds=duration_s), ""
+
+
+def write_snooze(path: str | Path, until: datetime) -> None:
+    """Write atomically (a reader never sees half a time)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".snooze-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(until.astimezone(timezone.utc).isoformat(timespec="seconds") + "\n")
+        os.chmod(tmp, 0o664)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def clear_snooze(path: str | Path) -> bool:
+    """Remove the file; False when there was none."""
+    try:
+        Path(path).unlink()
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,107 @@
+"""`gpufinops costs --by namespace|workload`: the Kubernetes cluster's GPU cost as it stands, idle capacity
+included (docs/kubernetes.md). Reached from `gpufinops.cli.billing`'s `costs` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from .common import EXIT_PROBLEM_FOUND, usage_error
+
+K8S_GROUPINGS = ("namespace", "workload")
+HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's allocation
+
+
+def cmd_k8s_costs(args: argparse.Namespace) -> int:
+    from ..collect.billing.schema import BillingDataError, month_bounds
+    from ..collect.kubernetes import ClusterReadFailed
+    from ..costs_k8s import cluster_cents, cost_by
+    from ..fleet import live_cluster_costs
+    from ..prices import PriceCatalogError
+    from .common import load_settings_from_args
+
+    settings = load_settings_from_args(args)
+    if settings.kubernetes is None:
+        return usage_error("costs --by namespace|workload reads a Kubernetes cluster: add a `kubernetes:` section "
+                           f"to {settings.source_path or 'the config'} (docs/kubernetes.md)")
+    if args.output not in ("table", "json", "csv"):
+        return usage_error(f"--by {args.by} prints table, json or csv, not {args.output}")
+    now = datetime.now(timezone.utc)
+    try:
+        start, end = month_bounds(args.month)
+    except BillingDataError as exc:
+        return usage_error(str(exc))
+    if not start <= now < end:
+        return usage_error(f"--by {args.by} reads the cluster as it is now: use --month {now:%Y-%m} "
+                           "(past months: billing, --by team|instance)")
+    try:
+        live = live_cluster_costs(settings, now, hours=1.0)
+    except (ClusterReadFailed, PriceCatalogError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
+    rows = [{args.by: r[args.by], "usd_per_hour": r["usd"], "usd_per_month_at_this_rate":
+             round(r["usd"] * HOURS_PER_MONTH, 2), "gpus": r["gpus"], "pods": r["pods"],
+             "unpriced_pods": r["unpriced"]} for r in cost_by(live.shares, args.by)]
+    unpriced = sorted(n for n, c in live.node_costs.items() if c is None)
+    if unpriced:
+        print(f"warning: no price for node {', '.join(unpriced[:5])} (spot or not in the catalog): counted as 0",
+              file=sys.stderr)
+    total = cluster_cents(live.shares) / 100
+    if args.output == "json":
+        print(json.dumps({"rows": rows, "total_usd_per_hour": total, "read_at": now.isoformat()}, indent=2))
+    elif args.output == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else [args.by])
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        if not rows:
+            print("(no GPU nodes)")
+        width = max([len(str(r[args.by])) for r in rows] + [len(args.by)])
+        if rows:
+            print(f"{args.by:<{width}}  {'$/h':>10}  {'$/month':>12}  {'GPUs':>6}  {'pods':>4}")
+        for r in rows:
+            print(f"{r[args.by]:<{width}}  {r['usd_per_hour']:>10,.2f}  {r['usd_per_month_at_this_rate']:>12,.2f}  "
+                  f"{r['gpus']:>6g}  {r['pods']:>4}")
+        print(f"total {total:,.2f} $/h across {len(live.snapshot.nodes)} GPU nodes (idle capacity included; "
+              f"read {now:%Y-%m-%d %H:%M} UTC from {live.snapshot.server})")
+    return 0
+
+
+# --------------------------------------------------------------------------- gpufinops k8s restore (scale to zero)
+
+
+def register(subparsers) -> None:
+    """`gpufinops k8s restore NS/NAME`: scale back a workload gpufinops scaled to zero (docs/kubernetes.md)."""
+    k = subparsers.add_parser("k8s", help="Kubernetes GPU workloads: restore one gpufinops scaled to zero")
+    ksub = k.add_subparsers(dest="k8s_command", metavar="ACTION")
+    r = ksub.add_parser("restore", help="scale a Deployment/StatefulSet back to its replica count before gpufinops "
+                                        "scaled it to zero, and remove gpufinops' annotations")
+    r.add_argument("target", metavar="NS/NAME", help="NAMESPACE/NAME, or NAMESPACE/Deployment|StatefulSet/NAME")
+    r.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing "
+                                                          "(also the default while act.dry_run is true)")
+    r.add_argument("--by", default="", help="who asks, for the audit log and the Event (default: $USER)")
+    r.set_defaults(func=cmd_k8s_restore)
+    k.set_defaults(func=lambda args: (k.print_help(), 2)[1])
+
+
+def cmd_k8s_restore(args: argparse.Namespace) -> int:
+    import os
+
+    from ..compose import live_store
+    from ..fleet import live_workload_cloud, restore_workload
+    from .common import load_settings_from_args
+
+    settings = load_settings_from_args(args)
+    if settings.kubernetes is None:
+        return usage_error(f"k8s restore needs a `kubernetes:` section in {settings.source_path or 'the config'} "
+                           "(docs/kubernetes.md)")
+    dry_run = bool(args.dry_run or settings.act.dry_run)
+    outcome = restore_workload(live_workload_cloud(settings), live_store(settings), args.target,
+                               datetime.now(timezone.utc), dry_run=dry_run,
+                               who=args.by or os.environ.get("USER", ""))
+    print(outcome.message, file=sys.stdout if outcome.ok else sys.stderr)
+    return 0 if outcome.ok else EXIT_PROBLEM_FOUND

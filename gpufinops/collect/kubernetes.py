@@ -1,0 +1,392 @@
+"""The Kubernetes cluster as gpufinops needs it: GPU nodes, the pods that request GPUs, and their workloads.
+
+Read with the official `kubernetes` client, from a kubeconfig file (a path, or the client's default
+~/.kube/config) or the in-cluster service account. Lists are paged (`limit` + `continue`); answers are read as
+plain JSON (`_preload_content=False`): the objects are walked as the API server wrote them, custom resource
+owners (a Kubeflow Notebook) included, without the client's model classes.
+
+Every failure (403, 5xx, a timeout, a refused connection, a kubeconfig that cannot be read) is one
+`ClusterReadFailed` naming the API server, the verb and the resource: never an empty cluster. "No pods" read
+from a failed call would look like idle GPUs; missing data is never idle.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+from urllib.parse import urlparse
+
+from gpufinops.collect.errors import QueryFailed
+from gpufinops.k8s.model import (
+    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource,
+)
+
+PAGE_SIZE = 500
+# Controllers followed upwards from a pod; an owner of another kind (a custom resource) is the workload itself.
+_LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job")
+_MAX_OWNER_DEPTH = 5
+# Node labels that name the group a node belongs to, in the order tried: (label, how reasons name it).
+NODE_GROUP_LABELS = (
+    ("karpenter.sh/nodepool", "Karpenter NodePool"),
+    ("karpenter.sh/provisioner-name", "Karpenter Provisioner"),
+    ("eks.amazonaws.com/nodegroup", "EKS node group"),
+    ("alpha.eksctl.io/nodegroup-name", "eksctl node group"),
+    ("cloud.google.com/gke-nodepool", "GKE node pool"),
+    ("kubernetes.azure.com/agentpool", "AKS agent pool"),
+)
+_SPOT_LABELS = (("karpenter.sh/capacity-type", "spot"), ("eks.amazonaws.com/capacityType", "SPOT"),
+                ("cloud.google.com/gke-spot", "true"), ("kubernetes.azure.com/scalesetpriority", "spot"))
+
+
+class ClusterReadFailed(QueryFailed):
+    """The Kubernetes API did not answer a read; the message names the server, verb and resource (no secret)."""
+
+    def __init__(self, message: str, *, status: int | None = None, verb: str = "", resource: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.verb = verb
+        self.resource = resource
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None, in_cluster: bool = False):
+    """An ApiClient of the official client, from the in-cluster service account or a kubeconfig file
+    (None: the client's default, $KUBECONFIG or ~/.kube/config). Nothing global is changed."""
+    import yaml
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    try:
+        if in_cluster:
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg,
+                                    persist_config=False)
+    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        where = "the in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '(default)'}"
+        raise ClusterReadFailed(f"kubernetes: cannot load {where}: {str(exc)[:200]}") from None
+    cfg.retries = 1  # urllib3 would retry 3 times per call; a failed read is reported, the next tick retries
+    return client.ApiClient(cfg)
+
+
+def server_of(api) -> str:
+    """host:port of the API server, as errors name it (never a token)."""
+    parsed = urlparse(api.configuration.host)
+    return f"{parsed.hostname}:{parsed.port}" if parsed.port else (parsed.hostname or "kubernetes")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One list call's items and the resourceVersion the server answered it at."""
+
+    items: tuple[dict, ...]
+    resource_version: str
+
+
+class KubeReader:
+    """Reads the API through the official client; every failure is a ClusterReadFailed."""
+
+    def __init__(self, api, timeout_s: float = 10.0):
+        self.api = api
+        self.timeout_s = timeout_s
+        self.server = server_of(api)
+        self.calls_made = 0
+
+    def _call(self, verb: str, resource: str, fn: Callable[..., Any], **kwargs) -> dict:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        self.calls_made += 1
+        try:
+            answer = fn(_preload_content=False, _request_timeout=(self.timeout_s, self.timeout_s), **kwargs)
+            return json.loads(answer.data)
+        except ApiException as exc:
+            raise ClusterReadFailed(self._api_error(exc, verb, resource), status=exc.status, verb=verb,
+                                    resource=resource) from None
+        except HTTPError as exc:  # timeouts, refused connections, a TLS failure (MaxRetryError wraps them)
+            cause = getattr(exc, "reason", None) or exc
+            raise ClusterReadFailed(f"kubernetes API at {self.server}: {verb} {resource}: "
+                                    f"{type(cause).__name__} (no answer within {self.timeout_s:g}s or refused)",
+                                    verb=verb, resource=resource) from None
+        except (ValueError, TypeError):  # not JSON: a proxy's page, a truncated body
+            raise ClusterReadFailed(f"kubernetes API at {self.server}: {verb} {resource}: malformed answer",
+                                    verb=verb, resource=resource) from None
+
+    def _api_error(self, exc, verb: str, resource: str) -> str:
+        message = ""
+        try:
+            message = str(json.loads(exc.body or "{}").get("message", ""))[:300]
+        except (ValueError, AttributeError):
+            pass
+        head = f"kubernetes API at {self.server}: {verb} {resource}: {exc.status} {exc.reason}"
+        if exc.status == 403:
+            head += (f" (the service account needs {verb} on {resource}: deploy/kubernetes/workloads/"
+                     "rbac-clusterrole.yaml)")
+        elif exc.status == 401:
+            head += " (credentials rejected: the kubeconfig's user or the service account token)"
+        return f"{head}: {message}" if message else head
+
+    def list(self, resource: str, fn: Callable[..., Any], **kwargs) -> Listing:
+        """Every item of a paged list; the resourceVersion of its first page."""
+        items: list[dict] = []
+        token, version = None, ""
+        while True:
+            page = self._call("list", resource, fn, limit=PAGE_SIZE, **({"_continue": token} if token else {}),
+                              **kwargs)
+            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
+                raise ClusterReadFailed(f"kubernetes API at {self.server}: list {resource}: malformed answer",
+                                        verb="list", resource=resource)
+            items.extend(i for i in page["items"] if isinstance(i, dict))
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion", ""))
+            token = meta.get("continue")
+            if not token:
+                return Listing(tuple(items), version)
+
+
+# --------------------------------------------------------------------------- parsing (pure)
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(timezone.utc)
+    except ValueError:
+        return None
+
+
+def quantity(value: Any) -> int:
+    """A device count as Kubernetes writes it ("2", 2); GPUs are whole devices, anything else counts 0."""
+    try:
+        n = float(str(value).strip())
+    except ValueError:
+        return 0
+    return int(n) if n >= 0 and n == int(n) else 0
+
+
+def gpu_resources(resources: Mapping[str, Any] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in (resources or {}).items():
+        if is_gpu_resource(name) and quantity(value) > 0:
+            out[name] = quantity(value)
+    return out
+
+
+def instance_id_of(provider_id: str, hostname: str) -> str:
+    """The EC2 instance id from `aws:///us-east-1a/i-0abc` (or `aws://us-east-1a/i-0abc`), else the hostname."""
+    if provider_id.startswith("aws://"):
+        last = provider_id.rstrip("/").rsplit("/", 1)[-1]
+        if last.startswith("i-"):
+            return last
+    return hostname
+
+
+def node_group_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """(kind in words, name) of the group that manages a node, ("", "") when no known label says."""
+    for label, words in NODE_GROUP_LABELS:
+        if labels.get(label):
+            return words, labels[label]
+    return "", ""
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    labels = dict(meta.get("labels") or {})
+    addresses = {a.get("type"): a.get("address", "") for a in status.get("addresses") or [] if isinstance(a, dict)}
+    name = str(meta.get("name", ""))
+    hostname = labels.get("kubernetes.io/hostname") or addresses.get("Hostname") or name
+    provider_id = str(spec.get("providerID", ""))
+    zone = labels.get("topology.kubernetes.io/zone", "")
+    if not zone and provider_id.startswith("aws://"):
+        parts = [p for p in provider_id[len("aws://"):].split("/") if p]
+        zone = parts[0] if len(parts) == 2 else ""
+    region = labels.get("topology.kubernetes.io/region") or (zone[:-1] if zone[-1:].isalpha() else zone)
+    spot = any(labels.get(k) == v for k, v in _SPOT_LABELS)
+    return NodeInfo(
+        name=name, instance_id=instance_id_of(provider_id, hostname), provider_id=provider_id,
+        instance_type=(labels.get("node.kubernetes.io/instance-type")
+                       or labels.get("beta.kubernetes.io/instance-type", "")),
+        region=region, zone=zone,
+        created=parse_time(meta.get("creationTimestamp")) or datetime.min.replace(tzinfo=timezone.utc),
+        # Allocatable is what pods can request; capacity when a server omits it.
+        capacity=gpu_resources(status.get("allocatable") or status.get("capacity")),
+        labels=labels, hostname=hostname, internal_ip=addresses.get("InternalIP", ""),
+        lifecycle="spot" if spot else "on-demand",
+    )
+
+
+def pod_gpu_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """The pod's effective GPU request per resource: its containers' sum, or its largest init container's
+    (they run one at a time, before the others). Extended resources are set in limits; requests equal them."""
+
+    def of(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
+        return gpu_resources(res.get("requests") or res.get("limits"))
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for name, n in of(c).items():
+            total[name] = total.get(name, 0) + n
+    for c in spec.get("initContainers") or []:
+        for name, n in of(c).items():
+            total[name] = max(total.get(name, 0), n)
+    return total
+
+
+def controller_of(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the object's controller ownerReference (else its first owner), None when unowned."""
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("kind") and r.get("name")]
+    if not refs:
+        return None
+    ref = next((r for r in refs if r.get("controller")), refs[0])
+    return str(ref["kind"]), str(ref["name"])
+
+
+def resolve_workload(namespace: str, pod_meta: Mapping[str, Any],
+                     owners: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> WorkloadRef:
+    """Pure: pod -> the top controller, following ownerReferences through the listed ReplicaSets, Deployments,
+    StatefulSets and Jobs (ReplicaSet -> Deployment, Job -> CronJob, StatefulSet -> Notebook). An owner of
+    another kind, or one not listed, is the workload as reported; an unowned pod is its own workload."""
+    kind, name = "Pod", str(pod_meta.get("name", ""))
+    meta: Mapping[str, Any] = pod_meta
+    for _ in range(_MAX_OWNER_DEPTH):
+        up = controller_of(meta)
+        if up is None:
+            break
+        kind, name = up
+        if kind not in _LISTED_OWNER_KINDS:
+            break
+        owner = owners.get((namespace, kind, name))
+        if owner is None:
+            break
+        meta = owner.get("metadata") or {}
+    return WorkloadRef(namespace, kind, name)
+
+
+def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> PodInfo:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    namespace = str(meta.get("namespace", ""))
+    return PodInfo(
+        namespace=namespace, name=str(meta.get("name", "")), node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Unknown"), started=parse_time(status.get("startTime")),
+        gpu_requests=pod_gpu_requests(spec), workload=resolve_workload(namespace, meta, owners),
+        labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+    )
+
+
+def workload_info(ref: WorkloadRef, owners: Mapping[tuple[str, str, str], Mapping[str, Any]],
+                  pods: Sequence[PodInfo]) -> WorkloadInfo:
+    """The workload's own labels and annotations (its pods' when the owner was not listed)."""
+    obj = owners.get((ref.namespace, ref.kind, ref.name))
+    if obj is None:
+        first = next((p for p in pods if p.workload == ref), None)
+        return WorkloadInfo(ref, dict(first.labels) if first else {}, dict(first.annotations) if first else {})
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    replicas = spec.get("replicas") if ref.scalable else None
+    return WorkloadInfo(ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
+                        replicas if isinstance(replicas, int) else None, str(meta.get("resourceVersion", "")))
+
+
+def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict],
+                  owners_by_kind: Mapping[str, Iterable[dict]], namespaces: Iterable[dict], *,
+                  namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True,
+                  server: str = "") -> ClusterSnapshot:
+    """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod requesting GPUs (for cost shares) with
+    the namespaces `namespace_allowed` leaves out of verdicts, their workloads."""
+    owners: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for kind, objs in owners_by_kind.items():
+        for obj in objs:
+            meta = obj.get("metadata") or {}
+            owners[(str(meta.get("namespace", "")), kind, str(meta.get("name", "")))] = obj
+    ns_labels = {str((o.get("metadata") or {}).get("name", "")): dict((o.get("metadata") or {}).get("labels") or {})
+                 for o in namespaces}
+    gpu_pods, others, out_of_scope = [], set(), set()
+    for obj in pods:
+        pod = parse_pod(obj, owners)
+        if not pod.gpu_devices:
+            others.add(pod.key)
+            continue
+        gpu_pods.append(pod)
+        if not namespace_allowed(pod.namespace, ns_labels.get(pod.namespace, {})):
+            out_of_scope.add(pod.namespace)
+    gpu_nodes = tuple(sorted((n for n in map(parse_node, nodes) if n.is_gpu_node), key=lambda n: n.name))
+    refs = sorted({p.workload for p in gpu_pods})
+    return ClusterSnapshot(
+        read_at=read_at, nodes=gpu_nodes, gpu_pods=tuple(sorted(gpu_pods, key=lambda p: p.key)),
+        workloads={r: workload_info(r, owners, gpu_pods) for r in refs}, namespace_labels=ns_labels,
+        other_pods=frozenset(others), server=server, out_of_scope=frozenset(out_of_scope),
+    )
+
+
+def namespace_filter(include: Sequence[str], exclude: Sequence[str],
+                     selector: Mapping[str, str]) -> Callable[[str, Mapping[str, str]], bool]:
+    """Which namespaces are read: listed ones (empty = all), minus excluded, whose labels carry `selector`."""
+
+    def allowed(name: str, labels: Mapping[str, str]) -> bool:
+        if include and name not in include:
+            return False
+        if name in exclude:
+            return False
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    return allowed
+
+
+def kubeconfig_path(kubeconfig: str | None, config_path: str = "") -> str | None:
+    """`~` expanded; relative to the folder of the config file that names it (None: the client's default)."""
+    if not kubeconfig:
+        return None
+    path = Path(kubeconfig).expanduser()
+    if not path.is_absolute() and config_path:
+        path = Path(config_path).resolve().parent / path
+    return str(path)
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class KubernetesCluster:
+    """The cluster reader: one snapshot = nodes, namespaces, pods, ReplicaSets, Deployments, StatefulSets and
+    Jobs, each one paged list across all namespaces (7 list calls for a small cluster, whatever its pods)."""
+
+    def __init__(self, api, *, timeout_s: float = 10.0,
+                 namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True):
+        self.reader = KubeReader(api, timeout_s)
+        self.namespace_allowed = namespace_allowed
+
+    @classmethod
+    def from_settings(cls, settings, config_path: str = "") -> "KubernetesCluster":
+        """From the `kubernetes:` section of the config (gpufinops.config.KubernetesSettings); a relative
+        kubeconfig path is relative to the config file at `config_path`, as every path of the config is."""
+        api = api_client(kubeconfig_path(settings.kubeconfig, config_path), settings.context, settings.in_cluster)
+        return cls(api, timeout_s=settings.timeout_s, namespace_allowed=namespace_filter(
+            settings.namespaces, settings.exclude_namespaces, settings.namespace_selector))
+
+    @property
+    def calls_made(self) -> int:
+        return self.reader.calls_made
+
+    def snapshot(self, now: datetime) -> ClusterSnapshot:
+        from kubernetes import client
+
+        r = self.reader
+        core, apps, batch = client.CoreV1Api(r.api), client.AppsV1Api(r.api), client.BatchV1Api(r.api)
+        nodes = r.list("nodes", core.list_node)
+        namespaces = r.list("namespaces", core.list_namespace)
+        # Finished pods hold no GPU: left out server-side.
+        pods = r.list("pods", core.list_pod_for_all_namespaces,
+                      field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        owners = {
+            "ReplicaSet": r.list("replicasets", apps.list_replica_set_for_all_namespaces).items,
+            "Deployment": r.list("deployments", apps.list_deployment_for_all_namespaces).items,
+            "StatefulSet": r.list("statefulsets", apps.list_stateful_set_for_all_namespaces).items,
+            "Job": r.list("jobs", batch.list_job_for_all_namespaces).items,
+        }
+        return snapshot_from(now, nodes.items, pods.items, owners, namespaces.items,
+                             namespace_allowed=self.namespace_allowed, server=r.server)

@@ -1,0 +1,258 @@
+"""The sections a FinOps lead forwards to finance, computed from the audit's own tables (no I/O): what the figures
+cover, stops per instance with net savings, breakdowns by account / region / GPU model, the trend against the
+previous month, budgets against actual and forecast, and the executive summary's top actions in money.
+
+Each table is returned already sorted, and SORTED_BY says how, so that the page can say it under the table.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+import pandas as pd
+
+from ..collect.billing.schema import UNTAGGED
+
+NO_OWNER = "no owner tag"
+UNKNOWN_ATTR = "unknown (no billing row)"
+COMPLETE_SHARE = 0.99  # a month watched this much of the time is covered; a tick's rounding is not a gap
+
+GROUPED_STOP_COLUMNS = ["instance_id", "team", "owner", "mode", "stops", "false_stops", "restarts", "saved_hours",
+                        "saved_cost", "restart_cost", "false_stop_cost", "net_cost", "last_reason"]
+BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "idle_share"]
+TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
+BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
+                  "data_through", "status"]
+SORTED_BY = {
+    "teams": "idle cost, largest first",
+    "instances": "idle cost, largest first",
+    "underutilized": "cost, largest first",
+    "stops_by_instance": "net saving, largest first",
+    "stops": "time of the stop, oldest first",
+    "unknown_time": "missing-data hours, most first",
+    "recommendations": "monthly saving, largest first",
+    "accounts": "cost, largest first",
+    "regions": "cost, largest first",
+    "gpu_models": "cost, largest first",
+    "budgets": "as listed in the budgets file",
+    "snoozes": "snoozed episodes, most first",
+    "managed": "idle episodes, most first",
+}
+
+
+def _f(x) -> float | None:
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+def coverage(period_hours: float, covered_hours: float, iv: pd.DataFrame, cost_table: pd.DataFrame,
+             acted_on: set[str], billing_sources: list[str], billing_days: int, period_days: int) -> dict:
+    """How much of the month, of the fleet and of billing the figures cover, and whether that is all of it.
+
+    Month: hours the service evaluated / hours in the period. Fleet: instances with at least one verdict from
+    metrics (not UNKNOWN) / instances seen at all (evaluated, billed or acted on). Billing: days with cost rows /
+    days in the period, and from which source."""
+    evaluated = set(iv["instance_id"]) if not iv.empty else set()
+    judged = set(iv.loc[iv["verdict"] != "UNKNOWN", "instance_id"]) if not iv.empty else set()
+    billed = (set(cost_table.loc[cost_table["resource_id"] != "", "resource_id"]) if len(cost_table) else set())
+    seen = evaluated | billed | set(acted_on)
+    month_share = covered_hours / period_hours if period_hours > 0 else None
+    fleet_share = len(judged) / len(seen) if seen else None
+    billing_share = billing_days / period_days if period_days > 0 else None
+    gaps = []
+    if month_share is None or month_share < COMPLETE_SHARE:
+        gaps.append("month")
+    if fleet_share is None or fleet_share < 1.0:
+        gaps.append("fleet")
+    if billing_share is None or billing_share < 1.0:
+        gaps.append("billing")
+    return {
+        "month_hours": period_hours, "covered_hours": covered_hours, "month_share": month_share,
+        "instances_seen": len(seen), "instances_judged": len(judged),
+        "instances_not_judged": sorted(seen - judged), "fleet_share": fleet_share,
+        "billing_rows": len(cost_table), "billing_sources": list(billing_sources), "billing_days": billing_days,
+        "period_days": period_days, "billing_share": billing_share,
+        "complete": not gaps, "partial_in": gaps,
+    }
+
+
+# --------------------------------------------------------------------------- per-instance attributes
+
+
+def owners(cost_table: pd.DataFrame) -> dict[str, str]:
+    """The latest owner tag per resource in billing (the service's own records keep team, not owner)."""
+    if not len(cost_table) or "owner" not in cost_table:
+        return {}
+    t = cost_table[(cost_table["resource_id"] != "") & (cost_table["owner"].fillna("") != "")]
+    return {} if t.empty else t.sort_values("date").groupby("resource_id")["owner"].last().to_dict()
+
+
+def instance_attrs(instance_ids, attrs: dict[str, dict[str, str]], owner_of: dict[str, str],
+                   types: dict[str, str], gpu_model, default_region: str) -> pd.DataFrame:
+    """owner, account, region and GPU model per instance; account and region from billing (else the
+    configured region, account unknown), GPU model from the price catalog's spec of its type."""
+    rows = []
+    for inst in instance_ids:
+        a = attrs.get(inst, {})
+        itype = types.get(inst) or a.get("instance_type") or ""
+        rows.append({"instance_id": inst, "owner": owner_of.get(inst) or NO_OWNER,
+                     "account": a.get("account") or UNKNOWN_ATTR,
+                     "region": a.get("region") or (f"{default_region} (configured)" if default_region else UNKNOWN_ATTR),
+                     "gpu_model": (gpu_model(itype) if itype else None) or "unknown type"})
+    return pd.DataFrame(rows, columns=["instance_id", "owner", "account", "region", "gpu_model"])
+
+
+def breakdown(iv: pd.DataFrame, attrs: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Evaluated hours, GPU-hours, cost and idle cost per account / region / GPU model, largest cost first."""
+    if iv.empty or attrs.empty:
+        return pd.DataFrame({c: [] for c in [by, *BREAKDOWN_COLUMNS]})
+    d = iv.drop(columns=[by], errors="ignore").merge(attrs[["instance_id", by]], on="instance_id", how="left")
+    d[by] = d[by].fillna(UNKNOWN_ATTR)
+    d["idle_cost_part"] = d["cost"].where(d["verdict"] == "IDLE", 0.0)
+    g = d.groupby(by)
+    out = pd.DataFrame({
+        "instances": g["instance_id"].nunique(), "hours": g["hours"].sum(),
+        "gpu_hours": g["gpu_hours"].sum(min_count=1), "cost": g["cost"].sum(min_count=1),
+        "idle_cost": g["idle_cost_part"].sum(min_count=1),
+    })
+    out["idle_share"] = out["idle_cost"] / out["cost"].where(out["cost"] > 0)
+    out = out.rename_axis(by).reset_index()
+    return out.sort_values(["cost", by], ascending=[False, True], kind="stable",
+                           na_position="last").reset_index(drop=True)[[by, *BREAKDOWN_COLUMNS]]
+
+
+# --------------------------------------------------------------------------- stops per instance
+
+
+def stops_by_instance(stops: pd.DataFrame, owner_of: dict[str, str]) -> pd.DataFrame:
+    """Completed stops grouped per instance (real and dry-run apart): stops, false stops, gross and net money,
+    largest net saving first. The per-stop log stays in the stops table (CSV)."""
+    done = stops[stops["status"] == "done"] if len(stops) else stops
+    if done.empty:
+        return pd.DataFrame({c: [] for c in GROUPED_STOP_COLUMNS})
+    d = done.assign(mode=done["dry_run"].map({True: "dry-run (would have)", False: "stopped"}))
+    g = d.groupby(["instance_id", "mode"])
+    out = pd.DataFrame({
+        "team": g["team"].last(), "stops": g.size(), "false_stops": g["false_stop"].sum(),
+        "restarts": g["restarted"].sum(), "saved_hours": g["saved_hours"].sum(),
+        "saved_cost": g["saved_cost"].sum(min_count=1), "restart_cost": g["restart_cost"].sum(min_count=1),
+        "false_stop_cost": g["false_stop_cost"].sum(min_count=1), "net_cost": g["net_cost"].sum(min_count=1),
+        "last_reason": g["reason"].last(),
+    }).reset_index()
+    out["owner"] = out["instance_id"].map(lambda i: owner_of.get(i) or NO_OWNER)
+    out = out.astype({"stops": int, "false_stops": int, "restarts": int})
+    return out.sort_values(["net_cost", "instance_id"], ascending=[False, True], kind="stable",
+                           na_position="last").reset_index(drop=True)[GROUPED_STOP_COLUMNS]
+
+
+# --------------------------------------------------------------------------- trend
+
+
+TREND_METRICS = (("GPU spend", "gpu_spend"), ("Idle cost", "idle_cost"), ("Net saved by stops", "net_saved_cost"))
+
+
+def trend_table(current: dict, previous: dict | None) -> pd.DataFrame:
+    """Spend, idle cost and net saved this month against the previous month; None ("–") where the previous
+    month has no data (nothing evaluated, no billing)."""
+    rows = []
+    for label, key in TREND_METRICS:
+        now, before = _f(current.get(key)), _f(previous.get(key)) if previous else None
+        change = now - before if now is not None and before is not None else None
+        share = change / abs(before) if change is not None and before else None
+        rows.append({"metric": label, "this_month": now, "previous_month": before, "change": change,
+                     "change_share": share})
+    return pd.DataFrame(rows, columns=TREND_COLUMNS)
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, period_start: datetime,
+                 period_end: datetime, billed_through: datetime | None, estimate_through: datetime,
+                 running: pd.DataFrame, verdicts: pd.DataFrame, currency: str) -> pd.DataFrame:
+    """Each budget of the month against actual spend and the month-end forecast, through
+    gpufinops.budgets.evaluate_budget (the same sums as `gpufinops budgets check`). Actual is billing when the
+    month has billing rows, else the estimate from evaluated time x hourly price (said in `basis`)."""
+    if not budgets:
+        return pd.DataFrame({c: [] for c in BUDGET_COLUMNS})
+    from ..budgets import evaluate_budget
+
+    use_billing = len(billed) > 0
+    table = billed if use_billing else estimate
+    through = billed_through if use_billing and billed_through is not None else estimate_through
+    rows = []
+    for b in budgets:
+        row = {"budget": b.name, "scope": b.scope.label(), "amount": float(b.amount),
+               "basis": "billing" if use_billing else "estimate: evaluated time x hourly price",
+               "actual": None, "actual_pct": None, "forecast": None, "forecast_pct": None, "data_through": None}
+        if b.currency != currency:
+            rows.append({**row, "status": f"skipped: budget in {b.currency}, costs in {currency} (no conversion)"})
+            continue
+        s = evaluate_budget(b, table, period_start, period_end, through, running, verdicts)
+        over = "over budget" if s.pct_actual >= 100 else ("forecast over budget" if s.pct_forecast >= 100
+                                                           else "within budget")
+        rows.append({**row, "actual": s.spent, "actual_pct": s.pct_actual, "forecast": s.forecast,
+                     "forecast_pct": s.pct_forecast, "data_through": s.data_through, "status": over})
+    return pd.DataFrame(rows, columns=BUDGET_COLUMNS)
+
+
+def estimate_table(iv: pd.DataFrame, attrs: pd.DataFrame) -> pd.DataFrame:
+    """The evaluated running time as a cost table (the columns a budget scope matches on)."""
+    if iv.empty:
+        return pd.DataFrame({c: [] for c in ("resource_id", "team", "project", "account", "instance_type",
+                                             "cost", "verdict", "hours")})
+    acct = attrs.set_index("instance_id")["account"].replace(UNKNOWN_ATTR, "") if len(attrs) else pd.Series(dtype=str)
+    return pd.DataFrame({
+        "resource_id": iv["instance_id"], "team": iv["team"].replace(UNTAGGED, ""), "project": "",
+        "account": iv["instance_id"].map(acct).fillna(""), "instance_type": iv["instance_type"].fillna(""),
+        "cost": iv["cost"].fillna(0.0), "verdict": iv["verdict"], "hours": iv["hours"],
+    })
+
+
+def running_at_end(iv: pd.DataFrame, attrs: pd.DataFrame, as_of: datetime, fresh_s: float) -> pd.DataFrame:
+    """Instances still running when the report was made (latest tick within fresh_s of as_of), with their $/h:
+    what the budget forecast projects over the rest of the month."""
+    cols = ["instance_id", "team", "project", "account", "instance_type", "rate"]
+    if iv.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    last = iv.sort_values("at").groupby("instance_id").tail(1)
+    last = last[last["at"] >= pd.Timestamp(as_of) - pd.Timedelta(seconds=fresh_s)]
+    acct = attrs.set_index("instance_id")["account"].replace(UNKNOWN_ATTR, "") if len(attrs) else pd.Series(dtype=str)
+    return pd.DataFrame({"instance_id": last["instance_id"], "team": last["team"].replace(UNTAGGED, ""),
+                         "project": "", "account": last["instance_id"].map(acct).fillna(""),
+                         "instance_type": last["instance_type"].fillna(""),
+                         "rate": pd.to_numeric(last["rate"], errors="coerce")}, columns=cols)
+
+
+# --------------------------------------------------------------------------- executive summary
+
+
+def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, recommendation_run: bool,
+                      top: int = 3) -> dict:
+    """The top actions in money: the largest idle offenders by idle cost, and the largest right-sizing moves
+    of the latest recommendation run (None when there was no run: "–", not "nothing to do")."""
+    idle = instances[instances["idle_cost"].fillna(0) > 0] if len(instances) else instances
+    offenders = [{"instance_id": r.instance_id, "team": r.team, "owner": getattr(r, "owner", NO_OWNER),
+                  "idle_cost": float(r.idle_cost), "idle_hours": float(r.idle_hours)}
+                 for r in idle.head(top).itertuples(index=False)]
+    moves = None
+    if recommendation_run:
+        rs = (recommendations[recommendations["action"].str.startswith("rightsize")] if len(recommendations)
+              else recommendations)
+        moves = [{"instance_id": r.instance_id, "team": r.team, "from": r.instance_type, "to": r.recommended,
+                  "monthly_savings": float(r.monthly_savings)} for r in rs.head(top).itertuples(index=False)]
+    return {"idle_offenders": offenders, "rightsizing": moves}
+
+
+__all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "NO_OWNER", "SORTED_BY", "breakdown", "budget_table",
+           "coverage", "estimate_table", "executive_summary", "instance_attrs", "owners", "running_at_end",
+           "stops_by_instance", "trend_table"]
