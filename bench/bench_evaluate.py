@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))  # tests.promserver, when run from anywhere
 from gpufinops.collect.prometheus import (  # noqa: E402
     FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics, PromReader, gpu_identity_labels,
 )
+from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC  # noqa: E402
 from gpufinops.config import PrometheusSettings  # noqa: E402
 from gpufinops.model import GpuInstance  # noqa: E402
 from tests.promserver import Series, dcgm_labels, start_prometheus  # noqa: E402
@@ -235,12 +236,17 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per CPU figure (median)")
     ap.add_argument("--wall", action="store_true", help="also the wall/memory table (fixed vs naive)")
     ap.add_argument("--naive", action="store_true", help="with --wall: the per-instance baseline too (slow)")
+    ap.add_argument("--agent-processes", action="store_true",
+                    help="every GPU also exports gpufinops_gpu_processes, as hosts read by `gpufinops agent` do")
     args = ap.parse_args()
     now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
     cpu, wall = [], []
     for n_gpus in (int(s) for s in args.sizes.split(",")):
         log(f"{n_gpus} GPUs: generating series")
         instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus)
+        if args.agent_processes:  # one process per GPU at every scrape, on the memory series' labels
+            series += [Series(PROCESSES_METRIC, s.labels, [(t, 1.0) for t, _ in s.samples]) for s in series
+                       if s.metric == FB_USED]
         n_samples = sum(len(s.samples) for s in series)
         for engine in args.engines.split(","):
             with tempfile.TemporaryDirectory(prefix=f"bench-{engine}-") as tmp:

@@ -15,7 +15,7 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .collect.kubernetes_cloud import (
     KubeChangeError, KubeReadFailed, WorkloadCloud, is_workload_id, parse_target, workload_id,
@@ -64,6 +64,17 @@ def split(ids_or_instances) -> tuple[list, list]:
     return ec2, k8s
 
 
+def as_node_remainder(inst: GpuInstance, remainders: Mapping[str, float | None]) -> GpuInstance:
+    """A cluster node's inventory row priced at what its listed workloads do not carry (idle capacity, pods of
+    namespaces left out), so that node and workloads add up to the node's cost: the spend is never counted twice.
+    Any other instance is unchanged."""
+    if inst.instance_id not in remainders:
+        return inst
+    return replace(inst, hourly_cost=remainders[inst.instance_id],
+                   price_source="node remainder: its cost less its workloads' shares (they are priced on the "
+                                "workloads); mostly idle capacity")
+
+
 class FleetCloud(RoutedCloud):
     """One Cloud over EC2 and the cluster. A side that cannot be listed makes the listing partial (`last_errors`,
     as a region that failed), never empty: the other side is still judged; both failing raises."""
@@ -96,6 +107,8 @@ class FleetCloud(RoutedCloud):
             errors.append(f"kubernetes: {exc}")
             workloads = []
         self.last_errors = errors
+        if workloads:
+            ec2 = [as_node_remainder(i, self.workloads.node_remainders) for i in ec2]
         return ec2 + workloads
 
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:

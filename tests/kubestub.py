@@ -447,7 +447,7 @@ def node_obj(name: str, instance_id: str, *, gpus: int = 8, instance_type: str =
 
 def pod_obj(namespace: str, name: str, node: str, *, gpus: int = 1, resource: str = "nvidia.com/gpu",
             owner: tuple[str, str] | None = None, phase: str = "Running", started: datetime | None = None,
-            labels: dict[str, str] | None = None) -> dict:
+            labels: dict[str, str] | None = None, priority_class: str = "") -> dict:
     limits = {resource: str(gpus)} if gpus else {}
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
     if owner:
@@ -455,9 +455,12 @@ def pod_obj(namespace: str, name: str, node: str, *, gpus: int = 1, resource: st
         api = {"ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1"}.get(kind, "kubeflow.org/v1")
         meta["ownerReferences"] = [{"apiVersion": api, "kind": kind, "name": oname, "uid": f"uid-{oname}",
                                     "controller": True, "blockOwnerDeletion": True}]
-    return {"metadata": meta,
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "img",
-                                                       "resources": {"limits": limits, "requests": dict(limits)}}]},
+    spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "main", "image": "img",
+                                                              "resources": {"limits": limits,
+                                                                            "requests": dict(limits)}}]}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {"metadata": meta, "spec": spec,
             "status": {"phase": phase, "startTime": iso(started) if started else "2026-01-01T00:00:00Z"}}
 
 

@@ -210,7 +210,7 @@ def test_a_hung_nvidia_smi_is_unknown_and_blocks_the_stop(host):
     host.until(MoveKind.WARN)
     host.reader.timeout_s = 1.0
     cancel = host.sample()  # nvidia-smi hangs at the stop time: killed after 1 s
-    assert cancel.kind is MoveKind.CANCEL and "unknown at the stop time" in cancel.reason
+    assert cancel.kind is MoveKind.CANCEL and "GPU state unknown" in cancel.reason and "new warning" in cancel.reason
     assert "could not be read" in cancel.decision.reason and "timeout" in cancel.decision.reason
     assert host.sample().kind is MoveKind.NONE  # and no new warning while it stays unreadable
     assert host.calls("hook") == [] and host.calls("stop") == []

@@ -127,11 +127,15 @@ def test_pending_is_cancelled_at_once_by_activity_or_snooze(later, why):
     assert move.kind is MoveKind.CANCEL and why in move.reason and move.next_state.phase is Phase.WATCHING
 
 
-def test_unknown_waits_but_cancels_at_the_deadline_and_blocks_cancel_too():
+def test_unknown_during_the_lead_cancels_at_once_and_blocks_cancel_at_the_deadline():
+    """What happened during a gap in the data is not known: the warning is withdrawn at once, and a stop after
+    the gap needs a new warning and its full lead (as the service renews its warnings after missing data)."""
     pending = next_move(AutostopState(), obs(Verdict.IDLE), T0).next_state
-    assert next_move(pending, obs(Verdict.UNKNOWN), T0 + 10).kind is MoveKind.NONE
-    at_deadline = next_move(pending, obs(Verdict.UNKNOWN), T0 + 60)
-    assert at_deadline.kind is MoveKind.CANCEL and "unknown" in at_deadline.reason
+    early = next_move(pending, obs(Verdict.UNKNOWN), T0 + 10)
+    assert early.kind is MoveKind.CANCEL and "unknown" in early.reason and "new warning" in early.reason
+    assert early.next_state.phase is Phase.WATCHING
+    again = next_move(early.next_state, obs(Verdict.IDLE), T0 + 20)
+    assert again.kind is MoveKind.WARN and again.next_state.deadline == T0 + 20 + 60  # a full lead again
     blocked = next_move(pending, obs(Verdict.IDLE, blocks=("user ann on pts/0 typed 1 min ago",)), T0 + 60)
     assert blocked.kind is MoveKind.CANCEL and "ann" in blocked.reason
 

@@ -86,6 +86,16 @@ def test_memory_above_the_floor_is_work_even_without_a_process_count():
     assert judged(gi(2, processes=0, mem=2048), rule=OPT_IN).verdict == Verdict.ACTIVE
 
 
+def test_a_whole_gpu_without_activity_samples_is_missing_data_whatever_it_holds():
+    """A whole GPU has an activity counter: its samples missing is an outage (UNKNOWN, alerted), and memory held is
+    not work; evidence of work stands in only where no counter exists (MIG)."""
+    whole = GpuWindowStats(gpu="0", samples=0, fb_used_max_mib=30_000.0, processes_max=None)
+    d = judged(whole)
+    assert (d.verdict, d.code) == (Verdict.UNKNOWN, ReasonCode.NO_SERIES), d.reason
+    assert d.code.is_missing_data and "no valid activity samples" in d.reason
+    assert judged(whole, rule=OPT_IN).verdict is Verdict.UNKNOWN
+
+
 def test_one_process_in_a_short_window_of_samples_is_still_work():
     d = judged(gi(2, processes=1, mem=9, process_samples=3), rule=OPT_IN)
     assert (d.verdict, d.code) == (Verdict.ACTIVE, ReasonCode.EVIDENCE_OF_WORK)

@@ -20,7 +20,7 @@ from gpufinops.collect.prometheus import FB_USED, GPU_UTIL
 from gpufinops.config import load_settings
 from gpufinops.fleet import WorkloadMetrics, restore_workload
 from gpufinops.k8s.model import WorkloadRef
-from gpufinops.model import TAG_MARKED, TAG_PROTECT, Action, ActionKind, Rule, RunContext, Verdict
+from gpufinops.model import TAG_MARKED, TAG_PROTECT, Action, ActionKind, GpuInstance, Rule, RunContext, Verdict
 from gpufinops.notify import build_notifier
 from gpufinops.pipeline import Peers, run_once
 from gpufinops.store import Store
@@ -390,3 +390,42 @@ def test_annotations_and_namespace_labels_map_to_gpufinops_tags():
     assert tags["owner"] == "alice" and tags["team"] == "ml" and tags["k8s:namespace"] == "ml"
     protected = workload_tags({}, {"gpufinops.io/protect": "false"}, IDLE, {"gpufinops.io/protect": "yes"})
     assert protected[TAG_PROTECT].startswith("yes (label gpufinops.io/protect of namespace ml")
+
+
+def test_rules_select_workloads_by_priority_class(tmp_path):
+    """A rule selects by PriorityClass through the workload's `k8s:priority-class` tag, read from its pods."""
+    from gpufinops.collect.kubernetes import parse_pod
+    from gpufinops.collect.kubernetes_cloud import workload_instance
+    from gpufinops.rules import load_rule_file
+
+    low = parse_pod(pod_obj("ml", "train-0", "n1", owner=("StatefulSet", "train"), priority_class="batch-low"), {})
+    plain = parse_pod(pod_obj("ml", "infer-0", "n1", owner=("StatefulSet", "infer")), {})
+    low_inst = workload_instance(low.workload, None, [low], {}, {}, 1.0)
+    plain_inst = workload_instance(plain.workload, None, [plain], {}, {}, 1.0)
+    assert low_inst.tags["k8s:priority-class"] == "batch-low" and "k8s:priority-class" not in plain_inst.tags
+    path = tmp_path / "rules.yaml"
+    path.write_text('rules:\n  - name: low-priority-idle\n    threshold_pct: 10\n    window: 1h\n    action: stop\n'
+                    '    select:\n      tags: {"k8s:priority-class": [batch-low]}\n')
+    [rule] = load_rule_file(path)
+    assert rule.selector.matches(low_inst) and not rule.selector.matches(plain_inst)
+
+
+def test_a_node_and_its_workloads_add_up_to_the_node_cost_never_twice(cluster):
+    """With a cluster configured, an EKS node is both an EC2 instance and the home of workloads: its inventory row
+    carries only what its workloads do not (idle capacity), so the evaluated spend counts the node once."""
+    from gpufinops.fleet import FleetCloud
+
+    node_rate = 32.7726
+
+    class OneNode:  # the EC2 side: the cluster's only node, at its EC2 rate
+        last_errors: list = []
+
+        def list_gpu_instances(self):
+            return [GpuInstance("i-0aaa0000000000001", "p4d.24xlarge", "us-east-1", "running", NOW - timedelta(days=9),
+                                gpu_count=8, hourly_cost=node_rate, managed_by="EKS node group 'ml-a100'")]
+
+    listed = FleetCloud(OneNode(), cluster.cloud).list_gpu_instances()
+    node = next(i for i in listed if i.instance_id == "i-0aaa0000000000001")
+    workloads = [i for i in listed if i.instance_id.startswith("k8s:")]
+    assert workloads and node.hourly_cost < node_rate and "node remainder" in node.price_source
+    assert round(node.hourly_cost + sum(w.hourly_cost for w in workloads), 2) == round(node_rate, 2)

@@ -3,7 +3,8 @@
     WATCHING --IDLE, not snoozed, not blocked--> warn --delivered--> PENDING(deadline = now + warning_lead)
     PENDING  --snooze / activity resumed--> cancel --> WATCHING
     PENDING  --deadline: still IDLE, not blocked--> STOP (pre-stop hook, then the stop) --> HELD
-    PENDING  --deadline: UNKNOWN or blocked--> cancel --> WATCHING   (a later stop needs a new warning)
+    PENDING  --UNKNOWN at any time, or blocked at the deadline--> cancel --> WATCHING   (a later stop needs a new
+             warning and its full lead)
     HELD     --activity, or one rule window later--> WATCHING
 
 ACTIVE, UNDERUTILIZED and UNKNOWN never start anything. A warning that was not delivered leaves the state as it
@@ -117,12 +118,13 @@ def _pending(state: AutostopState, obs: Observation, now: float) -> Move:
         return Move(MoveKind.CANCEL, f"stop cancelled: rule {state.rule} no longer selects this host", watching)
     if decision.verdict in (Verdict.ACTIVE, Verdict.UNDERUTILIZED):
         return Move(MoveKind.CANCEL, f"stop cancelled: activity resumed ({decision.reason})", watching, decision)
-    if state.deadline is None or now < state.deadline:
-        extra = f"; GPU data unknown now ({decision.reason})" if decision.verdict is Verdict.UNKNOWN else ""
-        return Move(MoveKind.NONE, f"stop pending at {when(state.deadline or now)}{extra}", state, decision)
     if decision.verdict is not Verdict.IDLE:
-        return Move(MoveKind.CANCEL, f"stop cancelled: GPU state unknown at the stop time ({decision.reason}); "
+        # Missing data is never idle, and what happened during a gap is not known: the warning is withdrawn, and a
+        # stop after the gap needs a new warning and its full lead, as the service renews its warnings.
+        return Move(MoveKind.CANCEL, f"stop cancelled: GPU state unknown ({decision.reason}); "
                                      f"a later stop needs a new warning", watching, decision)
+    if state.deadline is None or now < state.deadline:
+        return Move(MoveKind.NONE, f"stop pending at {when(state.deadline or now)}", state, decision)
     if obs.blocks:
         return Move(MoveKind.CANCEL, f"stop cancelled: {'; '.join(obs.blocks)}", watching, decision)
     return Move(MoveKind.STOP, f"still idle at the stop time: {decision.reason}", state, decision)

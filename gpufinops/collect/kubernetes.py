@@ -277,6 +277,7 @@ def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapp
         phase=str(status.get("phase") or "Unknown"), started=parse_time(status.get("startTime")),
         gpu_requests=pod_gpu_requests(spec), workload=resolve_workload(namespace, meta, owners),
         labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+        priority_class=str(spec.get("priorityClassName") or ""),
     )
 
 

@@ -69,6 +69,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Tags that say where a workload is, for rules' `tags:` selectors (a label key cannot hold ':', so none collides).
 TAG_NAMESPACE = "k8s:namespace"
 TAG_KIND = "k8s:kind"
+# Its pods' PriorityClass (comma-separated when replicas differ), so that a rule selects by it:
+# `tags: {"k8s:priority-class": [batch-low]}`.
+TAG_PRIORITY_CLASS = "k8s:priority-class"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 EVENT_MARKED = "GpuIdleMarked"
@@ -163,6 +166,28 @@ def workload_tags(labels: Mapping[str, str], annotations: Mapping[str, str], ref
     return tags
 
 
+def node_remainders(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None],
+                    pod_costs: Mapping[tuple[str, str], float | None]) -> dict[str, float | None]:
+    """USD/h of each GPU node not carried by a listed workload's pods (None when the node or a share is unpriced):
+    a node's inventory row at this rate and its workloads at theirs add up to the node's cost, never twice it."""
+    listed = {p.key for ref in snapshot.workload_refs() for p in snapshot.pods_of(ref)}
+    out: dict[str, float | None] = {}
+    for node in snapshot.nodes:
+        cost = node_costs.get(node.name)
+        carried = [pod_costs.get(p.key) for p in snapshot.pods_on(node.name) if p.key in listed]
+        if cost is None or any(c is None for c in carried):
+            out[node.instance_id] = None
+        else:
+            out[node.instance_id] = round(max(cost - sum(carried), 0.0), 4)
+    return out
+
+
+def priority_tag(pods: Sequence[PodInfo]) -> dict[str, str]:
+    """{TAG_PRIORITY_CLASS: its pods' PriorityClass names}, or {} when none sets one."""
+    names = sorted({p.priority_class for p in pods if p.priority_class})
+    return {TAG_PRIORITY_CLASS: ",".join(names)} if names else {}
+
+
 def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True) -> tuple[str, str]:
     """(managed_by, managed_advice): what else owns this workload's fate, ("", "") for a Deployment/StatefulSet
     gpufinops may scale. With `kubernetes.scale_to_zero` off (the default) no workload may be scaled: adding a
@@ -234,7 +259,8 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
         state=workload_state(ref, info.replicas if info else None, annotations, pods),
         launch_time=max((p.started or _EPOCH for p in pods), default=created or _EPOCH),
         lifecycle=node.lifecycle if node else "on-demand",
-        tags=workload_tags(labels, annotations, ref, namespace_labels, protect_key),
+        tags={**workload_tags(labels, annotations, ref, namespace_labels, protect_key),
+              **priority_tag(pods)},
         private_dns=node.name if node else "", gpu_count=sum(p.gpu_devices for p in pods), gpu_model=model,
         gpu_memory_gib=memory, hourly_cost=hourly_cost, provider="kubernetes", managed_by=managed_by,
         managed_advice=advice,
@@ -319,6 +345,9 @@ class WorkloadCloud:
         self.protect_key = protect_key
         self.clock = clock
         self.last_snapshot: ClusterSnapshot | None = None
+        # Per node instance id, the USD/h of the node that no listed workload carries (its idle capacity and the
+        # shares of pods in namespaces left out): what its own inventory row may still count (fleet.FleetCloud).
+        self.node_remainders: dict[str, float | None] = {}
         self.last_errors: list[str] = []
         self._listed: dict[str, GpuInstance] = {}
         self._refs: dict[str, WorkloadRef] = {}
@@ -353,6 +382,7 @@ class WorkloadCloud:
                                          snapshot.namespace_labels.get(ref.namespace, {}), hourly, self.protect_key,
                                          scale_to_zero=self.scale_to_zero))
         self.last_snapshot = snapshot
+        self.node_remainders = node_remainders(snapshot, costs, pod_costs)
         self._listed = {i.instance_id: i for i in out}
         self._refs.update({workload_id(r): r for r in snapshot.workload_refs()})
         return out

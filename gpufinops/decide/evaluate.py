@@ -317,7 +317,12 @@ def judge_without_counter(g: GpuWindowStats, expected: int, rule: Rule,
     window = _fmt_window(rule.window_s)
     name = gpu_name(g)
     is_mig = _is_mig(g) if mig is None else mig
-    lacks = "has no activity counter (MIG)" if is_mig else "has no valid activity samples"
+    if not is_mig:
+        # A whole GPU has an activity counter: when its samples are missing that is missing data (an outage to
+        # alert on), and memory held is not work, so nothing here stands in for the counter.
+        return NoCounterJudgement(g, Verdict.UNKNOWN, ReasonCode.NO_SERIES,
+                                  f"{name} has no valid activity samples in the last {window}: not judged")
+    lacks = "has no activity counter (MIG)"
     floor = rule.idle_memory_floor_mib
     evidence = evidence_of_work(g, floor)
     if evidence:

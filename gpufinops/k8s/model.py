@@ -101,6 +101,7 @@ class PodInfo:
     workload: WorkloadRef
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    priority_class: str = ""  # spec.priorityClassName ("" = none: the cluster's default priority)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 import pandas as pd
 
 from ..collect.billing.schema import UNTAGGED, single_currency
+from ..collect.kubernetes_cloud import ID_PREFIX
 from ..costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
@@ -105,19 +106,29 @@ class MonthlyAudit:
     summary: dict = field(default_factory=dict)  # sections.executive_summary
     previous_month: str = ""
     trend: pd.DataFrame = field(default_factory=lambda: sections.trend_table({}, None))
+    k8s_namespaces: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[0])
+    k8s_workloads: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[1])
+
+    @property
+    def has_workloads(self) -> bool:
+        """The month has Kubernetes workload ids (`k8s:...`): the page shows their section, and their CSVs."""
+        return len(self.k8s_workloads) > 0
 
     @property
     def has_data(self) -> bool:
         return bool(self.headline["evaluations"]) or self.headline["billed_cost"] is not None
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        """The tables as written to CSV and JSON, in report order."""
+        """The tables as written to CSV and JSON, in report order; the Kubernetes ones only for a month with
+        workloads (a fleet without a cluster gets no empty Kubernetes files)."""
+        k8s = ({"k8s_namespaces": self.k8s_namespaces, "k8s_workloads": self.k8s_workloads} if self.has_workloads
+               else {})
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
                 "stops_by_instance": self.stops_by_instance, "stops": self.stops, "unknown_time": self.unknown_time,
                 "recommendations": self.recommendations, "daily": self.daily, "actions": self.actions,
                 "snoozes": self.snoozes, "managed": self.managed, "accounts": self.accounts,
                 "regions": self.regions, "gpu_models": self.gpu_models, "trend": self.trend,
-                "budgets": self.budgets}
+                "budgets": self.budgets, **k8s}
 
 
 # --------------------------------------------------------------------------- time model
@@ -169,9 +180,17 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
         limit = pd.concat([limit, cut], axis=1).min(axis=1)
     room = ((limit - iv["at"]).dt.total_seconds() / 3600.0).clip(lower=0.0)
     iv["hours"] = iv["hours"].where(iv["hours"] <= room, room)
+    workload = iv["instance_id"].str.startswith(ID_PREFIX)
+    # A workload's rate is its pods' share of their nodes (stored with its verdicts); the catalog price of its
+    # node's type would be the whole node, so without a stored share its time is unpriced, never the node's price.
+    iv["rate"] = iv["rate"].astype("float64").where(~workload | iv["hourly_cost"].notna())
     iv["cost"] = iv["hours"] * iv["rate"].astype("float64")
     per_type = {t: inp.gpu_count(t) if t else None for t in iv["instance_type"].unique()}
     iv["gpus"] = pd.to_numeric(iv["instance_type"].map(per_type), errors="coerce")
+    if workload.any():
+        # A workload holds its pods' GPUs (as the service last listed them), not all of its node type's.
+        held = {i: lab.get("gpu_count") or None for i, lab in inp.labels.items() if i.startswith(ID_PREFIX)}
+        iv.loc[workload, "gpus"] = pd.to_numeric(iv.loc[workload, "instance_id"].map(held), errors="coerce")
     iv["gpu_hours"] = iv["hours"] * iv["gpus"]
     iv["team"] = iv["team"].fillna("").replace("", UNTAGGED)
     return iv.sort_values(["instance_id", "at"], kind="stable").reset_index(drop=True)
@@ -583,8 +602,9 @@ def rate_sources(inp: AuditInputs, iv: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = {}
     for inst, grp in iv.groupby("instance_id"):
         a = attrs.get(inst, {})
+        catalog = None if inst.startswith(ID_PREFIX) else inp.catalog  # a workload is never priced as its node
         src = hourly_rate(inst, grp["instance_type"].iloc[-1], a.get("region") or inp.default_region, rates,
-                          inp.catalog, stored.get(inst)).source
+                          catalog, stored.get(inst)).source
         out[src] = out.get(src, 0.0) + float(grp["hours"].sum())
     return out
 
@@ -796,6 +816,11 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     audit.budgets_path = inp.budgets_path
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)
+    audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of)
+    headline["k8s_workloads"] = int(len(audit.k8s_workloads))
+    headline["k8s_cost"] = _f(audit.k8s_namespaces["cost"].sum(min_count=1)) if audit.has_workloads else None
+    headline["k8s_idle_cost"] = (_f(audit.k8s_namespaces["idle_cost"].sum(min_count=1)) if audit.has_workloads
+                                 else None)
     audit.notes = quality_notes(audit)
     return audit
 

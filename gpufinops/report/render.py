@@ -31,6 +31,16 @@ TEMPLATES_DIR = REPORTS_DIR
 HTML_TEMPLATE = "monthly_audit.html.j2"
 FORMATS = ("html", "csv", "json")
 STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
+K8S_TOP = 15  # workloads in the page's Kubernetes table; the rest are in the CSV
+# Tables whose CSV file is named otherwise than the table (gpu-audit-YYYY-MM-k8s-namespaces.csv).
+CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads"}
+
+
+def csv_tables(a: MonthlyAudit) -> dict[str, pd.DataFrame]:
+    """The CSV files of the audit by file suffix (the table's name, or its CSV_NAMES entry)."""
+    return {CSV_NAMES.get(name, name): df for name, df in a.tables().items()}
+
+
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -244,6 +254,7 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
         charts=chart_uris, phone_charts=phone_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
         last_day=(a.period.end - timedelta(days=1)).date().isoformat(), sorted_by=SORTED_BY, stops_top=STOPS_TOP,
+        k8s_top=K8S_TOP, csv_names=CSV_NAMES,
         action_words=action_words, restart_cost_s=RESTART_COST_S, false_stop_cost_h=FALSE_STOP_COST_H,
     ))
 
@@ -259,7 +270,7 @@ def write_report(a: MonthlyAudit, out_dir: Path, formats: Iterable[str] = FORMAT
     if "html" in formats:
         written.append(_write_atomic(out_dir / f"{stem}.html", render_html(a)))
     if "csv" in formats:
-        written += [write_csv(df, out_dir / f"{stem}-{name}.csv", a.currency) for name, df in a.tables().items()]
+        written += [write_csv(df, out_dir / f"{stem}-{name}.csv", a.currency) for name, df in csv_tables(a).items()]
     if "json" in formats:
         written.append(write_json(a, out_dir / f"{stem}.json"))
     return written

@@ -13,6 +13,7 @@ from datetime import datetime
 import pandas as pd
 
 from ..collect.billing.schema import UNTAGGED
+from ..collect.kubernetes_cloud import ID_PREFIX, parse_target, parse_workload_id
 
 NO_OWNER = "no owner tag"
 UNKNOWN_ATTR = "unknown (no billing row)"
@@ -22,6 +23,12 @@ GROUPED_STOP_COLUMNS = ["instance_id", "team", "owner", "mode", "stops", "false_
                         "saved_cost", "restart_cost", "false_stop_cost", "net_cost", "last_reason"]
 BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "idle_share"]
 TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
+K8S_NAMESPACE_COLUMNS = ["namespace", "workloads", "hours", "gpu_hours", "cost", "idle_cost", "unknown_cost",
+                         "idle_share", "unpriced_hours"]
+K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "hours", "gpu_hours",
+                        "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
+                        "idle_hours", "unknown_hours", "unpriced_hours"]
+CUT_NAME = "(cut: see the instance id)"
 BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
                   "data_through", "status"]
 SORTED_BY = {
@@ -38,6 +45,8 @@ SORTED_BY = {
     "budgets": "as listed in the budgets file",
     "snoozes": "snoozed episodes, most first",
     "managed": "idle episodes, most first",
+    "k8s_namespaces": "cost, largest first",
+    "k8s_workloads": "idle cost, largest first",
 }
 
 
@@ -128,6 +137,69 @@ def breakdown(iv: pd.DataFrame, attrs: pd.DataFrame, by: str) -> pd.DataFrame:
     out = out.rename_axis(by).reset_index()
     return out.sort_values(["cost", by], ascending=[False, True], kind="stable",
                            na_position="last").reset_index(drop=True)[[by, *BREAKDOWN_COLUMNS]]
+
+
+# --------------------------------------------------------------------------- Kubernetes namespaces and workloads
+
+
+def workload_parts(instance_id: str) -> tuple[str, str, str]:
+    """(namespace, kind, name) of a workload id (collect.kubernetes_cloud's own parsers). An id cut to the store's
+    64 characters keeps what survived the cut: a cut name ends in `~` and its hash; a cut in the kind leaves the
+    name unknown (CUT_NAME); a cut in the namespace leaves the cut text as the namespace, one group of its own."""
+    ref = parse_workload_id(instance_id)
+    if ref is not None:
+        return ref.namespace, ref.kind, ref.name
+    try:
+        namespace, kind, name = parse_target(instance_id)
+    except ValueError:
+        return instance_id[len(ID_PREFIX):], "", CUT_NAME
+    return (namespace, kind, name) if kind is not None else (namespace, "", CUT_NAME)
+
+
+def _empty(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: [] for c in columns})
+
+
+def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(namespaces, workloads) from the report's own priced verdict rows (audit.intervals) of the `k8s:` ids:
+    the same hours, rates and costs as every other table, so the workloads' cost is part of the month's evaluated
+    spend. Money is rounded to the cent per workload and each namespace is the sum of its workloads' cents, so the
+    two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first."""
+    wl = iv[iv["instance_id"].str.startswith(ID_PREFIX)] if not iv.empty else iv
+    if wl.empty:
+        return _empty(K8S_NAMESPACE_COLUMNS), _empty(K8S_WORKLOAD_COLUMNS)
+    d = wl.assign(idle_part=wl["cost"].where(wl["verdict"] == "IDLE", 0.0),
+                  unknown_part=wl["cost"].where(wl["verdict"] == "UNKNOWN", 0.0),
+                  unpriced_part=wl["hours"].where(wl["cost"].isna(), 0.0))
+    g = d.groupby("instance_id", sort=True)
+    out = pd.DataFrame({
+        "team": g["team"].last(), "gpus": g["gpus"].last(), "hours": g["hours"].sum(),
+        "gpu_hours": g["gpu_hours"].sum(min_count=1), "cost": g["cost"].sum(min_count=1).round(2),
+        "idle_cost": g["idle_part"].sum(min_count=1).round(2),
+        "unknown_cost": g["unknown_part"].sum(min_count=1).round(2), "unpriced_hours": g["unpriced_part"].sum(),
+    })
+    hours = d.pivot_table(index="instance_id", columns="verdict", values="hours", aggfunc="sum", fill_value=0.0)
+    for v in ("ACTIVE", "UNDERUTILIZED", "IDLE", "UNKNOWN"):
+        out[f"{v.lower()}_hours"] = hours[v].reindex(out.index).fillna(0.0) if v in hours.columns else 0.0
+    out["idle_share"] = out["idle_cost"] / out["cost"].where(out["cost"] > 0)
+    parts = pd.DataFrame([workload_parts(i) for i in out.index], index=out.index,
+                         columns=["namespace", "kind", "name"])  # one parse per workload, not per row
+    out = out.join(parts)
+    out["owner"] = [owner_of.get(i) or NO_OWNER for i in out.index]
+    workloads = (out.rename_axis("instance_id").reset_index()
+                 .sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True], kind="stable",
+                              na_position="last").reset_index(drop=True)[K8S_WORKLOAD_COLUMNS])
+    n = workloads.groupby("namespace")
+    ns = pd.DataFrame({
+        "workloads": n.size(), "hours": n["hours"].sum(), "gpu_hours": n["gpu_hours"].sum(min_count=1),
+        **{c: n[c].sum(min_count=1).round(2) for c in ("cost", "idle_cost", "unknown_cost")},
+        "unpriced_hours": n["unpriced_hours"].sum(),
+    })
+    ns["idle_share"] = ns["idle_cost"] / ns["cost"].where(ns["cost"] > 0)
+    namespaces = (ns.rename_axis("namespace").reset_index()
+                  .sort_values(["cost", "namespace"], ascending=[False, True], kind="stable", na_position="last")
+                  .reset_index(drop=True)[K8S_NAMESPACE_COLUMNS])
+    return namespaces, workloads
 
 
 # --------------------------------------------------------------------------- stops per instance
@@ -253,6 +325,7 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
     return {"idle_offenders": offenders, "rightsizing": moves}
 
 
-__all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "NO_OWNER", "SORTED_BY", "breakdown", "budget_table",
-           "coverage", "estimate_table", "executive_summary", "instance_attrs", "owners", "running_at_end",
-           "stops_by_instance", "trend_table"]
+__all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
+           "SORTED_BY", "breakdown", "budget_table", "coverage", "estimate_table", "executive_summary",
+           "instance_attrs", "kubernetes_tables", "owners", "running_at_end", "stops_by_instance", "trend_table",
+           "workload_parts"]

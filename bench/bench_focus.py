@@ -1,0 +1,246 @@
+"""FOCUS per-instance GPU totals: gpufinops (`read_focus`, what `costs --source focus` runs) vs DuckDB, same
+answer, same run (issue 17).
+
+The input is the real FOCUS 1.0 sample (../shared/data/billing/focus_1.0_sample_1000.csv, FinOps Foundation,
+CC BY 4.0) repeated to N rows, each copy k perturbed so the answer is not trivial: ResourceId + "-" + (k % 1000)
+(about 8,000 distinct GPU instances), charge periods moved by (k % 40) - 5 days (some copies fall outside
+September 2024), BilledCost scaled by 1 + (k % 13) / 10 and negated on every 101st copy (excluded rows), and
+the sample's g5.4xlarge instance-hour text rewritten per copy to g5.4xlarge, p4d.24xlarge, g6e.xlarge or
+m5.4xlarge (not a GPU: excluded). It is written as CSV with the sample's FOCUS 1.0 columns and as typed Parquet
+(doubles, timestamps) with FOCUS 1.3 names (ServiceProviderName, HostProviderName).
+
+Both engines compute, for September 2024, the cost and usage hours per ResourceId of the rows read_focus keeps:
+ChargeCategory "usage" (any case), a time unit (hours; seconds / 3600; a compound "...-seconds" unit counts
+cost only), ServiceCategory outside the non-compute FOCUS categories, a GPU instance named in x_UsageType,
+ChargeDescription, SkuPriceDetails, x_SkuDetails or Google's machine_spec tag (an AWS type of a GPU family or
+one of billing.gpu_patterns), the configured cost column (BilledCost) between 0 and max_line_cost, hours
+between 0 and MAX_LINE_HOURS; seconds-unit rows clipped to their charge period and counted once per
+instance and period. DuckDB gets that selection as SQL. The engine runs, the child processes (peak memory
+VmHWM, imports included), the interleaving, the best of --repeat and the comparison to the cent are
+bench_cur's (its helpers are imported).
+
+    python bench/bench_focus.py                          # 1 M and 5 M rows, CSV and Parquet
+    python bench/bench_focus.py --rows 1000000 --format csv --repeat 1
+
+Files are generated once (by DuckDB, from the sample) into bench/out/ (git-ignored) and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench_cur import CENT, OUT, cpu_s, differences, vm_hwm_mib
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "billing" / "focus_1.0_sample_1000.csv"
+START, END = "2024-09-01", "2024-10-01"
+# Per copy, the instance type the sample's GPU rows are rewritten to (m5.4xlarge is not a GPU).
+TYPES = ("g5.4xlarge", "p4d.24xlarge", "g6e.xlarge", "m5.4xlarge")
+OPTIONAL_TEXT = ("x_UsageType", "SkuPriceDetails", "x_SkuDetails")
+
+
+def sql_list(values) -> str:
+    return ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
+
+
+def generate(n: int, fmt: str, path: Path) -> None:
+    """N rows of the perturbed sample (see the module docstring) as FOCUS 1.0 CSV or FOCUS 1.3 Parquet."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone='UTC'")
+    con.execute("SET enable_progress_bar=false")
+    con.execute(f"CREATE VIEW sample AS SELECT row_number() OVER () - 1 AS i, * "
+                f"FROM read_csv('{SAMPLE}', all_varchar=true, nullstr='NULL', header=true)")
+    rows = con.execute("SELECT count(*) FROM sample").fetchone()[0]
+    copies = -(-n // rows)
+    types = "[" + sql_list(TYPES) + "]"
+    shift = "INTERVAL ((k % 40) - 5) DAY"
+    perturbed = f"""
+      SELECT * REPLACE (
+        ResourceId || '-' || CAST(k % 1000 AS VARCHAR) AS ResourceId,
+        replace(ChargeDescription, 'g5.4xlarge', {types}[1 + k % {len(TYPES)}]) AS ChargeDescription,
+        {{cost}} AS BilledCost,
+        {{start}} AS ChargePeriodStart, {{end}} AS ChargePeriodEnd)
+      FROM (SELECT s.*, r.range AS k FROM range({copies}) r, sample s) ORDER BY k, i LIMIT {n}"""
+    cost = "CAST(BilledCost AS DOUBLE) * (1 + (k % 13) / 10.0) * CASE WHEN k % 101 = 100 THEN -1 ELSE 1 END"
+    if fmt == "csv":
+        q = perturbed.format(cost=f"CAST({cost} AS VARCHAR)",
+                             start=f"strftime(CAST(ChargePeriodStart AS TIMESTAMP) + {shift}, '%Y-%m-%d %H:%M:%S')",
+                             end=f"strftime(CAST(ChargePeriodEnd AS TIMESTAMP) + {shift}, '%Y-%m-%d %H:%M:%S')")
+        con.execute(f"COPY ({q.replace('SELECT * REPLACE', 'SELECT * EXCLUDE (i, k) REPLACE', 1)}) TO '{path}' "
+                    "(HEADER, DELIMITER ',', NULLSTR 'NULL')")
+        return
+    q = perturbed.format(cost=cost, start=f"CAST(ChargePeriodStart AS TIMESTAMP) + {shift}",
+                         end=f"CAST(ChargePeriodEnd AS TIMESTAMP) + {shift}")
+    typed = ", ".join(f"TRY_CAST({c} AS DOUBLE) AS {c}" for c in (
+        "ConsumedQuantity", "ContractedCost", "EffectiveCost", "ListCost", "PricingQuantity"))
+    con.execute(f"""COPY (SELECT * EXCLUDE (i, k, ProviderName, PublisherName, ConsumedQuantity, ContractedCost,
+                                     EffectiveCost, ListCost, PricingQuantity),
+                          {typed}, ProviderName AS ServiceProviderName, ProviderName,
+                          CAST(NULL AS VARCHAR) AS HostProviderName, PublisherName
+                   FROM ({q}))
+                   TO '{path}' (FORMAT PARQUET, ROW_GROUP_SIZE 200000)""")
+
+
+def parameters() -> dict:
+    """The selection both engines use: read_focus's constants and the default billing settings."""
+    from gpufinops.collect.billing import focus
+    from gpufinops.collect.billing.settings import billing_settings
+    from gpufinops.config import Settings
+
+    bs = billing_settings(Settings())
+    return {"families": list(bs.gpu_families), "patterns": list(bs.gpu_patterns), "cost_col": bs.focus_cost_column,
+            "max_line_cost": bs.max_line_cost, "max_line_hours": focus.MAX_LINE_HOURS,
+            "hour_units": sorted(focus.HOUR_UNITS), "second_units": sorted(focus.SECOND_UNITS),
+            "compound_unit": focus.COMPOUND_TIME_UNIT, "non_compute": sorted(focus.NON_COMPUTE_CATEGORIES),
+            "machine_label": focus.GCP_MACHINE_LABEL}
+
+
+def duckdb_sql(source: str, columns: set[str], p: dict) -> str:
+    """read_focus's per-instance answer as one DuckDB statement over `source` (a read_csv/read_parquet call)
+    whose columns are `columns`. Numbers and dates are cast strictly, as read_focus rejects a bad one."""
+    def text(c: str) -> str:
+        return f"COALESCE(CAST({c} AS VARCHAR), '')" if c in columns else "''"
+
+    fams = "|".join(sorted(set(p["families"]), key=lambda f: (-len(f), f)))
+    # read_focus takes the first [a-z][a-z0-9-]*.[0-9]*[a-z][a-z0-9]* word whose prefix is a GPU family.
+    aws = f"(^|[^A-Za-z0-9_-])({fams})\\.[0-9]*[a-z][a-z0-9]*\\b"
+    gpu = " OR ".join([f"regexp_matches(txt, '{aws}')"] + [f"regexp_matches(txt, '{pat}')" for pat in p["patterns"]])
+    label = (f"CASE WHEN json_valid(Tags) THEN COALESCE(json_extract_string(Tags, '$.\"{p['machine_label']}\"'), '') "
+             "ELSE '' END" if "Tags" in columns else "''")
+    unit = "lower(trim(COALESCE(ConsumedUnit, '')))"
+    category = (f"AND lower(trim(COALESCE(ServiceCategory, ''))) NOT IN ({sql_list(p['non_compute'])})"
+                if "ServiceCategory" in columns else "")
+    period_h = ("epoch(CAST(ChargePeriodEnd AS TIMESTAMP) - CAST(ChargePeriodStart AS TIMESTAMP)) / 3600.0"
+                if "ChargePeriodEnd" in columns else "NULL")
+    return f"""
+    WITH timed AS (
+      SELECT ResourceId, ChargePeriodStart, ChargePeriodEnd_h, {p['cost_col']} AS cost_raw, ConsumedQuantity,
+             {unit} AS unit,
+             {text('x_UsageType')} || ' ' || COALESCE(ChargeDescription, '') || ' ' || {text('SkuPriceDetails')}
+               || ' ' || {text('x_SkuDetails')} || ' ' || {label} AS txt
+      FROM (SELECT *, {period_h} AS ChargePeriodEnd_h FROM {source})
+      WHERE lower(trim(COALESCE(ChargeCategory, ''))) = 'usage' {category}
+        AND ({unit} IN ({sql_list(p['hour_units'] + p['second_units'])})
+             OR regexp_matches({unit}, '{p['compound_unit']}'))),
+    gpu AS (
+      SELECT COALESCE(CAST(ResourceId AS VARCHAR), '') AS rid, CAST(ChargePeriodStart AS TIMESTAMP) AS period,
+             CAST(cost_raw AS DOUBLE) AS cost, unit IN ({sql_list(p['second_units'])}) AS secs, ChargePeriodEnd_h,
+             CASE WHEN unit IN ({sql_list(p['hour_units'])}) THEN COALESCE(CAST(ConsumedQuantity AS DOUBLE), 0)
+                  WHEN unit IN ({sql_list(p['second_units'])}) THEN COALESCE(CAST(ConsumedQuantity AS DOUBLE), 0) / 3600
+                  ELSE 0 END AS hours
+      FROM timed WHERE {gpu}),
+    kept AS (
+      SELECT rid, period, cost, secs,
+             CASE WHEN secs AND ChargePeriodEnd_h IS NOT NULL THEN LEAST(hours, ChargePeriodEnd_h) ELSE hours END AS hours
+      FROM gpu
+      WHERE period >= TIMESTAMP '{START}' AND period < TIMESTAMP '{END}'
+        AND cost IS NOT NULL AND cost >= 0 AND cost <= {p['max_line_cost']!r}
+        AND hours >= 0 AND hours <= {p['max_line_hours']!r}),
+    once AS (  -- a seconds-unit instance-period counts its longest row's hours once
+      SELECT rid, cost, CASE WHEN secs AND row_number() OVER (PARTITION BY rid, period, secs ORDER BY hours DESC) > 1
+                             THEN 0 ELSE hours END AS hours FROM kept)
+    SELECT rid, SUM(cost), SUM(hours) FROM once GROUP BY rid
+    """
+
+
+def child(engine: str, fmt: str, path: str, params: dict) -> None:
+    """One engine's per-instance totals, wall and CPU time, peak memory (bench_cur.child's contract). The
+    DuckDB child imports duckdb only."""
+    from datetime import datetime, timezone
+
+    t0 = time.perf_counter()
+    if engine == "gpufinops":
+        from gpufinops.collect.billing.focus import read_focus
+        from gpufinops.collect.billing.settings import billing_settings
+        from gpufinops.config import Settings
+    else:
+        import duckdb
+    import_s = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), cpu_s()
+    if engine == "gpufinops":
+        start, end = (datetime.fromisoformat(d).replace(tzinfo=timezone.utc) for d in (START, END))
+        t = read_focus(path, start, end, billing_settings(Settings())).table
+        sums = t.groupby("resource_id")[["cost", "usage_hours"]].sum()
+        totals = {k: (c, h) for k, c, h in zip(sums.index, sums["cost"], sums["usage_hours"])}
+    else:
+        con = duckdb.connect()
+        con.execute("SET TimeZone='UTC'")
+        source = (f"read_parquet('{path}')" if fmt == "parquet" else
+                  f"read_csv('{path}', all_varchar=true, header=true, nullstr=['NULL', ''])")
+        columns = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        totals = {k: (c, h) for k, c, h in con.execute(duckdb_sql(source, columns, params)).fetchall()}
+    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+    print(json.dumps({"engine": engine, "wall_s": wall, "cpu_s": cpu, "import_s": import_s,
+                      "peak_mib": vm_hwm_mib(), "totals": totals}))
+
+
+def run_child(engine: str, fmt: str, path: Path, params: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", engine, fmt, str(path), json.dumps(params)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, action="append", help="rows (repeatable; default 1 M and 5 M)")
+    ap.add_argument("--format", action="append", choices=["csv", "parquet"], help="file format (default both)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; the best wall time is kept")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        engine, fmt, path, params = args.child
+        child(engine, fmt, path, json.loads(params))
+        return 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    params = parameters()
+    engines = ["duckdb", "gpufinops"]
+    print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
+    print(f"{'rows':>11} {'format':>8} {'file MiB':>9} {'engine':>10} {'wall s':>8} {'cpu s':>7} {'import s':>9} "
+          f"{'peak MiB':>9} {'keys':>6} {'time x':>7} {'mem x':>6}")
+    failed = False
+    for n in args.rows or [1_000_000, 5_000_000]:
+        for fmt in args.format or ["csv", "parquet"]:
+            path = OUT / (f"focus1.0_{n}.csv" if fmt == "csv" else f"focus1.3_{n}.parquet")
+            if not path.exists():
+                t0 = time.perf_counter()
+                generate(n, fmt, path)
+                print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
+            size = path.stat().st_size / 2**20
+            runs: dict[str, list[dict]] = {e: [] for e in engines}
+            for _ in range(args.repeat):
+                for e in engines:
+                    runs[e].append(run_child(e, fmt, path, params))
+            best = {e: min(r, key=lambda x: x["wall_s"]) | {"peak_mib": max(x["peak_mib"] for x in r)}
+                    for e, r in runs.items()}
+            base = best["duckdb"]
+            ok = True
+            for e in engines:
+                r = best[e]
+                print(f"{n:>11,} {fmt:>8} {size:>9.0f} {e:>10} {r['wall_s']:>8.2f} {r['cpu_s']:>7.2f} "
+                      f"{r['import_s']:>9.2f} {r['peak_mib']:>9.0f} {len(r['totals']):>6} "
+                      f"{r['wall_s'] / base['wall_s']:>6.2f}x {r['peak_mib'] / base['peak_mib']:>5.2f}x")
+                diff = differences(r["totals"], base["totals"])
+                if diff:
+                    ok, failed = False, True
+                    print(f"  {e} totals differ from duckdb's by {CENT:g} or more: {len(diff)} key(s), e.g. {diff[:3]}")
+            total = sum(c for c, _ in base["totals"].values())
+            hours = sum(h for _, h in base["totals"].values())
+            print(f"{'':>11} totals equal to the cent across engines: {ok} (sum {total:,.2f}, {hours:,.2f} h)")
+            g = best["gpufinops"]
+            slow, big = g["wall_s"] / base["wall_s"], g["peak_mib"] / base["peak_mib"]
+            if slow > 2 or big > 2:
+                print(f"{'':>11} gpufinops is over 2x DuckDB: {slow:.2f}x its wall time, {big:.2f}x its peak memory")
+    if failed:
+        print("FAILED: the engines' per-instance totals differ (see above)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
