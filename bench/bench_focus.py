@@ -3,7 +3,7 @@ answer, same run (issue 17).
 
 The input is the real FOCUS 1.0 sample (../shared/data/billing/focus_1.0_sample_1000.csv, FinOps Foundation,
 CC BY 4.0) repeated to N rows, each copy k perturbed so the answer is not trivial: ResourceId + "-" + (k % 1000)
-(about 8,000 distinct GPU instances), charge periods moved by (k % 40) - 5 days (some copies fall outside
+(about 2,250 GPU instances in the answer: a suffix fixes the copy's type and day shift), charge periods moved by (k % 40) - 5 days (some copies fall outside
 September 2024), BilledCost scaled by 1 + (k % 13) / 10 and negated on every 101st copy (excluded rows), and
 the sample's g5.4xlarge instance-hour text rewritten per copy to g5.4xlarge, p4d.24xlarge, g6e.xlarge or
 m5.4xlarge (not a GPU: excluded). It is written as CSV with the sample's FOCUS 1.0 columns and as typed Parquet

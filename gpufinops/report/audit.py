@@ -494,7 +494,7 @@ def daily_table(iv: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
         frames.append(billed.rename("billed_cost").to_frame())
     if not frames:
         return pd.DataFrame({c: [] for c in DAILY_COLUMNS})
-    out = pd.concat(frames, axis=1).sort_index().rename_axis("date").reset_index().reindex(columns=DAILY_COLUMNS)
+    out = pd.concat(frames, axis=1, sort=True).sort_index().rename_axis("date").reset_index().reindex(columns=DAILY_COLUMNS)
     out["date"] = pd.to_datetime(out["date"]).dt.date
     out["idle_hours"] = out["idle_hours"].where(out["hours"].isna(), out["idle_hours"].fillna(0.0))
     return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterator, Sequence
 
+import numpy as np
 import pandas as pd
 import pyarrow.fs as pafs
 
@@ -171,17 +172,28 @@ def each_distinct(values: pd.Series, fn) -> pd.Series:
     """fn of each value, computed once per distinct value (charge texts and tags repeat over millions of
     rows); values that cannot be hashed (a Parquet map read as a list of pairs) one by one."""
     try:
-        results = {v: fn(v) for v in pd.unique(values)}
+        codes, uniques = pd.factorize(values)
     except TypeError:
         return values.map(fn)
-    return pd.Series([results[v] for v in values], index=values.index, dtype=object)
+    # One slot per distinct value, and a last one for a missing value (factorize's code -1).
+    results = np.empty(len(uniques) + 1, dtype=object)
+    for i, v in enumerate(uniques):
+        results[i] = fn(v)
+    missing = codes == -1
+    if missing.any():
+        results[-1] = fn(values[missing].iloc[0])
+    return pd.Series(results[codes], index=values.index, dtype=object)
+
+
+def _as_text(v) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else v if isinstance(v, str) else json.dumps(
+        v, default=str)
 
 
 def _column_text(df: pd.DataFrame, col: str) -> pd.Series:
     if col not in df.columns:
         return pd.Series("", index=df.index)
-    return df[col].map(lambda v: "" if v is None or (isinstance(v, float) and v != v)
-                       else v if isinstance(v, str) else json.dumps(v, default=str))
+    return each_distinct(df[col], _as_text)
 
 
 def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str]:
@@ -199,7 +211,7 @@ def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str
 
 
 def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: BillingSettings,
-              provider_col: str, warnings: list[str]) -> pd.DataFrame | None:
+              provider_col: str, excluded: list[int]) -> pd.DataFrame | None:
     """One file's GPU instance rows in [start, end), not yet grouped; None when it has none."""
     cost_col = bs.focus_cost_column
     families = set(bs.gpu_families or ())
@@ -208,19 +220,20 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
     unit = df["ConsumedUnit"].fillna("").astype(str).str.strip().str.lower()
     category = df["ChargeCategory"].fillna("").astype(str).str.strip().str.lower()
     # Time units carry instance hours; a compound one (Google's RAM "byte-seconds") carries cost only.
-    compound = unit.str.contains(COMPOUND_TIME_UNIT)
+    compound = each_distinct(unit, lambda u: re.search(COMPOUND_TIME_UNIT, u) is not None).astype(bool)
     usage = (category == "usage") & (unit.isin(HOUR_UNITS) | unit.isin(SECOND_UNITS) | compound)
     if "ServiceCategory" in df.columns:
         usage &= ~df["ServiceCategory"].fillna("").astype(str).str.strip().str.lower().isin(NON_COMPUTE_CATEGORIES)
     df, unit, compound = df[usage], unit[usage], compound[usage]
-    tags = (each_distinct(df["Tags"].fillna(""), focus_tags) if "Tags" in df.columns
-            else pd.Series([{}] * len(df), index=df.index, dtype=object))
+    raw_tags = df["Tags"].fillna("") if "Tags" in df.columns else pd.Series("", index=df.index)
+    tags = each_distinct(raw_tags, focus_tags)
     text = (_column_text(df, "x_UsageType") + " " + df["ChargeDescription"].fillna("").astype(str) + " "
             + _column_text(df, "SkuPriceDetails") + " " + _column_text(df, "x_SkuDetails") + " "
             + tags.map(lambda t: str(t.get(GCP_MACHINE_LABEL) or "")))
     itype = each_distinct(text, lambda t: gpu_instance_type(t, families, patterns))
     keep = itype != ""
     df, itype, unit, tags, compound = df[keep].copy(), itype[keep], unit[keep], tags[keep], compound[keep]
+    raw_tags = raw_tags[keep]
     # Types: a value that is not a number or a date is an error naming the file, column and row.
     for col in (cost_col, "ConsumedQuantity"):
         num = pd.to_numeric(df[col], errors="coerce")
@@ -238,15 +251,16 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         raise BillingDataError(f"{name}: column 'ChargePeriodStart' is not a date on data row {int(bad.idxmax()) + 2}")
     in_period = (when >= start) & (when < end)
     df, itype, when, unit, tags = df[in_period], itype[in_period], when[in_period], unit[in_period], tags[in_period]
+    raw_tags = raw_tags[in_period]
     cost = df[cost_col]
     quantity = df["ConsumedQuantity"].fillna(0)
     hours = quantity.where(unit.isin(HOUR_UNITS), quantity / 3600.0).where(~compound, 0.0)
     # Hours of one line: a day at most per resource in practice; inf or 9.2e18 is not a measurement.
     ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (hours >= 0) & (hours <= MAX_LINE_HOURS)
     if (~ok).any():
-        warnings.append(f"{name}: {int((~ok).sum())} GPU row(s) excluded: column '{cost_col}' missing, negative "
-                        f"or above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {MAX_LINE_HOURS:g} h")
+        excluded.append(int((~ok).sum()))
         df, itype, when, unit, tags, hours = df[ok], itype[ok], when[ok], unit[ok], tags[ok], hours[ok]
+        raw_tags = raw_tags[ok]
     if df.empty:
         return None
     single_currency(df, name, "BillingCurrency")
@@ -261,11 +275,12 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         "region": _column_text(df, "RegionId"),
         "resource_id": df["ResourceId"].fillna("").astype(str),
         "instance_type": itype,
-        "pricing_model": [_pricing(r) for r in df.to_dict("records")],
-        "team": tags.map(lambda t: _pick(t, bs.tag_keys.team)),
-        "project": tags.map(lambda t: _pick(t, bs.tag_keys.project)),
-        "owner": tags.map(lambda t: _pick(t, bs.tag_keys.owner)),
-        "tags": tags.map(canonical_tags),
+        "pricing_model": pricing_models(df),
+        # Per distinct Tags value, not per row: the same few tag sets repeat over millions of lines.
+        "team": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.team)),
+        "project": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.project)),
+        "owner": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.owner)),
+        "tags": each_distinct(raw_tags, lambda t: canonical_tags(focus_tags(t))),
         "cost": df[cost_col],
         "currency": df["BillingCurrency"].astype(str),
         "usage_hours": hours,
@@ -303,11 +318,16 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
         header = next(chunks)
         first = next(chunks, None)  # a file unreadable from its first rows (not UTF-8) says so before its columns
         versions[src.name], provider_col = _check_columns(header, src.name, cost_col)
+        dropped = 0
         for df in itertools.chain([first] if first is not None else [], chunks):
             n_read += len(df)
-            rows = _gpu_rows(df, src.name, start, end, bs, provider_col, warnings)
+            rows = _gpu_rows(df, src.name, start, end, bs, provider_col, excluded := [])
             if rows is not None:
                 parts.append(rows)
+            dropped += sum(excluded)
+        if dropped:  # one line per file, however many chunks it was read in
+            warnings.append(f"{src.name}: {dropped} GPU row(s) excluded: column '{cost_col}' missing, negative or "
+                            f"above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {MAX_LINE_HOURS:g} h")
     if not parts:
         warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
         for w in warnings:
@@ -321,6 +341,16 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
     for w in warnings:
         log.warning("%s", w)
     return FocusResult(conform(out), warnings, n_read, [s.name for s in sources], versions)
+
+
+PRICING_COLUMNS = ("CommitmentDiscountType", "PricingCategory", "ChargeDescription")
+
+
+def pricing_models(df: pd.DataFrame) -> pd.Series:
+    """The pricing model of each row, computed once per distinct (discount type, pricing category, text)."""
+    cols = {c: (_column_text(df, c) if c in df.columns else pd.Series("", index=df.index)) for c in PRICING_COLUMNS}
+    keys = pd.Series(list(zip(*(cols[c] for c in PRICING_COLUMNS))), index=df.index, dtype=object)
+    return each_distinct(keys, lambda k: _pricing(dict(zip(PRICING_COLUMNS, k))))
 
 
 def _pricing(row: dict) -> str:
