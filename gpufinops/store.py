@@ -182,12 +182,15 @@ instance_labels = Table(
     Column("gpu_model", String(64)),
     Column("gpu_count", Integer),
     Column("provider", String(32)),
+    # How hourly_cost was found when it is not a price list or the bill ("estimate: ..." for a rented host
+    # priced from the catalog, "node remainder: ..." for a Kubernetes node beside its workloads); "" otherwise.
+    Column("price_source", String(160)),
     Column("first_seen", DateTime, nullable=False),
     Column("last_seen", DateTime, nullable=False, index=True),
 )
 LABEL_SIZES = {c.name: c.type.length for c in instance_labels.columns if isinstance(c.type, String)}
 LABEL_UPDATED = ("owner", "team", "account", "region", "instance_type", "gpu_model", "gpu_count", "provider",
-                 "last_seen")  # first_seen is kept
+                 "price_source", "last_seen")  # first_seen is kept
 
 # Last verdict per (instance, rule): what makes "act only on transitions" possible.
 instance_state = Table(
@@ -640,7 +643,8 @@ def label_row(inst: GpuInstance, now: datetime) -> dict:
             "team": clip("team", inst.team()), "account": clip("account", inst.account),
             "region": clip("region", inst.region), "instance_type": clip("instance_type", inst.instance_type),
             "gpu_model": clip("gpu_model", inst.gpu_model), "gpu_count": int(inst.gpu_count or 0),
-            "provider": clip("provider", inst.provider), "first_seen": seen, "last_seen": seen}
+            "provider": clip("provider", inst.provider), "price_source": clip("price_source", inst.price_source),
+            "first_seen": seen, "last_seen": seen}
 
 
 def upsert_labels(conn: Connection, rows: Sequence[dict]) -> None:

@@ -275,3 +275,44 @@ def test_ec2_and_rented_hosts_are_listed_side_by_side_and_a_failing_ec2_leaves_t
     cloud = live_inventory(down)
     assert [i.instance_id for i in cloud.list_gpu_instances()] == ["host:gpu-box-1"]
     assert cloud.last_errors
+
+
+def test_the_monthly_report_marks_an_estimated_price_as_one(tmp_path):
+    """A rented host priced from the catalog is an estimate in the report too: the stored price_source travels
+    from the tick's inventory (Store.record_instances) to the per-instance table and CSV."""
+    import csv as csvlib
+
+    from gpufinops.report import write_monthly_report
+    from gpufinops.store import Store
+
+    settings = load_settings(hosts={"inventory": [
+        {"hostname": "gpu-box-1", "gpu_model": "H100", "gpu_count": 8},  # no price: the catalog estimate
+        {"hostname": "gpu-box-2", "gpu_model": "H100", "gpu_count": 8, "usd_per_hour": 19.9}]},
+        report={"evaluate_every_s": 3600})
+    hosts = static_hosts_cloud(settings).list_gpu_instances()
+    estimated, priced = hosts
+    assert estimated.price_source.startswith("estimate") and not priced.price_source.startswith("estimate")
+    store = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    start = datetime(2026, 10, 5, tzinfo=timezone.utc)
+    try:
+        for n in range(6):
+            at = start + timedelta(hours=n)
+            store.record_decisions(f"run-{n}", [
+                Decision(h.instance_id, "r", Verdict.ACTIVE, ReasonCode.BUSY, "busy", at, activity_mean=80.0,
+                         hourly_cost=h.hourly_cost) for h in hosts], dry_run=True, max_gap_s=7200,
+                teams={h.instance_id: "" for h in hosts}, types={h.instance_id: "rented" for h in hosts})
+            store.record_instances(hosts, at)
+        paths = write_monthly_report(store, "2026-10", tmp_path / "out", datetime(2026, 11, 2, tzinfo=timezone.utc),
+                                     settings)
+    finally:
+        store.close()
+    html = next(p for p in paths if p.suffix == ".html").read_text()
+    assert html.count("(estimate)") >= 2  # $/h and cost of the estimated host
+    table_rows = [r.split("<tr>")[-1] for r in html.split("</tr>")]
+    [row_est] = [r for r in table_rows if "host:gpu-box-1" in r and "(estimate)" in r]
+    assert not [r for r in table_rows if "host:gpu-box-2" in r and "(estimate)" in r]
+    instances_csv = next(p for p in paths if p.name.endswith("-instances.csv"))
+    rows = {r["instance_id"]: r for r in csvlib.DictReader(instances_csv.open())}
+    assert rows["host:gpu-box-1"]["price_source"].startswith("estimate")
+    assert not rows["host:gpu-box-2"]["price_source"].startswith("estimate")  # "the price of gpu-box-2 in the hosts: section"
+    assert row_est

@@ -53,7 +53,7 @@ TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost"
 INSTANCE_COLUMNS = ["instance_id", "team", "owner", "account", "region", "gpu_model", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
                     "billed_cost", "idle_hours", "idle_cost", "idle_share", "underutilized_cost", "unknown_hours",
                     "active_pct", "underutilized_pct", "idle_pct", "unknown_pct", "mean_activity_pct",
-                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours"]
+                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours", "price_source"]
 UNDERUTILIZED_COLUMNS = ["instance_id", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
                          "max_memory_gib", "measured_hours", "cost", "idle_cost", "main_code", "hint"]
 STOP_COLUMNS = ["at", "instance_id", "team", "instance_type", "kind", "rule", "dry_run", "status", "reason", "error",
@@ -695,7 +695,11 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     attrs = sections.instance_attrs(sorted(types), bill_attrs, owner_of, types, inp.gpu_model, inp.default_region)
     if len(instances):
         instances = (instances.drop(columns=["owner", "account", "region", "gpu_model"], errors="ignore")
-                     .merge(attrs, on="instance_id", how="left")[INSTANCE_COLUMNS])
+                     .merge(attrs, on="instance_id", how="left"))
+        # An estimated $/h (a rented host priced from the catalog) is marked as one wherever it is shown.
+        instances["price_source"] = instances["instance_id"].map(
+            lambda i: (inp.labels.get(i) or {}).get("price_source") or "")
+        instances = instances[INSTANCE_COLUMNS]
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
     unknown = unknown_table(iv)

@@ -1,5 +1,6 @@
 """instance_labels: what the service saw of each instance in its inventory (owner, team, account, region,
-type, GPUs, first and last seen), for the report's owner / account / region columns.
+type, GPUs, how its price was found, first and last seen), for the report's owner / account / region columns and
+its marks on estimated prices.
 
 Additive: a new table, no stored row touched. It fills from the next evaluation tick on
 (gpufinops.store.Store.record_instances); months evaluated before it keep showing billing's owner, account
@@ -30,6 +31,7 @@ def upgrade() -> None:
         sa.Column("gpu_model", sa.String(64)),
         sa.Column("gpu_count", sa.Integer),
         sa.Column("provider", sa.String(32)),
+        sa.Column("price_source", sa.String(160)),
         sa.Column("first_seen", sa.DateTime, nullable=False),
         sa.Column("last_seen", sa.DateTime, nullable=False, index=True),
     )
