@@ -123,10 +123,26 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_child(engine: str, by: str, path: Path, params: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", engine, by, str(path), json.dumps(params)],
+def run_script_child(script: str, engine: str, grain: str, path: Path, params: dict) -> dict:
+    """One engine's run in a child process of `script --child ...` (its own peak memory): its last JSON line."""
+    out = subprocess.run([sys.executable, script, "--child", engine, grain, str(path), json.dumps(params)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_child(engine: str, by: str, path: Path, params: dict) -> dict:
+    return run_script_child(__file__, engine, by, path, params)
+
+
+def best_interleaved(engines, repeat: int, run) -> dict[str, dict]:
+    """`run(engine)` for each engine in turn, `repeat` rounds (the shared machine's noise spread over all):
+    per engine the fastest run, with the highest peak memory seen."""
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for _ in range(repeat):
+        for e in engines:
+            runs[e].append(run(e))
+    return {e: min(r, key=lambda x: x["wall_s"]) | {"peak_mib": max(x["peak_mib"] for x in r)}
+            for e, r in runs.items()}
 
 
 def differences(a: dict, b: dict) -> list[str]:
@@ -168,12 +184,7 @@ def main() -> int:
             print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
         size = path.stat().st_size / 2**20
         for by in args.by or ["instance", "team"]:
-            runs: dict[str, list[dict]] = {e: [] for e in engines}
-            for _ in range(args.repeat):
-                for e in engines:
-                    runs[e].append(run_child(e, by, path, params))
-            best = {e: min(r, key=lambda x: x["wall_s"]) | {"peak_mib": max(x["peak_mib"] for x in r)}
-                    for e, r in runs.items()}
+            best = best_interleaved(engines, args.repeat, lambda e: run_child(e, by, path, params))
             base = best["duckdb"]
             for e in engines:
                 r = best[e]

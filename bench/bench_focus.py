@@ -30,12 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench_cur import CENT, OUT, cpu_s, differences, vm_hwm_mib
+from bench_cur import CENT, OUT, best_interleaved, cpu_s, differences, run_script_child, vm_hwm_mib
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "billing" / "focus_1.0_sample_1000.csv"
 START, END = "2024-09-01", "2024-10-01"
@@ -182,9 +181,7 @@ def child(engine: str, fmt: str, path: str, params: dict) -> None:
 
 
 def run_child(engine: str, fmt: str, path: Path, params: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", engine, fmt, str(path), json.dumps(params)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_script_child(__file__, engine, fmt, path, params)
 
 
 def main() -> int:
@@ -213,12 +210,7 @@ def main() -> int:
                 generate(n, fmt, path)
                 print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
             size = path.stat().st_size / 2**20
-            runs: dict[str, list[dict]] = {e: [] for e in engines}
-            for _ in range(args.repeat):
-                for e in engines:
-                    runs[e].append(run_child(e, fmt, path, params))
-            best = {e: min(r, key=lambda x: x["wall_s"]) | {"peak_mib": max(x["peak_mib"] for x in r)}
-                    for e, r in runs.items()}
+            best = best_interleaved(engines, args.repeat, lambda e: run_child(e, fmt, path, params))
             base = best["duckdb"]
             ok = True
             for e in engines:

@@ -257,20 +257,31 @@ def _require_binaries() -> None:
         raise PrometheusUnavailable(missing)
 
 
-def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromServer:
-    """Start /usr/bin/prometheus on a free 127.0.0.1 port and wait until it is ready."""
-    log_path = workdir / "prometheus.log"
-    for _attempt in range(3):  # another process may grab the free port first
+def start_on_free_port(argv_for_port: Callable[[int], list[str]], log_path: Path,
+                       ready: Callable[[str, subprocess.Popen], bool]) -> tuple[str, subprocess.Popen] | None:
+    """Start `argv_for_port(port)` on a free 127.0.0.1 port, logging to `log_path`, until `ready(url, process)`:
+    three tries, since another process may grab the free port first. None when every try failed."""
+    for _attempt in range(3):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                 f"--web.listen-address=127.0.0.1:{port}", *extra_flags, "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        if _wait_ready(url, process, log_path):
-            return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
+            process = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+        if ready(url, process):
+            return url, process
+    return None
+
+
+def _launch(workdir: Path, config: Path, data: Path, *extra_flags: str) -> PromServer:
+    """Start /usr/bin/prometheus on a free 127.0.0.1 port and wait until it is ready."""
+    log_path = workdir / "prometheus.log"
+    started = start_on_free_port(
+        lambda port: [PROMETHEUS_BIN, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                      f"--web.listen-address=127.0.0.1:{port}", *extra_flags, "--log.level=warn"],
+        log_path, lambda url, process: _wait_ready(url, process, log_path))
+    if started:
+        url, process = started
+        return PromServer(url=url, process=process, workdir=workdir, log_path=log_path)
     tail = log_path.read_text(errors="replace")[-2000:]
     raise PrometheusUnavailable(f"prometheus exited at startup:\n{tail}")
 

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Iterator
 
 import pytest
 
-from tests.promserver import PromServer, Series, free_port, server_factory
+from tests.promserver import PromServer, Series, server_factory, start_on_free_port
 
 VM_BIN = os.environ.get("GPUFINOPS_TEST_VICTORIA_METRICS", "/usr/bin/victoria-metrics")
 _READY_TIMEOUT_S = 60.0
@@ -163,24 +163,20 @@ def start_victoria_metrics(workdir: Path, series: Iterable[Series]) -> VmServer:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "victoria-metrics.log"
-    for _attempt in range(3):  # another process may grab the free port first
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [VM_BIN, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-                 "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s",
-                 "-loggerLevel=ERROR"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        if _wait_ready(url, process):
-            server = VmServer(url=url, process=process, workdir=workdir, log_path=log_path)
-            try:
-                backfill(url, series)
-            except BaseException:
-                server.stop()
-                raise
-            return server
+    started = start_on_free_port(
+        lambda port: [VM_BIN, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+                      "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s",
+                      "-loggerLevel=ERROR"],
+        log_path, _wait_ready)
+    if started:
+        url, process = started
+        server = VmServer(url=url, process=process, workdir=workdir, log_path=log_path)
+        try:
+            backfill(url, series)
+        except BaseException:
+            server.stop()
+            raise
+        return server
     tail = log_path.read_text(errors="replace")[-2000:]
     raise VictoriaMetricsUnavailable(f"victoria-metrics exited at startup:\n{tail}")
 

@@ -268,6 +268,8 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         until = pd.to_datetime(df["ChargePeriodEnd"], errors="coerce", utc=True, format="mixed")
         period_h = (until - when).dt.total_seconds() / 3600.0
         hours = hours.where(~unit.isin(SECOND_UNITS) | period_h.isna(), hours.clip(upper=period_h))
+    # Per distinct Tags value, not per row, and parsed once: the same few tag sets repeat over millions of lines.
+    tag_fields = each_distinct(raw_tags, lambda t: tag_columns(focus_tags(t), bs))
     return pd.DataFrame({
         "date": when.dt.tz_localize(None).dt.floor("D"),
         "provider": df[provider_col].fillna("").astype(str).str.strip().str.lower().map(lambda p: _PROVIDERS.get(p, p)),
@@ -276,11 +278,8 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         "resource_id": df["ResourceId"].fillna("").astype(str),
         "instance_type": itype,
         "pricing_model": pricing_models(df),
-        # Per distinct Tags value, not per row: the same few tag sets repeat over millions of lines.
-        "team": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.team)),
-        "project": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.project)),
-        "owner": each_distinct(raw_tags, lambda t: _pick(focus_tags(t), bs.tag_keys.owner)),
-        "tags": each_distinct(raw_tags, lambda t: canonical_tags(focus_tags(t))),
+        "team": tag_fields.str[0], "project": tag_fields.str[1], "owner": tag_fields.str[2],
+        "tags": tag_fields.str[3],
         "cost": df[cost_col],
         "currency": df["BillingCurrency"].astype(str),
         "usage_hours": hours,
@@ -341,6 +340,12 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
     for w in warnings:
         log.warning("%s", w)
     return FocusResult(conform(out), warnings, n_read, [s.name for s in sources], versions)
+
+
+def tag_columns(tags: dict, bs: BillingSettings) -> tuple[str, str, str, str]:
+    """(team, project, owner, canonical tags) of one line's tags."""
+    return (_pick(tags, bs.tag_keys.team), _pick(tags, bs.tag_keys.project), _pick(tags, bs.tag_keys.owner),
+            canonical_tags(tags))
 
 
 PRICING_COLUMNS = ("CommitmentDiscountType", "PricingCategory", "ChargeDescription")
