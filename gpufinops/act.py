@@ -9,8 +9,16 @@ Two halves:
 
 Stopping is two-phase: the first IDLE verdict marks the instance (tag + Slack
 warning with the time it will be stopped); at that time, if it is still IDLE, it
-is stopped. Activity, a snooze tag, a protect tag or a person removing the mark
-tag cancels the mark. UNKNOWN never stops anything.
+is stopped. Activity, a snooze tag, a protect tag, a Slack snooze click or a person
+removing the mark tag cancels the mark. UNKNOWN (under any rule) never stops anything.
+
+A person's cancel wins up to the last second: right before StopInstances the instance
+is read again and the stop refused if anything changed since the plan (state, launch
+time, the mark, snooze, protect, opt-in), and the shipped IAM policy lets StopInstances
+through only while the mark tag is on the instance, so a request still in flight after a
+cancel (or after another replica settled the stop) is refused by AWS itself. Only an
+instance carrying the opt-in tag (`act.opt_in_tag`, the one the IAM policy names) is
+ever warned "will be stopped".
 """
 
 from __future__ import annotations
@@ -116,6 +124,23 @@ def snoozed_until(inst: GpuInstance, now: datetime) -> tuple[bool, str]:
     return s.active, s.reason
 
 
+def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
+    """Why this instance may not be stopped for want of the operator's opt-in; "" when it carries it.
+
+    The same test the shipped IAM policy makes (`aws:ResourceTag/<tag>` equals `<value>`), so nothing is ever
+    announced as "will be stopped" that AWS would refuse to stop. EC2 instances only: a Kubernetes
+    workload's opt-in is `kubernetes.scale_to_zero` and the RBAC that lets it patch replicas."""
+    if inst.provider != "aws" or inst.tags.get(tag) == value:
+        return ""
+    return f"not opted in: would be stopped with tag {tag}={value}"
+
+
+# A stop found due this long after its announced time (the service was down, or its clock leapt forward) is
+# not carried out on the old warning: the owner was told a time that has long passed, so they are warned again
+# with a full lead. At least the rule's lead itself.
+LATE_STOP_LIMIT_S = 600
+
+
 # Instance states that mean a stop (or terminate) went through.
 STOPPED_STATES = ("stopping", "stopped")
 TERMINATED_STATES = ("shutting-down", "terminated")
@@ -144,10 +169,18 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
 
 
 def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
-    """The decision that drives action: an IDLE one with the strongest action, else the first."""
+    """The decision that drives action: an IDLE one with the strongest action, else the first.
+
+    Missing data under any rule holds every stop of the instance (a rule whose window is longer than the
+    instance's age does not: that is no outage): when one rule has no usable data the
+    "No usable GPU metrics" alert promises that nothing of it is marked or stopped, and another rule's
+    IDLE (a longer window, other coverage) must not break that promise."""
     if not decisions:
         return None
     idle = [d for d in decisions if d.verdict == Verdict.IDLE]
+    unknown = [d for d in decisions if d.verdict == Verdict.UNKNOWN and d.code.is_missing_data]
+    if idle and unknown and any(d.action != Action.NOTIFY for d in idle):
+        return unknown[0]
     if idle:
         # max() keeps the first of equals, i.e. rule-file order breaks ties.
         return max(idle, key=lambda d: _ACTION_STRENGTH[d.action])
@@ -162,8 +195,12 @@ def plan(
     now: datetime,
     dry_run: bool,
     snooze: Snooze | None = None,
+    opt_in_missing: str = "",
 ) -> Intent:
-    """What to do with one instance now. Pure: no I/O, no clock."""
+    """What to do with one instance now. Pure: no I/O, no clock.
+
+    `opt_in_missing`: why the instance may not be stopped for want of the opt-in tag (`opt_in_gap`), "" when
+    it is opted in."""
     if inst.is_protected:
         if mark:
             return Intent(ActionKind.UNMARK, f"protected by tag {TAG_PROTECT}={inst.tags[TAG_PROTECT]!r}", decision)
@@ -208,7 +245,7 @@ def plan(
     if decision.action == Action.NOTIFY:
         return Intent(ActionKind.NOTIFY if new_episode else None, decision.reason, decision)
 
-    blocker = stop_blocker(inst, decision.action)
+    blocker = stop_blocker(inst, decision.action) or opt_in_missing
     if blocker:
         # Judged, never stopped: the owner hears once per idle episode what to do instead.
         if mark:
@@ -233,6 +270,11 @@ def plan(
         # No stop without a delivered warning; the lead counts from delivery.
         return Intent(None, "warning not delivered yet: no stop until it is, then the full lead time", decision,
                       deliver_warning=True)
+    late_s = (now - mark.stop_at).total_seconds()
+    if late_s > max(LATE_STOP_LIMIT_S, (mark.stop_at - mark.warned_at).total_seconds()):
+        return Intent(ActionKind.UNMARK, f"the announced stop time ({mark.stop_at:%Y-%m-%d %H:%M} UTC) passed "
+                                         f"{late_s / 60:.0f} min ago while gpufinops was not running or its clock "
+                                         f"leapt forward: warning again with a full lead", decision)
     if now >= mark.stop_at:
         kind = ActionKind.TERMINATE if decision.action == Action.TERMINATE else ActionKind.STOP
         return Intent(kind, f"still idle at the announced time: {decision.reason}", decision)
@@ -258,11 +300,22 @@ class Outcome:
     action_id: int | None = None  # the action row, when one was written and may still be open
 
 
+# A Slack snooze whose tag write failed this many times is not tried again; the request still holds.
+MAX_SNOOZE_TAG_ATTEMPTS = 3
+SNOOZE_TAG_FAILURES = "snooze_tag_failures:"
+
+# The reasons of ActionKind.TAG rows, each settled by reconcile from what it says was written.
+TAG_MARK_REMOVED = "mark tag removed after the stop"
+TAG_STOPPED_BY_SET = "stopped-by tags"
+TAG_MOVED = "announced stop time moved"
+
 # A stop that failed this many times on one mark is given up for the idle episode (and said so).
 MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
 # "applied": the cloud change went through, its bookkeeping (tags, mark, notice) is not finished yet.
 UNSETTLED = ("pending", "unconfirmed", "applied")
+# How long a mutating request may be in flight when the cloud does not say (Cloud.max_request_s does).
+DEFAULT_MAX_REQUEST_S = 120.0
 
 
 class Actuator:
@@ -345,7 +398,8 @@ class Actuator:
             decision = primary_decision(by_instance.get(inst.instance_id, []))
             mark = self.store.get_mark(inst.instance_id)
             state = states.get((inst.instance_id, decision.rule_name)) if decision else None
-            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run, self._snooze(inst, ctx.now))
+            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run, self._snooze(inst, ctx.now),
+                          opt_in_missing=self._opt_in_gap(inst))
             if intent.kind is not None or intent.deliver_warning:
                 intents.append((inst, intent, mark))
 
@@ -372,6 +426,9 @@ class Actuator:
         except Exception:  # noqa: BLE001 - a resend must not undo what this run recorded
             log.exception("re-sending failed notifications failed; next run tries again")
         return results
+
+    def _opt_in_gap(self, inst: GpuInstance) -> str:
+        return opt_in_gap(inst, self.settings.act.opt_in_tag, self.settings.act.opt_in_value)
 
     def _channel(self, rule: Rule | None, inst: GpuInstance | None = None) -> str:
         """Where an instance's messages go: its rule's channel, else its team's (slack.team_channels), else
@@ -408,7 +465,10 @@ class Actuator:
 
         if kind == ActionKind.NOTIFY:
             state = states[(inst.instance_id, rule_name)]
-            self.notifier.send(messages.idle_notice(inst, decision, since=state.since, channel=channel))
+            why_not = "" if decision.action == Action.NOTIFY else (
+                stop_blocker(inst, decision.action) or self._opt_in_gap(inst))
+            self.notifier.send(messages.idle_notice(inst, decision, since=state.since, channel=channel,
+                                                    not_stopped_because=why_not))
             return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now))
 
         if kind == ActionKind.MARK:
@@ -426,6 +486,14 @@ class Actuator:
             reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
+        changed = "" if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
+        if changed:
+            # A person's cancel in the last seconds (mark removed, snooze, protect, a restart) wins: the next
+            # run plans again from what the cloud says now.
+            reason = f"not stopped: {changed} since this run's plan; the next run decides again"
+            log.warning("%s: %s", inst.instance_id, reason)
+            return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason,
+                                                  rule_name, ctx.now))
         self._stops_left -= 1
 
         call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
@@ -441,6 +509,36 @@ class Actuator:
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
                             ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
                             rule_name, ctx.now)
+
+    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None, now: datetime) -> str:
+        """The instance read again right before its stop: what changed since the plan, in words ("" when
+        nothing did). What cannot be read is a change too: no stop on a state we have not seen."""
+        try:
+            found = self.cloud.describe([inst.instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown is never a reason to stop
+            return f"the instance could not be read again ({str(exc)[:200]})"
+        fresh = found[0] if found else None
+        if fresh is None:
+            return "the instance is gone"
+        if fresh.state != "running":
+            return f"the instance is {fresh.state}"
+        if fresh.launch_time != inst.launch_time:
+            return f"the instance was restarted (launched {fresh.launch_time:%H:%M:%S} UTC)"
+        value = fresh.tags.get(TAG_MARKED)
+        if value is None:
+            return f"tag {TAG_MARKED} was removed"
+        lead = timedelta(seconds=rule.warning_lead_s) if rule else mark.stop_at - mark.marked_at
+        if value not in (_stamp(mark.stop_at), _stamp(mark.marked_at + lead), inst.tags.get(TAG_MARKED)):
+            return f"tag {TAG_MARKED} was changed to {value[:64]!r}"
+        if fresh.is_protected:
+            return f"tag {TAG_PROTECT} was set"
+        if fresh.tags.get(TAG_SNOOZE) != inst.tags.get(TAG_SNOOZE) and self._snooze(fresh, now).active:
+            return f"tag {TAG_SNOOZE} was set"
+        if self._opt_in_gap(fresh):
+            return f"tag {self.settings.act.opt_in_tag} was removed or changed"
+        if self.store.get_kv(interact.REQUEST_PREFIX + inst.instance_id) is not None:
+            return "a person asked to snooze it in Slack"
+        return ""
 
     # ------------------------------------------------------------------ the phases
     def _mark(self, ctx, inst, intent, decision, rule, channel) -> ActionResult:
@@ -477,9 +575,11 @@ class Actuator:
         stop_at = max(mark.stop_at, delivered + lead)
         self.store.put_mark(replace(mark, warned_at=delivered, stop_at=stop_at))
         if not ctx.dry_run and stop_at - mark.stop_at >= timedelta(minutes=1):
-            # Delivered late: the tag people read says the real time (bookkeeping, not an action of its own).
-            self._change(ctx, inst, ActionKind.MARK, rule_name, "announced stop time moved: warning delivered late",
-                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: _stamp(stop_at)}), record=False)
+            # Delivered late: the tag people read says the real time. A cloud change, so it has its audit row.
+            value = _stamp(stop_at)
+            self._change(ctx, inst, ActionKind.TAG, rule_name, f"{TAG_MOVED}: {value} (warning delivered late)",
+                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                         verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
         return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
@@ -516,8 +616,7 @@ class Actuator:
 
     def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, channel) -> None:
         """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
-        self._change(ctx, inst, kind, rule_name, "stopped-by tags",
-                     lambda: self._tag_stopped(inst, rule_name, decision.reason), record=False)
+        self._tag_stopped(ctx, inst, rule_name, decision.reason)
         mark = self.store.get_mark(inst.instance_id)
         self.store.clear_mark(inst.instance_id)
         state = self.store.get_state(inst.instance_id, rule_name)
@@ -529,17 +628,23 @@ class Actuator:
         self.notifier.send(replace(notice, thread_key=messages.warning_key(inst.instance_id, mark.marked_at))
                            if mark is not None else notice)
 
-    def _tag_stopped(self, inst, rule_name: str, reason: str) -> None:
-        """Bookkeeping after a stop; each call on its own, so one failing does not leave the other undone."""
-        try:
-            self.cloud.remove_tags(inst, [TAG_MARKED])
-        except Exception as exc:  # noqa: BLE001 - the stop happened; the tag is bookkeeping
-            log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, exc)
-        try:
-            self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
-                                       TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]})
-        except Exception as exc:  # noqa: BLE001
-            log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, exc)
+    def _tag_stopped(self, ctx, inst, rule_name: str, reason: str) -> None:
+        if ctx.dry_run:
+            return
+        """Bookkeeping after a stop, each call through the chokepoint with its own audit row, so one failing
+        does not leave the other undone. Removing the mark also closes the IAM fence: a stale StopInstances
+        still in flight (another replica's) is refused by AWS once the instance no longer carries it."""
+        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
+                               lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                               verify=lambda i: i is None or TAG_MARKED not in i.tags)
+        if outcome.ok is not True:
+            log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, outcome.error)
+        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_STOPPED_BY_SET,
+                               lambda: self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
+                                                                  TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]}),
+                               verify=lambda i: i is None or TAG_STOPPED_BY in i.tags)
+        if outcome.ok is not True:
+            log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, outcome.error)
 
     def _record(self, ctx, result: ActionResult, persist: bool = True) -> ActionResult:
         if persist:
@@ -551,10 +656,13 @@ class Actuator:
         """Set the snooze tag people asked for with a button (gpufinops.interact), through the chokepoint; the
         instances come back with the tag as the cloud now has it, so the plan below sees the snooze.
 
-        Live: one tag call per request; a tag already equal to the request (a retry after a lost answer) is
-        not set again. Not confirmed: the request stays and its action row is reconciled; until then nothing
-        else is done to the instance. Dry-run: no tag is set; the request is audited and shown once and holds
-        in memory until it ends, as the tag would."""
+        Live: one tag call per request; a tag already equal to the request (a retry after a lost answer), or a
+        snooze tag that already holds longer, is not set again. Not confirmed: the request stays and its action
+        row is reconciled; until then nothing else is done to the instance. Failed (the IAM policy, an API
+        error): the request is a person's word to keep the machine running and holds all the same, from our own
+        record, until it ends; the person who clicked is told once; the tag write is tried again a few times.
+        Dry-run: no tag is set; the request is audited and shown once and holds in memory until it ends, as
+        the tag would."""
         requests = interact.pending_requests(self.store)
         if not requests:
             return list(instances)
@@ -562,8 +670,16 @@ class Actuator:
         for req in requests:
             inst = by_id.get(req.instance_id)
             until = parse_time(req.until)
-            if inst is None or until is None or until <= ctx.now:
-                interact.forget_request(self.store, req.instance_id)  # gone, or the snooze has ended
+            if until is None or until <= ctx.now:
+                interact.forget_request(self.store, req.instance_id)  # the snooze has ended
+                self.store.set_kv(SNOOZE_TAG_FAILURES + req.instance_id, None)
+                continue
+            if inst is None:
+                continue  # not listed this run (a region's inventory failed): the request waits, and holds
+            held = replace(inst, tags={**inst.tags, TAG_SNOOZE: req.until})
+            existing = parse_time(inst.tags.get(TAG_SNOOZE) or "")
+            if existing is not None and existing >= until:
+                interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
                 continue
             reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
             if ctx.dry_run:
@@ -572,18 +688,42 @@ class Actuator:
                     self._update_warning(req, until, dry_run=True)
                     interact.keep_request(self.store, replace(req, recorded=True))
             elif inst.tags.get(TAG_SNOOZE) != req.until:
+                if req.recorded:  # its tag write was given up: the request holds from our record alone
+                    by_id[req.instance_id] = held
+                    continue
                 outcome = self._change(ctx, inst, ActionKind.SNOOZE, "", reason,
                                        lambda inst=inst, req=req: self.cloud.set_tags(inst, {TAG_SNOOZE: req.until}),
                                        verify=lambda found, req=req: found is not None
                                        and found.tags.get(TAG_SNOOZE) == req.until)
                 if not outcome.ok:
-                    continue  # failed: asked again next tick; unconfirmed: its row is settled first
+                    # Our failure to write a tag never overrides a person's request: it holds from our record.
+                    by_id[req.instance_id] = held
+                    if outcome.ok is False:
+                        self._snooze_tag_failed(req, until, outcome.error or "")
+                    continue  # unconfirmed: its row is settled first, and nothing else happens to the instance
                 self._update_warning(req, until, dry_run=False)
                 interact.forget_request(self.store, req.instance_id)
             else:
                 interact.forget_request(self.store, req.instance_id)
-            by_id[req.instance_id] = replace(inst, tags={**inst.tags, TAG_SNOOZE: req.until})
+            by_id[req.instance_id] = held
         return [by_id[i.instance_id] for i in instances]
+
+    def _snooze_tag_failed(self, req: "interact.SnoozeRequest", until: datetime, error: str) -> None:
+        """A snooze request whose tag could not be written: told once to the person who clicked (a DM), and the
+        request kept so that it holds; after a few failed writes it is not tried again (one call per intent,
+        not one a minute for days), and still holds."""
+        key = SNOOZE_TAG_FAILURES + req.instance_id
+        failures = int(self.store.get_kv(key) or 0) + 1
+        self.store.set_kv(key, str(failures))
+        if failures == 1:
+            log.error("%s: snooze from Slack by %s could not be written as a tag (%s); it holds from gpufinops's "
+                      "own record until %s", req.instance_id, req.user_id, error[:200], req.until)
+            if req.user_id:
+                self.notifier.send(messages.snooze_not_applied(
+                    req.instance_id, user_id=req.user_id, until=until, error=error,
+                    key=f"snooze-unapplied:{req.instance_id}:{req.until}"))
+        if failures >= MAX_SNOOZE_TAG_ATTEMPTS:
+            interact.keep_request(self.store, replace(req, recorded=True))
 
     def _update_warning(self, req: "interact.SnoozeRequest", until: datetime, dry_run: bool) -> None:
         """The warning the button was on, updated in place: who snoozed it until when (cosmetic: never raises)."""
@@ -663,10 +803,18 @@ class Actuator:
             return notes
         found = {i.instance_id: i for i in self.cloud.describe(sorted({p.instance_id for p in pending}))}
         ctx = RunContext(now=now, dry_run=False, lease=lease)
+        max_request_s = float(getattr(self.cloud, "max_request_s", DEFAULT_MAX_REQUEST_S))
         for p in pending:
             inst = found.get(p.instance_id)
+            # A request sent less than the longest time one can take ago may still land (a paused process, a
+            # held connection): "not done" is not an answer yet. Its row stays open, and its instance waits.
+            in_flight = p.status != "applied" and (now - p.at).total_seconds() < max_request_s
             if p.kind in (ActionKind.STOP, ActionKind.TERMINATE):
                 done = (_terminated if p.kind == ActionKind.TERMINATE else _stopped)(inst)
+                if not done and in_flight:
+                    log.warning("%s on %s not seen done yet; it may still be in flight until %s: settled then",
+                                p.kind.value, p.instance_id, _stamp(p.at + timedelta(seconds=max_request_s)))
+                    continue
                 if done:
                     # Bookkeeping first, the record last: a crash in between is reconciled again.
                     if inst is not None:
@@ -683,21 +831,32 @@ class Actuator:
                     self.store.finish_action(p.id, False, now, status="failed",
                                              error=f"reconciled: instance still {inst.state if inst else 'unknown'}; "
                                                    f"stop not done")
-            elif p.kind == ActionKind.SNOOZE:
-                tagged = inst is not None and bool(inst.tags.get(TAG_SNOOZE))
-                self.store.finish_action(p.id, tagged, now, status="done" if tagged else "failed",
-                                         error="reconciled: snooze tag " + ("present" if tagged else "absent"))
-            elif p.kind == ActionKind.MARK:
-                tagged = inst is not None and TAG_MARKED in inst.tags
-                self.store.finish_action(p.id, tagged, now, status="done" if tagged else "failed",
-                                         error="reconciled: mark tag " + ("present" if tagged else "absent"))
             else:
-                untagged = inst is None or TAG_MARKED not in inst.tags
-                self.store.finish_action(p.id, untagged, now, status="done" if untagged else "failed",
-                                         error="reconciled: mark tag " + ("removed" if untagged else "still there"))
+                done, found_text = _tag_change_seen(p, inst)
+                if not done and in_flight:
+                    continue
+                self.store.finish_action(p.id, done, now, status="done" if done else "failed",
+                                         error=f"reconciled: {found_text}")
             notes.append(f"reconciled {p.kind.value} on {p.instance_id}")
             log.warning("reconciled unsettled %s on %s", p.kind.value, p.instance_id)
         return notes
+
+
+def _tag_change_seen(row, inst: GpuInstance | None) -> tuple[bool, str]:
+    """Whether a tag change an action row intended is on the instance now, and what was found, in words."""
+    tags = inst.tags if inst is not None else {}
+    if row.kind == ActionKind.SNOOZE:
+        seen = bool(tags.get(TAG_SNOOZE))
+        return seen, "snooze tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.MARK or (row.kind == ActionKind.TAG and row.reason.startswith(TAG_MOVED)):
+        seen = TAG_MARKED in tags
+        return seen, "mark tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.TAG and row.reason.startswith(TAG_STOPPED_BY_SET):
+        seen = inst is None or TAG_STOPPED_BY in tags
+        return seen, "stopped-by tag " + ("present" if seen else "absent")
+    # UNMARK, and the mark's removal after a stop
+    seen = TAG_MARKED not in tags
+    return seen, "mark tag " + ("removed" if seen else "still there")
 
 
 def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:

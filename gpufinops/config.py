@@ -122,8 +122,9 @@ class SlackSettings(StrictModel):
     # Buttons on warnings (Snooze 2 h / until tomorrow 09:00 / Keep running 7 days), handled at POST
     # /slack/actions. Shown only when this secret resolves: every click is checked against it (docs/notifications.md).
     signing_secret: SecretRef = SecretRef(env="SLACK_SIGNING_SECRET")
-    # Who may snooze: the instance's owner (its owner tag: a Slack user id, name or email), the Slack user ids
-    # of its team here (team tag value -> ids), and these admins, anything.
+    # Who may snooze: the instance's owner (its owner tag: a Slack user id, or an email), the people of its team
+    # here (team tag value -> people), and these admins, anything. A person is a Slack user id or an email (matched
+    # against the email users.info gives for the clicking id); never a name, which anyone can choose.
     snooze_admins: tuple[str, ...] = ()
     team_members: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # Routing: an instance's messages go to its team's channel (team tag value -> channel) unless its rule names
@@ -131,6 +132,37 @@ class SlackSettings(StrictModel):
     # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
     team_channels: dict[str, str] = Field(default_factory=dict)
     dm_owners: bool = False
+
+    @field_validator("snooze_admins")
+    @classmethod
+    def _admins_are_people(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_slack_person(entry) for entry in v)
+
+    @field_validator("team_members")
+    @classmethod
+    def _members_are_people(cls, v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for team, people in v.items():
+            try:
+                out[team] = tuple(_slack_person(entry) for entry in people)
+            except ValueError as exc:
+                raise ValueError(f"team {team!r}: {exc}") from None
+        return out
+
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _slack_person(entry: str) -> str:
+    """A Slack user id or an email, as written; a name is refused because a click's user name is not proof of
+    who clicked (anyone can take any display name)."""
+    from .messages import SLACK_USER_ID  # the one Slack user-id pattern
+
+    entry = entry.strip()
+    if SLACK_USER_ID.fullmatch(entry) or _EMAIL.fullmatch(entry):
+        return entry
+    raise ValueError(f"{entry!r} must be a Slack user id (U… or W…, e.g. U012AB3CDE) or an email; "
+                     f"names are not accepted: a button click is authorised by the clicking user's id only")
 
 
 class ActSettings(StrictModel):
@@ -140,6 +172,11 @@ class ActSettings(StrictModel):
     actor: str = "gpufinops"
     # A snooze tag further ahead than this is capped to it (and reported); unreadable ones count as this long.
     max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
+    # The opt-in: only an instance carrying this tag with this value is ever warned "will be stopped" or
+    # stopped. The shipped IAM policy (deploy/iam-policy.json) allows StopInstances on exactly this tag and
+    # value, so code and policy say the same; change both together.
+    opt_in_tag: str = Field("gpufinops:allow-stop", min_length=1, max_length=128)
+    opt_in_value: str = Field("true", min_length=1, max_length=256)
 
 
 class ScheduleSettings(StrictModel):

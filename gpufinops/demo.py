@@ -21,7 +21,7 @@ from typing import TextIO
 
 import pandas as pd
 
-from .config import Settings, load_settings
+from .config import ActSettings, Settings, load_settings
 from .model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
 from .pipeline import Peers, run_once
 from .prices import OnDemandPrices
@@ -66,12 +66,14 @@ def load_demo_trace(path: Path = TRACE_PATH) -> pd.DataFrame:
 
 def build_fleet(trace: pd.DataFrame, start: datetime, prices: OnDemandPrices) -> list[GpuInstance]:
     fleet = []
+    # The demo's fleet is opted in (the tag the IAM policy names), so the shipped rule may stop it there.
+    opt_in = {ActSettings().opt_in_tag: ActSettings().opt_in_value}
     for n, inst_id in enumerate(dict.fromkeys(trace["instance_id"])):
         itype, tags = FLEET_SHAPES[n % len(FLEET_SHAPES)]
         spec = prices.gpu_spec(itype)
         fleet.append(GpuInstance(
             instance_id=inst_id, instance_type=itype, region="us-east-1", state="running",
-            launch_time=start - timedelta(days=3), account="111122223333", tags=dict(tags, Name=f"demo-{n + 1}"),
+            launch_time=start - timedelta(days=3), account="111122223333", tags={**tags, **opt_in, "Name": f"demo-{n + 1}"},
             private_dns=f"ip-10-0-0-{n + 10}.ec2.internal", private_ip=f"10.0.0.{n + 10}",
             gpu_count=1, gpu_model=spec.gpu_model if spec else "", gpu_memory_gib=spec.gpu_memory_gib if spec else 0.0,
             hourly_cost=prices.hourly(itype, "us-east-1"),

@@ -64,6 +64,21 @@ _HINTS = {
         "batch sizes and host-to-device copies before downsizing."
     ),
     ReasonCode.LOW_STEADY: "Low but steady use: a smaller or shared GPU may do the same work for less.",
+    ReasonCode.FEW_SMS_BUSY: (
+        "Kernels run nearly all the time but keep few SMs busy: small batches or small kernels, or many tiny "
+        "launches. Raise the batch size, fuse kernels or use CUDA graphs; else a MIG slice or a smaller GPU fits."
+    ),
+    ReasonCode.TENSOR_IDLE: (
+        "The SMs are busy but the tensor cores are not: FP32 math. bf16, TF32 or mixed precision runs the same "
+        "work several times faster on this GPU."
+    ),
+    ReasonCode.POWER_WITHOUT_ACTIVITY: (
+        "Its activity counters read idle but it draws far more power than an idle GPU: the counters may be wrong "
+        "(dcgm-exporter issue #662). Not stopped; check the exporter's profiling fields."
+    ),
+    ReasonCode.COUNTERS_DISAGREE: (
+        "One activity counter reads idle while another shows work: not judged idle until they agree."
+    ),
     ReasonCode.IDLE_NO_PROCESSES: (
         "No activity counter here (MIG): judged idle because no process ran and its memory stayed at the idle "
         "floor for the whole window, as the rule's idle_without_activity_counter option allows."
@@ -432,6 +447,14 @@ def stopped(
     return _message(f"stop:{inst.instance_id}:{_stamp(at)}", channel, text, blocks)
 
 
+def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error: str, key: str) -> Message:
+    """To the person who clicked Snooze, when its tag could not be written: the stop is held all the same."""
+    text = (f"Your snooze of {_v(instance_id, 40)} until {_when(until)} is recorded and holds: gpufinops will not "
+            f"stop it before then. The tag `{TAG_SNOOZE}` could not be written on the instance "
+            f"({_v(error, 200)}), so other tools do not see the snooze; gpufinops's own record keeps it.")
+    return _message(key, user_id, text, [_section(text)])
+
+
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Message:
     """The pending stop is off: the instance became active, was snoozed or protected."""
     why = _v(reason, MAX_REASON)
@@ -452,8 +475,10 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
     return _message(f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, blocks)
 
 
-def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str) -> Message:
-    """Notify-only rule: tell the owner, change nothing."""
+def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str,
+                not_stopped_because: str = "") -> Message:
+    """Notify-only rule (or a stop rule that may not stop this instance, `not_stopped_because`): tell the owner,
+    change nothing."""
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
     # `since` is the first evaluation that found it idle; the idle time began a full window before it,
@@ -461,10 +486,12 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     began = _utc(since) - timedelta(seconds=decision.window_s or 0)
     idle_s = (_utc(decision.evaluated_at) - began).total_seconds()
     hint = _HINTS.get(decision.code, "")
+    # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
+    nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
+               else "This rule only notifies: nothing will be stopped.")
     text = (f"GPU instance {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
-            f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} This rule only notifies: "
-            f"nothing will be stopped.")
+            f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} {nothing}")
     blocks = [
         _header(f":zzz: Idle GPU instance: {_clip_raw(inst.instance_id, 40)}"),
         _section(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
@@ -480,8 +507,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
             ("GPU activity", _activity_field(decision)),
             ("Rule", _v(decision.rule_name)),
         ]),
-        _context("This rule only notifies: nothing will be stopped. "
-                 f"Tag `{TAG_PROTECT}` = `true` to silence it for this instance."),
+        _context(f"{nothing} Tag `{TAG_PROTECT}` = `true` to silence it for this instance."),
     ]
     return _message(f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, blocks)
 

@@ -78,14 +78,21 @@ class ReasonCode(str, enum.Enum):
     EVIDENCE_OF_WORK = "evidence_of_work"  # ACTIVE: processes ran or memory was held where no counter says more
     NO_ACTIVITY_COUNTER = "no_activity_counter"  # UNKNOWN: no counter, no evidence, and the rule does not opt in
     IDLE_NO_PROCESSES = "idle_no_processes"  # IDLE by the rule's idle_without_activity_counter option
+    # DCGM profiling counters (docs/metrics.md, "Profiling counters").
+    POWER_WITHOUT_ACTIVITY = "power_without_activity"  # UNKNOWN: activity ~0 but power far above idle draw
+    COUNTERS_DISAGREE = "counters_disagree"  # UNKNOWN: one activity counter says idle, another says work
+    FEW_SMS_BUSY = "few_sms_busy"  # UNDERUTILIZED: kernels run most of the time on few SMs (small batches/kernels)
+    TENSOR_IDLE = "tensor_idle"  # UNDERUTILIZED: SMs busy, tensor pipes idle on a tensor-core GPU (FP32 math)
     # Retired with the learned idle policy; decisions stored by earlier versions still carry them.
     LEARNED_WAIT = "learned_wait"
     LEARNED_IDLE = "learned_idle"
 
     @property
     def is_missing_data(self) -> bool:
+        # A power draw the activity counters cannot explain is data that cannot be trusted: alerted once per
+        # episode with the outages (pipeline.alert_missing_data), never a stop.
         return self in (ReasonCode.NO_SERIES, ReasonCode.QUERY_ERROR, ReasonCode.LOW_COVERAGE,
-                        ReasonCode.INVALID_DATA)
+                        ReasonCode.INVALID_DATA, ReasonCode.POWER_WITHOUT_ACTIVITY)
 
 
 def utcnow() -> datetime:
@@ -157,9 +164,9 @@ class GpuInstance:
 class GpuWindowStats:
     """Server-side aggregates of one GPU over one window.
 
-    Activity is a percentage 0-100: DCGM_FI_DEV_GPU_UTIL where present, else
-    DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0-1, scaled to %), which is all a MIG
-    slice has. None means "not measured", never zero.
+    Activity is a percentage 0-100: DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0-1,
+    scaled to %) where the GPU has it (all a MIG slice has), else
+    DCGM_FI_DEV_GPU_UTIL. None means "not measured", never zero.
     `invalid` (gpufinops.metric_ranges) says in words which figure read was
     out of range; such stats carry no figures and their instance is UNKNOWN.
     """
@@ -183,6 +190,23 @@ class GpuWindowStats:
     processes_max: int | None = None
     process_samples: int = 0  # valid process-count samples in the window, for coverage
     mig_profile: str = ""  # dcgm-exporter's GPU_I_PROFILE (e.g. "3g.40gb") for a MIG instance, for reasons
+    # The GPU's other activity counter where it has both (DCGM_FI_DEV_GPU_UTIL beside the preferred GR engine
+    # activity), in percent: IDLE needs it to agree. "" / None: the GPU has one counter only.
+    second_activity_signal: str = ""
+    second_activity_max: float | None = None
+    second_activity_mean: float | None = None
+    # DCGM profiling ratios 0..1, window means (docs/metrics.md, "Profiling counters"); None = not exported.
+    sm_active: float | None = None  # DCGM_FI_PROF_SM_ACTIVE: cycles an SM has a warp, over all SMs
+    sm_occupancy: float | None = None  # DCGM_FI_PROF_SM_OCCUPANCY: resident warps / the most an SM holds
+    tensor_active: float | None = None  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    dram_active: float | None = None  # DCGM_FI_PROF_DRAM_ACTIVE
+    # Per-precision pipes where exported, e.g. (("fp32", 0.41), ("fp16", 0.0)): DCGM_FI_PROF_PIPE_<P>_ACTIVE.
+    pipes: tuple[tuple[str, float], ...] = ()
+    tdp_w: float | None = None  # the GPU model's TDP (bundled catalog), for the power witness; None = unknown
+
+    def pipe(self, precision: str) -> float | None:
+        """The window mean of one per-precision pipe ("fp32", "fp16", "fp64"), None when not exported."""
+        return dict(self.pipes).get(precision)
 
 
 @dataclass(frozen=True)
@@ -291,6 +315,7 @@ class Decision:
     memory_max_mib: float | None = None
     coverage: float | None = None
     hourly_cost: float | None = None
+    activity_signal: str = ""  # the counter the verdict's activity figures come from ("" = none was used)
 
     def to_dict(self) -> dict:
         return {
@@ -307,6 +332,7 @@ class Decision:
             "memory_max_mib": self.memory_max_mib,
             "coverage": self.coverage,
             "hourly_cost": self.hourly_cost,
+            "activity_signal": self.activity_signal,
         }
 
 
@@ -319,6 +345,7 @@ class ActionKind(str, enum.Enum):
     NOTIFY = "notify"  # rule action is notify only
     SNOOZE = "snooze"  # a person clicked Snooze / Keep running on a warning: the snooze tag, set for them
     RESTORE = "restore"  # a person brought back what gpufinops scaled to zero (gpufinops k8s restore)
+    TAG = "tag"  # bookkeeping tags after a stop (mark removed, stopped-by): a cloud change, so it has its row
 
 
 @dataclass(frozen=True)

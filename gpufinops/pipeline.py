@@ -85,13 +85,17 @@ class RunReport:
 SOURCES = ("inventory", "prometheus", "database", "slack")
 
 
-def prometheus_status(decisions: Sequence[Decision]) -> str | None:
+def prometheus_status(decisions: Sequence[Decision],
+                      usage: dict[int, dict[str, InstanceUsage]] | None = None) -> str | None:
     """None when Prometheus answered; else how many judgements it failed and the first error. A query
-    error is an UNKNOWN decision with code QUERY_ERROR (missing series are not a Prometheus failure)."""
+    error is an UNKNOWN decision with code QUERY_ERROR (missing series are not a Prometheus failure). A query
+    that failed for instances judged on something else first (too young to judge) is still a failure: it is
+    read from the collected usage itself."""
     failed = [d for d in decisions if d.code is ReasonCode.QUERY_ERROR]
-    if not failed:
-        return None
-    return f"{len(failed)} of {len(decisions)} judgements without metrics: {failed[0].reason}"
+    if failed:
+        return f"{len(failed)} of {len(decisions)} judgements without metrics: {failed[0].reason}"
+    errors = sorted({u.error for by_id in (usage or {}).values() for u in by_id.values() if u.error})
+    return f"metrics unavailable: {errors[0]}" if errors else None
 
 
 def slack_status(store: Store) -> str | None:
@@ -218,7 +222,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     running = [i for i in instances if i.is_running]
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
-    report.sources["prometheus"] = prometheus_status(decisions)
+    report.sources["prometheus"] = prometheus_status(decisions, usage)
     by_id = {i.instance_id: i for i in running}
     report.decisions = decisions
     try:

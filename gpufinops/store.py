@@ -45,7 +45,7 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from .episodes import Episode, HourAgg, Heads, Run, Tail, fold_ticks
 from .model import ActionKind, ActionResult, Decision, GpuInstance, Verdict
@@ -437,8 +437,12 @@ def backfill_rollups(conn: Connection) -> int:
     done, t = 0, lo
     log.info("folding the stored decisions (%s .. %s) into verdict episodes and hourly rollups", lo, hi)
     while t is not None and t <= hi:
-        q = (select(decisions).where(decisions.c.evaluated_at >= t, decisions.c.evaluated_at < t + BACKFILL_WINDOW)
-             .order_by(decisions.c.evaluated_at, decisions.c.id))
+        # The first window has no lower bound: on SQLite the bound is compared as text, and a row stored as
+        # "2026-06-01 00:00:00" (written without fractional seconds) sorts before the bound's
+        # "2026-06-01 00:00:00.000000", so `>= lo` would leave the oldest tick out of every rollup.
+        in_window = [decisions.c.evaluated_at < t + BACKFILL_WINDOW] + ([decisions.c.evaluated_at >= t] if t > lo
+                                                                         else [])
+        q = select(decisions).where(*in_window).order_by(decisions.c.evaluated_at, decisions.c.id)
         rows = [dict(r) for r in conn.execute(q).mappings()]
         if rows:
             fold_into_store(conn, rows, gap)
@@ -1106,6 +1110,17 @@ class Store:
             conn.execute(delete(kv).where(kv.c.key == key))
             if value is not None:
                 conn.execute(insert(kv).values(key=key, value=value))
+
+    def claim_kv(self, key: str, value: str) -> bool:
+        """Write key only if nobody holds it yet: True for the one caller whose INSERT wins, False when the key
+        exists (the primary key refuses the second row, so two concurrent claims cannot both win, on SQLite as
+        on PostgreSQL; a get-then-set could)."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(kv).values(key=key, value=value))
+        except IntegrityError:
+            return False
+        return True
 
 
 def _mark_row(r) -> MarkRow:

@@ -33,6 +33,7 @@ from gpufinops.sim import ConsoleNotifier, SimClock, SimCloud
 from gpufinops.store import MarkRow, StateRow, Store
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+OPT_IN = "gpufinops:allow-stop"  # act.opt_in_tag: the fleet is opted in unless a test says otherwise
 RULE = Rule(name="idle40", threshold_pct=40, window_s=600, warning_lead_s=900, action=Action.STOP)
 
 
@@ -59,7 +60,7 @@ class ScriptedMetrics:
 
 def make_fleet(n, **tags_by_id):
     return [GpuInstance(f"i-{k:02d}", "g5.xlarge", "us-east-1", "running", T0 - timedelta(days=1), gpu_count=1,
-                        hourly_cost=1.006, tags=dict(tags_by_id.get(f"i-{k:02d}", {}), team="ml"))
+                        hourly_cost=1.006, tags={OPT_IN: "true", **tags_by_id.get(f"i-{k:02d}", {}), "team": "ml"})
             for k in range(n)]
 
 
@@ -237,10 +238,14 @@ def test_crash_between_stop_and_record_is_reconciled_once(tmp_path):
     assert [a.status for a in w.store.action_rows(kinds=[ActionKind.STOP])] == ["done"]
     assert w.store.get_mark("i-00") is None
     assert w.cloud.calls.count(("stop", "i-00")) == 1
-    # an intent whose stop never reached EC2 is marked failed, not assumed done
+    # an intent whose stop is not seen done stays open while the request may still be in flight ...
     aid2 = w.store.begin_action("r2", "i-00", ActionKind.STOP, RULE.name, False, "idle", T0)
     w.cloud.start("i-00")
-    Actuator(w.cloud, w.store, w.notifier, w.settings).reconcile(T0)
+    Actuator(w.cloud, w.store, w.notifier, w.settings).reconcile(T0 + timedelta(seconds=30))
+    rows = {a.id: a for a in w.store.action_rows()}
+    assert rows[aid].status == "done" and rows[aid2].status == "pending"
+    # ... and is marked failed, not assumed done, once no request can be in flight any more
+    Actuator(w.cloud, w.store, w.notifier, w.settings).reconcile(T0 + timedelta(seconds=121))
     rows = {a.id: a for a in w.store.action_rows()}
     assert rows[aid].status == "done" and rows[aid2].status == "failed"
 
@@ -396,3 +401,24 @@ def test_the_warning_and_the_stop_notice_say_how_long_it_has_really_been_idle(tm
     warning, stopped = [m for m in w.notifier.sent if m.key.startswith(("warn:", "stop:"))]
     assert "10 min (since" in json.dumps(warning.blocks, ensure_ascii=False)
     assert "25 min (since" in json.dumps(stopped.blocks, ensure_ascii=False)  # the 10-min window + the 15-min lead
+
+
+def test_a_restart_between_the_plan_and_the_stop_wins(tmp_path):
+    # A person stops and starts the instance in the seconds between the run's listing and its StopInstances:
+    # the mark tag survives a stop/start, so only the re-read (launch time) can tell. Nothing is stopped.
+    w = World(tmp_path)
+    for _ in range(15):
+        w.tick()
+    real_describe = w.cloud.describe
+
+    def restarted_first(ids):
+        w.cloud.stop(w.cloud.get("i-00"))
+        w.cloud.start("i-00")  # SimCloud, like EC2: a new launch time
+        w.cloud.describe = real_describe
+        return real_describe(ids)
+
+    w.cloud.describe = restarted_first
+    r = w.tick()
+    assert [(a.kind, a.reason.split(":")[0]) for a in r.actions] == [(ActionKind.SKIP, "not stopped")]
+    assert "restarted" in r.actions[0].reason
+    assert w.cloud.get("i-00").state == "running" and w.cloud.calls.count(("stop", "i-00")) == 1  # the person's

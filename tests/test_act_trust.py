@@ -35,6 +35,7 @@ class FlakyCloud(SimCloud):
         super().__init__(*a, **kw)
         self.stop_fault: str | None = None
         self.describe_fails = False
+        self.describe_fails_after_stop = False  # EC2 becomes unreadable once the stop was sent
 
     def stop(self, inst):
         fault, self.stop_fault = self.stop_fault, None
@@ -46,6 +47,7 @@ class FlakyCloud(SimCloud):
             self.landing, self.reads_before_landing = inst, 1
             raise TimeoutError("read timeout on StopInstances")
         super().stop(inst)
+        self.describe_fails = self.describe_fails or self.describe_fails_after_stop
         if fault == "lost":
             raise TimeoutError("read timeout on StopInstances")
 
@@ -136,7 +138,8 @@ def test_lost_answer_to_stopinstances_is_read_back_as_done_with_its_bookkeeping(
 def test_unreadable_outcome_is_unconfirmed_then_reconciled_never_sent_twice(tmp_path, slack):
     w = SlackWorld(tmp_path, slack)
     w.tick()
-    w.cloud.stop_fault, w.cloud.describe_fails = "lost", True
+    # Readable up to the stop (the stop re-reads the instance first), unreadable from the stop on.
+    w.cloud.stop_fault, w.cloud.describe_fails_after_stop = "lost", True
     for _ in range(15):
         w.tick()
     [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
@@ -144,7 +147,7 @@ def test_unreadable_outcome_is_unconfirmed_then_reconciled_never_sent_twice(tmp_
     for _ in range(5):  # EC2 still unreadable: nothing more is done to the instance
         w.tick()
     assert len(w.stops()) == 1
-    w.cloud.describe_fails = False
+    w.cloud.describe_fails = w.cloud.describe_fails_after_stop = False
     w.tick()
     [stop] = w.store.action_rows(kinds=[ActionKind.STOP])
     assert stop.status == "done" and "reconciled" in stop.error

@@ -92,6 +92,7 @@ class Host:
         self.write_settings()
         self.reader = NvidiaSmiReader(str(self.nvidia_smi), timeout_s=20.0)  # 2 shared cores: be patient
         self.loop = None
+        self.interval = INTERVAL  # the agent's --interval; tests/faults/test_agent_noise.py runs at the default 10 s
 
     def write_settings(self, extra: str = "stop_method: command\n") -> None:
         self.settings_file.write_text(textwrap.dedent(f"""\
@@ -106,7 +107,8 @@ class Host:
         """A loop as `gpufinops agent --autostop rules.yaml --autostop-config autostop.yaml` builds it."""
         args = argparse.Namespace(autostop=[str(self.rules)], autostop_config=str(self.settings_file),
                                   autostop_live=False, autostop_db=str(self.db), snooze_file=str(self.snooze))
-        self.agent = agent = Agent(HostIdentity("gpu-box-1"), reader=self.reader, interval_s=INTERVAL, timeout_s=20.0)
+        self.agent = agent = Agent(HostIdentity("gpu-box-1"), reader=self.reader, interval_s=self.interval,
+                                   timeout_s=20.0)
         settings = load_autostop_settings(self.settings_file)
         if overrides:
             settings = settings.model_copy(update=overrides)
@@ -117,10 +119,10 @@ class Host:
         return self.loop
 
     def sample(self, n: int = 1):
-        """n samples, INTERVAL apart: the agent reads nvidia-smi and calls on_sample, then one tick. The last move."""
+        """n samples, an interval apart: the agent reads nvidia-smi, calls on_sample, then one tick. The last move."""
         move = None
         for _ in range(n):
-            self.clock.t += INTERVAL
+            self.clock.t += self.interval
             self.agent.sample_once()
             move = self.loop.tick()
         return move
@@ -204,16 +206,36 @@ def test_a_failing_hook_cancels_the_stop_and_alerts(host):
     assert len(host.calls("hook")) == 1  # not retried every sample
 
 
-def test_a_hung_nvidia_smi_is_unknown_and_blocks_the_stop(host):
+def test_a_hung_nvidia_smi_holds_the_stop_then_withdraws_it_once_after_the_grace(host):
     host.script.write_text("idle*4\nhang*10\n")
-    host.start()
+    host.start(unknown_grace=120)
     host.until(MoveKind.WARN)
     host.reader.timeout_s = 1.0
-    cancel = host.sample()  # nvidia-smi hangs at the stop time: killed after 1 s
-    assert cancel.kind is MoveKind.CANCEL and "GPU state unknown" in cancel.reason and "new warning" in cancel.reason
-    assert "could not be read" in cancel.decision.reason and "timeout" in cancel.decision.reason
-    assert host.sample().kind is MoveKind.NONE  # and no new warning while it stays unreadable
-    assert host.calls("hook") == [] and host.calls("stop") == []
+    hold = host.sample()  # nvidia-smi hangs at the stop time: killed after 1 s
+    assert hold.kind is MoveKind.HOLD and "could not be read" in hold.decision.reason
+    assert "timeout" in hold.decision.reason
+    assert host.sample().kind is MoveKind.HOLD  # unknown for 60 s, less than the grace: held, nobody told
+    assert len(host.walls()) == 1
+    withdrawn = host.sample()  # unknown for 120 s: the grace
+    assert withdrawn.kind is MoveKind.CANCEL and "stop held: GPU state unknown since" in withdrawn.reason
+    assert "stop held: GPU state unknown since" in host.walls()[-1] and len(host.walls()) == 2
+    assert host.sample().kind is MoveKind.NONE  # said once, and no new warning while it stays unreadable
+    assert len(host.walls()) == 2 and host.calls("hook") == [] and host.calls("stop") == []
+
+
+def test_a_stop_moved_much_later_by_unknown_time_is_announced_once(host):
+    """Six failed reads (and the window UNKNOWN by coverage until four good ones are back): 9 min unknown, under
+    a 10 min grace. The stop moves 9 min later than announced, which is said once; then the stop."""
+    host.rules.write_text(RULES.replace("warning_lead: 1m", "warning_lead: 10m", 1))
+    host.script.write_text("idle*4\nfail*6\nidle*40\n")
+    host.start(unknown_grace=600)
+    host.until(MoveKind.WARN)
+    moved, n = host.until(MoveKind.MOVED)
+    assert n == 10 and "stop moved to" in moved.reason and len(host.walls()) == 2
+    assert "stop moved to" in host.walls()[-1] and "gpu-box-1" in host.walls()[-1]
+    _stop, n = host.until(MoveKind.STOP)
+    assert n == 9  # 10 min lead + 9 min unknown after the warning, 19 samples in all
+    assert len(host.walls()) == 3 and len(host.calls("stop")) == 1
 
 
 def test_an_agent_restart_keeps_the_window_and_the_pending_warning(host):

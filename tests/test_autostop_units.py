@@ -13,9 +13,17 @@ import pytest
 from gpufinops.autostop.buffer import GAP, RingBuffer, SampleRow, rows_from_snapshot, window_usage
 from gpufinops.autostop.guards import parse_utmp, recent_input_sessions, running_allowlisted, utmp_record
 from gpufinops.autostop.hook import run_command
-from gpufinops.autostop.machine import AutostopState, MoveKind, Observation, Phase, after_stop, next_move
+from gpufinops.autostop.machine import (
+    STOP_MOVED_NOTICE_S,
+    AutostopState,
+    MoveKind,
+    Observation,
+    Phase,
+    after_stop,
+    next_move,
+)
 from gpufinops.autostop.settings import argv_problem, load_autostop_settings
-from gpufinops.autostop.snooze import parse_snooze, read_snooze, snooze_until, write_snooze
+from gpufinops.autostop.snooze import SNOOZE_READ_LIMIT, parse_snooze, read_snooze, snooze_until, write_snooze
 from gpufinops.collect.gpu_snapshot import GpuProcess, GpuSnapshot, HostSnapshot, MigInstance
 from gpufinops.config import ConfigError
 from gpufinops.model import Decision, ReasonCode, Verdict
@@ -95,7 +103,7 @@ def decision(verdict: Verdict, rule: str = "r", reason: str = "why") -> Decision
 
 
 def obs(verdict: Verdict, **kw) -> Observation:
-    return Observation((decision(verdict),), leads={"r": 60}, **kw)
+    return Observation((decision(verdict),), **{"leads": {"r": 60}, **kw})
 
 
 @pytest.mark.parametrize("verdict", [Verdict.ACTIVE, Verdict.UNKNOWN, Verdict.UNDERUTILIZED])
@@ -127,17 +135,62 @@ def test_pending_is_cancelled_at_once_by_activity_or_snooze(later, why):
     assert move.kind is MoveKind.CANCEL and why in move.reason and move.next_state.phase is Phase.WATCHING
 
 
-def test_unknown_during_the_lead_cancels_at_once_and_blocks_cancel_at_the_deadline():
-    """What happened during a gap in the data is not known: the warning is withdrawn at once, and a stop after
-    the gap needs a new warning and its full lead (as the service renews its warnings after missing data)."""
+def test_an_unknown_blip_holds_the_stop_silently_and_moves_it_later_by_its_length():
+    """A blip shorter than the grace (120 s) is neither a cancel nor a new warning: the stop waits, and the unknown
+    time does not count towards the lead, so the stop comes after a full lead of known idle."""
+    pending = next_move(AutostopState(), obs(Verdict.IDLE), T0).next_state  # stop at T0 + 60
+    hold = next_move(pending, obs(Verdict.UNKNOWN), T0 + 10)
+    assert hold.kind is MoveKind.HOLD and hold.next_state.phase is Phase.PENDING
+    assert hold.next_state.unknown_since == T0 + 10
+    still = next_move(hold.next_state, obs(Verdict.UNKNOWN), T0 + 20)
+    assert still.kind is MoveKind.HOLD and still.next_state.unknown_since == T0 + 10  # the same blip
+    back = next_move(still.next_state, obs(Verdict.IDLE), T0 + 30)
+    assert back.kind is MoveKind.NONE and back.next_state.deadline == T0 + 60 + 20  # unknown 20 s: 20 s later
+    assert back.next_state.unknown_since is None
+    assert next_move(back.next_state, obs(Verdict.IDLE), T0 + 60).kind is MoveKind.NONE  # the old time: no stop
+    assert next_move(back.next_state, obs(Verdict.IDLE), T0 + 80).kind is MoveKind.STOP
+    at_deadline = next_move(pending, obs(Verdict.UNKNOWN), T0 + 60)
+    assert at_deadline.kind is MoveKind.HOLD  # UNKNOWN never stops, even at the stop time
+
+
+def test_unknown_for_the_grace_withdraws_the_warning_once_and_a_stop_needs_a_new_one():
     pending = next_move(AutostopState(), obs(Verdict.IDLE), T0).next_state
-    early = next_move(pending, obs(Verdict.UNKNOWN), T0 + 10)
-    assert early.kind is MoveKind.CANCEL and "unknown" in early.reason and "new warning" in early.reason
-    assert early.next_state.phase is Phase.WATCHING
-    again = next_move(early.next_state, obs(Verdict.IDLE), T0 + 20)
-    assert again.kind is MoveKind.WARN and again.next_state.deadline == T0 + 20 + 60  # a full lead again
+    hold = next_move(pending, obs(Verdict.UNKNOWN), T0 + 10)
+    held = next_move(hold.next_state, obs(Verdict.UNKNOWN), T0 + 10 + 120)
+    assert held.kind is MoveKind.CANCEL and held.next_state.phase is Phase.WATCHING
+    assert held.reason.startswith("stop held: GPU state unknown since ") and "new warning" in held.reason
+    quiet = next_move(held.next_state, obs(Verdict.UNKNOWN), T0 + 300)
+    assert quiet.kind is MoveKind.NONE  # said once: nothing more while it stays unknown
+    again = next_move(quiet.next_state, obs(Verdict.IDLE), T0 + 400)
+    assert again.kind is MoveKind.WARN and again.next_state.deadline == T0 + 400 + 60  # a full lead again
     blocked = next_move(pending, obs(Verdict.IDLE, blocks=("user ann on pts/0 typed 1 min ago",)), T0 + 60)
     assert blocked.kind is MoveKind.CANCEL and "ann" in blocked.reason
+
+
+def test_a_gap_as_long_as_the_grace_between_two_ticks_renews_the_warning():
+    """Ticks further apart than the grace: the blip is found to have been long only when data returns. One new
+    warning with a full lead, not a stop on the old deadline."""
+    pending = next_move(AutostopState(), obs(Verdict.IDLE), T0).next_state
+    hold = next_move(pending, obs(Verdict.UNKNOWN), T0 + 10)
+    renewed = next_move(hold.next_state, obs(Verdict.IDLE), T0 + 10 + 300)
+    assert renewed.kind is MoveKind.WARN and "unknown for 5 min" in renewed.reason
+    assert renewed.next_state.deadline == T0 + 310 + 60 and renewed.next_state.unknown_since is None
+
+
+def test_a_stop_moved_materially_later_is_announced_once_per_episode():
+    lead = 3600
+    state = next_move(AutostopState(), obs(Verdict.IDLE, leads={"r": lead}), T0).next_state
+    t, kinds = T0, []
+    for blip in (200, 150, 400):  # 200 s: not yet material; 350 s in all: said; 750 s: not said again
+        t += 60
+        state = next_move(state, obs(Verdict.UNKNOWN, leads={"r": lead}, unknown_grace_s=600), t).next_state
+        t += blip
+        move = next_move(state, obs(Verdict.IDLE, leads={"r": lead}, unknown_grace_s=600), t)
+        kinds.append(move.kind)
+        state = move.next_state
+    assert kinds == [MoveKind.NONE, MoveKind.MOVED, MoveKind.NONE]
+    assert state.deadline == T0 + lead + 750 and state.moved_told
+    assert 350 >= STOP_MOVED_NOTICE_S and state.told_stop_at == T0 + lead + 350  # the time in the notice
 
 
 def test_snooze_and_blocks_prevent_a_new_warning():
@@ -149,6 +202,11 @@ def test_snooze_and_blocks_prevent_a_new_warning():
 def test_state_round_trips_and_garbage_is_a_fresh_start():
     state = next_move(AutostopState(boot_time=5.0), obs(Verdict.IDLE), T0).next_state
     assert AutostopState.from_json(state.to_json()) == state
+    held = next_move(state, obs(Verdict.UNKNOWN), T0 + 5).next_state
+    assert held.unknown_since == T0 + 5 and AutostopState.from_json(held.to_json()) == held
+    before_issue_23 = {k: v for k, v in state.to_json().items()
+                       if k not in ("unknown_since", "told_stop_at", "moved_told")}
+    assert AutostopState.from_json(before_issue_23).deadline == state.deadline  # a state saved by an older agent
     assert AutostopState.from_json({"phase": "bogus"}) == AutostopState()
 
 
@@ -184,6 +242,15 @@ def test_settings_errors_name_file_line_and_key(tmp_path):
                  "block_if_input_within: 0\n")
     s = load_autostop_settings(f)
     assert (s.pre_stop_hook.timeout, s.max_snooze, s.block_if_input_within, s.live) == (120, 2 * 86400, 0, False)
+    assert s.unknown_grace == 120  # the default
+    f.write_text("live: false\nunknown_grace: 5m\n")
+    assert load_autostop_settings(f).unknown_grace == 300
+    f.write_text("live: false\nunknown_grace: soon\n")
+    with pytest.raises(ConfigError, match=rf"^{f}:2: key 'unknown_grace': .*expected a duration like 10m"):
+        load_autostop_settings(f)
+    f.write_text("unknown_grace: -1\n")
+    with pytest.raises(ConfigError, match=r":1: key 'unknown_grace': .*must be positive"):
+        load_autostop_settings(f)
 
 
 # ---------------------------------------------------------------------- snooze
@@ -208,6 +275,26 @@ def test_snooze_file_written_atomically_and_read(tmp_path):
     write_snooze(path, now + timedelta(hours=2))
     assert read_snooze(path, now, 86400).until is not None
     assert [p.name for p in path.parent.iterdir()] == ["snooze-until"]
+
+
+def test_a_snooze_file_that_is_not_a_small_regular_file_is_unreadable_not_read(tmp_path):
+    """/dev/zero (directly or through a link) would be read until MemoryError, a FIFO with no writer would block
+    the autostop thread forever, a huge file would be read whole: each is unreadable, snoozed for the cap."""
+    now = datetime.now(timezone.utc)
+    link = tmp_path / "snooze-until"
+    link.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge"
+    huge.write_text("2026-12-01T14:00:00+00:00" + " " * (SNOOZE_READ_LIMIT * 4))
+    for path, why in (("/dev/zero", "not a regular file"), (link, "not a regular file"),
+                      (fifo, "not a regular file"), (huge, f"longer than {SNOOZE_READ_LIMIT} bytes")):
+        snooze = read_snooze(path, now, 86400)
+        assert snooze.until == now + timedelta(days=1), path
+        assert snooze.reason == f"snooze file {path} unreadable ({why}): treated as snoozed"
+    small = tmp_path / "small"
+    small.write_text("2026-12-01T14:00:00+00:00" + " " * (SNOOZE_READ_LIMIT - 30))  # at the limit: read
+    assert read_snooze(small, datetime(2026, 12, 1, 12, tzinfo=timezone.utc), 86400).until is not None
 
 
 # ---------------------------------------------------------------------- guards
@@ -264,6 +351,7 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "systemd"
 def test_shipped_autostop_settings_load_and_the_unit_runs_unprivileged():
     settings = load_autostop_settings(DEPLOY / "autostop.yaml")
     assert settings.live is False and settings.stop_command == ("systemctl", "poweroff")
+    assert settings.unknown_grace == 120
     unit = dict(line.split("=", 1) for line in (DEPLOY / "gpufinops-agent.service").read_text().splitlines()
                 if "=" in line and not line.startswith("#"))
     assert unit["User"] == "gpufinops" and unit["StateDirectory"] == "gpufinops"

@@ -17,6 +17,7 @@ import yaml
 
 from gpufinops import model
 from gpufinops.config import PrometheusSettings, load_settings
+from tests.faults import iampolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -128,66 +129,16 @@ def _allowed(action: str, statements: list[dict] | None = None) -> list[dict]:
     ]
 
 
-# A small IAM evaluator for the condition operators the shipped policies use, with AWS's semantics
-# (docs "IAM JSON policy elements: Condition operators" and "multivalued context keys"). moto cannot
-# check these policies: its IAM enforcement (INITIAL_NO_AUTH_ACTION_COUNT) knows the values of no
-# condition key but sts:ExternalId, so any conditioned statement evaluates as if its keys were absent.
-def _context_values(key: str, resource_tags: dict[str, str], tag_keys: list[str] | None) -> list[str] | None:
-    if key == "aws:TagKeys":
-        return tag_keys
-    for prefix in ("aws:ResourceTag/", "ec2:ResourceTag/"):
-        if key.startswith(prefix):
-            value = resource_tags.get(key[len(prefix):])
-            return None if value is None else [value]
-    raise AssertionError(f"the evaluator does not know condition key {key}")
-
-
-def _matches(op: str, actual: str, wanted: str) -> bool:
-    if op == "StringEquals":
-        return actual == wanted
-    if op == "StringEqualsIgnoreCase":
-        return actual.lower() == wanted.lower()
-    if op == "StringLike":
-        return fnmatch.fnmatchcase(actual, wanted)
-    raise AssertionError(f"the evaluator does not know operator {op}")
-
-
-def _condition_holds(condition: dict, resource_tags: dict[str, str], tag_keys: list[str] | None) -> bool:
-    for operator, keys in condition.items():
-        qualifier, _, op = operator.rpartition(":")
-        for key, wanted in keys.items():
-            wanted = [wanted] if isinstance(wanted, str) else list(wanted)
-            values = _context_values(key, resource_tags, tag_keys)
-            if op == "Null":  # "true": the key is absent; "false": it is present
-                holds = (not values) == (wanted == ["true"])
-            elif qualifier == "ForAllValues":  # every value matches one wanted; vacuously true for none
-                holds = all(any(_matches(op, v, w) for w in wanted) for v in values or [])
-            elif qualifier == "ForAnyValue":
-                holds = any(_matches(op, v, w) for v in values or [] for w in wanted)
-            elif op.startswith("StringNot"):  # a negated operator holds when the key is absent
-                positive = op.replace("StringNot", "String")
-                holds = values is None or not any(_matches(positive, values[0], w) for w in wanted)
-            else:
-                holds = values is not None and any(_matches(op, values[0], w) for w in wanted)
-            if not holds:
-                return False
-    return True
-
-
+# The conditions are decided by tests/faults/iampolicy.py, the evaluator the fault proxy enforces in front of
+# moto (AWS's semantics for the operators and keys the shipped policies use; it raises on anything else).
+# moto cannot check these policies: its IAM enforcement knows the values of no condition key but
+# sts:ExternalId, so any conditioned statement would evaluate as if its keys were absent.
 def _decide(statements: list[dict], action: str, resource_tags: dict[str, str] | None = None,
             tag_keys: list[str] | None = None) -> str:
     """"Allow", "Deny" (explicit) or "implicit deny" for one EC2 instance request."""
-    resource_tags = resource_tags or {}
-    verdicts = set()
-    for stmt in statements:
-        resources = stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
-        if not any(fnmatch.fnmatchcase(action, a) for a in _actions(stmt)):
-            continue
-        if not any(fnmatch.fnmatchcase("arn:aws:ec2:us-east-1:111111111111:instance/i-0abc", r) for r in resources):
-            continue
-        if _condition_holds(stmt.get("Condition", {}), resource_tags, tag_keys):
-            verdicts.add(stmt["Effect"])
-    return "Deny" if "Deny" in verdicts else "Allow" if "Allow" in verdicts else "implicit deny"
+    request_tags = None if tag_keys is None else {k: "v" for k in tag_keys}
+    return iampolicy.evaluate(statements, action, iampolicy.instance_arn("i-0abc", "us-east-1", "111111111111"),
+                              resource_tags=resource_tags, request_tags=request_tags).effect
 
 
 def test_iam_policy_grants_every_call_the_inventory_makes():
@@ -206,13 +157,15 @@ def test_iam_policy_is_least_privilege():
     for stmt in _statements() + _statements(TERMINATE_POLICY):
         for action in _actions(stmt):
             assert "*" not in action.split(":", 1)[-1] or stmt["Effect"] == "Deny", f"wildcard action {action}"
-    # Tags: exactly the keys the service writes; never the ones people set.
+    # Tags: exactly the keys the service writes; never the ones people set, but the Snooze button may add a snooze.
     (tagging,) = _allowed("ec2:CreateTags")
-    assert _allowed("ec2:DeleteTags") == [tagging]
+    (untagging,) = _allowed("ec2:DeleteTags")
     people = {model.TAG_PROTECT, model.TAG_SNOOZE}
     written = {v for k, v in vars(model).items() if k.startswith("TAG_")} - people
-    assert set(tagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written
-    assert tagging["Condition"]["Null"]["aws:TagKeys"] == "false"  # no vacuous "all of none"
+    assert set(untagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written
+    assert set(tagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written | {model.TAG_SNOOZE}
+    for stmt in (tagging, untagging):
+        assert _actions(stmt) == [stmt["Action"]] and stmt["Condition"]["Null"]["aws:TagKeys"] == "false"
     for action in ("ce:GetCostAndUsage", "ce:GetCostForecast", "s3:GetObject", "s3:ListBucket",
                    "athena:StartQueryExecution", "athena:GetQueryExecution", "athena:GetQueryResults",
                    "pricing:GetProducts", "ec2:DescribeSpotPriceHistory"):
@@ -220,13 +173,18 @@ def test_iam_policy_is_least_privilege():
     assert not _allowed("ec2:RunInstances") and not _allowed("s3:DeleteObject") and not _allowed("ec2:StartInstances")
 
 
+MARK = {model.TAG_MARKED: "2026-01-01T00:00:00Z"}
+
+
 @pytest.mark.parametrize("tags, default, with_terminate_file", [
-    ({OPT_IN: "true"}, "Allow", "Allow"),
-    ({}, "implicit deny", "implicit deny"),  # not opted in: never stopped, whatever the code decides
-    ({OPT_IN: "false"}, "implicit deny", "implicit deny"),
-    ({OPT_IN: "true", model.TAG_PROTECT: "yes"}, "Deny", "Deny"),
-    ({OPT_IN: "true", model.TAG_PROTECT: ""}, "Deny", "Deny"),  # any value but false protects
-    ({OPT_IN: "true", model.TAG_PROTECT: "FALSE"}, "Allow", "Allow"),
+    ({OPT_IN: "true", **MARK}, "Allow", "Allow"),
+    ({OPT_IN: "true"}, "implicit deny", "implicit deny"),  # no mark: a stop still in flight after a cancel is fenced
+    ({**MARK}, "implicit deny", "implicit deny"),  # not opted in: never stopped, whatever the code decides
+    ({}, "implicit deny", "implicit deny"),
+    ({OPT_IN: "false", **MARK}, "implicit deny", "implicit deny"),
+    ({OPT_IN: "true", **MARK, model.TAG_PROTECT: "yes"}, "Deny", "Deny"),
+    ({OPT_IN: "true", **MARK, model.TAG_PROTECT: ""}, "Deny", "Deny"),  # any value but false protects
+    ({OPT_IN: "true", **MARK, model.TAG_PROTECT: "FALSE"}, "Allow", "Allow"),
 ])
 def test_iam_stops_only_opted_in_unprotected_instances_and_terminates_only_with_the_opt_in_file(
         tags, default, with_terminate_file):
@@ -237,29 +195,31 @@ def test_iam_stops_only_opted_in_unprotected_instances_and_terminates_only_with_
     assert _decide(_statements(TERMINATE_POLICY), "ec2:TerminateInstances", tags) == with_terminate_file
 
 
-@pytest.mark.parametrize("keys, verdict", [
-    ([model.TAG_MARKED], "Allow"),
-    ([model.TAG_STOPPED_BY, model.TAG_STOPPED_REASON], "Allow"),
-    ([model.TAG_STOP_REQUESTED], "Allow"),
-    ([model.TAG_MARKED, model.TAG_PROTECT], "Deny"),
-    ([model.TAG_PROTECT], "Deny"),
-    (["GPUFINOPS:Protect"], "Deny"),
-    ([model.TAG_SNOOZE], "Deny"),
-    ([OPT_IN], "Deny"),  # the service cannot opt an instance in
-    (["gpufinops:other"], "implicit deny"),
-    (["team"], "implicit deny"),
-    ([], "implicit deny"),
+@pytest.mark.parametrize("keys, create, delete", [
+    ([model.TAG_MARKED], "Allow", "Allow"),
+    ([model.TAG_STOPPED_BY, model.TAG_STOPPED_REASON], "Allow", "Allow"),
+    ([model.TAG_STOP_REQUESTED], "Allow", "Allow"),
+    ([model.TAG_SNOOZE], "Allow", "Deny"),  # the Slack Snooze button sets it; only a person removes it
+    ([model.TAG_MARKED, model.TAG_PROTECT], "Deny", "Deny"),
+    ([model.TAG_PROTECT], "Deny", "Deny"),
+    (["GPUFINOPS:Protect"], "Deny", "Deny"),
+    ([OPT_IN], "Deny", "Deny"),  # the service cannot opt an instance in
+    (["gpufinops:other"], "implicit deny", "implicit deny"),
+    (["team"], "implicit deny", "implicit deny"),
+    ([], "implicit deny", "implicit deny"),
 ])
-def test_iam_tag_writes_are_the_services_own_keys_and_never_protect(keys, verdict):
-    for action in ("ec2:CreateTags", "ec2:DeleteTags"):
-        assert _decide(_statements(), action, {OPT_IN: "true"}, keys) == verdict, (action, keys)
+def test_iam_tag_writes_are_the_services_own_keys_and_never_protect(keys, create, delete):
+    assert _decide(_statements(), "ec2:CreateTags", {OPT_IN: "true"}, keys) == create, keys
+    assert _decide(_statements(), "ec2:DeleteTags", {OPT_IN: "true"}, keys) == delete, keys
 
 
 def test_the_opt_in_tag_is_the_one_docs_deploy_names():
     doc = (ROOT / "docs" / "deploy.md").read_text()
     conditions = [s["Condition"] for s in _statements() + _statements(TERMINATE_POLICY)
                   if s["Effect"] == "Allow" and set(_actions(s)) & {"ec2:StopInstances", "ec2:TerminateInstances"}]
-    assert conditions and all(c == {"StringEquals": {f"aws:ResourceTag/{OPT_IN}": "true"}} for c in conditions)
+    fence = {"StringEquals": {f"aws:ResourceTag/{OPT_IN}": "true"},
+             "Null": {f"aws:ResourceTag/{model.TAG_MARKED}": "false"}}  # opted in and still marked
+    assert len(conditions) == 2 and all(c == fence for c in conditions)
     assert f"`{OPT_IN}=true`" in doc and "iam-policy-terminate.json" in doc
 
 

@@ -39,7 +39,8 @@ def dcgm(labels, start, end, util, mem_mib):
     return [
         Series("DCGM_FI_DEV_GPU_UTIL", labels, pattern_series(labels, start, end, util)),
         Series("DCGM_FI_DEV_FB_USED", labels, pattern_series(labels, start, end, [mem_mib])),
-        Series("DCGM_FI_DEV_POWER_USAGE", labels, pattern_series(labels, start, end, [60.0])),
+        # An A10G (TDP 150 W) draws ~20 W at idle: low enough for the power witness to agree with a zero.
+        Series("DCGM_FI_DEV_POWER_USAGE", labels, pattern_series(labels, start, end, [20.0])),
     ]
 
 
@@ -54,13 +55,15 @@ class Fleet:
         self.aws = aws
         self.t0 = datetime.now(timezone.utc).replace(microsecond=0)
         ids = {}
-        ids["idle"] = aws.launch("g5.xlarge", tags={"team": "ml", "owner": "ana"}, count=idle_count)
+        # Opted in (act.opt_in_tag, the tag the IAM policy names): the only ones gpufinops may stop.
+        ids["idle"] = aws.launch("g5.xlarge", tags={"team": "ml", "owner": "ana", "gpufinops:allow-stop": "true"},
+                                 count=idle_count)
         ids["train"] = aws.launch("g6e.xlarge", tags={"team": "research", "workload": "training"})
         ids["nodata"] = aws.launch("g5.xlarge", tags={"team": "ml"})
         ids["protected"] = aws.launch("g5.xlarge", tags={"team": "ml", TAG_PROTECT: "true"})
         ids["snoozed"] = aws.launch("g5.xlarge", tags={
             "team": "ml", TAG_SNOOZE: (self.t0 + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")})
-        ids["p4d"] = aws.launch("p4d.24xlarge", tags={"team": "llm"})
+        ids["p4d"] = aws.launch("p4d.24xlarge", tags={"team": "llm", "gpufinops:allow-stop": "true"})
         self.ids = ids
         info = describe(aws, [i for v in ids.values() for i in v])
         start, end = self.t0.timestamp() - 3600, self.t0.timestamp() + 3 * 3600

@@ -59,7 +59,9 @@ def test_over_budget_scope_is_marked_then_stopped_through_the_safe_path(tmp_path
                              act={"dry_run": False, "max_stops_fraction": 1.0})
     clock = [NOW]
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    cloud = SimCloud([inst("i-a", team="ml"), inst("i-p", team="ml", **{TAG_PROTECT: "true"})], lambda: clock[0])
+    opted_in = {"gpufinops:allow-stop": "true"}  # act.opt_in_tag: only an opted-in instance is ever stopped
+    cloud = SimCloud([inst("i-a", team="ml", **opted_in), inst("i-p", team="ml", **{TAG_PROTECT: "true"}, **opted_in)],
+                     lambda: clock[0])
     peers = Peers(cloud, IdleMetrics(), store, ConsoleNotifier(store, lambda: clock[0], lambda s: None))
     notify_only = Rule(name="zero", threshold_pct=1, window_s=600, action=Action.NOTIFY, warning_lead_s=600)
 

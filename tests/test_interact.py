@@ -35,8 +35,9 @@ def signed(body: bytes, at: datetime, secret: str = SECRET) -> dict[str, str]:
             "Content-Type": "application/x-www-form-urlencoded"}
 
 
-def click_body(user: str, action: str, instance_id: str, message: dict | None = None) -> bytes:
-    payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
+def click_body(user: str, action: str, instance_id: str, message: dict | None = None,
+               username: str | None = None) -> bytes:
+    payload = {"type": "block_actions", "user": {"id": user, "username": username or user.lower()},
                "channel": {"id": (message or {}).get("channel", "C1")},
                "container": {"type": "message", "message_ts": (message or {}).get("ts", "1.1"),
                              "channel_id": (message or {}).get("channel", "C1")},
@@ -48,12 +49,12 @@ def click_body(user: str, action: str, instance_id: str, message: dict | None = 
 class ClickWorld(SlackWorld):
     """The act-stage world with interactivity on, and the service's HTTP endpoint in front of its store."""
 
-    def __init__(self, tmp_path, stub, **kw):
+    def __init__(self, tmp_path, stub, slack=None, **kw):
         super().__init__(tmp_path, stub, **kw)
         self.settings = load_settings(
             act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
-            slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["UADMIN"],
-                   "team_members": {"ml": ["UTEAM"]}},
+            slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
+                   "team_members": {"ml": ["U0TEAM0001"]}, **(slack or {})},
             service={"host": "127.0.0.1", "port": 0})
         self.service = Service(self.settings, Peers(self.cloud, self.metrics, self.store, self.notifier),
                                clock=lambda: self.clock.now)
@@ -65,7 +66,7 @@ class ClickWorld(SlackWorld):
     def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -119,7 +120,7 @@ def test_owner_clicks_snooze_the_tag_is_set_no_stop_audited_and_the_message_says
 @pytest.mark.parametrize("case", ["forged", "stale", "replayed", "not_allowed", "unsigned"])
 def test_forged_stale_replayed_and_unauthorised_clicks_change_nothing(world, case, caplog):
     world.tick()
-    body = click_body("UBOB", "gpufinops_keep_7d", "i-00")
+    body = click_body("U0BOB00001", "gpufinops_keep_7d", "i-00")
     if case == "not_allowed":
         status, _ = world.post(body, signed(body, world.clock.now))
     elif case == "forged":
@@ -129,7 +130,7 @@ def test_forged_stale_replayed_and_unauthorised_clicks_change_nothing(world, cas
     elif case == "unsigned":
         status, _ = world.post(body, {"Content-Type": "application/x-www-form-urlencoded"})
     else:
-        admin = click_body("UADMIN", "gpufinops_keep_7d", "i-00")
+        admin = click_body("U0ADMIN001", "gpufinops_keep_7d", "i-00")
         headers = signed(admin, world.clock.now)
         assert world.post(admin, headers)[0] == 200
         world.tick()  # applied: one snooze row
@@ -145,7 +146,7 @@ def test_forged_stale_replayed_and_unauthorised_clicks_change_nothing(world, cas
         assert TAG_SNOOZE not in world.cloud.get("i-00").tags and len(world.stops()) == 1  # the stop went ahead
         if case == "not_allowed":
             [row] = snoozes
-            assert row.error == "not allowed" and "UBOB" in row.reason and "not its owner" in row.reason
+            assert row.error == "not allowed" and "U0BOB00001" in row.reason and "not its owner" in row.reason
         else:
             assert snoozes == []
     assert any("refused" in r.getMessage() for r in caplog.records)
@@ -154,7 +155,7 @@ def test_forged_stale_replayed_and_unauthorised_clicks_change_nothing(world, cas
 def test_a_click_while_the_instance_cannot_be_read_stores_nothing(world):
     world.tick()
     world.cloud.describe_fails = True
-    body = click_body("UADMIN", "gpufinops_snooze_2h", "i-00")
+    body = click_body("U0ADMIN001", "gpufinops_snooze_2h", "i-00")
     assert world.post(body, signed(body, world.clock.now))[0] == 503
     world.cloud.describe_fails = False
     assert world.store.kv_items("snooze_request:") == []
@@ -164,25 +165,25 @@ def test_a_snooze_clicked_just_before_the_stop_holds_on_that_tick(world):
     world.tick()
     for _ in range(14):
         world.tick()
-    body = click_body("UTEAM", "gpufinops_snooze_2h", "i-00")  # a member of team ml, a minute before the stop
+    body = click_body("U0TEAM0001", "gpufinops_snooze_2h", "i-00")  # a member of team ml, a minute before the stop
     assert world.post(body, signed(body, world.clock.now))[0] == 200
     world.tick()
     assert world.stops() == [] and TAG_SNOOZE in world.cloud.get("i-00").tags
 
 
 def test_who_may_snooze_and_until_when():
-    settings = load_settings(slack={"snooze_admins": ["UADMIN"], "team_members": {"ml": ["UTEAM"]}})
-    inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0, tags={"owner": "U0ANA", "team": "ml"})
-    click = parse_click(click_body("U0ANA", "gpufinops_snooze_2h", "i-1"))
+    settings = load_settings(slack={"snooze_admins": ["U0ADMIN001"], "team_members": {"ml": ["U0TEAM0001"]}})
+    inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0, tags={"owner": "U0ANA0001", "team": "ml"})
+    click = parse_click(click_body("U0ANA0001", "gpufinops_snooze_2h", "i-1"))
     assert may_snooze(click, {}, inst, settings)[0]
-    other = parse_click(click_body("UEVE", "gpufinops_snooze_2h", "i-1"))
+    other = parse_click(click_body("U0EVE00001", "gpufinops_snooze_2h", "i-1"))
     ok, why = may_snooze(other, {"profile": {"email": "eve@example.com"}}, inst, settings)
-    assert not ok and "owner tag 'U0ANA'" in why
-    assert may_snooze(parse_click(click_body("UTEAM", "gpufinops_snooze_2h", "i-1")), {}, inst, settings)[0]
+    assert not ok and "owner tag 'U0ANA0001'" in why
+    assert may_snooze(parse_click(click_body("U0TEAM0001", "gpufinops_snooze_2h", "i-1")), {}, inst, settings)[0]
     no_owner = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0, tags={"team": "ml"})
     assert "no owner tag" in may_snooze(other, {}, no_owner, settings)[1]
     assert parse_click(b"payload=%7B%22type%22%3A%22view_submission%22%7D") == "not a button click"
-    assert parse_click(click_body("U1", "gpufinops_delete_everything", "i-1")).startswith("unknown action")
+    assert parse_click(click_body("U0ONE00001", "gpufinops_delete_everything", "i-1")).startswith("unknown action")
     now = datetime(2026, 12, 1, 20, 30, tzinfo=timezone.utc)  # 21:30 in Berlin
     assert snooze_until("gpufinops_snooze_tomorrow", now, "Europe/Berlin", 7 * 86400) == \
         datetime(2026, 12, 2, 8, 0, tzinfo=timezone.utc)  # 09:00 Berlin
@@ -209,7 +210,7 @@ def test_in_dry_run_a_click_is_audited_once_shown_and_holds_without_a_tag(world)
     world.dry_run = True
     world.tick()
     warn = world.warning()
-    body = click_body("UADMIN", "gpufinops_snooze_2h", "i-00",
+    body = click_body("U0ADMIN001", "gpufinops_snooze_2h", "i-00",
                       {"channel": warn["channel"], "ts": warn["ts"], "blocks": warn["blocks"]})
     assert world.post(body, signed(body, world.clock.now))[0] == 200
     for _ in range(20):

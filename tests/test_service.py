@@ -235,7 +235,9 @@ def test_reconcile_failure_at_start_blocks_acting_until_it_succeeds(tmp_path):
 
     service, _ = make_service(tmp_path, [str(REPO / "rules")])
     store, cloud = service.peers.store, service.peers.cloud
-    store.begin_action("old-run", "i-1", ActionKind.STOP, "r", False, "idle", datetime.now(timezone.utc))
+    # An old run's intent: long enough ago that no request of it can still be in flight (act.reconcile waits).
+    store.begin_action("old-run", "i-1", ActionKind.STOP, "r", False, "idle",
+                       datetime.now(timezone.utc) - timedelta(minutes=10))
     real_describe = cloud.describe
     cloud.describe = lambda ids: (_ for _ in ()).throw(RuntimeError("region down"))
     assert service.evaluate_job() is None  # nothing judged or acted on with an unsettled stop intent

@@ -186,3 +186,24 @@ def test_a_database_at_0002_is_upgraded_to_instance_labels_keeping_its_rows(db_u
                            t + timedelta(minutes=3))
     assert store.instance_labels()["i-1"]["owner"] == "ana"
     store.close()
+
+
+def test_the_oldest_tick_is_folded_when_sqlite_holds_it_without_fractional_seconds(tmp_path):
+    """Rows written by another client as "YYYY-MM-DD HH:MM:SS" text: the backfill's first window still holds
+    the oldest tick (compared as text, it sorts before the bound SQLAlchemy writes, with ".000000")."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old, decisions, _ = release_0_1_tables()
+    engine = make_engine(url)
+    old.create_all(engine)
+    rows = old_rows()
+    with engine.begin() as conn:
+        conn.exec_driver_sql(  # through the driver, so the timestamp is stored as str(datetime)
+            "INSERT INTO decisions (run_id, instance_id, rule, verdict, code, reason, evaluated_at, window_s, "
+            "hourly_cost, team, instance_type, dry_run) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r["run_id"], r["instance_id"], r["rule"], r["verdict"], r["code"], r["reason"],
+              str(r["evaluated_at"]), r["window_s"], r["hourly_cost"], r["team"], r["instance_type"], 0)
+             for r in rows])
+    engine.dispose()
+    store = Store(url)
+    assert store.episode_frame()["ticks"].sum() == len(rows)  # every tick, the oldest one too
+    store.close()

@@ -116,7 +116,8 @@ def _stats(gpu: str, rows: Sequence[SampleRow]) -> GpuWindowStats:
         activity_max=max(activity) if activity else None,
         activity_mean=sum(activity) / len(activity) if activity else None,
         activity_min=min(activity) if activity else None,
-        activity_signal="nvidia-smi utilization.gpu",
+        # A MIG instance's only activity figure is its GPM graphics-engine activity (NVML GPM, Hopper and newer).
+        activity_signal="NVML GPM graphics engine activity" if "/" in gpu else "nvidia-smi utilization.gpu",
         fb_used_max_mib=max(memory) if memory else None,
         power_mean_w=sum(power) / len(power) if power else None,
         processes_max=max(processes) if processes else None,

@@ -20,7 +20,7 @@ from ..catalog import Catalog
 from ..collect.gpu_snapshot import HostSnapshot
 from ..decide.evaluate import evaluate
 from ..host_prices import HostPrice, HostPriceTable, host_price, is_estimate, no_price
-from ..messages import escape, format_money, idle_warning, mark_cancelled, stopped
+from ..messages import escape, format_money, idle_warning, mark_cancelled, stopped, warning_key
 from ..model import Action, Decision, GpuInstance, Message, Notifier, ReasonCode, Rule, Verdict
 from .buffer import RingBuffer, physical_gpus, rows_from_snapshot, window_usage
 from .guards import boot_time, recent_input_sessions, running_allowlisted
@@ -148,7 +148,8 @@ class AutostopLoop:
         self.state = AutostopState()  # as of the last tick, for /metrics
         self.blocked = False
         self.tick_errors = 0
-        self.outage = False  # the GPUs could not be read (logged once per outage)
+        self.outage = False  # the GPUs could not be read for unknown_grace or longer (logged once per outage)
+        self._unreadable_since: float | None = None  # first tick of the current failed-read stretch
         self.sampled_once = False
         self._kept_logged_at: float | None = None
         self._undelivered_warning_at: float | None = None  # first try of a warning not delivered yet
@@ -197,7 +198,7 @@ class AutostopLoop:
                   *running_allowlisted(self.paths.proc, self.settings.block_processes))
         snooze = read_snooze(self.paths.snooze, at, self.settings.max_snooze)
         return (Observation(decisions, tuple(blocks), snooze.reason if snooze.until else "",
-                            {r.name: r.warning_lead_s for r in rules}), inst, booted)
+                            {r.name: r.warning_lead_s for r in rules}, self.settings.unknown_grace), inst, booted)
 
     def tick(self) -> Move:
         now = self.clock()
@@ -218,19 +219,30 @@ class AutostopLoop:
             self.buffer.save_state(STATE_KEY, new_state.to_json())
         self.last_move, self.state, self.last_tick_at = move, new_state, now
         self.blocked = bool(obs.blocks or obs.snooze)
-        self._log_outage(obs.decisions)
+        self._log_outage(obs.decisions, now)
         return move
 
-    def _log_outage(self, decisions: Sequence[Decision]) -> None:
-        """One ERROR when the GPUs stop being readable (autostop is then blocked), one INFO when they are back."""
+    def _log_outage(self, decisions: Sequence[Decision], now: float) -> None:
+        """One ERROR when the GPUs have been unreadable for unknown_grace (autostop is then blocked), one INFO when
+        they are back. A shorter failed-read stretch is DEBUG only: a reader failing one read in five must not
+        flood the log (a pending stop's blip has its one INFO line from the hold)."""
         if not self.sampled_once:
             return  # the agent has just started: no read has failed yet
         missing = next((d for d in decisions if d.code is ReasonCode.QUERY_ERROR), None)  # read failed or stale
-        if missing is not None and not self.outage:
-            log.error("autostop: GPU data missing, no stop while it lasts: %s", missing.reason)
-        elif missing is None and self.outage:
-            log.info("autostop: GPU data readable again")
-        self.outage = missing is not None
+        if missing is None:
+            if self.outage:
+                log.info("autostop: GPU data readable again")
+            elif self._unreadable_since is not None:
+                log.debug("autostop: GPU data readable again after a blip")
+            self.outage, self._unreadable_since = False, None
+            return
+        if self._unreadable_since is None:
+            self._unreadable_since = now
+            log.debug("autostop: GPU read failed: %s", missing.reason)
+        if not self.outage and now - self._unreadable_since >= self.settings.unknown_grace:
+            log.error("autostop: GPU data missing since %s, no stop while it lasts: %s",
+                      when(self._unreadable_since), missing.reason)
+            self.outage = True
 
     # ------------------------------------------------------------------ acting on a move
 
@@ -243,7 +255,14 @@ class AutostopLoop:
             self._undelivered_warning_at = None  # the episode that could not be warned about is over
         if kind is MoveKind.NONE:
             self._log_judgement(move, now)
-            return state
+            return move.next_state  # the same state, or a pending stop moved later after an UNKNOWN blip
+        if kind is MoveKind.HOLD:
+            # One INFO line per blip (when it starts), never a broadcast: the stop waits, silently.
+            (log.info if state.unknown_since is None else log.debug)("autostop: %s", move.reason)
+            return move.next_state
+        if kind is MoveKind.MOVED:
+            self._moved(move, inst)
+            return move.next_state
         if kind is MoveKind.RELEASE:
             log.info("autostop: %s", move.reason)
             return move.next_state
@@ -252,7 +271,7 @@ class AutostopLoop:
         if kind is MoveKind.CANCEL:
             self._cancel(move, state, inst)
             return move.next_state
-        return self._stop_now(move, state, inst, now)
+        return self._stop_now(move, move.next_state, inst, now)
 
     def _log_judgement(self, move: Move, now: float) -> None:
         """An idle host that is not stopped says why (blocked, snoozed, pending) at INFO: when that starts, then
@@ -290,7 +309,7 @@ class AutostopLoop:
         # The lead counts from the delivery (wall or Slack may have taken a while), never from before it.
         delivered_at = max(self.clock(), now)
         return replace(move.next_state, warned_at=delivered_at, live=self.live,
-                       deadline=delivered_at + (deadline - now))
+                       deadline=delivered_at + (deadline - now), told_stop_at=delivered_at + (deadline - now))
 
     def _cancel(self, move: Move, state: AutostopState, inst: GpuInstance) -> None:
         marked = datetime.fromtimestamp(state.warned_at or self.clock(), timezone.utc)
@@ -298,6 +317,17 @@ class AutostopLoop:
         _delivered, how = self.announcer.tell(text, mark_cancelled(inst, reason=move.reason, marked_at=marked,
                                                                   channel=self.slack_channel))
         log.warning("autostop: %s (%s)", move.reason, how)
+
+    def _moved(self, move: Move, inst: GpuInstance) -> None:
+        """Said once per idle episode; a later stop than announced harms nobody, so an undelivered notice is only
+        logged, never retried (the stop itself still waits for the moved time)."""
+        text = f"{self._prefix()}: {move.reason} (server {inst.instance_id}); {SNOOZE_HINT}"
+        warned = datetime.fromtimestamp(move.next_state.warned_at or self.clock(), timezone.utc)
+        message = Message(f"autostop-moved:{inst.instance_id}:{int(warned.timestamp())}", self.slack_channel,
+                          escape(f"{inst.instance_id}: {move.reason}"),
+                          thread_key=warning_key(inst.instance_id, warned))  # a reply under its warning
+        delivered, how = self.announcer.tell(text, message)
+        (log.warning if delivered else log.error)("autostop: %s (%s)", move.reason, how)
 
     def _alert(self, inst: GpuInstance, text: str, now: float) -> None:
         key = f"autostop-alert:{inst.instance_id}:{int(now)}"

@@ -12,6 +12,7 @@ an argv; only this file does.
     block_processes: [jupyter-lab, tmux]
     host_tags: {workload: training}  # what the rules' select/exclude_tags see for this host
     max_snooze: 7d
+    unknown_grace: 2m                # GPU state unknown this long withdraws a pending stop; shorter: it waits
     slack: {default_channel: "#gpu-finops"}   # token from SLACK_BOT_TOKEN, as for the service
     price: {usd_per_hour: 19.9}      # what this host rents for; none: a catalog estimate for its GPUs
 """
@@ -36,7 +37,13 @@ from ..config import (
 )
 from ..rules import parse_duration
 
-from .defaults import DEFAULT_DB_PATH, DEFAULT_IMDS_URL, DEFAULT_MAX_SNOOZE_S, DEFAULT_SNOOZE_PATH  # noqa: F401
+from .defaults import (  # noqa: F401
+    DEFAULT_DB_PATH,
+    DEFAULT_IMDS_URL,
+    DEFAULT_MAX_SNOOZE_S,
+    DEFAULT_SNOOZE_PATH,
+    DEFAULT_UNKNOWN_GRACE_S,
+)
 
 # A bare command name (looked up on PATH): letters, digits and . _ + - only, so it can be neither a path
 # relative to the working directory nor an option.
@@ -116,6 +123,9 @@ class AutostopSettings(StrictModel):
     block_processes: tuple[str, ...] = ()
     host_tags: dict[str, str] = Field(default_factory=dict)
     max_snooze: int = DEFAULT_MAX_SNOOZE_S  # seconds
+    # An UNKNOWN shorter than this holds a pending stop silently (the unknown time does not count towards the lead);
+    # one this long withdraws it, said once (docs/agent.md, "Missing data and a pending stop").
+    unknown_grace: int = DEFAULT_UNKNOWN_GRACE_S  # seconds
     wall_command: tuple[str, ...] = ("wall",)  # argv before the message
     imds_url: str = DEFAULT_IMDS_URL
     # Extra endpoint for EC2 (a VPC endpoint; moto in tests).
@@ -144,6 +154,11 @@ class AutostopSettings(StrictModel):
     @classmethod
     def _max_snooze(cls, v: Any) -> int:
         return _duration(v, max_s=366 * 86400)
+
+    @field_validator("unknown_grace", mode="before")
+    @classmethod
+    def _unknown_grace(cls, v: Any) -> int:
+        return _duration(v, max_s=86400)
 
     @field_validator("keep_margin", mode="before")
     @classmethod

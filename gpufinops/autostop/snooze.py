@@ -4,15 +4,22 @@
 may also write it by hand. A snooze is capped on read as well, counted from when the file was written (its
 mtime), so a hand-written year 2099 snoozes for the cap, never forever; an unreadable value snoozes for the cap
 too (the person meant "keep it running"), and both are said in the reason.
+
+Only a regular file is read, and only its first SNOOZE_READ_LIMIT bytes: a snooze file that is /dev/zero, a FIFO
+with no writer or a huge file is unreadable (snoozed for the cap, said), never a hung or exhausted agent.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+# An ISO time is 25 characters; anything longer than this is not a snooze someone wrote.
+SNOOZE_READ_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -50,15 +57,30 @@ def parse_snooze(text: str, written_at: datetime, now: datetime, max_snooze_s: i
 def read_snooze(path: str | Path, now: datetime, max_snooze_s: int) -> Snooze:
     p = Path(path)
     try:
-        text = p.read_text(errors="replace")[:200]
-        written_at = datetime.fromtimestamp(p.stat().st_mtime, timezone.utc)
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         return Snooze(None, "")
     except OSError as exc:
-        # Cannot tell whether someone asked to keep it running: the safe side is "snoozed", and it is said.
-        return Snooze(now + timedelta(seconds=max_snooze_s), f"snooze file {p} unreadable ({exc.strerror}): "
-                                                             f"treated as snoozed")
-    return parse_snooze(text, written_at, now, max_snooze_s)
+        return _unreadable(p, exc.strerror or str(exc), now, max_snooze_s)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _unreadable(p, "not a regular file", now, max_snooze_s)
+        data = os.read(fd, SNOOZE_READ_LIMIT + 1)
+    except OSError as exc:
+        return _unreadable(p, exc.strerror or str(exc), now, max_snooze_s)
+    finally:
+        os.close(fd)
+    if len(data) > SNOOZE_READ_LIMIT:
+        return _unreadable(p, f"longer than {SNOOZE_READ_LIMIT} bytes", now, max_snooze_s)
+    written_at = datetime.fromtimestamp(st.st_mtime, timezone.utc)
+    return parse_snooze(data.decode("utf-8", errors="replace")[:200], written_at, now, max_snooze_s)
+
+
+def _unreadable(p: Path, why: str, now: datetime, max_snooze_s: int) -> Snooze:
+    # Cannot tell whether someone asked to keep it running: the safe side is "snoozed", and it is said.
+    return Snooze(now + timedelta(seconds=max_snooze_s), f"snooze file {p} unreadable ({why}): treated as snoozed")
 
 
 def snooze_until(duration_s: int, now: datetime, max_snooze_s: int) -> tuple[datetime, str]:

@@ -10,8 +10,9 @@ start fast.
 Conventions every subcommand follows:
 - `-o/--output table|json|csv` chooses the format of what is printed; JSON and CSV go to stdout,
   progress, warnings and errors to stderr, so `-o json | jq` always works.
-- Exit codes: 0 done; 1 the command ran and found a problem (a broken rule in `rules check`,
-  an evaluation error, a budget or billing source that failed); 2 the command could not run as asked
+- Exit codes: 0 done, every data source answered; 1 the command ran and found a problem (a broken rule in
+  `rules check`, a data source that failed, named in an `error: <source>: ...` line: Prometheus, EC2,
+  billing); 2 the command could not run as asked
   (a bad flag value such as `--month 2024-13`, a bad config file, a missing database file).
 """
 

@@ -48,13 +48,20 @@ def cmd_costs(args: argparse.Namespace) -> int:
         from .k8s import cmd_k8s_costs
 
         return cmd_k8s_costs(args)
-    from ..collect.billing.schema import BillingDataError, month_bounds
     from .common import load_settings_from_args
+
+    settings = load_settings_from_args(args)
+    if not (args.save or args.idle or args.output == "focus"):  # a local CUR total: DuckDB, no pandas imported
+        from ..collect.billing.totals import print_local_totals
+
+        rc = print_local_totals(settings, args.month, args.by, args.source, args.path, args.output)
+        if rc is not None:
+            return rc
+    from ..collect.billing.schema import BillingDataError, month_bounds
     from ..collect.billing.schema import save_costs
     from ..costs import summarize
     from ..compose import live_store
 
-    settings = load_settings_from_args(args)
     now = _now()
     try:
         start, end = month_bounds(args.month)
@@ -132,6 +139,8 @@ def _print_focus(store, vc, start, end, table, settings) -> None:
 def _load_costs(settings, args, start: datetime, end: datetime, now: datetime, by: str | None = None):
     """The period's cost table from --source/--path or the config, or with `by` only its totals at that grain
     (one pass); None (error printed) on bad data. Warnings go to stderr."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from ..collect.billing.load import load_cost_table, load_cost_totals
     from ..collect.billing.schema import BillingDataError
 
@@ -142,6 +151,11 @@ def _load_costs(settings, args, start: datetime, end: datetime, now: datetime, b
             loaded = load_cost_totals(settings, start, end, now, by, source=args.source, path=args.path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return None
+    except (ClientError, BotoCoreError) as exc:  # Cost Explorer / Athena / S3 down or refusing: one line, no traceback
+        from ..collect.billing.settings import billing_settings
+
+        print(f"error: billing ({args.source or billing_settings(settings).source}): {exc}", file=sys.stderr)
         return None
     for w in loaded.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -167,7 +181,6 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
     from ..compose import live_notifier
     from ..compose import live_store
 
-    settings = load_settings_from_args(args)
     now = _now()
     try:
         if args.month:

@@ -49,7 +49,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..compose import live_peers
     from ..model import RunContext, utcnow
     from ..pipeline import run_once
-    from .common import load_settings_from_args
+    from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
     from ..rules import load_rules
 
     settings = force_dry_run(load_settings_from_args(args), args)
@@ -66,13 +66,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         report = run_once(RunContext(now=now, dry_run=True), settings, rules, peers, act=False)
     finally:
         pipeline_log.setLevel(level)
+    errors = failed_sources(report)
     by_id = {i.instance_id: i for i in report.instances}
     rules_by_name = {r.name: r for r in rules}
-    rows = [decision_row(d, by_id.get(d.instance_id), rules_by_name.get(d.rule_name), now, settings.act.dry_run)
+    opt_in = (settings.act.opt_in_tag, settings.act.opt_in_value)
+    rows = [decision_row(d, by_id.get(d.instance_id), rules_by_name.get(d.rule_name), now, settings.act.dry_run,
+                         opt_in)
             for d in report.decisions]
     if args.output == "json":
         json.dump({"run_id": report.run_id, "evaluated_at": report.now.isoformat(), "dry_run": settings.act.dry_run,
-                   "instances": len(report.instances), "rules": len(rules), "errors": report.errors,
+                   "instances": len(report.instances), "rules": len(rules), "errors": errors,
                    "decisions": rows}, sys.stdout, indent=2)
         print()
     elif args.output == "csv":
@@ -83,21 +86,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        print(format_decision_table(rows, len(report.instances), len(rules), report.errors))
-    return 1 if report.errors else 0
+        print(format_decision_table(rows, len(report.instances), len(rules), errors))
+    if errors and args.output == "csv":  # the CSV rows have no place for them; say them where a person looks
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+    return EXIT_PROBLEM_FOUND if errors else 0
+
+
+# The sources `evaluate` reads. Slack is not one: evaluate sends nothing, so an old undelivered message is the
+# service's problem (its /readyz), not this command's.
+EVALUATE_SOURCES = ("inventory", "prometheus", "database")
+
+
+def failed_sources(report) -> list[str]:
+    """Every source of the run that failed, one `source: what went wrong` line each: the run's errors plus
+    the failures it only notes per source. A Prometheus outage makes every verdict UNKNOWN (correct, nothing is
+    stopped) and is not in `report.errors`, yet the command must still say the source failed and exit 1."""
+    errors = list(report.errors)
+    for source in EVALUATE_SOURCES:
+        problem = report.sources.get(source)
+        if problem and not any(e.startswith(f"{source}:") for e in errors):
+            errors.append(f"{source}: {problem}")
+    return errors
 
 
 def _duration_text(seconds: int) -> str:
     return f"{seconds // 3600} h" if seconds % 3600 == 0 and seconds >= 3600 else f"{seconds // 60} min"
 
 
-def decision_outcome(decision, inst, rule, now, dry_run: bool) -> str:
+def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, str] | None = None) -> str:
     """What the act stage will do with this verdict, in words ("" when it does nothing).
 
     Mirrors act.plan()'s order: protection, then being managed by something else, then a snooze; only an
     IDLE verdict of a stop rule leads to a warning and a stop.
     """
-    from ..act import snoozed_until
+    from ..act import opt_in_gap, snoozed_until
     from ..model import Action, Verdict
 
     if decision.verdict != Verdict.IDLE:
@@ -112,6 +135,9 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool) -> str:
         snoozed, why = snoozed_until(inst, now)
         if snoozed:
             return f"{why}: not stopped"
+        missing = opt_in_gap(inst, *opt_in) if opt_in else ""
+        if missing:
+            return missing
     verb = decision.action.value
     lead = f" {_duration_text(rule.warning_lead_s)} later" if rule is not None else " after the warning"
     if dry_run:
@@ -119,13 +145,13 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool) -> str:
     return f"warn, then {verb}{lead}"
 
 
-def decision_row(decision, inst, rule, now, dry_run: bool) -> dict:
+def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, str] | None = None) -> dict:
     row = decision.to_dict()
     row.update(
         instance_type=inst.instance_type if inst else None, team=inst.team() if inst else None,
         protected=bool(inst and inst.is_protected), managed_by=(getattr(inst, "managed_by", "") if inst else "") or None,
         snoozed_until=(inst.tags.get("gpufinops:snooze-until") if inst else None),
-        outcome=decision_outcome(decision, inst, rule, now, dry_run),
+        outcome=decision_outcome(decision, inst, rule, now, dry_run, opt_in),
     )
     return row
 

@@ -50,8 +50,9 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from .common import load_settings_from_args
+    from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
     from ..catalog import CatalogError
+    from ..collect.inventory import InventoryError
     from ..compose import live_cloud, live_store, live_usage
     from ..recommend.engine import recommend_fleet, store_recommendations
     from ..recommend.policy import policy_from_settings
@@ -66,12 +67,17 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     cloud = live_cloud(settings, with_prices=False)
-    instances = cloud.list_gpu_instances()
-    for err in getattr(cloud, "last_errors", []):
-        print(f"warning: inventory: {err}", file=sys.stderr)
+    try:
+        instances = cloud.list_gpu_instances()
+    except InventoryError as exc:  # every region failed: nothing to recommend on, and the source is named
+        print(f"error: inventory: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
+    errors = [f"inventory: {err}" for err in getattr(cloud, "last_errors", [])]
     interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
     usage = live_usage(settings).fleet_usage(
         instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
+    # A failed query gives every instance the same error (and no recommendation on usage it never saw).
+    errors += [f"prometheus: {e}" for e in sorted({u.error for u in usage.instances.values() if u.error})]
     recs = recommend_fleet(instances, usage, catalog, policy, now)
     if not args.no_store:
         store = live_store(settings)
@@ -80,7 +86,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         finally:
             store.close()
     print(render(recs, args.output))
-    return 0
+    # JSON and CSV stay the recommendation rows; a failed source is said on stderr and in the exit code.
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return EXIT_PROBLEM_FOUND if errors else 0
 
 
 def cmd_size(args: argparse.Namespace) -> int:

@@ -64,6 +64,9 @@ class MultiAccountCloud(RoutedCloud):
         self._owner: dict[str, Ec2Cloud] = {}  # instance id -> the account's cloud it was listed in
         self.last_errors: list[RegionError] = []
 
+    def member_clouds(self):
+        return list(self._clouds.values())
+
     def list_gpu_instances(self) -> list[GpuInstance]:
         found: list[GpuInstance] = []
         errors: list[RegionError] = []

@@ -349,6 +349,9 @@ def retryable_failure(response: Any, caught_exception: BaseException | None) -> 
     return None
 
 
+REQUEST_MARGIN_S = 30.0
+
+
 class Ec2Cloud:
     """The `Cloud` protocol over real EC2 (or moto) with boto3.
 
@@ -396,6 +399,9 @@ class Ec2Cloud:
             retries={"total_max_attempts": 1, "mode": "standard"},
             user_agent_extra="gpufinops",
         )
+        # The longest a StopInstances may be in flight: one attempt's connect + read timeout, and a margin for a
+        # request held on the way (a paused process, a proxy). An unknown outcome is settled only after it.
+        self.max_request_s = connect_timeout_s + read_timeout_s + REQUEST_MARGIN_S
         # Per-region endpoints (VPC endpoints), else the one endpoint_url, else AWS's.
         self._region_endpoints = dict(region_endpoints or {})
         self._families = frozenset(settings.gpu_families)

@@ -340,6 +340,8 @@ class WorkloadCloud:
                  protect_key: str = DEFAULT_PROTECT_KEY, scale_to_zero: bool = True,
                  clock: Callable[[], datetime] = utcnow):
         self.cluster = cluster
+        # A PATCH may be in flight for one connect + read timeout; act's reconcile waits that long (and a margin).
+        self.max_request_s = 2 * cluster.reader.timeout_s + 10.0
         self.scale_to_zero = scale_to_zero
         self.price = price or (lambda *_: None)
         self.protect_key = protect_key

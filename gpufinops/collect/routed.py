@@ -13,6 +13,15 @@ from ..model import Cloud, GpuInstance
 
 
 class RoutedCloud:
+    def member_clouds(self) -> Sequence[object]:
+        """The clouds this one routes to (for what holds for all of them)."""
+        return [c for c in vars(self).values() if hasattr(c, "describe") and c is not self]
+
+    @property
+    def max_request_s(self) -> float:
+        """The longest a mutating request may be in flight on any member (act's reconcile waits that long)."""
+        return max((float(getattr(c, "max_request_s", 0.0)) for c in self.member_clouds()), default=0.0) or 120.0
+
     def cloud_of(self, inst: GpuInstance) -> Cloud:
         """The cloud that owns `inst`; raise rather than guess (a change must never go to the wrong place)."""
         raise NotImplementedError

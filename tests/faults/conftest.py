@@ -38,8 +38,9 @@ def world(aws, fault_prometheus, fault_rules, slack_stub, tmp_path, monkeypatch,
     made: list[World] = []
 
     def make(**kwargs) -> World:
+        kwargs.setdefault("rules_dir", fault_rules)
         w = World(aws=aws, prom_url=fault_prometheus.url, slack_stub=slack_stub, tmp_path=tmp_path,
-                  monkeypatch=monkeypatch, caplog=caplog, rules_dir=fault_rules, **kwargs)
+                  monkeypatch=monkeypatch, caplog=caplog, **kwargs)
         made.append(w)
         return w
 

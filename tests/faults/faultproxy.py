@@ -17,6 +17,16 @@ that has uses left) decides what happens:
                   forwarding (`after=False`: the peer never sees it) or after (`after=True`: the peer acted)
 
 What reached the peer is recorded (`forwarded`), so a test can count the StopInstances moto really got.
+
+IAM mode (`proxy.enforce_iam("deploy/iam-policy.json", ...)`, in front of moto): moto does not evaluate IAM
+conditions, so the proxy does it for the conditioned EC2 actions (StopInstances, TerminateInstances,
+CreateTags, DeleteTags) with `iampolicy.py`. At the moment such a request would be forwarded (after any
+`delay`: AWS evaluates a request when it arrives, so a stop delayed in flight meets the tags of that moment)
+the proxy reads the instances' current tags from moto (a DescribeInstances straight to the upstream, with
+the request's own Host and Authorization headers, so the region and account are the request's), evaluates
+the policy for every instance of the request, and on any denial answers as EC2 does (HTTP 403,
+`UnauthorizedOperation`) without forwarding; `iam_denials()` lists them. Faults applied after forwarding
+(`lost`, `late`, `cut`, ...) then apply to that answer. Every other request passes untouched.
 """
 
 from __future__ import annotations
@@ -31,7 +41,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+from xml.etree import ElementTree
+
+from tests.faults import iampolicy
 
 # DCGM's "field not available" value (int64 max - 13); numbers near it are never a measurement.
 DCGM_SENTINEL = 9223372036854775794
@@ -132,6 +146,9 @@ class Fault:
     after: bool = False
     forward: bool = False  # hook: after calling it, forward and answer normally instead of resetting
     used: int = 0
+    # hold: the request waits in the proxy (a paused process, a stuck connection) until `release_held()`, then
+    # reaches the peer (through the IAM check, as AWS evaluates at arrival); the client meanwhile times out.
+    released: threading.Event = field(default_factory=threading.Event)
 
     def take(self, req: Request) -> bool:
         if self.times is not None and self.times <= 0:
@@ -170,6 +187,20 @@ def sentinel_values(body: bytes, value: str = str(DCGM_SENTINEL)) -> bytes:
     return json.dumps(doc).encode()
 
 
+# The EC2 actions whose shipped-policy statements carry conditions the proxy must evaluate.
+IAM_CONDITIONED_ACTIONS = ("StopInstances", "TerminateInstances", "CreateTags", "DeleteTags")
+
+
+@dataclass(frozen=True)
+class IamDenial:
+    request: Request
+    action: str  # "ec2:StopInstances"
+    instance_id: str
+    decision: iampolicy.Decision
+    resource_tags: dict[str, str]  # the instance's tags in moto when the request arrived
+    request_tags: dict[str, str | None] | None  # what the request wrote / removed
+
+
 @dataclass(frozen=True)
 class Forwarded:
     request: Request
@@ -190,6 +221,9 @@ class FaultProxy:
         self.seen: list[Request] = []
         self.forwarded: list[Forwarded] = []
         self._seq = 0
+        self._iam_policy: list[dict] | None = None
+        self._iam_denials: list[IamDenial] = []
+        self._held: list[Fault] = []  # hold faults whose requests still wait (kept through clear())
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -204,6 +238,7 @@ class FaultProxy:
 
     def clear(self) -> None:
         with self._lock:
+            self._held.extend(f for f in self.faults if f.mode == "hold" and f.used and not f.released.is_set())
             self.faults.clear()
 
     def reset(self) -> None:
@@ -211,6 +246,31 @@ class FaultProxy:
             self.faults.clear()
             self.seen.clear()
             self.forwarded.clear()
+            self._iam_denials.clear()
+
+    def enforce_iam(self, *policy_paths: str | Path) -> FaultProxy:
+        """Evaluate these IAM policy files (attached together) for the conditioned EC2 actions from now on.
+        The policy stays on through `clear()`/`reset()`; `enforce_iam()` with no file turns it off."""
+        policy = iampolicy.load(*policy_paths) if policy_paths else None
+        for action in IAM_CONDITIONED_ACTIONS if policy else ():  # a policy it cannot evaluate fails here, loudly
+            iampolicy.evaluate(policy, f"ec2:{action}", iampolicy.instance_arn("i-0"), resource_tags={"k": "v"},
+                               request_tags={"k": "v"} if action.endswith("Tags") else None)
+        with self._lock:
+            self._iam_policy = policy
+        return self
+
+    def release_held(self) -> None:
+        """Let every request held by a `hold` fault go on to the peer now (a stale request landing late)."""
+        with self._lock:
+            holds = [f for f in self.faults if f.mode == "hold"] + list(self._held)
+            self._held.clear()
+        for fault in holds:
+            fault.released.set()
+
+    def iam_denials(self, pred: Predicate = any_request) -> list[IamDenial]:
+        """The requests the policy refused (never forwarded), one entry per denied instance."""
+        with self._lock:
+            return [d for d in self._iam_denials if pred(d.request)]
 
     def reached(self, pred: Predicate = any_request) -> list[Forwarded]:
         """Requests the peer really received (and so may have acted on)."""
@@ -270,6 +330,58 @@ class FaultProxy:
             return resp.status, out_headers, data
         finally:
             conn.close()
+
+    def _iam_check(self, req: Request) -> list[IamDenial]:
+        """The denials AWS would answer for this request now (empty: allowed, or not a conditioned action)."""
+        with self._lock:
+            policy = self._iam_policy
+        action = req.aws_action
+        if policy is None or action not in IAM_CONDITIONED_ACTIONS:
+            return []
+        params = req.params
+        request_tags: dict[str, str | None] | None = None
+        if action in ("CreateTags", "DeleteTags"):
+            request_tags = {}
+            for k, v in sorted(params.items()):
+                m = re.fullmatch(r"Tag\.(\d+)\.Key", k)
+                if m:
+                    value = params.get(f"Tag.{m.group(1)}.Value")
+                    request_tags[v[0]] = value[0] if value else (None if action == "DeleteTags" else "")
+        region, current = _credential_region(req.headers), self._describe_tags(req, req.instance_ids)
+        denials = []
+        for iid in req.instance_ids:
+            account, tags = current.get(iid, ("123456789012", {}))
+            decision = iampolicy.evaluate(policy, f"ec2:{action}", _ec2_arn(iid, region, account),
+                                          resource_tags=tags, request_tags=request_tags)
+            if not decision.allowed:
+                denials.append(IamDenial(req, f"ec2:{action}", iid, decision, tags, request_tags))
+        return denials
+
+    def _describe_tags(self, req: Request, instance_ids: list[str]) -> dict[str, tuple[str, dict[str, str]]]:
+        """instance id -> (owner account, current tags), read from the upstream with the request's headers."""
+        if not instance_ids:
+            return {}
+        form = {"Action": "DescribeInstances", "Version": "2016-11-15", "Filter.1.Name": "instance-id"}
+        form.update({f"Filter.1.Value.{i}": iid for i, iid in enumerate(instance_ids, 1)})
+        body = urlencode(form).encode()
+        headers = {k: v for k, v in req.headers.items()
+                   if k.lower() in ("host", "authorization", "x-amz-date", "x-amz-security-token", "user-agent")}
+        headers["Content-Type"] = "application/x-www-form-urlencoded; charset=utf-8"
+        probe = Request(0, "POST", urlsplit(req.path).path or "/", headers, body, time.monotonic())
+        status, _, data = self._forward(probe)
+        if status != 200:
+            raise RuntimeError(f"fault proxy IAM: DescribeInstances answered {status}: {data[:300]!r}")
+        out: dict[str, tuple[str, dict[str, str]]] = {}
+        root = ElementTree.fromstring(data)
+        for reservation in root.iter():
+            if _local(reservation.tag) != "item" or reservation.find("./{*}instancesSet") is None:
+                continue
+            account = reservation.findtext("./{*}ownerId") or "123456789012"
+            for inst in reservation.findall("./{*}instancesSet/{*}item"):
+                tags = {t.findtext("./{*}key") or "": t.findtext("./{*}value") or ""
+                        for t in inst.findall("./{*}tagSet/{*}item")}
+                out[inst.findtext("./{*}instanceId") or ""] = (account, tags)
+        return out
 
     def _record(self, req: Request, status: int | None, fault: Fault | None) -> None:
         with self._lock:
@@ -347,14 +459,29 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         if mode == "delay":
             time.sleep(fault.seconds)
+        if mode == "hold":
+            fault.released.wait(fault.seconds or 600.0)
 
         try:
-            status, headers, data = proxy._forward(req)
-        except OSError:
-            proxy._record(req, None, fault)
-            self._answer(502, [("Content-Type", "text/plain")], b"fault proxy: upstream unreachable")
+            denials = proxy._iam_check(req)  # AWS evaluates the policy when the request arrives
+        except (OSError, RuntimeError, ValueError, ElementTree.ParseError) as exc:  # ValueError: PolicyError too
+            self._answer(500, [("Content-Type", "text/xml")],
+                         aws_error_body("InternalError", f"fault proxy could not evaluate IAM: {exc}"))
             return
-        proxy._record(req, status, fault)
+        if denials:
+            with proxy._lock:
+                proxy._iam_denials.extend(denials)
+            status, headers = 403, [("Content-Type", "text/xml;charset=UTF-8")]
+            data = aws_error_body("UnauthorizedOperation", "You are not authorized to perform this operation. "
+                                  f"({denials[0].action} on {denials[0].instance_id}: {denials[0].decision.effect})")
+        else:
+            try:
+                status, headers, data = proxy._forward(req)
+            except OSError:
+                proxy._record(req, None, fault)
+                self._answer(502, [("Content-Type", "text/plain")], b"fault proxy: upstream unreachable")
+                return
+            proxy._record(req, status, fault)
 
         if mode == "hook" and fault.after:
             fault.hook(req)
@@ -373,3 +500,19 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if mode == "rewrite" and fault.transform is not None:
             data = fault.transform(data)
         self._answer(status, headers, data, cut=(mode == "cut"))
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _credential_region(headers: dict[str, str]) -> str:
+    """The region of a SigV4 Authorization header's credential scope (us-east-1 without one)."""
+    auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+    m = re.search(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/", auth)
+    return m.group(1) if m else "us-east-1"
+
+
+def _ec2_arn(resource_id: str, region: str, account: str) -> str:
+    kinds = {"i": "instance", "vol": "volume", "snap": "snapshot", "ami": "image", "sg": "security-group"}
+    return f"arn:aws:ec2:{region}:{account}:{kinds.get(resource_id.split('-', 1)[0], 'unknown')}/{resource_id}"

@@ -40,6 +40,9 @@ STEP_S = 15  # the profiles' scrape interval
 WINDOW_S = 60
 LEAD_S = 300  # in-process rule: warn, then stop 5 minutes later (simulated)
 STOPPED_STATES = ("stopping", "stopped", "shutting-down", "terminated")
+OPT_IN_TAG = "gpufinops:allow-stop"
+IAM_POLICIES = [Path(__file__).resolve().parents[2] / "deploy" / name
+                for name in ("iam-policy.json", "iam-policy-terminate.json")]
 
 # Private IP -> (GPU_UTIL pattern, FB_USED MiB). None: no series at all.
 PROFILES: dict[str, tuple[list[float], float] | None] = {
@@ -65,7 +68,8 @@ def profile_series(start: float, end: float, step: int = STEP_S) -> list[Series]
         ts = list(range(int(start), int(end), step))
         out.append(Series("DCGM_FI_DEV_GPU_UTIL", labels, [(t, float(util[k % len(util)])) for k, t in enumerate(ts)]))
         out.append(Series("DCGM_FI_DEV_FB_USED", labels, [(t, fb) for t in ts]))
-        out.append(Series("DCGM_FI_DEV_POWER_USAGE", labels, [(t, 60.0) for t in ts]))
+        # An A10G (TDP 150 W) at idle draws ~20 W; an idle power this low lets the power witness agree.
+        out.append(Series("DCGM_FI_DEV_POWER_USAGE", labels, [(t, 20.0) for t in ts]))
     return out
 
 
@@ -142,7 +146,7 @@ class World:
     def __init__(self, *, aws, prom_url: str, slack_stub, tmp_path: Path, monkeypatch, caplog, rules_dir: Path,
                  fleet: dict[str, dict] | None = None, token: bool = True, lead_s: int = LEAD_S,
                  prom_timeout_s: float = 3.0, slack_timeout_s: float = 2.0, ec2_read_timeout_s: float = 2.0,
-                 db_dir: Path | None = None):
+                 db_dir: Path | None = None, dry_run: bool = False):
         self.aws = aws
         self.stub = slack_stub
         self.tmp_path = tmp_path
@@ -154,6 +158,9 @@ class World:
         stub_root = slack_stub.base_url.rstrip("/").rsplit("/api", 1)[0]
         self.prom = FaultProxy(prom_url, "prometheus").start()
         self.ec2 = FaultProxy(aws.endpoint_url, "moto").start()
+        # moto does not evaluate IAM: the proxy evaluates the policies users deploy, at the moment a request
+        # reaches AWS (after any delay), with the instance's tags then.
+        self.ec2.enforce_iam(*IAM_POLICIES)
         self.slack = FaultProxy(stub_root, "slack").start()
         self.proxies = (self.prom, self.ec2, self.slack)
         if token:
@@ -164,9 +171,13 @@ class World:
         fleet = fleet if fleet is not None else {"idle": {}, "busy": {}}
         self.ids: dict[str, str] = {}
         self.stoppable: set[str] = set()
+        # Instances a person started again after gpufinops stopped them: running, with a done stop row.
+        self.restarted_by_person: set[str] = set()
         for name, spec in fleet.items():
             profile = spec.get("profile", name)
-            iid = aws.launch("g5.xlarge", tags={"team": "ml", "owner": "ana", **spec.get("tags", {})},
+            # Opted in (the tag the IAM policy and act.opt_in_tag name), unless the case's tags say otherwise.
+            iid = aws.launch("g5.xlarge", tags={"team": "ml", "owner": "ana", OPT_IN_TAG: "true",
+                                                **spec.get("tags", {})},
                              spot=spec.get("spot", False), private_ip=IPS[profile])[0]
             self.ids[name] = iid
             if spec.get("stoppable", profile.startswith("idle") and not spec.get("tags") and not spec.get("spot")):
@@ -178,7 +189,7 @@ class World:
             slack={"base_url": self.slack.url + "/api/", "default_channel": "#gpu-finops", "max_retries": 1,
                    "retry_backoff_s": 60, "retry_max_backoff_s": 600,
                    "outbox_path": str(tmp_path / "outbox.jsonl")},
-            act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
+            act={"dry_run": dry_run, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
             schedule={"evaluate_every_s": 60},
             database_url=f"sqlite:///{(db_dir or tmp_path) / 'gpufinops.db'}",
             rules_paths=[str(rules_dir)],
@@ -341,7 +352,9 @@ def message_key(body: dict) -> str | None:
 
 
 def is_warning_for(text: str, iid: str) -> bool:
-    return iid in text and "will be stopped" in text and "dry-run" not in text.lower()
+    lowered = text.lower()
+    return (iid in text and "will be stopped" in lowered.replace("nothing will be stopped", "")
+            and "dry-run" not in lowered)
 
 
 def is_stopped_notice_for(text: str, iid: str) -> bool:
@@ -404,10 +417,15 @@ def check_invariants(world, *signals: Signal) -> None:
     pending = [r for r in world.store.action_rows() if r.status in ("pending", "unconfirmed")]
     for r in pending:
         problems.append(f"action row left pending after restart: {r.kind.value} {r.instance_id} ({r.reason})")
+    restarted = getattr(world, "restarted_by_person", set())
     for iid, (s, tags) in state.items():
         who = f"{name_of.get(iid, '?')} {iid}"
         done = any(r.instance_id == iid and r.status == "done" and not r.dry_run for r in rows)
-        if (s in STOPPED_STATES) != done:
+        if iid in restarted:
+            if s in STOPPED_STATES or not done:
+                problems.append(f"{who} was stopped once and started again by a person: expected running with "
+                                f"its done stop row, found {s} and {'a' if done else 'no'} done row")
+        elif (s in STOPPED_STATES) != done:
             problems.append(f"records differ from the cloud: {who} is {s} in EC2 but "
                             f"{'a' if done else 'no'} done stop row is recorded")
         has_mark = world.store.get_mark(iid) is not None

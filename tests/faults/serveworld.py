@@ -24,7 +24,7 @@ import yaml
 from gpufinops.lease import read_lease
 from gpufinops.store import Store
 from tests.faults.faultproxy import FaultProxy
-from tests.faults.harness import IPS, STEP_S, Delivered, Signal, message_key
+from tests.faults.harness import IAM_POLICIES, IPS, OPT_IN_TAG, STEP_S, Delivered, Signal, message_key
 from tests.motoserver import FAKE_CREDENTIALS, AwsTestEnv
 
 GPUFINOPS = str(Path(sys.executable).with_name("gpufinops"))
@@ -47,12 +47,15 @@ class ServeWorld:
         self.lead_s = SERVE_LEAD_S
         self.base = time.monotonic()
         self.ids = {
-            "idle": aws.launch("g5.xlarge", region=region, tags={"team": "ml"}, private_ip=IPS["idle"])[0],
-            "busy": aws.launch("g5.xlarge", region=region, tags={"team": "ml"}, private_ip=IPS["busy"])[0],
+            "idle": aws.launch("g5.xlarge", region=region, tags={"team": "ml", OPT_IN_TAG: "true"},
+                               private_ip=IPS["idle"])[0],
+            "busy": aws.launch("g5.xlarge", region=region, tags={"team": "ml", OPT_IN_TAG: "true"},
+                               private_ip=IPS["busy"])[0],
         }
         self.stoppable = {self.ids["idle"]}
         stub_root = stub.base_url.rstrip("/").rsplit("/api", 1)[0]
         self.ec2 = FaultProxy(aws.endpoint_url, f"moto-{name}").start()
+        self.ec2.enforce_iam(*IAM_POLICIES)  # the policies users deploy, evaluated when a request reaches AWS
         self.slack = FaultProxy(stub_root, f"slack-{name}").start()
         self.db_url = f"sqlite:///{folder / 'gpufinops.db'}"
         self.config = folder / "gpufinops.yaml"

@@ -15,6 +15,9 @@ from tests.faults.serveworld import ServeWorld
 pytestmark = pytest.mark.integration
 
 STOP_WAIT_S = 200  # serve start + the instance older than the window + the 60 s lead, on 2 busy cores
+# A stop whose request may still be in flight is settled only after the EC2 client's connect + read timeout and a
+# margin (5 + 30 + 30 s by default: act.reconcile), then made again: the restart waits that long on top.
+SETTLE_WAIT_S = 160
 
 
 def stop_announced(w: ServeWorld) -> bool:
@@ -26,7 +29,8 @@ def kill_then_restart(w: ServeWorld) -> None:
     w.start_serve()
     if w.wait_killed(STOP_WAIT_S):
         w.start_serve()  # the restart: reconcile, then carry on
-        w.wait_for("the stop to be settled and announced after the restart", lambda: stop_announced(w), 60)
+        w.wait_for("the stop to be settled and announced after the restart", lambda: stop_announced(w),
+                   SETTLE_WAIT_S)
 
 
 def kill_before_stop_is_forwarded(w: ServeWorld) -> None:
