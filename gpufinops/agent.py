@@ -10,9 +10,12 @@ and gpufinops.collect.prometheus reads it unchanged:
   DCGM_FI_DEV_GPU_TEMP, gpufinops_gpu_processes;
 - under MIG, one series set per GPU instance, with the parent GPU's labels (UUID is the parent's, as
   dcgm-exporter writes it) plus GPU_I_PROFILE and GPU_I_ID: DCGM_FI_DEV_FB_USED (the GI's memory, once even with
-  several compute instances), DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio 0..1, only where the reader has a figure),
-  gpufinops_gpu_processes. The board-wide series (power, temperature) stay on the parent GPU without GPU_I_ID,
-  and the parent has no FB_USED of its own (it would count the GIs' memory twice).
+  several compute instances), gpufinops_gpu_processes. The board-wide series (power, temperature) stay on the
+  parent GPU without GPU_I_ID, and the parent has no FB_USED of its own (it would count the GIs' memory twice);
+- where the NVML reader has GPM figures (Hopper and later), dcgm-exporter's profiling series as ratios 0..1:
+  DCGM_FI_PROF_GR_ENGINE_ACTIVE, _SM_ACTIVE, _SM_OCCUPANCY, _PIPE_TENSOR_ACTIVE, _DRAM_ACTIVE and the per-precision
+  pipes (gpu_snapshot.GPM_METRICS), per GPU, or under MIG per GPU instance only (as dcgm-exporter gives them).
+  No GPM (an older GPU, the nvidia-smi reader, the first sample after start) means no such series, never 0.
 
 Missing data is never zero:
 - a figure the driver does not give (`[N/A]`, NotSupported: utilization on a MIG GPU) or a sentinel/negative
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
@@ -37,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from gpufinops.collect.gpu_snapshot import (
+    GPM_METRICS,
     PROCESSES_METRIC,
     READ_ERROR_REASONS,
     GpuReadError,
@@ -54,14 +58,13 @@ UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 POWER = "DCGM_FI_DEV_POWER_USAGE"
 TEMP = "DCGM_FI_DEV_GPU_TEMP"
-GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 # (metric, HELP) in exposition order. HELP texts are dcgm-exporter's (etc/default-counters.csv).
 EXPORTED = (
     (UTIL, "GPU utilization (in %)."),
     (FB_USED, "Framebuffer memory used (in MiB)."),
     (POWER, "Power draw (in W)."),
     (TEMP, "GPU temperature (in C)."),
-    (GR_ENGINE_ACTIVE, "Ratio of time the graphics engine is active."),
+    *((metric, help_text) for metric, _nvml_name, help_text in GPM_METRICS),
     (PROCESSES_METRIC, "Compute processes running on the GPU or MIG GPU instance (gpufinops agent)."),
 )
 # A read that gave figures but not everything (processes refused): counted, the figures still served.
@@ -119,6 +122,14 @@ def _add(out: list[Sample], metric: str, labels: dict[str, str], value: object) 
         out.append(Sample(metric, labels, number))
 
 
+def _add_gpm(out: list[Sample], gpm: Mapping[str, float], labels: dict[str, str]) -> None:
+    """GPM percentages as dcgm-exporter's ratios 0..1; a figure outside 0..100 % is left out, not clipped."""
+    for metric, _nvml_name, _help in GPM_METRICS:
+        pct = measured(gpm.get(metric))
+        if pct is not None and pct <= 100:
+            out.append(Sample(metric, labels, pct / 100.0))
+
+
 def gpu_samples(snapshot: HostSnapshot, host: HostIdentity) -> list[Sample]:
     """Pure: the series to expose for one snapshot. An unmeasured figure has no sample."""
     out: list[Sample] = []
@@ -133,12 +144,11 @@ def gpu_samples(snapshot: HostSnapshot, host: HostIdentity) -> list[Sample]:
         _add(out, TEMP, labels, gpu.temperature_c)
         if gpu.processes is not None:
             _add(out, PROCESSES_METRIC, labels, len(gpu.processes))
+        _add_gpm(out, gpu.gpm, labels)
         for mig in gpu.mig_instances:
             mig_labels = gpu_labels(gpu, host, mig)
             _add(out, FB_USED, mig_labels, mig.memory_used_mib)
-            activity = measured(mig.activity_pct)
-            if activity is not None and activity <= 100:
-                out.append(Sample(GR_ENGINE_ACTIVE, mig_labels, activity / 100.0))
+            _add_gpm(out, mig.gpm, mig_labels)
             if mig.processes is not None:
                 _add(out, PROCESSES_METRIC, mig_labels, len(mig.processes))
     return out

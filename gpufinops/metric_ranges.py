@@ -4,7 +4,7 @@ A DCGM sentinel (~9.2e18, "no data") divided by itself is 1: a query layer that
 hands back sentinels inside aggregates (a sum and a count) made a 90%-busy GPU
 look 1% active, and a mean rule stopped it. So every number a metrics source
 reports, raw or aggregated, is checked against what its signal can be:
-activity 0-100% (GR engine 0-1 as a ratio), memory up to the GPU's memory,
+activity 0-100% (GR engine and every other DCGM profiling ratio 0-1), memory up to the GPU's memory,
 power up to a multiple of its TDP, sample counts whole and no more than the
 window holds, sums no more than count x the signal's maximum, never NaN or inf.
 A GPU with any implausible figure is *invalid*: its instance is UNKNOWN
@@ -77,6 +77,7 @@ def power_limit(tdp_w: float | None) -> Limit:
 
 ACTIVITY_PCT = Limit(ACTIVITY_PCT_MAX, "above 100%")
 GR_ENGINE_RATIO = Limit(GR_ENGINE_RATIO_MAX, "above 1, the most a ratio can be")
+PROFILING_RATIO = GR_ENGINE_RATIO  # every DCGM_FI_PROF_* ratio (SM active, occupancy, pipes, DRAM) is 0..1
 PROCESS_COUNT = Limit(float(MAX_PROCESSES_PER_GPU), f"above {MAX_PROCESSES_PER_GPU}, more processes than a GPU runs")
 
 
@@ -169,6 +170,13 @@ def stats_problem(
     if stats.activity_min is not None and stats.activity_max is not None and \
             stats.activity_min > stats.activity_max + REL_TOL * max(1.0, stats.activity_max):
         return out_of_range("activity minimum", source, "above the maximum read with it")
+    for what, v in (("second activity maximum", stats.second_activity_max),
+                    ("second activity mean", stats.second_activity_mean)):
+        if v is not None and (p := number_problem(v, ACTIVITY_PCT)):
+            return out_of_range(what, source, p)
+    for what, v in profiling_ratios(stats):
+        if p := number_problem(v, PROFILING_RATIO):
+            return out_of_range(what, source, p)
     if stats.fb_used_max_mib is not None and (p := number_problem(stats.fb_used_max_mib, memory)):
         return out_of_range("memory used", source, p)
     if stats.power_mean_w is not None and (p := number_problem(stats.power_mean_w, power)):
@@ -176,10 +184,20 @@ def stats_problem(
     return ""
 
 
+def profiling_ratios(stats: GpuWindowStats) -> list[tuple[str, float]]:
+    """(how a reason names it, value) of every DCGM profiling ratio `stats` holds."""
+    named = [("SM activity", stats.sm_active), ("SM occupancy", stats.sm_occupancy),
+             ("tensor pipe activity", stats.tensor_active), ("DRAM activity", stats.dram_active)]
+    named += [(f"{precision.upper()} pipe activity", v) for precision, v in stats.pipes]
+    return [(what, v) for what, v in named if v is not None]
+
+
 def invalidated(stats: GpuWindowStats, problem: str) -> GpuWindowStats:
     """The stats marked invalid, with every figure blanked: nothing downstream can use or print them."""
     return replace(stats, invalid=problem, samples=0, activity_max=None, activity_mean=None,
-                   activity_min=None, fb_used_max_mib=None, power_mean_w=None)
+                   activity_min=None, fb_used_max_mib=None, power_mean_w=None, second_activity_max=None,
+                   second_activity_mean=None, sm_active=None, sm_occupancy=None, tensor_active=None,
+                   dram_active=None, pipes=())
 
 
 def validate_stats(
@@ -223,7 +241,8 @@ def invalid_reason(gpus: Iterable[GpuWindowStats], shown: int = 2) -> str:
 
 
 __all__ = [
-    "Limit", "ACTIVITY_PCT", "GR_ENGINE_RATIO", "max_samples", "samples_limit", "memory_limit", "power_limit",
+    "Limit", "ACTIVITY_PCT", "GR_ENGINE_RATIO", "PROFILING_RATIO", "profiling_ratios", "max_samples",
+    "samples_limit", "memory_limit", "power_limit",
     "number_problem", "out_of_range", "aggregate_problem", "stats_problem", "invalidated", "validate_stats",
     "validate_stats_within", "invalid_reason",
 ]

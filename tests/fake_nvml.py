@@ -6,17 +6,28 @@ runs in) and `-L` (MIG profile and UUID per MIG device), with its own small pars
 readers are checked against each other, not against one parser). Errors and constants are the real pynvml
 ones: a field nvidia-smi printed as `[N/A]` raises the real `NVMLError_NotSupported`, as NVML does.
 
+GPM (Hopper profiling counters) answers from the real H200 figures in captures_device/gpm_h200_580.json (tests/data copy;
+one 1 s window per phase: idle, busy, hold, duty50) on a Hopper GPU (H100, H200), and as a real pre-Hopper GPU does
+elsewhere: nvmlGpmQueryDeviceSupport says isSupportedDevice 0 and nvmlGpmSampleGet raises NotSupported. `gpm_phase`
+(settable between reads) picks the figures, one phase for the whole GPU or {GPU instance id: phase} under MIG; a
+metric the capture did not record answers its own NotSupported in nvmlGpmMetricsGet, as a real one does. Samples
+are real `c_nvmlGpmSample_t` pointers into the real request struct; `gpm_samples` holds those not yet freed.
+
 Knobs for failure tests: `fail` = {function name: NVML error code, or an exception} raises it from the call;
 `block` = a threading.Event that nvmlDeviceGetCount waits on (a wedged driver).
 """
 
 from __future__ import annotations
 
+import ctypes
 import csv
 import io
+import itertools
+import json
 import re
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
@@ -24,6 +35,15 @@ import pynvml
 from tests.fake_nvidia_smi import parse_capture
 
 MIB = 1024 * 1024
+# A copy of ../shared/data/nvidia_smi/captures_device/gpm_h200_580.json (the real H200, driver 580).
+GPM_CAPTURE = Path(__file__).parent / "data" / "nvidia_smi" / "captures_device" / "gpm_h200_580.json"
+GPM_HOPPER = ("H100", "H200", "H800", "H20", "GH200")  # GPUs with GPM in these captures
+
+
+def gpm_figures() -> dict[str, dict[str, float]]:
+    """{phase: {pynvml metric constant name: percent}} as measured on the real H200."""
+    data = json.loads(GPM_CAPTURE.read_text())
+    return {s["tag"]: s["metrics"] for s in data["samples"]}
 
 
 def _csv(body: str) -> list[dict[str, str]]:
@@ -98,7 +118,7 @@ def _parse_q(body: str) -> dict[str, tuple[list[MigDevice], dict[int, tuple[int,
 
 class FakeNvml(SimpleNamespace):
     def __init__(self, capture, phase: str, *, fail: dict[str, int | Exception] | None = None,
-                 block: threading.Event | None = None):
+                 block: threading.Event | None = None, gpm_phase: str | dict[int, str] | None = None):
         super().__init__()
         sections = parse_capture(capture)
         body = {args.split("=")[0]: text for (p, args), text in sections.items() if p == phase}
@@ -118,10 +138,15 @@ class FakeNvml(SimpleNamespace):
         self.block = block
         self.initialised = False
         self.calls: list[str] = []
-        # The real module's errors and constants.
+        # The real module's errors, constants and the GPM request struct.
         for name in dir(pynvml):
-            if name.startswith(("NVMLError", "NVML_", "NVMLLibraryMismatchError")) or name == "nvmlMemory_v2":
+            if name.startswith(("NVMLError", "NVML_", "NVMLLibraryMismatchError")) or name in (
+                    "nvmlMemory_v2", "c_nvmlGpmMetricsGet_t"):
                 setattr(self, name, getattr(pynvml, name))
+        self.gpm_phase = gpm_phase if gpm_phase is not None else {"idle": "idle", "load": "busy"}.get(phase, phase)
+        self.gpm_samples: dict[int, tuple | None] = {}  # address -> (gpu, gi, sequence, phase) once taken
+        self._gpm_addresses = itertools.count(0x1000, 0x10)  # never dereferenced: an id in pointer form
+        self._gpm_sequence = itertools.count(1)
 
     # ------------------------------------------------------------------ helpers
 
@@ -258,3 +283,65 @@ class FakeNvml(SimpleNamespace):
                 if p == pid:
                     return name
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # ------------------------------------------------------------------ GPM
+
+    def _has_gpm(self, h) -> bool:
+        return any(f"NVIDIA {model} " in self.gpus[h[1]].row["name"] + " " for model in GPM_HOPPER)
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        self._call("nvmlGpmQueryDeviceSupport")
+        return SimpleNamespace(version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(self._has_gpm(h)))
+
+    def nvmlGpmSampleAlloc(self):
+        self._call("nvmlGpmSampleAlloc")
+        address = next(self._gpm_addresses)
+        self.gpm_samples[address] = None
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlGpmSample_t)
+
+    @staticmethod
+    def _address(sample) -> int:
+        return ctypes.cast(sample, ctypes.c_void_p).value or 0
+
+    def nvmlGpmSampleFree(self, sample):
+        self._call("nvmlGpmSampleFree")
+        if self.gpm_samples.pop(self._address(sample), "freed") == "freed":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a double free
+
+    def _take(self, h, gi, sample):
+        if not self._has_gpm(h):
+            raise self._not_supported()
+        address = self._address(sample)
+        if address not in self.gpm_samples:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # freed or never allocated
+        phase = self.gpm_phase.get(gi, "idle") if isinstance(self.gpm_phase, dict) else self.gpm_phase
+        self.gpm_samples[address] = (h[1], gi, next(self._gpm_sequence), phase)
+        return sample
+
+    def nvmlGpmSampleGet(self, h, sample):
+        self._call("nvmlGpmSampleGet")
+        return self._take(h, None, sample)
+
+    def nvmlGpmMigSampleGet(self, h, gpu_instance_id, sample):
+        self._call("nvmlGpmMigSampleGet")
+        if not any(d.gi == gpu_instance_id for d in self.gpus[h[1]].mig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._take(h, gpu_instance_id, sample)
+
+    def nvmlGpmMetricsGet(self, request):
+        self._call("nvmlGpmMetricsGet")
+        older = self.gpm_samples.get(self._address(request.sample1))
+        newer = self.gpm_samples.get(self._address(request.sample2))
+        if (request.version != pynvml.NVML_GPM_METRICS_GET_VERSION or older is None or newer is None
+                or older[:2] != newer[:2] or older[2] >= newer[2]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not two samples of one GPU, in order
+        figures = gpm_figures()[newer[3]]
+        names = {getattr(pynvml, name): name for name in dir(pynvml) if name.startswith("NVML_GPM_METRIC_")}
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            name = names.get(metric.metricId)
+            if name in figures:
+                metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, figures[name]
+            else:
+                metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+        return request

@@ -212,8 +212,8 @@ def _snapshot(**gpu_fields) -> HostSnapshot:
 
 def test_engine_activity_per_gi_as_a_ratio_only_where_a_figure_exists_and_no_processes_when_unread():
     snap = _snapshot(mig_enabled=True, power_w=9.2e18, memory_used_mib=500.0, processes=None, mig_instances=(
-        MigInstance(1, "3g.20gb", activity_pct=42.0, memory_used_mib=-1.0, processes=None),
-        MigInstance(2, "3g.20gb", activity_pct=None, memory_used_mib=0.0, processes=()),
+        MigInstance(1, "3g.20gb", gpm={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 42.0}, memory_used_mib=-1.0, processes=None),
+        MigInstance(2, "3g.20gb", gpm={}, memory_used_mib=0.0, processes=()),
     ))
     samples = gpu_samples(snap, HostIdentity("h", hostname_labels=("hostname",)))
     got = {(s.metric, s.labels.get("GPU_I_ID")): s.value for s in samples}
@@ -224,6 +224,35 @@ def test_engine_activity_per_gi_as_a_ratio_only_where_a_figure_exists_and_no_pro
     assert one.labels == {"gpu": "0", "UUID": "GPU-1", "pci_bus_id": "00000000:07:00.0", "device": "nvidia0",
                           "modelName": "NVIDIA A100-SXM4-40GB", "GPU_I_PROFILE": "3g.20gb", "GPU_I_ID": "1",
                           "hostname": "h", "DCGM_FI_DRIVER_VERSION": "550.54.15"}
+
+
+def test_gpm_figures_are_dcgm_exporter_ratios_per_gpu_and_left_out_when_not_a_percentage():
+    gpm = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 99.47, "DCGM_FI_PROF_SM_ACTIVE": 96.1,
+           "DCGM_FI_PROF_SM_OCCUPANCY": 14.2, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 93.28,
+           "DCGM_FI_PROF_DRAM_ACTIVE": 17.41, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0,
+           "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 100.5, "DCGM_FI_PROF_PIPE_FP64_ACTIVE": float("nan")}
+    samples = gpu_samples(_snapshot(utilization_pct=100.0, gpm=gpm), HostIdentity("h"))
+    got = {s.metric: s.value for s in samples if s.metric.startswith("DCGM_FI_PROF_")}
+    assert got == pytest.approx({"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9947, "DCGM_FI_PROF_SM_ACTIVE": 0.961,
+                                 "DCGM_FI_PROF_SM_OCCUPANCY": 0.142, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.9328,
+                                 "DCGM_FI_PROF_DRAM_ACTIVE": 0.1741, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0})
+    assert all("GPU_I_ID" not in s.labels for s in samples)
+
+
+def test_nvml_agent_serves_gpm_series_from_the_second_sample_per_gi_and_none_without_gpm(serve):
+    fake = FakeNvml(MIG, "load", gpm_phase={2: "busy"})
+    agent = serve(HostIdentity("h"), reader=NvmlReader(fake).open())
+    first = scrape(agent.port)
+    assert not [name for name in first if name.startswith("DCGM_FI_PROF_")]  # one sample: no interval yet
+    agent.agent.sample_once()
+    metrics = scrape(agent.port)
+    assert by_gi(metrics["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]) == pytest.approx({"2": 0.9947, "3": 0.0, "9": 0.0,
+                                                                             "10": 0.0})
+    assert by_gi(metrics["DCGM_FI_PROF_SM_ACTIVE"])["2"] == pytest.approx(0.961)
+    assert "DCGM_FI_PROF_PIPE_FP32_ACTIVE" not in metrics  # the GPU did not give it: no series, never 0
+    no_gpm = serve(HostIdentity("h"), reader=NvmlReader(FakeNvml(MIG, "load"), gpm=False).open())
+    no_gpm.agent.sample_once()
+    assert not [name for name in scrape(no_gpm.port) if name.startswith("DCGM_FI_PROF_")]
 
 
 @pytest.mark.skipif(not SHARED, reason="../shared/data/nvidia_smi not present")
@@ -413,12 +442,15 @@ def _wait_for_samples(prom_url: str, query: str, n: int, timeout_s: float = 30) 
 def test_prometheus_scrapes_agents_and_the_collector_reads_them_unchanged(tmp_path, serve):
     h100 = serve(HostIdentity("ip-10-0-1-2.ec2.internal"), sample=True, interval_s=0.5)
     # The MIG host reads through NVML (the fake module over the MIG capture).
+    # Two MIG hosts without GPM (the process-count and memory evidence), one with GPM (GI 2 busy, the rest idle).
     mig = serve(HostIdentity("ip-10-0-1-3"), sample=True, interval_s=0.5,
-                reader=NvmlReader(FakeNvml(MIG, "load")).open())
+                reader=NvmlReader(FakeNvml(MIG, "load"), gpm=False).open())
     idle_mig = serve(HostIdentity("ip-10-0-1-4"), sample=True, interval_s=0.5,
-                     reader=NvmlReader(FakeNvml(MIG, "idle")).open())
+                     reader=NvmlReader(FakeNvml(MIG, "idle"), gpm=False).open())
+    gpm_mig = serve(HostIdentity("ip-10-0-1-5"), sample=True, interval_s=0.5,
+                    reader=NvmlReader(FakeNvml(MIG, "load", gpm_phase={2: "busy"})).open())
     prom = start_scraping_prometheus(tmp_path / "prom", [f"127.0.0.1:{h100.port}", f"127.0.0.1:{mig.port}",
-                                                         f"127.0.0.1:{idle_mig.port}"])
+                                                         f"127.0.0.1:{idle_mig.port}", f"127.0.0.1:{gpm_mig.port}"])
     try:
         _wait_for_samples(prom.url, "count_over_time(DCGM_FI_DEV_FB_USED[1m])", 8)
         instances = [
@@ -435,7 +467,9 @@ def test_prometheus_scrapes_agents_and_the_collector_reads_them_unchanged(tmp_pa
         usage = source.window_usage(instances, window_s=60, now=now)
         # The central judgement of the two MIG hosts, over the last 6 s (all scraped): a short window, so that
         # the idle host's process counts cover it and the opt-in rule can judge it.
-        short = source.window_usage([instances[1], idle_host], window_s=6, now=now)
+        gpm_host = GpuInstance("i-0gpmmig", "p5.48xlarge", "us-east-1", "running",
+                               datetime(2026, 1, 1, tzinfo=timezone.utc), private_dns="ip-10-0-1-5.ec2.internal")
+        short = source.window_usage([instances[1], idle_host, gpm_host], window_s=6, now=now)
     finally:
         prom.stop()
     h, = usage["i-0h100"].gpus
@@ -461,3 +495,12 @@ def test_prometheus_scrapes_agents_and_the_collector_reads_them_unchanged(tmp_pa
     idle = evaluate(idle_host, short["i-0idlemig"], opt_in, now)
     assert (idle.verdict, idle.code) == (Verdict.IDLE, ReasonCode.IDLE_NO_PROCESSES), idle.reason
     assert "idle_without_activity_counter" in idle.reason
+    # With GPM each GPU instance has a real activity figure (GR_ENGINE_ACTIVE, as %) and is judged by it.
+    gis = {g.gpu: g for g in short["i-0gpmmig"].gpus if "/" in g.gpu}
+    assert gis["0/2"].activity_max == pytest.approx(99.47) and gis["0/9"].activity_max == 0.0
+    assert all(g.activity_signal == "DCGM_FI_PROF_GR_ENGINE_ACTIVE" for g in gis.values())
+    # Judged by the instances' own activity, not by the board's process count standing in for it: one of the
+    # four slices worked, three did nothing.
+    gpm_busy = evaluate(gpm_host, short["i-0gpmmig"], rule, now)
+    assert gpm_busy.verdict is Verdict.UNDERUTILIZED and "1 of 4" in gpm_busy.reason, gpm_busy.reason
+    assert "no activity counter" not in gpm_busy.reason

@@ -201,7 +201,10 @@ def test_sane_answers_pass_unchanged():
                    clean(GR_ENGINE_ACTIVE, count="20", sum="20", max="1", min="1"))
     g = use.gpus[0]
     assert not g.invalid
-    assert (g.samples, g.activity_mean, g.activity_max, g.fb_used_max_mib, g.power_mean_w) == (20, 90, 95, 81000, 300)
+    # The GR engine's ratio is the activity figure where a GPU has it; GPU_UTIL is the second one IDLE needs.
+    assert (g.samples, g.activity_mean, g.activity_max, g.fb_used_max_mib, g.power_mean_w) == (20, 100, 100, 81000, 300)
+    assert (g.activity_signal, g.second_activity_signal) == (GR_ENGINE_ACTIVE, GPU_UTIL)
+    assert (g.second_activity_mean, g.second_activity_max) == (90, 95)
 
 
 # --------------------------------------------------------------------------- pure parts

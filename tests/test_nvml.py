@@ -284,3 +284,98 @@ def test_nvidia_smi_module_sees_the_same_fields_as_the_fake_nvml():
         header = next(b for (p, a), b in sections.items() if p == "load" and a.startswith("--query-gpu="))
         names = {h.split(" [")[0].strip() for h in header.splitlines()[0].split(",")}
         assert set(nvidia_smi.SNAPSHOT_QUERY_FIELDS) <= names, capture.name
+
+
+# --------------------------------------------------------------------------- GPM (Hopper profiling counters)
+
+GPM_BUSY = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 99.47, "DCGM_FI_PROF_SM_ACTIVE": 96.1,
+            "DCGM_FI_PROF_SM_OCCUPANCY": 14.2, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 93.28,
+            "DCGM_FI_PROF_DRAM_ACTIVE": 17.41, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0}  # the real H200, busy
+
+
+def test_gpm_needs_two_samples_then_gives_the_real_h200_figures_per_phase():
+    fake = FakeNvml(H100, "load")  # a Hopper GPU: answered from the H200's GPM figures
+    reader = NvmlReader(fake).open()
+    assert reader.read(NOW).gpus[0].gpm == {}  # one sample: no interval yet, no figures (never 0)
+    assert reader.read(NOW).gpus[0].gpm == GPM_BUSY
+    fake.gpm_phase = "duty50"
+    duty = reader.read(NOW).gpus[0].gpm
+    assert duty["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 48.54 and duty["DCGM_FI_PROF_SM_ACTIVE"] == 41.92
+    # FP32/FP64/HMMA/IMMA were not recorded on the H200: the fake answers NotSupported for them, and a metric
+    # NVML does not give is absent, not 0.
+    assert "DCGM_FI_PROF_PIPE_FP32_ACTIVE" not in duty
+    fake.gpm_phase = "hold"  # 20 GiB held, no kernels
+    assert reader.read(NOW).gpus[0].gpm["DCGM_FI_PROF_SM_ACTIVE"] == 0.0
+
+
+def test_gpm_reuses_two_buffers_per_gpu_and_frees_them_on_close():
+    fake = FakeNvml(H100, "load")
+    reader = NvmlReader(fake).open()
+    for _ in range(5):
+        reader.read(NOW)
+    assert len(fake.gpm_samples) == 2 and fake.calls.count("nvmlGpmSampleAlloc") == 2
+    assert fake.calls.count("nvmlGpmQueryDeviceSupport") == 1  # asked once per GPU
+    reader.close()
+    assert fake.gpm_samples == {} and fake.calls.count("nvmlGpmSampleFree") == 2
+
+
+def test_a_gpu_without_gpm_has_no_gpm_figures_and_is_not_sampled():
+    capture = next((c for c in CAPTURES if "l40s" in c.name or "rtx" in c.name), None)
+    if capture is None:
+        pytest.skip("no pre-Hopper capture here")
+    fake = FakeNvml(capture, "load")
+    reader = NvmlReader(fake).open()
+    snaps = [reader.read(NOW) for _ in range(3)]
+    assert all(s.gpus[0].gpm == {} for s in snaps)
+    assert "nvmlGpmSampleGet" not in fake.calls and fake.gpm_samples == {}
+    # Support said yes but the sample is refused (a real pre-Hopper GPU answers NotSupported): no figures, no
+    # buffers kept, not asked again.
+    fake = FakeNvml(capture, "load")
+    fake.nvmlGpmQueryDeviceSupport = lambda h: type("S", (), {"isSupportedDevice": 1})()
+    reader = NvmlReader(fake).open()
+    assert all(reader.read(NOW).gpus[0].gpm == {} for _ in range(3))
+    assert fake.calls.count("nvmlGpmSampleGet") == 1 and fake.gpm_samples == {}
+
+
+def test_gpm_per_mig_gpu_instance_and_none_on_the_parent():
+    fake = FakeNvml(MIG, "load", gpm_phase={2: "busy", 3: "duty50"})  # GIs 9 and 10 idle
+    reader = NvmlReader(fake).open()
+    reader.read(NOW)
+    gpu = reader.read(NOW).gpus[0]
+    assert gpu.gpm == {}  # under MIG the figures are per GI only
+    by_gi = {m.gpu_instance_id: m for m in gpu.mig_instances}
+    assert by_gi[2].gpm == GPM_BUSY and by_gi[2].activity_pct == 99.47
+    assert by_gi[3].activity_pct == 48.54 and by_gi[9].activity_pct == 0.0 and by_gi[10].activity_pct == 0.0
+    assert "nvmlGpmSampleGet" not in fake.calls and fake.calls.count("nvmlGpmMigSampleGet") == 8
+    # GI 10 destroyed: its two buffers are freed with the next read.
+    fake.gpus[0].mig = [d for d in fake.gpus[0].mig if d.gi != 10]
+    reader.read(NOW)
+    assert len(fake.gpm_samples) == 6
+    reader.close()
+    assert fake.gpm_samples == {}
+
+
+def test_a_gpm_error_drops_only_the_gpm_figures_logs_once_and_recovers(caplog):
+    caplog.set_level("WARNING", logger="gpufinops.agent")
+    fake = FakeNvml(H100, "load")
+    reader = NvmlReader(fake).open()
+    reader.read(NOW)
+    fake.fail["nvmlGpmSampleGet"] = pynvml.NVML_ERROR_UNKNOWN
+    snaps = [reader.read(NOW) for _ in range(3)]
+    assert all(s.gpus[0].gpm == {} and s.gpus[0].utilization_pct == 100.0 for s in snaps)  # the rest is read
+    said = [r.getMessage() for r in caplog.records if "GPM" in r.getMessage()]
+    assert len(said) == 1 and "Unknown Error" in said[0], said
+    del fake.fail["nvmlGpmSampleGet"]
+    assert reader.read(NOW).gpus[0].gpm == {}  # a new interval starts after the error
+    assert reader.read(NOW).gpus[0].gpm == GPM_BUSY
+    # Something else the bindings raise in GPM (not an NVMLError) never fails the read either.
+    fake.fail["nvmlGpmMetricsGet"] = TypeError("bindings and library disagree")
+    snap = reader.read(NOW)
+    assert snap.gpus[0].gpm == {} and snap.gpus[0].memory_used_mib is not None
+
+
+def test_gpm_off_makes_no_gpm_call():
+    fake = FakeNvml(H100, "load")
+    reader = NvmlReader(fake, gpm=False).open()
+    reader.read(NOW)
+    assert reader.read(NOW).gpus[0].gpm == {} and not [c for c in fake.calls if "Gpm" in c]

@@ -4,7 +4,11 @@ One `window_usage` call sends four instant queries, concurrently, whatever the f
 (activity from DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They
 aggregate the window ending at `now` per GPU; the answers are mapped to EC2 instances here. The memory query
 also carries the compute-process counts `gpufinops agent` exports per GPU / MIG instance (FOLDED): evidence of
-work where no activity counter exists (docs/metrics.md, "Evidence of work").
+work where no activity counter exists (docs/metrics.md, "Evidence of work"). The GR engine query also carries
+the other DCGM profiling ratios where exported (SM active, SM occupancy, tensor / FP64 / FP32 / FP16 pipes,
+DRAM), one window mean each: what says why a GPU's use stays low (docs/metrics.md, "Profiling counters").
+Where a GPU has both activity counters, the GR engine's is its activity figure and GPU_UTIL's the second one
+that IDLE needs to agree.
 
 Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a field is unavailable, and a
 broken exporter may write negatives or NaN. Such samples are not measurements: they must neither count as
@@ -53,13 +57,22 @@ from gpufinops.collect.errors import QueryFailed
 from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC
 from gpufinops.config import PrometheusSettings
 from gpufinops.metric_ranges import (
-    ACTIVITY_PCT, GR_ENGINE_RATIO, PROCESS_COUNT, Limit, aggregate_problem, invalidated, memory_limit, number_problem,
-    out_of_range, power_limit, samples_limit, validate_stats_within,
+    ACTIVITY_PCT, GR_ENGINE_RATIO, PROCESS_COUNT, PROFILING_RATIO, REL_TOL, Limit, aggregate_problem, invalidated,
+    memory_limit, number_problem, out_of_range, power_limit, samples_limit, validate_stats_within,
 )
 from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance, GpuWindowStats, InstanceUsage
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1; all a MIG slice has
+# DCGM profiling ratios 0..1 (dcgm-exporter's DCP fields; SM_ACTIVE, SM_OCCUPANCY and the FP pipes are off in its
+# default CSV, docs/metrics.md shows the lines to add). Read as window means, to say why use stays low.
+SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
+SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
+TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
+PIPE_ACTIVE = {"fp64": "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp32": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+               "fp16": "DCGM_FI_PROF_PIPE_FP16_ACTIVE"}
+PROFILING_SIGNALS = (SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, *PIPE_ACTIVE.values())
 FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
 # Compute processes per GPU / MIG instance, exported by `gpufinops agent` only (not dcgm-exporter): evidence of
@@ -70,7 +83,9 @@ PROCESSES = PROCESSES_METRIC
 # driver version and pod labels are left out on purpose: they change while the
 # GPU stays the same, and per-GPU figures must span those changes.
 GPU_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "modelName")
-# The activity signals in order of preference, each with its factor to percent: a MIG slice has only the second.
+# The activity signals of the backtest's history read (`activity_percent`), in its order, each with its factor to
+# percent: a MIG slice has only the second. The live collector prefers the GR engine where a GPU has both
+# (`_Gpu.stats`); the backtest's order is kept until its replays are re-based (issue 25, reported).
 ACTIVITY_SIGNALS = ((GPU_UTIL, 1.0), (GR_ENGINE_ACTIVE, 100.0))
 MAX_POINTS = 10_000  # steps per range query: under Prometheus' 11,000 points per series
 
@@ -93,7 +108,7 @@ def selected(metric: str, selector: str) -> str:
 
 def activity_percent(by: Sequence[str], selector: str) -> str:
     """PromQL: activity in percent per GPU (`max by` its identity), DCGM_FI_DEV_GPU_UTIL where the GPU has a
-    valid sample, else 100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE (the live collector's fallback, per step). Sentinels,
+    valid sample, else 100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE (the fallback, per step). Sentinels,
     negatives and NaN are dropped before the fallback (no data, never a figure). Both sides are aggregated by
     the same labels, so `or` falls back per GPU and per step, never mixing two signals of one GPU."""
     labels, hi = ", ".join(by), f"{SENTINEL_THRESHOLD:g}"
@@ -112,17 +127,26 @@ _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
     POWER_USAGE: ("count", "sum", "min"),
     # count for coverage, max for "a process ran"; min and sum reveal a negative or a non-whole count.
     PROCESSES: ("count", "sum", "max", "min"),
+    # One range function each (engine CPU per tick, BENCHMARKS.md "Profiling counters"): the window mean says
+    # why use is low; a sentinel, NaN or a mean above 1 shows invalid samples (`needs_detail`). Their coverage
+    # is the activity counter's: dcgm-exporter writes every profiling field of a GPU in the same scrape.
+    **{metric: ("mean",) for metric in PROFILING_SIGNALS},
 }
 # Signals whose clean legs ride in another signal's query, with agg labels prefixed "<prefix>_": the
 # processes legs are `or`-ed into the memory query (both come from gpufinops agent, per GPU instance), so the
 # number of HTTP queries per tick stays four. The engine evaluates the legs alike either way: free on a fleet
 # without the series, four more range functions per GPU that has it (docs/metrics.md, "Evidence of work").
-FOLDED: Mapping[str, tuple[str, str]] = {PROCESSES: (FB_USED, "processes")}
+# The profiling ratios ride in the GR engine query alike (agg "sm_active_mean", ...): they come from the same
+# DCGM profiling module, and a GPU without it costs nothing more.
+FOLDED: Mapping[str, tuple[str, str]] = {
+    PROCESSES: (FB_USED, "processes"),
+    **{metric: (GR_ENGINE_ACTIVE, metric.removeprefix("DCGM_FI_PROF_").lower()) for metric in PROFILING_SIGNALS},
+}
 # The signals with a query of their own, in query order.
 QUERIED_SIGNALS = tuple(m for m in _SIGNAL_AGGS if m not in FOLDED)
 # Signals whose GPUs with invalid samples are read again sample by sample (plan_detail). Process counts are
 # not: gpufinops agent writes no sentinels, so an implausible count is a broken exporter and the GPU invalid.
-DETAILED_SIGNALS = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE)
+DETAILED_SIGNALS = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, POWER_USAGE, *PROFILING_SIGNALS)
 # Signals whose every value is a whole number (a count of things, not a measurement).
 WHOLE_SIGNALS = (PROCESSES,)
 
@@ -138,15 +162,20 @@ def accepted_aggs() -> dict[str, tuple[str, ...]]:
 
 _ACCEPTED_AGGS = accepted_aggs()
 # Per-series range function, and how the series of one GPU are combined.
-_RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time"}
-_COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min"}
+_RANGE_FN = {"count": "count_over_time", "sum": "sum_over_time", "max": "max_over_time", "min": "min_over_time",
+             "mean": "avg_over_time"}
+# A GPU split into series by pod labels gets the mean of its series' means for a profiling ratio (a reason's
+# figure, never a verdict's threshold): exact for the one series nearly every GPU has.
+_COMBINE = {"count": "sum", "sum": "sum", "max": "max", "min": "min", "mean": "avg"}
 CLEAN, DIRTY, RAW = "clean", "dirty", "raw"
 SOURCE = "Prometheus"  # how reasons name where an implausible number came from
 # How reasons name each signal and aggregate ("the activity sum read from Prometheus ...").
 _SIGNAL_WORDS = {GPU_UTIL: "activity", GR_ENGINE_ACTIVE: "GR engine activity", FB_USED: "memory used",
-                 POWER_USAGE: "power draw", PROCESSES: "process count"}
+                 POWER_USAGE: "power draw", PROCESSES: "process count", SM_ACTIVE: "SM activity",
+                 SM_OCCUPANCY: "SM occupancy", TENSOR_ACTIVE: "tensor pipe activity", DRAM_ACTIVE: "DRAM activity",
+                 **{metric: f"{p.upper()} pipe activity" for p, metric in PIPE_ACTIVE.items()}}
 _AGG_WORDS = {"present": "presence marker", "sample": "sample", "count": "sample count", "sum": "sum",
-              "max": "maximum", "min": "minimum"}
+              "max": "maximum", "min": "minimum", "mean": "mean"}
 # Raw samples read back per tick for GPUs with invalid samples, at most; past it the whole-fleet subquery
 # (the DIRTY query) filters them server-side instead (a fleet whose exporter blanks a field everywhere).
 MAX_DETAIL_POINTS = 200_000
@@ -171,6 +200,8 @@ def needs_detail(agg: str, value: float) -> bool:
     """True when an unfiltered aggregate shows the window held invalid raw samples (sentinel, negative, NaN,
     inf), so the GPU's figures must come from its valid samples instead. A count or presence marker never
     does: an implausible one is the query layer's fault, and flagged as such (row_problem)."""
+    if agg == "mean":  # a profiling ratio's window mean: a sentinel among its samples lifts it over 1
+        return not (math.isfinite(value) and 0.0 <= value <= PROFILING_RATIO.ceiling * (1 + REL_TOL))
     if agg not in ("sum", "max", "min"):
         return False
     return not (math.isfinite(value) and 0.0 <= value < SENTINEL_THRESHOLD)
@@ -358,6 +389,7 @@ class GpuLimits:
     expected_samples: int
     memory: Limit
     power: Limit
+    tdp_w: float | None = None  # the GPU model's TDP when the catalog knows it (the power witness's scale)
 
     @property
     def samples(self) -> Limit:
@@ -391,7 +423,7 @@ def gpu_tdp_w(names: tuple[str, ...], gpu_memory_gib: float = 0.0) -> float | No
 def gpu_limits(inst: GpuInstance, model_name: str, expected_samples: int) -> GpuLimits:
     """Memory from the instance's GPU memory (else an absolute ceiling), power from the catalog's TDP."""
     tdp = gpu_tdp_w((inst.gpu_model, model_name), inst.gpu_memory_gib)
-    return GpuLimits(expected_samples, memory_limit(inst.gpu_memory_gib), power_limit(tdp))
+    return GpuLimits(expected_samples, memory_limit(inst.gpu_memory_gib), power_limit(tdp), tdp)
 
 
 def row_problem(agg: str, value: float, whole: bool = False) -> str:
@@ -411,6 +443,7 @@ class _Agg:
     sum: float = 0.0
     max: float | None = None
     min: float | None = None
+    avg: float | None = None  # a window mean read as such (profiling ratios), when no sample was counted here
     bad: tuple[str, str] | None = None  # (agg, what is wrong) of the first implausible number read
     dirty: bool = False  # came through the dirty query: the window held invalid raw samples, left out
     whole: bool = False  # a count of things (WHOLE_SIGNALS): every value read must be a whole number
@@ -442,10 +475,12 @@ class _Agg:
             self.max = value if self.max is None else max(self.max, value)
         elif agg == "min":
             self.min = value if self.min is None else min(self.min, value)
+        elif agg == "mean":
+            self.avg = value
 
     @property
     def mean(self) -> float | None:
-        return self.sum / self.count if self.count > 0 else None
+        return self.sum / self.count if self.count > 0 else self.avg
 
     def problem(self, metric: str, limits: GpuLimits) -> str:
         """"" when every number read for this signal is plausible, else the sentence saying which is not."""
@@ -468,6 +503,7 @@ _VALUE_LIMIT = {
     FB_USED: lambda limits: limits.memory,
     POWER_USAGE: lambda limits: limits.power,
     PROCESSES: lambda limits: PROCESS_COUNT,
+    **{metric: (lambda limits: PROFILING_RATIO) for metric in PROFILING_SIGNALS},
 }
 
 
@@ -485,15 +521,21 @@ class _Gpu:
         fb = self.signals.get(FB_USED, _Agg())
         power = self.signals.get(POWER_USAGE, _Agg())
         procs = self.signals.get(PROCESSES, _Agg())
-        if util.count > 0:
-            signal, act, scale = GPU_UTIL, util, 1.0
-        elif gr.count > 0:
+        second, second_signal = _Agg(), ""
+        if gr.count > 0:  # preferred; GPU_UTIL, where the GPU has it too, must agree before IDLE
             signal, act, scale = GR_ENGINE_ACTIVE, gr, 100.0  # ratio -> percent
+            if util.count > 0:
+                second, second_signal = util, GPU_UTIL
+        elif util.count > 0:
+            signal, act, scale = GPU_UTIL, util, 1.0
         else:
             signal, act, scale = GPU_UTIL, _Agg(), 1.0
 
         def scaled(v: float | None) -> float | None:
             return None if v is None else v * scale
+
+        def ratio(metric: str) -> float | None:
+            return self.signals[metric].mean if metric in self.signals else None
 
         stats = GpuWindowStats(
             gpu=key,
@@ -510,6 +552,15 @@ class _Gpu:
             processes_max=int(procs.max) if procs.count > 0 and procs.max is not None else None,
             process_samples=int(procs.count) if math.isfinite(procs.count) else 0,
             mig_profile=self.mig_profile,
+            second_activity_signal=second_signal,
+            second_activity_max=second.max if second_signal else None,
+            second_activity_mean=second.mean if second_signal else None,
+            sm_active=ratio(SM_ACTIVE),
+            sm_occupancy=ratio(SM_OCCUPANCY),
+            tensor_active=ratio(TENSOR_ACTIVE),
+            dram_active=ratio(DRAM_ACTIVE),
+            pipes=tuple((p, v) for p, metric in PIPE_ACTIVE.items() if (v := ratio(metric)) is not None),
+            tdp_w=limits.tdp_w,
         )
         for metric in _SIGNAL_AGGS:  # every signal read, not only the one judged
             problem = self.signals[metric].problem(metric, limits) if metric in self.signals else ""

@@ -3,6 +3,11 @@
 No I/O, no clock of its own. The live service, the demo and the backtest all
 call `evaluate`; the backtest also uses `window_is_idle` on whole numpy arrays
 of window aggregates, so the idle predicate is literally the same code.
+
+Where a GPU exports DCGM profiling counters (docs/metrics.md, "Profiling counters"), IDLE needs every activity
+figure it has to agree (the GR engine's, DCGM_FI_DEV_GPU_UTIL's, the SM activity mean), and power is a witness:
+a GPU that reads idle while it draws far more than an idle GPU does is UNKNOWN (the counters may be wrong,
+dcgm-exporter issue #662). UNDERUTILIZED says why from the counters: few SMs busy, tensor pipes idle, bursts.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ MEMORY_HELD_MIB = 1024.0
 # well above the mean. Smaller flickers are reported as plain low use.
 BURST_MIN_PCT = 30.0
 BURST_RATIO = 2.0
+
+# The power witness: an idle-judged GPU drawing at least this fraction of its TDP (window mean) is UNKNOWN.
+# Measured on an H200 (TDP 700 W, /work/shared/data/nvidia_smi/captures_device): 79 W bare idle (11 %), 120 W
+# holding 20 GiB with no kernel (17 %), 470 W at 50 % duty (67 %), 690 W busy; a T4 scraped idle draws 14.5 of
+# its 70 W (21 %). 40 % stands well above every idle draw, so "memory held, no work" stays IDLE, and well below
+# half-duty work, so counters that read 0 under load are caught.
+POWER_WITNESS_TDP_FRACTION = 0.40
+# Causes of low use, from the profiling ratios (window means, 0..1). H200 references: a bf16 matmul keeps the
+# engine 99 % active with 96 % of SM cycles busy, 14 % occupancy and tensor pipes 93 % active.
+KERNELS_MOSTLY_RUNNING_PCT = 80.0  # engine activity at least this: kernels run nearly all the time...
+FEW_SMS_BUSY_RATIO = 0.50  # ...but SMs busy under this: small batches or kernels, too many tiny launches
+TENSOR_IDLE_SMS_BUSY_RATIO = 0.30  # SMs busy at least this...
+TENSOR_IDLE_RATIO = 0.05  # ...while tensor pipes stay under this: FP32 math on a tensor-core GPU
 
 
 def window_is_idle(activity_max, activity_mean, threshold_pct: float, aggregation: Aggregation):
@@ -113,6 +131,76 @@ def _fmt_window(seconds: int) -> str:
     return f"{seconds} s"
 
 
+def activity_source(gpus: Sequence[GpuWindowStats]) -> str:
+    """The counter(s) the activity figures of `gpus` come from, e.g. "DCGM_FI_PROF_GR_ENGINE_ACTIVE"."""
+    return " and ".join(dict.fromkeys(g.activity_signal for g in gpus))
+
+
+def _pct(ratio: float) -> str:
+    return f"{ratio * 100:.0f}%"
+
+
+def counters_disagree(g: GpuWindowStats, rule: Rule) -> str:
+    """"" when every other activity figure of an idle-judged GPU agrees it is idle under the rule, else the
+    words saying which does not (the second activity counter by the rule's aggregation; the SM activity by its
+    window mean, the one figure read for it)."""
+    if g.second_activity_signal and not window_is_idle(g.second_activity_max, g.second_activity_mean,
+                                                       rule.threshold_pct, rule.aggregation):
+        shown = g.second_activity_max if rule.aggregation == Aggregation.STAYS_BELOW else g.second_activity_mean
+        what = "reaches" if rule.aggregation == Aggregation.STAYS_BELOW else "averages"
+        return (f"{gpu_name(g)}: {g.activity_signal} stays under {rule.threshold_pct:g}% but "
+                f"{g.second_activity_signal} {what} {_fmt_pct(shown)}")
+    if g.sm_active is not None and g.sm_active * 100.0 >= rule.threshold_pct:
+        return (f"{gpu_name(g)}: {g.activity_signal} stays under {rule.threshold_pct:g}% but SM activity "
+                f"averages {_pct(g.sm_active)}")
+    return ""
+
+
+def power_witness(g: GpuWindowStats, fraction: float = POWER_WITNESS_TDP_FRACTION) -> str:
+    """"" when an idle-judged GPU's power agrees it is idle (or nothing can say: no power figure or no TDP),
+    else the words saying it draws too much for an idle GPU. The idle draw is the catalog's TDP x `fraction`."""
+    if g.power_mean_w is None or not g.tdp_w:
+        return ""
+    if g.power_mean_w < fraction * g.tdp_w:
+        return ""
+    act = _fmt_pct(g.activity_max)
+    return (f"{gpu_name(g)}: activity reads {act} but the GPU draws {g.power_mean_w:.0f} W on average, "
+            f"{g.power_mean_w / g.tdp_w:.0%} of its {g.tdp_w:.0f} W TDP (an idle GPU draws under "
+            f"{fraction:.0%}, from the catalog's TDP): the counters may be wrong")
+
+
+def low_use_causes(gpus: Sequence[GpuWindowStats]) -> tuple[ReasonCode | None, str]:
+    """(code, words) of why the working GPUs' use stays low, from their profiling ratios; (None, "") when the
+    counters are not exported or show nothing to act on. Means over the GPUs that have each figure."""
+    def mean_of(values) -> float | None:
+        found = [v for v in values if v is not None]
+        return sum(found) / len(found) if found else None
+
+    engine = mean_of(g.activity_mean for g in gpus)
+    sm, occupancy = mean_of(g.sm_active for g in gpus), mean_of(g.sm_occupancy for g in gpus)
+    tensor, fp32 = mean_of(g.tensor_active for g in gpus), mean_of(g.pipe("fp32") for g in gpus)
+    occ_words = f", occupancy {_pct(occupancy)}" if occupancy is not None else ""
+    if engine is not None and sm is not None and engine >= KERNELS_MOSTLY_RUNNING_PCT and sm < FEW_SMS_BUSY_RATIO:
+        return ReasonCode.FEW_SMS_BUSY, (
+            f"kernels run {_fmt_pct(engine)} of the time but only {_pct(sm)} of SM cycles are busy{occ_words}: "
+            f"small batches or small kernels, too many tiny launches (raise the batch size, fuse kernels, "
+            f"CUDA graphs), or a MIG slice / smaller GPU")
+    if sm is not None and tensor is not None and sm >= TENSOR_IDLE_SMS_BUSY_RATIO and tensor < TENSOR_IDLE_RATIO:
+        fp32_words = f", FP32 pipes {_pct(fp32)}" if fp32 is not None else ""
+        return ReasonCode.TENSOR_IDLE, (
+            f"SMs busy {_pct(sm)} of cycles but tensor pipes only {_pct(tensor)}{fp32_words}: FP32 math on a "
+            f"tensor-core GPU (use bf16, TF32 or mixed precision)")
+    return None, ""
+
+
+def _sm_words(gpus: Sequence[GpuWindowStats]) -> str:
+    """", SM activity 30%, occupancy 6%" for a reason, from the GPUs that export them; "" otherwise."""
+    sm = [g.sm_active for g in gpus if g.sm_active is not None]
+    occ = [g.sm_occupancy for g in gpus if g.sm_occupancy is not None]
+    words = f", SM activity {_pct(sum(sm) / len(sm))}" if sm else ""
+    return words + (f", occupancy {_pct(sum(occ) / len(occ))}" if sm and occ else "")
+
+
 def _physical_gpu(stats: GpuWindowStats) -> str:
     # MIG slices are reported as "gpu/instance"; the physical GPU is the part before "/".
     return stats.gpu.split("/", 1)[0]
@@ -183,7 +271,9 @@ def _judge_measured(gpus: Sequence[GpuWindowStats], expected: int, rule: Rule, w
     act_mean = sum(g.activity_mean for g in gpus) / len(gpus)
     mems = [g.fb_used_max_mib for g in gpus if g.fb_used_max_mib is not None]
     mem_max = max(mems) if mems else None
-    stats = dict(activity_mean=act_mean, activity_max=act_max, memory_max_mib=mem_max, coverage=worst)
+    source = activity_source(gpus)
+    stats = dict(activity_mean=act_mean, activity_max=act_max, memory_max_mib=mem_max, coverage=worst,
+                 activity_signal=source)
 
     idle_flags = [
         window_is_idle(g.activity_max, g.activity_mean, rule.threshold_pct, rule.aggregation) for g in gpus
@@ -200,18 +290,28 @@ def _judge_measured(gpus: Sequence[GpuWindowStats], expected: int, rule: Rule, w
                 f"GPU {', '.join(dropped[:4])}: some activity samples in the last {window} are out of range "
                 f"(DCGM sentinels, i.e. no data): not judged idle", **stats,
             )
+        # Every activity figure must agree, and the power must look idle, before a GPU is called idle.
+        disagree = [w for g in gpus if (w := counters_disagree(g, rule))]
+        if disagree:
+            return decide(Verdict.UNKNOWN, ReasonCode.COUNTERS_DISAGREE,
+                          f"{disagree[0]}: the counters disagree, not judged idle", **stats)
+        drawing = [w for g in gpus if (w := power_witness(g))]
+        if drawing:
+            return decide(Verdict.UNKNOWN, ReasonCode.POWER_WITHOUT_ACTIVITY,
+                          f"{drawing[0]}; not judged idle", **stats)
         how = "every sample" if rule.aggregation == Aggregation.STAYS_BELOW else "mean"
         if mem_max is not None and mem_max >= MEMORY_HELD_MIB and act_max < 1.0:
             return decide(
                 Verdict.IDLE, ReasonCode.MEMORY_HELD_IDLE,
-                f"holds {_fmt_gb(mem_max)} on a GPU but 0% active for {window}: memory held is not work",
+                f"holds {_fmt_gb(mem_max)} on a GPU but 0% active for {window}: memory held is not work "
+                f"(activity from {source})",
                 **stats,
             )
         code = ReasonCode.IDLE_STAYS_BELOW if rule.aggregation == Aggregation.STAYS_BELOW else ReasonCode.IDLE_MEAN_BELOW
         return decide(
             Verdict.IDLE, code,
             f"all {len(gpus)} GPU(s) idle: {how} under {rule.threshold_pct:g}% for {window} "
-            f"(max {_fmt_pct(act_max)}, mean {_fmt_pct(act_mean)})",
+            f"(max {_fmt_pct(act_max)}, mean {_fmt_pct(act_mean)}; activity from {source})",
             **stats,
         )
 
@@ -223,7 +323,11 @@ def _judge_measured(gpus: Sequence[GpuWindowStats], expected: int, rule: Rule, w
             **stats,
         )
     busy = [g for g, idle in zip(gpus, idle_flags) if not idle]
-    if act_mean < rule.underutilized_below_pct:
+    sms = [g.sm_active for g in gpus if g.sm_active is not None]
+    # Kernels that run all the time on few SMs are low use too: the SM activity, where exported, says so.
+    sm_low = len(sms) == len(gpus) and sum(sms) / len(sms) * 100.0 < rule.underutilized_below_pct
+    if act_mean < rule.underutilized_below_pct or sm_low:
+        code, causes = low_use_causes(busy)
         if len(busy) < len(gpus):
             return decide(
                 Verdict.UNDERUTILIZED, ReasonCode.SOME_GPUS_BUSY,
@@ -231,16 +335,20 @@ def _judge_measured(gpus: Sequence[GpuWindowStats], expected: int, rule: Rule, w
                 f"(mean {_fmt_pct(act_mean)}): consider a smaller instance",
                 **stats,
             )
+        if code is not None:
+            return decide(Verdict.UNDERUTILIZED, code,
+                          f"mean {_fmt_pct(act_mean)}, max {_fmt_pct(act_max)} over {window}; {causes}", **stats)
         if act_max >= max(rule.threshold_pct, BURST_MIN_PCT) and act_max >= BURST_RATIO * act_mean:
             return decide(
                 Verdict.UNDERUTILIZED, ReasonCode.BURSTY_LOW,
-                f"mean {_fmt_pct(act_mean)} but bursts to {_fmt_pct(act_max)}: working, likely input-, host- or "
-                f"latency-bound (check data loading, CPU preprocessing, batch size)",
+                f"mean {_fmt_pct(act_mean)}{_sm_words(busy)} but bursts to {_fmt_pct(act_max)}: working, likely "
+                f"input-, host- or latency-bound (check data loading, CPU preprocessing, batch size)",
                 **stats,
             )
         return decide(
             Verdict.UNDERUTILIZED, ReasonCode.LOW_STEADY,
-            f"low but not idle under this rule: mean {_fmt_pct(act_mean)}, max {_fmt_pct(act_max)} over {window}",
+            f"low but not idle under this rule: mean {_fmt_pct(act_mean)}{_sm_words(busy)}, max {_fmt_pct(act_max)} "
+            f"over {window}",
             **stats,
         )
     return decide(
@@ -300,11 +408,16 @@ def mig_boards(gpus: Sequence[GpuWindowStats]) -> set[str]:
 
 def without_activity(gpus: Sequence[GpuWindowStats], rule: Rule) -> tuple[GpuWindowStats, ...]:
     """The GPUs to judge by processes and memory: those without activity figures, less the board-level
-    series of a MIG GPU (power, the whole GPU's process count; no GPU_I_ID) that show no work: its instances
-    are judged. MIG instances first, so a reason names the instance that worked rather than its board."""
+    series of a MIG GPU (power, the whole GPU's process count; no GPU_I_ID) that show no work, or whose
+    every instance has its own activity figure (NVML GPM, dcgm-exporter's profiling fields): its instances are
+    judged, by their activity. MIG instances first, so a reason names the instance that worked rather than
+    its board."""
     boards = mig_boards(gpus)
+    counted = {b for b in boards
+               if all(_measured(g) for g in gpus if "/" in g.gpu and _physical_gpu(g) == b)}
     found = [g for g in gpus
-             if not _measured(g) and not (g.gpu in boards and not evidence_of_work(g, rule.idle_memory_floor_mib))]
+             if not _measured(g) and not (g.gpu in boards and (g.gpu in counted or not evidence_of_work(
+                 g, rule.idle_memory_floor_mib)))]
     return tuple(sorted(found, key=lambda g: g.gpu in boards))
 
 
