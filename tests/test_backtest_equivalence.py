@@ -80,3 +80,27 @@ def test_equivalence_on_real_gentd26_pods():
     for rule in rule_variants()[:3]:
         rep = assert_same(sub, rule, BacktestSettings())
     assert rep.n_stops > 0
+
+
+def test_equivalence_with_sm_activity_in_the_trace():
+    """A history carrying DCGM_FI_PROF_SM_ACTIVE (issue 25) replays as evaluate() judges it: IDLE needs the SM
+    mean under the threshold too (UNKNOWN counters_disagree otherwise), and busy kernels on few SMs are
+    UNDERUTILIZED. Gaps in the SM column on one GPU, none at all on another."""
+    trace = mixed_trace()
+    rng = np.random.default_rng(3)
+    sm = np.clip(trace.util / 100.0 * rng.uniform(0.1, 1.0, trace.util.shape), 0.0, 1.0)
+    sm[0, 120:200] = 0.5  # activity reads idle, SM activity does not (dcgm-exporter issue #662)
+    sm[1, :] = np.nan  # this GPU exports no SM activity
+    sm[2, rng.random(trace.n_steps) < 0.2] = np.nan
+    trace = replace(trace, sm_active=sm)
+    prep = Prepared(trace, BacktestSettings(demand_pct=10.0))
+    seen = set()
+    for rule in rule_variants():
+        rep = assert_same(trace, rule, BacktestSettings(demand_pct=10.0))
+        seen |= set(np.unique(rep.verdicts).tolist())
+    assert {0, 1, 2} <= seen  # UNKNOWN, IDLE, UNDERUTILIZED all compared
+    # The SM figure changed verdicts: without it the same rule calls more ticks IDLE.
+    rule = rule_variants()[0]
+    with_sm = rule_verdicts(prep, rule)
+    without = rule_verdicts(Prepared(replace(trace, sm_active=None), BacktestSettings(demand_pct=10.0)), rule)
+    assert (with_sm == 1).sum() < (without == 1).sum()

@@ -51,7 +51,7 @@ def test_prometheus_history_backtests_like_the_same_trace_from_a_file(prometheus
     assert rc == 0
     assert "gpu-util-below-40pct-10m" in capsys.readouterr().out
 
-    with pytest.raises(ConfigError, match="no DCGM_FI_DEV_GPU_UTIL"):
+    with pytest.raises(ConfigError, match="no DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL series"):
         load_prometheus(server.url, START - 86400 * 30, START - 86400 * 29, 60)
 
 
@@ -83,10 +83,11 @@ def fleet_prom(tmp_path_factory):
                _steps(0.5)),
         Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm_labels("mig-host", 0, instance_id="i-mig", GPU_I_ID="2", **mig),
                _steps(0.0)),
-        # A GPU with both signals: GPU_UTIL is the one read, except where its sample is a DCGM sentinel.
-        Series("DCGM_FI_DEV_GPU_UTIL", dcgm_labels("both-host", 0, instance_id="i-both"),
-               [(t, 9.2e18 if 10 <= k < 13 else v) for k, (t, v) in enumerate(_steps(40.0))]),
-        Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm_labels("both-host", 0, instance_id="i-both"), _steps(0.9)),
+        # A GPU with both signals: the GR engine's is the one read (as the live collector prefers it, issue 25),
+        # except where its sample is a DCGM sentinel: there GPU_UTIL's valid sample, per step.
+        Series("DCGM_FI_DEV_GPU_UTIL", dcgm_labels("both-host", 0, instance_id="i-both"), _steps(40.0)),
+        Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", dcgm_labels("both-host", 0, instance_id="i-both"),
+               [(t, 9.2e18 if 10 <= k < 13 else v) for k, (t, v) in enumerate(_steps(0.9))]),
         # No instance id label: named by the old dcgm-exporter's `Hostname`, and the new one's `hostname`.
         Series("DCGM_FI_DEV_GPU_UTIL", dcgm_labels("ip-10-0-0-7", 0), _steps(30.0)),
         Series("DCGM_FI_DEV_GPU_UTIL", dcgm_labels("ip-10-0-0-8", 0, hostname_label="hostname"), _steps(60.0)),
@@ -167,8 +168,11 @@ def test_a_mig_only_fleet_replays_its_gr_engine_activity_and_both_hostname_label
                            ("ip-10-0-0-8", "0")}
     np.testing.assert_array_equal(by_gpu[("i-mig", "0/1")], np.full(N_STEPS, 50.0))  # ratio 0.5 -> 50%
     np.testing.assert_array_equal(by_gpu[("i-mig", "0/2")], np.zeros(N_STEPS))
-    both = np.full(N_STEPS, 40.0)  # GPU_UTIL, not the GR engine's 90% ...
-    both[10:13] = 90.0  # ... but where GPU_UTIL holds a sentinel, the GR engine's valid sample (per step)
+    # The GR engine's 90%, not GPU_UTIL's 40%: the backtest used to prefer GPU_UTIL while the live collector
+    # (collect.prometheus `_Gpu.stats`) prefers the GR engine where a GPU has both, so a replay could call a GPU
+    # idle that the service would not (or the reverse). Since issue 25 both read the same counter first ...
+    both = np.full(N_STEPS, 90.0)
+    both[10:13] = 40.0  # ... and where the GR engine holds a sentinel, GPU_UTIL's valid sample (per step)
     np.testing.assert_array_equal(by_gpu[("i-both", "0")], both)
     np.testing.assert_array_equal(by_gpu[("ip-10-0-0-7", "0")], np.full(N_STEPS, 30.0))
     np.testing.assert_array_equal(by_gpu[("ip-10-0-0-8", "0")], np.full(N_STEPS, 60.0))
@@ -227,3 +231,46 @@ def test_prometheus_down_is_a_failed_query_not_a_config_error(capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[backtest]")]
     assert rc == 1
     assert err == [f"error: prometheus at 127.0.0.1:{port}: cannot connect"]
+
+
+@pytest.mark.integration
+def test_a_replay_carries_sm_activity_where_prometheus_has_it_and_a_file_trace_can_too(prometheus_factory,
+                                                                                     tmp_path):
+    """Profiling columns are optional (issue 25): read where the history has DCGM_FI_PROF_SM_ACTIVE, from a real
+    Prometheus or a file column, and applied as the live evaluate() applies them."""
+    n = 300
+    quiet = np.zeros(n)  # activity says idle the whole time ...
+    sm = np.full(n, 0.5)  # ... SM activity says half the SM cycles work (dcgm-exporter issue #662)
+    labels = dcgm_labels("host-p", 0, instance_id="i-prof")
+    server = prometheus_factory([
+        Series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, [(START + 60 * k, v / 100) for k, v in enumerate(quiet)]),
+        Series("DCGM_FI_PROF_SM_ACTIVE", labels,
+               [(START + 60 * k, 2.0 ** 47 if k == 5 else v) for k, v in enumerate(sm)]),  # one DCGM blank
+        Series("DCGM_FI_DEV_GPU_UTIL", dcgm_labels("host-q", 0, instance_id="i-plain"),
+               [(START + 60 * k, v) for k, v in enumerate(quiet)]),
+    ])
+    trace = load_prometheus(server.url, START, START + 60 * (n - 1), 60)
+    assert trace.instance_ids == ("i-plain", "i-prof") and "DCGM_FI_PROF_SM_ACTIVE" in trace.source
+    assert np.isnan(trace.sm_active[0]).all()  # i-plain: no SM series
+    expected = sm.copy()
+    expected[5] = np.nan
+    np.testing.assert_array_equal(trace.sm_active[1], expected)
+
+    rules = load_rules([ROOT / "rules" / "zero-activity.yaml"])
+    from dataclasses import replace
+
+    with_sm = backtest(trace, rules)
+    without = backtest(replace(trace, sm_active=None), rules)
+    assert without[0].stops == 2 and with_sm[0].stops == 1  # i-prof is never called idle: UNKNOWN
+
+    # The same history as a file, SM activity in percent: the same replay.
+    path = tmp_path / "trace.csv"
+    rows = ["instance_id,gpu,timestamp,utilization,sm_active_pct"]
+    rows += [f"i-plain,0,{START + 60 * k:.0f},{quiet[k]}," for k in range(n)]
+    rows += [f"i-prof,0,{START + 60 * k:.0f},{quiet[k]},{'' if k == 5 else sm[k] * 100}" for k in range(n)]
+    path.write_text("\n".join(rows) + "\n")
+    from gpufinops.backtest.traces import load_trace
+
+    from_file = load_trace(path)
+    np.testing.assert_allclose(from_file.sm_active, trace.sm_active)
+    assert [s.to_dict() for s in backtest(from_file, rules)] == [s.to_dict() for s in with_sm]

@@ -167,3 +167,78 @@ def test_recommend_cli_end_to_end_with_moto_and_prometheus(aws, prometheus_facto
         assert [r.instance_id for r in latest_recommendations(store) if r.instance_id] == [iid]
     finally:
         store.close()
+
+
+# --------------------------------------------------------------------------- profiling counters (issue 25)
+#
+# Right-sizing with SM activity and memory together, read from a real Prometheus holding DCGM profiling series
+# (ratios 0..1) beside DCGM_FI_DEV_GPU_UTIL: the same four queries, whatever the fleet exports.
+
+PROFILED = [
+    # One H100 whose kernels run nearly all the time (GPU_UTIL ~95%) on ~12% of its SMs with 10 GB: a smaller GPU.
+    GpuInstance("i-few-sms", "p5.4xlarge", "us-east-1", "running", NOW - timedelta(days=60), tags={"team": "cv"}),
+    # 8 H200s, one working on a quarter of its SMs with 50 GB: half an H200 (MIG 3g.71gb), priced in dollars.
+    GpuInstance("i-h200", "p5en.48xlarge", "us-east-1", "running", NOW - timedelta(days=60), tags={"team": "llm"}),
+    # The same H100 shape without SM activity exported: sized as before, said so.
+    GpuInstance("i-no-prof", "p5.4xlarge", "us-east-1", "running", NOW - timedelta(days=60), tags={"team": "cv"}),
+]
+
+
+def _ratio_series(metric, labels, days, value):
+    end = NOW.timestamp()
+    ts = [end - k * STEP for k in range(int(days * 86400 / STEP))][::-1]
+    return [Series(metric, labels, [(t, value(i)) for i, t in enumerate(ts)])]
+
+
+@pytest.fixture(scope="module")
+def profiled_fleet(tmp_path_factory):
+    from tests.promserver import binaries_missing, start_prometheus
+
+    if binaries_missing():
+        pytest.skip(binaries_missing())
+    series = []
+    few = dcgm_labels("ip-10-1-0-1", 0, instance_id="i-few-sms", model="NVIDIA H100 80GB HBM3")
+    series += _series(few, 15, _wave(90, 99), _wave(8 * GIB, 10 * GIB))
+    series += _ratio_series("DCGM_FI_PROF_SM_ACTIVE", few, 15, _wave(0.06, 0.12))
+    series += _ratio_series("DCGM_FI_PROF_SM_OCCUPANCY", few, 15, lambda i: 0.03)
+    for g in range(8):
+        labels = dcgm_labels("ip-10-1-0-2", g, instance_id="i-h200", model="NVIDIA H200")
+        if g == 0:
+            series += _series(labels, 15, _wave(80, 97), _wave(40 * GIB, 50 * GIB))
+            series += _ratio_series("DCGM_FI_PROF_SM_ACTIVE", labels, 15, _wave(0.15, 0.25))
+            series += _ratio_series("DCGM_FI_PROF_DRAM_ACTIVE", labels, 15, _wave(0.05, 0.2))
+        else:
+            series += _series(labels, 15, lambda i: 0.0, lambda i: 0.5 * GIB)
+            series += _ratio_series("DCGM_FI_PROF_SM_ACTIVE", labels, 15, lambda i: 0.0)
+    series += _series(dcgm_labels("ip-10-1-0-3", 0, instance_id="i-no-prof", model="NVIDIA H100 80GB HBM3"), 15,
+                      _wave(90, 99), _wave(8 * GIB, 10 * GIB))
+    server = start_prometheus(tmp_path_factory.mktemp("prom-profiled"), series)
+    try:
+        yield PrometheusUsage(PrometheusSettings(url=server.url)).fleet_usage(
+            PROFILED, POLICY.window_days * 86400, NOW, STEP, 30 * 86400)
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration
+def test_sm_activity_and_memory_from_prometheus_size_to_a_smaller_gpu_or_a_mig_slice(profiled_fleet):
+    assert profiled_fleet.queries_made == 4  # the profiling legs ride in the GR engine query
+    few = profiled_fleet.instances["i-few-sms"].gpus[0]
+    assert few.signal == "DCGM_FI_DEV_GPU_UTIL" and few.activity_p95 > 90
+    assert 0.11 <= few.sm_p95 <= 0.12 and few.sm_occupancy_mean == pytest.approx(0.03)
+    assert few.sm_samples == profiled_fleet.instances["i-few-sms"].gpus[0].samples and few.dram_p95 is None
+    h200 = profiled_fleet.instances["i-h200"].gpus
+    assert 0.17 <= h200[0].dram_p95 <= 0.2 and all(g.sm_p95 == 0.0 for g in h200[1:])
+    assert profiled_fleet.instances["i-no-prof"].gpus[0].sm_p95 is None
+
+    recs = {r.instance_id: r for r in recommend_fleet(PROFILED, profiled_fleet, load_catalog(), POLICY, NOW)
+            if r.instance_id}
+    few_rec = recs["i-few-sms"]
+    assert few_rec.action == "rightsize" and few_rec.recommended == "g6e.xlarge (1x L40S)"
+    assert "compute from SM activity" in few_rec.reason and few_rec.monthly_savings > 0
+    mig = recs["i-h200"]
+    assert mig.action == "rightsize" and mig.recommended == "H200 MIG 3g.71gb (0.50 of a GPU, shared)"
+    assert mig.monthly_savings == pytest.approx(mig.current_monthly * (1 - 0.5 / 8))
+    plain = recs["i-no-prof"]
+    assert plain.action == "keep" and plain.monthly_savings == 0
+    assert "sized on activity alone (no DCGM_FI_PROF_SM_ACTIVE series" in plain.reason

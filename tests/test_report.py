@@ -357,7 +357,7 @@ def test_cli_writes_the_requested_formats_and_prints_paths(demo, tmp_path, capsy
     out = tmp_path / "reports-out"
     assert main(["report", "--month", MONTH, "--db", str(db), "--out-dir", str(out), "--formats", "csv,json"]) == 0
     printed = capsys.readouterr().out.split()
-    assert sorted(printed) == sorted(str(p) for p in out.iterdir()) and len(printed) == 17  # 16 tables + JSON
+    assert sorted(printed) == sorted(str(p) for p in out.iterdir()) and len(printed) == 19  # 18 tables + JSON
     assert not list(out.glob("*.html")) and (out / f"gpu-audit-{MONTH}.json").is_file()
 
     assert main(["report", "--month", "2022-13", "--db", str(db), "--out-dir", str(out)]) == 2

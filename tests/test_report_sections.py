@@ -382,3 +382,63 @@ def test_a_billing_row_wins_and_a_hostile_owner_tag_is_escaped(churn, tmp_path):
     with next(p for p in paths if p.name.endswith("-instances.csv")).open() as fh:
         cells = {r["instance_id"]: r["owner"] for r in csv.DictReader(fh)}
     assert cells["i-demo0003"] == "'=HYPERLINK(\"http://x\")"
+
+
+# --------------------------------------------------------------------------- why underused (issue 25)
+
+
+def _record_underused(store, start, hours, plan, every_s=3600):
+    """Instances evaluated hourly for `hours` from start; plan: instance -> (team, $/h, [(verdict, code, n)...])
+    taken in order, the last one repeated."""
+    decisions, teams, types = [], {}, {}
+    for iid, (team, rate, steps) in plan.items():
+        teams[iid], types[iid] = team, "g5.xlarge"
+        codes = [(v, c) for v, c, n in steps for _ in range(n)]
+        for k in range(hours):
+            v, c = codes[min(k, len(codes) - 1)]
+            decisions.append(Decision(iid, "r", v, c, "why", start + timedelta(seconds=k * every_s),
+                                      activity_mean=30.0 if v != Verdict.IDLE else 0.0, hourly_cost=rate))
+    store.record_decisions("run", decisions, dry_run=False, teams=teams, types=types, max_gap_s=2 * every_s)
+
+
+def test_why_underused_breaks_underutilized_cost_down_by_cause_and_team_in_words(tmp_path):
+    utc, U = timezone.utc, Verdict.UNDERUTILIZED
+    store = Store(f"sqlite:///{tmp_path / 'u.db'}")
+    # October: profiling causes (few SMs busy, tensor cores unused) beside activity-only ones, two teams.
+    _record_underused(store, datetime(2026, 10, 1, tzinfo=utc), 100, {
+        "i-vision": ("vision", 2.0, [(U, ReasonCode.FEW_SMS_BUSY, 60), (U, ReasonCode.BURSTY_LOW, 40)]),
+        "i-nlp": ("nlp", 1.0, [(U, ReasonCode.TENSOR_IDLE, 30), (Verdict.ACTIVE, ReasonCode.BUSY, 70)]),
+        "i-etl": ("nlp", 0.5, [(U, ReasonCode.BURSTY_LOW, 100)]),
+    })
+    # November: activity-only causes: nothing proves the profiling counters were read.
+    _record_underused(store, datetime(2026, 11, 1, tzinfo=utc), 48, {
+        "i-etl": ("nlp", 0.5, [(U, ReasonCode.LOW_STEADY, 48)]),
+    })
+    store.close()
+    _, html, doc = _write(tmp_path / "u.db", tmp_path / "oct", "2026-10")
+    causes, teams, h = doc["tables"]["underused_causes"], doc["tables"]["underused_by_team"], doc["headline"]
+    # Plain sums of the recorded hours x $/h (one hour per tick, the last one's time counted up to a period).
+    assert [(c["code"], c["cause"], c["profiling"], c["instances"], c["hours"], c["cost"]) for c in causes] == [
+        ("bursty_low", "bursty, low average", False, 2, 140.0, 130.0),
+        ("few_sms_busy", words("few_sms_busy"), True, 1, 60.0, 120.0),
+        ("tensor_idle", words("tensor_idle"), True, 1, 30.0, 30.0),
+    ]
+    assert sum(c["cost"] for c in causes) == pytest.approx(h["underutilized_cost"])
+    assert sum(c["share"] for c in causes) == pytest.approx(1.0)
+    assert h["profiling_causes_cost"] == pytest.approx(150.0)
+    assert [(t["team"], t["code"], t["cost"], round(t["team_share"], 4)) for t in teams] == [
+        ("vision", "few_sms_busy", 120.0, 0.6), ("vision", "bursty_low", 80.0, 0.4),
+        ("nlp", "bursty_low", 50.0, 0.625), ("nlp", "tensor_idle", 30.0, 0.375),
+    ]
+    section = html[html.index('id="why-underused"'):html.index('id="stops"')]
+    assert "kernels keep few SMs busy (small batches or kernels) (profiling counters)" in section
+    assert "tensor cores unused (FP32 math)" in section and "few_sms_busy" not in section
+    assert "$120.00" in section and 'id="no-profiling"' not in section
+    assert 'href="#why-underused"' in html
+    csv_path = tmp_path / "oct" / "gpu-audit-2026-10-underused_causes.csv"
+    assert csv_path.read_text().splitlines()[0] == "code,cause,profiling,instances,hours,cost_usd,share,currency"
+
+    _, html, doc = _write(tmp_path / "u.db", tmp_path / "nov", "2026-11")
+    assert [c["code"] for c in doc["tables"]["underused_causes"]] == ["low_steady"]
+    assert doc["headline"]["profiling_causes_cost"] == 0.0
+    assert 'id="no-profiling">No profiling data behind these causes this month' in html

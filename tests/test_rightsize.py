@@ -126,3 +126,105 @@ def test_region_without_catalog_prices_compares_bundled_regions(catalog):
     gpus = [gpu(0, 14, 15, 40)] + [gpu(k, 0.5, 0) for k in range(1, 8)]
     res = rightsize(i, usage(i.instance_id, gpus), catalog, POLICY)
     assert res.candidate is not None and "no catalog prices for eu-west-1" in res.reason
+
+
+# --------------------------------------------------------------------------- SM activity and memory together (issue 25)
+#
+# DCGM_FI_PROF_SM_ACTIVE (ratio of SM cycles with work, over all SMs) beside the activity counter (share of time any
+# kernel runs): a job on 12% of an H100's SMs reads ~95% on the counter. Where SM activity is measured on every
+# working GPU, the compute to offer is its p95, and a GPU model MIG can split is also fitted to MIG slices.
+
+from gpufinops.recommend.engine import recommend_instance  # noqa: E402
+from gpufinops.recommend.mig import MIG_PROFILES, GpuNeed, smallest_fit  # noqa: E402
+from gpufinops.recommend.usage import FleetUsage  # noqa: E402
+
+
+def prof(i, mem_gib, sm, p95=95.0, mx=100.0, occ=0.03, dram=None, sm_samples=EXPECTED):
+    """A GPU whose activity counter reads p95 while SM activity reads `sm` (None: not exported)."""
+    return GpuLongStats(str(i), "", mem_gib * 1024, mem_gib * 1024 * 0.95, p95, mx, EXPECTED, sm_p95=sm,
+                        sm_samples=sm_samples if sm is not None else 0,
+                        sm_occupancy_mean=occ if sm is not None else None, dram_p95=dram)
+
+
+def idle_gpus(first, last, sm=0.0):
+    return [prof(k, 0.5, sm, p95=0.0, mx=0.0, occ=None) for k in range(first, last)]
+
+
+@pytest.mark.parametrize("itype,gpus,want_type,want_mig,needle", [
+    # The issue's example: 12% of an H100's SMs and 10 GB is a smaller GPU (here an L40S, cheaper than 2/7 of the
+    # H100), not "keep"; the MIG alternative is named.
+    ("p5.4xlarge", [prof(0, 10, 0.12)], "g6e.xlarge", None, "or MIG 2g.20gb (0.29 of a GPU)"),
+    # 50 GB at 25% of an H200's SMs: half an H200 (3g.71gb) is cheaper than the cheapest whole GPU holding 60 GiB
+    # (one H100, p5.4xlarge).
+    ("p5en.48xlarge", [prof(0, 50, 0.25)] + idle_gpus(1, 8), None, "3g.71gb",
+     "fits MIG 3g.71gb of a H200: 0.50 of a GPU, saved once the GPU's other slices carry other work"),
+    # Two H100s of eight, each 8 GB on 10% of the SMs: two 1g.20gb slices (half a GPU) beat four L4s.
+    ("p5.48xlarge", [prof(0, 8, 0.10), prof(1, 8, 0.10)] + idle_gpus(2, 8), None, "1g.20gb",
+     "fits MIG 1g.20gb + 1g.20gb"),
+    # Memory bandwidth is sliced too: DRAM activity at 60% needs 6 of 8 memory slices, no slice but the whole GPU:
+    # the one-H100 type it is then.
+    ("p5en.48xlarge", [prof(0, 50, 0.25, dram=0.6)] + idle_gpus(1, 8), "p5.4xlarge", None, "1x H100 fits"),
+])
+def test_sm_activity_and_memory_pick_a_mig_slice_or_a_smaller_gpu(catalog, itype, gpus, want_type, want_mig,
+                                                                    needle):
+    i = inst(itype)
+    res = rightsize(i, usage(i.instance_id, gpus), catalog, POLICY)
+    assert res.status == "ok" and needle in res.reason, res.reason
+    assert "compute from SM activity" in res.reason and "p95 SM activity" in res.reason
+    if want_mig:
+        assert res.candidate is None and res.mig is not None
+        assert {p.name for p in res.mig.profiles} == {want_mig} and res.risk in ("medium", "high")
+        assert res.mig.usd_h < res.current.on_demand_usd_h
+    else:
+        assert res.candidate.instance_type == want_type and res.mig is None
+
+
+def test_a_mig_recommendation_is_priced_in_dollars_as_a_share_of_what_the_gpu_costs_now(catalog):
+    i = inst("p5en.48xlarge")
+    u = usage(i.instance_id, [prof(0, 50, 0.25)] + idle_gpus(1, 8))
+    rec = recommend_instance(i, FleetUsage({i.instance_id: u}, {}), catalog, POLICY, NOW)
+    per_gpu = catalog.offer("aws", "p5en.48xlarge", "us-east-1").on_demand_usd_h / 8
+    assert rec.action == "rightsize" and rec.recommended == "H200 MIG 3g.71gb (0.50 of a GPU, shared)"
+    assert rec.recommended_monthly == pytest.approx(0.5 * per_gpu * POLICY.hours_per_month)
+    assert rec.monthly_savings == pytest.approx(rec.current_monthly - rec.recommended_monthly)
+    assert f"${0.5 * per_gpu:,.2f}/h of the ${per_gpu:,.2f}/h one of its GPUs costs now" in rec.reason
+    # On spot it is the share of the spot price it pays now.
+    spot = GpuInstance("i-spot", "p5en.48xlarge", "us-east-1", "running", NOW, lifecycle="spot", hourly_cost=24.0)
+    rec = recommend_instance(spot, FleetUsage({"i-spot": u}, {}), catalog, POLICY, NOW)
+    assert rec.recommended_monthly == pytest.approx(0.5 * 3.0 * POLICY.hours_per_month)
+
+
+@pytest.mark.parametrize("gpus,why", [
+    ([prof(0, 10, None)], "no DCGM_FI_PROF_SM_ACTIVE series"),
+    ([prof(0, 10, 0.12, sm_samples=EXPECTED // 2)], "DCGM_FI_PROF_SM_ACTIVE has 50% of the samples expected on GPU 0"),
+    ([prof(0, 10, 0.12)] + [prof(k, 10, None) for k in range(1, 8)],
+     "no valid DCGM_FI_PROF_SM_ACTIVE figure for GPU 1, 2, 3, 4"),
+])
+def test_without_sm_activity_the_sizing_is_the_activity_one_and_says_so(catalog, gpus, why):
+    """Absent, too few or partial SM figures: exactly the activity-only result, and the reason says why."""
+    itype = "p5.4xlarge" if len(gpus) == 1 else "p5.48xlarge"
+    i = inst(itype)
+    res = rightsize(i, usage(i.instance_id, gpus), catalog, POLICY)
+    plain = [GpuLongStats(g.gpu, g.model_name, g.mem_max_mib, g.mem_p99_mib, g.activity_p95, g.activity_max,
+                          g.samples) for g in gpus]
+    before = rightsize(i, usage(i.instance_id, plain), catalog, POLICY)
+    assert (res.candidate, res.risk, res.mig) == (before.candidate, before.risk, None)
+    assert f"sized on activity alone ({why}" in res.reason and "no MIG slice considered" in res.reason
+    assert res.observed.sm_p95_max is None and res.observed.demand_tflops == before.observed.demand_tflops
+
+
+def test_smallest_mig_profile_holds_sm_activity_memory_and_bandwidth_with_headroom():
+    def fit(gpu, mem_gib, sm, dram=None):
+        p = smallest_fit(gpu, GpuNeed("0", mem_gib * 1024, sm, dram), 0.2, 0.1, 0.93)
+        return p.name if p else None
+
+    assert fit("H100", 7, 0.10) == "1g.10gb"  # 8.4 GiB <= 10 GB x 0.93; 11% <= 16/132 SMs
+    assert fit("H100", 10, 0.10) == "1g.20gb"  # 12 GiB: a 1g slice with two memory slices
+    assert fit("H100", 10, 0.12) == "2g.20gb"  # 13.2% > 16/132 SMs
+    assert fit("H100", 30, 0.40) == "3g.40gb"
+    assert fit("H100", 30, 0.42) == "4g.40gb"  # 46.2% > 60/132 SMs, <= 64/132
+    assert fit("H100", 70, 0.10) is None  # only the whole GPU holds 84 GiB
+    assert fit("A100-40GB", 3, 0.10, dram=0.2) == "1g.10gb"  # 22% of the bandwidth needs 2 of 8 memory slices
+    assert fit("L4", 1, 0.01) is None  # no MIG on an L4
+    assert [p.name for p in MIG_PROFILES["H200"]] == ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb",
+                                                      "7g.141gb"]

@@ -90,6 +90,8 @@ class WindowStats:
     mean: np.ndarray  # NaN where count == 0
     max: np.ndarray  # NaN where count == 0
     mem_max: np.ndarray | None
+    # Window mean of DCGM_FI_PROF_SM_ACTIVE (ratio), NaN where no sample; None: the trace has no SM column.
+    sm_mean: np.ndarray | None = None
 
 
 def _rolling_max(a: np.ndarray, length: int) -> np.ndarray:
@@ -109,6 +111,12 @@ class Prepared:
         zero = np.zeros((trace.util.shape[0], 1))
         self._csum_n = np.concatenate([zero, np.cumsum(valid, axis=1)], axis=1)
         self._csum_v = np.concatenate([zero, np.cumsum(np.where(valid, trace.util, 0.0), axis=1)], axis=1)
+        self._csum_sm = None
+        if trace.sm_active is not None:
+            sm_valid = ~np.isnan(trace.sm_active)
+            sm_values = np.where(sm_valid, trace.sm_active, 0.0)
+            self._csum_sm = (np.concatenate([zero, np.cumsum(sm_valid, axis=1)], axis=1),
+                             np.concatenate([zero, np.cumsum(sm_values, axis=1)], axis=1))
         self._windows: dict[float, WindowStats] = {}
         first, last = trace.instance_span()
         self.first_idx, self.last_idx = first, last
@@ -171,7 +179,13 @@ class Prepared:
             if mem is not None:
                 mem[:, cols] = _rolling_max(tr.mem_mib, int(max(length, 1)))[:, end[cols]]
         mx[count == 0] = np.nan
-        stats = WindowStats(count=count, mean=mean, max=mx, mem_max=mem)
+        sm_mean = None
+        if self._csum_sm is not None:
+            sm_n = self._csum_sm[0][:, hi] - self._csum_sm[0][:, lo]
+            sm_v = self._csum_sm[1][:, hi] - self._csum_sm[1][:, lo]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sm_mean = np.where(sm_n > 0, sm_v / np.maximum(sm_n, 1), np.nan)
+        stats = WindowStats(count=count, mean=mean, max=mx, mem_max=mem, sm_mean=sm_mean)
         self._windows[window_s] = stats
         return stats
 
@@ -233,8 +247,18 @@ def rule_verdicts(prep: Prepared, rule: Rule) -> np.ndarray:
         mem = _reduce(np.nan_to_num(ws.mem_max, nan=-np.inf), prep, "max")
         veto = mem > rule.max_memory_mib
 
-    v = np.where(act_mean < rule.underutilized_below_pct, UNDERUTILIZED, ACTIVE).astype(np.int8)
+    disagree = np.zeros_like(all_idle)
+    sm_low = np.zeros_like(all_idle)
+    if ws.sm_mean is not None:
+        # As evaluate(): IDLE needs the SM activity's window mean under the threshold too (else UNKNOWN
+        # counters_disagree), and kernels on few SMs are low use (UNDERUTILIZED) where every GPU has the figure.
+        with np.errstate(invalid="ignore"):
+            disagree = _reduce(np.nan_to_num(ws.sm_mean * 100.0, nan=-np.inf) >= rule.threshold_pct, prep, "any")
+            every = _reduce(~np.isnan(ws.sm_mean), prep, "all")
+            sm_low = every & (_reduce(np.nan_to_num(ws.sm_mean), prep, "mean") * 100.0 < rule.underutilized_below_pct)
+    v = np.where((act_mean < rule.underutilized_below_pct) | sm_low, UNDERUTILIZED, ACTIVE).astype(np.int8)
     v[all_idle & ~veto] = IDLE
+    v[all_idle & ~veto & disagree] = UNKNOWN
     v[all_idle & veto] = UNDERUTILIZED
     young = prep.grid.times[None, :] - prep.first_t[:, None] < rule.window_s - _EPS
     v[~prep.alive | young | no_samples | ~covered] = UNKNOWN

@@ -40,11 +40,16 @@ def window_usage(trace: Trace, rows: np.ndarray, iid: str, lo: int, hi: int, win
             m = trace.mem_mib[r, max(lo, 0):hi]
             m = m[~np.isnan(m)]
             mem = float(m.max()) if len(m) else None
+        sm = None
+        if trace.sm_active is not None:
+            a = trace.sm_active[r, max(lo, 0):hi]
+            a = a[~np.isnan(a)]
+            sm = float(a.mean()) if len(a) else None
         gpus.append(GpuWindowStats(
             gpu=trace.gpu_names[r], samples=len(vals),
             activity_max=float(vals.max()) if len(vals) else None,
             activity_mean=float(vals.mean()) if len(vals) else None,
-            activity_min=float(vals.min()) if len(vals) else None, fb_used_max_mib=mem,
+            activity_min=float(vals.min()) if len(vals) else None, fb_used_max_mib=mem, sm_active=sm,
         ))
     return InstanceUsage(instance_id=iid, window_s=window_s, expected_samples=expected, gpus=tuple(gpus))
 

@@ -33,6 +33,8 @@ UTIL_COLUMNS = (
     "dcgm_fi_dev_gpu_util", "duty_cycle", "value",
 )
 MEM_COLUMNS = ("memory_mib", "mem_mib", "fb_used_mib", "memory_used_mib", "dcgm_fi_dev_fb_used", "memory_used_bytes", "memory_bytes")
+# Optional profiling column (issue 25): DCGM_FI_PROF_SM_ACTIVE, a ratio 0..1 (percent when its name ends in _pct).
+SM_COLUMNS = ("sm_active", "dcgm_fi_prof_sm_active", "sm_active_ratio", "sm_active_pct")
 
 # Bounds checked before the grid is allocated: a millisecond epoch read as seconds (or a date in
 # the year 3000) would otherwise ask for a grid of hundreds of GiB.
@@ -48,6 +50,9 @@ class Trace:
 
     util: float (n_gpus, n_steps), percent, NaN = no sample.
     mem_mib: same shape or None (not measured).
+    sm_active: same shape or None: DCGM_FI_PROF_SM_ACTIVE as a ratio 0..1 (NaN = no sample), where the history
+    has it; replayed as the live evaluate() uses it (IDLE needs its window mean under the threshold too; a low
+    mean makes busy kernels UNDERUTILIZED).
     gpu_instance: for each GPU row, the index of its instance in `instance_ids`.
     """
 
@@ -59,6 +64,7 @@ class Trace:
     util: np.ndarray
     mem_mib: np.ndarray | None = None
     source: str = ""
+    sm_active: np.ndarray | None = None
 
     @property
     def n_steps(self) -> int:
@@ -111,12 +117,14 @@ class Trace:
             gpu_instance=np.array([remap[self.gpu_instance[r]] for r in rows], dtype=int),
             t0=self.t0, step_s=self.step_s, util=self.util[rows],
             mem_mib=None if self.mem_mib is None else self.mem_mib[rows], source=self.source,
+            sm_active=None if self.sm_active is None else self.sm_active[rows],
         )
 
 
 def from_arrays(
     util: np.ndarray, step_s: float, t0: float = 0.0, instance_ids: Sequence[str] | None = None,
     mem_mib: np.ndarray | None = None, gpu_instance: Sequence[int] | None = None, source: str = "arrays",
+    sm_active: np.ndarray | None = None,
 ) -> Trace:
     """One GPU per instance unless `gpu_instance` maps rows to instances."""
     util = np.atleast_2d(np.asarray(util, dtype=float))
@@ -129,7 +137,7 @@ def from_arrays(
     return Trace(
         instance_ids=ids, gpu_names=tuple(str(i) for i in range(n)), gpu_instance=gi, t0=float(t0),
         step_s=float(step_s), util=_clean(util), mem_mib=None if mem_mib is None else _clean(np.asarray(mem_mib, float)),
-        source=source,
+        source=source, sm_active=None if sm_active is None else clean_ratio(np.atleast_2d(np.asarray(sm_active, float))),
     )
 
 
@@ -137,6 +145,17 @@ def _clean(a: np.ndarray) -> np.ndarray:
     """DCGM sentinels (~9.2e18) and negatives are not measurements."""
     a = np.array(a, dtype=float)
     a[(a >= SENTINEL_THRESHOLD) | (a < 0)] = np.nan
+    return a
+
+
+def clean_ratio(a: np.ndarray, percent: bool = False) -> np.ndarray:
+    """A profiling ratio grid (0..1; a column named *_pct is divided by 100): sentinels, negatives and values over 1
+    are no data (NaN), as the live collector's range checks have it."""
+    a = _clean(a)
+    if percent:
+        a = a / 100.0
+    with np.errstate(invalid="ignore"):
+        a[a > 1.0 + 1e-9] = np.nan
     return a
 
 
@@ -249,6 +268,7 @@ def load_trace(
     icol = _pick(cols, id_column, ID_COLUMNS, "id column", src)
     gcol = _pick(cols, gpu_column, GPU_COLUMNS, "gpu column", src, required=False)
     mcol = _pick(cols, memory_column, MEM_COLUMNS, "memory column", src, required=False)
+    scol = _pick(cols, None, SM_COLUMNS, "SM activity column", src, required=False)
     if len(df) == 0:
         raise ConfigError(f"{p}: trace has no rows")
     util = pd.to_numeric(df[ucol], errors="coerce")
@@ -283,10 +303,15 @@ def load_trace(
     if mem is not None:
         mem_grid = np.full_like(grid, np.nan)
         mem_grid[codes, col] = mem
+    sm_grid = None
+    if scol:
+        sm_grid = np.full_like(grid, np.nan)
+        sm_grid[codes, col] = pd.to_numeric(df[scol], errors="coerce").to_numpy(dtype=float)
     return Trace(
         instance_ids=tuple(str(i) for i in inst_ids), gpu_names=tuple(str(u[1]) for u in uniques),
         gpu_instance=gpu_instance.astype(int), t0=t0, step_s=step, util=_clean(grid),
         mem_mib=None if mem_grid is None else _clean(mem_grid), source=src,
+        sm_active=None if sm_grid is None else clean_ratio(sm_grid, percent=scol.lower().endswith("_pct")),
     )
 
 

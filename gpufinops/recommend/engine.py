@@ -74,6 +74,13 @@ def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, p
 
     if sized.status != "ok":
         return rec(sized.status, "-", None, "none", sized.reason, cur.prices_as_of if cur else None)
+    if sized.mig is not None:
+        # MIG slices of the GPU it has: their share of what one of its GPUs costs now (spot or on-demand).
+        per_gpu = (current_hourly if current_hourly is not None else cur.on_demand_usd_h) / cur.gpu_count
+        hourly = sized.mig.share * per_gpu
+        return rec("rightsize", sized.mig.label(), hourly * hpm, sized.risk,
+                   f"{sized.reason}; ${hourly:,.2f}/h of the ${per_gpu:,.2f}/h one of its GPUs costs now "
+                   f"(spot not considered for a share of a GPU)", cur.prices_as_of)
     target = sized.candidate or cur
     label = f"{target.instance_type} ({target.gpu_count}x {target.gpu})"
     parts = [sized.reason]

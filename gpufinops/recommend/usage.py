@@ -4,7 +4,11 @@ A fixed number of HTTP queries for the whole fleet, whatever its size:
 
 1. memory:   max_over_time and quantile_over_time(0.99) of DCGM_FI_DEV_FB_USED (MiB)
 2. activity: quantile_over_time(0.95), max_over_time, count_over_time of DCGM_FI_DEV_GPU_UTIL (%)
-3. activity: the same for DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio, x100), which is all a MIG slice has
+3. activity: the same for DCGM_FI_PROF_GR_ENGINE_ACTIVE (ratio, x100), which is all a MIG slice has; the
+   same query carries the profiling ratios where dcgm-exporter exports them (docs/metrics.md, "Profiling
+   counters"): quantile_over_time(0.95) and count_over_time of DCGM_FI_PROF_SM_ACTIVE, avg_over_time of
+   DCGM_FI_PROF_SM_OCCUPANCY, quantile_over_time(0.95) of DCGM_FI_PROF_DRAM_ACTIVE. On a fleet without them these
+   legs match nothing and cost nothing; right-sizing then sizes on activity alone (and says so).
 4. presence: a range query, one point per hour over the commitment window, counting
    each host's GPUs — the hourly GPU count behind the commitment baseline.
 
@@ -31,7 +35,8 @@ import requests
 
 from gpufinops.collect.errors import QueryFailed
 from gpufinops.collect.prometheus import (
-    FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, InstanceMatcher, PromReader, gpu_identity_labels, gpu_key, host_labels,
+    DRAM_ACTIVE, FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, SM_ACTIVE, SM_OCCUPANCY, InstanceMatcher, PromReader,
+    gpu_identity_labels, gpu_key, host_labels,
     selected,
 )
 from gpufinops.config import PrometheusSettings
@@ -50,6 +55,11 @@ class GpuLongStats:
     activity_max: float | None = None  # percent
     samples: int = 0  # activity samples in the window
     signal: str = GPU_UTIL
+    # DCGM profiling ratios 0..1 over the window, where exported (None = not exported, or not a measurement).
+    sm_p95: float | None = None  # DCGM_FI_PROF_SM_ACTIVE, 95th percentile
+    sm_samples: int = 0  # DCGM_FI_PROF_SM_ACTIVE samples in the window, for its own coverage
+    sm_occupancy_mean: float | None = None  # DCGM_FI_PROF_SM_OCCUPANCY, mean (shown in reasons)
+    dram_p95: float | None = None  # DCGM_FI_PROF_DRAM_ACTIVE, 95th percentile (memory bandwidth)
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ def _tag(expr: str, agg: str) -> str:
 
 
 def build_queries(settings: PrometheusSettings, window_s: int) -> dict[str, str]:
-    """The three instant queries (memory, GPU_UTIL, GR_ENGINE_ACTIVE). Pure text."""
+    """The three instant queries (memory, GPU_UTIL, GR_ENGINE_ACTIVE with the profiling ratios). Pure text."""
     by = _by(settings)
     r = f"{int(window_s)}s"
     fb = _vec(FB_USED, settings)
@@ -114,6 +124,13 @@ def build_queries(settings: PrometheusSettings, window_s: int) -> dict[str, str]
             _tag(f"max by ({by}) (max_over_time({v}[{r}]))", "max"),
             _tag(f"sum by ({by}) (count_over_time({v}[{r}]))", "count"),
         ])
+    sm, occ, dram = (_vec(m, settings) for m in (SM_ACTIVE, SM_OCCUPANCY, DRAM_ACTIVE))
+    out["engine"] += " or " + " or ".join([
+        _tag(f"max by ({by}) (quantile_over_time(0.95, {sm}[{r}]))", "sm_p95"),
+        _tag(f"sum by ({by}) (count_over_time({sm}[{r}]))", "sm_count"),
+        _tag(f"avg by ({by}) (avg_over_time({occ}[{r}]))", "occ_mean"),
+        _tag(f"max by ({by}) (quantile_over_time(0.95, {dram}[{r}]))", "dram_p95"),
+    ])
     return out
 
 
@@ -177,6 +194,11 @@ def _value(v: str) -> float | None:
     return x
 
 
+def _ratio(v: float | None) -> float | None:
+    """A profiling ratio, or None when it cannot be one (above 1: a blank mixed into the window)."""
+    return v if v is not None and v <= 1.0 + 1e-9 else None
+
+
 def combine(
     instances: Sequence[GpuInstance],
     answers: Mapping[str, list[dict]],
@@ -210,6 +232,10 @@ def combine(
             else:
                 sig, p95, mx, n = GPU_UTIL, None, None, 0
             stats.append(GpuLongStats(gk, d["model"], d.get("memory:mem_max"), d.get("memory:mem_p99"),
-                                      p95, mx, int(n or 0), sig))
+                                      p95, mx, int(n or 0), sig,
+                                      sm_p95=_ratio(d.get("engine:sm_p95")),
+                                      sm_samples=int(d.get("engine:sm_count") or 0),
+                                      sm_occupancy_mean=_ratio(d.get("engine:occ_mean")),
+                                      dram_p95=_ratio(d.get("engine:dram_p95"))))
         out[iid] = LongUsage(iid, window_s, expected, tuple(stats))
     return out

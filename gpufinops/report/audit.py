@@ -45,6 +45,9 @@ HINTS = {
     "low_steady": "steadily low: a smaller or shared GPU may fit (see recommendations)",
     "busy": "busy at times, idle between jobs: pack jobs or scale down between them",
     "some_gpus_busy": "some GPUs busy, others idle: fewer GPUs may do",
+    "few_sms_busy": ("kernels run all the time on few SMs: raise the batch size, fuse kernels, CUDA graphs; or a MIG "
+                     "slice / smaller GPU (see recommendations)"),
+    "tensor_idle": "SMs busy but tensor cores unused: bf16, TF32 or mixed precision",
 }
 
 TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost", "idle_hours", "idle_cost",
@@ -108,6 +111,8 @@ class MonthlyAudit:
     trend: pd.DataFrame = field(default_factory=lambda: sections.trend_table({}, None))
     k8s_namespaces: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[0])
     k8s_workloads: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[1])
+    underused_causes: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[0])
+    underused_by_team: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[1])
 
     @property
     def has_workloads(self) -> bool:
@@ -124,6 +129,7 @@ class MonthlyAudit:
         k8s = ({"k8s_namespaces": self.k8s_namespaces, "k8s_workloads": self.k8s_workloads} if self.has_workloads
                else {})
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
+                "underused_causes": self.underused_causes, "underused_by_team": self.underused_by_team,
                 "stops_by_instance": self.stops_by_instance, "stops": self.stops, "unknown_time": self.unknown_time,
                 "recommendations": self.recommendations, "daily": self.daily, "actions": self.actions,
                 "snoozes": self.snoozes, "managed": self.managed, "accounts": self.accounts,
@@ -821,6 +827,10 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)
     audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of)
+    audit.underused_causes, audit.underused_by_team = sections.underused_causes(iv)
+    # Only a profiling cause proves the counters were read: nothing in the store says they were not.
+    headline["profiling_causes_cost"] = (None if evaluated is None else _sum(audit.underused_causes.loc[
+        audit.underused_causes["profiling"], "cost"].dropna()) if len(audit.underused_causes) else 0.0)
     headline["k8s_workloads"] = int(len(audit.k8s_workloads))
     headline["k8s_cost"] = _f(audit.k8s_namespaces["cost"].sum(min_count=1)) if audit.has_workloads else None
     headline["k8s_idle_cost"] = (_f(audit.k8s_namespaces["idle_cost"].sum(min_count=1)) if audit.has_workloads

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..collect.billing.schema import UNTAGGED
 from ..collect.kubernetes_cloud import ID_PREFIX, parse_target, parse_workload_id
+from .words import words
 
 NO_OWNER = "no owner tag"
 UNKNOWN_ATTR = "unknown (no billing row)"
@@ -47,6 +48,8 @@ SORTED_BY = {
     "managed": "idle episodes, most first",
     "k8s_namespaces": "cost, largest first",
     "k8s_workloads": "idle cost, largest first",
+    "underused_causes": "cost, largest first",
+    "underused_by_team": "team's underutilized cost, largest first, then cost",
 }
 
 
@@ -202,6 +205,43 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str]) -> tuple[pd.Da
     return namespaces, workloads
 
 
+# --------------------------------------------------------------------------- why underused (issue 25)
+
+UNDERUSED_CAUSE_COLUMNS = ["code", "cause", "profiling", "instances", "hours", "cost", "share"]
+UNDERUSED_TEAM_COLUMNS = ["team", "code", "cause", "instances", "hours", "cost", "team_share"]
+# The causes only the DCGM profiling counters can name (decide.evaluate.low_use_causes): one of them in a month
+# proves SM activity / tensor pipes were read for it.
+PROFILING_CODES = ("few_sms_busy", "tensor_idle")
+
+
+def underused_causes(iv: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(by cause, by team and cause) of the UNDERUTILIZED time: hours and cost per reason code, in words
+    (report.words), from the report's own priced verdict rows (audit.intervals, the hourly rollups keep each
+    verdict's code), so the causes add up to the headline's underutilized cost. Largest cost first."""
+    under = iv[iv["verdict"] == "UNDERUTILIZED"] if not iv.empty else iv
+    if under.empty:
+        return _empty(UNDERUSED_CAUSE_COLUMNS), _empty(UNDERUSED_TEAM_COLUMNS)
+    total = under["cost"].sum(min_count=1)
+    g = under.groupby("code")
+    causes = pd.DataFrame({"instances": g["instance_id"].nunique(), "hours": g["hours"].sum(),
+                           "cost": g["cost"].sum(min_count=1)}).rename_axis("code").reset_index()
+    causes["cause"] = causes["code"].map(words)
+    causes["profiling"] = causes["code"].isin(PROFILING_CODES)
+    causes["share"] = causes["cost"] / total if total and total > 0 else None
+    causes = causes.sort_values(["cost", "code"], ascending=[False, True], kind="stable", na_position="last")
+    t = under.groupby(["team", "code"])
+    teams = pd.DataFrame({"instances": t["instance_id"].nunique(), "hours": t["hours"].sum(),
+                          "cost": t["cost"].sum(min_count=1)}).reset_index()
+    per_team = teams.groupby("team")["cost"].transform(lambda c: c.sum(min_count=1))
+    teams["cause"] = teams["code"].map(words)
+    teams["team_share"] = teams["cost"] / per_team.where(per_team > 0)
+    teams = teams.assign(_team_cost=per_team.fillna(-1.0)).sort_values(
+        ["_team_cost", "team", "cost", "code"], ascending=[False, True, False, True], kind="stable",
+        na_position="last")
+    return (causes.reset_index(drop=True)[UNDERUSED_CAUSE_COLUMNS],
+            teams.reset_index(drop=True)[UNDERUSED_TEAM_COLUMNS])
+
+
 # --------------------------------------------------------------------------- stops per instance
 
 
@@ -328,4 +368,4 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
 __all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
            "SORTED_BY", "breakdown", "budget_table", "coverage", "estimate_table", "executive_summary",
            "instance_attrs", "kubernetes_tables", "owners", "running_at_end", "stops_by_instance", "trend_table",
-           "workload_parts"]
+           "underused_causes", "workload_parts"]

@@ -27,6 +27,11 @@ WORDS: dict[str, str] = {
     "evidence_of_work": "working: processes or memory seen (no activity counter)",
     "no_activity_counter": "no activity counter, no sign of work",
     "idle_no_processes": "idle: no processes, memory freed",
+    # DCGM profiling counters (docs/metrics.md, "Profiling counters")
+    "few_sms_busy": "kernels keep few SMs busy (small batches or kernels)",
+    "tensor_idle": "tensor cores unused (FP32 math)",
+    "counters_disagree": "activity counters disagree",
+    "power_without_activity": "draws power with no activity reported",
     "learned_wait": "learned policy waiting (retired)",
     "learned_idle": "idle under the learned policy (retired)",
     # ActionKind: what the service did
