@@ -26,9 +26,10 @@ from sqlalchemy import insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpufinops.costs import _RANK, hourly_rate, verdict_costs  # noqa: E402
-from gpufinops.prices import OnDemandPrices  # noqa: E402
-from gpufinops.store import Store, decisions  # noqa: E402
+from gpufinops.cost.costs import _RANK, hourly_rate, verdict_costs  # noqa: E402
+from gpufinops.prices.prices import OnDemandPrices  # noqa: E402
+from gpufinops.store.store import Store
+from gpufinops.store.schema import decisions  # noqa: E402
 
 START = datetime(2026, 10, 1, tzinfo=timezone.utc)
 TYPES = ["g5.xlarge", "p4d.24xlarge", "g6e.xlarge", "p5.48xlarge"]

@@ -20,7 +20,7 @@ import bench_backtest as bb  # noqa: E402
 from gpufinops.backtest.engine import BacktestSettings, Prepared, oracle_net_seconds  # noqa: E402
 from gpufinops.backtest.sweep import candidates, run_sweep  # noqa: E402
 from gpufinops.backtest.traces import load_trace  # noqa: E402
-from gpufinops.demo import TRACE_PATH  # noqa: E402
+from gpufinops.demo.run import TRACE_PATH  # noqa: E402
 from gpufinops.rules import load_rules  # noqa: E402
 
 FALSE_STOP_COST_H = 2.0  # backtest --tune's default: a false stop's cost on top of the restart

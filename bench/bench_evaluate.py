@@ -6,6 +6,13 @@ VictoriaMetrics): 8 GPUs per instance, GPU_UTIL + FB_USED + POWER_USAGE at 30 s 
 now, and DCGM sentinel samples on a fraction of the GPUs (`--sentinel-gpus`, default 1% of GPUs, each
 with ~5% of its samples blank; `--sentinel-gpus 1` puts them on every GPU).
 
+With `--profiling` every GPU also exports the DCGM profiling ratios a dcgm-exporter with profiling on writes
+(GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE and DRAM_ACTIVE of its default CSV, plus SM_ACTIVE and SM_OCCUPANCY
+switched on as docs/metrics.md shows), with figures shaped like the measured H200 phases. `--before FILE`
+also measures the tick of another version of gpufinops/collect/prometheus.py (e.g. `git show
+HEAD:gpufinops/collect/prometheus.py > /tmp/before.py`) against the same engine in the same run: the
+machine is shared, so only same-run figures compare.
+
 Two tables:
 
 1. Engine CPU per tick (always): CPU seconds the engine's own process spent (utime + stime from
@@ -16,7 +23,11 @@ Two tables:
      tick      one PrometheusMetrics.window_usage over the whole fleet (what the service sends per tick)
 
    each the median of `--repeat` runs, and the ratio to 1 pass.
-2. Wall time and memory (`--wall`): fixed query set vs the naive way (the same query set once per
+2. Client time per tick (`--client`): the tick (one window_usage) against its raw PromQL, the same queries
+   (the fixed set, then the detail reads the tick planned) sent the same way, concurrently, with each body read
+   and nothing parsed: what any client must wait for. Interleaved (raw, tick, raw, tick...), medians of
+   `--repeat`: wall seconds and this process's CPU seconds (time.process_time) for each, and wall tick / raw.
+3. Wall time and memory (`--wall`): fixed query set vs the naive way (the same query set once per
    instance, selector instance_id="i-..."), each in a fresh child process: wall time, HTTP queries, peak
    Python heap (tracemalloc, a second traced call) and peak RSS of the child.
 
@@ -48,7 +59,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.promserver, when run from anywhere
 
 from gpufinops.collect.prometheus import (  # noqa: E402
-    FB_USED, GPU_UTIL, POWER_USAGE, PrometheusMetrics, PromReader, gpu_identity_labels,
+    DRAM_ACTIVE, FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE, POWER_USAGE, SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE,
+    PrometheusMetrics, PromReader, gpu_identity_labels,
 )
 from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC  # noqa: E402
 from gpufinops.config import PrometheusSettings  # noqa: E402
@@ -58,6 +70,7 @@ from tests.promserver import Series, dcgm_labels, start_prometheus  # noqa: E402
 GPUS_PER_INSTANCE = 8
 SCRAPE_S = 30
 SENTINEL = 9.223372036854775e18
+FP64_BLANK = 2.0 ** 47
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -65,7 +78,13 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def make_fleet(n_gpus: int, now: datetime, window_s: int, sentinel_gpus: float
+# Profiling ratios per profile, from the measured H200 phases (docs/metrics.md): (GR engine, SM active,
+# SM occupancy, tensor, DRAM) while a kernel runs; 0 between kernels and when idle.
+PROFILING_WHEN_RUNNING = {GR_ENGINE_ACTIVE: 0.995, SM_ACTIVE: 0.961, SM_OCCUPANCY: 0.142, TENSOR_ACTIVE: 0.933,
+                          DRAM_ACTIVE: 0.174}
+
+
+def make_fleet(n_gpus: int, now: datetime, window_s: int, sentinel_gpus: float, profiling: bool = False
                ) -> tuple[list[GpuInstance], list[Series]]:
     """The fleet and its series: samples every SCRAPE_S over the window (plus two before it)."""
     rng = random.Random(n_gpus)
@@ -97,6 +116,10 @@ def make_fleet(n_gpus: int, now: datetime, window_s: int, sentinel_gpus: float
                     v = float(rng.choice((0, 0, 0, 95)))
                 util.append((t, v))
             series.append(Series(GPU_UTIL, labels, util))
+            if profiling:  # each ratio follows the utilisation sample: running (x its ratio), not, or blank
+                for metric, ratio in PROFILING_WHEN_RUNNING.items():  # (DCGM's blank for a double field: 2^47)
+                    series.append(Series(metric, labels, [(t, FP64_BLANK if v >= SENTINEL else round(ratio * v / 100, 4))
+                                                          for t, v in util]))
             series.append(Series(FB_USED, labels, [(t, 70000.0 if profile != "idle" else 0.0) for t in times]))
             series.append(Series(POWER_USAGE, labels, [(t, 90.0 + rng.random() * 300) for t in times]))
     return instances, series
@@ -128,7 +151,19 @@ def one_pass_query(settings: PrometheusSettings, window_s: int) -> str:
     return f"max by ({by}) (max_over_time({GPU_UTIL}[{window_s * 1000 - 1}ms]))"
 
 
-def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int) -> list[tuple]:
+def load_before(path: str):
+    """The PrometheusMetrics class of another version of collect/prometheus.py, for a same-run comparison."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpufinops_collect_prometheus_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.PrometheusMetrics
+
+
+def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int,
+             before=None) -> list[tuple]:
     settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300)
     at = now.timestamp()
     reader = PromReader(settings)
@@ -137,16 +172,69 @@ def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: dat
     pass_cpu, pass_wall = engine_cpu(pid, lambda: reader.instant(baseline, at), repeat)
     ratio = (lambda cpu: cpu / pass_cpu) if pass_cpu > 0 else (lambda cpu: float("nan"))
     rows = [(engine, "1 pass", pass_cpu, pass_wall, 1, 1.0)]
-    source = PrometheusMetrics(settings)
-    usage = source.window_usage(instances, window_s, now)  # warm
-    errors = [u.error for u in usage.values() if u.error]
-    if errors:
-        log(f"{engine}: {len(errors)} instances answered with an error: {errors[0]}")
-    before = source.queries_made
-    tick_cpu, tick_wall = engine_cpu(pid, lambda: source.window_usage(instances, window_s, now), repeat)
-    queries = (source.queries_made - before) // repeat
-    rows.append((engine, "tick, raw samples", tick_cpu, tick_wall, queries, ratio(tick_cpu)))
+    versions = [("tick, before", before)] if before is not None else []
+    versions.append(("tick, raw samples", PrometheusMetrics))
+    sources = {}
+    for what, metrics_class in versions:
+        source = sources[what] = metrics_class(settings)
+        usage = source.window_usage(instances, window_s, now)  # warm
+        errors = [u.error for u in usage.values() if u.error]
+        if errors:
+            log(f"{engine}: {what}: {len(errors)} instances answered with an error: {errors[0]}")
+    sent = {what: source.queries_made for what, source in sources.items()}
+    runs: dict[str, list[tuple[float, float]]] = {what: [] for what in sources}
+    for _ in range(repeat):  # interleaved (before, now, before, now...): the machine's load hits both alike
+        for what, source in sources.items():
+            runs[what].append(engine_cpu(pid, lambda: source.window_usage(instances, window_s, now), 1))
+    for what, source in sources.items():
+        tick_cpu = statistics.median(c for c, _ in runs[what])
+        tick_wall = statistics.median(w for _, w in runs[what])
+        queries = (source.queries_made - sent[what]) // repeat
+        rows.append((engine, what, tick_cpu, tick_wall, queries, ratio(tick_cpu)))
     return rows
+
+
+# --------------------------------------------------------------------------- client time against raw PromQL
+
+
+def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, repeat: int) -> list[tuple]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpufinops.collect.prometheus import InstanceMatcher, parse_body, plan_detail
+
+    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300)
+    source = PrometheusMetrics(settings)
+    at = now.timestamp()
+    fixed = source.promql.queries(window_s)
+    rows = {key[0]: parse_body(key, source.reader.instant_body(q, at)) for key, q in fixed.items()}
+    matcher = InstanceMatcher.build(instances, settings.instance_label, tuple(settings.hostname_labels))
+    detail = list(plan_detail(source.promql, rows, matcher, window_s, window_s // SCRAPE_S).queries.values())
+    reader = PromReader(settings)
+
+    def send(queries: list[str]) -> int:
+        with ThreadPoolExecutor(max_workers=max(len(queries), 1)) as pool:
+            return sum(pool.map(lambda q: len(reader.instant_body(q, at)), queries))
+
+    def raw() -> int:  # the tick's two rounds: the fixed set, then the detail reads
+        return send(list(fixed.values())) + (send(detail) if detail else 0)
+
+    def tick() -> int:
+        source.window_usage(instances, window_s, now)
+        return 0
+
+    answer_bytes = raw()
+    tick()  # warm
+    wall: dict[str, list[float]] = {"raw": [], "tick": []}
+    cpu: dict[str, list[float]] = {"raw": [], "tick": []}
+    for _ in range(repeat):
+        for what, fn in (("raw", raw), ("tick", tick)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            fn()
+            wall[what].append(time.perf_counter() - t0)
+            cpu[what].append(time.process_time() - c0)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    return [(engine, len(fixed) + len(detail), answer_bytes / 2**20, med["raw"], statistics.median(cpu["raw"]),
+             med["tick"], statistics.median(cpu["tick"]), med["tick"] / med["raw"])]
 
 
 # --------------------------------------------------------------------------- wall time and memory
@@ -234,16 +322,21 @@ def main() -> int:
     ap.add_argument("--engines", default="prometheus", help="prometheus,vm")
     ap.add_argument("--sentinel-gpus", type=float, default=0.01, help="fraction of GPUs with sentinel samples")
     ap.add_argument("--repeat", type=int, default=3, help="runs per CPU figure (median)")
+    ap.add_argument("--client", action="store_true", help="also client time per tick against its raw PromQL")
     ap.add_argument("--wall", action="store_true", help="also the wall/memory table (fixed vs naive)")
     ap.add_argument("--naive", action="store_true", help="with --wall: the per-instance baseline too (slow)")
     ap.add_argument("--agent-processes", action="store_true",
                     help="every GPU also exports gpufinops_gpu_processes, as hosts read by `gpufinops agent` do")
+    ap.add_argument("--profiling", action="store_true",
+                    help="every GPU also exports the DCGM profiling ratios (GR engine, SM, occupancy, tensor, DRAM)")
+    ap.add_argument("--before", default="", help="another collect/prometheus.py to measure in the same run")
     args = ap.parse_args()
+    before = load_before(args.before) if args.before else None
     now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
-    cpu, wall = [], []
+    cpu, client, wall = [], [], []
     for n_gpus in (int(s) for s in args.sizes.split(",")):
         log(f"{n_gpus} GPUs: generating series")
-        instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus)
+        instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus, args.profiling)
         if args.agent_processes:  # one process per GPU at every scrape, on the memory series' labels
             series += [Series(PROCESSES_METRIC, s.labels, [(t, 1.0) for t, _ in s.samples]) for s in series
                        if s.metric == FB_USED]
@@ -256,18 +349,25 @@ def main() -> int:
                 log(f"{n_gpus} GPUs: {engine} ready in {time.perf_counter() - t0:.1f}s at {server.url}")
                 try:
                     for row in cpu_rows(engine, server.url, server.process.pid, instances, args.window, now,
-                                        args.repeat):
+                                        args.repeat, before):
                         cpu.append((n_gpus, *row))
                         log(f"{n_gpus} GPUs: {row[0]} {row[1]}: {row[2]:.2f} CPU-s")
+                    if args.client:
+                        for row in client_rows(engine, server.url, instances, args.window, now, args.repeat):
+                            client.append((n_gpus, *row))
+                            log(f"{n_gpus} GPUs: {engine} client: tick {row[5]:.2f} s / raw {row[3]:.2f} s wall")
                     if args.wall:
                         wall += [(n_gpus, engine, *r) for r in wall_rows(server.url, instances, args.window, now,
                                                                           args.naive)]
                 finally:
                     server.stop()
         del series
-    print(f"Window {args.window} s, scrape {SCRAPE_S} s, {args.sentinel_gpus:g} of GPUs with sentinels; "
-          f"median of {args.repeat}.\n")
+    print(f"Window {args.window} s, scrape {SCRAPE_S} s, {args.sentinel_gpus:g} of GPUs with sentinels"
+          f"{', profiling ratios on every GPU' if args.profiling else ''}; median of {args.repeat}.\n")
     table(("GPUs", "engine", "what", "engine CPU-s", "wall s", "HTTP queries", "x 1 pass"), cpu)
+    if client:
+        table(("GPUs", "engine", "HTTP queries", "answers MiB", "raw PromQL wall s", "raw client CPU-s",
+               "tick wall s", "tick client CPU-s", "tick / raw wall"), client)
     if wall:
         table(("GPUs", "engine", "method", "wall s", "HTTP queries", "py peak MiB", "peak RSS MiB", "errors",
                "same result"), wall)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from gpufinops.config import DEFAULT_RULES_DIR  # noqa: E402
 from gpufinops.model import Decision, ReasonCode, Verdict  # noqa: E402
 from gpufinops.rules import load_rules  # noqa: E402
-from gpufinops.store import Store  # noqa: E402
+from gpufinops.store.store import Store  # noqa: E402
 
 START = datetime(2026, 10, 1, tzinfo=timezone.utc)
 MONTH = "2026-10"

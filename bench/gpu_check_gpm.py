@@ -179,7 +179,7 @@ def main() -> None:
     phases = PHASES if not args.dry else tuple((name, 4, None) for name, _s, _a in PHASES)
     if args.dry:
         WARMUP_S = 1
-    from gpufinops.agent import Agent, HostIdentity, start
+    from gpufinops.agent.exporter import Agent, HostIdentity, start
     from gpufinops.collect.nvml import NvmlReader
     if args.dry:
         nvml = fake_nvml("idle")

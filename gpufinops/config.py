@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .model import FALSE_STOP_WITHIN_S
 
@@ -132,6 +132,9 @@ class SlackSettings(StrictModel):
     # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
     team_channels: dict[str, str] = Field(default_factory=dict)
     dm_owners: bool = False
+    # Hysteresis of the "No usable GPU metrics" alert: an instance's outage episode closes only after its metrics
+    # have been usable this long without a break; a relapse before that is the same episode (no second alert).
+    metrics_recovered_after_s: int = Field(1800, ge=0, le=7 * 86400)
 
     @field_validator("snooze_admins")
     @classmethod
@@ -156,13 +159,58 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 def _slack_person(entry: str) -> str:
     """A Slack user id or an email, as written; a name is refused because a click's user name is not proof of
     who clicked (anyone can take any display name)."""
-    from .messages import SLACK_USER_ID  # the one Slack user-id pattern
 
     entry = entry.strip()
     if SLACK_USER_ID.fullmatch(entry) or _EMAIL.fullmatch(entry):
         return entry
     raise ValueError(f"{entry!r} must be a Slack user id (U… or W…, e.g. U012AB3CDE) or an email; "
                      f"names are not accepted: a button click is authorised by the clicking user's id only")
+
+
+class EmailSettings(StrictModel):
+    """The email delivery (notify/email.py): off unless `enabled`. Owners whose owner tag is an address get
+    their notices by email when Slack cannot reach them; `finance` gets the monthly report. The password comes
+    from the environment or a mounted file, never from this file."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(587, ge=1, le=65535)
+    # starttls: plain connect then STARTTLS (port 587); ssl: TLS from the first byte (465); none: no TLS,
+    # refused with a username unless the server is on this machine (a password is never sent in the clear).
+    security: Literal["starttls", "ssl", "none"] = "starttls"
+    username: str | None = None
+    password: SecretRef = SecretRef(env="GPUFINOPS_SMTP_PASSWORD")
+    # A CA bundle to verify the server with (a private CA); default: the system's.
+    ca_file: str | None = None
+    sender: str = "gpufinops@localhost.localdomain"
+    finance: tuple[str, ...] = ()
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    # The right-hand side of every Message-ID (<key hash@message_id_domain>).
+    message_id_domain: str = "gpufinops.invalid"
+    retry_backoff_s: int = Field(60, ge=1, le=86400)
+    retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
+
+    @field_validator("sender")
+    @classmethod
+    def _sender_is_an_address(cls, v: str) -> str:
+        if not _EMAIL.fullmatch(v.strip()):
+            raise ValueError(f"{v!r} is not an email address")
+        return v.strip()
+
+    @field_validator("finance")
+    @classmethod
+    def _finance_are_addresses(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [a for a in v if not _EMAIL.fullmatch(a.strip())]
+        if bad:
+            raise ValueError(f"not email addresses: {bad}")
+        return tuple(a.strip() for a in v)
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.username and self.security == "none" and self.host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError(f"email.security: none with a username would send the password in the clear to "
+                             f"{self.host}; use starttls or ssl")
+        if self.username and not (self.password.env or self.password.file):
+            raise ValueError("email.password: say where the password lives (env: or file:)")
 
 
 class ActSettings(StrictModel):
@@ -197,6 +245,15 @@ class ServiceSettings(StrictModel):
     host: str = "127.0.0.1"
     # 0 = any free port (the tests bind one that way).
     port: int = Field(9108, ge=0, le=65535)
+
+
+class ApiSettings(StrictModel):
+    """The read-only idleness API on the service's port (GET /v1/verdicts, gpufinops/run/api.py). With a bearer
+    token every request must carry it; without one only loopback clients are answered. No mTLS: put a TLS proxy
+    in front for that."""
+
+    enabled: bool = True
+    bearer_token: SecretRef = SecretRef(env="GPUFINOPS_API_TOKEN")
 
 
 class LeaseSettings(StrictModel):
@@ -376,6 +433,18 @@ class RecommendSettings(StrictModel):
 # Read by gpufinops.report: the monthly audit's rules of thumb, each a knob with a default.
 
 
+class ReportDeliverySettings(StrictModel):
+    """Where `gpufinops report --deliver` (and the service's monthly report job) sends the month's report. One
+    setting per destination, each off by default; `report --deliver --dry-run` prints what would be sent where."""
+
+    # Slack channel (e.g. "#finops"): one message with the finance page's figures and where the files are.
+    slack_channel: str = Field("", max_length=80)
+    # "s3://bucket/prefix": the HTML, its PDF rendition, the JSON and the CSVs are uploaded under prefix/YYYY-MM/.
+    s3_uri: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?)?$")
+    # Email the report (its PDF attached) to `email.finance` through the email delivery (`email:` section).
+    email_finance: bool = False
+
+
 class ReportSettings(StrictModel):
     # The field's monthly-audit rule of thumb: under 60% average utilization is paying for unused capacity.
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
@@ -385,6 +454,7 @@ class ReportSettings(StrictModel):
     # Seconds between evaluations. None: measured from the stored decisions (the mean spacing within service runs), so a
     # report on a database written by a service with another schedule still counts time right.
     evaluate_every_s: int | None = Field(None, ge=1, le=86400)
+    delivery: ReportDeliverySettings = ReportDeliverySettings()
 
 
 # --------------------------------------------------------------------------- store:
@@ -445,7 +515,7 @@ def usd_only(v: Any) -> str:
 
 def known_gpu(name: str) -> str:
     """The catalog's key for a GPU model name ("NVIDIA H100 80GB HBM3" -> "H100"), or a ValueError naming it."""
-    from .catalog import UnknownGpuError, canonical_gpu  # the catalog's name rules; it imports nothing of ours
+    from .prices.catalog import UnknownGpuError, canonical_gpu  # the catalog's name rules; it imports nothing of ours
 
     try:
         return canonical_gpu(name)
@@ -537,9 +607,11 @@ class Settings(StrictModel):
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()
+    email: EmailSettings = EmailSettings()
     act: ActSettings = ActSettings()
     schedule: ScheduleSettings = ScheduleSettings()
     service: ServiceSettings = ServiceSettings()
+    api: ApiSettings = ApiSettings()
     lease: LeaseSettings = LeaseSettings()
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
@@ -570,6 +642,13 @@ class Settings(StrictModel):
         if any("\x00" in p or not p.strip() for p in v):
             raise ValueError("a rule path is empty or holds a NUL character")
         return v
+
+    @model_validator(mode="after")
+    def _report_email_has_a_mailer(self) -> "Settings":
+        if self.report.delivery.email_finance and not (self.email.enabled and self.email.finance):
+            raise ValueError("report.delivery.email_finance: true needs the email delivery on (email.enabled: true) "
+                             "and at least one address in email.finance")
+        return self
 
 
 def compose_yaml(text: str) -> yaml.Node | None:
@@ -767,3 +846,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
                 name: file_near_config(getattr(bill, name)) for name in ("path", "budgets_path", "price_catalog")}),
         })
     return settings
+
+
+# A Slack user id ("U012AB3CD", "W0123ABCDE"): mentioned as <@id> in messages, a DM channel for the owner.
+SLACK_USER_ID = re.compile(r"[UW][A-Z0-9]{8,20}")

@@ -9,6 +9,7 @@ touching the decision code.
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -417,29 +418,57 @@ class MetricsSource(Protocol):
 
 
 @dataclass(frozen=True)
-class Message:
-    """A Slack message with the idempotency key that makes sending it exactly-once."""
+class Notice:
+    """What gpufinops tells whom, not how: built by the decide/act/cost stages, rendered and sent by a delivery
+    (notify/: Slack Block Kit, email, the outbox), routed by notify/routing.py from its audience.
 
-    key: str
-    channel: str
-    text: str  # fallback text, also what the outbox/log shows
-    blocks: tuple[dict, ...] = ()
-    # The key of the message this one follows up (a cancellation or a stop under its warning): posted as a
-    # reply in that thread when Slack holds the parent, else on its own in `channel`.
+    Text parts (`text`, `lead`, fact values, `lines`, `notes`) are a small markup every delivery renders:
+    user-controlled values are entity-escaped (`&amp;`, `&lt;`, `&gt;`, so no value can carry markup of its
+    own), `*bold*`, `` `code` `` and `<t:EPOCH>` (a time: Slack shows it in the reader's zone, email in UTC).
+    `text` is the whole message in one paragraph (notifications, the outbox, the email text part)."""
+
+    key: str  # the idempotency key: one event, delivered once per destination however many runs see it
+    # A destination the configuration names for this subject (a rule's or a budget's channel, a person's Slack
+    # id); "" = routed by `audience` (notify/routing.py).
+    channel: str = ""
+    text: str = ""
+    kind: str = ""  # warning, stopped, cancelled, idle, metrics_unavailable, summary, snooze, budget, digest
+    subject: str = ""  # the instance or workload id, budget or period it is about
+    audience: tuple[str, ...] = ()  # of AUDIENCES
+    owner: str = ""  # the subject's owner tag (a Slack user id or an email address reach the owner)
+    team: str = ""
+    title: str = ""
+    lead: str = ""
+    facts: tuple[tuple[str, str], ...] = ()
+    lines: tuple[str, ...] = ()  # a list (instances of an outage)
+    notes: tuple[str, ...] = ()  # small print after the facts
+    actions: tuple[str, ...] = ()  # ids of notify.messages.SNOOZE_ACTIONS offered on the subject
+    dry_run: bool = False
+    # The key of the notice this one follows up (a cancellation or a stop under its warning): a Slack reply
+    # in that thread when Slack holds the parent, an email In-Reply-To its Message-ID.
     thread_key: str = ""
+    # Slack blocks rendered before Notice existed (budget alerts, the weekly digest): sent as they are.
+    blocks: tuple[dict, ...] = ()
+
+
+# Who a notice is for; notify/routing.py turns each into destinations.
+AUDIENCES = ("owner", "team", "default", "finance", "person")
+
+# The name the builders used before Notice; the same type.
+Message = Notice
 
 
 class Notifier(Protocol):
-    def send(self, msg: Message) -> bool:
-        """True when the message is delivered (now or earlier); False when it is not (yet)."""
+    def send(self, msg: Notice) -> bool:
+        """True when the notice is delivered (now or earlier); False when it is not (yet)."""
         ...
 
     def retry_due(self, now: datetime) -> int:
-        """Send again the failed messages whose backoff is over; how many were delivered."""
+        """Send again the failed notices whose backoff is over; how many were delivered."""
         ...
 
     def update(self, channel_id: str, ts: str, text: str, blocks: Sequence[dict]) -> bool:
-        """Edit a delivered message in place (a snooze shown on its warning); False when it was not edited."""
+        """Edit a delivered Slack message in place (a snooze shown on its warning); False when it was not edited."""
         ...
 
     def user_id_for_email(self, email: str) -> str | None:
@@ -447,5 +476,29 @@ class Notifier(Protocol):
         ...
 
 
+def format_duration(seconds: float | None) -> str:
+    """The one spelling of a duration for people (messages, reasons, reports, the CLI): '45 s', '1 min 30 s', '14 min',
+    '2 h', '3 h 05 min', '7 d', '2 d 4 h'; negative counts as 0, None/NaN as unknown. (The one parser, of what a config
+    says ('10m', '1h30m'), is rules.parse_duration; rules.duration_spec spells a duration back that way.)"""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "unknown"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{int(s)} s"
+    if s < 600 and int(s) % 60:
+        return f"{int(s) // 60} min {int(s) % 60:02d} s"  # short spans exactly: a 90 s window is not "2 min"
+    minutes = int(round(s / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h} h" if m == 0 else f"{h} h {m:02d} min"
+    d, h = divmod(int(round(s / 3600)), 24)
+    return f"{d} d" if h == 0 else f"{d} d {h} h"
+
+
 def hours(delta: timedelta) -> float:
     return delta.total_seconds() / 3600.0
+
+
+UNTAGGED = "(untagged)"

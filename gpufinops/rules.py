@@ -32,8 +32,16 @@ LEARNED_REMOVED = ("the learned idle policy was removed (held out it scored belo
                    "BENCHMARKS.md): delete the 'learned:' block; the rule's own window decides")
 
 
-def _duration_text(seconds: int) -> str:
-    return f"{seconds // 86400}d" if seconds % 86400 == 0 else f"{seconds}s"
+def duration_spec(seconds: int) -> str:
+    """A duration spelled as a rule file writes it ('7d', '2h', '10m', '45s'): what parse_duration reads back
+    (config errors and exported rules say it so; people read model.format_duration)."""
+    if seconds % 86400 == 0:
+        return f"{seconds // 86400}d"
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
 
 
 def _number_text(value: int | float) -> str:
@@ -60,7 +68,7 @@ def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> i
     if value <= 0:
         raise ValueError(f"duration must be positive, got {_number_text(value)}")
     if value > max_s:
-        raise ValueError(f"duration {_number_text(value)} s is longer than the maximum {_duration_text(max_s)}")
+        raise ValueError(f"duration {_number_text(value)} s is longer than the maximum {duration_spec(max_s)}")
     seconds = int(value)
     if seconds < min_s:
         raise ValueError(f"duration {_number_text(value)} s is shorter than the minimum {min_s} s")

@@ -1,4 +1,12 @@
 """Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL)."""
 
+import pytest
+
 pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver",
                   "tests.kubestub"]
+
+
+@pytest.fixture(autouse=True)
+def _state_dir_in_tmp(tmp_path_factory, monkeypatch):
+    """A command run without a config keeps its database in the user's state folder: never the real one."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-state"))

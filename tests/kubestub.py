@@ -67,6 +67,7 @@ class _Injected:
     verb: str | None = None
     resource: str | None = None
     once: bool = True
+    after: bool = False  # do the call first, then answer `status` (the answer was lost)
 
 
 class KubeStub:
@@ -113,6 +114,12 @@ class KubeStub:
         with self.lock:
             self._injected.append(_Injected(status, verb, resource, True))
 
+    def lose_answer_next(self, status: int, verb: str | None = None, resource: str | None = None) -> None:
+        """Do the next matching call, then answer `status` instead of its result, once: a change that went
+        through while its answer was lost (a 5xx from a proxy, a dropped connection)."""
+        with self.lock:
+            self._injected.append(_Injected(status, verb, resource, True, after=True))
+
     def calls(self, verb: str | None = None, resource: str | None = None) -> list[KubeRequest]:
         with self.lock:
             return [r for r in self.requests if (verb is None or r.verb == verb)
@@ -132,10 +139,10 @@ class KubeStub:
         self._version += 1
         return str(self._version)
 
-    def take_injected(self, verb: str, resource: str) -> int | None:
+    def take_injected(self, verb: str, resource: str, after: bool = False) -> int | None:
         with self.lock:
             for inj in self._injected:
-                if (inj.verb in (None, verb)) and (inj.resource in (None, resource)):
+                if inj.after == after and (inj.verb in (None, verb)) and (inj.resource in (None, resource)):
                     if inj.once:
                         self._injected.remove(inj)
                     return inj.status
@@ -283,6 +290,9 @@ class _Handler(BaseHTTPRequestHandler):
             key = route[0] if route[0] != "events.k8s.io" else "events"
             resource_name = f"{key}/{route[3]}" if route[3] else key
         status, answer = self._dispatch(route, verb, resource_name, query, body, ctype)
+        lost = self.stub.take_injected(verb, resource_name, after=True) if status < 300 else None
+        if lost is not None:
+            status, answer = lost, _status(lost, _REASONS.get(lost, "Unknown"), f"injected {lost} after the change")
         with stub.lock:
             stub.requests.append(KubeRequest(self.command, parts.path, query, body, ctype, token, status, verb,
                                              resource_name))

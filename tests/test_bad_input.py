@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufinops.backtest.traces import MAX_GRID_CELLS, load_trace
-from gpufinops.budgets import load_budgets
+from gpufinops.cost.budgets import load_budgets
 from gpufinops.cli import main
 from gpufinops.collect.billing.focus import REQUIRED as FOCUS_REQUIRED
 from gpufinops.collect.billing.focus import read_focus

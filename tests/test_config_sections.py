@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufinops.backtest.engine import BacktestSettings
-from gpufinops.budgets import BudgetFile
+from gpufinops.cost.budgets import BudgetFile
 from gpufinops.cli import build_parser
 from gpufinops.collect.billing.settings import billing_settings
 from gpufinops.config import (
@@ -21,7 +21,7 @@ from gpufinops.config import (
     StrictModel,
     load_settings,
 )
-from gpufinops.jobs import scheduled_jobs
+from gpufinops.run.jobs import scheduled_jobs
 from gpufinops.model import FALSE_STOP_WITHIN_S
 from gpufinops.recommend.policy import policy_from_settings
 from gpufinops.report.options import report_settings

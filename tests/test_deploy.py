@@ -59,7 +59,7 @@ def test_alert_rules_fire_as_their_unit_tests_say():
 def test_alerts_only_use_metrics_the_service_exports():
     from prometheus_client import generate_latest
 
-    from gpufinops.service import ServiceMetrics
+    from gpufinops.run.service import ServiceMetrics
 
     metrics = ServiceMetrics()
     metrics.stops.labels("false")  # labelled series appear once touched
@@ -293,14 +293,17 @@ def test_configmap_is_a_valid_gpufinops_config_that_keeps_state_on_the_volume(tm
 def test_dockerfile_builds_a_non_root_serve_image_from_files_that_exist():
     text = (DEPLOY / "Dockerfile").read_text()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
+    # Multi-stage: the wheel is built in the first stage, the slim runtime installs only that wheel.
+    assert lines[0] == "FROM python:3.11-slim AS build"
+    assert [ln for ln in lines if ln.startswith("FROM ")][-1] == "FROM python:3.11-slim"
+    assert "python -m build --wheel" in text and "pip install /tmp/dist/gpufinops-*.whl" in text
     for line in lines:
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and not line.startswith("COPY --from="):
             *sources, dest = line.split()[1:]
             for src in sources:
                 assert (ROOT / src).exists(), f"Dockerfile copies {src}, missing in the repository"
     copied = {src for line in lines if line.startswith("COPY ") for src in line.split()[1:-1]}
-    # `pip install .` needs both to ship them as data files (rules/ and the report templates).
+    # The wheel needs both to ship them as data files (rules/ and the report templates).
     assert {"rules", "reports", "gpufinops", "pyproject.toml"} <= copied
     (user,) = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
     uid = user.split(":")[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufinops.budgets import load_budgets
+from gpufinops.cost.budgets import load_budgets
 from gpufinops.collect.billing.settings import billing_settings
 from gpufinops.config import load_settings
 from gpufinops.recommend.policy import policy_from_settings

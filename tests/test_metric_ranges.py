@@ -28,9 +28,9 @@ from gpufinops.metric_ranges import (
 from gpufinops.model import (
     Aggregation, Decision, GpuInstance, GpuWindowStats, InstanceUsage, ReasonCode, Rule, RunContext, Verdict,
 )
-from gpufinops.notify import OutboxNotifier, read_outbox
-from gpufinops.pipeline import alert_missing_data, metrics_alert_key
-from gpufinops.store import Store
+from gpufinops.notify.delivery import OutboxNotifier, read_outbox
+from gpufinops.run.pipeline import alert_missing_data, metrics_alert_key
+from gpufinops.store.store import Store
 from tests.promserver import Series, binaries_missing, dcgm_labels, start_prometheus
 
 SENTINEL = "9223372036854775794"  # as the query layer wrote it (int64 max - 13, a DCGM blank)
@@ -441,9 +441,18 @@ def test_each_new_outage_is_alerted_once_per_instance(tmp_path):
     s.restart()  # new Store and notifier, same database
     assert s.tick({A: ReasonCode.NO_SERIES, B: ReasonCode.INVALID_DATA}, fine=(C,)) == []
 
-    assert s.tick({B: ReasonCode.INVALID_DATA}, fine=(A, C)) == []  # A recovers: its episode closes
+    # A recovers; its episode closes after slack.metrics_recovered_after_s (30 min) of usable data.
+    for _ in range(31):
+        assert s.tick({B: ReasonCode.INVALID_DATA}, fine=(A, C)) == []
+    assert A + ":" not in str(s.store.kv_items("metrics_unavailable:"))  # closed
+    # A new outage of A within a day of its alert goes into the daily summary, not a message.
+    assert s.tick({A: ReasonCode.QUERY_ERROR, B: ReasonCode.INVALID_DATA}, fine=(C,)) == []
+    assert len(s.store.kv_items("metrics_folded:" + A)) == 1
+    for _ in range(31):
+        s.tick({B: ReasonCode.INVALID_DATA}, fine=(A, C))
+    s.now += timedelta(days=1)  # a day after its alert: a new outage of A is alerted again
     again = s.tick({A: ReasonCode.QUERY_ERROR, B: ReasonCode.INVALID_DATA}, fine=(C,))
-    assert len(again) == 1 and named(again[0]) == {A}  # a new outage of A
+    assert len(again) == 1 and named(again[0]) == {A}
     s.restart()
     assert s.tick({A: ReasonCode.QUERY_ERROR, B: ReasonCode.INVALID_DATA}, fine=(C,)) == []
 

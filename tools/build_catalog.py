@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from gpufinops.catalog import (  # after the path set-up above, on purpose
+from gpufinops.prices.catalog import (  # after the path set-up above, on purpose
     DATA_DIR, GPU_COLUMNS, GPUS_FILE, INSTANCE_COLUMNS, INSTANCES_FILE, UnknownGpuError, canonical_gpu,
 )
 

@@ -14,11 +14,11 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from ..act import plan
+from ..act.plan import plan
 from ..decide.evaluate import evaluate
 from ..model import (TAG_MARKED, TAG_SNOOZE, Action, ActionKind, GpuInstance, GpuWindowStats, InstanceUsage, Rule,
                      Verdict)
-from ..store import MarkRow, StateRow
+from ..store.schema import MarkRow, StateRow
 from .engine import ACTIVE, IDLE, UNDERUTILIZED, UNKNOWN, _EPS, BacktestSettings, Grid, StopEvent
 from .traces import Trace
 

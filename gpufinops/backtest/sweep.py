@@ -15,6 +15,7 @@ from typing import Sequence
 import yaml
 
 from ..model import Action, Aggregation, Rule
+from ..rules import duration_spec
 from .engine import Prepared, Summary, backtest_rule, oracle_net_seconds
 
 DEFAULT_THRESHOLDS = (1.0, 5.0, 10.0, 20.0, 40.0)
@@ -33,12 +34,7 @@ def candidates(base: Rule, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     return out
 
 
-def duration_text(seconds: int) -> str:
-    if seconds % 3600 == 0:
-        return f"{seconds // 3600}h"
-    if seconds % 60 == 0:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
+duration_text = duration_spec  # rule names and exported rules spell durations as a rule file does
 
 
 def run_sweep(prep: Prepared, rules: Sequence[Rule]) -> list[Summary]:

@@ -72,13 +72,13 @@ def register(subparsers) -> None:
     p.add_argument("--nvidia-smi", default=env("GPUFINOPS_AGENT_NVIDIA_SMI", "nvidia-smi"), metavar="PATH",
                    help="nvidia-smi executable (env GPUFINOPS_AGENT_NVIDIA_SMI; default: nvidia-smi on PATH)")
     p.set_defaults(func=cmd_agent)
-    from ..autostop.cli import add_autostop_arguments  # --autostop* flags, `agent snooze` (gpufinops/autostop)
+    from ..agent.autostop.cli import add_autostop_arguments  # --autostop* flags, `agent snooze` (gpufinops/autostop)
     add_autostop_arguments(p)
 
 
 def build_agent(args: argparse.Namespace, **agent_kwargs):
     """The Agent the flags describe; `agent_kwargs` (e.g. on_sample) go to Agent unchanged."""
-    from ..agent import HOSTNAME_LABELS, Agent, HostIdentity, open_reader
+    from ..agent.exporter import HOSTNAME_LABELS, Agent, HostIdentity, open_reader
 
     hostname = (args.hostname or "").strip()
     if not hostname:
@@ -92,12 +92,12 @@ def build_agent(args: argparse.Namespace, **agent_kwargs):
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from ..agent import start
+    from ..agent.exporter import start
     from ..collect.gpu_snapshot import GpuReadError
 
     try:
         agent = build_agent(args)
-        from ..autostop.cli import maybe_start_autostop  # with --autostop: judge and stop this host when idle
+        from ..agent.autostop.cli import maybe_start_autostop  # with --autostop: judge and stop this host when idle
         autostop = maybe_start_autostop(args, agent)  # noqa: F841 - a daemon thread fed by agent.on_sample
         running = start(agent, args.address, args.port)
     except (ValueError, OSError, GpuReadError) as exc:  # empty hostname, port in use, --reader nvml without NVML

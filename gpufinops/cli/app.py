@@ -80,14 +80,23 @@ def enable_shell_completion(parser: argparse.ArgumentParser) -> None:
     argcomplete.autocomplete(parser)
 
 
+# Libraries whose INFO lines are noise in our log (APScheduler's "Adding job tentatively" per job, botocore's
+# "Found credentials in ..."): shown from WARNING, or everything with --log-level DEBUG.
+NOISY_LOGGERS = ("apscheduler", "botocore", "boto3", "urllib3", "kubernetes")
+
+
+def quiet_third_party_logs(level: int) -> None:
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     enable_shell_completion(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_third_party_logs(level)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

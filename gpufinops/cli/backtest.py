@@ -138,7 +138,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     from ..rules import load_rules
     from .common import load_settings_from_args
 
-    settings = load_settings_from_args(args)
+    settings = load_settings_from_args(args, uses_database=False)  # the backtest reads traces, not the store
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
     say = _printer(args)
     _progress(f"loading history from {args.trace or 'Prometheus'} ...")

@@ -12,7 +12,7 @@ from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
-    p.add_argument("--month", required=True, help="YYYY-MM")
+    p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload"],
                    default="team", help="namespace / workload: a Kubernetes cluster's GPU cost now, idle "
                    "capacity included (docs/kubernetes.md)")
@@ -23,6 +23,8 @@ def register(subparsers) -> None:
     # focus: with --idle, FOCUS 1.2/1.3 CSV rows of the cost split by verdict (docs/billing.md)
     add_output_option(p, (*OUTPUT_FORMATS, "focus"))
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
+    p.add_argument("--db", default=None,
+                   help="database file or URL for --idle and --save (default: database_url from the config)")
     p.add_argument("--idle", action="store_true",
                    help="cost by verdict (ACTIVE/UNDERUTILIZED/UNKNOWN/IDLE) from the stored decisions instead of "
                         "billed cost; priced from billing when --source is given, else the decision's $/h or the catalog")
@@ -30,10 +32,13 @@ def register(subparsers) -> None:
 
     b = subparsers.add_parser("budgets", help="GPU budgets")
     bsub = b.add_subparsers(dest="budgets_command", metavar="ACTION")
-    c = bsub.add_parser("check", help="evaluate budgets now and send the alerts that are due")
+    c = bsub.add_parser("check", help="evaluate budgets now and print them; --notify also sends the alerts due")
     c.add_argument("--month", default=None, help="YYYY-MM (default: this month); the check runs as of its last hour if past")
     c.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None)
     c.add_argument("--path", default=None)
+    c.add_argument("--notify", action="store_true",
+                   help="send the alerts that are due (the service's schedule does this); default: print only")
+    c.add_argument("--dry-run", action="store_true", help="send nothing, record nothing; print the alerts due")
     add_output_option(c)
     c.set_defaults(func=cmd_budgets_check)
     b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
@@ -50,17 +55,24 @@ def cmd_costs(args: argparse.Namespace) -> int:
         return cmd_k8s_costs(args)
     from .common import load_settings_from_args
 
-    settings = load_settings_from_args(args)
+    if args.month is None:
+        first = _now().replace(day=1)
+        args.month = f"{first - timedelta(days=1):%Y-%m}"
+    settings = load_settings_from_args(args, uses_database=bool(args.save or args.idle))
+    if getattr(args, "db", None):
+        settings = settings.model_copy(update={"database_url": args.db if "://" in args.db else f"sqlite:///{args.db}"})
     if not (args.save or args.idle or args.output == "focus"):  # a local CUR total: DuckDB, no pandas imported
         from ..collect.billing.totals import print_local_totals
 
-        rc = print_local_totals(settings, args.month, args.by, args.source, args.path, args.output)
+        from .common import render_table
+
+        rc = print_local_totals(settings, args.month, args.by, args.source, args.path, args.output, render=render_table)
         if rc is not None:
             return rc
     from ..collect.billing.schema import BillingDataError, month_bounds
     from ..collect.billing.schema import save_costs
-    from ..costs import summarize
-    from ..compose import live_store
+    from ..cost.costs import summarize
+    from ..run.compose import live_store
 
     now = _now()
     try:
@@ -72,7 +84,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     if args.idle and args.source is None:
         return _print_idle_costs(settings, args, start, end, now, None)
     if not (args.save or args.idle):  # a plain total: CUR is read once at the asked grain, no day x tag table
-        from ..costs import summarize_totals
+        from ..cost.costs import summarize_totals
 
         totals = _load_costs(settings, args, start, end, now, by=args.by)
         if totals is None:
@@ -99,9 +111,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 def _print_idle_costs(settings, args, start, end, now, table) -> int:
     """What each instance/team cost while ACTIVE, UNDERUTILIZED, UNKNOWN and IDLE, from stored verdicts."""
-    from ..budgets import default_catalog
-    from ..costs import billing_rates, idle_cost_report, resource_attrs, verdict_costs
-    from ..compose import live_store
+    from ..cost.budgets import default_catalog
+    from ..cost.costs import billing_rates, idle_cost_report, resource_attrs, verdict_costs
+    from ..run.compose import live_store
 
     store = live_store(settings)
     rates, attrs = (billing_rates(table), resource_attrs(table)) if table is not None and not table.empty else ({}, {})
@@ -121,7 +133,7 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
 def _print_focus(store, vc, start, end, table, settings) -> None:
     """The verdict split as FOCUS CSV on stdout; unpriced hours are said on stderr (FOCUS costs are not null)."""
     from ..collect.billing.focus_export import catalog_gpu_counts, focus_rows, rules_by_verdict
-    from ..costs import resource_attrs
+    from ..cost.costs import resource_attrs
 
     attrs = resource_attrs(table) if table is not None and not table.empty else {}
     currency = str(table["currency"].iloc[0]) if table is not None and not table.empty else "USD"
@@ -171,16 +183,19 @@ def _print(df, fmt: str) -> None:
         if df.empty:
             print("(no rows)")
         else:
-            print(df.to_string(index=False, float_format=lambda x: f"{x:,.2f}"))
+            from .common import print_frame
+
+            print_frame(df)
 
 
 def cmd_budgets_check(args: argparse.Namespace) -> int:
     from ..collect.billing.schema import BillingDataError, month_bounds
-    from ..budgets import run_budget_check
+    from ..cost.budgets import run_budget_check
     from .common import load_settings_from_args
-    from ..compose import live_notifier
-    from ..compose import live_store
+    from ..run.compose import live_notifier
+    from ..run.compose import live_store
 
+    settings = load_settings_from_args(args)
     now = _now()
     try:
         if args.month:
@@ -191,20 +206,38 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
             start, end = month_bounds(f"{now:%Y-%m}")
     except BillingDataError as exc:
         return usage_error(str(exc))
+    from ..collect.billing.settings import billing_settings
+    from ..config import ConfigError
+    from ..cost.budgets import configured_budgets, no_budgets_line
+
+    bs = billing_settings(settings)
+    try:
+        budgets = configured_budgets(bs.budgets_path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
+    if not budgets:
+        print(no_budgets_line(bs.budgets_path))
+        return 0
     loaded = _load_costs(settings, args, start, end, now)
     if loaded is None:
         return EXIT_PROBLEM_FOUND
     store = live_store(settings)
-    notifier = live_notifier(settings, store)
-    statuses = run_budget_check(settings, store, notifier, now, loaded)
+    notifier = live_notifier(settings, store) if args.notify and not args.dry_run else None
+    statuses = run_budget_check(settings, store, notifier, now, loaded, budgets=budgets, bs=bs,
+                                send=args.notify, dry_run=args.dry_run)
     rows = [{"budget": s.budget, "scope": s.scope, "period": s.period, "amount": s.amount, "currency": s.currency,
              "spent": round(s.spent, 2), "forecast": round(s.forecast, 2), "pct_actual": round(s.pct_actual, 1),
              "pct_forecast": round(s.pct_forecast, 1),
-             "idle_share": None if s.idle_share is None else round(s.idle_share, 3),
+             "idle_share": "unknown (no priced evaluation)" if s.idle_share is None else round(s.idle_share, 3),
              "alerts_sent": ", ".join(s.alerts_sent), "error": s.error or ""} for s in statuses]
     import pandas as pd
 
     _print(pd.DataFrame(rows), args.output)
+    due = [line for s in statuses for line in s.alerts_due]
+    if due and args.output == "table":
+        why = "dry-run: would send" if args.dry_run else "alerts due, not sent (add --notify to send)"
+        print(f"{why}:\n" + "\n".join(f"  {line}" for line in due))
     if loaded.source == "ce" and args.output == "table":
         _print_aws_forecast(settings, now, end)
     return 1 if any(s.error for s in statuses) else 0
@@ -222,9 +255,26 @@ def _print_aws_forecast(settings, now: datetime, end: datetime) -> None:
     try:
         forecast = fetch_ce_forecast(aws_client(settings, "ce", ce.region), now, end, ce)
     except (ClientError, BotoCoreError) as exc:
-        print(f"note: AWS cost forecast unavailable: {exc}", file=sys.stderr)
+        print(f"note: AWS cost forecast unavailable: {forecast_error_line(exc)}", file=sys.stderr)
         return
     if forecast is not None:
         amount, unit = forecast
         print(f"AWS Cost Explorer forecast for the rest of {end - timedelta(days=1):%Y-%m} "
               f"({ce.service}, all instances, not only GPUs): {amount:,.2f} {unit}")
+
+
+def forecast_error_line(exc: Exception) -> str:
+    """One clear line for a failed GetCostForecast call: the error code and HTTP status, never the body of an
+    HTML error page (a proxy or a 500 answers with one)."""
+    import re
+
+    resp = getattr(exc, "response", None) or {}
+    err = resp.get("Error") or {}
+    status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    message = str(err.get("Message") or "")
+    if not message or "<" in message:  # an HTML page, not an AWS error: say so instead of printing it
+        message = "the endpoint answered with an HTML page, not an AWS error" if "<" in (message or str(exc)) \
+            else str(exc)
+    message = re.sub(r"\s+", " ", message)[:200]
+    code = err.get("Code") or type(exc).__name__
+    return f"GetCostForecast failed ({code}{f', HTTP {status}' if status else ''}): {message}"

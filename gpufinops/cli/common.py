@@ -8,18 +8,69 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from typing import TYPE_CHECKING
+from ..model import format_duration
 
 if TYPE_CHECKING:
     from ..config import Settings
 
 
-def load_settings_from_args(args: argparse.Namespace) -> "Settings":
-    from ..config import load_settings
+def state_dir() -> Path:
+    """Where a command run without a config keeps its database and outbox: $XDG_STATE_HOME/gpufinops, else
+    ~/.local/state/gpufinops (never the current folder)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpufinops"
+
+
+def load_settings_from_args(args: argparse.Namespace, *, uses_database: bool = True) -> "Settings":
+    """Settings from --config (or $GPUFINOPS_CONFIG). Without a config, the default SQLite database and the outbox
+    live in the user's state folder (`state_dir()`), said once on stderr, instead of appearing in the current
+    folder; a command given --db uses that. `uses_database=False`: the command never opens the database."""
+    from ..config import Settings, load_settings
 
     path = getattr(args, "config", None) or os.environ.get("GPUFINOPS_CONFIG")
-    return load_settings(path)
+    settings = load_settings(path)
+    if path or not uses_database or getattr(args, "db", None):
+        return settings
+    defaults = Settings.model_fields
+    if settings.database_url != defaults["database_url"].default:
+        return settings
+    folder = state_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    db = folder / "gpufinops.db"
+    slack = settings.slack
+    if slack.outbox_path == type(slack).model_fields["outbox_path"].default:
+        slack = slack.model_copy(update={"outbox_path": str(folder / slack.outbox_path)})
+    print(f"note: no --config: using the database {db} (your state folder; pass --config or --db to choose one)",
+          file=sys.stderr)
+    return settings.model_copy(update={"database_url": f"sqlite:///{db}", "slack": slack})
+
+
+def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
+                 right: Sequence[str] = ()) -> str:
+    """The one text table of every command: a header of lower-case snake_case column names (the keys of -o json
+    and the csv header), a rule under it, one line per row; `right`: columns aligned right (numbers)."""
+    columns = list(columns if columns is not None else (rows[0].keys() if rows else ()))
+    if not columns:
+        return ""
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if c in right else v.ljust(w)
+                         for v, w, c in zip(values, widths, columns)).rstrip()
+
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(row) for row in cells])
+
+
+format_window = format_duration  # a window as every command prints it: the one duration formatter
+
+
+def format_share(fraction: float | None) -> str:
+    """A share (0..1, e.g. idle_share) as every command prints it: "37.5 %"."""
+    return "" if fraction is None else f"{100 * fraction:.1f} %"
 
 
 EXIT_PROBLEM_FOUND = 1  # the command ran and found a problem
@@ -50,3 +101,35 @@ def duration_arg(value: str) -> int:
         return parse_duration(value if not value.strip().isdigit() else int(value))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+SHARE_COLUMNS = ("idle_share",)  # fractions 0..1, printed as %
+
+
+def print_frame(df, right: Sequence[str] | None = None) -> None:
+    """A pandas table through `render_table`: numbers right-aligned with thousands separators (2 decimals),
+    shares (SHARE_COLUMNS, *_share) as %, windows (*_window_s) as "2 h"."""
+    import math
+
+    columns = [str(c) for c in df.columns]
+    from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+    numeric = [str(c) for c in df.columns if is_numeric_dtype(df[c]) and not is_bool_dtype(df[c])]
+
+    def cell(col: str, v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        if isinstance(v, str):
+            return v  # words where a figure is not known ("unknown (no priced evaluation)")
+        if col in SHARE_COLUMNS or col.endswith("_share"):
+            return format_share(float(v))
+        if col.endswith("_window_s"):
+            return format_window(float(v))
+        if isinstance(v, float):
+            return f"{v:,.2f}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return str(v)
+
+    rows = [{c: cell(c, v) for c, v in zip(columns, rec)} for rec in df.itertuples(index=False, name=None)]
+    print(render_table(rows, columns, right=numeric if right is None else right))

@@ -27,12 +27,12 @@ def force_dry_run(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..compose import live_peers
-    from ..jobs import scheduled_jobs
+    from ..run.compose import live_peers
+    from ..run.jobs import scheduled_jobs
     from ..model import utcnow
     from .common import load_settings_from_args
     from ..rules import load_rules
-    from ..service import Service
+    from ..run.service import Service
 
     settings = force_dry_run(load_settings_from_args(args), args)
     load_rules(settings.rules_paths)  # fail fast on a broken rule file before starting
@@ -46,9 +46,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..compose import live_peers
+    from ..run.compose import live_peers
     from ..model import RunContext, utcnow
-    from ..pipeline import run_once
+    from ..run.pipeline import run_once
     from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
     from ..rules import load_rules
 
@@ -110,18 +110,14 @@ def failed_sources(report) -> list[str]:
     return errors
 
 
-def _duration_text(seconds: int) -> str:
-    return f"{seconds // 3600} h" if seconds % 3600 == 0 and seconds >= 3600 else f"{seconds // 60} min"
-
-
 def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, str] | None = None) -> str:
     """What the act stage will do with this verdict, in words ("" when it does nothing).
 
     Mirrors act.plan()'s order: protection, then being managed by something else, then a snooze; only an
     IDLE verdict of a stop rule leads to a warning and a stop.
     """
-    from ..act import opt_in_gap, snoozed_until
-    from ..model import Action, Verdict
+    from ..act.plan import opt_in_gap, snoozed_until
+    from ..model import Action, Verdict, format_duration
 
     if decision.verdict != Verdict.IDLE:
         return ""
@@ -139,7 +135,7 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str
         if missing:
             return missing
     verb = decision.action.value
-    lead = f" {_duration_text(rule.warning_lead_s)} later" if rule is not None else " after the warning"
+    lead = f" {format_duration(rule.warning_lead_s)} later" if rule is not None else " after the warning"
     if dry_run:
         return f"dry-run: would warn, then {verb}{lead} (nothing is changed)"
     return f"warn, then {verb}{lead}"
@@ -149,6 +145,7 @@ def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, st
     row = decision.to_dict()
     row.update(
         instance_type=inst.instance_type if inst else None, team=inst.team() if inst else None,
+        owner=(inst.owner() or None) if inst else None, name=(inst.tags.get("Name") or None) if inst else None,
         protected=bool(inst and inst.is_protected), managed_by=(getattr(inst, "managed_by", "") if inst else "") or None,
         snoozed_until=(inst.tags.get("gpufinops:snooze-until") if inst else None),
         outcome=decision_outcome(decision, inst, rule, now, dry_run, opt_in),
@@ -157,13 +154,16 @@ def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, st
 
 
 def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, errors: list[str]) -> str:
-    table = [("INSTANCE", "TYPE", "TEAM", "RULE", "VERDICT", "$/H", "REASON")]
-    for r in rows:
-        verdict = r["verdict"] + (f" — {r['outcome']}" if r["outcome"] else "")
-        table.append((r["instance_id"], r["instance_type"] or "", r["team"] or "", r["rule"], verdict,
-                      f"{r['hourly_cost']:.2f}" if r["hourly_cost"] is not None else "?", r["reason"]))
-    widths = [max(len(t[i]) for t in table) for i in range(6)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(t[:6], widths)) + "  " + t[6] for t in table]
+    from .common import render_table
+
+    table = [{"instance_id": r["instance_id"], "name": r.get("name") or "", "instance_type": r["instance_type"] or "",
+              "owner": r.get("owner") or "", "team": r["team"] or "", "rule": r["rule"],
+              "verdict": r["verdict"] + (f" — {r['outcome']}" if r["outcome"] else ""),
+              "usd_per_hour": f"{r['hourly_cost']:.2f}" if r["hourly_cost"] is not None else "?",
+              "reason": r["reason"]} for r in rows]
+    lines = render_table(table, list(table[0]) if table else
+                         ["instance_id", "name", "instance_type", "owner", "team", "rule", "verdict", "usd_per_hour",
+                          "reason"], right=("usd_per_hour",)).splitlines()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
@@ -183,7 +183,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         paths, where = args.paths, "the paths given"
     else:
         # With a config (--config or $GPUFINOPS_CONFIG), check the rules that config runs; else the shipped ones.
-        settings = load_settings_from_args(args)
+        settings = load_settings_from_args(args, uses_database=False)
         paths = list(settings.rules_paths)
         where = f"rules_paths of {settings.source_path}" if settings.source_path else "the shipped rules"
     try:
@@ -207,7 +207,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from ..model import ActionKind, utcnow
-    from ..store import Store
+    from ..store.store import Store
     from .common import load_settings_from_args
 
     settings = load_settings_from_args(args)
@@ -244,16 +244,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if not rows:
         print("no matching audit records")
         return 0
-    for r in rows:
-        flags = " [dry-run]" if r["dry_run"] else ""
-        err = f" error: {r['error']}" if r["error"] else ""
-        print(f"{r['at'][:19]}  {r['instance_id']:<20} {r['what']:<9} {r['status']:<13} {r['rule']}{flags}: "
-              f"{r['reason']}{err}")
+    from .common import render_table
+
+    print(render_table([{"at": r["at"][:19], "instance_id": r["instance_id"], "what": r["what"], "status": r["status"],
+                         "rule": r["rule"] + (" [dry-run]" if r["dry_run"] else ""),
+                         "reason": r["reason"] + (f" error: {r['error']}" if r["error"] else "")} for r in rows]))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
+    from ..demo.run import run_demo
 
     package_log = logging.getLogger("gpufinops")
     level = package_log.level
@@ -261,7 +261,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # Per-decision log lines would bury the Slack messages and the summary.
         package_log.setLevel(logging.WARNING)
     try:
-        run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet, compare=not args.no_compare)
+        run_demo(tick_s=args.tick, hours=args.hours, db_path=args.db, quiet=args.quiet, compare=not args.no_compare,
+                 quick=args.quick)
     finally:  # main() can be called again in the same process (tests, an embedding tool)
         package_log.setLevel(level)
     return 0
@@ -309,6 +310,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hours", type=float, default=None, help="simulate only this many hours")
     p.add_argument("--db", default=None, help="keep the demo's audit database at this path")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
+    p.add_argument("--quick", action="store_true",
+                   help="the first 3 simulated hours only (a few seconds): the same pipeline, both rules")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the second run with the common 40%%/10 min rule (about half the time)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every decision and action")

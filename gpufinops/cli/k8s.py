@@ -17,9 +17,9 @@ HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's 
 def cmd_k8s_costs(args: argparse.Namespace) -> int:
     from ..collect.billing.schema import BillingDataError, month_bounds
     from ..collect.kubernetes import ClusterReadFailed
-    from ..costs_k8s import cluster_cents, cost_by
-    from ..fleet import live_cluster_costs
-    from ..prices import PriceCatalogError
+    from ..prices.costs_k8s import cluster_cents, cost_by
+    from ..run.compose import live_cluster_costs
+    from ..prices.prices import PriceCatalogError
     from .common import load_settings_from_args
 
     settings = load_settings_from_args(args)
@@ -91,8 +91,9 @@ def register(subparsers) -> None:
 def cmd_k8s_restore(args: argparse.Namespace) -> int:
     import os
 
-    from ..compose import live_store
-    from ..fleet import live_workload_cloud, restore_workload
+    from ..run.compose import live_store
+    from ..run.compose import live_workload_cloud
+    from ..act.restore import restore_workload
     from .common import load_settings_from_args
 
     settings = load_settings_from_args(args)

@@ -23,7 +23,7 @@ def _parse_params(text: str) -> float:
 
 
 def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
-    from ..catalog import load_catalog, load_refresh, refresh_from_aws, save_refresh
+    from ..prices.catalog import load_catalog, load_refresh, refresh_from_aws, save_refresh
 
     catalog = load_catalog(policy.catalog_dir)
     if refresh and settings is not None:
@@ -51,9 +51,9 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
-    from ..catalog import CatalogError
+    from ..prices.catalog import CatalogError
     from ..collect.inventory import InventoryError
-    from ..compose import live_cloud, live_store, live_usage
+    from ..run.compose import live_cloud, live_store, live_usage
     from ..recommend.engine import recommend_fleet, store_recommendations
     from ..recommend.policy import policy_from_settings
     from ..recommend.table import render
@@ -94,11 +94,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def cmd_size(args: argparse.Namespace) -> int:
     from .common import load_settings_from_args
-    from ..catalog import CatalogError
+    from ..prices.catalog import CatalogError
     from ..recommend.policy import policy_from_settings
     from ..recommend.sizing import SizingError, estimate_memory, fitting_options
 
-    policy = policy_from_settings(load_settings_from_args(args))
+    policy = policy_from_settings(load_settings_from_args(args, uses_database=False))
     try:
         est = estimate_memory(args.params, args.mode, args.precision, args.context, args.batch,
                               args.layers, args.hidden)
@@ -114,6 +114,16 @@ def cmd_size(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({"estimate": est.to_dict(), "options": [o.to_dict() for o in options]}, indent=2))
         return 0
+    if args.output == "csv":  # one row per fitting configuration, the estimate's total beside each
+        import csv
+
+        rows = [{"total_gb": round(est.total_gb, 3), **o.to_dict()} for o in options]
+        flat = [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()} for r in rows]
+        fields = list(flat[0]) if flat else ["total_gb"]
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(flat)
+        return 0 if options else 1
     d = est.to_dict()
     print(f"{args.params:.3g} params, {est.mode.value}, {est.precision}, context {est.context}, batch {est.batch} "
           f"(assumed shape: {est.layers} layers, hidden {est.hidden})")
@@ -124,11 +134,14 @@ def cmd_size(args: argparse.Namespace) -> int:
     if not options:
         print("no catalog configuration holds this workload")
         return 1
+    from .common import render_table
+
     print("\ncheapest fitting configurations (on-demand):")
-    for o in options:
-        off = o.offer
-        print(f"  {off.provider:<7} {off.instance_type:<28} {off.gpu_count}x {off.gpu:<10} {off.region:<14} "
-              f"${off.on_demand_usd_h:>8.2f}/h  {o.note}  (prices as of {off.prices_as_of})")
+    print(render_table([{"provider": o.offer.provider, "instance_type": o.offer.instance_type,
+                         "gpus": f"{o.offer.gpu_count}x {o.offer.gpu}", "region": o.offer.region,
+                         "usd_per_hour": f"{o.offer.on_demand_usd_h:,.2f}", "note": o.note,
+                         "prices_as_of": o.offer.prices_as_of} for o in options],
+                       right=("usd_per_hour",)))
     return 0
 
 
@@ -152,5 +165,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--hidden", type=int, default=None, help="hidden size (default: estimated from --params)")
     s.add_argument("--provider", action="append", help="limit to a provider (repeatable): aws gcp azure lambda runpod")
     s.add_argument("--limit", type=int, default=10)
-    add_output_option(s, ("table", "json"))
+    add_output_option(s)
     s.set_defaults(func=cmd_size)

@@ -7,14 +7,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-FORMATS = ("html", "csv", "json")
+FORMATS = ("html", "csv", "json")  # the default
+ALL_FORMATS = (*FORMATS, "pdf")  # pdf: the HTML printed by headless Chromium
 
 
 def _formats(text: str) -> tuple[str, ...]:
     items = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
-    bad = [x for x in items if x not in FORMATS]
+    bad = [x for x in items if x not in ALL_FORMATS]
     if bad or not items:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(FORMATS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ALL_FORMATS)}, got {text!r}")
     return items
 
 
@@ -30,11 +31,15 @@ def register(subparsers) -> None:
                    help="folder to write into (created if missing; default: reports-out)")
     p.add_argument("--out", dest="out_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--formats", type=_formats, default=FORMATS, metavar="html,csv,json",
-                   help="which files to write (default: all three)")
+                   help="which files to write (default: html,csv,json; pdf needs Chromium)")
     p.add_argument("--format", dest="formats", type=_formats, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--db", default=None,
                    help="audit database: a SQLite file path or a SQLAlchemy URL "
                         "(default: database_url from the config)")
+    p.add_argument("--deliver", action="store_true",
+                   help="also send the report where report.delivery says (S3, Slack), with its PDF rendition")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --deliver: write the files, send nothing, print what would be sent where")
     p.set_defaults(func=cmd_report)
 
 
@@ -51,18 +56,45 @@ def _database_url(db: str | None, default: str) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     from .common import EXIT_PROBLEM_FOUND, load_settings_from_args, usage_error
     from ..collect.billing.schema import BillingDataError
-    from ..report import write_monthly_report
+    from ..report.deliver import configured, s3_client
+    from ..report.monthly import PdfError, write_and_deliver
     from ..report.period import ReportPeriodError
-    from ..store import Store
+    from ..store.store import Store
 
     settings = load_settings_from_args(args)
+    if args.dry_run and not args.deliver:
+        return usage_error("--dry-run goes with --deliver (without it nothing is sent anyway)")
+    if args.deliver and not configured(settings.report.delivery):
+        return usage_error("--deliver: no destination configured (report.delivery.s3_uri, "
+                           "report.delivery.slack_channel or report.delivery.email_finance in the config; "
+                           "docs/report.md)")
     now = datetime.now(timezone.utc)
     try:
         store = Store(_database_url(args.db, settings.database_url))
     except FileNotFoundError as exc:
         return usage_error(str(exc))
+    d = settings.report.delivery
     try:
-        paths = write_monthly_report(store, args.month, args.out_dir, now, settings, formats=args.formats)
+        if args.deliver:
+            from ..run.compose import live_notifier
+
+            notifier = live_notifier(settings, store) if d.slack_channel and not args.dry_run else None
+            s3 = s3_client(settings) if d.s3_uri and not args.dry_run else None
+            email = None
+            if d.email_finance and not args.dry_run:
+                from ..notify.email import EmailDelivery
+
+                email = EmailDelivery(settings.email, store, lambda: now)
+            paths, sent = write_and_deliver(store, args.month, args.out_dir, now, settings, args.formats,
+                                            dry_run=args.dry_run, notifier=notifier, s3_client=s3, email=email)
+        else:
+            from ..report import write_monthly_report
+
+            paths, sent = write_monthly_report(store, args.month, args.out_dir, now, settings,
+                                               formats=args.formats), []
+    except PdfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
     except ReportPeriodError as exc:  # a bad --month: the same exit code as in `costs` and `budgets check`
         return usage_error(str(exc))
     except BillingDataError as exc:
@@ -72,4 +104,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         store.close()
     for path in paths:
         print(path)
-    return 0
+    for s in sent:
+        print(s.line(args.dry_run))
+    return EXIT_PROBLEM_FOUND if any(s.error for s in sent) else 0

@@ -51,7 +51,7 @@ from botocore.parsers import ResponseParserError
 from gpufinops.collect.aws_config import read_config
 from gpufinops.config import AwsSettings
 from gpufinops.model import Clock, GpuInstance, utcnow
-from gpufinops.prices import GpuSpec, OnDemandPrices
+from gpufinops.prices.prices import GpuSpec, OnDemandPrices
 
 log = logging.getLogger(__name__)
 

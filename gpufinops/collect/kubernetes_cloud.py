@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpufinops.collect.errors import QueryFailed
 from gpufinops.collect.kubernetes import KubernetesCluster, parse_time, server_of
-from gpufinops.costs_k8s import attribute, node_hourly_costs, pod_hourly_costs
+from gpufinops.prices.costs_k8s import attribute, node_hourly_costs, pod_hourly_costs
 from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
     DEFAULT_PROTECT_KEY,
     MARK_ANNOTATION,

@@ -1,12 +1,15 @@
 """DCGM GPU usage from Prometheus (or VictoriaMetrics), in a fixed number of queries.
 
-One `window_usage` call sends four instant queries, concurrently, whatever the fleet size: one per signal
-(activity from DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power). They
+One `window_usage` call sends five instant queries, concurrently, whatever the fleet size: one per signal
+(activity from DCGM_FI_DEV_GPU_UTIL, activity from DCGM_FI_PROF_GR_ENGINE_ACTIVE, memory, power, and the DCGM
+profiling ratios). They
 aggregate the window ending at `now` per GPU; the answers are mapped to EC2 instances here. The memory query
 also carries the compute-process counts `gpufinops agent` exports per GPU / MIG instance (FOLDED): evidence of
-work where no activity counter exists (docs/metrics.md, "Evidence of work"). The GR engine query also carries
-the other DCGM profiling ratios where exported (SM active, SM occupancy, tensor / FP64 / FP32 / FP16 pipes,
-DRAM), one window mean each: what says why a GPU's use stays low (docs/metrics.md, "Profiling counters").
+work where no activity counter exists (docs/metrics.md, "Evidence of work"). The fifth query reads the DCGM
+profiling ratios where exported (SM active, SM occupancy, tensor / FP64 / FP32 / FP16 pipes), one window mean
+each: the SM activity that IDLE needs to agree, and what says why a GPU's use stays low (docs/metrics.md,
+"Profiling counters"). It is a query of its own because Prometheus pays more than the sum of the parts for one
+long `or` of legs (BENCHMARKS.md, "Profiling counters in the tick").
 Where a GPU has both activity counters, the GR engine's is its activity figure and GPU_UTIL's the second one
 that IDLE needs to agree.
 
@@ -39,20 +42,22 @@ sentinel/sentinel into "1% active". A GPU with any implausible figure comes back
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import threading
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timezone
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
+import msgspec
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from gpufinops.catalog import CatalogError, load_catalog
+from gpufinops.prices.catalog import CatalogError, load_catalog
 from gpufinops.collect.errors import QueryFailed
 from gpufinops.collect.gpu_snapshot import PROCESSES_METRIC
 from gpufinops.config import PrometheusSettings
@@ -65,18 +70,20 @@ from gpufinops.model import SENTINEL_THRESHOLD, GpuInstance, GpuWindowStats, Ins
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0..1; all a MIG slice has
 # DCGM profiling ratios 0..1 (dcgm-exporter's DCP fields; SM_ACTIVE, SM_OCCUPANCY and the FP pipes are off in its
-# default CSV, docs/metrics.md shows the lines to add). Read as window means, to say why use stays low.
+# default CSV, docs/metrics.md shows the lines to add). Read as window means, to say why use stays low. DRAM_ACTIVE
+# is named for right-sizing (recommend.usage reads its p95 over days); the tick does not read it: no verdict or
+# cause uses it, and it cost a range function per GPU.
 SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
 SM_OCCUPANCY = "DCGM_FI_PROF_SM_OCCUPANCY"
 TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
 PIPE_ACTIVE = {"fp64": "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp32": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
                "fp16": "DCGM_FI_PROF_PIPE_FP16_ACTIVE"}
-PROFILING_SIGNALS = (SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, *PIPE_ACTIVE.values())
+PROFILING_SIGNALS = (SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, *PIPE_ACTIVE.values())  # what a tick reads
 FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
 # Compute processes per GPU / MIG instance, exported by `gpufinops agent` only (not dcgm-exporter): evidence of
-# work where no activity counter exists. Read in the memory query (see FOLDED), so a tick still sends four.
+# work where no activity counter exists. Read in the memory query (see FOLDED), so it adds no query.
 PROCESSES = PROCESSES_METRIC
 
 # Labels that identify one GPU (or MIG slice) on one host. `instance`, `job`,
@@ -134,13 +141,16 @@ _SIGNAL_AGGS: dict[str, tuple[str, ...]] = {
 }
 # Signals whose clean legs ride in another signal's query, with agg labels prefixed "<prefix>_": the
 # processes legs are `or`-ed into the memory query (both come from gpufinops agent, per GPU instance), so the
-# number of HTTP queries per tick stays four. The engine evaluates the legs alike either way: free on a fleet
+# number of HTTP queries per tick stays fixed. The engine evaluates the legs alike either way: free on a fleet
 # without the series, four more range functions per GPU that has it (docs/metrics.md, "Evidence of work").
-# The profiling ratios ride in the GR engine query alike (agg "sm_active_mean", ...): they come from the same
-# DCGM profiling module, and a GPU without it costs nothing more.
+# The other profiling ratios ride in the SM activity query alike (agg "sm_occupancy_mean", ...): they come from
+# the same DCGM profiling module, and a GPU without it costs nothing more. Not in the GR engine query: measured,
+# Prometheus spent 4.0 CPU-s on the GR engine legs `or`-ed with the profiling legs at 10k GPUs, against 1.4 + 1.2
+# for the two sets apart (each `or` hashes every series it has gathered so far).
 FOLDED: Mapping[str, tuple[str, str]] = {
     PROCESSES: (FB_USED, "processes"),
-    **{metric: (GR_ENGINE_ACTIVE, metric.removeprefix("DCGM_FI_PROF_").lower()) for metric in PROFILING_SIGNALS},
+    **{metric: (SM_ACTIVE, metric.removeprefix("DCGM_FI_PROF_").lower()) for metric in PROFILING_SIGNALS
+       if metric != SM_ACTIVE},
 }
 # The signals with a query of their own, in query order.
 QUERIED_SIGNALS = tuple(m for m in _SIGNAL_AGGS if m not in FOLDED)
@@ -391,7 +401,7 @@ class GpuLimits:
     power: Limit
     tdp_w: float | None = None  # the GPU model's TDP when the catalog knows it (the power witness's scale)
 
-    @property
+    @functools.cached_property  # read once per signal of every GPU
     def samples(self) -> Limit:
         return samples_limit(self.expected_samples)
 
@@ -456,10 +466,14 @@ class _Agg:
     def add(self, agg: str, value: float) -> None:
         if agg == "sample":
             self.dirty = True
-        problem = row_problem(agg, value, self.whole)
-        if problem:
-            self.bad = self.bad or (agg, problem)
-            return
+        # The words are only worked out for a number that is not plainly a reading (row_problem): a tick adds
+        # one number per figure of every GPU.
+        if agg == "present" or not 0.0 <= value < SENTINEL_THRESHOLD or (
+                (self.whole or agg == "count") and not float(value).is_integer()):
+            problem = row_problem(agg, value, self.whole)
+            if problem:
+                self.bad = self.bad or (agg, problem)
+                return
         if agg == "present":
             pass  # creating the _Gpu entry was the point
         elif agg == "sample":  # one valid sample of a dirty GPU
@@ -558,7 +572,6 @@ class _Gpu:
             sm_active=ratio(SM_ACTIVE),
             sm_occupancy=ratio(SM_OCCUPANCY),
             tensor_active=ratio(TENSOR_ACTIVE),
-            dram_active=ratio(DRAM_ACTIVE),
             pipes=tuple((p, v) for p, metric in PIPE_ACTIVE.items() if (v := ratio(metric)) is not None),
             tdp_w=limits.tdp_w,
         )
@@ -601,6 +614,65 @@ def parse_answer(key: tuple[str, str], answer: Any) -> list[tuple[dict[str, str]
     except (KeyError, IndexError, TypeError, ValueError):
         raise QueryFailed(f"malformed answer for {metric}") from None
     return rows
+
+
+# The two shapes of answer the collector reads, decoded typed by msgspec straight from the bytes (BENCHMARKS.md,
+# "Client time per tick"): no dict per series or list per point, and no object the cyclic GC tracks (gc=False).
+# A body of another shape fails the decode: "malformed answer".
+class _Point(msgspec.Struct, array_like=True, gc=False):
+    at: float
+    value: str  # Prometheus writes sample values as strings ("0.5", "NaN", "+Inf")
+
+
+class _Instant(msgspec.Struct, gc=False):  # one series of an instant vector (the clean queries)
+    metric: dict[str, str]
+    value: _Point
+
+
+class _Range(msgspec.Struct, gc=False):  # one series of a range vector (the raw and dirty reads)
+    metric: dict[str, str]
+    values: list[_Point]
+
+
+class _VectorData(msgspec.Struct, gc=False):
+    result: list[_Instant]
+
+
+class _MatrixData(msgspec.Struct, gc=False):
+    result: list[_Range]
+
+
+class _VectorAnswer(msgspec.Struct, gc=False):
+    data: _VectorData
+
+
+class _MatrixAnswer(msgspec.Struct, gc=False):
+    data: _MatrixData
+
+
+_DECODERS = {CLEAN: msgspec.json.Decoder(_VectorAnswer), DIRTY: msgspec.json.Decoder(_MatrixAnswer),
+             RAW: msgspec.json.Decoder(_MatrixAnswer)}
+_ACCEPTED_SETS = {metric: frozenset(aggs) for metric, aggs in _ACCEPTED_AGGS.items()}
+
+
+def parse_body(key: tuple[str, str], body: bytes) -> list[Row]:
+    """`parse_answer` of an answer's bytes, decoded typed (the collector's path: the same rows, one pass)."""
+    metric, kind = key
+    try:
+        result = _DECODERS[kind].decode(body).data.result
+        if kind == CLEAN:
+            accepted = _ACCEPTED_SETS[metric]
+            rows = [(s.metric, s.metric.get("agg"), float(s.value.value)) for s in result]
+            for _labels, agg, _value in rows:
+                if agg not in accepted:
+                    raise QueryFailed(f"malformed answer for {metric}: unexpected agg {str(agg)[:20]!r}")
+            return rows
+        if kind == RAW:  # only the valid samples are measurements (is_valid_sample)
+            return [(s.metric, "sample", v) for s in result for p in s.values
+                    if 0.0 <= (v := float(p.value)) < SENTINEL_THRESHOLD]
+        return [(s.metric, "sample", float(p.value)) for s in result for p in s.values]
+    except (msgspec.DecodeError, ValueError):
+        raise QueryFailed(f"malformed answer for {metric}") from None
 
 
 def _as_utc(now: datetime) -> datetime:
@@ -648,7 +720,30 @@ class PromReader:
         self.where = endpoint_of(settings.url)
         self.queries_made = 0
         self._lock = threading.Lock()  # the collector sends its queries from several threads
-        self._client = connect(settings, session)
+        if session is None:
+            session = requests.Session()
+            session.verify = settings.verify_tls
+        connect(settings, session)  # mounts its adapter without retries on the session
+        self._session = session
+        self._url = settings.url.rstrip("/")
+        self._headers, self._auth = auth_of(settings)
+
+    def _get(self, path: str, params: Mapping[str, str], timeout: float) -> bytes:
+        """The body of one GET of the API (as prometheus_api_client sends it: same session, auth, TLS), unparsed:
+        the caller decodes it with the shape it expects. A status other than 200 raises as that client does."""
+        response = self._session.get(f"{self._url}{path}", params=params, headers=self._headers or None,
+                                     auth=self._auth, verify=self._session.verify, cert=self._session.cert,
+                                     timeout=timeout)
+        if response.status_code != 200:
+            raise PrometheusApiClientException(
+                f"HTTP Status Code {response.status_code} ({response.content!r})")
+        return response.content
+
+    def instant_body(self, promql: str, at: float, timeout_s: float | None = None) -> bytes:
+        """/api/v1/query at `at` (epoch s), the answer's bytes (the collector decodes them typed: `parse_body`)."""
+        timeout, params = self._timeouts(timeout_s)
+        with translated_errors(self.where, timeout):
+            return self._get("/api/v1/query", {"query": promql, "time": f"{at:.3f}", **params}, timeout)
 
     def _timeouts(self, timeout_s: float | None) -> tuple[float, dict[str, str]]:
         timeout = self.settings.timeout_s if timeout_s is None else timeout_s
@@ -661,7 +756,8 @@ class PromReader:
         """/api/v1/query at `at` (epoch s)."""
         timeout, params = self._timeouts(timeout_s)
         with translated_errors(self.where, timeout):
-            answer = self._client.custom_query(promql, params={"time": f"{at:.3f}", **params}, timeout=timeout)
+            body = self._get("/api/v1/query", {"query": promql, "time": f"{at:.3f}", **params}, timeout)
+            answer = msgspec.json.decode(body)["data"]["result"]
         return self._series(answer, ("value", "values"))  # a subquery answers a range vector
 
     def range(self, promql: str, start: float, end: float, step_s: float, *, max_points: int = MAX_POINTS,
@@ -677,11 +773,10 @@ class PromReader:
             t1 = min(end, t + (max_points - 1) * step_s)
             timeout, params = self._timeouts(timeout_s)
             # start/end as params: to the millisecond (the client's own arguments round them to seconds).
-            params.update(start=f"{t:.3f}", end=f"{t1:.3f}")
-            at = datetime.fromtimestamp(t, UTC)
+            params.update(query=promql, start=f"{t:.3f}", end=f"{t1:.3f}", step=f"{step_s:g}")
             with translated_errors(self.where, timeout):
-                answer = self._client.custom_query_range(promql, at, at, f"{step_s:g}", params=params,
-                                                         timeout=timeout)
+                body = self._get("/api/v1/query_range", params, timeout)
+                answer = msgspec.json.decode(body)["data"]["result"]
             out.extend(self._series(answer, ("values",)))
             t = t1 + step_s
         return out
@@ -709,6 +804,29 @@ class Detail:
     queries: dict[tuple[str, str, str], str]  # (signal, kind, narrowing label#chunk) -> PromQL
 
 
+_EMPTY = ("",) * 64  # more than any identity has labels
+
+
+def identity(labels: Mapping[str, str], by: Sequence[str]) -> Identity:
+    """The values of a series' GPU identity labels, "" when absent (what a GPU's figures are combined by)."""
+    return tuple(map(labels.get, by, _EMPTY))
+
+
+class _DetailedRows:
+    """(signal, agg) of each (queried signal, agg label) of the answers, worked out once per pair (`signal_of`);
+    (None, agg) for an aggregate that never needs the detail read."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], tuple[str | None, str]] = {}
+
+    def signal(self, host_metric: str, host_agg: str) -> tuple[str | None, str]:
+        found = self._seen.get((host_metric, host_agg))
+        if found is None:
+            metric, agg = signal_of(host_metric, host_agg)
+            found = self._seen[(host_metric, host_agg)] = (metric if metric in DETAILED_SIGNALS else None, agg)
+        return found
+
+
 def narrowing(labels: Mapping[str, str], by_labels: Sequence[str]) -> tuple[str, str] | None:
     """The one label that picks a GPU's series out of the fleet: its UUID, else its host label."""
     for name in ("UUID", *by_labels):
@@ -725,12 +843,13 @@ def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], mat
     wanted: dict[str, dict[str, set[str]]] = {}  # signal -> narrowing label -> values
     unnarrowable: set[str] = set()
     pairs = set()
+    detailed = _DetailedRows()
     for host_metric, rows in rows_by_signal.items():
         for labels, host_agg, value in rows:
-            metric, agg = signal_of(host_metric, host_agg)
-            if metric not in DETAILED_SIGNALS or not needs_detail(agg, value) or matcher.match(labels) is None:
+            metric, agg = detailed.signal(host_metric, host_agg)
+            if metric is None or not needs_detail(agg, value) or matcher.match(labels) is None:
                 continue
-            pairs.add((metric, tuple(labels.get(n, "") for n in by)))
+            pairs.add((metric, identity(labels, by)))
             pick = narrowing(labels, by)
             if pick is None:
                 unnarrowable.add(metric)
@@ -752,15 +871,48 @@ def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], mat
 
 
 def with_detail(clean: Mapping[tuple[str, str], Sequence[Row]], extra: Mapping[tuple, Sequence[Row]],
-                by: Sequence[str], pairs) -> dict[tuple[str, str], list[Row]]:
+                by: Sequence[str], pairs) -> dict[tuple[str, str], Sequence[Row]]:
     """The clean answers plus the detail read for the GPUs that needed it (`plan_detail`): the raw reads keep only
     those GPUs' series, since the narrowing label may select more than were asked for."""
-    answers: dict[tuple[str, str], list[Row]] = {key: list(v) for key, v in clean.items()}
+    answers: dict[tuple[str, str], Sequence[Row]] = dict(clean)
     for (metric, kind, _label), found in extra.items():
         if kind == RAW:
-            found = [r for r in found if (metric, tuple(r[0].get(n, "") for n in by)) in pairs]
-        answers.setdefault((metric, kind), []).extend(found)
+            found = [r for r in found if (metric, identity(r[0], by)) in pairs]
+        answers[(metric, kind)] = [*answers.get((metric, kind), ()), *found]
     return answers
+
+
+class _GcPause:
+    """Python's cyclic garbage collector held off while a tick builds its rows and figures (`gc_paused`).
+
+    A tick at 10k GPUs makes some 200k short-lived containers (rows, per-signal figures, stats); each time the
+    young ones pile up the collector walks every live object, so it ran again and again over the same answers:
+    measured, it was a third of the client's CPU (BENCHMARKS.md, "Client time per tick"). Reference counting
+    frees them as usual meanwhile; a cycle made during the tick waits for the next collection. Counted, so that
+    two ticks at once (two rule windows) turn it back on only when both are done, and only if it was on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._was_enabled = False
+
+    @contextmanager
+    def held(self):
+        with self._lock:
+            if self._holders == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._was_enabled:
+                    gc.enable()
+
+
+gc_paused = _GcPause().held  # the one per process: the collector it holds off is the process's
 
 
 class PrometheusMetrics:
@@ -782,7 +934,7 @@ class PrometheusMetrics:
         return self.reader.queries_made
 
     def _query(self, key: tuple[str, str], promql: str, at: float) -> list[Row]:
-        return parse_answer(key, self.reader.instant(promql, at))
+        return parse_body(key, self.reader.instant_body(promql, at))
 
     def _all(self, queries: Mapping[Any, str], kind_of, at: float) -> dict[Any, list[Row]]:
         # Concurrent: Prometheus evaluates queries in parallel, so the wall time is that of the slowest.
@@ -797,23 +949,20 @@ class PrometheusMetrics:
         at = _as_utc(now).timestamp()
         matcher = InstanceMatcher.build(instances, self.settings.instance_label,
                                         tuple(self.settings.hostname_labels))
-        try:
-            clean = self._all(self.promql.queries(window_s), lambda key: key, at)
-            rows = {metric: r for (metric, _kind), r in clean.items()}
-            detail = plan_detail(self.promql, rows, matcher, window_s, expected)
-            extra = self._all(detail.queries, lambda key: key[:2], at)
-        except QueryFailed as exc:
-            return {
-                inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
-                for inst in instances
-            }
-        answers = with_detail(clean, extra, self.promql.by_labels, detail.pairs)
-        return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
-                                  tuple(self.settings.hostname_labels), detailed=detail.pairs)
-
-
-def _identity_key(labels: Mapping[str, str]) -> tuple:
-    return tuple(sorted((k, v) for k, v in labels.items() if k not in ("agg", "__name__")))
+        with gc_paused():
+            try:
+                clean = self._all(self.promql.queries(window_s), lambda key: key, at)
+                rows = {metric: r for (metric, _kind), r in clean.items()}
+                detail = plan_detail(self.promql, rows, matcher, window_s, expected)
+                extra = self._all(detail.queries, lambda key: key[:2], at)
+            except QueryFailed as exc:
+                return {
+                    inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
+                    for inst in instances
+                }
+            answers = with_detail(clean, extra, self.promql.by_labels, detail.pairs)
+            return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
+                                      tuple(self.settings.hostname_labels), detailed=detail.pairs)
 
 
 def usage_from_answers(
@@ -832,30 +981,66 @@ def usage_from_answers(
     matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
     by = gpu_identity_labels(instance_label, hostname_labels)
     per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
+    # Everything a row's labels decide (its instance, its GPU) depends on its identity labels only: worked out
+    # once per identity, not once per row (a GPU has some 20 rows). None: a GPU of no requested instance.
+    gpus: dict[Identity, _Gpu | None] = {}
+    signals: dict[tuple[str, str], tuple[str, str]] = {}  # (queried signal, agg label) -> signal_of
+    dirty: dict[str, set[Identity]] = {}
+    for metric, ident in detailed:
+        dirty.setdefault(metric, set()).add(ident)
     for (host_metric, kind), rows in answers.items():
+        clean = kind == CLEAN
         for labels, host_agg, value in rows:
-            instance_id = matcher.match(labels)
-            if instance_id is None:
+            ident = identity(labels, by)
+            gpu = gpus.get(ident, _UNSEEN)
+            if gpu is _UNSEEN:
+                gpu = gpus[ident] = _gpu_of(labels, matcher, per_instance)
+            if gpu is None:
                 continue
-            metric, agg = signal_of(host_metric, host_agg)
-            gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
-            gpu.uuid = gpu.uuid or labels.get("UUID", "")
-            gpu.model_name = gpu.model_name or labels.get("modelName", "")
-            gpu.mig_profile = gpu.mig_profile or labels.get("GPU_I_PROFILE", "")
-            signal = gpu.signals.setdefault(metric, _Agg(whole=metric in WHOLE_SIGNALS))
-            if kind == CLEAN and (metric, tuple(labels.get(n, "") for n in by)) in detailed:
+            pair = signals.get((host_metric, host_agg))
+            if pair is None:
+                pair = signals[(host_metric, host_agg)] = signal_of(host_metric, host_agg)
+            metric, agg = pair
+            signal = gpu.signals.get(metric)
+            if signal is None:
+                signal = gpu.signals[metric] = _Agg(whole=metric in WHOLE_SIGNALS)
+            if clean and metric in dirty and ident in dirty[metric]:
                 signal.dirty = True  # its figures come from the valid samples only
                 signal.check(agg, value)  # but a count no query can answer still says the layer is broken
                 continue
             signal.add(agg, value)
     by_id = {inst.instance_id: inst for inst in instances}
+    limits: dict[tuple, GpuLimits] = {}  # a fleet has a handful of GPU models
+
+    def limits_of(inst: GpuInstance, model_name: str) -> GpuLimits:
+        key = (inst.gpu_model, inst.gpu_memory_gib, model_name)
+        if key not in limits:
+            limits[key] = gpu_limits(inst, model_name, expected_samples)
+        return limits[key]
+
     return {
         iid: InstanceUsage(iid, window_s, expected_samples, tuple(
-            g.stats(k, gpu_limits(by_id[iid], g.model_name, expected_samples))
+            g.stats(k, limits_of(by_id[iid], g.model_name))
             for k, g in sorted(gpus.items(), key=_gpu_sort)
         ))
         for iid, gpus in per_instance.items()
     }
+
+
+_UNSEEN = object()
+
+
+def _gpu_of(labels: Mapping[str, str], matcher: InstanceMatcher, per_instance: dict[str, dict[str, _Gpu]]
+            ) -> _Gpu | None:
+    """The GPU a series belongs to (created on first sight), None when no requested instance has it."""
+    instance_id = matcher.match(labels)
+    if instance_id is None:
+        return None
+    gpu = per_instance[instance_id].setdefault(gpu_key(labels), _Gpu())
+    gpu.uuid = gpu.uuid or labels.get("UUID", "")
+    gpu.model_name = gpu.model_name or labels.get("modelName", "")
+    gpu.mig_profile = gpu.mig_profile or labels.get("GPU_I_PROFILE", "")
+    return gpu
 
 
 def _gpu_sort(item: tuple[str, _Gpu]) -> tuple:

@@ -16,9 +16,9 @@ import logging
 from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
-from ..catalog import Catalog, CatalogError, load_catalog
+from ..prices.catalog import Catalog, CatalogError, load_catalog
 from ..config import HostsSettings, RentedHost, Settings
-from ..host_prices import HostPrice, HostPriceTable, host_price
+from ..prices.host_prices import HostPrice, HostPriceTable, host_price
 from ..model import GpuInstance
 from .inventory import CloudError
 from .routed import RoutedCloud

@@ -10,14 +10,11 @@ IDLE is ever touched.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Iterable, Mapping, Sequence
 
-from ..collect.billing.schema import UNTAGGED
+from ..model import UNTAGGED
 from ..model import Action, Decision, GpuInstance, Verdict
-from ..store import Store
 
 KV_PREFIX = "budget-escalation:"
 
@@ -32,19 +29,6 @@ class Escalation:
 
     def key(self) -> str:
         return f"{KV_PREFIX}{self.period}:{self.budget}"
-
-
-def record(store: Store, esc: Escalation) -> bool:
-    """Store the escalation once per budget and month; True when it is new."""
-    if store.get_kv(esc.key()) is not None:
-        return False
-    store.set_kv(esc.key(), json.dumps(esc.__dict__))
-    return True
-
-
-def active(store: Store, now: datetime) -> list[Escalation]:
-    period = f"{now:%Y-%m}"
-    return [Escalation(**json.loads(v)) for _, v in store.kv_items(f"{KV_PREFIX}{period}:")]
 
 
 def _tag(inst: GpuInstance, keys: Iterable[str]) -> str | None:

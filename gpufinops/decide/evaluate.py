@@ -33,6 +33,7 @@ from ..model import (
     ReasonCode,
     Rule,
     Verdict,
+    format_duration,
 )
 
 # A GPU holding at least this much memory while idle is reported as "memory held".
@@ -121,14 +122,6 @@ def checked_processes(stats: GpuWindowStats, expected_samples: int) -> GpuWindow
         return replace(stats, processes_max=None, process_samples=0) if stats.processes_max is not None else stats
     problem = process_count_problem(stats, expected_samples)
     return replace(invalidated(stats, problem), processes_max=None, process_samples=0) if problem else stats
-
-
-def _fmt_window(seconds: int) -> str:
-    if seconds % 3600 == 0:
-        return f"{seconds // 3600} h"
-    if seconds % 60 == 0:
-        return f"{seconds // 60} min"
-    return f"{seconds} s"
 
 
 def activity_source(gpus: Sequence[GpuWindowStats]) -> str:
@@ -223,14 +216,14 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
             **stats,
         )
 
-    window = _fmt_window(rule.window_s)
+    window = format_duration(rule.window_s)
     if not inst.is_running:
         return decide(Verdict.UNKNOWN, ReasonCode.NOT_RUNNING, f"instance is {inst.state}, not judged")
     age_s = (now - inst.launch_time).total_seconds()
     if age_s < rule.window_s:
         return decide(
             Verdict.UNKNOWN, ReasonCode.TOO_YOUNG,
-            f"running for {_fmt_window(max(0, int(age_s)))}; not judged before a full {window} window",
+            f"running for {format_duration(max(0, int(age_s)))}; not judged before a full {window} window",
         )
     if usage is None or usage.error:
         err = usage.error if usage is not None else "no usage collected"
@@ -427,7 +420,7 @@ def judge_without_counter(g: GpuWindowStats, expected: int, rule: Rule,
     floor; idle only under `idle_without_activity_counter: no_processes_and_idle_memory`, with no process
     over the whole window (process-count coverage) and memory at or under the floor; else UNKNOWN.
     `mig`: the GPU is a MIG instance or a MIG GPU's board (None: told by its name and profile)."""
-    window = _fmt_window(rule.window_s)
+    window = format_duration(rule.window_s)
     name = gpu_name(g)
     is_mig = _is_mig(g) if mig is None else mig
     if not is_mig:

@@ -11,15 +11,17 @@ from dataclasses import asdict, dataclass
 from datetime import date, datetime, timezone
 from typing import Mapping, Sequence
 
-from sqlalchemy import Column, Date, DateTime, Float, Integer, String, Table, Text, insert, select
+from sqlalchemy import insert, select
 
-from gpufinops.catalog import Catalog
+from gpufinops.prices.catalog import Catalog
 from gpufinops.model import GpuInstance, Message
 from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.purchase import classify, commitment, spot_vs_on_demand
 from gpufinops.recommend.rightsize import rightsize
 from gpufinops.recommend.usage import FleetUsage
-from gpufinops.store import Store, aware_utc, naive_utc, metadata
+from gpufinops.store.store import Store
+from gpufinops.store.schema import aware_utc, naive_utc, metadata
+from gpufinops.store.schema import recommendations
 
 RISK_ORDER = {"none": 0, "low": 1, "medium": 2, "high": 3}
 
@@ -147,31 +149,10 @@ def commitment_recs(instances: Sequence[GpuInstance], hourly_gpus: Mapping[str, 
 
 # --------------------------------------------------------------------------- storage
 
-recommendations = Table(
-    "recommendations",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("run_id", String(32), nullable=False, index=True),
-    Column("created_at", DateTime, nullable=False, index=True),
-    Column("instance_id", String(64), nullable=False, index=True),
-    Column("team", String(128)),
-    Column("instance_type", String(64), nullable=False),
-    Column("region", String(64)),
-    Column("action", String(32), nullable=False),
-    Column("current_monthly", Float),
-    Column("recommended", Text, nullable=False),
-    Column("recommended_monthly", Float),
-    Column("monthly_savings", Float, nullable=False),
-    Column("risk", String(16), nullable=False),
-    Column("reason", Text, nullable=False),
-    Column("prices_as_of", Date),
-)
-
 
 def store_recommendations(store: Store, run_id: str, recs: Sequence[Recommendation]) -> None:
     if not recs:
         return
-    metadata.create_all(store.engine, tables=[recommendations])
     rows = [{**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": naive_utc(r.created_at), "run_id": run_id}
             for r in recs]
     with store.engine.begin() as conn:
@@ -180,7 +161,6 @@ def store_recommendations(store: Store, run_id: str, recs: Sequence[Recommendati
 
 def latest_recommendations(store: Store, since: datetime | None = None) -> list[Recommendation]:
     """The rows of the most recent run (at or after `since`), for the monthly report."""
-    metadata.create_all(store.engine, tables=[recommendations])
     with store.engine.connect() as conn:
         q = select(recommendations.c.run_id, recommendations.c.created_at).order_by(
             recommendations.c.created_at.desc(), recommendations.c.id.desc()).limit(1)

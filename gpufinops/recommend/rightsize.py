@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpufinops.catalog import Catalog, InstanceOffer
+from gpufinops.prices.catalog import Catalog, InstanceOffer
 from gpufinops.collect.prometheus import SM_ACTIVE
 from gpufinops.model import GpuInstance
 from gpufinops.recommend.mig import MIG_PROFILES, GpuNeed, MigProfile, smallest_fit

@@ -20,7 +20,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from gpufinops.catalog import Catalog, InstanceOffer
+from gpufinops.prices.catalog import Catalog, InstanceOffer
 
 GB = 1e9  # sizes are decimal GB, as the field quotes them ("70B needs 840 GB")
 

@@ -1,7 +1,8 @@
 """Report: the monthly GPU FinOps audit report, HTML with charts, one CSV per table, JSON.
 
 Reads what the service stored (decisions, actions, costs, budgets) and renders it; changes nothing. May import:
-model, config, store, costs, collect.billing, budgets (read and evaluated, never changed), and
+model, config, store, costs, collect.billing, budgets (read and evaluated, never changed), act.plan (pure: the
+advice uses its policy functions), and
 collect.kubernetes_cloud's workload-id parsers (pure). Templates autoescape:
 tag values are untrusted.
 """

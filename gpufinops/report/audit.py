@@ -20,12 +20,15 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 
-from ..collect.billing.schema import UNTAGGED, single_currency
+from ..model import UNTAGGED
+from ..words import REPORT_HINTS
+from ..collect.billing.schema import single_currency
 from ..collect.kubernetes_cloud import ID_PREFIX
-from ..costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
+from ..cost.costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
 from . import sections
+from .advice import NONE, Advice, advise
 from .inputs import AuditInputs
 from .options import ReportSettings
 from .period import ReportPeriod
@@ -35,29 +38,17 @@ MISSING_DATA_CODES = tuple(c.value for c in ReasonCode if c.is_missing_data)
 STOP_KINDS = ("stop", "terminate")
 DEMAND_VERDICTS = ("ACTIVE", "UNDERUTILIZED")  # some real activity: the workload wanted the GPU
 
-# What a low average most likely means, by the dominant reason code (DOMAIN: low is not always waste).
-HINTS = {
-    "idle_stays_below": "idle for long stretches: stop it when unused or schedule it",
-    "idle_mean_below": "idle for long stretches: stop it when unused or schedule it",
-    "memory_held_idle": "memory held with no compute: a loaded model waiting; is it still needed?",
-    "bursty_low": ("low but bursty: likely input-, host- or latency-bound; "
-                   "check data loading, batch size, request batching"),
-    "low_steady": "steadily low: a smaller or shared GPU may fit (see recommendations)",
-    "busy": "busy at times, idle between jobs: pack jobs or scale down between them",
-    "some_gpus_busy": "some GPUs busy, others idle: fewer GPUs may do",
-    "few_sms_busy": ("kernels run all the time on few SMs: raise the batch size, fuse kernels, CUDA graphs; or a MIG "
-                     "slice / smaller GPU (see recommendations)"),
-    "tensor_idle": "SMs busy but tensor cores unused: bf16, TF32 or mixed precision",
-}
+HINTS = REPORT_HINTS  # the one table of reason-code words: gpufinops/words.py
 
 TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost", "idle_hours", "idle_cost",
                 "idle_share", "underutilized_cost", "unknown_hours", "active_pct", "underutilized_pct", "idle_pct",
                 "unknown_pct", "stops", "dry_run_stops", "unpriced_hours"]
-INSTANCE_COLUMNS = ["instance_id", "team", "owner", "account", "region", "gpu_model", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
+INSTANCE_COLUMNS = ["instance_id", "name", "team", "owner", "account", "region", "gpu_model", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
                     "billed_cost", "idle_hours", "idle_cost", "idle_share", "underutilized_cost", "unknown_hours",
                     "active_pct", "underutilized_pct", "idle_pct", "unknown_pct", "mean_activity_pct",
-                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours", "price_source"]
-UNDERUTILIZED_COLUMNS = ["instance_id", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
+                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours", "price_source",
+                    "advice", "advice_reason"]
+UNDERUTILIZED_COLUMNS = ["instance_id", "name", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
                          "max_memory_gib", "measured_hours", "cost", "idle_cost", "main_code", "hint"]
 STOP_COLUMNS = ["at", "instance_id", "team", "instance_type", "kind", "rule", "dry_run", "status", "reason", "error",
                 "back_at", "back_after_min", "false_stop", "saved_hours", "saved_gpu_hours", "saved_cost", "savings",
@@ -107,6 +98,8 @@ class MonthlyAudit:
     budgets: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({c: [] for c in sections.BUDGET_COLUMNS}))
     budgets_path: str = ""
     summary: dict = field(default_factory=dict)  # sections.executive_summary
+    finance: dict = field(default_factory=dict)  # sections.finance_page: the first page
+    names: dict = field(default_factory=dict)  # instance id -> its Name tag as the service last saw it
     previous_month: str = ""
     trend: pd.DataFrame = field(default_factory=lambda: sections.trend_table({}, None))
     k8s_namespaces: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[0])
@@ -705,6 +698,13 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         # An estimated $/h (a rented host priced from the catalog) is marked as one wherever it is shown.
         instances["price_source"] = instances["instance_id"].map(
             lambda i: (inp.labels.get(i) or {}).get("price_source") or "")
+        instances["name"] = instances["instance_id"].map(lambda i: (inp.labels.get(i) or {}).get("name") or "")
+        rightsized = {r.instance_id for r in inp.recommendations if str(r.action).startswith("rightsize")}
+        advice = {i: (advise(inp.labels.get(i), inp.rules, inp.act, p.as_of, i in rightsized)
+                      if inp.rules is not None else Advice(NONE, "rules unreadable: no advice"))
+                  for i in instances["instance_id"]}
+        instances["advice"] = instances["instance_id"].map(lambda i: advice[i].advice)
+        instances["advice_reason"] = instances["instance_id"].map(lambda i: advice[i].why)
         instances = instances[INSTANCE_COLUMNS]
     teams = team_table(iv, instances, inp.cost_table)
     under = underutilized_table(iv, instances, opts.underutilized_below_pct)
@@ -812,18 +812,25 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
                                        {a.instance_id for a in inp.actions},
                                        sorted({b.source for b in inp.billing_imports}), quality["billing_days"],
                                        period_days)
-    audit.stops_by_instance = sections.stops_by_instance(stops, owner_of)
+    audit.stops_by_instance = sections.stops_by_instance(
+        stops, owner_of, {i: lab.get("name") or "" for i, lab in inp.labels.items()})
     audit.accounts = sections.breakdown(iv, attrs, "account")
     audit.regions = sections.breakdown(iv, attrs, "region")
     audit.gpu_models = sections.breakdown(iv, attrs, "gpu_model")
     last_bill = inp.cost_table["date"].max() if len(inp.cost_table) else None
     billed_through = (min(pd.Timestamp(p.as_of), pd.Timestamp(last_bill).tz_localize("UTC") + pd.Timedelta(days=1))
                       if last_bill is not None else None)
+    estimate = sections.estimate_table(iv, attrs)
+    running = sections.running_at_end(iv, attrs, p.as_of, max(inp.running_fresh_s, 2 * period_s))
     audit.budgets = sections.budget_table(
-        inp.budgets, inp.cost_table, sections.estimate_table(iv, attrs), p.start, p.end, billed_through,
-        pd.Timestamp(obs_end), sections.running_at_end(iv, attrs, p.as_of, max(inp.running_fresh_s, 2 * period_s)),
-        sections.estimate_table(iv, attrs), currency)
+        inp.budgets, inp.cost_table, estimate, p.start, p.end, billed_through,
+        pd.Timestamp(obs_end), running, estimate, currency)
     audit.budgets_path = inp.budgets_path
+    headline["forecast"] = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
+                                                   pd.Timestamp(obs_end), running, estimate)
+    audit.finance = sections.finance_page(headline, teams, audit.budgets, inp.budgets_path, headline["forecast"],
+                                          inp.rules)
+    audit.names = {i: lab.get("name") or "" for i, lab in inp.labels.items() if lab.get("name")}
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)
     audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of)

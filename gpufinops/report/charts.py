@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # no display, no GUI toolkit: safe in a service and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..costs import VERDICTS  # noqa: E402
+from ..cost.costs import VERDICTS  # noqa: E402
 
 COLORS = {"ACTIVE": "#2e7d32", "UNDERUTILIZED": "#f9a825", "UNKNOWN": "#9e9e9e", "IDLE": "#c62828"}
 LABELS = {"ACTIVE": "active", "UNDERUTILIZED": "underutilized", "UNKNOWN": "unknown (no data / not judged)",

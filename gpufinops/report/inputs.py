@@ -14,10 +14,12 @@ from typing import Callable
 import pandas as pd
 from sqlalchemy import func, select
 
-from ..collect.billing.schema import costs as costs_table, empty_table, load_costs
-from ..config import Settings
-from ..costs import PriceLookup
-from ..store import ActionRow, Store, aware_utc
+from ..store.schema import costs as costs_table
+from ..collect.billing.schema import empty_table, load_costs
+from ..config import DEFAULT_RULES_DIR, ActSettings, Settings
+from ..cost.costs import PriceLookup
+from ..store.schema import ActionRow, aware_utc
+from ..store.store import Store
 from .period import ReportPeriod
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,9 @@ class AuditInputs:
     running_fresh_s: float = 900.0  # billing.running_fresh_s: "running now" for the budget forecast
     # Store.instance_labels() of the month's instances: owner, account, region as the service last saw them.
     labels: dict[str, dict] = field(default_factory=dict)
+    # The idle rules and act settings the advice is made from (report.advice); rules None: unreadable (a warning).
+    rules: list | None = field(default_factory=list)
+    act: ActSettings = field(default_factory=ActSettings)
 
     @property
     def evaluations(self) -> int:
@@ -62,7 +67,7 @@ class AuditInputs:
 
 
 def _on_demand_prices(settings: Settings | None, warnings: list[str]):
-    from ..prices import OnDemandPrices
+    from ..prices.prices import OnDemandPrices
 
     path = None
     if settings is not None and settings.billing:
@@ -81,7 +86,7 @@ def _on_demand_prices(settings: Settings | None, warnings: list[str]):
 
 def _price_dates(warnings: list[str]) -> Callable[[str, str], date | None]:
     try:
-        from ..catalog import load_catalog
+        from ..prices.catalog import load_catalog
 
         cat = load_catalog()
     except Exception as exc:  # noqa: BLE001 - only the price-age note is lost
@@ -100,7 +105,7 @@ def _budgets(settings: Settings | None, warnings: list[str]) -> tuple[list, str,
     if settings is None:
         return [], "", 900.0
     try:
-        from ..budgets import load_budgets
+        from ..cost.budgets import configured_budgets
         from ..collect.billing.settings import billing_settings
 
         bs = billing_settings(settings)
@@ -108,13 +113,24 @@ def _budgets(settings: Settings | None, warnings: list[str]) -> tuple[list, str,
         warnings.append(f"billing settings unusable, budgets not shown: {exc}")
         return [], "", 900.0
     path = Path(bs.budgets_path)
-    if not path.is_file():
-        return [], "", float(bs.running_fresh_s)
     try:
-        return load_budgets(path), str(path), float(bs.running_fresh_s)
+        budgets = configured_budgets(path)  # none at the default path unless someone wrote one (issue 26)
+        return budgets, str(path) if budgets else "", float(bs.running_fresh_s)
     except Exception as exc:  # noqa: BLE001 - a broken budgets file is reported, the audit still runs
         warnings.append(f"budgets not shown: {exc}")
         return [], str(path), float(bs.running_fresh_s)
+
+
+def _rules(settings: Settings | None, warnings: list[str]) -> list | None:
+    """The idle rules of the config (the shipped ones without settings), as the act stage loads them."""
+    from ..config import ConfigError
+    from ..rules import load_rules
+
+    try:
+        return load_rules(settings.rules_paths if settings is not None else (str(DEFAULT_RULES_DIR),))
+    except ConfigError as exc:
+        warnings.append(f"rules unreadable, no stop advice given: {exc}")
+        return None
 
 
 def _billing_imports(store: Store, start: date, end: date) -> list[BillingImport]:
@@ -177,6 +193,8 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         budgets_path=budgets_path,
         running_fresh_s=fresh_s,
         labels=store.instance_labels(verdicts["instance_id"].unique().tolist()) if len(verdicts) else {},
+        rules=_rules(settings, warnings),
+        act=settings.act if settings is not None else ActSettings(),
     )
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Iterable
 
 from ..config import Settings
-from ..store import Store
+from ..store.store import Store
 from .audit import MonthlyAudit, build_audit
 from .inputs import read_inputs
 from .options import report_settings
 from .period import previous_month, report_period
 from .sections import trend_table
-from .render import FORMATS, write_report
+from .render import FORMATS, PdfError, write_report
 
 
 def monthly_audit(store: Store, month: str | None, now: datetime, settings: Settings | None = None) -> MonthlyAudit:
@@ -37,3 +37,23 @@ def write_monthly_report(store: Store, month: str | None, out_dir: str | Path, n
     Meant to be scheduled on the first days of a month with month=None (the month just ended).
     """
     return write_report(monthly_audit(store, month, now, settings), Path(out_dir), formats)
+
+
+def write_and_deliver(store: Store, month: str | None, out_dir: str | Path, now: datetime,
+                      settings: Settings | None, formats: Iterable[str] = FORMATS, *, dry_run: bool = False,
+                      notifier=None, s3_client=None, email=None) -> tuple[list[Path], list]:
+    """Write the report (with its PDF rendition) and send it to the destinations of `report.delivery`; with
+    dry_run nothing is sent and the Delivery rows say what would have been. Returns (paths, deliveries).
+    A PDF that cannot be made (no Chromium) raises PdfError before anything is sent."""
+    from .deliver import configured, deliver_report
+
+    d = report_settings(settings).delivery
+    formats = list(dict.fromkeys([*formats, "pdf"])) if configured(d) else list(formats)
+    audit = monthly_audit(store, month, now, settings)
+    paths = write_report(audit, Path(out_dir), formats)
+    email_to = settings.email.finance if settings is not None else ()
+    return paths, deliver_report(audit, paths, d, dry_run=dry_run, notifier=notifier, s3_client=s3_client,
+                                 email=email, email_to=email_to)
+
+
+__all__ = ["PdfError", "monthly_audit", "write_and_deliver", "write_monthly_report"]

@@ -29,7 +29,9 @@ from .words import action_words, words
 
 TEMPLATES_DIR = REPORTS_DIR
 HTML_TEMPLATE = "monthly_audit.html.j2"
-FORMATS = ("html", "csv", "json")
+FORMATS = ("html", "csv", "json")  # written by default
+ALL_FORMATS = (*FORMATS, "pdf")  # pdf: the HTML printed by headless Chromium (for attachments)
+PDF_TIMEOUT_S = 120
 STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
 K8S_TOP = 15  # workloads in the page's Kubernetes table; the rest are in the CSV
 # Tables whose CSV file is named otherwise than the table (gpu-audit-YYYY-MM-k8s-namespaces.csv).
@@ -85,6 +87,7 @@ def report_document(a: MonthlyAudit) -> dict:
         "headline": plain_value(a.headline),
         "coverage": plain_value(a.coverage),
         "summary": plain_value(a.summary),
+        "finance": plain_value(a.finance),
         "previous_month": a.previous_month,
         "data_quality": plain_value(a.data_quality),
         "notes": list(a.notes),
@@ -259,16 +262,58 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
     ))
 
 
+class PdfError(RuntimeError):
+    """The PDF rendition could not be made (no Chromium, or it failed): said in one line."""
+
+
+def chromium_path() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def render_pdf(html_path: Path, pdf_path: Path, chromium: str | None = None) -> Path:
+    """Print the HTML page to PDF with headless Chromium (the flags the browser tests use): the page's print
+    stylesheet puts the finance page on a page of its own, first. Written aside and renamed."""
+    import subprocess
+    import tempfile
+
+    exe = chromium or chromium_path()
+    if exe is None:
+        raise PdfError("the PDF rendition needs Chromium (Debian: apt-get install chromium); none found on PATH")
+    tmp = pdf_path.with_name(f".{pdf_path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpufinops-chromium-") as profile:
+        try:
+            done = subprocess.run(
+                [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                 "--no-pdf-header-footer", f"--print-to-pdf={tmp}", html_path.resolve().as_uri()],
+                capture_output=True, text=True, timeout=PDF_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PdfError(f"Chromium did not print {html_path.name} within {PDF_TIMEOUT_S} s") from None
+    if not tmp.is_file() or tmp.stat().st_size == 0 or not tmp.read_bytes().startswith(b"%PDF"):
+        last = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise PdfError(f"Chromium did not print {html_path.name} to PDF (exit {done.returncode}): {last[0][:200]}")
+    tmp.replace(pdf_path)
+    return pdf_path
+
+
 def write_report(a: MonthlyAudit, out_dir: Path, formats: Iterable[str] = FORMATS) -> list[Path]:
     formats = list(formats)
-    bad = [f for f in formats if f not in FORMATS]
+    bad = [f for f in formats if f not in ALL_FORMATS]
     if bad:
-        raise ValueError(f"unknown report format(s) {bad}; expected some of {', '.join(FORMATS)}")
+        raise ValueError(f"unknown report format(s) {bad}; expected some of {', '.join(ALL_FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = file_stem(a.period.month)
     written: list[Path] = []
-    if "html" in formats:
-        written.append(_write_atomic(out_dir / f"{stem}.html", render_html(a)))
+    if "html" in formats or "pdf" in formats:
+        html = _write_atomic(out_dir / f"{stem}.html", render_html(a))
+        if "html" in formats:
+            written.append(html)
+        if "pdf" in formats:
+            written.append(render_pdf(html, out_dir / f"{stem}.pdf"))
+            if "html" not in formats:
+                html.unlink()
     if "csv" in formats:
         written += [write_csv(df, out_dir / f"{stem}-{name}.csv", a.currency) for name, df in csv_tables(a).items()]
     if "json" in formats:

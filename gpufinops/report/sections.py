@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pandas as pd
 
-from ..collect.billing.schema import UNTAGGED
+from ..model import UNTAGGED
 from ..collect.kubernetes_cloud import ID_PREFIX, parse_target, parse_workload_id
 from .words import words
 
@@ -20,7 +20,7 @@ NO_OWNER = "no owner tag"
 UNKNOWN_ATTR = "unknown (no billing row)"
 COMPLETE_SHARE = 0.99  # a month watched this much of the time is covered; a tick's rounding is not a gap
 
-GROUPED_STOP_COLUMNS = ["instance_id", "team", "owner", "mode", "stops", "false_stops", "restarts", "saved_hours",
+GROUPED_STOP_COLUMNS = ["instance_id", "name", "team", "owner", "mode", "stops", "false_stops", "restarts", "saved_hours",
                         "saved_cost", "restart_cost", "false_stop_cost", "net_cost", "last_reason"]
 BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "idle_share"]
 TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
@@ -245,7 +245,8 @@ def underused_causes(iv: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 # --------------------------------------------------------------------------- stops per instance
 
 
-def stops_by_instance(stops: pd.DataFrame, owner_of: dict[str, str]) -> pd.DataFrame:
+def stops_by_instance(stops: pd.DataFrame, owner_of: dict[str, str],
+                      name_of: dict[str, str] | None = None) -> pd.DataFrame:
     """Completed stops grouped per instance (real and dry-run apart): stops, false stops, gross and net money,
     largest net saving first. The per-stop log stays in the stops table (CSV)."""
     done = stops[stops["status"] == "done"] if len(stops) else stops
@@ -261,6 +262,7 @@ def stops_by_instance(stops: pd.DataFrame, owner_of: dict[str, str]) -> pd.DataF
         "last_reason": g["reason"].last(),
     }).reset_index()
     out["owner"] = out["instance_id"].map(lambda i: owner_of.get(i) or NO_OWNER)
+    out["name"] = out["instance_id"].map(lambda i: (name_of or {}).get(i) or "")
     out = out.astype({"stops": int, "false_stops": int, "restarts": int})
     return out.sort_values(["net_cost", "instance_id"], ascending=[False, True], kind="stable",
                            na_position="last").reset_index(drop=True)[GROUPED_STOP_COLUMNS]
@@ -296,7 +298,7 @@ def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, pe
     month has billing rows, else the estimate from evaluated time x hourly price (said in `basis`)."""
     if not budgets:
         return pd.DataFrame({c: [] for c in BUDGET_COLUMNS})
-    from ..budgets import evaluate_budget
+    from ..cost.budgets import evaluate_budget
 
     use_billing = len(billed) > 0
     table = billed if use_billing else estimate
@@ -315,6 +317,57 @@ def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, pe
         rows.append({**row, "actual": s.spent, "actual_pct": s.pct_actual, "forecast": s.forecast,
                      "forecast_pct": s.pct_forecast, "data_through": s.data_through, "status": over})
     return pd.DataFrame(rows, columns=BUDGET_COLUMNS)
+
+
+def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: datetime, period_end: datetime,
+                   billed_through: datetime | None, estimate_through: datetime, running: pd.DataFrame,
+                   verdicts: pd.DataFrame) -> float | None:
+    """The whole fleet's month-end forecast, by the sums of every budget (budgets.evaluate_budget over scope
+    `all`): spend so far + the $/h of what runs at the end of what was observed x hours left. None without data."""
+    from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
+
+    use_billing = len(billed) > 0
+    table = billed if use_billing else estimate
+    if not len(table):
+        return None
+    through = billed_through if use_billing and billed_through is not None else estimate_through
+    fleet = Budget(name="fleet", amount=MAX_AMOUNT)  # the amount is not used: only the sums are
+    return evaluate_budget(fleet, table, period_start, period_end, through, running, verdicts).forecast
+
+
+FINANCE_TEAMS = 5
+
+
+def finance_page(headline: dict, teams: pd.DataFrame, budgets: pd.DataFrame, budgets_path: str,
+                 forecast: float | None, rules: list | None) -> dict:
+    """The first page, for finance: spend (billed or estimated, said once), idle spend, what stopping saved (net),
+    the forecast against each budget, the top five teams by spend and the words defined plainly."""
+    billed = headline.get("billed_cost") is not None
+    team_rows = []
+    if len(teams):
+        spend = teams["billed_cost"] if billed else teams["cost"]
+        t = teams.assign(spend=spend).sort_values(["spend", "team"], ascending=[False, True], kind="stable",
+                                                   na_position="last").head(FINANCE_TEAMS)
+        team_rows = [{"team": r.team, "spend": _f(r.spend), "idle_cost": _f(r.idle_cost)}
+                     for r in t.itertuples(index=False)]
+    stop_rules = [r for r in (rules or []) if getattr(r.action, "value", r.action) != "notify"]
+    if stop_rules:
+        r = stop_rules[0]
+        window = f"{r.window_s / 3600:g} h" if r.window_s >= 3600 else f"{r.window_s / 60:g} min"
+        idle_words = (f"a GPU doing no work for the rule's window: every GPU of the machine under "
+                      f"{r.threshold_pct:g}% busy for {window} (rule {r.name})")
+    else:
+        idle_words = "a GPU doing no work for the rule's window"
+    return {
+        "basis": "billed" if billed else "estimated",
+        "forecast": forecast,
+        "budgets": [{"budget": b.budget, "amount": _f(b.amount), "forecast": _f(b.forecast),
+                     "forecast_pct": _f(b.forecast_pct), "status": b.status}
+                    for b in budgets.itertuples(index=False)] if len(budgets) else [],
+        "budgets_path": budgets_path,
+        "teams": team_rows,
+        "idle_words": idle_words,
+    }
 
 
 def estimate_table(iv: pd.DataFrame, attrs: pd.DataFrame) -> pd.DataFrame:
@@ -353,8 +406,12 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
     """The top actions in money: the largest idle offenders by idle cost, and the largest right-sizing moves
     of the latest recommendation run (None when there was no run: "–", not "nothing to do")."""
     idle = instances[instances["idle_cost"].fillna(0) > 0] if len(instances) else instances
-    offenders = [{"instance_id": r.instance_id, "team": r.team, "owner": getattr(r, "owner", NO_OWNER),
-                  "idle_cost": float(r.idle_cost), "idle_hours": float(r.idle_hours)}
+    # Each with the advice of report.advice (the act stage's own rules and tags): a protected, excluded or
+    # snoozed instance is never advised a stop.
+    offenders = [{"instance_id": r.instance_id, "name": getattr(r, "name", "") or "", "team": r.team,
+                  "owner": getattr(r, "owner", NO_OWNER), "idle_cost": float(r.idle_cost),
+                  "idle_hours": float(r.idle_hours), "advice": getattr(r, "advice", "") or "none",
+                  "advice_reason": getattr(r, "advice_reason", "") or ""}
                  for r in idle.head(top).itertuples(index=False)]
     moves = None
     if recommendation_run:
@@ -367,5 +424,6 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
 
 __all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
            "SORTED_BY", "breakdown", "budget_table", "coverage", "estimate_table", "executive_summary",
+           "finance_page", "fleet_forecast",
            "instance_attrs", "kubernetes_tables", "owners", "running_at_end", "stops_by_instance", "trend_table",
            "underused_causes", "workload_parts"]

@@ -27,10 +27,10 @@ from gpufinops.collect.inventory import Ec2Cloud
 from gpufinops.collect.prometheus import PrometheusMetrics
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, ActionKind
-from gpufinops.notify import OutboxNotifier, SlackNotifier, read_outbox
-from gpufinops.pipeline import Peers, RunReport
-from gpufinops.service import Service
-from gpufinops.store import Store
+from gpufinops.notify.delivery import OutboxNotifier, SlackNotifier, read_outbox
+from gpufinops.run.pipeline import Peers, RunReport
+from gpufinops.run.service import Service
+from gpufinops.store.store import Store
 from tests.faults.faultproxy import DCGM_SENTINEL, FaultProxy
 from tests.promserver import Series, dcgm_labels
 

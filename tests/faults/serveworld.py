@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from gpufinops.lease import read_lease
-from gpufinops.store import Store
+from gpufinops.act.lease import read_lease
+from gpufinops.store.store import Store
 from tests.faults.faultproxy import FaultProxy
 from tests.faults.harness import IAM_POLICIES, IPS, OPT_IN_TAG, STEP_S, Delivered, Signal, message_key
 from tests.motoserver import FAKE_CREDENTIALS, AwsTestEnv

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufinops.autostop.machine import MoveKind
-from tests.test_autostop_loop import Host
+from gpufinops.agent.autostop.machine import MoveKind
+from tests.agent.test_autostop_loop import Host
 
 INTERVAL = 10.0  # the agent's default --interval
 LEAD_S = 300

@@ -20,8 +20,8 @@ from sqlalchemy import event
 
 from gpufinops.config import ConfigError, load_settings
 from gpufinops.model import ActionKind
-from tests.test_act_trust import TOKEN_ENV
-from tests.test_interact import SECRET, SECRET_ENV, ClickWorld, click_body, signed
+from tests.act.test_act_trust import TOKEN_ENV
+from tests.notify.test_interact import SECRET, SECRET_ENV, ClickWorld, click_body, signed
 
 COPIES = 12
 OWNER = "U0ANA00001"

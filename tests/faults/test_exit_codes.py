@@ -21,8 +21,10 @@ def write_config(tmp_path, *, prometheus_url: str, aws_url: str) -> str:
         "aws": {"regions": ["us-east-1"], "endpoint_url": aws_url},
         "database_url": "sqlite:///g.db",
         "recommend": {"price_cache_path": "prices.json"},
-        "billing": {"source": "ce"},
+        # A budget is configured, so `budgets check` has something to check and reads the bill.
+        "billing": {"source": "ce", "budgets_path": "budgets.yaml"},
     }))
+    (tmp_path / "budgets.yaml").write_text("budgets:\n  - name: gpu\n    scope: {kind: all}\n    amount: 1000\n")
     return str(cfg)
 
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from gpufinops import interact
+from gpufinops.notify import interact
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE, ActionKind
 from tests.faults.faultproxy import aws_action, aws_error_body, prom_query_contains
 from tests.faults.harness import (

@@ -12,14 +12,15 @@ import pandas as pd
 import pytest
 from sqlalchemy import insert, text
 
-from gpufinops.costs import verdict_costs
+from gpufinops.cost.costs import verdict_costs
 from gpufinops.model import Decision, ReasonCode, Verdict
 from gpufinops.report.audit import build_audit
 from gpufinops.report.inputs import read_inputs
 from gpufinops.report.period import report_period
-from gpufinops.store import Store, make_engine
-from gpufinops.store_migrations import BASELINE, HEAD, SCRIPT_LOCATION
-from tests.test_store_migrations import release_0_1_tables
+from gpufinops.store.store import Store
+from gpufinops.store.migrate import make_engine
+from gpufinops.store.migrations import BASELINE, HEAD, SCRIPT_LOCATION
+from tests.store.test_store_migrations import release_0_1_tables
 
 TICK_S = 1800  # the old service's schedule: half-hour ticks keep 3 months of a fleet small (13,000 rows)
 TICK, MAX_GAP_S = timedelta(seconds=TICK_S), 2 * TICK_S

@@ -14,7 +14,9 @@ exclusions are the same code for both:
   `--save`, budgets and the report;
 - `cur_totals()`: cost and hours per instance, team, project, instance type or
   account, in one pass at that grain, for a plain `costs --by`: no dates, no tag
-  JSON, and only the columns that grain needs.
+  JSON, and only the columns that grain needs. Local files are summed by DuckDB
+  (duck.py, the same selection as SQL; tests hold the two engines equal); S3
+  objects by the pyarrow scanner below.
 
 Files are streamed one batch of rows at a time (local files through a small read
 buffer; S3 objects through pyarrow's S3 filesystem with ranged GETs, never a
@@ -37,7 +39,6 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -47,6 +48,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .sources import GLOB_CHARS, ParquetSource, list_files, list_parquet  # noqa: F401  (re-exported)
 from .schema import COLUMNS, BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import TagKeys
 from .totals import GRAINS, TOTAL_COLUMNS, empty_totals
@@ -105,77 +107,6 @@ class CurResult:
 
 
 # --------------------------------------------------------------------------- sources
-
-
-@dataclass(frozen=True)
-class ParquetSource:
-    name: str  # what messages call it: the local path or s3://bucket/key
-    path: str  # its path in `filesystem`
-    filesystem: pafs.FileSystem | None = None  # None: the local disk
-
-
-GLOB_CHARS = "*?["
-
-
-def list_parquet(path: str, filesystem: pafs.FileSystem | None = None) -> list[ParquetSource]:
-    """The Parquet files of a file, a folder or an s3:// prefix (a folder-like prefix or one object)."""
-    return list_files(path, filesystem, (".parquet",), ".parquet")
-
-
-def list_files(path: str, filesystem: pafs.FileSystem | None, suffixes: Sequence[str],
-               kind: str) -> list[ParquetSource]:
-    """The files ending in one of `suffixes` of a file, a folder, a glob (`*`, `?`, `[...]`) or an s3:// prefix,
-    sorted by name. One file named directly is taken whatever its name ends with."""
-    if path.startswith("s3://"):
-        if filesystem is None:
-            raise BillingDataError(f"{path}: an S3 filesystem is needed to read s3:// paths")
-        return _list_s3(path, filesystem, tuple(suffixes), kind)
-    if any(ch in path for ch in GLOB_CHARS):
-        import glob
-
-        files = sorted(Path(f) for f in glob.glob(path, recursive=True) if Path(f).is_file())
-        if not files:
-            raise BillingDataError(f"{path}: no file matches this pattern")
-        return [ParquetSource(str(f), str(f)) for f in files]
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(tuple(suffixes)))
-        if not files:
-            raise BillingDataError(f"{path}: no {' / '.join(suffixes)} files in this folder")
-        return [ParquetSource(str(f), str(f)) for f in files]
-    if not p.exists():
-        raise BillingDataError(f"{path}: no such file")
-    return [ParquetSource(str(p), str(p))]
-
-
-def _list_s3(path: str, fs: pafs.FileSystem, suffixes: tuple[str, ...], kind: str) -> list[ParquetSource]:
-    base = path[len("s3://"):].rstrip("/")
-    pattern = None
-    if any(ch in base for ch in GLOB_CHARS):  # list the prefix before the first wildcard, then match
-        import fnmatch
-
-        pattern = base
-        cut = min(base.find(ch) for ch in GLOB_CHARS if ch in base)
-        base = base[:cut].rsplit("/", 1)[0]
-    try:
-        info = fs.get_file_info(base)
-        if info.type == pafs.FileType.File and pattern is None:
-            infos = [info]
-        elif info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-        else:
-            infos = []
-    except (OSError, pa.ArrowException) as exc:
-        raise BillingDataError(f"{path}: cannot list the S3 objects: {exc}") from None
-    if pattern is not None:
-        keys = sorted(i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, pattern))
-    elif len(infos) == 1 and infos[0].path == base:  # one object named directly
-        keys = [base]
-    else:
-        keys = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.lower().endswith(suffixes))
-    if not keys:
-        raise BillingDataError(f"{path}: no {kind} objects under this prefix")
-    return [ParquetSource(f"s3://{k}", k, fs) for k in keys]
 
 
 # --------------------------------------------------------------------------- schema checks
@@ -536,10 +467,18 @@ def cur_totals(
     for usage starting in [start, end): read_cur()'s table summed at that grain, in one pass."""
     if by not in GRAINS:
         raise ValueError(f"unknown grain {by!r}; expected one of {sorted(GRAINS)}")
+    files = list_parquet(path, filesystem)
+    if filesystem is None:  # local files: DuckDB (duck.py; BENCHMARKS.md says why)
+        from .duck import cur_total_rows
+
+        r = cur_total_rows(files, path, start, end, families, by, tag_keys, max_line_cost)
+        for w in r.warnings:
+            log.warning("%s", w)
+        df = pd.DataFrame(r.rows, columns=list(TOTAL_COLUMNS)) if r.rows else empty_totals()
+        return CurTotals(df, r.warnings, r.files, r.rows_read)
     source = GRAIN_SOURCE[by]
     usage_types = _UsageTypes(re.compile(gpu_usage_pattern(families)))
     found = _Found()
-    files = list_parquet(path, filesystem)
     partials: list[pa.Table] = []
     tag_names = getattr(tag_keys, by) if source == TAGS else ()
     columns = [] if source == USAGE_TYPE else [source]

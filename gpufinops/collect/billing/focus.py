@@ -23,7 +23,6 @@ on-demand.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -35,40 +34,17 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ...config import not_utf8_error
-from .cur import ParquetSource, list_files
-from .focus_spec import detect_version, provider_column
+from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCP_MACHINE_LABEL, HOUR_UNITS, MAX_LINE_HOURS,  # noqa: F401
+                          NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS, REQUIRED, SECOND_UNITS, _as_text, _pick,
+                          check_columns, focus_tags, gpu_instance_type, provider_name)
+from .sources import ParquetSource, list_files
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import BillingSettings
 
 log = logging.getLogger(__name__)
 
-REQUIRED = ("ChargePeriodStart", "BillingCurrency", "ChargeCategory", "ResourceId", "ConsumedQuantity",
-            "ConsumedUnit", "ChargeDescription")
-PROVIDER_COLUMNS = ("ServiceProviderName", "ProviderName", "HostProviderName")
-OPTIONAL = ("SubAccountId", "RegionId", "Tags", "PricingCategory", "CommitmentDiscountType",
-            "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails", "x_SkuDetails",
-            # Read only to tell the version apart (focus_spec.detect_version).
-            "InvoiceId", "PricingCurrency", "SkuMeter", "ServiceSubcategory", "CapacityReservationId",
-            "AllocatedMethodId", "AllocatedResourceId", "ContractApplied", "CommitmentProgramEligibilityDetails",
-            "InvoiceDetailId", "ChargePeriodEnd")
-FILE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
-HOUR_UNITS = {"hours", "hour", "hrs", "hr", "h"}
-SECOND_UNITS = {"seconds", "second", "secs", "sec", "s"}
-COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
-# FOCUS ServiceCategory values that are not GPU instances; other values (Google writes its product
-# taxonomy, "GCP > Compute > GPUs > ...") are kept.
-NON_COMPUTE_CATEGORIES = {"analytics", "business applications", "databases", "developer tools", "multicloud",
-                          "identity", "integration", "internet of things", "management and governance", "media",
-                          "migration", "mobile", "networking", "security", "storage", "web", "other"}
-# Google's system label naming the machine type of a Compute Engine charge.
-GCP_MACHINE_LABEL = "compute.googleapis.com/machine_spec"
 CHUNK_ROWS = 200_000  # rows parsed at a time: about 100 MiB of a FOCUS CSV's read columns
 PERIOD, SECONDS = "charge_period_start", "in_seconds"
-# One line's usage hours above this are not a measurement (a month of 10,000 instances is 7.4e6).
-MAX_LINE_HOURS = 1e9
-_PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
-              "google cloud": "gcp", "google": "gcp", "oracle": "oci", "oci": "oci"}
-_AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
 
 
 @dataclass
@@ -120,54 +96,6 @@ def _chunks(src: ParquetSource, columns: Sequence[str]) -> Iterator[pd.DataFrame
         raise BillingDataError(f"{src.name}: cannot read FOCUS file: {exc}") from None
 
 
-def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:
-    """The GPU instance name a charge text mentions, or ''."""
-    if not text:
-        return ""
-    for m in _AWS_TYPE.finditer(text):
-        if m.group(1) in families:
-            return m.group(0)
-    for pat in patterns:
-        m = pat.search(text)
-        if m:
-            return m.group(0)
-    return ""
-
-
-def focus_tags(value) -> dict:
-    """Tags as a dict, from each shape exports write: a JSON object (FOCUS), a Parquet map (pairs), or a
-    list of {key, value} objects (Google's view, as JSON text in a CSV)."""
-    if value is None or (isinstance(value, float) and value != value):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return {}
-    if isinstance(value, dict):
-        return value
-    if hasattr(value, "tolist"):  # numpy array from Parquet
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        out = {}
-        for item in value:
-            if isinstance(item, dict):
-                low = {str(k).lower(): v for k, v in item.items()}
-                if "key" in low:
-                    out[str(low["key"])] = low.get("value")
-            elif isinstance(item, (list, tuple)) and len(item) == 2:
-                out[str(item[0])] = item[1]
-        return out
-    return {}
-
-
-def _pick(tags: dict, keys: Sequence[str]) -> str:
-    for k in keys:
-        if tags.get(k):
-            return str(tags[k])
-    return ""
-
-
 def each_distinct(values: pd.Series, fn) -> pd.Series:
     """fn of each value, computed once per distinct value (charge texts and tags repeat over millions of
     rows); values that cannot be hashed (a Parquet map read as a list of pairs) one by one."""
@@ -185,11 +113,6 @@ def each_distinct(values: pd.Series, fn) -> pd.Series:
     return pd.Series(results[codes], index=values.index, dtype=object)
 
 
-def _as_text(v) -> str:
-    return "" if v is None or (isinstance(v, float) and v != v) else v if isinstance(v, str) else json.dumps(
-        v, default=str)
-
-
 def _column_text(df: pd.DataFrame, col: str) -> pd.Series:
     if col not in df.columns:
         return pd.Series("", index=df.index)
@@ -198,16 +121,7 @@ def _column_text(df: pd.DataFrame, col: str) -> pd.Series:
 
 def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str]:
     """(FOCUS version, provider column) of one file, or an error naming the file and the missing columns."""
-    version = detect_version(df.columns)
-    provider = provider_column(df.columns)
-    missing = [c for c in (*REQUIRED, cost_col) if c not in df.columns]
-    if provider is None:
-        missing.append("ServiceProviderName" if version >= "1.3" else "ProviderName")
-    if missing:
-        raise BillingDataError(f"{name}: missing FOCUS {version} column(s) {missing}"
-                               + (" (FOCUS 1.3+ names the provider ServiceProviderName, 1.0-1.2 ProviderName)"
-                                  if provider is None else ""))
-    return version, provider
+    return check_columns(df.columns, name, cost_col)
 
 
 def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: BillingSettings,
@@ -272,7 +186,7 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
     tag_fields = each_distinct(raw_tags, lambda t: tag_columns(focus_tags(t), bs))
     return pd.DataFrame({
         "date": when.dt.tz_localize(None).dt.floor("D"),
-        "provider": df[provider_col].fillna("").astype(str).str.strip().str.lower().map(lambda p: _PROVIDERS.get(p, p)),
+        "provider": df[provider_col].fillna("").astype(str).map(provider_name),
         "account": _column_text(df, "SubAccountId"),
         "region": _column_text(df, "RegionId"),
         "resource_id": df["ResourceId"].fillna("").astype(str),

@@ -80,7 +80,7 @@ def focus_rows(vc: pd.DataFrame, start: datetime, end: datetime, *, rules: dict[
 
 def catalog_gpu_counts(instance_types) -> dict[str, float]:
     """GPUs per instance type, from the bundled catalog (gpufinops.prices); unknown types are left out."""
-    from ...prices import OnDemandPrices
+    from ...prices.prices import OnDemandPrices
 
     catalog = OnDemandPrices.load_default()
     specs = {t: catalog.gpu_spec(t) for t in set(instance_types) if t}

@@ -11,7 +11,7 @@ import pandas as pd
 from ...config import Settings
 from .schema import BillingDataError
 from .settings import BillingSettings, billing_settings
-from .totals import table_totals
+from .totals import TOTAL_COLUMNS, empty_totals, table_totals
 
 
 @dataclass
@@ -121,8 +121,9 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
 def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: datetime, by: str,
                      source: str | None = None, path: str | None = None,
                      bs: BillingSettings | None = None) -> LoadedTotals:
-    """Cost and usage hours per `by` key (totals.GRAINS) for the period. CUR is read in one pass at that
-    grain (no per-day, per-tag table); the other sources sum their cost table."""
+    """Cost and usage hours per `by` key (totals.GRAINS) for the period. CUR and local FOCUS files are read
+    in one pass at that grain (DuckDB for local files, duck.py; no per-day, per-tag table); the other sources
+    sum their cost table."""
     bs = bs or billing_settings(settings)
     source = source or bs.source
     path = path or bs.path
@@ -133,5 +134,14 @@ def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: da
         r = cur_totals(path, start, end, tuple(bs.gpu_families or settings.aws.gpu_families), by, bs.tag_keys,
                        bs.max_line_cost, filesystem=s3)
         return LoadedTotals(r.table, "cur", r.warnings)
+    if source == "focus" and path and not path.startswith("s3://"):  # local files: DuckDB (duck.py)
+        from .duck import focus_total_rows
+        from .focus_rules import FILE_SUFFIXES
+        from .sources import list_files
+
+        files = list_files(path, None, FILE_SUFFIXES, "FOCUS (.csv, .csv.gz, .parquet)")
+        t = focus_total_rows(files, path, start, end, bs, by)
+        table = pd.DataFrame(t.rows, columns=list(TOTAL_COLUMNS)) if t.rows else empty_totals()
+        return LoadedTotals(table, "focus", t.warnings)
     loaded = load_cost_table(settings, start, end, now, source=source, path=path, bs=bs)
     return LoadedTotals(table_totals(loaded.table, by), loaded.source, loaded.warnings)

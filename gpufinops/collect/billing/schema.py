@@ -18,9 +18,11 @@ from datetime import date, datetime, timezone
 from typing import Iterable, Mapping
 
 import pandas as pd
-from sqlalchemy import Column, Date, DateTime, Float, Index, Integer, String, Table, Text, delete, insert, select
+from sqlalchemy import delete, insert, select
 
-from ...store import Store, metadata
+from ...store.schema import costs
+from ...store.store import Store
+from .errors import BillingDataError, mixed_currencies, month_bounds  # noqa: F401  (BillingDataError, month_bounds re-exported)
 
 COLUMNS = (
     "date", "provider", "account", "region", "resource_id", "instance_type", "pricing_model",
@@ -32,11 +34,6 @@ DTYPES.update({"date": "datetime64[s]", "cost": "float64", "usage_hours": "float
 
 PRICING_MODELS = ("on-demand", "spot", "reserved", "savings-plan")
 SOURCES = ("ce", "cur", "focus", "athena")
-UNTAGGED = "(untagged)"
-
-
-class BillingDataError(ValueError):
-    """Bad billing input; the message names the file (or API) and the column."""
 
 
 def empty_table() -> pd.DataFrame:
@@ -77,48 +74,12 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def month_bounds(month: str) -> tuple[datetime, datetime]:
-    """'2024-09' -> (2024-09-01T00:00Z, 2024-10-01T00:00Z)."""
-    try:
-        start = datetime.strptime(month, "%Y-%m").replace(tzinfo=timezone.utc)
-    except ValueError:
-        raise BillingDataError(f"month {month!r}: expected YYYY-MM") from None
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, end
-
-
 def single_currency(df: pd.DataFrame, where: str, column: str = "currency") -> str | None:
     """The one currency of a table; mixed currencies are an error (no FX here)."""
-    values = sorted(v for v in df[column].dropna().unique() if v != "")
-    if len(values) > 1:
-        raise BillingDataError(f"{where}: column '{column}' mixes currencies {values}; convert or split the file first")
-    return values[0] if values else None
+    return mixed_currencies(df[column].dropna().unique(), where, column)
 
 
 # --------------------------------------------------------------------------- storage
-
-costs = Table(
-    "costs",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("date", Date, nullable=False),
-    Column("provider", String(32), nullable=False),
-    Column("account", String(64), nullable=False),
-    Column("region", String(64), nullable=False),
-    Column("resource_id", String(255), nullable=False),
-    Column("instance_type", String(64), nullable=False),
-    Column("pricing_model", String(16), nullable=False),
-    Column("team", String(128), nullable=False),
-    Column("project", String(128), nullable=False),
-    Column("owner", String(128), nullable=False),
-    Column("tags", Text, nullable=False),
-    Column("cost", Float, nullable=False),
-    Column("currency", String(8), nullable=False),
-    Column("usage_hours", Float, nullable=False),
-    Column("source", String(16), nullable=False),
-    Column("imported_at", DateTime, nullable=False),
-    Index("ix_costs_source_date", "source", "date"),
-)
 
 
 def save_costs(store: Store, df: pd.DataFrame, source: str, start: date, end: date, now: datetime) -> int:

@@ -8,7 +8,13 @@ grain (cur.cur_totals); every other source sums its cost table (table_totals).
 
 from __future__ import annotations
 
-import pandas as pd
+import json
+import math
+import sys
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Grain -> the cost-table column it groups on.
 GRAINS = {"team": "team", "instance": "resource_id", "instance_type": "instance_type",
@@ -16,12 +22,14 @@ GRAINS = {"team": "team", "instance": "resource_id", "instance_type": "instance_
 TOTAL_COLUMNS = ("key", "currency", "cost", "usage_hours")
 
 
-def empty_totals() -> pd.DataFrame:
+def empty_totals() -> "pd.DataFrame":
+    import pandas as pd
+
     return pd.DataFrame({"key": pd.Series([], dtype="str"), "currency": pd.Series([], dtype="str"),
                          "cost": pd.Series([], dtype="float64"), "usage_hours": pd.Series([], dtype="float64")})
 
 
-def table_totals(table: pd.DataFrame, by: str) -> pd.DataFrame:
+def table_totals(table: "pd.DataFrame", by: str) -> "pd.DataFrame":
     """The cost table summed per `by` key and currency."""
     if by not in GRAINS:
         raise ValueError(f"unknown grain {by!r}; expected one of {sorted(GRAINS)}")
@@ -30,3 +38,78 @@ def table_totals(table: pd.DataFrame, by: str) -> pd.DataFrame:
     out = (table.groupby([GRAINS[by], "currency"], sort=True)[["cost", "usage_hours"]].sum()
            .reset_index().rename(columns={GRAINS[by]: "key"}))
     return out[list(TOTAL_COLUMNS)]
+
+
+# --------------------------------------------------------------------------- printed without pandas
+
+PRINTED = ("currency", "cost", "usage_hours", "cost_per_hour")  # after the grain's own column
+
+
+def summarize_rows(rows: Iterable[tuple[str, str, float, float]], by: str) -> list[tuple]:
+    """costs.summarize_totals() on plain rows (key, currency, cost, usage_hours): empty keys labelled, $/h
+    (None without hours), most expensive first, ties by key then currency. No pandas."""
+    empty = "(untagged)" if by in ("team", "project") else "(none)"
+    sums: dict[tuple[str, str], list[float]] = {}
+    for key, currency, cost, hours in rows:
+        s = sums.setdefault((key or empty, currency), [0.0, 0.0])
+        s[0] += cost
+        s[1] += hours
+    out = [(k, c, cost, hours, cost / hours if hours > 0 else None) for (k, c), (cost, hours) in sorted(sums.items())]
+    return sorted(out, key=lambda r: -r[2])  # stable: ties keep the key order
+
+
+def print_rows(rows: list[tuple], by: str, fmt: str, out=None, render=None) -> None:
+    """What cli._print writes for summarize_totals' frame, the same bytes, from summarize_rows' rows. `render`:
+    the command line's one table renderer (cli.common.render_table), which print_frame uses too."""
+    out = out or sys.stdout
+    names = (by, *PRINTED)
+    if fmt == "json":
+        recs = [dict(zip(names, (*r[:4], math.nan if r[4] is None else r[4]))) for r in rows]
+        print(json.dumps(recs, default=str, indent=2), file=out)
+    elif fmt == "csv":
+        out.write(",".join(names) + "\n")
+        for r in rows:
+            out.write(",".join(_csv_cell(v) for v in r) + "\n")
+    elif not rows:
+        print("(no rows)", file=out)
+    elif render is None:
+        raise ValueError("a table needs the command line's renderer (cli.common.render_table)")
+    else:
+        cells = [dict(zip(names, (str(r[0]), str(r[1]), *("" if v is None else f"{v:,.2f}" for v in r[2:]))))
+                 for r in rows]
+        print(render(cells, list(names), right=list(PRINTED[1:])), file=out)
+
+
+def _csv_cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    v = str(v)
+    return '"' + v.replace('"', '""') + '"' if any(ch in v for ch in ',"\n\r') else v
+
+
+def print_local_totals(settings, month: str, by: str, source: str | None, path: str | None, fmt: str,
+                       render=None) -> int | None:
+    """`costs --by` of a local CUR or FOCUS path on DuckDB, printed without pandas: the exit code, or None when the
+    source or path is not one (bad month included: the caller's path says so)."""
+    from .duck import local_totals
+    from .errors import BillingDataError, month_bounds
+
+    try:
+        start, end = month_bounds(month)
+    except BillingDataError:
+        return None
+    try:
+        r = local_totals(settings, start, end, by, source, path)
+    except BillingDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if r is None:
+        return None
+    for w in r.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if not r.rows:
+        print(f"warning: no GPU instance cost in {r.source} for {month}", file=sys.stderr)
+    print_rows(summarize_rows(r.rows, by), by, fmt, render=render)
+    return 0

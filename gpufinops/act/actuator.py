@@ -1,0 +1,673 @@
+"""The one chokepoint through which gpufinops changes anything in a cloud.
+
+Two halves:
+- `plan()` is pure: (instance, its primary decision, its mark, its stored state,
+  now) -> Intent(kind, reason). Table-tested.
+- `Actuator.apply()` carries intents out. Every cloud mutation goes through
+  `Actuator._change()`, which enforces dry-run and the per-run stop cap, writes
+  the intent to the database before the call and the result after it.
+
+Stopping is two-phase: the first IDLE verdict marks the instance (tag + Slack
+warning with the time it will be stopped); at that time, if it is still IDLE, it
+is stopped. Activity, a snooze tag, a protect tag, a Slack snooze click or a person
+removing the mark tag cancels the mark. UNKNOWN (under any rule) never stops anything.
+
+A person's cancel wins up to the last second: right before StopInstances the instance
+is read again and the stop refused if anything changed since the plan (state, launch
+time, the mark, snooze, protect, opt-in), and the shipped IAM policy lets StopInstances
+through only while the mark tag is on the instance, so a request still in flight after a
+cancel (or after another replica settled the stop) is refused by AWS itself. Only an
+instance carrying the opt-in tag (`act.opt_in_tag`, the one the IAM policy names) is
+ever warned "will be stopped".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Sequence
+
+from ..notify import interact, messages
+from ..notify.routing import deliveries
+from ..config import Settings
+from ..model import (
+    TAG_MARKED,
+    TAG_PROTECT,
+    TAG_SNOOZE,
+    TAG_STOPPED_BY,
+    TAG_STOPPED_REASON,
+    Action,
+    ActionKind,
+    ActionResult,
+    Cloud,
+    Decision,
+    GpuInstance,
+    LeaseCheck,
+    Notifier,
+    ReasonCode,
+    Rule,
+    RunContext,
+    Verdict,
+)
+from ..store.schema import MarkRow, StateRow
+from ..store.store import Store
+from .plan import (
+    STOPPED_STATES,
+    TERMINATED_STATES,
+    Intent,
+    Snooze,
+    opt_in_gap,
+    parse_time,
+    plan,
+    primary_decision,
+    snooze_of,
+    stop_blocker,
+    stop_cap,
+)
+
+log = logging.getLogger("gpufinops.act")
+
+
+class NotLeader(RuntimeError):
+    """This process no longer holds the scheduler lease: it must change nothing."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one cloud change came to, as recorded: done, failed, or unconfirmed (fate unknown)."""
+
+    ok: bool | None  # None: unconfirmed, to be read back next tick
+    error: str | None = None
+    action_id: int | None = None  # the action row, when one was written and may still be open
+
+
+# A Slack snooze whose tag write failed this many times is not tried again; the request still holds.
+MAX_SNOOZE_TAG_ATTEMPTS = 3
+SNOOZE_TAG_FAILURES = "snooze_tag_failures:"
+
+# The reasons of ActionKind.TAG rows, each settled by reconcile from what it says was written.
+TAG_MARK_REMOVED = "mark tag removed after the stop"
+TAG_STOPPED_BY_SET = "stopped-by tags"
+TAG_MOVED = "announced stop time moved"
+
+# A stop that failed this many times on one mark is given up for the idle episode (and said so).
+MAX_STOP_ATTEMPTS = 3
+# Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
+# "applied": the cloud change went through, its bookkeeping (tags, mark, notice) is not finished yet.
+UNSETTLED = ("pending", "unconfirmed", "applied")
+# How long a mutating request may be in flight when the cloud does not say (Cloud.max_request_s does).
+DEFAULT_MAX_REQUEST_S = 120.0
+
+
+class Actuator:
+    def __init__(self, cloud: Cloud, store: Store, notifier: Notifier, settings: Settings):
+        self.cloud = cloud
+        self.store = store
+        self.notifier = deliveries(notifier, settings)  # routes each notice by its audience (notify/routing.py)
+        self.settings = settings
+
+    # ------------------------------------------------------------------ state
+    def track_states(self, decisions: Sequence[Decision], now: datetime) -> dict[tuple[str, str], StateRow]:
+        """Record verdict transitions per (instance, rule); return the current rows. One read and one batched
+        write for the whole tick, in one transaction (Store.update_states), never a round trip per decision."""
+        keys = [(d.instance_id, d.rule_name) for d in decisions]
+        verdict_at = iter([d.verdict for d in decisions])  # update_states calls step once per key, in order
+
+        def step(key: tuple[str, str], prev: StateRow | None) -> StateRow:
+            verdict = next(verdict_at)
+            if prev is not None and prev.verdict == verdict:
+                since, stopped_at, stop_dry_run = prev.since, prev.stopped_at, prev.stop_dry_run
+            else:
+                # A stop belongs to one idle episode; any transition starts clean.
+                since, stopped_at, stop_dry_run = now, None, None
+            return StateRow(key[0], key[1], verdict, since, now, stopped_at, stop_dry_run)
+
+        return self.store.update_states(keys, step)
+
+    def _snooze(self, inst: GpuInstance, now: datetime) -> Snooze:
+        """The instance's snooze, capped from when gpufinops first saw this tag value (kept in the store)."""
+        raw = inst.tags.get(TAG_SNOOZE)
+        if raw is None:
+            return Snooze(False)
+        key = f"snooze_seen:{inst.instance_id}"
+        seen = self.store.get_kv(key)
+        first_seen = None
+        if seen is not None:
+            value, _, at = seen.rpartition("|")
+            first_seen = parse_time(at) if value == raw else None
+        if first_seen is None:
+            first_seen = now
+            self.store.set_kv(key, f"{raw}|{now.isoformat()}")
+        snooze = snooze_of(inst, now, first_seen, self.settings.act.max_snooze_s)
+        if snooze.capped and snooze.active and first_seen == now:
+            log.warning("%s: %s", inst.instance_id, snooze.reason)
+        return snooze
+
+    # ------------------------------------------------------------------ apply
+    def apply(
+        self,
+        ctx: RunContext,
+        instances: Sequence[GpuInstance],
+        decisions: Sequence[Decision],
+        rules: Sequence[Rule],
+    ) -> list[ActionResult]:
+        rules_by_name = {r.name: r for r in rules}
+        try:
+            # A stop whose outcome is not known yet is read back first; its instance waits until it is.
+            self.reconcile(ctx.now, lease=ctx.lease)
+        except NotLeader as exc:
+            log.error("not acting: %s", exc)
+            return []
+        except Exception as exc:  # the cloud cannot be read: those instances wait (below), the others go on
+            log.error("could not settle earlier changes yet: %s", exc)
+        try:
+            # Before planning: a snooze a person asked for in Slack holds on this very tick.
+            instances = self.apply_snooze_requests(ctx, instances)
+        except NotLeader as exc:
+            log.error("not acting: %s", exc)
+            return []
+        unsettled = {a.instance_id for a in self.store.action_rows(status=UNSETTLED)}
+        states = self.track_states(decisions, ctx.now)
+        by_instance: dict[str, list[Decision]] = {}
+        for d in decisions:
+            by_instance.setdefault(d.instance_id, []).append(d)
+
+        intents: list[tuple[GpuInstance, Intent, MarkRow | None]] = []
+        for inst in instances:
+            if inst.instance_id in unsettled:
+                log.warning("%s: an earlier change is not confirmed yet; nothing else is done to it until it is",
+                            inst.instance_id)
+                continue
+            decision = primary_decision(by_instance.get(inst.instance_id, []))
+            mark = self.store.get_mark(inst.instance_id)
+            state = states.get((inst.instance_id, decision.rule_name)) if decision else None
+            intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run, self._snooze(inst, ctx.now),
+                          opt_in_missing=self._opt_in_gap(inst))
+            if intent.kind is not None or intent.deliver_warning:
+                intents.append((inst, intent, mark))
+
+        # Stops in the order they were announced, so the cap delays the newest marks.
+        intents.sort(key=lambda t: (t[2].stop_at if t[2] else ctx.now, t[0].instance_id))
+        self._stops_left = stop_cap(self.settings, len(instances))
+        results = []
+        for inst, intent, mark in intents:
+            rule = rules_by_name.get(intent.decision.rule_name) if intent.decision else None
+            try:
+                result = self._carry_out(ctx, inst, intent, mark, rule, states)
+            except NotLeader as exc:
+                log.error("lease lost mid-run, nothing more is changed: %s", exc)
+                break
+            except Exception as exc:  # one instance's failure must not stop the others
+                log.exception("action %s on %s failed", intent.kind, inst.instance_id)
+                result = ActionResult(inst.instance_id, intent.kind or ActionKind.MARK, ctx.dry_run, False,
+                                      intent.reason, rule.name if rule else "", ctx.now, error=str(exc))
+            if result is not None:
+                results.append(result)
+        # Messages that failed earlier (cancellations, stop notices, alerts) go out again once their backoff is over.
+        try:
+            self.notifier.retry_due(ctx.now)
+        except Exception:  # noqa: BLE001 - a resend must not undo what this run recorded
+            log.exception("re-sending failed notifications failed; next run tries again")
+        return results
+
+    def _opt_in_gap(self, inst: GpuInstance) -> str:
+        return opt_in_gap(inst, self.settings.act.opt_in_tag, self.settings.act.opt_in_value)
+
+    def _channel(self, rule: Rule | None, inst: GpuInstance | None = None) -> str:
+        """The channel the configuration names for an instance's rule, or "" (notify/routing.py routes it)."""
+        return rule.slack_channel if rule and rule.slack_channel else ""
+
+    def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult | None:
+        kind, decision = intent.kind, intent.decision
+        rule_name = rule.name if rule else (mark.rule if mark else "")
+        channel = self._channel(rule, inst)
+
+        if intent.deliver_warning:
+            return self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+
+        # A skip repeats every tick while its state lasts: logged at INFO once per state change, else at DEBUG.
+        changed = kind != ActionKind.SKIP or (states.get((inst.instance_id, rule_name)) is not None
+                                              and states[(inst.instance_id, rule_name)].since >= ctx.now)
+        log.log(logging.INFO if changed else logging.DEBUG, "%s %s %s: %s%s", ctx.run_id, kind.value,
+                inst.instance_id, intent.reason, " [dry-run]" if ctx.dry_run else "")
+        if kind == ActionKind.SKIP:
+            return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now),
+                                persist=changed)
+
+        if kind == ActionKind.NOTIFY:
+            state = states[(inst.instance_id, rule_name)]
+            why_not = "" if decision.action == Action.NOTIFY else (
+                stop_blocker(inst, decision.action) or self._opt_in_gap(inst))
+            self.notifier.send(messages.idle_notice(inst, decision, since=state.since, channel=channel,
+                                                    not_stopped_because=why_not))
+            return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now))
+
+        if kind == ActionKind.MARK:
+            if mark is not None and mark.dry_run and not ctx.dry_run and mark.warned_at is None:
+                # A dry-run mark carried over to a real one: its dry-run warning, never delivered, is not sent any more.
+                self.store.abandon_notification(messages.warning_key(inst.instance_id, mark.marked_at), ctx.now,
+                                                "dry-run mark carried over to a real one")
+            return self._mark(ctx, inst, intent, decision, rule, channel)
+
+        if kind == ActionKind.UNMARK:
+            return self._unmark(ctx, inst, intent, mark, rule_name, channel)
+
+        # STOP / TERMINATE
+        failures = self.store.action_rows(status="failed", kinds=[ActionKind.STOP, ActionKind.TERMINATE],
+                                          start=mark.marked_at, instance_id=inst.instance_id)
+        if len(failures) >= MAX_STOP_ATTEMPTS:
+            return self._give_up(ctx, inst, mark, rule_name, channel, failures[-1].error or "")
+        if self._stops_left <= 0:
+            reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
+                      f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
+            return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
+        changed = "" if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
+        if changed:
+            # A person's cancel in the last seconds (mark removed, snooze, protect, a restart) wins: the next
+            # run plans again from what the cloud says now.
+            reason = f"not stopped: {changed} since this run's plan; the next run decides again"
+            log.warning("%s: %s", inst.instance_id, reason)
+            return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason,
+                                                  rule_name, ctx.now))
+        self._stops_left -= 1
+
+        call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
+        done = _terminated if kind == ActionKind.TERMINATE else _stopped
+        outcome = self._change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
+                               keep_open=True)
+        if not outcome.ok:
+            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
+                                error=outcome.error)
+        self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, channel)
+        if outcome.action_id is not None:
+            self.store.finish_action(outcome.action_id, True, ctx.now, status="done")
+        return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
+                            ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
+                            rule_name, ctx.now)
+
+    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None, now: datetime) -> str:
+        """The instance read again right before its stop: what changed since the plan, in words ("" when
+        nothing did). What cannot be read is a change too: no stop on a state we have not seen."""
+        try:
+            found = self.cloud.describe([inst.instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown is never a reason to stop
+            return f"the instance could not be read again ({str(exc)[:200]})"
+        fresh = found[0] if found else None
+        if fresh is None:
+            return "the instance is gone"
+        if fresh.state != "running":
+            return f"the instance is {fresh.state}"
+        if fresh.launch_time != inst.launch_time:
+            return f"the instance was restarted (launched {fresh.launch_time:%H:%M:%S} UTC)"
+        value = fresh.tags.get(TAG_MARKED)
+        if value is None:
+            return f"tag {TAG_MARKED} was removed"
+        lead = timedelta(seconds=rule.warning_lead_s) if rule else mark.stop_at - mark.marked_at
+        if value not in (_stamp(mark.stop_at), _stamp(mark.marked_at + lead), inst.tags.get(TAG_MARKED)):
+            return f"tag {TAG_MARKED} was changed to {value[:64]!r}"
+        if fresh.is_protected:
+            return f"tag {TAG_PROTECT} was set"
+        if fresh.tags.get(TAG_SNOOZE) != inst.tags.get(TAG_SNOOZE) and self._snooze(fresh, now).active:
+            return f"tag {TAG_SNOOZE} was set"
+        if self._opt_in_gap(fresh):
+            return f"tag {self.settings.act.opt_in_tag} was removed or changed"
+        if self.store.get_kv(interact.REQUEST_PREFIX + inst.instance_id) is not None:
+            return "a person asked to snooze it in Slack"
+        return ""
+
+    # ------------------------------------------------------------------ the phases
+    def _mark(self, ctx, inst, intent, decision, rule, channel) -> ActionResult:
+        rule_name = rule.name
+        stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
+        value = _stamp(stop_at)
+        outcome = self._change(ctx, inst, ActionKind.MARK, rule_name, intent.reason,
+                               lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                               verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
+        if not outcome.ok:
+            # No mark without its tag: the next tick tries again if the instance is still idle.
+            return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, False, intent.reason, rule_name,
+                                ctx.now, error=outcome.error)
+        mark = MarkRow(inst.instance_id, rule_name, ctx.now, stop_at, decision.reason, ctx.dry_run)
+        self.store.put_mark(mark)
+        result = self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+        return replace(result, kind=ActionKind.MARK, reason=f"{intent.reason}; {result.reason}")
+
+    def _deliver_warning(self, ctx, inst, mark: MarkRow, decision, rule, channel) -> ActionResult:
+        """Send (or send again) the mark's warning; once delivered, the stop is due a full lead after delivery."""
+        lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
+        msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
+                                    channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now,
+                                    buttons=bool(self.settings.slack.signing_secret.resolve()),
+                                    idle_since=idle_since(self.store.get_state(inst.instance_id, mark.rule), decision))
+        rule_name = mark.rule
+        if not self.notifier.send(msg):
+            log.warning("%s: warning not delivered; no stop until it is", inst.instance_id)
+            return ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, False,
+                                "warning not delivered: no stop until it is (retried with backoff)", rule_name,
+                                ctx.now, error="warning not delivered")
+        delivered = self.store.delivered_at(msg.key) or ctx.now
+        stop_at = max(mark.stop_at, delivered + lead)
+        self.store.put_mark(replace(mark, warned_at=delivered, stop_at=stop_at))
+        if not ctx.dry_run and stop_at - mark.stop_at >= timedelta(minutes=1):
+            # Delivered late: the tag people read says the real time. A cloud change, so it has its audit row.
+            value = _stamp(stop_at)
+            self._change(ctx, inst, ActionKind.TAG, rule_name, f"{TAG_MOVED}: {value} (warning delivered late)",
+                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                         verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
+        return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
+                            f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
+
+    def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, channel) -> ActionResult:
+        if not mark.dry_run and TAG_MARKED in inst.tags:
+            outcome = self._change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
+                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
+            if not outcome.ok:
+                return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, False, intent.reason,
+                                    rule_name, ctx.now, error=outcome.error)
+        else:
+            self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True,
+                                                              intent.reason, rule_name, ctx.now))
+        self.store.clear_mark(inst.instance_id)
+        warning_key = messages.warning_key(inst.instance_id, mark.marked_at)
+        if mark.warned_at is None:
+            # Nobody was told of this stop, so nobody is told it is off; the warning is not sent any more.
+            self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
+        else:
+            self.notifier.send(replace(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
+                                                               channel=channel), thread_key=warning_key))
+        return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
+
+    def _give_up(self, ctx, inst, mark: MarkRow, rule_name, channel, last_error: str) -> ActionResult:
+        reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
+                  f"given up for this idle episode")
+        log.error("%s: %s", inst.instance_id, reason)
+        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, channel)
+        state = self.store.get_state(inst.instance_id, rule_name)
+        if state is not None:  # acted on: not marked again before the instance is active and idle again
+            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
+        return replace(result, ok=False, error=reason)
+
+    def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, channel) -> None:
+        """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
+        self._tag_stopped(ctx, inst, rule_name, decision.reason)
+        mark = self.store.get_mark(inst.instance_id)
+        self.store.clear_mark(inst.instance_id)
+        state = self.store.get_state(inst.instance_id, rule_name)
+        if state is not None:
+            self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, at, dry_run)
+        notice = messages.stopped(inst, decision, at=at, channel=channel, dry_run=dry_run, action=decision.action,
+                                  idle_since=idle_since(state, decision))
+        # Under its warning, so the owner reads warning and outcome in one place.
+        self.notifier.send(replace(notice, thread_key=messages.warning_key(inst.instance_id, mark.marked_at))
+                           if mark is not None else notice)
+
+    def _tag_stopped(self, ctx, inst, rule_name: str, reason: str) -> None:
+        if ctx.dry_run:
+            return
+        """Bookkeeping after a stop, each call through the chokepoint with its own audit row, so one failing
+        does not leave the other undone. Removing the mark also closes the IAM fence: a stale StopInstances
+        still in flight (another replica's) is refused by AWS once the instance no longer carries it."""
+        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
+                               lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                               verify=lambda i: i is None or TAG_MARKED not in i.tags)
+        if outcome.ok is not True:
+            log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, outcome.error)
+        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_STOPPED_BY_SET,
+                               lambda: self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
+                                                                  TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]}),
+                               verify=lambda i: i is None or TAG_STOPPED_BY in i.tags)
+        if outcome.ok is not True:
+            log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, outcome.error)
+
+    def _record(self, ctx, result: ActionResult, persist: bool = True) -> ActionResult:
+        if persist:
+            self.store.record_action(ctx.run_id, result)
+        return result
+
+    # ------------------------------------------------------------------ people's snoozes (Slack buttons)
+    def apply_snooze_requests(self, ctx: RunContext, instances: Sequence[GpuInstance]) -> list[GpuInstance]:
+        """Set the snooze tag people asked for with a button (gpufinops.interact), through the chokepoint; the
+        instances come back with the tag as the cloud now has it, so the plan below sees the snooze.
+
+        Live: one tag call per request; a tag already equal to the request (a retry after a lost answer), or a
+        snooze tag that already holds longer, is not set again. Not confirmed: the request stays and its action
+        row is reconciled; until then nothing else is done to the instance. Failed (the IAM policy, an API
+        error): the request is a person's word to keep the machine running and holds all the same, from our own
+        record, until it ends; the person who clicked is told once; the tag write is tried again a few times.
+        Dry-run: no tag is set; the request is audited and shown once and holds in memory until it ends, as
+        the tag would."""
+        requests = interact.pending_requests(self.store)
+        if not requests:
+            return list(instances)
+        by_id = {i.instance_id: i for i in instances}
+        for req in requests:
+            inst = by_id.get(req.instance_id)
+            until = parse_time(req.until)
+            if until is None or until <= ctx.now:
+                interact.forget_request(self.store, req.instance_id)  # the snooze has ended
+                self.store.set_kv(SNOOZE_TAG_FAILURES + req.instance_id, None)
+                continue
+            if inst is None:
+                continue  # not listed this run (a region's inventory failed): the request waits, and holds
+            held = replace(inst, tags={**inst.tags, TAG_SNOOZE: req.until})
+            existing = parse_time(inst.tags.get(TAG_SNOOZE) or "")
+            if existing is not None and existing >= until:
+                interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
+                continue
+            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
+            if ctx.dry_run:
+                if not req.recorded:
+                    self._change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
+                    self._update_warning(req, until, dry_run=True)
+                    interact.keep_request(self.store, replace(req, recorded=True))
+            elif inst.tags.get(TAG_SNOOZE) != req.until:
+                if req.recorded:  # its tag write was given up: the request holds from our record alone
+                    by_id[req.instance_id] = held
+                    continue
+                outcome = self._change(ctx, inst, ActionKind.SNOOZE, "", reason,
+                                       lambda inst=inst, req=req: self.cloud.set_tags(inst, {TAG_SNOOZE: req.until}),
+                                       verify=lambda found, req=req: found is not None
+                                       and found.tags.get(TAG_SNOOZE) == req.until)
+                if not outcome.ok:
+                    # Our failure to write a tag never overrides a person's request: it holds from our record.
+                    by_id[req.instance_id] = held
+                    if outcome.ok is False:
+                        self._snooze_tag_failed(req, until, outcome.error or "")
+                    continue  # unconfirmed: its row is settled first, and nothing else happens to the instance
+                self._update_warning(req, until, dry_run=False)
+                interact.forget_request(self.store, req.instance_id)
+            else:
+                interact.forget_request(self.store, req.instance_id)
+            by_id[req.instance_id] = held
+        return [by_id[i.instance_id] for i in instances]
+
+    def _snooze_tag_failed(self, req: "interact.SnoozeRequest", until: datetime, error: str) -> None:
+        """A snooze request whose tag could not be written: told once to the person who clicked (a DM), and the
+        request kept so that it holds; after a few failed writes it is not tried again (one call per intent,
+        not one a minute for days), and still holds."""
+        key = SNOOZE_TAG_FAILURES + req.instance_id
+        failures = int(self.store.get_kv(key) or 0) + 1
+        self.store.set_kv(key, str(failures))
+        if failures == 1:
+            log.error("%s: snooze from Slack by %s could not be written as a tag (%s); it holds from gpufinops's "
+                      "own record until %s", req.instance_id, req.user_id, error[:200], req.until)
+            if req.user_id:
+                self.notifier.send(messages.snooze_not_applied(
+                    req.instance_id, user_id=req.user_id, until=until, error=error,
+                    key=f"snooze-unapplied:{req.instance_id}:{req.until}"))
+        if failures >= MAX_SNOOZE_TAG_ATTEMPTS:
+            interact.keep_request(self.store, replace(req, recorded=True))
+
+    def _update_warning(self, req: "interact.SnoozeRequest", until: datetime, dry_run: bool) -> None:
+        """The warning the button was on, updated in place: who snoozed it until when (cosmetic: never raises)."""
+        try:
+            self.notifier.show_snoozed(req, until, dry_run)
+        except Exception as exc:  # noqa: BLE001 - the snooze is set; the message edit is not worth a failure
+            log.warning("could not update the Slack message of %s: %s", req.instance_id, exc)
+
+    # ------------------------------------------------------------------ THE chokepoint
+    def _change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
+                call: Callable[[], None], *, verify: Callable[[GpuInstance | None], bool] | None = None,
+                record: bool = True, keep_open: bool = False) -> Outcome:
+        """The only place a cloud mutation is made. Dry-run makes none; a process that lost the scheduler
+        lease makes none; the intent is written before the one call and its outcome after it.
+
+        After any error the instance's real state is read back (`verify`) before the outcome is
+        recorded, so the record equals the cloud: done; failed only when the error says EC2 did not do
+        it and the instance agrees; else "unconfirmed" (a request may still be in flight, or the read
+        failed): reconciled next tick, and until then nothing else is done to the instance.
+        `keep_open`: a change that went through is recorded "applied" until the caller's bookkeeping
+        is done (`Store.finish_action`), so a crash in between is finished by reconcile.
+        """
+        if ctx.dry_run:
+            if record:
+                self.store.record_action(ctx.run_id, ActionResult(inst.instance_id, kind, True, True,
+                                                                  f"dry-run: would {kind.value}: {reason}", rule, ctx.now))
+            return Outcome(True)
+        check_lease(ctx.lease)
+        action_id = self.store.begin_action(ctx.run_id, inst.instance_id, kind, rule, False, reason, ctx.now) \
+            if record else None
+        went_through = "applied" if keep_open else "done"
+        try:
+            call()
+        except Exception as exc:
+            error = str(exc)[:500]
+            log.error("%s %s failed: %s", kind.value, inst.instance_id, error)
+            seen = self._read_back(inst, verify) if verify else False
+            if action_id is None:
+                return Outcome(bool(seen), error)
+            if seen is True:
+                self.store.finish_action(action_id, True, ctx.now, status=went_through,
+                                         error=f"confirmed by read-back after: {error}")
+                return Outcome(True, action_id=action_id)
+            if seen is False and getattr(exc, "definite", False):
+                self.store.finish_action(action_id, False, ctx.now, error=error)
+                return Outcome(False, error)
+            why = "read-back failed" if seen is None else "not done yet by the read-back, request may be in flight"
+            self.store.finish_action(action_id, False, ctx.now, status="unconfirmed",
+                                     error=f"outcome unknown ({why}): {error}")
+            return Outcome(None, error)
+        if action_id is not None:
+            self.store.finish_action(action_id, True, ctx.now, status=went_through)
+        return Outcome(True, action_id=action_id)
+
+    def _read_back(self, inst: GpuInstance, verify: Callable[[GpuInstance | None], bool]) -> bool | None:
+        """Did the change happen? True/False from the instance's real state; None when it cannot be read."""
+        try:
+            found = self.cloud.describe([inst.instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+            log.error("read-back of %s failed: %s", inst.instance_id, exc)
+            return None
+        return verify(found[0] if found else None)
+
+    # ------------------------------------------------------------------ restart safety
+    def reconcile(self, now: datetime, lease: LeaseCheck | None = None, *, instance_ids: Sequence[str] | None = None,
+                  kinds: Sequence[ActionKind] | None = None) -> list[str]:
+        """Settle every change whose outcome is not recorded yet (a crash, a lost answer), from the
+        instance's real state: stopping/stopped/terminated means the stop went through (done, never
+        repeated, and its bookkeeping and notice follow now); anything else means it did not. A RESTORE
+        row (`gpufinops k8s restore`) is done when the workload is no longer scaled down.
+        `instance_ids` / `kinds`: only those rows (`gpufinops k8s restore` settles its own earlier restore).
+        Raises when the cloud cannot be read: nothing may be acted on before this succeeds."""
+        notes: list[str] = []
+        pending = [p for p in self.store.action_rows(status=UNSETTLED)
+                   if (instance_ids is None or p.instance_id in instance_ids) and (kinds is None or p.kind in kinds)]
+        if not pending:
+            return notes
+        found = {i.instance_id: i for i in self.cloud.describe(sorted({p.instance_id for p in pending}))}
+        ctx = RunContext(now=now, dry_run=False, lease=lease)
+        max_request_s = float(getattr(self.cloud, "max_request_s", DEFAULT_MAX_REQUEST_S))
+        for p in pending:
+            inst = found.get(p.instance_id)
+            # A request sent less than the longest time one can take ago may still land (a paused process, a
+            # held connection): "not done" is not an answer yet. Its row stays open, and its instance waits.
+            in_flight = p.status != "applied" and (now - p.at).total_seconds() < max_request_s
+            if p.kind in (ActionKind.STOP, ActionKind.TERMINATE):
+                done = (_terminated if p.kind == ActionKind.TERMINATE else _stopped)(inst)
+                if not done and in_flight:
+                    log.warning("%s on %s not seen done yet; it may still be in flight until %s: settled then",
+                                p.kind.value, p.instance_id, _stamp(p.at + timedelta(seconds=max_request_s)))
+                    continue
+                if done:
+                    # Bookkeeping first, the record last: a crash in between is reconciled again.
+                    if inst is not None:
+                        decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
+                                            _reason_of(p.reason), p.at,
+                                            action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else Action.STOP,
+                                            hourly_cost=inst.hourly_cost)
+                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._channel(None, inst))
+                    else:
+                        self.store.clear_mark(p.instance_id)
+                    self.store.finish_action(p.id, True, now, status="done",
+                                             error="reconciled: instance found " + (inst.state if inst else "gone"))
+                else:
+                    self.store.finish_action(p.id, False, now, status="failed",
+                                             error=f"reconciled: instance still {inst.state if inst else 'unknown'}; "
+                                                   f"stop not done")
+            else:
+                done, found_text = _tag_change_seen(p, inst)
+                if not done and in_flight:
+                    continue
+                self.store.finish_action(p.id, done, now, status="done" if done else "failed",
+                                         error=f"reconciled: {found_text}")
+            notes.append(f"reconciled {p.kind.value} on {p.instance_id}")
+            log.warning("reconciled unsettled %s on %s", p.kind.value, p.instance_id)
+        return notes
+
+
+def _tag_change_seen(row, inst: GpuInstance | None) -> tuple[bool, str]:
+    """Whether a tag change an action row intended is on the instance now, and what was found, in words."""
+    tags = inst.tags if inst is not None else {}
+    if row.kind == ActionKind.RESTORE:  # scaled back up: no longer "stopped" (0 replicas + the kept count)
+        seen = inst is not None and inst.state != "stopped"
+        return seen, "workload " + ("scaled back up" if seen else "gone" if inst is None else "still scaled down")
+    if row.kind == ActionKind.SNOOZE:
+        seen = bool(tags.get(TAG_SNOOZE))
+        return seen, "snooze tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.MARK or (row.kind == ActionKind.TAG and row.reason.startswith(TAG_MOVED)):
+        seen = TAG_MARKED in tags
+        return seen, "mark tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.TAG and row.reason.startswith(TAG_STOPPED_BY_SET):
+        seen = inst is None or TAG_STOPPED_BY in tags
+        return seen, "stopped-by tag " + ("present" if seen else "absent")
+    # UNMARK, and the mark's removal after a stop
+    seen = TAG_MARKED not in tags
+    return seen, "mark tag " + ("removed" if seen else "still there")
+
+
+def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:
+    """When the instance really went idle: its IDLE verdict's first tick minus the rule's window (the window
+    before that tick was idle already). None when not known (no state, not IDLE): messages then say "≥ window"."""
+    if state is None or decision is None or state.verdict != Verdict.IDLE or not decision.window_s:
+        return None
+    return state.since - timedelta(seconds=decision.window_s)
+
+
+def check_lease(lease: LeaseCheck | None) -> None:
+    """Raise NotLeader unless this process still holds the scheduler lease (None: no lease in use)."""
+    if lease is None:
+        return
+    try:
+        lease.check()
+    except Exception as exc:  # LeaseLost, or the database cannot say: either way, change nothing
+        raise NotLeader(str(exc) or type(exc).__name__) from exc
+
+
+def _stopped(inst: GpuInstance | None) -> bool:
+    return inst is None or inst.state in STOPPED_STATES or inst.state in TERMINATED_STATES
+
+
+def _terminated(inst: GpuInstance | None) -> bool:
+    return inst is None or inst.state in TERMINATED_STATES
+
+
+def _stamp(at: datetime) -> str:
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reason_of(action_reason: str) -> str:
+    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...")."""
+    head = "still idle at the announced time: "
+    return action_reason[len(head):] if action_reason.startswith(head) else action_reason

@@ -1,0 +1,221 @@
+"""`gpufinops agent --autostop RULES` and `gpufinops agent snooze 2h|--clear`: flags, wiring, the snooze command.
+
+Flags default to environment variables (GPUFINOPS_AGENT_AUTOSTOP_*), like the agent's own; under systemd the
+database and the snooze file default into $STATE_DIRECTORY and $RUNTIME_DIRECTORY (StateDirectory=gpufinops,
+RuntimeDirectory=gpufinops in deploy/systemd/gpufinops-agent.service).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+# pydantic, yaml and the rules loader are imported where used: `gpufinops --help` builds this parser.
+from .defaults import DEFAULT_DB_PATH, DEFAULT_MAX_SNOOZE_S, DEFAULT_SNOOZE_PATH
+from .snooze import clear_snooze, snooze_until, write_snooze
+
+if TYPE_CHECKING:
+    from .settings import AutostopSettings
+
+log = logging.getLogger("gpufinops.autostop")
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _under_env_dir(var: str, name: str, fallback: str) -> str:
+    base = os.environ.get(var, "").split(":")[0]
+    return str(Path(base, name)) if base else fallback
+
+
+def default_db_path() -> str:
+    return os.environ.get("GPUFINOPS_AGENT_AUTOSTOP_DB") or _under_env_dir("STATE_DIRECTORY", "agent.db",
+                                                                            DEFAULT_DB_PATH)
+
+
+def default_snooze_path() -> str:
+    return os.environ.get("GPUFINOPS_AGENT_SNOOZE_FILE") or _under_env_dir("RUNTIME_DIRECTORY", "snooze-until",
+                                                                           DEFAULT_SNOOZE_PATH)
+
+
+def _duration(text: str) -> int:
+    from ...rules import parse_duration
+
+    try:
+        return parse_duration(text, max_s=366 * 86400)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_autostop_arguments(p: argparse.ArgumentParser) -> None:
+    """The --autostop* flags on `gpufinops agent`, and its `snooze` sub-command."""
+    env = os.environ.get
+    rules_env = [x for x in env("GPUFINOPS_AGENT_AUTOSTOP", "").split(os.pathsep) if x]
+    g = p.add_argument_group("local autostop (stop this host when idle; dry-run unless --autostop-live)")
+    g.add_argument("--autostop", action="append", metavar="RULES", default=None,
+                   help="rule file or directory, the same rules/ as the service; repeatable. Turns on local autostop "
+                        f"(env GPUFINOPS_AGENT_AUTOSTOP, {os.pathsep}-separated; default: off)")
+    g.add_argument("--autostop-config", metavar="FILE", default=env("GPUFINOPS_AGENT_AUTOSTOP_CONFIG") or None,
+                   help="autostop settings YAML: stop_command, pre_stop_hook, block_processes, block_if_input_within, "
+                        "host_tags, slack ... (docs/agent.md; env GPUFINOPS_AGENT_AUTOSTOP_CONFIG)")
+    g.add_argument("--autostop-live", action="store_true",
+                   default=env("GPUFINOPS_AGENT_AUTOSTOP_LIVE", "").strip().lower() in _TRUE,
+                   help="really run the pre-stop hook and stop the host, as dry_run: false in the settings file (env "
+                        "GPUFINOPS_AGENT_AUTOSTOP_LIVE=1; default: dry-run, it warns and says what it would do)")
+    g.add_argument("--autostop-db", metavar="PATH", default=default_db_path(),
+                   help="SQLite ring buffer of this host's samples and the autostop state (env "
+                        f"GPUFINOPS_AGENT_AUTOSTOP_DB; default $STATE_DIRECTORY/agent.db or {DEFAULT_DB_PATH})")
+    g.add_argument("--snooze-file", metavar="PATH", default=default_snooze_path(),
+                   help="snooze file: an ISO time before which nothing is stopped (env GPUFINOPS_AGENT_SNOOZE_FILE; "
+                        f"default $RUNTIME_DIRECTORY/snooze-until or {DEFAULT_SNOOZE_PATH})")
+    p.set_defaults(autostop_rules_env=rules_env)
+
+    sub = p.add_subparsers(dest="agent_command", metavar="{snooze}")
+    s = sub.add_parser("snooze", help="keep this host running: no autostop warning or stop until then",
+                       description="Write the snooze file: no autostop warning or stop before now + DURATION "
+                                   "(capped at --max). A pending warning is cancelled at the next sample.")
+    s.add_argument("duration", nargs="?", type=_duration, help="how long, e.g. 2h, 90m, 1d")
+    s.add_argument("--clear", action="store_true", help="remove the snooze")
+    s.add_argument("--max", type=_duration, default=DEFAULT_MAX_SNOOZE_S, metavar="DURATION",
+                   help="cap on a snooze (default 7d; keep it equal to the agent's max_snooze)")
+    # SUPPRESS: without the flag here, the agent's --snooze-file (flag or env) stays in force.
+    s.add_argument("--snooze-file", metavar="PATH", default=argparse.SUPPRESS, help="snooze file to write")
+    s.set_defaults(func=cmd_snooze)
+
+
+def cmd_snooze(args: argparse.Namespace) -> int:
+    path = args.snooze_file
+    if args.clear:
+        if args.duration is not None:
+            print("error: give a duration or --clear, not both", file=sys.stderr)
+            return 2
+        removed = clear_snooze(path)
+        print(f"snooze cleared ({path})" if removed else f"no snooze was set ({path})")
+        return 0
+    if args.duration is None:
+        print("error: give a duration (e.g. 2h) or --clear", file=sys.stderr)
+        return 2
+    until, note = snooze_until(args.duration, datetime.now(timezone.utc), args.max)
+    try:
+        write_snooze(path, until)
+    except OSError as exc:
+        print(f"error: cannot write {path}: {exc.strerror or exc} (run as the agent's user, e.g. "
+              f"sudo -u gpufinops gpufinops agent snooze ...)", file=sys.stderr)
+        return 2
+    print(f"snoozed until {until.strftime('%Y-%m-%d %H:%M UTC')}" + (f" ({note})" if note else "") + f" ({path})")
+    return 0
+
+
+# ---------------------------------------------------------------------- wiring the loop into the agent
+
+
+@dataclass
+class RunningAutostop:
+    loop: object
+    thread: threading.Thread
+
+    def close(self) -> None:
+        self.loop.stop()
+        self.thread.join(timeout=30)
+
+
+def rule_paths(args: argparse.Namespace) -> list[str]:
+    return list(args.autostop or []) or list(getattr(args, "autostop_rules_env", []) or [])
+
+
+def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | None = None, paths=None,
+               clock=time.time):
+    """Every peer of the loop, built once from the flags and the settings file. ConfigError on bad input."""
+    from ...config import ConfigError
+    from ...rules import load_rules
+    from .buffer import RingBuffer
+    from .loop import Announcer, AutostopLoop, HostPaths, LocalHost
+    from .settings import load_autostop_settings
+    from .stopper import CommandStopper, Ec2Stopper, imds_identity
+
+    settings = settings or load_autostop_settings(args.autostop_config)
+    rules = load_rules(rule_paths(args))
+    dry_run = settings.dry_run and not args.autostop_live
+    identity = None if settings.stop_method == "command" else imds_identity(settings.imds_url)
+    if settings.stop_method == "ec2" and identity is None:
+        raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'ec2', but no EC2 instance metadata answered at "
+                          f"{settings.imds_url}")
+    if identity is not None:
+        stopper = Ec2Stopper(identity, endpoint_url=settings.ec2_endpoint_url)
+    elif settings.stop_command:
+        stopper = CommandStopper(settings.stop_command, settings.stop_timeout)
+    else:
+        stopper = None
+    if not dry_run and stopper is None:
+        raise ConfigError(f"{args.autostop_config or '--autostop-config'}: key 'stop_command': live autostop needs a way "
+                          f"to stop this host: not on EC2, so set stop_command, e.g. [systemctl, poweroff]")
+    hostname = agent.host.hostname
+    host = LocalHost(
+        instance_id=identity.instance_id if identity else (agent.host.instance_id or hostname),
+        hostname=hostname, region=identity.region if identity else "",
+        instance_type=identity.instance_type if identity else "", on_ec2=identity is not None,
+        tags=settings.host_tags)
+    catalog, catalog_problem = estimate_catalog(settings)
+    buffer = RingBuffer(args.autostop_db)
+    slack = _slack_notifier(settings, Path(args.autostop_db).with_name("agent-slack.db"))
+    loop = AutostopLoop(rules=rules, settings=settings, buffer=buffer, host=host, stopper=stopper,
+                        announcer=Announcer(settings.wall_command, slack), interval_s=agent.interval_s, dry_run=dry_run,
+                        paths=paths or HostPaths(snooze=args.snooze_file), clock=clock, catalog=catalog,
+                        catalog_problem=catalog_problem)
+    return loop
+
+
+def estimate_catalog(settings: AutostopSettings):
+    """The bundled GPU catalog for the price estimate, only when the settings give no price: (catalog, "") or
+    (None, why it could not be read)."""
+    if settings.price is not None:
+        return None, ""
+    from ...prices.catalog import CatalogError, load_catalog
+
+    try:
+        return load_catalog(), ""
+    except CatalogError as exc:
+        return None, f"the GPU catalog could not be read: {exc}"
+
+
+def _slack_notifier(settings: AutostopSettings, db: Path):
+    if settings.slack is None or not settings.slack.token.resolve():
+        return None
+    from ...model import utcnow
+    from ...notify.delivery import SlackNotifier
+    from ...store.store import Store
+
+    # The notifier's delivery records (exactly once per key, across agent restarts) in their own file.
+    return SlackNotifier(settings.slack, Store(f"sqlite:///{db}"), utcnow)
+
+
+def maybe_start_autostop(args: argparse.Namespace, agent) -> RunningAutostop | None:
+    """With --autostop (or its env): build the loop, hook it on the agent's samples, tick it in a thread."""
+    if not rule_paths(args):
+        return None
+    loop = build_loop(args, agent)
+    agent.on_sample = loop.on_sample
+    registry = getattr(agent, "registry", None)
+    if registry is not None:
+        from .loop import AutostopCollector
+
+        registry.register(AutostopCollector(loop))
+    thread = threading.Thread(target=loop.run_forever, name="agent-autostop", daemon=True)
+    thread.start()
+    rules = [r.name for r in loop.rules if r.action.value in ("stop", "terminate")]
+    if not rules:
+        log.warning("autostop: none of the rules in %s has action stop: this host is never stopped",
+                    ", ".join(rule_paths(args)))
+    log.warning("autostop %s for %s: stop rules %s; stop by %s; snooze file %s; samples in %s",
+                "LIVE" if loop.live else "in dry-run", loop.host.instance_id, ", ".join(rules) or "(none)",
+                loop.stopper.describe if loop.stopper else "nothing (no stop method)", loop.paths.snooze,
+                loop.buffer.path)
+    return RunningAutostop(loop, thread)

@@ -1,0 +1,145 @@
+"""Stop this host: on EC2 one StopInstances on its own id, else the configured command (systemctl poweroff).
+
+Who am I: IMDSv2 (PUT /latest/api/token with a TTL header, then GET instance-id, placement/region and
+instance-type with that token), short timeouts, base URL injectable. No answer means "not on EC2" (a rented
+bare-metal server, another cloud): the host is named by its hostname and stopped by the command.
+
+The EC2 stop is the service's own client, `collect.inventory.Ec2Cloud` (one EC2 stop client): retries off, one
+HTTP request per intent (a retried StopInstances whose first answer was lost would be a second stop), never Force
+(the OS shuts down cleanly, jobs get their chance to checkpoint), never hibernate; after an error whose outcome is
+unknown (a 5xx, a timeout, a lost connection) the instance is read back (`Ec2Cloud.describe`) before anything is
+said: stopping/stopped is a stop that went through, running after a refusal is a failure, anything else unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Sequence
+
+from .hook import CommandResult, run_command
+
+log = logging.getLogger("gpufinops.autostop.stopper")
+
+IMDS_TOKEN_TTL_S = 60
+IMDS_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Ec2Identity:
+    instance_id: str
+    region: str
+    instance_type: str = ""
+
+
+def _no_proxy_opener() -> urllib.request.OpenerDirector:
+    # IMDS is link-local: an HTTP(S)_PROXY in the environment must never see (or answer) these requests.
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def imds_identity(base_url: str, timeout_s: float = IMDS_TIMEOUT_S) -> Ec2Identity | None:
+    """This instance's id, region and type from IMDSv2; None when there is no IMDS (not on EC2) or it refuses."""
+    base = base_url.rstrip("/")
+    opener = _no_proxy_opener()
+    try:
+        put = urllib.request.Request(f"{base}/latest/api/token", method="PUT", data=b"",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_S)})
+        with opener.open(put, timeout=timeout_s) as resp:
+            token = resp.read().decode().strip()
+
+        def get(path: str) -> str:
+            req = urllib.request.Request(f"{base}/latest/meta-data/{path}",
+                                         headers={"X-aws-ec2-metadata-token": token})
+            with opener.open(req, timeout=timeout_s) as resp:
+                return resp.read().decode().strip()
+
+        instance_id = get("instance-id")
+        region = get("placement/region")
+        try:
+            instance_type = get("instance-type")
+        except (urllib.error.URLError, OSError):
+            instance_type = ""
+    except (urllib.error.URLError, OSError, UnicodeDecodeError, ValueError) as exc:
+        log.info("no EC2 instance metadata at %s (%s): not on EC2", base, exc)
+        return None
+    if not instance_id.startswith("i-") or not region:
+        log.warning("instance metadata at %s gave no usable instance id/region (%r, %r)", base, instance_id, region)
+        return None
+    return Ec2Identity(instance_id, region, instance_type)
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    ok: bool | None  # None: the outcome is unknown (an ambiguous error, and the read-back could not tell)
+    reason: str
+
+
+class Ec2Stopper:
+    """StopInstances on this instance's own id, with the instance role's credentials, through the service's EC2
+    client (`Ec2Cloud`: one request, no retries, read back with describe after an ambiguous error)."""
+
+    def __init__(self, identity: Ec2Identity, *, endpoint_url: str | None = None, session=None,
+                 timeout_s: float = 10.0):
+        from ...config import AwsSettings
+        from ...collect.inventory import Ec2Cloud
+
+        self.identity = identity
+        self.cloud = Ec2Cloud(AwsSettings(regions=(identity.region,), endpoint_url=endpoint_url), session=session,
+                              spot_prices=False, connect_timeout_s=timeout_s, read_timeout_s=timeout_s)
+
+    @property
+    def describe(self) -> str:
+        return f"EC2 StopInstances on {self.identity.instance_id} ({self.identity.region})"
+
+    def _self(self):
+        from datetime import datetime, timezone
+
+        from ...model import GpuInstance
+
+        ident = self.identity
+        return GpuInstance(ident.instance_id, ident.instance_type, ident.region, "running",
+                           datetime.now(timezone.utc))
+
+    def read_back(self) -> str | None:
+        """This instance's EC2 state now ("gone" when EC2 no longer lists it); None when it cannot be read."""
+        try:
+            found = self.cloud.describe([self.identity.instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+            log.error("read-back of %s failed: %s", self.identity.instance_id, exc)
+            return None
+        return found[0].state if found else "gone"
+
+    def stop(self) -> StopOutcome:
+        from ...act.plan import STOPPED_STATES, TERMINATED_STATES
+
+        iid = self.identity.instance_id
+        try:
+            self.cloud.stop(self._self())
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, never raised into the loop
+            state = self.read_back()
+            if state is not None and (state in STOPPED_STATES or state in TERMINATED_STATES or state == "gone"):
+                return StopOutcome(True, f"StopInstances {iid}: {str(exc)[:200]}; read back: {state}, so it went "
+                                         f"through")
+            if state is not None and getattr(exc, "definite", False):
+                return StopOutcome(False, f"StopInstances {iid} failed: {str(exc)[:300]}")
+            seen = "the read-back failed" if state is None else f"read back: still {state}, the request may be in flight"
+            return StopOutcome(None, f"StopInstances {iid}: outcome unknown ({seen}): {str(exc)[:300]}")
+        return StopOutcome(True, f"StopInstances {iid} accepted")
+
+
+class CommandStopper:
+    """The configured command, e.g. [systemctl, poweroff] (a polkit rule or sudoers line lets the agent's user)."""
+
+    def __init__(self, argv: Sequence[str], timeout_s: float = 60.0):
+        self.argv = tuple(argv)
+        self.timeout_s = timeout_s
+
+    @property
+    def describe(self) -> str:
+        return "command " + " ".join(self.argv)
+
+    def stop(self) -> StopOutcome:
+        result: CommandResult = run_command(self.argv, self.timeout_s, what="stop command")
+        return StopOutcome(result.ok, result.reason)

@@ -1,0 +1,112 @@
+"""What makes a FOCUS row a GPU instance-hour, without pandas: the columns read, the time units, the
+non-compute categories, the GPU instance a charge text names and the tag shapes. focus.py (the cost table)
+and duck.py (the totals on DuckDB) both apply these, so the selection is one piece of code."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Iterable, Sequence
+
+from .errors import BillingDataError
+from .focus_spec import detect_version, provider_column
+
+REQUIRED = ("ChargePeriodStart", "BillingCurrency", "ChargeCategory", "ResourceId", "ConsumedQuantity",
+            "ConsumedUnit", "ChargeDescription")
+PROVIDER_COLUMNS = ("ServiceProviderName", "ProviderName", "HostProviderName")
+OPTIONAL = ("SubAccountId", "RegionId", "Tags", "PricingCategory", "CommitmentDiscountType",
+            "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails", "x_SkuDetails",
+            # Read only to tell the version apart (focus_spec.detect_version).
+            "InvoiceId", "PricingCurrency", "SkuMeter", "ServiceSubcategory", "CapacityReservationId",
+            "AllocatedMethodId", "AllocatedResourceId", "ContractApplied", "CommitmentProgramEligibilityDetails",
+            "InvoiceDetailId", "ChargePeriodEnd")
+FILE_SUFFIXES = (".csv", ".csv.gz", ".parquet")
+HOUR_UNITS = {"hours", "hour", "hrs", "hr", "h"}
+SECOND_UNITS = {"seconds", "second", "secs", "sec", "s"}
+COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
+# FOCUS ServiceCategory values that are not GPU instances; other values (Google writes its product
+# taxonomy, "GCP > Compute > GPUs > ...") are kept.
+NON_COMPUTE_CATEGORIES = {"analytics", "business applications", "databases", "developer tools", "multicloud",
+                          "identity", "integration", "internet of things", "management and governance", "media",
+                          "migration", "mobile", "networking", "security", "storage", "web", "other"}
+# Google's system label naming the machine type of a Compute Engine charge.
+GCP_MACHINE_LABEL = "compute.googleapis.com/machine_spec"
+# One line's usage hours above this are not a measurement (a month of 10,000 instances is 7.4e6).
+MAX_LINE_HOURS = 1e9
+_PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
+              "google cloud": "gcp", "google": "gcp", "oracle": "oci", "oci": "oci"}
+_AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
+
+
+def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:
+    """The GPU instance name a charge text mentions, or ''."""
+    if not text:
+        return ""
+    for m in _AWS_TYPE.finditer(text):
+        if m.group(1) in families:
+            return m.group(0)
+    for pat in patterns:
+        m = pat.search(text)
+        if m:
+            return m.group(0)
+    return ""
+
+
+def focus_tags(value) -> dict:
+    """Tags as a dict, from each shape exports write: a JSON object (FOCUS), a Parquet map (pairs), or a
+    list of {key, value} objects (Google's view, as JSON text in a CSV)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if isinstance(value, dict):
+        return value
+    if hasattr(value, "tolist"):  # numpy array from Parquet
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for item in value:
+            if isinstance(item, dict):
+                low = {str(k).lower(): v for k, v in item.items()}
+                if "key" in low:
+                    out[str(low["key"])] = low.get("value")
+            elif isinstance(item, (list, tuple)) and len(item) == 2:
+                out[str(item[0])] = item[1]
+        return out
+    return {}
+
+
+def _pick(tags: dict, keys: Sequence[str]) -> str:
+    for k in keys:
+        if tags.get(k):
+            return str(tags[k])
+    return ""
+
+
+def _as_text(v) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else v if isinstance(v, str) else json.dumps(
+        v, default=str)
+
+
+def provider_name(value: str) -> str:
+    p = str(value or "").strip().lower()
+    return _PROVIDERS.get(p, p)
+
+
+def check_columns(names: Iterable[str], name: str, cost_col: str) -> tuple[str, str]:
+    """(FOCUS version, provider column) of one file from its column names, or an error naming the file and
+    the missing columns."""
+    names = list(names)
+    version = detect_version(names)
+    provider = provider_column(names)
+    missing = [c for c in (*REQUIRED, cost_col) if c not in names]
+    if provider is None:
+        missing.append("ServiceProviderName" if version >= "1.3" else "ProviderName")
+    if missing:
+        raise BillingDataError(f"{name}: missing FOCUS {version} column(s) {missing}"
+                               + (" (FOCUS 1.3+ names the provider ServiceProviderName, 1.0-1.2 ProviderName)"
+                                  if provider is None else ""))
+    return version, provider

@@ -1,0 +1,130 @@
+"""EC2 instances and Kubernetes workloads side by side for the tick (docs/kubernetes.md, "Scale to zero").
+
+`FleetCloud` and `FleetMetrics` are one Cloud and one MetricsSource over both: an id starting with `k8s:` is a
+workload (collect.kubernetes_cloud.WorkloadCloud, usage per pod from collect.k8s_usage combined per workload by
+decide.workloads.workload_usage), anything else an EC2 instance. The act stage, its dry-run, cap, audit rows,
+read-back and reconcile then hold for workloads unchanged. Built by run/compose.py (`live_fleet`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+from typing import Mapping, Sequence
+
+from .kubernetes_cloud import WorkloadCloud, is_workload_id
+from .routed import RoutedCloud
+from ..model import Cloud, GpuInstance, InstanceUsage, MetricsSource
+
+log = logging.getLogger("gpufinops.kubernetes")
+
+
+class WorkloadMetrics:
+    """Usage per workload over a window: its pods' GPUs side by side, read in PodMetrics' fixed queries over the
+    snapshot the workloads were last listed from."""
+
+    def __init__(self, pod_metrics, cloud: WorkloadCloud):
+        self.pod_metrics = pod_metrics  # collect.k8s_usage.PodMetrics
+        self.cloud = cloud
+
+    def window_usage(self, instances: Sequence[GpuInstance], window_s: int, now: datetime) -> dict[str, InstanceUsage]:
+        from ..decide.workloads import workload_usage
+
+        snapshot = self.cloud.last_snapshot
+        if snapshot is None:
+            return {i.instance_id: InstanceUsage(i.instance_id, window_s, 0, error="no cluster listing to read pods "
+                                                 "from") for i in instances}
+        by_pod = self.pod_metrics.window_usage(snapshot, window_s, now).by_pod
+        out = {}
+        for inst in instances:
+            ref = self.cloud.ref_of(inst.instance_id)
+            if ref is None:
+                out[inst.instance_id] = InstanceUsage(inst.instance_id, window_s, 0, error="workload not listed")
+                continue
+            usage, _missing = workload_usage(ref, snapshot.pods_of(ref), by_pod, window_s)
+            out[inst.instance_id] = replace(usage, instance_id=inst.instance_id)
+        return out
+
+
+def split(ids_or_instances) -> tuple[list, list]:
+    """(EC2 ones, workload ones), by the `k8s:` id prefix."""
+    ec2, k8s = [], []
+    for item in ids_or_instances:
+        iid = item if isinstance(item, str) else item.instance_id
+        (k8s if is_workload_id(iid) else ec2).append(item)
+    return ec2, k8s
+
+
+def as_node_remainder(inst: GpuInstance, remainders: Mapping[str, float | None]) -> GpuInstance:
+    """A cluster node's inventory row priced at what its listed workloads do not carry (idle capacity, pods of
+    namespaces left out), so that node and workloads add up to the node's cost: the spend is never counted twice.
+    Any other instance is unchanged."""
+    if inst.instance_id not in remainders:
+        return inst
+    return replace(inst, hourly_cost=remainders[inst.instance_id],
+                   price_source="node remainder: its cost less its workloads' shares (they are priced on the "
+                                "workloads); mostly idle capacity")
+
+
+class FleetCloud(RoutedCloud):
+    """One Cloud over EC2 and the cluster. A side that cannot be listed makes the listing partial (`last_errors`,
+    as a region that failed), never empty: the other side is still judged; both failing raises."""
+
+    def __init__(self, ec2: Cloud, workloads: WorkloadCloud):
+        self.ec2 = ec2
+        self.workloads = workloads
+        self.last_errors: list[str] = []
+
+    def cloud_of(self, inst: GpuInstance) -> Cloud:
+        return self.workloads if is_workload_id(inst.instance_id) else self.ec2
+
+    def list_gpu_instances(self) -> list[GpuInstance]:
+        errors: list[str] = []
+        ec2: list[GpuInstance] = []
+        ec2_failed: Exception | None = None
+        try:
+            ec2 = self.ec2.list_gpu_instances()
+            errors.extend(str(e) for e in getattr(self.ec2, "last_errors", []) or [])
+        except Exception as exc:  # noqa: BLE001 - the cluster is still listed; the tick reports the gap
+            ec2_failed = exc
+            errors.append(f"EC2: {exc}")
+        try:
+            # The node's own EC2 rate (spot included) prices its pods' shares where the inventory has it.
+            workloads = self.workloads.list_workloads({i.instance_id: i.hourly_cost for i in ec2})
+        except Exception as exc:  # noqa: BLE001
+            if ec2_failed is not None:
+                raise
+            log.error("kubernetes workloads not listed: %s", exc)
+            errors.append(f"kubernetes: {exc}")
+            workloads = []
+        self.last_errors = errors
+        if workloads:
+            ec2 = [as_node_remainder(i, self.workloads.node_remainders) for i in ec2]
+        return ec2 + workloads
+
+    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
+        ec2_ids, k8s_ids = split(instance_ids)
+        found = {i.instance_id: i for i in (self.ec2.describe(ec2_ids) if ec2_ids else [])}
+        found.update({i.instance_id: i for i in (self.workloads.describe(k8s_ids) if k8s_ids else [])})
+        return [found[i] for i in instance_ids if i in found]
+
+
+class FleetMetrics:
+    """One MetricsSource over EC2 instances (the collector) and workloads (WorkloadMetrics)."""
+
+    def __init__(self, ec2: MetricsSource, workloads: WorkloadMetrics):
+        self.ec2 = ec2
+        self.workloads = workloads
+
+    def window_usage(self, instances: Sequence[GpuInstance], window_s: int, now: datetime) -> dict[str, InstanceUsage]:
+        ec2, k8s = split(instances)
+        out = dict(self.ec2.window_usage(ec2, window_s, now)) if ec2 else {}
+        if k8s:
+            try:
+                out.update(self.workloads.window_usage(k8s, window_s, now))
+            except Exception as exc:  # noqa: BLE001 - a workload read failing leaves them UNKNOWN, never idle
+                log.exception("workload usage failed for window %ss", window_s)
+                out.update({i.instance_id: InstanceUsage(i.instance_id, window_s, 0, error=f"workload usage: {exc}")
+                            for i in k8s})
+        return out

@@ -1,0 +1,24 @@
+"""Notify: what gpufinops tells whom (model.Notice), routed and delivered.
+
+- `messages`: the notices of the act and run stages (pure: instances and decisions -> Notice; no transport).
+- `routing`: an audience turned into destinations, and `Deliveries`, the one Notifier every stage sends
+  through (team/rule/default channel; the owner by Slack DM, or by email when the owner tag is an address and
+  Slack cannot reach them; finance by email).
+- deliveries, each exactly once per idempotency key in the notifications table: `delivery` (Slack: retries on
+  429, lookup after a lost answer; the outbox without a token), `slack_blocks` (a Notice as Block Kit, the
+  in-place edit after a snooze), `email` (SMTP: text + HTML parts, STARTTLS/SSL, auth; at most once when the
+  server's answer is lost). `markup`: the Notice's small text markup every delivery reads. `interact`: the
+  Slack buttons (signed actions, who may click, the snooze they ask for).
+
+Email for other stages (the monthly report to finance): build a Notice (key = one per report and period,
+audience ("finance",)) and call `EmailDelivery(settings.email, store, clock).send(notice, to=settings.email.finance,
+attachments=[(filename, mime_type, data)])`; it returns True once the server accepted it (also on a repeat
+call after that), and records the try in the notifications table.
+
+A third transport (a Teams webhook): one module here with `send(notice) -> bool` and `retry_due(now)` over the
+same notifications table, its settings section in config.py, and a line in run/compose.live_notifier (plus
+routing.Deliveries where it is a destination); nothing in act/, decide/ or cost/.
+
+May import: model, config, store, words, k8s.model.
+Never imports act, run, cost, report, recommend, backtest, demo, agent or cli.
+"""

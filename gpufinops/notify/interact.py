@@ -1,0 +1,316 @@
+"""People acting on a warning: a verified Slack button click becomes a snooze request; the leader applies it.
+
+A click reaches `POST /slack/actions` on whichever replica Slack's request lands. There it is
+1. verified: `X-Slack-Request-Timestamp` must be a Unix time in seconds within 5 minutes of this clock and
+   `X-Slack-Signature` a `v0=<64 hex>` signature, Slack's, over the raw body with the signing secret (slack-sdk
+   `SignatureVerifier`). A missing, non-numeric or absurd header is refused like a forged one: 401, logged;
+2. parsed: a form-encoded `payload=` holding a JSON `block_actions` click by a Slack user id (`messages.SLACK_USER_ID`)
+   on one of `messages.SNOOZE_ACTIONS`; anything else is 400, logged;
+3. claimed once: the signature is written with one INSERT that the database refuses a second time
+   (`Store.claim_kv`), so of any number of copies of a request, even sent at the same instant, one goes on and
+   the others get 409;
+4. allowed or not, by Slack user id only: the instance is read from the cloud (its tags now, not the message's),
+   and the clicking user id must be its owner (owner tag = that id, or an email equal to the `profile.email`
+   users.info gives for that id), one of its team's people (`slack.team_members`) or an admin
+   (`slack.snooze_admins`), both lists of ids or emails matched the same way. The payload's user name or display
+   name never authorises anyone: anyone can take any name. users.info failing refuses an email match, with the
+   reason; it is never a 500;
+5. stored as a request (kv `snooze_request:<instance>`): the act stage of the replica holding the scheduler lease
+   sets the snooze tag through the one chokepoint (`Actuator.apply_snooze_requests`) before it plans, so the
+   snooze holds on that very tick, and updates the message in place ("Snoozed by @ana until 14:00").
+Forged, stale, malformed, replayed and refused clicks change nothing and are logged (a line, no traceback); only the
+signature of a verified, well-formed click is remembered; a refused click that names an instance is written to
+the audit log with the Slack user id. A click can only ever keep an instance running.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
+from urllib.parse import parse_qs
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..config import Settings
+from ..config import SLACK_USER_ID
+from .messages import SNOOZE_ACTIONS
+from ..model import ActionKind, ActionResult, Cloud, GpuInstance
+from .delivery import redact
+from ..store.store import Store
+
+log = logging.getLogger("gpufinops.interact")
+
+REQUEST_PREFIX = "snooze_request:"
+SEEN_PREFIX = "slack_click_seen:"
+MAX_AGE_S = 5 * 60  # Slack's own window for a request's timestamp; a signature is remembered this long
+TOMORROW_AT_HOUR = 9
+# Slack's headers as Slack sends them; anything else is refused before slack-sdk sees it (it would raise on
+# "abc" or on a timestamp too large for a float, and compare_digest raises on non-ASCII).
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"v0=[0-9a-f]{64}")
+
+UserLookup = Callable[[str], Mapping[str, Any]]  # Slack user id -> users.info "user" (name, tz, profile.email)
+
+
+@dataclass(frozen=True)
+class Click:
+    user_id: str
+    user_name: str
+    action_id: str
+    instance_id: str
+    channel_id: str
+    message_ts: str
+    blocks: tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class SnoozeRequest:
+    instance_id: str
+    until: str  # the snooze tag's value, ISO-8601 UTC
+    user_id: str
+    user_name: str
+    action_id: str
+    channel_id: str
+    message_ts: str
+    requested_at: str
+    blocks: tuple[dict, ...] = ()
+    recorded: bool = False  # dry-run: the request was audited and the message updated once already
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> "SnoozeRequest":
+        data = json.loads(text)
+        data["blocks"] = tuple(data.get("blocks") or ())
+        return SnoozeRequest(**data)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the endpoint answers Slack: HTTP status and a short text (Slack shows non-2xx as a failed click)."""
+
+    status: int
+    text: str
+
+
+class _FixedClock:
+    def __init__(self, now: datetime):
+        self._now = now
+
+    def now(self) -> float:
+        return self._now.timestamp()
+
+
+def verify(headers: Mapping[str, str], body: bytes, secret: str, now: datetime) -> str | None:
+    """None when the request is Slack's, signed with this secret within 5 minutes of now; else why not."""
+    from slack_sdk.signature import SignatureVerifier
+
+    lowered = {k.lower(): v for k, v in headers.items()}
+    timestamp = (lowered.get("x-slack-request-timestamp") or "").strip()
+    signature = (lowered.get("x-slack-signature") or "").strip()
+    if not signature or not timestamp:
+        return "no Slack signature"
+    if not _TIMESTAMP.fullmatch(timestamp):
+        return "X-Slack-Request-Timestamp is not a Unix time in seconds"
+    if not _SIGNATURE.fullmatch(signature):
+        return "X-Slack-Signature is not a v0 signature"
+    if abs(now.timestamp() - int(timestamp)) > MAX_AGE_S:
+        return "the timestamp is more than 5 minutes off"
+    checked = {"x-slack-request-timestamp": timestamp, "x-slack-signature": signature}
+    if not SignatureVerifier(secret, clock=_FixedClock(now)).is_valid_request(body, checked):
+        return "bad signature"
+    return None
+
+
+def _obj(value: Any) -> dict:
+    """A JSON object of the payload, or {} when Slack's field is not one (never an AttributeError)."""
+    return value if isinstance(value, dict) else {}
+
+
+def parse_click(body: bytes) -> Click | str:
+    """The button click in a form-encoded `payload=`; a string saying what is wrong otherwise."""
+    try:
+        form = parse_qs(body.decode("utf-8"), strict_parsing=True)
+        payload = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError):
+        return "not a Slack interaction payload"
+    if not isinstance(payload, dict) or payload.get("type") != "block_actions":
+        return "not a button click"
+    actions = payload.get("actions")
+    action = _obj(actions[0]) if isinstance(actions, list) and actions else {}
+    if not isinstance(action.get("action_id"), str) or action["action_id"] not in SNOOZE_ACTIONS:
+        return f"unknown action {str(action.get('action_id'))[:40]!r}"
+    user, container, message = _obj(payload.get("user")), _obj(payload.get("container")), _obj(payload.get("message"))
+    channel = _obj(payload.get("channel")).get("id") or container.get("channel_id") or ""
+    user_id, iid = str(user.get("id") or ""), str(action.get("value") or "")
+    if not SLACK_USER_ID.fullmatch(user_id) or not iid.startswith("i-") or len(iid) > 40:
+        return "click without a Slack user id or an instance"
+    blocks = message.get("blocks") if isinstance(message.get("blocks"), list) else ()
+    message_ts = str(container.get("message_ts") or message.get("ts") or "")
+    return Click(user_id, str(user.get("username") or user.get("name") or user_id)[:80], str(action["action_id"]),
+                 iid, str(channel), message_ts, tuple(b for b in blocks if isinstance(b, dict)))
+
+
+def _is_person(entry: str, user_id: str, email: str) -> bool:
+    """Whether a configured person or an owner tag is the clicking user: their Slack id, or an email equal to the
+    one users.info gives for that id. A name is never anyone: the payload's user name is not proof."""
+    entry = entry.strip()
+    if SLACK_USER_ID.fullmatch(entry.upper()):
+        return entry.upper() == user_id
+    return "@" in entry and bool(email) and entry.lower() == email
+
+
+def may_snooze(click: Click, user: Mapping[str, Any], inst: GpuInstance, settings: Settings,
+               users_info_error: str = "") -> tuple[bool, str]:
+    """Whether this Slack user id may snooze this instance, and why (the reason goes to the audit log). `user` is
+    users.info's answer for `click.user_id` ({} when it failed, and `users_info_error` says why)."""
+    slack = settings.slack
+    email = str(_obj(user.get("profile")).get("email") or "").strip().lower()
+    if any(_is_person(p, click.user_id, email) for p in slack.snooze_admins):
+        return True, "an admin (slack.snooze_admins)"
+    owner = inst.owner().strip()
+    if owner and _is_person(owner, click.user_id, email):
+        return True, "its owner (owner tag)"
+    team = inst.team()
+    if team and any(_is_person(p, click.user_id, email) for p in slack.team_members.get(team, ())):
+        return True, f"a member of team {team} (slack.team_members)"
+    if not owner:
+        who = "no owner tag"
+    elif SLACK_USER_ID.fullmatch(owner.upper()):
+        who = f"owner tag {owner!r} is another Slack user"
+    elif "@" in owner:
+        who = f"owner tag {owner!r} is an email, " + (
+            f"and users.info for {click.user_id} failed ({users_info_error})" if users_info_error else
+            f"and users.info gives no email for {click.user_id} (scope users:read.email)" if not email else
+            f"not the email of {click.user_id}")
+    else:
+        who = f"owner tag {owner!r} is neither a Slack user id nor an email, so no click matches it"
+    return False, f"not its owner ({who}), not in team {team or '(none)'}'s members, not an admin"
+
+
+def _lookup_failed(exc: Exception) -> str:
+    """users.info's error code when Slack answered one, else the exception, short and without a token."""
+    answer = getattr(exc, "response", None)  # slack_sdk's SlackApiError carries Slack's answer
+    data = getattr(answer, "data", None)
+    if isinstance(getattr(answer, "status_code", None), int) and answer.status_code != 200:
+        return f"HTTP {answer.status_code}"  # Slack's edge: its body is an HTML page, not a reason
+    if isinstance(data, dict) and data.get("error"):
+        return str(data["error"])[:80]
+    return redact(f"{type(exc).__name__}: {exc}")[:200]
+
+
+def snooze_until(action_id: str, now: datetime, tz_name: str | None, max_snooze_s: int) -> datetime:
+    """When the snooze asked for ends: 2 h, tomorrow 09:00 in the user's time zone (UTC if unknown), or the
+    7 days of "keep running"; never past the act stage's snooze cap."""
+    if action_id == "gpufinops_snooze_2h":
+        until = now + timedelta(hours=2)
+    elif action_id == "gpufinops_snooze_tomorrow":
+        try:
+            zone = ZoneInfo(tz_name) if tz_name else timezone.utc
+        except (ZoneInfoNotFoundError, ValueError):
+            zone = timezone.utc
+        local = now.astimezone(zone) + timedelta(days=1)
+        until = local.replace(hour=TOMORROW_AT_HOUR, minute=0, second=0, microsecond=0).astimezone(timezone.utc)
+    else:
+        until = now + timedelta(days=7)
+    return min(until, now + timedelta(seconds=max_snooze_s))
+
+
+def handle_click(headers: Mapping[str, str], body: bytes, *, settings: Settings, store: Store, cloud: Cloud,
+                 users: UserLookup, now: datetime) -> Answer:
+    """One POST /slack/actions: verify, parse, claim, check, store the request. Never changes the cloud; never
+    raises for anything a request can carry."""
+    secret = settings.slack.signing_secret.resolve()
+    if not secret:
+        return Answer(404, "interactivity is not configured (slack.signing_secret)")
+    problem = verify(headers, body, secret, now)
+    if problem:
+        log.warning("refused a Slack click: %s", problem)
+        return Answer(401, problem)
+    click = parse_click(body)
+    if isinstance(click, str):
+        log.warning("refused a Slack click: %s", click)
+        return Answer(400, click)
+    signature = {k.lower(): v for k, v in headers.items()}["x-slack-signature"].strip()
+    seen_key = SEEN_PREFIX + hashlib.sha256(signature.encode()).hexdigest()[:32]
+    try:
+        if not store.claim_kv(seen_key, now.isoformat()):
+            log.warning("refused a replayed Slack click by %s on %s", click.user_id, click.instance_id)
+            return Answer(409, "this request was already handled")
+        forget_old_signatures(store, now)
+        return _allowed_click(click, settings=settings, store=store, cloud=cloud, users=users, now=now)
+    except SQLAlchemyError as exc:  # the database is down: say so, keep nothing half-done, the user clicks again
+        log.error("Slack click on %s: the database cannot be written: %s", click.instance_id, type(exc).__name__)
+        return Answer(503, "the click cannot be recorded right now; nothing changed, try again")
+
+
+def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Cloud, users: UserLookup,
+                   now: datetime) -> Answer:
+    """A verified, claimed click: read the instance and the user, decide, store the request or the refusal."""
+    try:
+        found = cloud.describe([click.instance_id])
+    except Exception as exc:  # noqa: BLE001 - unknown stays unknown: nothing is stored, the user clicks again
+        log.error("Slack click on %s: the instance cannot be read: %s", click.instance_id, exc)
+        return Answer(503, "the instance cannot be read right now; nothing changed, try again")
+    if not found:
+        return Answer(404, f"{click.instance_id} not found")
+    inst = found[0]
+    lookup_error = ""
+    try:
+        user = _obj(users(click.user_id))
+    except Exception as exc:  # noqa: BLE001 - without users.info only the id can match; the reason says so
+        lookup_error = _lookup_failed(exc)
+        log.warning("users.info for %s failed: %s", click.user_id, lookup_error)
+        user = {}
+    allowed, why = may_snooze(click, user, inst, settings, lookup_error)
+    label = SNOOZE_ACTIONS[click.action_id]
+    if not allowed:
+        log.warning("refused %r on %s by %s (%s): %s", label, click.instance_id, click.user_id, click.user_name, why)
+        store.record_action("slack", ActionResult(click.instance_id, ActionKind.SNOOZE, settings.act.dry_run, False,
+                                                  f"refused {label!r} by {click.user_id} ({click.user_name}): {why}",
+                                                  "", now, error="not allowed"))
+        return Answer(403, f"not allowed: {why}")
+    tz = user.get("tz") if isinstance(user.get("tz"), str) else None
+    until = snooze_until(click.action_id, now, tz, settings.act.max_snooze_s)
+    request = SnoozeRequest(click.instance_id, until.strftime("%Y-%m-%dT%H:%M:%SZ"), click.user_id, click.user_name,
+                            click.action_id, click.channel_id, click.message_ts, now.isoformat(), click.blocks)
+    store.set_kv(REQUEST_PREFIX + click.instance_id, request.to_json())
+    log.info("%r on %s by %s (%s, %s): snooze until %s requested", label, click.instance_id, click.user_id,
+             click.user_name, why, request.until)
+    return Answer(200, f"snooze until {request.until} requested")
+
+
+def forget_old_signatures(store: Store, now: datetime) -> None:
+    """A signature older than Slack's 5-minute window fails verification anyway: no need to remember it."""
+    for key, value in store.kv_items(SEEN_PREFIX):
+        try:
+            old = datetime.fromisoformat(value) < now - timedelta(seconds=2 * MAX_AGE_S)
+        except ValueError:
+            old = True
+        if old:
+            store.set_kv(key, None)
+
+
+def pending_requests(store: Store) -> list[SnoozeRequest]:
+    out = []
+    for key, value in store.kv_items(REQUEST_PREFIX):
+        try:
+            out.append(SnoozeRequest.from_json(value))
+        except (ValueError, TypeError):
+            log.error("unreadable snooze request %s dropped", key)
+            store.set_kv(key, None)
+    return out
+
+
+def forget_request(store: Store, instance_id: str) -> None:
+    store.set_kv(REQUEST_PREFIX + instance_id, None)
+
+
+def keep_request(store: Store, request: SnoozeRequest) -> None:
+    store.set_kv(REQUEST_PREFIX + request.instance_id, request.to_json())

@@ -1,0 +1,71 @@
+"""The small markup of a Notice's text (model.Notice) and what every delivery needs to read it.
+
+Values are entity-escaped (&amp; &lt; &gt;), `*bold*`, `` `code` ``, `<t:EPOCH>` a time. `spans()` splits a text
+into (kind, plain text) pieces, entities decoded, for a delivery that escapes on its own (email's autoescaping
+templates); `plain()` is the same text for a person reading plain text.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+_TOKEN = re.compile(r"<t:(\d+)>|\*([^*\n]+)\*|`([^`\n]+)`")
+
+
+def escape(value: object) -> str:
+    """Escape the three characters Slack (and the markup) treats as control characters in text."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def unescape(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def when(dt: datetime) -> str:
+    """'2024-05-01 12:00 UTC' (naive datetimes are UTC, as in the store)."""
+    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+    return f"{dt:%Y-%m-%d %H:%M} UTC"
+
+
+def time_token(dt: datetime) -> str:
+    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+    return f"<t:{int(dt.timestamp())}>"
+
+
+def spans(text: str) -> list[tuple[str, str]]:
+    """[(kind, text)] with kind in text/bold/code/time; every piece plain (entities decoded)."""
+    out: list[tuple[str, str]] = []
+    pos = 0
+    for m in _TOKEN.finditer(text):
+        if m.start() > pos:
+            out.append(("text", unescape(text[pos:m.start()])))
+        if m.group(1):
+            out.append(("time", when(datetime.fromtimestamp(int(m.group(1)), timezone.utc))))
+        elif m.group(2):
+            out.append(("bold", unescape(m.group(2))))
+        else:
+            out.append(("code", unescape(m.group(3))))
+        pos = m.end()
+    if pos < len(text):
+        out.append(("text", unescape(text[pos:])))
+    return out
+
+
+def plain(text: str) -> str:
+    """The text as plain text: times in UTC, no markup, entities decoded."""
+    return "".join(t for _k, t in spans(text))
+
+
+def clip(text: str, limit: int) -> str:
+    """Clip escaped text to `limit` characters without leaving half an entity (&am…) or half a <token>."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    amp = cut.rfind("&")
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    lt = cut.rfind("<")
+    if lt != -1 and ">" not in cut[lt:]:
+        cut = cut[:lt]
+    return cut + "…"

@@ -1,0 +1,490 @@
+"""What gpufinops says: pure functions from instances and decisions to Notices (model.Notice).
+
+A Notice says what happened, about which subject and for whom (its audience), as a title, a lead, facts and
+notes in the Notice markup; the deliveries render it (slack_blocks: Block Kit; email: HTML and text) and
+notify/routing.py turns its audience into destinations. Every value a user controls (tags, names, reasons
+quoting them) is escaped here (&, <, >) so a tag like `<!channel>` cannot ping a channel nor become HTML, and
+clipped so a message stays readable whatever the fleet looks like.
+
+The idempotency key of each notice names the event (warning for one mark, stop at one time, one metrics
+outage), so each delivery sends it at most once however many runs see the same event.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+from ..k8s.model import DEFAULT_PROTECT_KEY, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION
+from ..model import (
+    TAG_PROTECT,
+    TAG_SNOOZE,
+    Action,
+    Decision,
+    GpuInstance,
+    Notice,
+    ReasonCode,
+    format_duration,
+)
+from ..words import HINTS, words
+from .markup import clip, escape, time_token, when
+
+# Slack's limits, with a margin where Slack counts differently from len().
+# The fallback `text` of chat.postMessage; Slack truncates far beyond this, but
+# notifications and the outbox should stay readable.
+MAX_FALLBACK = 3000
+# A single user-controlled value (AWS allows 256-character tag values).
+MAX_VALUE = 120
+MAX_REASON = 300
+# Instances listed one by one in a metrics-unavailable alert.
+MAX_LISTED = 20
+
+_VERBS = {
+    Action.STOP: ("stop", "stopped"),
+    Action.TERMINATE: ("terminate", "terminated"),
+}
+
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _clip_raw(value: object, limit: int = MAX_VALUE) -> str:
+    text = " ".join(str(value).split())  # newlines in tags would break list layouts
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _v(value: object, limit: int = MAX_VALUE, empty: str = "—") -> str:
+    """A user-controlled value, clipped then escaped (never cut inside an entity)."""
+    if value is None or str(value).strip() == "":
+        return empty
+    return escape(_clip_raw(value, limit))
+
+
+def format_money(usd_per_hour: float | None, *, estimate: bool = False) -> str:
+    """'$32.77/h', '$1,234.50/h', '$31.92/h (estimate)' for a guessed price (a rented host priced from the
+    catalog); unknown prices stay unknown, never $0."""
+    if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
+        return "unknown $/h"
+    return f"${usd_per_hour:,.2f}/h" + (" (estimate)" if estimate else "")
+
+
+def _money_and_day(usd_per_hour: float | None, *, estimate: bool = False) -> str:
+    if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
+        return format_money(None)
+    return f"{format_money(usd_per_hour)} ({'estimate, ' if estimate else ''}≈ ${usd_per_hour * 24:,.0f}/day)"
+
+
+def _utc(dt: datetime) -> datetime:
+    # Naive datetimes in this code base are UTC (store.py does the same).
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _stamp(dt: datetime) -> str:
+    return f"{_utc(dt):%Y%m%dT%H%M%SZ}"
+
+
+_when = when
+_slack_date = time_token  # a time in the notice markup; Slack shows it in each reader's own zone
+
+
+def _pct(value: float | None) -> str:
+    return "no data" if value is None else f"{value:.1f}%"
+
+
+def _notice(key: str, channel: str, text: str, *, inst: GpuInstance | None = None, **parts) -> Notice:
+    if inst is not None:
+        parts.setdefault("subject", inst.instance_id)
+        parts.setdefault("owner", inst.owner() or "")
+        parts.setdefault("team", inst.team() or "")
+        parts.setdefault("audience", ("team", "owner"))
+    return Notice(key=key, channel=channel, text=_clip_text(text, MAX_FALLBACK), **parts)
+
+
+def _clip_text(text: str, limit: int) -> str:
+    return clip(text, limit)
+
+
+# --------------------------------------------------------------------------- instance facts
+
+
+def _instance_line(inst: GpuInstance) -> str:
+    """'i-0abc (p4d.24xlarge, owner alice, team ml)', escaped, for fallback text."""
+    bits = [_v(inst.instance_type, 40)]
+    if inst.owner():
+        bits.append(f"owner {_v(inst.owner(), 60)}")
+    if inst.team() and inst.team() != inst.owner():
+        bits.append(f"team {_v(inst.team(), 60)}")
+    return f"{_v(inst.instance_id, 40)} ({', '.join(bits)})"
+
+
+def _owner_field(inst: GpuInstance) -> str:
+    return _v(inst.owner()) if inst.owner() else "no owner tag"
+
+
+def _instance_field(inst: GpuInstance) -> str:
+    name = inst.tags.get("Name") or inst.tags.get("name")
+    out = f"`{_v(inst.instance_id, 40)}`"
+    return f"{out}\n{_v(name)}" if name else out
+
+
+def _type_field(inst: GpuInstance) -> str:
+    out = _v(inst.instance_type, 40)
+    if inst.gpu_count:
+        gpu = f"{inst.gpu_count}× {_v(inst.gpu_model, 40)}" if inst.gpu_model else f"{inst.gpu_count} GPU"
+        out += f"\n{gpu}"
+    if inst.lifecycle and inst.lifecycle != "on-demand":
+        out += f" · {_v(inst.lifecycle, 20)}"
+    return out
+
+
+def _where_field(inst: GpuInstance) -> str:
+    parts = [_v(inst.region, 30)]
+    if inst.account:
+        parts.append(_v(inst.account, 30))
+    return " · ".join(parts)
+
+
+def _activity_field(decision: Decision) -> str:
+    out = f"mean {_pct(decision.activity_mean)}, max {_pct(decision.activity_max)}"
+    if decision.memory_max_mib is not None:
+        out += f"\nmemory held {decision.memory_max_mib / 1024:.1f} GiB"
+    if decision.coverage is not None:
+        out += f"\ncoverage {decision.coverage * 100:.0f}%"
+    return out
+
+
+def _cost(inst: GpuInstance, decision: Decision | None) -> float | None:
+    if inst.hourly_cost is not None:
+        return inst.hourly_cost
+    return decision.hourly_cost if decision is not None else None
+
+
+def _estimated(inst: GpuInstance) -> bool:
+    """The $/h shown (the instance's own) is a guess: GpuInstance.price_source starts with "estimate"."""
+    return inst.hourly_cost is not None and inst.price_source.startswith("estimate")
+
+
+def _window(decision: Decision) -> str:
+    return f"≥ {format_duration(decision.window_s)}" if decision.window_s else "—"
+
+
+def _idle_for(decision: Decision, idle_since: datetime | None, now: datetime) -> str:
+    """'1 h 40 min (since <02:12>)' when the start of the lull is known, else '≥ <the rule's window>'."""
+    if idle_since is None or idle_since > now:
+        return _window(decision)
+    return f"{format_duration((_utc(now) - _utc(idle_since)).total_seconds())} (since {_slack_date(idle_since)})"
+
+
+def _is_workload(inst: GpuInstance) -> bool:
+    """A Kubernetes Deployment/StatefulSet (collect.kubernetes_cloud): scaled to zero, kept by annotations."""
+    return inst.provider == "kubernetes"
+
+
+def _noun(inst: GpuInstance) -> str:
+    return "GPU workload" if _is_workload(inst) else "GPU instance"
+
+
+def _verbs(action: Action, fn: str, inst: GpuInstance | None = None) -> tuple[str, str]:
+    if action not in _VERBS:
+        raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
+    if inst is not None and _is_workload(inst) and action is Action.STOP:
+        return "scale to zero", "scaled to zero"
+    return _VERBS[action]
+
+
+def _keep_hint(inst: GpuInstance | None = None) -> str:
+    if inst is not None and _is_workload(inst):
+        return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
+                f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
+    return (
+        f"To keep it running: make it busy, or tag it `{TAG_SNOOZE}` = an ISO-8601 time (pause until then) "
+        f"or `{TAG_PROTECT}` = `true` (never stop)."
+    )
+
+
+# --------------------------------------------------------------------------- messages
+
+
+# What each button asks for; gpufinops.interact turns a verified, allowed click into the snooze tag.
+SNOOZE_ACTIONS = {
+    "gpufinops_snooze_2h": "Snooze 2 h",
+    "gpufinops_snooze_tomorrow": "Snooze until tomorrow 09:00",
+    "gpufinops_keep_7d": "Keep running (7 days)",
+}
+
+
+def warning_key(instance_id: str, marked_at: datetime) -> str:
+    """The idempotency key of a mark's warning: one per mark, however many tries its delivery takes."""
+    return f"warn:{instance_id}:{_stamp(marked_at)}"
+
+
+def idle_warning(
+    inst: GpuInstance,
+    decision: Decision,
+    *,
+    marked_at: datetime,
+    stop_at: datetime,
+    channel: str,
+    dry_run: bool,
+    action: Action,
+    sent_at: datetime | None = None,
+    buttons: bool = False,
+    idle_since: datetime | None = None,
+) -> Notice:
+    """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle.
+    `buttons`: Snooze / Keep running buttons (only where the service verifies clicks: slack.signing_secret).
+    `idle_since`: when it really went idle (act.idle_since), shown instead of "≥ the rule's window".
+
+    The key is the mark's (one warning per mark, however many tries its delivery takes); `sent_at` is
+    this try's time, from which the lead is counted when an earlier try was not delivered."""
+    verb, _done = _verbs(action, "idle_warning", inst)
+    lead = format_duration((_utc(stop_at) - _utc(sent_at or marked_at)).total_seconds())
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    will = f"would be {_done} (dry-run)" if dry_run else f"will be {_done}"
+
+    text = (
+        ("[DRY-RUN] " if dry_run else "")
+        + f"Idle {_noun(inst)} {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
+        f"active. Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {_keep_hint(inst)}"
+    )
+    return _notice(
+        warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run,
+        title=f"Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: {_clip_raw(inst.instance_id, 40)}",
+        lead=(f"*{_v(inst.instance_id, 40)}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
+              f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"),
+        facts=(
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _owner_field(inst)),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
+            ("Idle for", _idle_for(decision, idle_since, sent_at or marked_at)),
+            ("GPU activity", _activity_field(decision)),
+            (f"{verb.capitalize()} at", _slack_date(stop_at)),
+            ("Rule", _v(decision.rule_name)),
+        ),
+        actions=tuple(SNOOZE_ACTIONS) if buttons else (),
+        notes=(_keep_hint(inst),),
+    )
+
+
+def stopped(
+    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str, dry_run: bool, action: Action,
+    idle_since: datetime | None = None,
+) -> Notice:
+    """Phase two: the instance was stopped (or, in dry-run, would have been)."""
+    verb, done = _verbs(action, "stopped", inst)
+    noun = _noun(inst)
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    if dry_run:
+        text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
+                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, estimate=_estimated(inst))}.")
+        title = f"Would {verb} idle {noun}: {_clip_raw(inst.instance_id, 40)}"
+        lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
+    else:
+        text = (f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
+                f"Saves {format_money(cost, estimate=_estimated(inst))} for every hour it stays {done}.")
+        title = f"Idle {noun} {done}: {_clip_raw(inst.instance_id, 40)}"
+        lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
+    if _is_workload(inst):
+        after = (f"Bring it back with `gpufinops k8s restore <namespace>/<name>` (the replica count is kept in "
+                 f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
+    elif action is Action.TERMINATE:
+        after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
+    else:
+        after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
+    return _notice(
+        f"stop:{inst.instance_id}:{_stamp(at)}", channel, text, inst=inst, kind="stopped", dry_run=dry_run,
+        title=title, lead=f"{lead}\n*Why:* {reason}",
+        facts=(
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _owner_field(inst)),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Would save" if dry_run else "Saves while stopped", format_money(cost, estimate=_estimated(inst))),
+            ("Idle for", _idle_for(decision, idle_since, at)),
+            ("GPU activity", _activity_field(decision)),
+            ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
+            ("Rule", _v(decision.rule_name)),
+        ),
+        notes=(after,),
+    )
+
+
+def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error: str, key: str) -> Notice:
+    """To the person who clicked Snooze, when its tag could not be written: the stop is held all the same."""
+    text = (f"Your snooze of {_v(instance_id, 40)} until {_when(until)} is recorded and holds: gpufinops will not "
+            f"stop it before then. The tag `{TAG_SNOOZE}` could not be written on the instance "
+            f"({_v(error, 200)}), so other tools do not see the snooze; gpufinops's own record keeps it.")
+    return _notice(key, user_id, text, kind="snooze", subject=instance_id, audience=("person",),
+                   title="Your snooze holds", lead=text)
+
+
+def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Notice:
+    """The pending stop is off: the instance became active, was snoozed or protected."""
+    why = _v(reason, MAX_REASON)
+    text = (f"Stop cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
+            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later stop comes with a "
+            f"new warning first.")
+    return _notice(
+        f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled",
+        title=f"Stop cancelled: {_clip_raw(inst.instance_id, 40)}",
+        lead=f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
+        facts=(
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _owner_field(inst)),
+            ("Team", _v(inst.team())),
+            ("Marked at", _slack_date(marked_at)),
+        ),
+    )
+
+
+def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str,
+                not_stopped_because: str = "") -> Notice:
+    """Notify-only rule (or a stop rule that may not stop this instance, `not_stopped_because`): tell the owner,
+    change nothing."""
+    cost = _cost(inst, decision)
+    reason = _v(decision.reason, MAX_REASON)
+    # `since` is the first evaluation that found it idle; the idle time began a full window before it,
+    # or earlier (what came before the first evaluation is not known).
+    began = _utc(since) - timedelta(seconds=decision.window_s or 0)
+    idle_s = (_utc(decision.evaluated_at) - began).total_seconds()
+    hint = HINTS.get(decision.code.value, "")
+    # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
+    nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
+               else "This rule only notifies: nothing will be stopped.")
+    text = (f"GPU instance {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
+            f"{_when(began)} or earlier). "
+            f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} {nothing}")
+    return _notice(
+        f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle",
+        title=f"Idle GPU instance: {_clip_raw(inst.instance_id, 40)}",
+        lead=(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
+              f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
+        facts=(
+            ("Instance", _instance_field(inst)),
+            ("Type", _type_field(inst)),
+            ("Owner", _owner_field(inst)),
+            ("Team", _v(inst.team())),
+            ("Where", _where_field(inst)),
+            ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
+            ("Idle for", f"≥ {format_duration(idle_s)}"),
+            ("GPU activity", _activity_field(decision)),
+            ("Rule", _v(decision.rule_name)),
+        ),
+        notes=(f"{nothing} Tag `{TAG_PROTECT}` = `true` to silence it for this instance.",),
+    )
+
+
+def metrics_unavailable(
+    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str,
+    key: str | None = None,
+) -> Notice:
+    """One alert per outage episode; the instances are UNKNOWN, which is never idle.
+
+    `key`: the idempotency key when the caller tracks episodes per instance (pipeline.alert_missing_data
+    passes one per set of newly unavailable instances); default one per episode start."""
+    n = len(affected)
+    # The most expensive first: those are the ones whose blind spot costs most.
+    ordered = sorted(affected, key=lambda p: (-(_cost(p[0], p[1]) or 0.0), p[0].instance_id))
+    by_code: dict[str, int] = {}
+    for _inst, d in affected:
+        by_code[d.code.value] = by_code.get(d.code.value, 0) + 1
+    breakdown = ", ".join(f"{words(code)}: {count}"
+                          for code, count in sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
+    noun = "instance" if n == 1 else "instances"
+    summary = (f"No usable GPU metrics for {n} {noun} since {_when(episode_start)}. They are judged UNKNOWN, "
+               "not idle: none of them is marked or stopped until metrics return.")
+
+    lines = [
+        f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
+        + (f" · {_v(inst.owner(), 60)}" if inst.owner() else "")
+        + f": {_v(d.reason, 200)}"
+        for inst, d in ordered[:MAX_LISTED]
+    ]
+    more = n - len(lines)
+    # Shorter lines for the plain fallback, so the same instances fit in its smaller budget.
+    text_lines = [
+        f"• {_v(inst.instance_id, 40)} {_v(inst.instance_type, 40)}"
+        + (f" · {_v(inst.owner(), 30)}" if inst.owner() else "")
+        + f": {_v(d.reason, 60)}"
+        for inst, d in ordered[:MAX_LISTED]
+    ]
+
+    notes = ([f"…and {more} more."] if more > 0 else []) + [
+        "Check dcgm-exporter on the hosts and the Prometheus scrape targets. "
+        "Each instance is alerted once per outage; an outage ends once its metrics have been "
+        "usable for a while, and a new outage of an instance alerted in the last 24 h is listed "
+        "in the daily summary instead of a new alert."]
+    return _notice(
+        key or f"metrics-unavailable:{_stamp(episode_start)}", channel, _fallback_list(summary, text_lines, n),
+        kind="metrics_unavailable", audience=("default",), title="GPU metrics unavailable",
+        lead=(f"No usable GPU metrics for *{n}* {noun} since {_slack_date(episode_start)}. They are judged "
+              "*UNKNOWN*, not idle: none of them is marked or stopped until metrics return."),
+        facts=(("By reason", escape(breakdown)),) if breakdown else (),
+        lines=tuple(lines), notes=tuple(notes))
+
+
+def _fallback_list(summary: str, lines: Sequence[str], total: int) -> str:
+    """Summary plus as many list lines as fit MAX_FALLBACK, always ending with the true 'and N more'."""
+    reserve = len(f"\n…and {total} more.")
+    out = [summary]
+    size = len(summary)
+    for line in lines:
+        if size + 1 + len(line) > MAX_FALLBACK - reserve:
+            break
+        out.append(line)
+        size += 1 + len(line)
+    more = total - (len(out) - 1)
+    if more > 0:
+        out.append(f"…and {more} more.")
+    return "\n".join(out)
+
+
+__all__ = ["idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "idle_notice", "format_duration", "format_money", "escape", "SNOOZE_ACTIONS"]
+
+
+def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]], dry_run_stops: int,
+                  warnings: int, cancelled: int, snoozed_by_people: Sequence[str],
+                  pending: Sequence[tuple[str, datetime]], budget_alerts: Sequence[str], channel: str,
+                  metrics_outages: Sequence[tuple[str, datetime]] = ()) -> Notice:
+    """The platform channel's daily summary (slack.default_channel, once a day): what was stopped, what is marked,
+    who snoozed what, and the budget alerts sent, instead of every message of every team."""
+    saved = sum(c for _, c in stopped if c)
+    unpriced = sum(1 for _, c in stopped if c is None)
+    lines = [
+        f"*Last 24 h:* {len(stopped)} stopped" + (f" (saving {format_money(saved)} while they stay stopped"
+                                                  + (f", {unpriced} unpriced" if unpriced else "") + ")" if stopped else "")
+        + (f", {dry_run_stops} would have been stopped (dry-run)" if dry_run_stops else "")
+        + f"; {warnings} warning(s) sent; {cancelled} stop(s) cancelled; {len(snoozed_by_people)} snoozed from Slack.",
+    ]
+    if pending:
+        nxt = min(at for _, at in pending)
+        lines.append(f"*Marked for stop now:* {len(pending)}, the next at {_slack_date(nxt)}: "
+                     + ", ".join(_v(i, 40) for i, _ in sorted(pending, key=lambda p: p[1])[:10])
+                     + (" …" if len(pending) > 10 else ""))
+    else:
+        lines.append("*Marked for stop now:* none.")
+    if snoozed_by_people:
+        lines.append("*Snoozed by people:* " + "; ".join(_v(x, 120) for x in snoozed_by_people[:10]))
+    lines.append("*Budget alerts sent:* " + ("; ".join(_v(b, 120) for b in budget_alerts[:10]) if budget_alerts
+                                              else "none."))
+    if metrics_outages:
+        # Outages of instances already alerted in the last 24 h (pipeline.alert_missing_data folds them here).
+        per: dict[str, list[datetime]] = {}
+        for iid, at in metrics_outages:
+            per.setdefault(iid, []).append(at)
+        lines.append("*Metrics lost again (already alerted, UNKNOWN, not idle):* " + "; ".join(
+            f"{_v(i, 40)} {len(ats)}× (last since {_slack_date(max(ats))})" for i, ats in sorted(per.items())[:10])
+            + (" …" if len(per) > 10 else ""))
+    title = f"GPU FinOps daily summary, {day:%Y-%m-%d}"
+    text = title + "\n" + "\n".join(lines)
+    return _notice(f"daily:{day:%Y-%m-%d}:{channel}", channel, text, kind="summary", audience=("default",),
+                   title=title, lead="\n".join(lines))

@@ -1,0 +1,113 @@
+"""Who gets a notice: its audience turned into destinations, and the one Notifier the stages send through.
+
+- team (and owner): the channel the configuration names for the subject (a rule's or budget's channel), else
+  the team's (`slack.team_channels`), else `slack.default_channel`.
+- owner: a warning is also sent to the owner as a Slack DM (`slack.dm_owners`; the owner tag a Slack user id,
+  or an email Slack knows). When Slack cannot reach the owner (no Slack token, or no Slack user with that
+  email) and the owner tag is an email address, the owner gets it by email (`email:` settings).
+  Without a Slack token, an owner with an address gets every notice about their instance by email *instead* of
+  the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
+- default: `slack.default_channel` (metrics alerts, the daily summary). finance: `email.finance` (the monthly
+  report; see notify/__init__.py).
+
+`Deliveries.send()` answers for the notice's first destination (its key is the notice's own, so
+`Store.delivered_at(notice.key)` is that delivery); copies (a DM, an owner's email) are best effort, each
+exactly once under its own key (`dm:`, `email:` before the notice's key).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..config import SLACK_USER_ID, Settings, SlackSettings
+from ..model import Notice, Notifier
+
+if TYPE_CHECKING:
+    from .email import EmailDelivery
+    from .interact import SnoozeRequest
+
+log = logging.getLogger("gpufinops.notify")
+
+_ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
+
+
+def email_address(owner: str) -> str | None:
+    """The owner tag as an email address, or None when it is not one."""
+    owner = (owner or "").strip()
+    return owner if _ADDRESS.fullmatch(owner) else None
+
+
+def chat_channel(notice: Notice, slack: SlackSettings) -> str:
+    """The chat channel of a notice: as configured for its subject, else its team's, else the default."""
+    if notice.channel:
+        return notice.channel
+    if notice.team and slack.team_channels.get(notice.team):
+        return slack.team_channels[notice.team]
+    return slack.default_channel
+
+
+class Deliveries:
+    """The Notifier of every stage: routes each notice (above) to chat (Slack or the outbox) and email."""
+
+    def __init__(self, chat: Notifier, settings: Settings, email: "EmailDelivery | None" = None):
+        self.chat = chat
+        self.settings = settings
+        self.email = email
+
+    # the Notifier protocol, as the chat delivery offers it
+    def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
+        return self.chat.update(channel_id, ts, text, blocks)
+
+    def user_id_for_email(self, email: str) -> str | None:
+        return self.chat.user_id_for_email(email)
+
+    def _chat_reaches_people(self) -> bool:
+        return bool(self.settings.slack.token.resolve())
+
+    def send(self, notice: Notice) -> bool:
+        address = email_address(notice.owner) if "owner" in notice.audience else None
+        if address and self.email is not None and not self._chat_reaches_people():
+            return self.email.send(notice, to=address)
+        if "finance" in notice.audience and self.email is not None and self.settings.email.finance:
+            return self.email.send(notice, to=self.settings.email.finance)
+        delivered = self.chat.send(replace(notice, channel=chat_channel(notice, self.settings.slack)))
+        if delivered and notice.kind == "warning" and "owner" in notice.audience:
+            self._copy_to_owner(notice, address)
+        return delivered
+
+    def _copy_to_owner(self, notice: Notice, address: str | None) -> None:
+        """The warning to its owner too: a Slack DM when Slack knows them, else an email to the tag's address."""
+        owner = notice.owner.strip()
+        if not owner:
+            return
+        user_id = None
+        if self.settings.slack.dm_owners:
+            user_id = owner if SLACK_USER_ID.fullmatch(owner) else (
+                self.chat.user_id_for_email(owner) if address else None)
+        if user_id:
+            self.chat.send(replace(notice, key=f"dm:{notice.key}", channel=user_id, audience=("person",)))
+        elif address and self.email is not None:
+            self.email.send(replace(notice, key=f"email:{notice.key}"), to=address)
+
+    def retry_due(self, now: datetime) -> int:
+        done = self.chat.retry_due(now)
+        if self.email is not None:
+            done += self.email.retry_due(now)
+        return done
+
+    def show_snoozed(self, req: "SnoozeRequest", until: datetime, dry_run: bool) -> bool:
+        """The warning a button was on, edited in place: who snoozed it until when (Slack only)."""
+        from .slack_blocks import snoozed_in_place
+        if not (req.channel_id and req.message_ts):
+            return False
+        text, blocks = snoozed_in_place(req.blocks, user=req.user_id or req.user_name, until=until, dry_run=dry_run)
+        return self.chat.update(req.channel_id, req.message_ts, text, blocks)
+
+
+def deliveries(notifier: Notifier, settings: Settings) -> Deliveries:
+    """`notifier` as a Deliveries (routing added to a bare chat delivery, as tests and the agent pass one)."""
+    return notifier if isinstance(notifier, Deliveries) else Deliveries(notifier, settings)

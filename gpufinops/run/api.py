@@ -1,0 +1,175 @@
+"""The idleness API, read-only, on the service's port (issue 27): what gpufinops thinks of an instance now.
+
+    GET /v1/verdicts?instance=i-0abc   (repeatable)
+    GET /v1/verdicts?host=ip-10-0-1-5.ec2.internal   (private DNS name, private IP or a rented host's name)
+    GET /v1/verdicts?namespace=ml   (Kubernetes workloads of a namespace)
+
+Each instance: the verdict that drives action (act.plan.primary_decision) with its rule, code, reason and
+figures, since when it holds (the stored state of that rule), whether a stop is pending and when (the mark),
+and every rule's decision. The decisions are the last tick's, the same `evaluate -o json` prints for that tick.
+
+Never "idle" by default: an instance the last tick did not judge, no tick yet, or a last tick older than the
+liveness limit is UNKNOWN with the reason (`not_evaluated`, `no_evaluation_yet`, `stale`).
+
+Access: with `api.bearer_token` set (env GPUFINOPS_API_TOKEN by default, or a file) every request needs
+`Authorization: Bearer <token>` (compared in constant time, never logged); without one, only loopback clients
+are answered. No mTLS here: put a TLS proxy in front for that.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Callable, Mapping
+from urllib.parse import parse_qs
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..act.plan import primary_decision
+from ..model import Decision, GpuInstance, Verdict
+
+if TYPE_CHECKING:
+    from ..config import ApiSettings
+    from ..store.store import Store
+    from .pipeline import RunReport
+
+log = logging.getLogger("gpufinops.api")
+
+VERDICTS_PATH = "/v1/verdicts"
+NAMESPACE_TAG = "k8s:namespace"  # collect.kubernetes_cloud.TAG_NAMESPACE
+MAX_INSTANCES_PER_QUERY = 500
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict
+
+    def encoded(self) -> tuple[int, str, bytes]:
+        return self.status, JSON, (json.dumps(self.body, indent=1) + "\n").encode()
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def authorize(headers: Mapping[str, str], client: str, token: str | None) -> Answer | None:
+    """None when the request may be answered; else the refusal. The token itself is never echoed or logged."""
+    if token is None:
+        if is_loopback(client):
+            return None
+        return Answer(403, {"error": "no api.bearer_token is configured: only loopback clients are answered"})
+    sent = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+    scheme, _, value = sent.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+        return None
+    return Answer(401, {"error": "missing or wrong bearer token"})
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return dt.isoformat() if dt is not None else None
+
+
+def figures(d: Decision) -> dict:
+    return {"window_s": d.window_s, "activity_mean": d.activity_mean, "activity_max": d.activity_max,
+            "memory_max_mib": d.memory_max_mib, "coverage": d.coverage, "activity_signal": d.activity_signal}
+
+
+class VerdictApi:
+    """Answers /v1/verdicts from the last tick (`last()` -> (RunReport or None, tick end)) and the store."""
+
+    def __init__(self, settings: "ApiSettings", store: "Store", last: Callable[[], "tuple[RunReport | None, datetime | None]"],
+                 clock: Callable[[], datetime], stale_after_s: float):
+        self.settings, self.store, self.last, self.clock, self.stale_after_s = settings, store, last, clock, stale_after_s
+
+    def handle(self, headers: Mapping[str, str], query: str, client: str) -> tuple[int, str, bytes]:
+        refused = authorize(headers, client, self.settings.bearer_token.resolve())
+        if refused is not None:
+            log.info("api: refused %s (%d)", client, refused.status)
+            return refused.encoded()
+        return self.answer(parse_qs(query)).encoded()
+
+    def answer(self, params: Mapping[str, list[str]]) -> Answer:
+        unknown_keys = sorted(set(params) - {"instance", "host", "namespace"})
+        wanted = {k: [v for v in params.get(k, []) if v] for k in ("instance", "host", "namespace")}
+        if unknown_keys or not any(wanted.values()):
+            return Answer(400, {"error": "ask by instance=, host= or namespace= (repeatable)",
+                                "unknown_parameters": unknown_keys})
+        report, tick_end = self.last()
+        now = self.clock()
+        why_unknown = None
+        if report is None:
+            why_unknown = ("no_evaluation_yet", "the service has not finished an evaluation tick yet")
+        elif tick_end is not None and (now - tick_end).total_seconds() > self.stale_after_s:
+            why_unknown = ("stale", f"the last evaluation finished at {tick_end.isoformat()}, "
+                                    f"more than {self.stale_after_s:.0f} s ago")
+        instances = report.instances if report is not None else []
+        decisions: dict[str, list[Decision]] = {}
+        for d in report.decisions if report is not None else []:
+            decisions.setdefault(d.instance_id, []).append(d)
+        found: dict[str, GpuInstance] = {}
+        missing: list[tuple[str, str]] = []  # (asked by, value) that matched nothing
+        asked = [("instance", v, lambda i, v=v: i.instance_id == v) for v in wanted["instance"]]
+        asked += [("host", v, lambda i, h=v.lower(): h in (i.instance_id.lower(), i.private_dns.lower(), i.private_ip))
+                  for v in wanted["host"]]
+        for by, value, matches in asked:
+            match = [i for i in instances if matches(i)]
+            if not match:
+                missing.append((by, value))
+            found.update((i.instance_id, i) for i in match)
+        for ns in wanted["namespace"]:
+            found.update((i.instance_id, i) for i in instances if i.tags.get(NAMESPACE_TAG) == ns)
+        if len(found) > MAX_INSTANCES_PER_QUERY:
+            return Answer(400, {"error": f"{len(found)} instances match; at most {MAX_INSTANCES_PER_QUERY} per query"})
+        try:
+            out = [self.instance_entry(inst, decisions.get(inst.instance_id, []), why_unknown)
+                   for inst in sorted(found.values(), key=lambda i: i.instance_id)]
+        except SQLAlchemyError as exc:
+            log.error("api: database read failed: %s", exc)
+            return Answer(503, {"error": "database unavailable"})
+        for by, value in missing:
+            out.append(self.unknown_entry({by if by == "instance" else "host": value}, why_unknown or (
+                "not_evaluated", f"no {'instance' if by == 'instance' else 'host'} {value!r} was judged in the last tick "
+                                 "(not in the inventory, not running, or not a GPU instance)")))
+        return Answer(200, {"evaluated_at": _iso(report.now) if report is not None else None,
+                            "dry_run": report.dry_run if report is not None else None, "instances": out})
+
+    @staticmethod
+    def unknown_entry(ident: dict, why: tuple[str, str]) -> dict:
+        return {"instance_id": ident.get("instance"), **({"host": ident["host"]} if "host" in ident else {}),
+                "verdict": Verdict.UNKNOWN.value, "code": why[0], "reason": why[1], "rule": None, "since": None,
+                "figures": None, "stop": {"pending": False, "at": None}, "rules": []}
+
+    def instance_entry(self, inst: GpuInstance, decisions: list[Decision], why_unknown: tuple[str, str] | None) -> dict:
+        primary = primary_decision(decisions)
+        if why_unknown is not None or primary is None:
+            why = why_unknown or ("not_evaluated", f"instance is {inst.state}, not judged in the last tick")
+            entry = self.unknown_entry({"instance": inst.instance_id}, why)
+        else:
+            states = {d.rule_name: self.store.get_state(inst.instance_id, d.rule_name) for d in decisions}
+
+            def since(d: Decision) -> str | None:
+                s = states.get(d.rule_name)
+                return _iso(s.since) if s is not None and s.verdict is d.verdict else None
+
+            entry = {"instance_id": inst.instance_id, "verdict": primary.verdict.value, "code": primary.code.value,
+                     "reason": primary.reason, "rule": primary.rule_name, "since": since(primary),
+                     "figures": figures(primary),
+                     "rules": [{"rule": d.rule_name, "verdict": d.verdict.value, "code": d.code.value,
+                                "reason": d.reason, "action": d.action.value, "since": since(d),
+                                "evaluated_at": _iso(d.evaluated_at), "figures": figures(d)} for d in decisions]}
+        mark = self.store.get_mark(inst.instance_id)
+        entry["stop"] = {"pending": mark is not None, "at": _iso(mark.stop_at) if mark else None,
+                         "warned_at": _iso(mark.warned_at) if mark else None,
+                         "dry_run": mark.dry_run if mark else None, "rule": mark.rule if mark else None}
+        entry.update(team=inst.team() or None, gpu_count=inst.gpu_count, gpu_model=inst.gpu_model or None,
+                     instance_type=inst.instance_type, hourly_cost=inst.hourly_cost, state=inst.state)
+        return entry

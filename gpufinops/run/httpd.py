@@ -1,0 +1,92 @@
+"""The tiny HTTP endpoint both long-running processes expose: /metrics, liveness and readiness, the service's
+read-only GET routes (the idleness API at /v1/verdicts, run/api.py) and its POST routes (Slack button clicks at
+/slack/actions, gpufinops.interact).
+
+/livez (and /healthz, its old name, kept for existing probes) answers liveness: the process works and
+a restart could help if not. /readyz answers readiness: every data source answered the last tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Mapping
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("gpufinops.httpd")
+
+MAX_POST_BYTES = 64 * 1024  # a Slack interaction payload is a few KB
+PostHandler = Callable[[Mapping[str, str], bytes], tuple[int, str]]
+# GET routes beyond /metrics and the probes: handler(headers, query string, client address) -> (status,
+# content type, body). The client address is the socket's peer, never a forwarded header.
+GetHandler = Callable[[Mapping[str, str], str, str], tuple[int, str, bytes]]
+
+
+def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[], bytes],
+                              healthy: Callable[[], tuple[bool, str]],
+                              ready: Callable[[], tuple[bool, str]] | None = None,
+                              post: Mapping[str, PostHandler] | None = None,
+                              get: Mapping[str, GetHandler] | None = None) -> ThreadingHTTPServer:
+    """/metrics answers `metrics_body()`; `get`: path -> GetHandler for read-only routes (/v1/verdicts); /livez and /healthz answer 200 or 503 with `healthy()`'s reason,
+    /readyz with `ready()`'s (or `healthy()`'s when there is no separate readiness). `post`: path ->
+    handler(headers, raw body) -> (status, text), for bodies up to MAX_POST_BYTES."""
+    probes = {"/livez": healthy, "/healthz": healthy, "/readyz": ready or healthy}
+    posts = dict(post or {})
+    gets = dict(get or {})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            path, _, query = self.path.partition("?")
+            path = path.rstrip("/")
+            if path == "/metrics":
+                body, ctype, code = metrics_body(), CONTENT_TYPE_LATEST, 200
+            elif path in gets:
+                try:
+                    code, ctype, body = gets[path]({k: v for k, v in self.headers.items()}, query,
+                                                   self.client_address[0])
+                except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
+                    log.exception("GET %s failed", path)
+                    body, ctype, code = b"internal error\n", "text/plain", 500
+            elif path in probes:
+                ok, why = probes[path]()
+                body, ctype, code = why.encode(), "text/plain; charset=utf-8", 200 if ok else 503
+            else:
+                body, ctype, code = b"not found\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server API
+            path = self.path.split("?", 1)[0].rstrip("/")
+            handler = posts.get(path)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if handler is None:
+                code, text = 404, "not found"
+            elif not 0 <= length <= MAX_POST_BYTES:
+                code, text = 413, "body too large"
+            else:
+                raw = self.rfile.read(length)
+                try:
+                    code, text = handler({k: v for k, v in self.headers.items()}, raw)
+                except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
+                    log.exception("POST %s failed", path)
+                    code, text = 500, "internal error"
+            body = (text + "\n").encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:
+            log.debug("http: " + fmt, *args)
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,125 @@
+"""Scheduled jobs beside the every-minute evaluation: budget alerts, the weekly
+right-sizing digest and the monthly audit report. Each is a plain function of (settings, peers, now) so tests call
+it directly; `scheduled_jobs` wraps them for the service's scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Callable
+
+from ..config import Settings
+from .pipeline import Peers, folded_outages
+
+log = logging.getLogger("gpufinops.jobs")
+
+
+def budget_check(settings: Settings, peers: Peers, now: datetime):
+    """Load this month's costs from the configured billing source and send due budget alerts."""
+    from ..cost.budgets import run_budget_check
+    from ..collect.billing.load import load_cost_table
+    from ..collect.billing.schema import month_bounds
+
+    start, end = month_bounds(f"{now:%Y-%m}")
+    costs = load_cost_table(settings, start, end, now)
+    statuses = run_budget_check(settings, peers.store, peers.notifier, now, costs)
+    for s in statuses:
+        log.info("budget %s: %s", s.budget, s.error or f"{s.spent:,.2f} spent, {s.forecast:,.2f} forecast of {s.amount:,.2f}")
+    return statuses
+
+
+def recommend_digest(settings: Settings, peers: Peers, now: datetime):
+    """Right-size the fleet from its observed usage, store the table, post the weekly digest."""
+    from ..prices.catalog import load_catalog, load_refresh
+    from ..recommend.engine import recommend_fleet, store_recommendations, weekly_digest_message
+    from ..recommend.policy import policy_from_settings
+
+    policy = policy_from_settings(settings)
+    catalog = load_catalog(policy.catalog_dir)
+    cache = load_refresh(policy.price_cache_path)
+    if cache is not None:
+        catalog = catalog.with_aws_refresh(cache)
+    instances = peers.cloud.list_gpu_instances()
+    interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
+    if peers.usage is None:
+        raise RuntimeError("the right-sizing digest needs a usage reader (compose.live_peers builds one)")
+    usage = peers.usage.fleet_usage(
+        instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
+    recs = recommend_fleet(instances, usage, catalog, policy, now)
+    store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)
+    peers.notifier.send(weekly_digest_message(recs, now, channel=settings.slack.default_channel))
+    return recs
+
+
+def daily_summary(settings: Settings, peers: Peers, now: datetime):
+    """The platform channel's summary of the last 24 h, from the audit log (one message per day), with the metrics
+    outages that were not alerted because their instance had been alerted within the day (alert_missing_data)."""
+    from datetime import timedelta
+
+    from ..notify.messages import daily_summary as summary_message
+    from ..model import ActionKind
+    from ..store.schema import aware_utc
+
+    since = now - timedelta(hours=24)
+    rows = peers.store.action_rows(start=since)
+    stops = [r for r in rows if r.kind in (ActionKind.STOP, ActionKind.TERMINATE) and r.status == "done"]
+    rates = {s.instance_id: s.hourly_cost for s in peers.cloud.list_gpu_instances()} if stops else {}
+    budget_alerts = [r["text"].splitlines()[0] for r in peers.store.notification_rows()
+                     if str(r["key"]).startswith("budget:") and r["status"] in ("sent", "outbox")
+                     and r["at"] is not None and aware_utc(r["at"]) >= since]
+    msg = summary_message(
+        now, stopped=[(r.instance_id, rates.get(r.instance_id)) for r in stops if not r.dry_run],
+        dry_run_stops=sum(1 for r in stops if r.dry_run),
+        warnings=sum(1 for r in rows if r.kind == ActionKind.MARK and r.status == "done"),
+        cancelled=sum(1 for r in rows if r.kind == ActionKind.UNMARK and r.status == "done"),
+        snoozed_by_people=[f"{r.instance_id}: {r.reason}" for r in rows
+                           if r.kind == ActionKind.SNOOZE and r.status == "done"],
+        pending=[(m.instance_id, m.stop_at) for m in peers.store.all_marks()],
+        budget_alerts=budget_alerts, channel=settings.slack.default_channel,
+        metrics_outages=[(e["instance_id"], e["since"]) for e in folded_outages(peers.store, since)])
+    peers.notifier.send(msg)
+    return msg
+
+
+def monthly_report(settings: Settings, peers: Peers, now: datetime):
+    """The audit report of the month that just ended (HTML + CSV + JSON), sent where `report.delivery` says
+    (S3, Slack; with its PDF rendition); nothing is sent when no destination is configured."""
+    from ..report.deliver import s3_client
+    from ..report.monthly import write_and_deliver
+
+    d = settings.report.delivery
+    email = None
+    if d.email_finance:
+        from ..notify.email import EmailDelivery
+
+        email = EmailDelivery(settings.email, peers.store, lambda: now)
+    paths, sent = write_and_deliver(peers.store, None, settings.schedule.monthly_report_dir, now, settings,
+                                    notifier=peers.notifier, s3_client=s3_client(settings) if d.s3_uri else None,
+                                    email=email)
+    log.info("monthly report written: %s", ", ".join(str(p) for p in paths))
+    for s in sent:
+        (log.error if s.error else log.info)("monthly report %s", s.line(dry_run=False))
+    return paths
+
+
+def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetime]) -> list[tuple[str, dict, Callable[[], None]]]:
+    """(job id, APScheduler trigger arguments, function) for every job the settings enable. The service
+    runs each only while it holds the scheduler lease (Service.leader_only), so one of several `serve`
+    processes on a database sends the budget alerts, the digest and the monthly report."""
+    jobs: list[tuple[str, dict, Callable[[], None]]] = []
+    if settings.billing and settings.schedule.budget_check_every_s > 0:
+        jobs.append(("budgets", {"trigger": "interval", "seconds": settings.schedule.budget_check_every_s},
+                     lambda: budget_check(settings, peers, clock())))
+    if settings.schedule.recommend_digest_day:
+        jobs.append(("recommend-digest", {"trigger": "cron", "day_of_week": settings.schedule.recommend_digest_day,
+                                          "hour": settings.schedule.recommend_digest_hour, "timezone": "UTC"},
+                     lambda: recommend_digest(settings, peers, clock())))
+    if settings.schedule.daily_summary_hour is not None:
+        jobs.append(("daily-summary", {"trigger": "cron", "hour": settings.schedule.daily_summary_hour, "timezone": "UTC"},
+                     lambda: daily_summary(settings, peers, clock())))
+    if settings.schedule.monthly_report_dir:
+        jobs.append(("monthly-report", {"trigger": "cron", "day": 1, "hour": 6, "timezone": "UTC"},
+                     lambda: monthly_report(settings, peers, clock())))
+    return jobs

@@ -1,0 +1,128 @@
+"""Words for people: the one table from the codes the service stores (reason codes, action kinds, message
+statuses, verdicts) to what Slack, email and the report say. A FinOps lead forwards the report to finance, who
+never saw `bursty_low`; an owner reading a warning should not need to either.
+
+`WORDS` (short: a table cell, a breakdown), `HINTS` (what an owner can check, by reason code: in messages),
+`REPORT_HINTS` (the same advice as the monthly report's one-line hint column, pointing at its sections).
+Codes are added by other parts of the service over time; one that is not in the mapping is still readable:
+underscores and dashes become spaces and the first letter is a capital ("gpu_fell_off_the_bus" -> "Gpu fell off
+the bus").
+"""
+
+from __future__ import annotations
+
+import math
+
+WORDS: dict[str, str] = {
+    # ReasonCode (gpufinops.model): why a verdict was given
+    "idle_stays_below": "idle: stayed under the threshold",
+    "idle_mean_below": "idle: low average",
+    "memory_held_idle": "memory held, no compute",
+    "bursty_low": "bursty, low average",
+    "low_steady": "steadily low",
+    "busy": "busy",
+    "some_gpus_busy": "some GPUs busy, others idle",
+    "no_series": "no metrics reported",
+    "query_error": "metrics query failed",
+    "low_coverage": "too few metric samples",
+    "invalid_data": "metric values out of range",
+    "too_young": "too new to judge",
+    "not_running": "not running",
+    "evidence_of_work": "working: processes or memory seen (no activity counter)",
+    "no_activity_counter": "no activity counter, no sign of work",
+    "idle_no_processes": "idle: no processes, memory freed",
+    # DCGM profiling counters (docs/metrics.md, "Profiling counters")
+    "few_sms_busy": "kernels keep few SMs busy (small batches or kernels)",
+    "tensor_idle": "tensor cores unused (FP32 math)",
+    "counters_disagree": "activity counters disagree",
+    "power_without_activity": "draws power with no activity reported",
+    "learned_wait": "learned policy waiting (retired)",
+    "learned_idle": "idle under the learned policy (retired)",
+    # ActionKind: what the service did
+    "mark": "warned, stop scheduled",
+    "stop": "stopped",
+    "terminate": "terminated",
+    "unmark": "scheduled stop called off",
+    "skip": "stop held back",
+    "notify": "owner told (notify-only rule)",
+    "snooze": "snoozed by a person",
+    "restore": "scaled back up by a person",
+    # action status
+    "done": "done",
+    # notification status
+    "outbox": "written to the outbox file (no Slack token)",
+    "sent": "sent (Slack, or accepted by the mail server)",
+    "failed": "failed to send",
+    # verdicts
+    "ACTIVE": "active",
+    "IDLE": "idle",
+    "UNDERUTILIZED": "underutilized",
+    "UNKNOWN": "not judged (unknown)",
+}
+
+
+def readable(code: str) -> str:
+    """Any code as words: underscores and dashes as spaces, the first letter a capital."""
+    text = " ".join(str(code).replace("_", " ").replace("-", " ").split())
+    return text[:1].upper() + text[1:] if text else "–"
+
+
+def words(code) -> str:
+    """What a person reads for a stored code; "–" for none."""
+    if code is None or code == "" or (isinstance(code, float) and math.isnan(code)):
+        return "–"
+    return WORDS.get(str(code)) or readable(str(code))
+
+
+# What the owner can check, by why the instance was judged (DOMAIN: low use is not always waste).
+HINTS: dict[str, str] = {
+    "idle_stays_below": "Nothing ran on its GPUs for the whole window. Stop it when it is not needed.",
+    "idle_mean_below": "Its GPUs were almost unused over the window. Stop it when it is not needed.",
+    "memory_held_idle": (
+        "It holds GPU memory but does no work: a loaded model or a notebook kernel waiting? "
+        "Memory held is not work."
+    ),
+    "bursty_low": (
+        "Activity comes in short bursts: likely input-, host- or latency-bound. Check the data pipeline, "
+        "batch sizes and host-to-device copies before downsizing."
+    ),
+    "low_steady": "Low but steady use: a smaller or shared GPU may do the same work for less.",
+    "few_sms_busy": (
+        "Kernels run nearly all the time but keep few SMs busy: small batches or small kernels, or many tiny "
+        "launches. Raise the batch size, fuse kernels or use CUDA graphs; else a MIG slice or a smaller GPU fits."
+    ),
+    "tensor_idle": (
+        "The SMs are busy but the tensor cores are not: FP32 math. bf16, TF32 or mixed precision runs the same "
+        "work several times faster on this GPU."
+    ),
+    "power_without_activity": (
+        "Its activity counters read idle but it draws far more power than an idle GPU: the counters may be wrong "
+        "(dcgm-exporter issue #662). Not stopped; check the exporter's profiling fields."
+    ),
+    "counters_disagree": (
+        "One activity counter reads idle while another shows work: not judged idle until they agree."
+    ),
+    "idle_no_processes": (
+        "No activity counter here (MIG): judged idle because no process ran and its memory stayed at the idle "
+        "floor for the whole window, as the rule's idle_without_activity_counter option allows."
+    ),
+}
+
+
+# What a low average most likely means, by the dominant reason code (DOMAIN: low is not always waste).
+REPORT_HINTS: dict[str, str] = {
+    "idle_stays_below": "idle for long stretches: stop it when unused (see the advice)",
+    "idle_mean_below": "idle for long stretches: stop it when unused (see the advice)",
+    "memory_held_idle": "memory held with no compute: a loaded model waiting; is it still needed?",
+    "bursty_low": ("low but bursty: likely input-, host- or latency-bound; "
+                   "check data loading, batch size, request batching"),
+    "low_steady": "steadily low: a smaller or shared GPU may fit (see recommendations)",
+    "busy": "busy at times, idle between jobs: pack jobs or scale down between them",
+    "some_gpus_busy": "some GPUs busy, others idle: fewer GPUs may do",
+    "few_sms_busy": ("kernels run all the time on few SMs: raise the batch size, fuse kernels, CUDA graphs; or a MIG "
+                     "slice / smaller GPU (see recommendations)"),
+    "tensor_idle": "SMs busy but tensor cores unused: bf16, TF32 or mixed precision",
+}
+
+
+__all__ = ["HINTS", "REPORT_HINTS", "WORDS", "readable", "words"]

@@ -1,0 +1,113 @@
+"""`gpufinops k8s restore` through the act stage's one door (`Actuator._change`), against the kube stand-in
+(tests/kubestub.py) and the official client: the intent row before the PATCH, one PATCH per intent, the object
+read back after an ambiguous answer, an open row settled by reconcile, dry-run by the same flag."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpufinops.act.actuator import Actuator
+from gpufinops.act.restore import restore_workload
+from gpufinops.collect.kubernetes import KubernetesCluster, api_client
+from gpufinops.collect.kubernetes_cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, workload_id
+from gpufinops.k8s.model import WorkloadRef
+from gpufinops.model import ActionKind
+from gpufinops.store.store import Store
+from tests.kubestub import kube_stub, owned  # noqa: F401 - kube_stub is a fixture
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+REF = WorkloadRef("ml", "Deployment", "idle-infer")
+IID = workload_id(REF)
+
+
+@pytest.fixture
+def world(kube_stub, tmp_path):
+    kube_stub.add("namespaces", {"metadata": {"name": "ml"}})
+    kube_stub.add("deployments", owned("ml", REF.name, replicas=0, annotations={
+        REPLICAS_BEFORE_ANNOTATION: "3", MARK_ANNOTATION: "2026-12-01T11:00:00Z", "owner": "alice@example.com"}))
+    cloud = WorkloadCloud(KubernetesCluster(api_client(str(kube_stub.write_kubeconfig(tmp_path / "kubeconfig"))),
+                                            timeout_s=2.0), lambda *_: 1.0, clock=lambda: NOW)
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    return kube_stub, cloud, store
+
+
+def replicas(stub) -> int:
+    return stub.get("deployments", "ml", REF.name)["spec"]["replicas"]
+
+
+def patches(stub) -> list:
+    return [r for r in stub.calls(verb="patch", resource="deployments")]
+
+
+def test_a_live_restore_writes_its_intent_then_patches_once(world):
+    stub, cloud, store = world
+    out = restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=False, who="alice")
+    assert out.ok and "restored to 3 replicas for alice" in out.message, out.message
+    assert replicas(stub) == 3 and len(patches(stub)) == 1
+    [row] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert (row.instance_id, row.status, row.dry_run) == (IID, "done", False)
+    assert row.reason == "restore ml/Deployment/idle-infer to 3 replicas for alice (gpufinops k8s restore)"
+
+
+def test_dry_run_records_and_patches_nothing(world):
+    stub, cloud, store = world
+    out = restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=True)
+    assert out.ok and out.dry_run and "would restore" in out.message and "NOT changed" in out.message
+    assert not patches(stub) and not stub.calls(verb="create") and replicas(stub) == 0
+    [row] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert row.dry_run and row.reason.startswith("dry-run: would restore")
+
+
+def test_a_lost_answer_is_read_back_and_found_done(world):
+    """The PATCH went through, its answer was lost (a 503 after the change): one PATCH, no retry; the read-back
+    finds the workload scaled back up, so the row is done, never sent again."""
+    stub, cloud, store = world
+    stub.lose_answer_next(503, "patch", "deployments")
+    out = restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=False)
+    assert out.ok and "found restored by the read-back" in out.message, out.message
+    assert len(patches(stub)) == 1 and patches(stub)[0].status == 503 and replicas(stub) == 3
+    [row] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert row.status == "done" and "confirmed by read-back" in row.error
+
+
+def test_an_unknown_outcome_stays_open_until_no_request_can_be_in_flight(world):
+    """A 503 that did not change it: the outcome is unknown (a 5xx may land later), so the row stays open and a
+    second restore waits (no second PATCH while the first may be in flight); once it cannot be, reconcile settles
+    the row from the object (still scaled down: failed) and the restore goes ahead."""
+    stub, cloud, store = world
+    stub.fail_next(503, "patch", "deployments")
+    out = restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=False)
+    assert not out.ok and "outcome unknown" in out.message, out.message
+    [row] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert row.status == "unconfirmed" and replicas(stub) == 0
+    again = restore_workload(cloud, store, "ml/idle-infer", NOW + timedelta(seconds=5), dry_run=False)
+    assert not again.ok and "not settled yet" in again.message and len(patches(stub)) == 1
+    later = NOW + timedelta(seconds=cloud.max_request_s + 1)
+    done = restore_workload(cloud, store, "ml/idle-infer", later, dry_run=False)
+    assert done.ok, done.message
+    first, second = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert first.status == "failed" and "reconciled: workload still scaled down" in first.error
+    assert second.status == "done" and len(patches(stub)) == 2 and replicas(stub) == 3
+
+
+def test_a_refusal_is_a_definite_failure(world):
+    stub, cloud, store = world
+    stub.forbid("patch", "deployments")
+    out = restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=False)
+    assert not out.ok and "not done" in out.message and "403" in out.message
+    [row] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert row.status == "failed" and replicas(stub) == 0
+
+
+def test_the_service_reconciles_a_restore_cut_short_by_a_crash(world):
+    """The restore's intent was written and its PATCH went through, then the process died: the service's
+    reconcile reads the object and settles the row done (scaled back up)."""
+    stub, cloud, store = world
+    row = store.begin_action("crashed", IID, ActionKind.RESTORE, "", False, "restore ... (gpufinops k8s restore)",
+                             NOW)
+    cloud.restore(REF, "alice")
+    assert Actuator(cloud, store, None, None).reconcile(NOW + timedelta(minutes=5)) == [f"reconciled restore on {IID}"]
+    [settled] = store.action_rows(kinds=[ActionKind.RESTORE])
+    assert settled.id == row and settled.status == "done" and "scaled back up" in settled.error

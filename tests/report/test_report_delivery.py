@@ -1,0 +1,212 @@
+"""Issue 26: what finance and owners receive. The demo month (through the real pipeline) and a live store (labels
+written by Store.record_instances, the pipeline's own call) rendered as HTML and as a PDF by headless Chromium; the
+PDF's pages read back as images (pdftoppm) and as text (pdftotext): the finance page first, names beside ids, no
+stop advised for a protected / excluded / snoozed / not-opted-in instance, no example budget unless configured.
+Delivery: S3 through moto, Slack through the local stub, and `report --deliver --dry-run` sends nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpufinops.demo.run import run_demo
+from gpufinops.model import GpuInstance
+from gpufinops.report.monthly import monthly_audit, write_and_deliver
+from gpufinops.report.render import write_report
+from gpufinops.store.store import Store
+from tests.notify.test_email import smtp  # noqa: F401 - the real SMTP server fixture (aiosmtpd on 127.0.0.1)
+from tests.report.test_report import MONTH, NOW
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+POPPLER = shutil.which("pdftoppm") and shutil.which("pdftotext")
+needs_tools = pytest.mark.skipif(CHROMIUM is None or not POPPLER,
+                                 reason="needs Debian's chromium and poppler-utils (.ci/run installs them)")
+
+# Policy cases added to the live store beside the demo's own (demo-5 protected, demo-6 workload=inference).
+SNOOZED, NOT_OPTED, OPTED = "i-demo0008", "i-demo0010", "i-demo0012"
+
+
+@pytest.fixture(scope="module")
+def month(tmp_path_factory):
+    """The demo month, with the live store's labels changed for three instances as the pipeline records them:
+    one snoozed by its owner, one without the opt-in tag, one with a hostile Name tag."""
+    out = tmp_path_factory.mktemp("deliver")
+    db = out / "demo.db"
+    run_demo(out=io.StringIO(), hours=3, db_path=str(db), quiet=True)
+    store = Store(f"sqlite:///{db}")
+    labels = store.instance_labels()
+    seen = max(lab["last_seen"] for lab in labels.values())
+    until = (seen + timedelta(days=2)).isoformat()
+
+    def inst(iid: str, **tags: str) -> GpuInstance:
+        pol = json.loads(labels[iid]["policy"])
+        return GpuInstance(iid, labels[iid]["instance_type"], labels[iid]["region"], "running", seen,
+                           account=labels[iid]["account"], tags={**pol["tags"], **tags})
+
+    snoozed = inst(SNOOZED, **{"gpufinops:snooze-until": until})
+    not_opted = GpuInstance(NOT_OPTED, "g6.xlarge", "us-east-1", "running", seen,
+                            tags={k: v for k, v in json.loads(labels[NOT_OPTED]["policy"])["tags"].items()
+                                  if k != "gpufinops:allow-stop"})
+    hostile = inst(OPTED, Name="<script>alert(1)</script>")
+    store.record_instances([snoozed, not_opted, hostile], seen)
+    yield store, out
+    store.close()
+
+
+def advice_of(audit) -> dict[str, tuple[str, str]]:
+    return {r.instance_id: (r.advice, r.advice_reason) for r in audit.instances.itertuples(index=False)}
+
+
+def test_advice_follows_the_act_stage_rules_and_tags(month):
+    store, _ = month
+    audit = monthly_audit(store, MONTH, NOW)
+    adv = advice_of(audit)
+    assert adv["i-demo0005"] == ("none", "protected by tag gpufinops:protect=true: never stopped")
+    assert adv["i-demo0006"][0] == "none" and "excluded from stop rule gpu-util-below-10pct-2h by tag " \
+        "workload=inference" in adv["i-demo0006"][1]
+    assert adv[SNOOZED][0] == "none" and adv[SNOOZED][1].startswith("its owner snoozed it: snoozed until ")
+    assert adv[NOT_OPTED] == ("opt in to stopping",
+                              "not opted in: would be stopped with tag gpufinops:allow-stop=true")
+    assert adv[OPTED][0] == "stop when idle"
+    # The top actions never advise stopping what the act stage would not stop.
+    for o in audit.summary["idle_offenders"]:
+        assert o["advice"] == adv[o["instance_id"]][0]
+        if o["instance_id"] in ("i-demo0005", "i-demo0006", SNOOZED, NOT_OPTED):
+            assert o["advice"] != "stop when idle"
+    assert not any("schedule" in a.lower() for a, _ in adv.values())
+
+
+@needs_tools
+def test_the_pdf_and_page_put_finance_first_with_names_and_no_example_budget(month, tmp_path):
+    store, _ = month
+    audit = monthly_audit(store, MONTH, NOW)
+    paths = write_report(audit, tmp_path, ["html", "pdf"])
+    html = (tmp_path / f"gpu-audit-{MONTH}.html").read_text()
+    pdf = tmp_path / f"gpu-audit-{MONTH}.pdf"
+    assert pdf in paths and pdf.read_bytes().startswith(b"%PDF")
+    # HTML: the finance section comes before everything else, says the basis once, names beside ids, escaped.
+    assert html.index('id="finance"') < html.index('id="coverage"') < html.index('id="summary"')
+    assert html.count("Spend on this page is estimated") == 1 and "no budget configured" in html
+    assert "all-gpu" not in html and "untagged-gpu" not in html  # the example budgets are not live
+    assert "<strong>demo-6</strong> <span class=\"iid\">i-demo0006</span>" in html
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "Stop or schedule" not in html and "schedule it" not in html
+    assert "Could be cheaper" in html and "Underutilized cost" not in html
+    # PDF text, page by page: page 1 is the finance page and holds nothing of the engineering sections.
+    pages = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True,
+                           check=True).stdout.split("\f")
+    assert len([p for p in pages if p.strip()]) >= 3
+    first = pages[0]
+    assert "For finance: GPU spend in 2022-09" in first and "Idle spend" in first
+    assert "What stopping saved (net)" in first and "Forecast for the month" in first and "In plain words" in first
+    assert "Executive summary" not in first and "Headline" not in first
+    assert "idle: " not in first.lower() or "rule's window" in first
+    rest = "".join(pages[1:])
+    assert "demo-6" in rest and "i-demo0006" in rest
+    # PDF pages as images: each page rendered, page 1 has ink (not a blank page) at A4/Letter proportions.
+    subprocess.run(["pdftoppm", "-r", "40", "-png", str(pdf), str(tmp_path / "page")], check=True)
+    from PIL import Image
+
+    images = sorted(tmp_path.glob("page-*.png"))
+    assert len(images) == len(pages) - (1 if not pages[-1].strip() else 0)
+    with Image.open(images[0]) as img:
+        w, h = img.size
+        assert 1.2 < h / w < 1.5
+        grey = img.convert("L")
+        dark = sum(grey.histogram()[:128])
+        assert dark > 0.005 * w * h  # text on it
+
+
+@needs_tools
+def test_deliver_to_s3_and_slack_and_the_dry_run_sends_nothing(month, tmp_path, aws, slack_stub, monkeypatch,
+                                                             capsys):
+    from gpufinops.cli import main
+
+    store, out = month
+    db = out / "demo.db"
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="finance-reports")
+    monkeypatch.setenv("GPUFINOPS_TEST_SLACK", "xoxb-report-test")
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\naws:\n  endpoint_url: {aws.endpoint_url}\n"
+                   f"slack:\n  token: {{env: GPUFINOPS_TEST_SLACK}}\n  base_url: {slack_stub.base_url}\n"
+                   f"  max_retries: 0\n  outbox_path: {tmp_path / 'outbox.jsonl'}\n"
+                   "report:\n  delivery:\n    s3_uri: s3://finance-reports/gpu\n    slack_channel: '#finance'\n")
+    rc = main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path / "dry"), "--formats", "html",
+               "--deliver", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert f"would send to s3 s3://finance-reports/gpu/{MONTH}/gpu-audit-{MONTH}.pdf" in printed
+    assert "would send to slack #finance: one message: Spend: $" in printed
+    assert s3.list_objects_v2(Bucket="finance-reports").get("KeyCount", 0) == 0 and slack_stub.posted() == []
+
+    rc = main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path / "real"), "--formats",
+               "html,json", "--deliver"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="finance-reports")["Contents"])
+    assert keys == [f"gpu/{MONTH}/gpu-audit-{MONTH}.{ext}" for ext in ("html", "json", "pdf")]
+    obj = s3.get_object(Bucket="finance-reports", Key=f"gpu/{MONTH}/gpu-audit-{MONTH}.pdf")
+    assert obj["ContentType"] == "application/pdf" and obj["Body"].read().startswith(b"%PDF")
+    (msg,) = slack_stub.posted("#finance")
+    assert msg["text"].startswith(f"GPU spend report {MONTH}")
+    assert "estimated (no bill stored" in msg["text"] and "(no budget configured)" in msg["text"]
+    assert f"Full report: s3://finance-reports/gpu/{MONTH}/" in msg["text"]
+    # Once per month and channel: a second delivery re-uploads the files but posts nothing again.
+    assert main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path / "real"), "--deliver"]) == 0
+    assert len(slack_stub.posted("#finance")) == 1
+
+
+def test_deliver_without_a_destination_is_a_usage_error(month, tmp_path, capsys):
+    from gpufinops.cli import main
+
+    _, out = month
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{out / 'demo.db'}\n")
+    assert main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path), "--deliver"]) == 2
+    assert "no destination configured (report.delivery.s3_uri" in capsys.readouterr().err
+    assert main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path), "--dry-run"]) == 2
+    assert "--dry-run goes with --deliver" in capsys.readouterr().err
+
+
+@needs_tools
+def test_deliver_by_email_to_finance_with_the_pdf_attached_once(month, tmp_path, smtp, capsys):
+    # A real SMTP server on 127.0.0.1 (aiosmtpd): one email to the finance list, the PDF first, then the page.
+    from gpufinops.cli import main
+
+    store, out = month
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{out / 'demo.db'}\n"
+                   f"email:\n  enabled: true\n  host: 127.0.0.1\n  port: {smtp.port}\n  security: none\n"
+                   "  sender: gpufinops@example.com\n  finance: [cfo@example.com, fpa@example.com]\n"
+                   "report:\n  delivery:\n    email_finance: true\n")
+    args = ["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path / "r"), "--formats", "html",
+            "--deliver"]
+    assert main([*args, "--dry-run"]) == 0
+    assert "would send to email cfo@example.com, fpa@example.com: one email with " \
+           f"gpu-audit-{MONTH}.pdf, gpu-audit-{MONTH}.html" in capsys.readouterr().out
+    assert smtp.messages == []
+    assert main(args) == 0, capsys.readouterr()
+    (msg,) = smtp.messages
+    assert msg["To"] == "cfo@example.com, fpa@example.com"
+    assert f"GPU spend report {MONTH}" in msg["Subject"]
+    names = [p.get_filename() for p in msg.iter_attachments()]
+    assert names == [f"gpu-audit-{MONTH}.pdf", f"gpu-audit-{MONTH}.html"]
+    pdf = next(msg.iter_attachments()).get_content()
+    assert pdf.startswith(b"%PDF")
+    body = msg.get_body(("plain",)).get_content()
+    assert "Spend: $" in body and "(no budget configured)" in body
+    assert main(args) == 0  # a second delivery of the month sends no second email
+    assert len(smtp.messages) == 1
+
+
+def test_email_delivery_of_the_report_needs_the_email_section(tmp_path):
+    from gpufinops.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match="email_finance: true needs the email delivery on"):
+        load_settings(report={"delivery": {"email_finance": True}})
