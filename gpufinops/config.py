@@ -122,6 +122,11 @@ class SlackSettings(StrictModel):
     # Buttons on warnings (Snooze 2 h / until tomorrow 09:00 / Keep running 7 days), handled at POST
     # /slack/actions. Shown only when this secret resolves: every click is checked against it (docs/notifications.md).
     signing_secret: SecretRef = SecretRef(env="SLACK_SIGNING_SECRET")
+    # The same buttons without a public URL (a VPC with no inbound HTTPS): Slack Socket Mode. Each replica opens a
+    # WebSocket with the app-level token (xapp-…, scope connections:write; never the token itself here: where to
+    # read it) and receives clicks over it; same authorisation and audit as POST /slack/actions.
+    socket_mode: bool = False
+    app_token: SecretRef = SecretRef(env="SLACK_APP_TOKEN")
     # Who may snooze: the instance's owner (its owner tag: a Slack user id, or an email), the people of its team
     # here (team tag value -> people), and these admins, anything. A person is a Slack user id or an email (matched
     # against the email users.info gives for the clicking id); never a name, which anyone can choose.
@@ -135,6 +140,11 @@ class SlackSettings(StrictModel):
     # Hysteresis of the "No usable GPU metrics" alert: an instance's outage episode closes only after its metrics
     # have been usable this long without a break; a relapse before that is the same episode (no second alert).
     metrics_recovered_after_s: int = Field(1800, ge=0, le=7 * 86400)
+
+    def interactive(self) -> bool:
+        """Whether clicks can reach the service (a signing secret for POST /slack/actions, or Socket Mode with its
+        app-level token): buttons are offered only then."""
+        return bool(self.signing_secret.resolve() or (self.socket_mode and self.app_token.resolve()))
 
     @field_validator("snooze_admins")
     @classmethod

@@ -41,10 +41,13 @@ RESOURCES = {
     "jobs": ("/apis/batch/v1", "Job", True),
     "cronjobs": ("/apis/batch/v1", "CronJob", True),
     "events.k8s.io": ("/apis/events.k8s.io/v1", "Event", True),
+    "horizontalpodautoscalers": ("/apis/autoscaling/v2", "HorizontalPodAutoscaler", True),
+    "scaledobjects": ("/apis/keda.sh/v1alpha1", "ScaledObject", True),  # KEDA's custom resource
 }
 _PREFIX_RESOURCES = {(p, r if r != "events.k8s.io" else "events"): r for r, (p, _, _) in RESOURCES.items()}
 _API_VERSION = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
-                "/apis/events.k8s.io/v1": "events.k8s.io/v1"}
+                "/apis/events.k8s.io/v1": "events.k8s.io/v1", "/apis/autoscaling/v2": "autoscaling/v2",
+                "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1"}
 _VERB_OF = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
@@ -237,7 +240,7 @@ def json_patch(target: dict, ops: list[dict]) -> dict:
 
 def _route(path: str) -> tuple[str, str, str, str] | None:
     """(resource key, namespace, name, subresource) of an API path, None when not one the stub serves."""
-    for prefix in ("/api/v1", "/apis/apps/v1", "/apis/batch/v1", "/apis/events.k8s.io/v1"):
+    for prefix in _API_VERSION:
         if path == prefix or path.startswith(prefix + "/"):
             rest = [p for p in path[len(prefix):].split("/") if p]
             break

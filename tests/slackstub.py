@@ -86,6 +86,8 @@ class SlackStub:
         # users.info answers: Slack user id -> the "user" object (name, tz, profile.email).
         self.users: dict[str, dict[str, Any]] = {}
         self._ts_counter = 0
+        # apps.connections.open answers this URL (a SocketModeStub's, ws://127.0.0.1:…); None: Socket Mode is off.
+        self.socket_mode_url: str | None = None
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -270,6 +272,12 @@ class SlackStub:
                 else:
                     msgs.append(message)
             return {"ok": True, "channel": cid, "ts": ts, "message": message}
+        if method == "apps.connections.open":  # Socket Mode: an app-level token gets the WebSocket's URL
+            if not str(token).startswith("xapp-"):
+                return {"ok": False, "error": "not_allowed_token_type"}
+            if not self.socket_mode_url:
+                return {"ok": False, "error": "socket_mode_not_enabled"}
+            return {"ok": True, "url": self.socket_mode_url}
         if method == "users.lookupByEmail":
             email = str(body.get("email") or "").lower()
             found = [u for u in self.users.values() if str((u.get("profile") or {}).get("email", "")).lower() == email]
@@ -430,3 +438,178 @@ def slack_stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlackStub]:
         yield stub
     finally:
         stub.stop()
+
+
+# --------------------------------------------------------------------------- Socket Mode
+
+
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+class SocketModeStub:
+    """Slack's Socket Mode end on 127.0.0.1: a minimal WebSocket server (RFC 6455: handshake, unmasked server
+    frames, masked client frames, ping/pong, close) speaking Slack's envelope protocol. On connect it says
+    `{"type": "hello", ...}`; `send_interactive(payload)` sends `{"envelope_id", "type": "interactive", "payload",
+    "accepts_response_payload"}` to every connection; the client's `{"envelope_id": ...}` acks are recorded
+    (`acks`, `wait_ack`). `send_raw` sends any envelope (a replay, another type)."""
+
+    def __init__(self) -> None:
+        import socket as _socket
+        self._sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(8)
+        self.url = f"ws://127.0.0.1:{self._sock.getsockname()[1]}/link/?ticket=stub-ticket"
+        self.acks: list[dict[str, Any]] = []  # every JSON message a client sent (acks), in order
+        self.requests: list[str] = []  # the handshake request lines (path with ticket)
+        self._conns: list[Any] = []
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._counter = 0
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    # ---------------------------------------------------------------- test API
+    def wait_connected(self, timeout: float = 10.0) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._conns), timeout)
+
+    def send_interactive(self, payload: dict[str, Any], envelope_id: str | None = None) -> str:
+        with self._lock:
+            self._counter += 1
+            envelope_id = envelope_id or f"env-{self._counter:04d}"
+        self.send_raw({"envelope_id": envelope_id, "type": "interactive", "payload": payload,
+                       "accepts_response_payload": False})
+        return envelope_id
+
+    def send_raw(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message).encode()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            self._send_frame(conn, 0x1, data)
+
+    def ack_count(self, envelope_id: str) -> int:
+        with self._lock:
+            return sum(1 for a in self.acks if a.get("envelope_id") == envelope_id)
+
+    def wait_ack(self, envelope_id: str, timeout: float = 10.0, count: int = 1) -> bool:
+        """Whether `count` acks of this envelope id arrived (a redelivered envelope is acked again)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: sum(1 for a in self.acks if a.get("envelope_id") == envelope_id) >= count, timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            conns, self._conns = list(self._conns), []
+        for conn in conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self._sock.close()
+
+    # ---------------------------------------------------------------- server
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _addr = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _send_frame(conn: Any, opcode: int, data: bytes) -> None:
+        import struct
+        head = bytes([0x80 | opcode])
+        n = len(data)
+        if n < 126:
+            head += bytes([n])
+        elif n < 65536:
+            head += bytes([126]) + struct.pack("!H", n)
+        else:
+            head += bytes([127]) + struct.pack("!Q", n)
+        try:
+            conn.sendall(head + data)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _read_exact(conn: Any, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = conn.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    def _serve(self, conn: Any) -> None:
+        import base64
+        import hashlib
+        import struct
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(1024)
+                if not chunk:
+                    return
+                request += chunk
+            lines = request.decode("latin-1").split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+            key = headers.get("sec-websocket-key", "")
+            accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+            conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+            self._send_frame(conn, 0x1, json.dumps({"type": "hello", "num_connections": 1,
+                                                    "debug_info": {"host": "stub", "approximate_connection_time": 3600},
+                                                    "connection_info": {"app_id": "A0STUB"}}).encode())
+            with self._cond:
+                self.requests.append(lines[0])
+                self._conns.append(conn)
+                self._cond.notify_all()
+            while True:
+                b1, b2 = self._read_exact(conn, 2)
+                opcode, masked, n = b1 & 0x0F, b2 & 0x80, b2 & 0x7F
+                if n == 126:
+                    n = struct.unpack("!H", self._read_exact(conn, 2))[0]
+                elif n == 127:
+                    n = struct.unpack("!Q", self._read_exact(conn, 8))[0]
+                mask = self._read_exact(conn, 4) if masked else b"\0\0\0\0"
+                data = bytes(c ^ mask[i % 4] for i, c in enumerate(self._read_exact(conn, n)))
+                if opcode == 0x8:  # close
+                    self._send_frame(conn, 0x8, data[:2])
+                    return
+                if opcode == 0x9:  # ping -> pong
+                    self._send_frame(conn, 0xA, data)
+                elif opcode == 0x1:
+                    try:
+                        message = json.loads(data.decode())
+                    except ValueError:
+                        message = {"unparsed": data.decode(errors="replace")}
+                    with self._cond:
+                        self.acks.append(message)
+                        self._cond.notify_all()
+        except (OSError, ConnectionError, ValueError):
+            return
+        finally:
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def socket_mode_stub(slack_stub: SlackStub) -> Iterator[SocketModeStub]:
+    """Socket Mode on the Slack stub: apps.connections.open answers a WebSocket stub's URL (127.0.0.1)."""
+    ws = SocketModeStub()
+    slack_stub.socket_mode_url = ws.url
+    try:
+        yield ws
+    finally:
+        slack_stub.socket_mode_url = None
+        ws.close()

@@ -338,7 +338,7 @@ class Actuator:
         lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
         msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
                                     channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now,
-                                    buttons=bool(self.settings.slack.signing_secret.resolve()),
+                                    buttons=self.settings.slack.interactive(),
                                     idle_since=idle_since(self.store.get_state(inst.instance_id, mark.rule), decision))
         rule_name = mark.rule
         if not self.notifier.send(msg):

@@ -210,6 +210,9 @@ class Agent:
         self.max_age_s = max_age_s if max_age_s is not None else 2 * interval_s + timeout_s
         self.clock = clock
         self.on_sample = on_sample
+        # The local autostop loop when one runs (set by autostop.cli.maybe_start_autostop): GET /v1/verdict answers
+        # from it; without one /v1/verdict is 404.
+        self.autostop: Any | None = None
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
         self._snapshot: HostSnapshot | None = None
@@ -307,7 +310,11 @@ class Agent:
 
 
 def make_http_server(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
-    return metrics_and_health_server(address, port, agent.metrics_text, agent.healthy)
+    """/metrics, the probes, and GET /v1/verdict (agent/verdict_api.py: this host's verdict under local autostop)."""
+    from .verdict_api import VERDICT_PATH, verdict_handler
+
+    return metrics_and_health_server(address, port, agent.metrics_text, agent.healthy,
+                                     get={VERDICT_PATH: verdict_handler(agent.autostop)})
 
 
 @dataclass

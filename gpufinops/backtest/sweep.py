@@ -21,6 +21,20 @@ from .engine import Prepared, Summary, backtest_rule, oracle_net_seconds
 DEFAULT_THRESHOLDS = (1.0, 5.0, 10.0, 20.0, 40.0)
 DEFAULT_WINDOWS_S = (600, 1800, 3600, 7200)
 DEFAULT_AGGREGATIONS = (Aggregation.STAYS_BELOW, Aggregation.MEAN)
+# Below this much history no rule is chosen (issue 26): a rule picked on less than one day has not seen a whole
+# daily cycle, i.e. both the overnight idle stretch it would stop and the return to work that makes a stop false;
+# its false-stop rate rests on a handful of stops, so the "best" rule is chance, not a property of the fleet.
+MIN_HISTORY_S = 86400
+
+
+def history_too_short(span_s: float, min_history_s: float = MIN_HISTORY_S) -> str:
+    """Why this history cannot choose a rule ("" when it is long enough)."""
+    if span_s >= min_history_s:
+        return ""
+    return (f"history too short to choose a rule: {span_s / 3600:.1f} h, the minimum is {min_history_s / 3600:.0f} h "
+            f"(a whole day: the night's idle stretch a rule would stop and the morning's return to work that makes a "
+            f"stop false; on less, the false-stop rate rests on a handful of stops and the best rule is chance). "
+            f"The figures above describe this history only; no rule file is suggested")
 
 
 def candidates(base: Rule, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,

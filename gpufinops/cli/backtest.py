@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from .common import duration_arg
+from .common import EXIT_PROBLEM_FOUND, duration_arg
 
 if TYPE_CHECKING:
     from ..model import Aggregation
@@ -199,8 +199,9 @@ def run_backtest(args: argparse.Namespace) -> int:
     base = next((r for r in rules if r.action.value == "stop"), rules[0])
     cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
                        args.aggregations or DEFAULT_AGGREGATIONS)
+    rc = 0
     if args.sweep:
-        from ..backtest.sweep import best_by_score, pareto_front, rule_yaml, run_sweep, suggest
+        from ..backtest.sweep import best_by_score, history_too_short, pareto_front, rule_yaml, run_sweep, suggest
 
         _progress(f"sweeping {len(cands)} rules ...")
         swept = run_sweep(prep, cands)
@@ -216,7 +217,14 @@ def run_backtest(args: argparse.Namespace) -> int:
         out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
                         "suggested": best.policy if best else None,
                         "best_by_score": top.policy if top else None}
-        if best is None:
+        too_short = history_too_short(trace.n_steps * trace.step_s)
+        if too_short:
+            out["sweep"].update(suggested=None, too_short=too_short)
+            print(f"warning: {too_short}", file=sys.stderr)
+            if args.suggest_out:
+                print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
+                rc = EXIT_PROBLEM_FOUND
+        elif best is None:
             say("\nno swept rule saves anything on this history: keep notify-only rules")
         else:
             text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
@@ -236,13 +244,23 @@ def run_backtest(args: argparse.Namespace) -> int:
     elif args.chart:
         print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
     if args.tune:
-        out["tune"] = _tune(trace, bt, base, cands, args, say)
+        from ..backtest.sweep import history_too_short
+
+        too_short = history_too_short(trace.n_steps * trace.step_s)
+        if too_short:  # no held-out pick, no rule file, on less than a day
+            out["tune"] = {"suggested": None, "too_short": too_short}
+            print(f"warning: --tune: {too_short}", file=sys.stderr)
+            if args.suggest_out:
+                print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
+                rc = EXIT_PROBLEM_FOUND
+        else:
+            out["tune"] = _tune(trace, bt, base, cands, args, say)
     text = json.dumps(out, indent=2, default=str)
     if args.output == "json" or args.json_out == "-":
         print(text)
     elif args.json_out:
         Path(args.json_out).write_text(text)
-    return 0
+    return rc
 
 
 def _printer(args: argparse.Namespace):

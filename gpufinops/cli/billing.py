@@ -13,9 +13,10 @@ from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage
 def register(subparsers) -> None:
     p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`)")
-    p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload"],
-                   default="team", help="namespace / workload: a Kubernetes cluster's GPU cost now, idle "
-                   "capacity included (docs/kubernetes.md)")
+    p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
+                                      "nodepool"],
+                   default="team", help="namespace / workload / nodepool: a Kubernetes cluster's GPU cost now, idle "
+                   "capacity and GPU sharing included (docs/kubernetes.md)")
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
                    help="default: billing.source from the config")
     p.add_argument("--path", default=None,
@@ -49,9 +50,9 @@ def _now() -> datetime:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    if args.by in ("namespace", "workload"):  # the cluster as it is now, not billing
-        from .k8s import cmd_k8s_costs
+    from .k8s import K8S_GROUPINGS, cmd_k8s_costs
 
+    if args.by in K8S_GROUPINGS:  # the cluster as it is now, not billing
         return cmd_k8s_costs(args)
     from .common import load_settings_from_args
 

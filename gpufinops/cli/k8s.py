@@ -1,5 +1,6 @@
-"""`gpufinops costs --by namespace|workload`: the Kubernetes cluster's GPU cost as it stands, idle capacity
-included (docs/kubernetes.md). Reached from `gpufinops.cli.billing`'s `costs` command."""
+"""`gpufinops costs --by namespace|workload|nodepool`: the Kubernetes cluster's GPU cost as it stands, idle
+capacity included, with how the GPUs are shared (docs/kubernetes.md). Reached from `gpufinops.cli.billing`'s
+`costs` command."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import datetime, timezone
 
 from .common import EXIT_PROBLEM_FOUND, usage_error
 
-K8S_GROUPINGS = ("namespace", "workload")
+K8S_GROUPINGS = ("namespace", "workload", "nodepool")
 HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's allocation
 
 
@@ -43,7 +44,8 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
         return EXIT_PROBLEM_FOUND
     rows = [{args.by: r[args.by], "usd_per_hour": r["usd"], "usd_per_month_at_this_rate":
              round(r["usd"] * HOURS_PER_MONTH, 2), "gpus": r["gpus"], "pods": r["pods"],
-             "unpriced_pods": r["unpriced"]} for r in cost_by(live.shares, args.by)]
+             "unpriced_pods": r["unpriced"], "sharing": r["sharing"], "idle_usd_per_hour": r["idle_cents"] / 100,
+             "idle_gpus": r["idle_gpus"]} for r in cost_by(live.shares, args.by)]
     unpriced = sorted(n for n, c in live.node_costs.items() if c is None)
     if unpriced:
         print(f"warning: no price for node {', '.join(unpriced[:5])} (spot or not in the catalog): counted as 0",
@@ -62,10 +64,11 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
             print("(no GPU nodes)")
         width = max([len(str(r[args.by])) for r in rows] + [len(args.by)])
         if rows:
-            print(f"{args.by:<{width}}  {'$/h':>10}  {'$/month':>12}  {'GPUs':>6}  {'pods':>4}")
+            print(f"{args.by:<{width}}  {'$/h':>10}  {'$/month':>12}  {'GPUs':>6}  {'pods':>4}  {'idle $/h':>9}  "
+                  "sharing")
         for r in rows:
             print(f"{r[args.by]:<{width}}  {r['usd_per_hour']:>10,.2f}  {r['usd_per_month_at_this_rate']:>12,.2f}  "
-                  f"{r['gpus']:>6g}  {r['pods']:>4}")
+                  f"{r['gpus']:>6g}  {r['pods']:>4}  {r['idle_usd_per_hour']:>9,.2f}  {r['sharing']}")
         print(f"total {total:,.2f} $/h across {len(live.snapshot.nodes)} GPU nodes (idle capacity included; "
               f"read {now:%Y-%m-%d %H:%M} UTC from {live.snapshot.server})")
     return 0

@@ -49,12 +49,44 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
     return catalog
 
 
+def _stale_aws_prices(instances, catalog, policy, now: datetime) -> str:
+    """Why the AWS prices of the running fleet need a refresh ("" when none is older than price_max_age_days)."""
+    dates = [offer.prices_as_of for i in instances if i.is_running and i.provider == "aws"
+             for offer in [catalog.offer("aws", i.instance_type, i.region)] if offer and offer.prices_as_of]
+    if not dates or (now.date() - min(dates)).days <= policy.price_max_age_days:
+        return ""
+    return f"AWS prices from {min(dates).isoformat()} are older than {policy.price_max_age_days} days"
+
+
+def _aws_credentials(settings) -> bool:
+    """Whether boto3 finds AWS credentials (env, profile, instance role); never raises."""
+    try:
+        import boto3
+
+        return boto3.session.Session(profile_name=settings.aws.profile).get_credentials() is not None
+    except Exception:  # noqa: BLE001 - a missing profile or botocore problem means: no credentials
+        return False
+
+
+def _rules_or_none(settings):
+    """The service's rules, so stop advice respects their exclusions; None (not checked) when they cannot be read,
+    with one warning."""
+    from ..config import ConfigError
+    from ..rules import load_rules
+
+    try:
+        return load_rules(settings.rules_paths)
+    except (ConfigError, OSError) as exc:
+        print(f"warning: rules not read, stop advice does not check their exclusions: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
     from ..prices.catalog import CatalogError
     from ..collect.inventory import InventoryError
     from ..run.compose import live_cloud, live_store, live_usage
-    from ..recommend.engine import recommend_fleet, store_recommendations
+    from ..recommend.engine import recommend_fleet, stale_prices_warning, store_recommendations
     from ..recommend.policy import policy_from_settings
     from ..recommend.table import render
 
@@ -72,13 +104,25 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     except InventoryError as exc:  # every region failed: nothing to recommend on, and the source is named
         print(f"error: inventory: {exc}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND
+    stale = _stale_aws_prices(instances, catalog, policy, now)
+    if stale and not args.refresh_prices:
+        if _aws_credentials(settings):
+            print(f"note: {stale}: refreshing them from the AWS Pricing API", file=sys.stderr)
+            try:
+                catalog = _load_catalog(policy, now, settings, refresh=True)
+            except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the bundled prices (said once below)
+                print(f"warning: price refresh failed: {exc}", file=sys.stderr)
     errors = [f"inventory: {err}" for err in getattr(cloud, "last_errors", [])]
     interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
     usage = live_usage(settings).fleet_usage(
         instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
     # A failed query gives every instance the same error (and no recommendation on usage it never saw).
     errors += [f"prometheus: {e}" for e in sorted({u.error for u in usage.instances.values() if u.error})]
-    recs = recommend_fleet(instances, usage, catalog, policy, now)
+    recs = recommend_fleet(instances, usage, catalog, policy, now, rules=_rules_or_none(settings),
+                           opt_in=(settings.act.opt_in_tag, settings.act.opt_in_value))
+    warning = stale_prices_warning(recs, now, policy)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)  # once for the run, not once per row
     if not args.no_store:
         store = live_store(settings)
         try:

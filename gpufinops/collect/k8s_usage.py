@@ -11,7 +11,9 @@ GPU that two pods held in turn over the window gives one row per pod. Four queri
 number of pods, plus the raw-sample reads for GPUs with invalid samples, as for instances.
 
 A pod with no series is given usage with no GPUs (its workload is UNKNOWN, never idle); a failed query gives
-every pod the error.
+every pod the error. A pod on a time-sliced or MPS GPU has no activity of its own: DCGM measures the GPU, which
+every pod on it shares, so such a pod's usage says so (`shared_gpu_reason`) and is never the GPU's figure
+copied to it as if it were its own. MIG slices are measured per GPU instance and kept per pod.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from gpufinops.collect.prometheus import (
     usage_from_answers, with_detail,
 )
 from gpufinops.config import PrometheusSettings
-from gpufinops.k8s.model import ClusterSnapshot, NodeInfo, PodInfo
+from gpufinops.k8s.model import SHARED_FIGURE_MODES, ClusterSnapshot, NodeInfo, PodInfo, node_sharing
 from gpufinops.model import GpuInstance, InstanceUsage
 
 # Pod labels of dcgm-exporter's Kubernetes mapping, both as written and as renamed by honor_labels: false.
@@ -150,6 +152,16 @@ def node_series(answers: Mapping[tuple[str, str], Sequence[Row]], matcher: Insta
     return frozenset(with_pod), frozenset(with_any)
 
 
+def shared_gpu_reason(node: NodeInfo, snapshot: ClusterSnapshot) -> str | None:
+    """Why per-pod activity does not exist on a node whose GPUs are time-sliced or shared through MPS; None for
+    whole GPUs, MIG and HAMi."""
+    sharing = node_sharing(node, snapshot.pods_on(node.name))
+    if sharing.mode not in SHARED_FIGURE_MODES:
+        return None
+    return (f"per-pod GPU activity does not exist: node {node.name}'s GPUs are shared by {sharing.mode} "
+            f"({sharing.replicas} replicas per GPU), and DCGM's figure is the whole GPU's, shared by every pod on it")
+
+
 class PodMetrics:
     """Per-pod DCGM usage over a window (the pods of a ClusterSnapshot), through the one PromReader."""
 
@@ -193,5 +205,10 @@ class PodMetrics:
         matcher = InstanceMatcher.build([node_subject(n) for n in snapshot.nodes], self.settings.instance_label,
                                         self.promql.hostname_labels)
         with_pod, with_any = node_series(clean, matcher, snapshot.other_pods)
-        return PodWindowUsage(window_s, {p.key: usage[pod_key(p.key)] for p in pods}, with_pod, with_any,
-                              queries_made=self.queries_made - before)
+        by_pod = {}
+        for p in pods:
+            node = snapshot.node(p.node_name)
+            reason = shared_gpu_reason(node, snapshot) if node else None
+            by_pod[p.key] = (InstanceUsage(pod_key(p.key), window_s, expected, (), error=reason) if reason
+                             else usage[pod_key(p.key)])
+        return PodWindowUsage(window_s, by_pod, with_pod, with_any, queries_made=self.queries_made - before)

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from gpufinops.collect.errors import QueryFailed
 from gpufinops.k8s.model import (
-    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource,
+    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource, is_share_resource,
 )
 
 PAGE_SIZE = 500
@@ -171,9 +171,11 @@ def quantity(value: Any) -> int:
 
 
 def gpu_resources(resources: Mapping[str, Any] | None) -> dict[str, int]:
+    """GPU devices (whole, MIG, shared replicas) and HAMi's fractional requests (nvidia.com/gpumem MiB,
+    nvidia.com/gpucores %), which k8s.model.devices never counts as devices."""
     out: dict[str, int] = {}
     for name, value in (resources or {}).items():
-        if is_gpu_resource(name) and quantity(value) > 0:
+        if (is_gpu_resource(name) or is_share_resource(name)) and quantity(value) > 0:
             out[name] = quantity(value)
     return out
 
@@ -349,6 +351,31 @@ def kubeconfig_path(kubeconfig: str | None, config_path: str = "") -> str | None
     return str(path)
 
 
+# --------------------------------------------------------------------------- who else owns spec.replicas (pure)
+
+# KEDA's ScaledObject (keda.sh/v1alpha1): absent from a cluster without KEDA (its list answers 404).
+KEDA_GROUP, KEDA_VERSION, KEDA_PLURAL = "keda.sh", "v1alpha1", "scaledobjects"
+
+
+def autoscaler_targets(hpas: Iterable[Mapping[str, Any]],
+                       scaled_objects: Iterable[Mapping[str, Any]]) -> dict[WorkloadRef, tuple[str, str]]:
+    """Pure: workload -> (kind, namespace/name) of the autoscaler whose scaleTargetRef names it: an
+    autoscaling/v2 HorizontalPodAutoscaler, or a KEDA ScaledObject (its target's kind defaults to Deployment).
+    A ScaledObject wins over the HPA KEDA makes for it (`keda-hpa-<name>`): KEDA is the owner to act through."""
+    out: dict[WorkloadRef, tuple[str, str]] = {}
+    for kind, objs, default_kind in (("HorizontalPodAutoscaler", hpas, ""), ("ScaledObject", scaled_objects,
+                                                                              "Deployment")):
+        for obj in objs:
+            meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+            target = spec.get("scaleTargetRef") or {}
+            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            target_kind = str(target.get("kind") or default_kind)
+            if not target.get("name") or not target_kind:
+                continue
+            out[WorkloadRef(namespace, target_kind, str(target["name"]))] = (kind, f"{namespace}/{name}")
+    return out
+
+
 # --------------------------------------------------------------------------- the source
 
 
@@ -372,6 +399,30 @@ class KubernetesCluster:
     @property
     def calls_made(self) -> int:
         return self.reader.calls_made
+
+    def autoscalers(self, namespace: str = "") -> dict[WorkloadRef, tuple[str, str]]:
+        """Workload -> the HPA or KEDA ScaledObject scaling it, cluster-wide or in one namespace (two paged lists;
+        KEDA's 404 = KEDA is not installed). Raises ClusterReadFailed when the API does not answer."""
+        from kubernetes import client
+
+        r = self.reader
+        hpa, custom = client.AutoscalingV2Api(r.api), client.CustomObjectsApi(r.api)
+        if namespace:
+            hpas = r.list("horizontalpodautoscalers", hpa.list_namespaced_horizontal_pod_autoscaler,
+                          namespace=namespace)
+            keda = lambda **kw: custom.list_namespaced_custom_object(  # noqa: E731
+                KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURAL, **kw)
+        else:
+            hpas = r.list("horizontalpodautoscalers", hpa.list_horizontal_pod_autoscaler_for_all_namespaces)
+            keda = lambda **kw: custom.list_cluster_custom_object(  # noqa: E731
+                KEDA_GROUP, KEDA_VERSION, KEDA_PLURAL, **kw)
+        try:
+            scaled = r.list(KEDA_PLURAL, keda).items
+        except ClusterReadFailed as exc:
+            if exc.status != 404:
+                raise
+            scaled = ()
+        return autoscaler_targets(hpas.items, scaled)
 
     def snapshot(self, now: datetime) -> ClusterSnapshot:
         from kubernetes import client

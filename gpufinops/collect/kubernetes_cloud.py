@@ -10,7 +10,10 @@ Each workload holding GPUs (collect.kubernetes' snapshot) is one GpuInstance:
   tag keys (`ANNOTATION_OF`), the namespace's protect / snooze labels, and `k8s:namespace` / `k8s:kind` for rules;
 - Jobs, CronJobs, bare pods, custom resources (a Kubeflow Notebook) and anything labelled for Kueue carry
   `managed_by` + `managed_advice`: judged and reported, never changed (act.stop_blocker; the mutating calls below
-  refuse them too).
+  refuse them too). So do Deployments/StatefulSets whose spec.replicas someone else owns: an HPA or a KEDA
+  ScaledObject targeting them (listed each tick; an unreadable list counts as one), Argo CD or Flux syncing them
+  (their labels / tracking annotation); the advice names the owner's way (KEDA's paused-replicas annotation, the
+  exact change in Git). `stop` checks again just before its PATCH and refuses when an owner appeared since.
 
 Mutations, each one PATCH of the object (strategic merge, maps merged like a merge patch):
 - set_tags / remove_tags: the annotations; setting the mark also creates a Kubernetes Event (GpuIdleMarked);
@@ -79,6 +82,7 @@ EVENT_SCALED_DOWN = "GpuIdleScaledDown"
 EVENT_RESTORED = "GpuScaleRestored"
 _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
 _RESOURCE = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+ANY_WORKLOAD = WorkloadRef("*", "*", "*")  # a key of WorkloadCloud._autoscaled: the autoscalers were not read
 
 
 class KubeChangeError(RuntimeError):
@@ -188,10 +192,64 @@ def priority_tag(pods: Sequence[PodInfo]) -> dict[str, str]:
     return {TAG_PRIORITY_CLASS: ",".join(names)} if names else {}
 
 
-def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True) -> tuple[str, str]:
+ARGOCD_TRACKING_ANNOTATION = "argocd.argoproj.io/tracking-id"
+ARGOCD_INSTANCE_LABELS = ("argocd.argoproj.io/instance", "app.kubernetes.io/instance")
+FLUX_OWNER_LABELS = (("kustomize.toolkit.fluxcd.io", "Kustomization"), ("helm.toolkit.fluxcd.io", "HelmRelease"))
+KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
+
+
+def gitops_owner(ref: WorkloadRef, labels: Mapping[str, str], annotations: Mapping[str, str]) -> tuple[str, str]:
+    """(managed_by, managed_advice) when a GitOps controller syncs this object from Git (it would put spec.replicas
+    back at its next sync), ("", "") otherwise. Argo CD: its tracking annotation (`<app>:<group>/<kind>:<ns>/<name>`;
+    the `app.kubernetes.io/instance` label alone is Helm's too, so it only names the app); Flux: the
+    `kustomize.toolkit.fluxcd.io/name` / `helm.toolkit.fluxcd.io/name` labels."""
+    what = f"{ref.kind} {ref.namespace}/{ref.name}"
+    tracking = annotations.get(ARGOCD_TRACKING_ANNOTATION, "")
+    argo_label = labels.get(ARGOCD_INSTANCE_LABELS[0], "")
+    if tracking or argo_label:
+        app = tracking.split(":", 1)[0] if tracking else argo_label
+        app = app or labels.get(ARGOCD_INSTANCE_LABELS[1], "") or "?"
+        return (f"Argo CD (application '{app}')",
+                f"notify only: Argo CD would undo a scale-down at its next sync; set `spec.replicas: 0` on {what} in "
+                f"the Git source of Argo CD application '{app}' (or remove it there)")
+    for group, kind in FLUX_OWNER_LABELS:
+        name = labels.get(f"{group}/name")
+        if name:
+            owner = f"{labels.get(f'{group}/namespace', ref.namespace)}/{name}"
+            return (f"Flux ({kind} '{owner}')",
+                    f"notify only: Flux would undo a scale-down at its next reconcile; set `spec.replicas: 0` on "
+                    f"{what} in the source of Flux {kind} '{owner}' (or remove it there)")
+    return "", ""
+
+
+def autoscaler_owner(ref: WorkloadRef, autoscaler: tuple[str, str] | None) -> tuple[str, str]:
+    """(managed_by, managed_advice) for a workload an HPA or a KEDA ScaledObject scales; ("", "") for none."""
+    if autoscaler is None:
+        return "", ""
+    kind, name = autoscaler
+    if kind == "unreadable":
+        return (f"an autoscaler gpufinops could not check ({name})",
+                "reported only until the HPAs and KEDA ScaledObjects can be listed (deploy/kubernetes/workloads/"
+                "rbac-clusterrole.yaml)")
+    ns, _, short = name.partition("/")
+    if kind == "ScaledObject":
+        return (f"KEDA ScaledObject '{name}'",
+                f"notify only: KEDA owns spec.replicas and would undo a scale-down; pause it at zero through KEDA: "
+                f"`kubectl annotate scaledobject -n {ns} {short} {KEDA_PAUSED_REPLICAS}=0` (remove the annotation "
+                f"to resume)")
+    return (f"HorizontalPodAutoscaler '{name}'",
+            f"reported only: the HPA owns spec.replicas (a scale to zero would switch autoscaling off, or be "
+            f"undone); lower its minReplicas, or delete HPA {name} if {ref.kind} {ref.name} is not needed")
+
+
+def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True,
+               annotations: Mapping[str, str] | None = None,
+               autoscaler: tuple[str, str] | None = None) -> tuple[str, str]:
     """(managed_by, managed_advice): what else owns this workload's fate, ("", "") for a Deployment/StatefulSet
     gpufinops may scale. With `kubernetes.scale_to_zero` off (the default) no workload may be scaled: adding a
-    `kubernetes:` section must not let rules written for EC2 instances start scaling Deployments."""
+    `kubernetes:` section must not let rules written for EC2 instances start scaling Deployments. An HPA or KEDA
+    ScaledObject targeting it (`autoscaler`, from KubernetesCluster.autoscalers) or a GitOps controller syncing it
+    owns spec.replicas: never patched, the owner's way is named instead."""
     queue = labels.get(KUEUE_QUEUE_LABEL)
     if queue:
         return (f"Kueue (queue '{queue}')",
@@ -209,6 +267,11 @@ def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool 
     if not ref.scalable:
         return (f"its {ref.kind} '{ref.name}' (a custom resource's controller)",
                 f"reported only: stop or scale the {ref.kind} itself (scaling what it owns would be undone)")
+    owner = autoscaler_owner(ref, autoscaler)
+    if not owner[0]:
+        owner = gitops_owner(ref, labels, annotations or {})
+    if owner[0]:
+        return owner
     if not scale_to_zero:
         return ("Kubernetes (gpufinops' scale-to-zero is off)",
                 "warned and reported only; set kubernetes.scale_to_zero: true to let gpufinops scale idle "
@@ -245,14 +308,15 @@ def node_gpu_fields(node: NodeInfo | None) -> tuple[str, float]:
 def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequence[PodInfo],
                       nodes: Mapping[str, NodeInfo], namespace_labels: Mapping[str, str],
                       hourly_cost: float | None, protect_key: str = DEFAULT_PROTECT_KEY,
-                      created: datetime | None = None, scale_to_zero: bool = True) -> GpuInstance:
+                      created: datetime | None = None, scale_to_zero: bool = True,
+                      autoscaler: tuple[str, str] | None = None) -> GpuInstance:
     """The workload as a GpuInstance: as old as its youngest replica (a restart makes it too young to judge)."""
     labels = dict(info.labels) if info else {}
     annotations = dict(info.annotations) if info else {}
     pod_labels = {k: v for p in pods for k, v in p.labels.items() if k == KUEUE_QUEUE_LABEL}
     node = nodes.get(pods[0].node_name) if pods else None
     model, memory = node_gpu_fields(node)
-    managed_by, advice = manager_of(ref, {**pod_labels, **labels}, scale_to_zero)
+    managed_by, advice = manager_of(ref, {**pod_labels, **labels}, scale_to_zero, annotations, autoscaler)
     return GpuInstance(
         instance_id=workload_id(ref), instance_type=node.instance_type if node else "",
         region=node.region if node else "",
@@ -354,6 +418,8 @@ class WorkloadCloud:
         self._listed: dict[str, GpuInstance] = {}
         self._refs: dict[str, WorkloadRef] = {}
         self.conflicts_retried: list[str] = []  # "verb target" of every 409 retried (also logged)
+        # The last listing's HPAs / ScaledObjects by target (ANY_WORKLOAD: they could not be read).
+        self._autoscaled: dict[WorkloadRef, tuple[str, str]] = {}
 
     @property
     def api(self):
@@ -375,6 +441,7 @@ class WorkloadCloud:
         costs = node_hourly_costs(snapshot.nodes, self.price, rates)
         pod_costs = pod_hourly_costs(attribute(snapshot, costs, 1.0))
         nodes = {n.name: n for n in snapshot.nodes}
+        self._autoscaled = self._autoscalers_listed() if self.scale_to_zero else {}
         out = []
         for ref in snapshot.workload_refs():
             pods = snapshot.pods_of(ref)
@@ -382,12 +449,33 @@ class WorkloadCloud:
             hourly = None if not shares or any(c is None for c in shares) else round(sum(shares), 4)
             out.append(workload_instance(ref, snapshot.workloads.get(ref), pods, nodes,
                                          snapshot.namespace_labels.get(ref.namespace, {}), hourly, self.protect_key,
-                                         scale_to_zero=self.scale_to_zero))
+                                         scale_to_zero=self.scale_to_zero,
+                                         autoscaler=self._autoscaled.get(ref, self._autoscaled.get(ANY_WORKLOAD))))
         self.last_snapshot = snapshot
         self.node_remainders = node_remainders(snapshot, costs, pod_costs)
         self._listed = {i.instance_id: i for i in out}
         self._refs.update({workload_id(r): r for r in snapshot.workload_refs()})
         return out
+
+    def _autoscalers_listed(self) -> dict[WorkloadRef, tuple[str, str]]:
+        """The cluster's HPAs and ScaledObjects by target. When they cannot be read, every workload counts as
+        possibly autoscaled (judged and reported, never scaled): not knowing the owner is no licence to patch."""
+        try:
+            return self.cluster.autoscalers()
+        except QueryFailed as exc:
+            log.warning("kubernetes: autoscalers not read, no workload is scaled this tick: %s", exc)
+            return {ANY_WORKLOAD: ("unreadable", str(exc)[:200])}
+
+    def _owner_now(self, ref: WorkloadRef, obj: Mapping[str, Any]) -> tuple[str, str]:
+        """Who owns spec.replicas right now, read just before a scale-down: an HPA or ScaledObject made after the
+        mark, or GitOps labels added since, refuse it. An unreadable answer refuses it too."""
+        meta = obj.get("metadata") or {}
+        try:
+            autoscaler = self.cluster.autoscalers(ref.namespace).get(ref)
+        except QueryFailed as exc:
+            autoscaler = ("unreadable", str(exc)[:200])
+        return autoscaler_owner(ref, autoscaler) if autoscaler else gitops_owner(
+            ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}))
 
     def ref_of(self, instance_id: str) -> WorkloadRef | None:
         """The workload an id names: parsed, or (a cut id) from a listing."""
@@ -444,7 +532,8 @@ class WorkloadCloud:
         listed = self._listed.get(workload_id(ref))
         inst = workload_instance(ref, info, pods, nodes, ns_labels, listed.hourly_cost if listed else None,
                                  self.protect_key, parse_time(meta.get("creationTimestamp")),
-                                 scale_to_zero=self.scale_to_zero)
+                                 scale_to_zero=self.scale_to_zero,
+                                 autoscaler=self._autoscaled.get(ref, self._autoscaled.get(ANY_WORKLOAD)))
         # Read alone, the object says whether it is scaled down; pods listed earlier may be gone since.
         return replace(inst, state=workload_state(ref, info.replicas, info.annotations, () if
                                                   scaled_down(info.replicas, info.annotations) else pods))
@@ -551,11 +640,13 @@ class WorkloadCloud:
         except KubeChangeError as exc:
             log.warning("%s: the %s Event was not created: %s", self._target(ref), reason, exc)
 
-    def _scalable_ref(self, inst: GpuInstance, doing: str) -> WorkloadRef:
+    def _scalable_ref(self, inst: GpuInstance, doing: str, *, owned_too: bool = False) -> WorkloadRef:
+        """The Deployment/StatefulSet to change; `owned_too`: also one someone else scales now (removing
+        gpufinops' own mark from a workload an HPA took over since touches no replicas)."""
         ref = self.ref_of(inst.instance_id)
         if ref is None:
             raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no workload", definite=True)
-        if not ref.scalable or inst.managed_by:
+        if not ref.scalable or (inst.managed_by and not owned_too):
             why = inst.managed_by or f"a {ref.kind}"
             raise KubeChangeError(f"kubernetes: gpufinops never changes {ref} ({why}); refused to {doing} it",
                                   definite=True)
@@ -577,7 +668,7 @@ class WorkloadCloud:
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         if not keys:
             return
-        ref = self._scalable_ref(inst, "annotate")
+        ref = self._scalable_ref(inst, "annotate", owned_too=True)
         patch = annotation_patch(dict.fromkeys(keys), self.protect_key)
         self._patch_object(ref, lambda _obj: {"metadata": {"annotations": patch}})
 
@@ -590,6 +681,11 @@ class WorkloadCloud:
             meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
             replicas = spec.get("replicas", 1)  # the API server's default when unset
             annotations = meta.get("annotations") or {}
+            if replicas != 0 or not scaled_down(replicas, annotations):
+                owner, advice = self._owner_now(ref, obj)
+                if owner:
+                    raise KubeChangeError(f"kubernetes: {self._target(ref)} is managed by {owner} now (found just "
+                                          f"before the scale-down): not scaled; instead: {advice}", definite=True)
             if replicas == 0:
                 if scaled_down(replicas, annotations):
                     return None  # already done (a retry after a lost answer)

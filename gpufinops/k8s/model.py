@@ -21,9 +21,11 @@ REPLICAS_BEFORE_ANNOTATION = "gpufinops.io/replicas-before-scale-down"
 DEFAULT_PROTECT_KEY = "gpufinops.io/protect"  # kubernetes.protect_key's default
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# Time-slicing / MPS with the device plugin's `renameByDefault: true` advertises the replicas under this name.
+GPU_SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-# A full GPU counts as 7 compute slices (A100/H100 MIG geometry): a `mig-3g.40gb` request is 3/7 of a GPU
-# when a node offers both, and a node offering only one kind divides by that kind alone.
+# A full GPU counts as 7 compute slices (A100/H100/H200/B200 MIG geometry): a `mig-3g.40gb` request is 3/7 of a
+# GPU. Cost shares weigh MIG profiles by prices.mig's table over the node's physical GPUs (node_sharing).
 FULL_GPU_SLICES = 7
 _MIG_SLICES = re.compile(r"^nvidia\.com/mig-(\d+)g\.")
 # Kinds that are reported, never scaled: they finish on their own (the scale-to-zero step reads this).
@@ -31,12 +33,17 @@ RUN_TO_COMPLETION_KINDS = ("Job", "CronJob", "Pod")
 
 
 def is_gpu_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+    return name in (GPU_RESOURCE, GPU_SHARED_RESOURCE) or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def is_share_resource(name: str) -> bool:
+    """HAMi's fractional requests (MiB, %): read with a pod's GPU requests, never counted as devices."""
+    return name in HAMI_RESOURCES
 
 
 def gpu_slices(resource: str, count: int) -> int:
     """How much of the node's GPU capacity `count` devices of `resource` are, in compute slices."""
-    if resource == GPU_RESOURCE:
+    if resource in (GPU_RESOURCE, GPU_SHARED_RESOURCE):
         return count * FULL_GPU_SLICES
     match = _MIG_SLICES.match(resource)
     return count * (int(match.group(1)) if match else 1)
@@ -179,3 +186,86 @@ class ClusterSnapshot:
     def workload_refs(self) -> tuple[WorkloadRef, ...]:
         """The workloads to judge: holding GPUs now, in a namespace the settings keep."""
         return tuple(sorted(r for r in self._holding_by_workload if r.namespace not in self.out_of_scope))
+
+
+# --------------------------------------------------------------------------- how a node's GPUs are shared
+#
+# Read from the labels NVIDIA GPU feature discovery (GFD, part of the GPU Operator) puts on a node and the devices
+# the device plugin advertises. Sources: NVIDIA GPU Operator, "Time-Slicing GPUs in Kubernetes"
+# (docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-sharing.html: a T4 node with 4 replicas is
+# labelled nvidia.com/gpu.count=4, nvidia.com/gpu.replicas=4, nvidia.com/gpu.product=Tesla-T4-SHARED and advertises
+# nvidia.com/gpu: 16); NVIDIA k8s-device-plugin README, "Shared Access to GPUs" (v0.15+: the label
+# nvidia.com/gpu.sharing-strategy = none | time-slicing | mps); GPU Operator "GPUs with MIG" (mixed strategy:
+# nvidia.com/mig-3g.40gb: 2 advertised, nvidia.com/gpu.count = physical GPUs; single strategy: every MIG device is
+# an nvidia.com/gpu, nvidia.com/mig.strategy=single, nvidia.com/gpu.product=<GPU>-MIG-<profile>, gpu.count = MIG
+# devices); HAMi README (github.com/Project-HAMi/HAMi: nvidia.com/gpu = vGPUs, nvidia.com/gpumem in MiB and
+# nvidia.com/gpucores in percent, per vGPU; no gpumem = the GPU's whole memory).
+
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU (per MIG device under the single strategy)
+SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+HAMI_MEMORY = "nvidia.com/gpumem"  # MiB of the GPU's memory per vGPU
+HAMI_CORES = "nvidia.com/gpucores"  # percent of the GPU's SMs per vGPU
+HAMI_RESOURCES = (HAMI_MEMORY, HAMI_CORES)
+HAMI_NODE_LABEL = ("gpu", "on")  # HAMi's README: GPU nodes it schedules are labelled gpu=on
+SHARING_MODES = ("whole", "mig", "time-slicing", "mps", "hami")
+# Modes where several pods run on one GPU with no per-pod counter: DCGM's figure is the GPU's, shared.
+SHARED_FIGURE_MODES = ("time-slicing", "mps")
+
+
+@dataclass(frozen=True)
+class NodeSharing:
+    """How a node's physical GPUs are handed to pods."""
+
+    mode: str  # one of SHARING_MODES
+    physical_gpus: int
+    replicas: int = 1  # time-slicing / MPS: devices advertised per physical GPU
+    product: str = ""  # nvidia.com/gpu.product without the -SHARED / -MIG-<profile> suffix
+    single_mig_profile: str = ""  # MIG single strategy: the profile every nvidia.com/gpu is ("3g.40gb")
+    memory_mib: float = 0.0  # per physical GPU (HAMi's gpumem is a share of it); 0 unknown
+
+
+def _label_int(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return max(int(str(labels.get(key, "")).strip()), 0)
+    except ValueError:
+        return 0
+
+
+def node_sharing(node: NodeInfo, pods: tuple[PodInfo, ...] = ()) -> NodeSharing:
+    """The node's sharing mode and physical GPUs, from GFD labels and advertised devices. HAMi is told by its node
+    label gpu=on or a pod on the node (`pods`) requesting nvidia.com/gpumem or nvidia.com/gpucores. Without GFD's
+    gpu.count the physical GPUs are inferred: advertised / replicas, MIG slices / 7 rounded up."""
+    labels, cap = node.labels, node.capacity
+    product = labels.get(GPU_PRODUCT_LABEL, "")
+    count = _label_int(labels, GPU_COUNT_LABEL)
+    advertised = cap.get(GPU_RESOURCE, 0) + cap.get(GPU_SHARED_RESOURCE, 0)
+    try:
+        memory = float(labels.get(GPU_MEMORY_LABEL, "0") or 0)
+    except ValueError:
+        memory = 0.0
+    if "-MIG-" in product and labels.get(MIG_STRATEGY_LABEL, "single") == "single":
+        base, profile = product.split("-MIG-", 1)
+        devices_ = count or advertised
+        physical = -(-devices_ * gpu_slices(f"{MIG_RESOURCE_PREFIX}{profile}", 1) // FULL_GPU_SLICES)
+        return NodeSharing("mig", physical, product=base, single_mig_profile=profile)
+    if any(name.startswith(MIG_RESOURCE_PREFIX) for name in cap):
+        mig = sum(gpu_slices(name, n) for name, n in cap.items() if name.startswith(MIG_RESOURCE_PREFIX))
+        physical = count or (advertised + -(-mig // FULL_GPU_SLICES))
+        return NodeSharing("mig", physical, product=product)
+    base = product[: -len("-SHARED")] if product.endswith("-SHARED") else product
+    if (labels.get(HAMI_NODE_LABEL[0]) == HAMI_NODE_LABEL[1]
+            or any(is_share_resource(r) for p in pods for r in p.gpu_requests)):
+        return NodeSharing("hami", count or advertised, product=base, memory_mib=memory)
+    strategy = labels.get(SHARING_STRATEGY_LABEL, "")
+    replicas = _label_int(labels, GPU_REPLICAS_LABEL)
+    if not replicas and count and advertised > count:
+        replicas = advertised // count  # the advertised count vs physical GPUs
+    if strategy == "mps" or (replicas > 1 and strategy in ("", "time-slicing")):
+        replicas = max(replicas, 1)
+        return NodeSharing("mps" if strategy == "mps" else "time-slicing", count or advertised // replicas,
+                           replicas, base, memory_mib=memory)
+    return NodeSharing("whole", count or advertised, product=base, memory_mib=memory)

@@ -8,7 +8,8 @@
   429, lookup after a lost answer; the outbox without a token), `slack_blocks` (a Notice as Block Kit, the
   in-place edit after a snooze), `email` (SMTP: text + HTML parts, STARTTLS/SSL, auth; at most once when the
   server's answer is lost). `markup`: the Notice's small text markup every delivery reads. `interact`: the
-  Slack buttons (signed actions, who may click, the snooze they ask for).
+  Slack buttons (signed actions, who may click, the snooze they ask for); `socket_mode`: the same clicks over
+  Slack Socket Mode (no public URL), fed to the same `interact.handle_verified`.
 
 Email for other stages (the monthly report to finance): build a Notice (key = one per report and period,
 audience ("finance",)) and call `EmailDelivery(settings.email, store, clock).send(notice, to=settings.email.finance,

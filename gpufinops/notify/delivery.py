@@ -40,6 +40,7 @@ from ..config import SlackSettings
 from ..model import Clock, Message, Notice, Notifier
 from ..store.schema import NotificationRow
 from ..store.store import Store
+from .markup import redact
 
 log = logging.getLogger("gpufinops.notify")
 
@@ -54,15 +55,7 @@ def _as_sent(notice: Notice, settings: SlackSettings) -> Notice:
 DEFAULT_TIMEOUT_S = 10.0
 
 # Slack token shapes: xoxb-/xoxp-/xoxa-/xoxe-/xoxs- ... and app-level xapp-.
-_TOKEN_RE = re.compile(r"\b(xox[a-z]|xapp)-[A-Za-z0-9-]+")
 _MAX_ERROR_CHARS = 500
-
-
-def redact(text: str, token: str | None = None) -> str:
-    """Remove anything that looks like a Slack token (and the configured token itself)."""
-    if token:
-        text = text.replace(token, "[redacted]")
-    return _TOKEN_RE.sub(lambda m: f"{m.group(1)}-[redacted]", text)
 
 
 def _clip(text: str, limit: int = _MAX_ERROR_CHARS) -> str:

@@ -1,6 +1,9 @@
 """People acting on a warning: a verified Slack button click becomes a snooze request; the leader applies it.
 
-A click reaches `POST /slack/actions` on whichever replica Slack's request lands. There it is
+A click reaches `POST /slack/actions` on whichever replica Slack's request lands, or, with Slack Socket Mode
+(`slack.socket_mode`, no public URL needed), one replica's WebSocket as an `interactive` envelope
+(notify/socket_mode.py: the socket is opened with the app-level token, so steps 1 and 2 are that; step 3 claims
+the envelope id). Both transports then call `handle_verified`: one authorisation, one audit. Over HTTP it is
 1. verified: `X-Slack-Request-Timestamp` must be a Unix time in seconds within 5 minutes of this clock and
    `X-Slack-Signature` a `v0=<64 hex>` signature, Slack's, over the raw body with the signing secret (slack-sdk
    `SignatureVerifier`). A missing, non-numeric or absurd header is refused like a forged one: 401, logged;
@@ -40,7 +43,7 @@ from ..config import Settings
 from ..config import SLACK_USER_ID
 from .messages import SNOOZE_ACTIONS
 from ..model import ActionKind, ActionResult, Cloud, GpuInstance
-from .delivery import redact
+from .markup import redact
 from ..store.store import Store
 
 log = logging.getLogger("gpufinops.interact")
@@ -134,12 +137,17 @@ def _obj(value: Any) -> dict:
 
 
 def parse_click(body: bytes) -> Click | str:
-    """The button click in a form-encoded `payload=`; a string saying what is wrong otherwise."""
+    """The button click in a form-encoded `payload=` (POST /slack/actions); a string saying what is wrong otherwise."""
     try:
         form = parse_qs(body.decode("utf-8"), strict_parsing=True)
         payload = json.loads(form["payload"][0])
     except (UnicodeDecodeError, ValueError, KeyError, IndexError):
         return "not a Slack interaction payload"
+    return parse_payload(payload)
+
+
+def parse_payload(payload: Any) -> Click | str:
+    """The button click in an interaction payload (the JSON of either transport); a string saying what is wrong."""
     if not isinstance(payload, dict) or payload.get("type") != "block_actions":
         return "not a button click"
     actions = payload.get("actions")
@@ -224,8 +232,9 @@ def snooze_until(action_id: str, now: datetime, tz_name: str | None, max_snooze_
 
 def handle_click(headers: Mapping[str, str], body: bytes, *, settings: Settings, store: Store, cloud: Cloud,
                  users: UserLookup, now: datetime) -> Answer:
-    """One POST /slack/actions: verify, parse, claim, check, store the request. Never changes the cloud; never
-    raises for anything a request can carry."""
+    """One POST /slack/actions: verify the signature, then `handle_verified` (parse, claim, check, store the
+    request) with the signature as what is claimed. Never changes the cloud; never raises for anything a request
+    can carry."""
     secret = settings.slack.signing_secret.resolve()
     if not secret:
         return Answer(404, "interactivity is not configured (slack.signing_secret)")
@@ -238,7 +247,31 @@ def handle_click(headers: Mapping[str, str], body: bytes, *, settings: Settings,
         log.warning("refused a Slack click: %s", click)
         return Answer(400, click)
     signature = {k.lower(): v for k, v in headers.items()}["x-slack-signature"].strip()
-    seen_key = SEEN_PREFIX + hashlib.sha256(signature.encode()).hexdigest()[:32]
+    return handle_verified(click, signature, settings=settings, store=store, cloud=cloud, users=users, now=now)
+
+
+def handle_socket_envelope(envelope_id: Any, payload: Any, *, settings: Settings, store: Store, cloud: Cloud,
+                           users: UserLookup, now: datetime) -> Answer:
+    """One `interactive` envelope of Slack Socket Mode (notify/socket_mode.py). The socket was opened with the
+    app-level token, so what comes through it is Slack's; the envelope id is claimed once, like a signature,
+    so a redelivered envelope changes nothing. The same parse, claim, check and store as POST /slack/actions."""
+    if not isinstance(envelope_id, str) or not envelope_id.strip() or len(envelope_id) > 200:
+        log.warning("refused a Slack Socket Mode envelope: no envelope id")
+        return Answer(400, "no envelope id")
+    click = parse_payload(payload)
+    if isinstance(click, str):
+        log.warning("refused a Slack click (Socket Mode): %s", click)
+        return Answer(400, click)
+    return handle_verified(click, "socket-mode:" + envelope_id, settings=settings, store=store, cloud=cloud,
+                           users=users, now=now)
+
+
+def handle_verified(click: Click, claim: str, *, settings: Settings, store: Store, cloud: Cloud, users: UserLookup,
+                    now: datetime) -> Answer:
+    """A click its transport has verified as Slack's: claimed once (`claim`: the request's signature, or the Socket
+    Mode envelope id), then allowed or refused by Slack user id, and stored as a request or audited as a refusal.
+    Both transports end here: one authorisation, one audit."""
+    seen_key = SEEN_PREFIX + hashlib.sha256(claim.encode()).hexdigest()[:32]
     try:
         if not store.claim_kv(seen_key, now.isoformat()):
             log.warning("refused a replayed Slack click by %s on %s", click.user_id, click.instance_id)

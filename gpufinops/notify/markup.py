@@ -69,3 +69,14 @@ def clip(text: str, limit: int) -> str:
     if lt != -1 and ">" not in cut[lt:]:
         cut = cut[:lt]
     return cut + "…"
+
+
+# A Slack bot/user token (xox?-…) or app-level token (xapp-…) anywhere in a text about to be logged or stored.
+_TOKEN_RE = re.compile(r"\b(xox[a-z]|xapp)-[A-Za-z0-9-]+")
+
+
+def redact(text: str, token: str | None = None) -> str:
+    """Remove anything that looks like a Slack token (and the configured token itself)."""
+    if token:
+        text = text.replace(token, "[redacted]")
+    return _TOKEN_RE.sub(lambda m: f"{m.group(1)}-[redacted]", text)

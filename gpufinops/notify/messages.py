@@ -13,9 +13,13 @@ outage), so each delivery sends it at most once however many runs see the same e
 from __future__ import annotations
 
 import math
+import re
+import shlex
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
+from ..config import SLACK_USER_ID
 from ..k8s.model import DEFAULT_PROTECT_KEY, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION
 from ..model import (
     TAG_PROTECT,
@@ -268,8 +272,54 @@ def idle_warning(
             ("Rule", _v(decision.rule_name)),
         ),
         actions=tuple(SNOOZE_ACTIONS) if buttons else (),
-        notes=(_keep_hint(inst),),
+        notes=(_keep_hint(inst),) + way_out_notes(inst, sent_at or marked_at, buttons=buttons),
     )
+
+
+# A user id as Slack answers it (users.lookupByEmail): letters and digits only, so `<@…>` stays one mention.
+SLACK_ID_ANSWERED = re.compile(r"[UW][A-Z0-9]{1,30}")
+
+# The snooze the copy-paste command of a warning sets: this long after the warning.
+CLI_SNOOZE = timedelta(hours=24)
+_CLI_MAX = 400  # a longer command (a hostile id or region) is not shown rather than shown clipped, i.e. wrong
+
+
+def aws_create_tags(inst: GpuInstance, key: str, value: str) -> str | None:
+    """The exact `aws ec2 create-tags` line setting one tag on this instance, every argument shell-quoted (the id
+    and region come from the cloud: untrusted text). None when it is not an EC2 instance, or the line could not be
+    shown whole in a code span (a backquote, a line break or a control character, or too long)."""
+    if inst.provider != "aws" or _is_workload(inst) or not inst.region or not inst.instance_id:
+        return None
+    parts = ("aws", "ec2", "create-tags", "--region", str(inst.region), "--resources", str(inst.instance_id),
+             "--tags", f"Key={key},Value={value}")
+    line = " ".join(shlex.quote(p) for p in parts)
+    if len(line) > _CLI_MAX or "`" in line or any(ord(c) < 32 or ord(c) == 127 for c in line):
+        return None
+    return line
+
+
+def way_out_notes(inst: GpuInstance, now: datetime, *, buttons: bool = False) -> tuple[str, ...]:
+    """The warning's copy-paste ways out that need no console: snooze 24 h, protect for good (notice markup)."""
+    until = _utc(now) + CLI_SNOOZE
+    snooze = aws_create_tags(inst, TAG_SNOOZE, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    protect = aws_create_tags(inst, TAG_PROTECT, "true")
+    if not (snooze and protect):
+        return ()
+    return (f"No console needed{' (or use the buttons above)' if buttons else ''}. Snooze until "
+            f"{_slack_date(until)}: `{escape(snooze)}`",
+            f"Never stop it: `{escape(protect)}`")
+
+
+def mention_owner(notice: Notice, user_id: str) -> Notice:
+    """The notice as Slack shows it to a workspace where the owner is `user_id`: `<@U…>` at the end of its text
+    (so the owner is notified) and in its Owner fact. For Slack only: email shows the owner tag as written."""
+    if not (SLACK_USER_ID.fullmatch(user_id or "") or SLACK_ID_ANSWERED.fullmatch(user_id or "")):
+        return notice
+    mention = f"<@{user_id}>"
+    facts = tuple((label, mention if value == user_id else f"{mention} ({value})") if label == "Owner" else
+                  (label, value) for label, value in notice.facts)
+    suffix = f" (owner {mention})"
+    return replace(notice, text=_clip_text(notice.text, MAX_FALLBACK - len(suffix)) + suffix, facts=facts)
 
 
 def stopped(

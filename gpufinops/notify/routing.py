@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..config import SLACK_USER_ID, Settings, SlackSettings
 from ..model import Notice, Notifier
+from .messages import SLACK_ID_ANSWERED, mention_owner
 
 if TYPE_CHECKING:
     from .email import EmailDelivery
@@ -74,23 +75,31 @@ class Deliveries:
             return self.email.send(notice, to=address)
         if "finance" in notice.audience and self.email is not None and self.settings.email.finance:
             return self.email.send(notice, to=self.settings.email.finance)
-        delivered = self.chat.send(replace(notice, channel=chat_channel(notice, self.settings.slack)))
+        owner_id = self.owner_slack_id(notice, address) if notice.kind == "warning" else None
+        chat_notice = mention_owner(notice, owner_id) if owner_id else notice
+        delivered = self.chat.send(replace(chat_notice, channel=chat_channel(notice, self.settings.slack)))
         if delivered and notice.kind == "warning" and "owner" in notice.audience:
-            self._copy_to_owner(notice, address)
+            self._copy_to_owner(notice, chat_notice, owner_id, address)
         return delivered
 
-    def _copy_to_owner(self, notice: Notice, address: str | None) -> None:
-        """The warning to its owner too: a Slack DM when Slack knows them, else an email to the tag's address."""
-        owner = notice.owner.strip()
-        if not owner:
+    def owner_slack_id(self, notice: Notice, address: str | None) -> str | None:
+        """The owner's Slack user id: the owner tag when it is one, else the user Slack finds by the tag's email
+        (users.lookupByEmail, remembered in the store); None when the owner is not an audience or not known."""
+        owner = notice.owner.strip() if "owner" in notice.audience else ""
+        if SLACK_USER_ID.fullmatch(owner):
+            return owner
+        lookup = getattr(self.chat, "user_id_for_email", None)
+        found = lookup(owner) if address and lookup is not None else None
+        return found if isinstance(found, str) and SLACK_ID_ANSWERED.fullmatch(found) else None
+
+    def _copy_to_owner(self, notice: Notice, chat_notice: Notice, owner_id: str | None, address: str | None) -> None:
+        """The warning to its owner too: a Slack DM when Slack knows them and `dm_owners` is on, else an email
+        to the tag's address (when only an address is known)."""
+        if not notice.owner.strip():
             return
-        user_id = None
-        if self.settings.slack.dm_owners:
-            user_id = owner if SLACK_USER_ID.fullmatch(owner) else (
-                self.chat.user_id_for_email(owner) if address else None)
-        if user_id:
-            self.chat.send(replace(notice, key=f"dm:{notice.key}", channel=user_id, audience=("person",)))
-        elif address and self.email is not None:
+        if owner_id and self.settings.slack.dm_owners:
+            self.chat.send(replace(chat_notice, key=f"dm:{notice.key}", channel=owner_id, audience=("person",)))
+        elif address and not owner_id and self.email is not None:
             self.email.send(replace(notice, key=f"email:{notice.key}"), to=address)
 
     def retry_due(self, now: datetime) -> int:

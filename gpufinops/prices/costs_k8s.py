@@ -1,22 +1,44 @@
-"""Kubernetes GPU cost by pod, namespace and workload, with each node's idle capacity shown as such.
+"""Kubernetes GPU cost by pod, namespace, workload and node pool, with each node's idle capacity shown as such.
 
-A pod's share of its node's cost is its GPU request over the node's GPU capacity (MIG requests weighted by
-their compute slices: k8s.model.gpu_slices). The GPUs no pod requested are the node's **idle capacity**: a
-row of their own, never spread over the pods. Pure functions; amounts in whole cents, apportioned per node
-by largest remainder, so the rows of a node add up to its cost to the cent and every grouping adds up to the
-cluster (`cluster_cents`).
+A pod's share of its node's cost is the part of the node's *physical* GPUs its request holds, by the way the
+node shares them (k8s.model.node_sharing, from GFD labels and advertised devices):
+
+- whole GPUs: `nvidia.com/gpu: n` is n GPUs;
+- MIG: a `nvidia.com/mig-3g.40gb` device is its compute slices over the GPU's (3/7), from the one MIG profile table
+  (prices.mig); the physical GPUs are GFD's nvidia.com/gpu.count, so slices a layout leaves unusable (two
+  3g.40gb leave a seventh) are idle capacity, not hidden in the pods' shares;
+- time-slicing and MPS: one advertised replica is 1/replicas of a GPU (nvidia.com/gpu.replicas, else advertised
+  devices / physical GPUs);
+- HAMi: per vGPU, max(nvidia.com/gpumem / the GPU's memory, nvidia.com/gpucores / 100). The larger of the two,
+  because either one exhausted closes the GPU to other pods (HAMi's scheduler places a vGPU only where both its
+  memory and its cores fit): a pod holding 80% of the memory and 10% of the cores takes 80% of the GPU from
+  everyone else. No gpumem means the whole memory (HAMi's default), so such a pod holds a whole GPU.
+
+What no pod holds is the node's **idle capacity**: a row of its own, never spread over the pods. Shares are exact
+fractions; amounts are whole cents, apportioned per node by largest remainder, so a node's pods plus its idle
+capacity equal its cost to the cent for any number of hours, and every grouping adds up to the cluster
+(`cluster_cents`). Pure functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 from typing import Callable, Iterable, Mapping, Sequence
 
-from gpufinops.k8s.model import ClusterSnapshot, NodeInfo, slices
+from gpufinops.k8s.model import (
+    GPU_RESOURCE, GPU_SHARED_RESOURCE, HAMI_CORES, HAMI_MEMORY, MIG_RESOURCE_PREFIX, ClusterSnapshot, NodeInfo,
+    NodeSharing, node_sharing,
+)
+from .mig import compute_share, gpu_key_of_product
 
+# Node labels naming a node's pool, first found (the same as collect.kubernetes.NODE_GROUP_LABELS' first ones).
+NODE_POOL_LABELS = ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "cloud.google.com/gke-nodepool",
+                    "kubernetes.azure.com/agentpool")
+NO_NODE_POOL = "(no node pool)"
 IDLE_CAPACITY = "(idle capacity)"
-GROUPINGS = ("namespace", "workload", "node", "pod")
+GROUPINGS = ("namespace", "workload", "node", "pod", "nodepool")
 
 
 @dataclass(frozen=True)
@@ -28,10 +50,12 @@ class CostShare:
     namespace: str  # IDLE_CAPACITY for idle capacity
     workload: str  # "ns/Kind/name"; for idle capacity "node <name>"
     pod: str
-    gpu_slices: int  # in compute slices (a whole GPU = 7)
-    node_slices: int
+    gpus: Fraction  # physical GPUs held (exact: 3/7 for a 3g slice, 1/4 for one of 4 time-sliced replicas)
+    node_gpus: int  # the node's physical GPUs
     cents: int | None  # None: the node's price is unknown
     hours: float
+    sharing: str = "whole"  # k8s.model.SHARING_MODES
+    node_pool: str = NO_NODE_POOL
 
     @property
     def is_idle_capacity(self) -> bool:
@@ -43,13 +67,13 @@ def cents_of(usd: float) -> int:
     return int(Decimal(repr(usd)).scaleb(2).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
-def apportion(total: int, weights: Sequence[int]) -> list[int]:
-    """`total` split in proportion to `weights`, in whole units that add up to `total` exactly (largest
-    remainder; ties go to the earlier weight)."""
+def apportion(total: int, weights: Sequence[int | Fraction]) -> list[int]:
+    """`total` split in proportion to `weights` (integers or exact fractions), in whole units that add up to
+    `total` exactly (largest remainder; ties go to the earlier weight)."""
     denominator = sum(weights)
     if denominator <= 0:
         return [0] * len(weights)
-    parts = [total * w // denominator for w in weights]
+    parts = [int(total * w // denominator) for w in weights]
     remainders = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % denominator), i))
     for i in remainders[: total - sum(parts)]:
         parts[i] += 1
@@ -64,24 +88,55 @@ def node_hourly_costs(nodes: Iterable[NodeInfo], price: Callable[[str, str, str]
     return {n.name: overrides.get(n.instance_id, price(n.instance_type, n.region, n.lifecycle)) for n in nodes}
 
 
+def node_pool_of(node: NodeInfo) -> str:
+    return next((node.labels[k] for k in NODE_POOL_LABELS if node.labels.get(k)), NO_NODE_POOL)
+
+
+def request_share(requests: Mapping[str, int], sharing: NodeSharing) -> Fraction:
+    """The physical GPUs a pod's requests hold on a node shared as `sharing` (exact)."""
+    share = Fraction(0)
+    devices_ = requests.get(GPU_RESOURCE, 0) + requests.get(GPU_SHARED_RESOURCE, 0)
+    gpu_key = gpu_key_of_product(sharing.product)
+    for name, n in requests.items():
+        if name.startswith(MIG_RESOURCE_PREFIX):
+            slices, of = compute_share(gpu_key, name[len(MIG_RESOURCE_PREFIX):])
+            share += Fraction(n * slices, of)
+    if sharing.mode == "mig" and sharing.single_mig_profile:
+        slices, of = compute_share(gpu_key, sharing.single_mig_profile)
+        share += Fraction(devices_ * slices, of)
+    elif sharing.mode in ("time-slicing", "mps"):
+        share += Fraction(devices_, sharing.replicas)
+    elif sharing.mode == "hami" and (HAMI_MEMORY in requests or HAMI_CORES in requests):
+        vgpus = devices_ or 1
+        memory = (Fraction(requests[HAMI_MEMORY]) / Fraction(sharing.memory_mib)
+                  if HAMI_MEMORY in requests and sharing.memory_mib > 0 else Fraction(1))
+        cores = Fraction(requests.get(HAMI_CORES, 0), 100)
+        share += vgpus * min(max(memory, cores), Fraction(1))
+    else:
+        share += devices_
+    return share
+
+
 def attribute(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None], hours: float = 1.0) -> list[CostShare]:
     """Pure: every GPU node's cost over `hours`, split over the pods holding its GPUs, plus its idle capacity.
-    Requests above the capacity (a node shrinking under its pods) share the whole node and leave no idle row."""
+    Requests above the physical GPUs (a node shrinking under its pods, labels that undercount) share the whole
+    node and leave no idle row."""
     out: list[CostShare] = []
     for node in snapshot.nodes:
         pods = snapshot.pods_on(node.name)
-        capacity = slices(node.capacity)
-        weights = [slices(p.gpu_requests) for p in pods]
-        idle = max(capacity - sum(weights), 0)
+        sharing = node_sharing(node, pods)
+        pool = node_pool_of(node)
+        weights = [request_share(p.gpu_requests, sharing) for p in pods]
+        idle = max(Fraction(sharing.physical_gpus) - sum(weights, Fraction(0)), Fraction(0))
         cost = node_costs.get(node.name)
         total = None if cost is None else cents_of(cost * hours)
         parts = apportion(total, [*weights, idle]) if total is not None else [None] * (len(pods) + 1)
         for pod, w, cents in zip(pods, weights, parts):
             out.append(CostShare(node.name, node.instance_id, pod.namespace, str(pod.workload), pod.name, w,
-                                 capacity, cents, hours))
+                                 sharing.physical_gpus, cents, hours, sharing.mode, pool))
         if idle:
             out.append(CostShare(node.name, node.instance_id, IDLE_CAPACITY, f"node {node.name}", "", idle,
-                                 capacity, parts[-1], hours))
+                                 sharing.physical_gpus, parts[-1], hours, sharing.mode, pool))
     return out
 
 
@@ -90,24 +145,33 @@ def cluster_cents(shares: Iterable[CostShare]) -> int:
 
 
 def cost_by(shares: Iterable[CostShare], by: str) -> list[dict]:
-    """Rows per namespace / workload / node / pod: cents, dollars, GPUs (whole GPUs, MIG as sevenths), pods, and
-    `unpriced` pods whose node has no known price. Idle capacity stays its own row(s); largest cost first."""
+    """Rows per namespace / workload / node / pod / nodepool: cents, dollars, physical GPUs held, pods, `unpriced`
+    pods whose node has no known price, `sharing` (the modes of the GPUs, comma-joined) and the row's idle
+    capacity (`idle_cents`, `idle_gpus`: all of an idle capacity row, a node pool's idle part). Idle capacity
+    stays its own row(s) except per node and node pool; largest cost first."""
     if by not in GROUPINGS:
         raise ValueError(f"cost by {by!r}: expected one of {', '.join(GROUPINGS)}")
     groups: dict[str, dict] = {}
     for s in shares:
-        key = {"namespace": s.namespace, "workload": s.workload, "node": s.node,
+        key = {"namespace": s.namespace, "workload": s.workload, "node": s.node, "nodepool": s.node_pool,
                "pod": f"{s.namespace}/{s.pod}" if s.pod else s.workload}[by]
-        row = groups.setdefault(key, {by: key, "cents": 0, "gpus": 0.0, "pods": 0, "unpriced": 0,
-                                      "idle_capacity": s.is_idle_capacity})
+        row = groups.setdefault(key, {by: key, "cents": 0, "gpus": Fraction(0), "pods": 0, "unpriced": 0,
+                                      "idle_capacity": s.is_idle_capacity and by not in ("node", "nodepool"),
+                                      "sharing": set(), "idle_cents": 0, "idle_gpus": Fraction(0)})
         row["cents"] += s.cents or 0
-        row["gpus"] += s.gpu_slices / 7
+        row["gpus"] += s.gpus
         row["pods"] += 0 if s.is_idle_capacity else 1
         row["unpriced"] += s.cents is None
+        row["sharing"].add(s.sharing)
+        if s.is_idle_capacity:
+            row["idle_cents"] += s.cents or 0
+            row["idle_gpus"] += s.gpus
     rows = sorted(groups.values(), key=lambda r: (r["idle_capacity"], -r["cents"], r[by]))
     for r in rows:
         r["usd"] = r["cents"] / 100
-        r["gpus"] = round(r["gpus"], 3)
+        r["gpus"] = round(float(r["gpus"]), 3)
+        r["idle_gpus"] = round(float(r["idle_gpus"]), 3)
+        r["sharing"] = ",".join(sorted(r["sharing"]))
     return rows
 
 

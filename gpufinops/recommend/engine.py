@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 from sqlalchemy import insert, select
 
 from gpufinops.prices.catalog import Catalog
-from gpufinops.model import GpuInstance, Message
+from gpufinops.model import GpuInstance, Message, Rule
+from gpufinops.recommend.idle import DEFAULT_OPT_IN, MIN_IDLE_HISTORY_H, history, never_worked, seen_so_far, stop_advice
 from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.purchase import classify, commitment, spot_vs_on_demand
 from gpufinops.recommend.rightsize import rightsize
@@ -32,7 +33,8 @@ class Recommendation:
     team: str
     instance_type: str
     region: str
-    action: str  # keep | rightsize | spot | rightsize+spot | commit | insufficient_data | unknown_type
+    # keep | rightsize | spot | rightsize+spot | commit | insufficient_data | unknown_type | stop_when_idle | idle_kept
+    action: str
     current_monthly: float | None
     recommended: str
     recommended_monthly: float | None
@@ -41,6 +43,8 @@ class Recommendation:
     reason: str
     prices_as_of: date | None
     created_at: datetime
+    history_h: float | None = None  # measured usage history the row rests on (not stored: JSON/CSV only)
+    confidence: str = ""  # low | medium | high: what that history can show (recommend/idle.py)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -52,13 +56,26 @@ class Recommendation:
 def _price_age(as_of: date | None, now: datetime, policy: RecommendPolicy) -> str:
     if as_of is None:
         return "price date unknown"
-    days = (now.date() - as_of).days
-    stale = " - STALE, refresh prices" if days > policy.price_max_age_days else ""
-    return f"prices as of {as_of.isoformat()} ({days} days old{stale})"
+    days = (now.date() - as_of).days  # stale ones are said once for the run (stale_prices_warning), not per row
+    return f"prices as of {as_of.isoformat()} ({days} days old)"
+
+
+def stale_prices_warning(recs: Sequence[Recommendation], now: datetime, policy: RecommendPolicy) -> str:
+    """One warning for all the rows priced older than price_max_age_days; "" when none is."""
+    old = [r.prices_as_of for r in recs if r.prices_as_of and (now.date() - r.prices_as_of).days > policy.price_max_age_days]
+    if not old:
+        return ""
+    oldest = min(old)
+    return (f"{len(old)} recommendation(s) rest on prices older than {policy.price_max_age_days} days (oldest "
+            f"{oldest.isoformat()}, {(now.date() - oldest).days} days): costs and savings may be off; refresh AWS "
+            f"prices with --refresh-prices (AWS credentials allowed to call pricing:GetProducts) or update the catalog")
 
 
 def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, policy: RecommendPolicy,
-                       now: datetime) -> Recommendation:
+                       now: datetime, *, rules: Sequence[Rule] | None = None,
+                       opt_in: tuple[str, str] = DEFAULT_OPT_IN) -> Recommendation:
+    """`rules`: the service's rules, so stop advice respects their exclusions (None: not checked);
+    `opt_in`: act.opt_in_tag and opt_in_value."""
     hpm = policy.hours_per_month
     sized = rightsize(inst, fleet.instances.get(inst.instance_id), catalog, policy)
     cur = sized.current
@@ -68,12 +85,33 @@ def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, p
         current_hourly = cur.spot_usd_h if on_spot and cur.spot_usd_h else cur.on_demand_usd_h
     current_monthly = current_hourly * hpm if current_hourly is not None else None
 
+    usage = fleet.instances.get(inst.instance_id)
+    hist = history(usage)
+
     def rec(action, recommended, rec_monthly, risk, reason, as_of):
         savings = (current_monthly - rec_monthly) if (current_monthly is not None and rec_monthly is not None) else 0.0
         return Recommendation(inst.instance_id, inst.team(), inst.instance_type, inst.region, action,
                               current_monthly, recommended, rec_monthly, max(0.0, savings), risk,
-                              f"{reason}; {_price_age(as_of, now, policy)}" if as_of or cur else reason, as_of, now)
+                              f"{reason}; {_price_age(as_of, now, policy)}" if as_of or cur else reason, as_of, now,
+                              round(hist.hours, 1) if hist else None, hist.confidence if hist else "")
 
+    as_of = cur.prices_as_of if cur else None
+    gpu_count = cur.gpu_count if cur else inst.gpu_count
+    if hist is not None and hist.hours >= MIN_IDLE_HISTORY_H and never_worked(usage, gpu_count, policy):
+        # No GPU did any work: stop it when idle (never a smaller GPU, never a schedule), within the service's guards.
+        advice = stop_advice(inst, rules, opt_in)
+        why = f"{advice.reason}; no GPU worked in {hist.describe()}"
+        if advice.action == "idle_kept":
+            return rec(advice.action, advice.recommended, current_monthly, "none", why, as_of)
+        risk = {"high": "low", "medium": "medium"}.get(hist.confidence, "high")
+        return rec(advice.action, advice.recommended, 0.0 if current_monthly is not None else None, risk,
+                   f"{why}; saves its cost while it stays idle", as_of)
+    if sized.status == "insufficient_data" and hist is not None and \
+            hist.hours < hist.window_hours * policy.min_coverage and len(usage.gpus) >= gpu_count:
+        # It works, but on less history than right-sizing needs: what was seen, and no smaller GPU yet.
+        return rec(sized.status, "-", None, "none", f"{sized.reason}; {hist.describe()}; {seen_so_far(usage)}; "
+                                                    f"no smaller GPU advised on less than {policy.window_days} days",
+                   as_of)
     if sized.status != "ok":
         return rec(sized.status, "-", None, "none", sized.reason, cur.prices_as_of if cur else None)
     if sized.mig is not None:
@@ -111,9 +149,10 @@ def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, p
 
 
 def recommend_fleet(instances: Sequence[GpuInstance], fleet: FleetUsage, catalog: Catalog, policy: RecommendPolicy,
-                    now: datetime) -> list[Recommendation]:
+                    now: datetime, *, rules: Sequence[Rule] | None = None,
+                    opt_in: tuple[str, str] = DEFAULT_OPT_IN) -> list[Recommendation]:
     running = [i for i in instances if i.is_running]
-    recs = [recommend_instance(i, fleet, catalog, policy, now) for i in running]
+    recs = [recommend_instance(i, fleet, catalog, policy, now, rules=rules, opt_in=opt_in) for i in running]
     recs += commitment_recs(running, fleet.hourly_gpus, catalog, policy, now)
     return sorted(recs, key=lambda r: (-r.monthly_savings, r.instance_id))
 
@@ -153,8 +192,9 @@ def commitment_recs(instances: Sequence[GpuInstance], hourly_gpus: Mapping[str, 
 def store_recommendations(store: Store, run_id: str, recs: Sequence[Recommendation]) -> None:
     if not recs:
         return
-    rows = [{**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": naive_utc(r.created_at), "run_id": run_id}
-            for r in recs]
+    columns = set(recommendations.c.keys())
+    rows = [{k: v for k, v in {**r.to_dict(), "prices_as_of": r.prices_as_of, "created_at": naive_utc(r.created_at),
+                               "run_id": run_id}.items() if k in columns} for r in recs]
     with store.engine.begin() as conn:
         conn.execute(insert(recommendations), rows)
 

@@ -9,7 +9,7 @@ headroom). The cheapest such offer wins; the current type is the fallback.
 SM activity and memory together (issue 25). Where DCGM_FI_PROF_SM_ACTIVE is exported on every working GPU with
 enough samples, the observed compute is its p95 (the share of SM cycles with work), not the activity counter's
 (the share of time any kernel runs: a job on 12% of an H100's SMs reads ~100% there). On a GPU model that MIG can
-split (recommend.mig), each working GPU's SM activity, memory and, where exported, DRAM activity are also fitted to
+split (prices.mig), each working GPU's SM activity, memory and, where exported, DRAM activity are also fitted to
 the smallest MIG profile; the slices' share of what the GPU costs now competes with the cheaper instance types,
 and the cheaper wins. Without SM activity the sizing is the activity-only one, and the reason says so.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from gpufinops.prices.catalog import Catalog, InstanceOffer
 from gpufinops.collect.prometheus import SM_ACTIVE
 from gpufinops.model import GpuInstance
-from gpufinops.recommend.mig import MIG_PROFILES, GpuNeed, MigProfile, smallest_fit
+from gpufinops.prices.mig import MIG_PROFILES, GpuNeed, MigProfile, smallest_fit
 from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.usage import LongUsage
 

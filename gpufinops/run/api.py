@@ -18,11 +18,7 @@ are answered. No mTLS here: put a TLS proxy in front for that.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
-import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Mapping
 from urllib.parse import parse_qs
@@ -31,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..act.plan import primary_decision
 from ..model import Decision, GpuInstance, Verdict
+from .httpd import JSON, Answer, authorize, figures, is_loopback  # noqa: F401 - shared with the agent's /v1/verdict
 
 if TYPE_CHECKING:
     from ..config import ApiSettings
@@ -42,45 +39,10 @@ log = logging.getLogger("gpufinops.api")
 VERDICTS_PATH = "/v1/verdicts"
 NAMESPACE_TAG = "k8s:namespace"  # collect.kubernetes_cloud.TAG_NAMESPACE
 MAX_INSTANCES_PER_QUERY = 500
-JSON = "application/json"
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: dict
-
-    def encoded(self) -> tuple[int, str, bytes]:
-        return self.status, JSON, (json.dumps(self.body, indent=1) + "\n").encode()
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def authorize(headers: Mapping[str, str], client: str, token: str | None) -> Answer | None:
-    """None when the request may be answered; else the refusal. The token itself is never echoed or logged."""
-    if token is None:
-        if is_loopback(client):
-            return None
-        return Answer(403, {"error": "no api.bearer_token is configured: only loopback clients are answered"})
-    sent = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
-    scheme, _, value = sent.partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
-        return None
-    return Answer(401, {"error": "missing or wrong bearer token"})
 
 
 def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt is not None else None
-
-
-def figures(d: Decision) -> dict:
-    return {"window_s": d.window_s, "activity_mean": d.activity_mean, "activity_max": d.activity_max,
-            "memory_max_mib": d.memory_max_mib, "coverage": d.coverage, "activity_signal": d.activity_signal}
 
 
 class VerdictApi:

@@ -8,11 +8,18 @@ a restart could help if not. /readyz answers readiness: every data source answer
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import json
 import logging
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from ..model import Decision
 
 log = logging.getLogger("gpufinops.httpd")
 
@@ -21,6 +28,46 @@ PostHandler = Callable[[Mapping[str, str], bytes], tuple[int, str]]
 # GET routes beyond /metrics and the probes: handler(headers, query string, client address) -> (status,
 # content type, body). The client address is the socket's peer, never a forwarded header.
 GetHandler = Callable[[Mapping[str, str], str, str], tuple[int, str, bytes]]
+
+JSON = "application/json"
+
+
+# Access to the read-only JSON routes, shared by the service's /v1/verdicts (run/api.py) and the agent's
+# /v1/verdict (agent/verdict_api.py): a bearer token when one is set, else loopback clients only.
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict
+
+    def encoded(self) -> tuple[int, str, bytes]:
+        return self.status, JSON, (json.dumps(self.body, indent=1) + "\n").encode()
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def authorize(headers: Mapping[str, str], client: str, token: str | None) -> Answer | None:
+    """None when the request may be answered; else the refusal. The token itself is never echoed or logged."""
+    if token is None:
+        if is_loopback(client):
+            return None
+        return Answer(403, {"error": "no api.bearer_token is configured: only loopback clients are answered"})
+    sent = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+    scheme, _, value = sent.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+        return None
+    return Answer(401, {"error": "missing or wrong bearer token"})
+
+
+def figures(d: Decision) -> dict:
+    return {"window_s": d.window_s, "activity_mean": d.activity_mean, "activity_max": d.activity_max,
+            "memory_max_mib": d.memory_max_mib, "coverage": d.coverage, "activity_signal": d.activity_signal}
 
 
 def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[], bytes],

@@ -47,7 +47,11 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
         raise RuntimeError("the right-sizing digest needs a usage reader (compose.live_peers builds one)")
     usage = peers.usage.fleet_usage(
         instances, policy.window_days * 86400, now, interval, policy.commitment.window_days * 86400)
-    recs = recommend_fleet(instances, usage, catalog, policy, now)
+    from ..rules import load_rules
+
+    # The rules and the opt-in: stop advice for idle machines respects their exclusions (recommend/idle.py).
+    recs = recommend_fleet(instances, usage, catalog, policy, now, rules=load_rules(settings.rules_paths),
+                           opt_in=(settings.act.opt_in_tag, settings.act.opt_in_value))
     store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)
     peers.notifier.send(weekly_digest_message(recs, now, channel=settings.slack.default_channel))
     return recs

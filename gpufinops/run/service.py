@@ -136,6 +136,7 @@ class Service:
         self._degraded: dict[str, tuple[str, datetime]] = {}  # source -> (error, since when)
         self._reconciled = False
         self._last_report: tuple[RunReport, datetime] | None = None  # the last judged tick and when it ended
+        self.socket_mode = None  # notify.socket_mode.SocketModeActions while slack.socket_mode is on and started
         self.verdict_api = VerdictApi(self.settings.api, self.peers.store, self.last_report, self.clock,
                                       stale_after_s=self.liveness_limit_s())
 
@@ -345,10 +346,25 @@ class Service:
         self.scheduler.start()
         self._started = True
         threading.Thread(target=self.keep_lease, name="lease-renewal", daemon=True).start()
+        self.start_socket_mode()
+
+    def start_socket_mode(self) -> None:
+        """Slack Socket Mode (slack.socket_mode): clicks over a WebSocket this replica opens, as on every replica
+        POST /slack/actions answers them; no public URL needed."""
+        if not self.settings.slack.socket_mode or self.socket_mode is not None:
+            return
+        from ..notify.socket_mode import SocketModeActions
+
+        self.socket_mode = SocketModeActions(self.settings.slack, self.slack_socket_click)
+        if not self.socket_mode.start():
+            self.socket_mode = None
 
     def stop(self) -> None:
         # wait=True: a running evaluation finishes (and records what it did) before we exit.
         self.scheduler.shutdown(wait=True)
+        if self.socket_mode is not None:
+            self.socket_mode.stop()
+            self.socket_mode = None
         self._renewal_stop.set()
         self._stop.set()
         if self.lease.held:
@@ -367,6 +383,15 @@ class Service:
         answer = handle_click(headers, body, settings=self.settings, store=self.peers.store, cloud=self.peers.cloud,
                               users=users, now=self.clock())
         return answer.status, answer.text
+
+    def slack_socket_click(self, envelope_id, payload):
+        """An `interactive` envelope of Slack Socket Mode: the same parse, claim, authorisation and stored request
+        as slack_actions (gpufinops.interact.handle_verified)."""
+        from ..notify.interact import handle_socket_envelope
+
+        users = getattr(self.peers.notifier, "user_info", None) or (lambda _user_id: {})
+        return handle_socket_envelope(envelope_id, payload, settings=self.settings, store=self.peers.store,
+                                      cloud=self.peers.cloud, users=users, now=self.clock())
 
     def serve_forever(self) -> None:
         api = self.verdict_api.handle if self.settings.api.enabled else None

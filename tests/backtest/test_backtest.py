@@ -260,3 +260,21 @@ def test_cli_backtest_bad_column_is_a_clear_error(tmp_path, capsys):
     rc = main(["backtest", "--trace", str(csv), "--util-column", "gpu_util"])
     assert rc == 2
     assert "trace.csv: column 'gpu_util' (util column) not found" in capsys.readouterr().err
+
+
+def test_sweep_on_5_hours_warns_that_the_history_is_too_short_and_suggests_no_rule(tmp_path, capsys):
+    u = np.concatenate([np.full(120, 80.0), np.zeros(120), np.full(60, 80.0)])  # 5 h, one sample a minute
+    df = pd.DataFrame({"value": u, "timestamp_anon": T0 + 60.0 * np.arange(len(u)), "container_ip": "pod-a"})
+    csv = tmp_path / "trace.csv"
+    df.to_csv(csv, index=False)
+    rule, out = tmp_path / "rule.yaml", tmp_path / "bt.json"
+    argv = ["backtest", "--trace", str(csv), "--rules", str(ROOT / "rules" / "zero-activity.yaml"), "--sweep",
+            "--windows", "10m,1h", "--thresholds", "5,40", "--json", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "history too short to choose a rule: 5.0 h, the minimum is 24 h" in captured.err
+    assert "a whole day" in captured.err and "suggested rule" not in captured.out and "rules:" not in captured.out
+    data = json.loads(out.read_text())
+    assert data["sweep"]["suggested"] is None and "suggested_yaml" not in data["sweep"] and data["sweep"]["too_short"]
+    assert main([*argv, "--suggest-out", str(rule)]) == 1  # asked for a rule file: not written, and said so
+    assert not rule.exists() and "not written" in capsys.readouterr().err

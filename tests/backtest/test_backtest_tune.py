@@ -118,3 +118,12 @@ def test_a_rule_file_with_the_removed_learned_block_says_what_to_do(tmp_path):
         load_rules([path])
     text = str(err.value)
     assert str(path) in text and "learned" in text and LEARNED_REMOVED in text and ":6" in text
+
+
+def test_cli_tune_on_5_hours_suggests_no_rule(tmp_path, capsys):
+    _write([office_days(1)[540:840]] * 4, tmp_path / "short.csv")  # 09:00-14:00: 5 h of four instances
+    out_rule = tmp_path / "suggested.yaml"
+    assert main(["backtest", "--trace", str(tmp_path / "short.csv"), "--tune", "--suggest-out", str(out_rule)]) == 1
+    captured = capsys.readouterr()
+    assert "--tune: history too short to choose a rule" in captured.err and "minimum is 24 h" in captured.err
+    assert not out_rule.exists() and "rules:" not in captured.out

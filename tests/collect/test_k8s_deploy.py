@@ -26,6 +26,7 @@ EXPECTED = {
     ("apps", "replicasets"): {"get", "list", "watch"}, ("batch", "jobs"): {"get", "list", "watch"},
     ("apps", "deployments/scale"): {"get", "patch"}, ("apps", "statefulsets/scale"): {"get", "patch"},
     ("", "events"): {"create"}, ("events.k8s.io", "events"): {"create"},
+    ("autoscaling", "horizontalpodautoscalers"): {"list"}, ("keda.sh", "scaledobjects"): {"list"},
 }
 
 

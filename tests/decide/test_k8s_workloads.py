@@ -212,13 +212,16 @@ def test_cost_per_namespace_adds_up_to_the_node_costs_with_idle_capacity_to_the_
     rows = {r["namespace"]: r for r in cost_by(shares, "namespace")}
     node_cents = sum(cents_of(c * 24.0) for c in NODE_COSTS.values())
     assert sum(r["cents"] for r in rows.values()) == cluster_cents(shares) == node_cents
-    # NODE_A: 8 GPUs, 7 requested (ml 4, research 3), 1 idle; NODE_B: 4 GPUs, all idle capacity.
+    # NODE_A: 8 GPUs, 7 requested (ml 4, research 3), 1 idle; NODE_B: 4 GPUs, all idle capacity; NODE_MIG: two
+    # 3g slices leave the seventh slice of their GPU idle (the physical GPUs: a whole one and a MIG one).
     assert rows["ml"]["gpus"] == 4 and rows["research"]["gpus"] == 3
     assert rows["serving"]["gpus"] == pytest.approx(1 + 6 / 7, abs=0.001)  # a GPU and two 3g slices (3/7 each)
-    assert rows[IDLE_CAPACITY]["gpus"] == 5 and rows[IDLE_CAPACITY]["idle_capacity"]
+    assert rows[IDLE_CAPACITY]["gpus"] == pytest.approx(5 + 1 / 7, abs=0.001) and rows[IDLE_CAPACITY]["idle_capacity"]
     a_cents = cents_of(NODE_COSTS[NODE_A] * 24.0)
     assert abs(rows["ml"]["cents"] - a_cents * 4 / 8) <= 1
-    assert rows[IDLE_CAPACITY]["cents"] == pytest.approx(a_cents / 8 + cents_of(NODE_COSTS[NODE_B] * 24.0), abs=1)
+    mig_cents = cents_of(NODE_COSTS[NODE_MIG] * 24.0)
+    assert rows[IDLE_CAPACITY]["cents"] == pytest.approx(
+        a_cents / 8 + cents_of(NODE_COSTS[NODE_B] * 24.0) + mig_cents / 14, abs=1)
     by_workload = {r["workload"]: r for r in cost_by(shares, "workload")}
     assert sum(r["cents"] for r in by_workload.values()) == node_cents
     assert f"node {NODE_B}" in by_workload and str(IDLE) in by_workload

@@ -21,7 +21,7 @@ from sqlalchemy import event
 from gpufinops.config import ConfigError, load_settings
 from gpufinops.model import ActionKind
 from tests.act.test_act_trust import TOKEN_ENV
-from tests.notify.test_interact import SECRET, SECRET_ENV, ClickWorld, click_body, signed
+from tests.notify.test_interact import APP_TOKEN, APP_TOKEN_ENV, SECRET, SECRET_ENV, ClickWorld, click_body, signed
 
 COPIES = 12
 OWNER = "U0ANA00001"
@@ -29,21 +29,23 @@ STRANGER = "U0EVE00001"
 
 
 @pytest.fixture
-def make_world(tmp_path, slack_stub, monkeypatch):
-    """make(**ClickWorld kwargs) -> a world with its HTTP endpoint up; endpoints shut at teardown."""
+def make_world(tmp_path, slack_stub, monkeypatch, request):
+    """make(**ClickWorld kwargs) -> a world with its HTTP endpoint up (and, with socket=True, its Socket Mode
+    connection to a local WebSocket stub); endpoints shut at teardown."""
     monkeypatch.setenv(TOKEN_ENV, "xoxb-test-token")
     monkeypatch.setenv(SECRET_ENV, SECRET)
+    monkeypatch.setenv(APP_TOKEN_ENV, APP_TOKEN)
     made: list[ClickWorld] = []
 
-    def make(**kw) -> ClickWorld:
-        w = ClickWorld(tmp_path, slack_stub, **kw)
+    def make(socket: bool = False, **kw) -> ClickWorld:
+        ws = request.getfixturevalue("socket_mode_stub") if socket else None
+        w = ClickWorld(tmp_path, slack_stub, ws=ws, **kw)
         made.append(w)
         return w
 
     yield make
     for w in made:
-        w.http.shutdown()
-        w.http.server_close()
+        w.close()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -183,19 +185,21 @@ WHO_MAY_CLICK = {
 }
 
 
+@pytest.mark.parametrize("transport", ["http", "socket"])
 @pytest.mark.parametrize("case", sorted(WHO_MAY_CLICK))
-def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, case, caplog):
+def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, case, transport, caplog):
+    """One table for both transports: POST /slack/actions and Slack Socket Mode reach the same decision."""
     owner, clicker, username, users, slack, users_info_down, expected, because = WHO_MAY_CLICK[case]
-    world = make_world(slack=slack)
+    world = make_world(slack=slack, socket=transport == "socket")
     world.cloud._replace("i-00", tags={**world.cloud.get("i-00").tags, "owner": owner})
     world.stub.users.update(users)
     world.tick()
     if users_info_down:
         world.stub.fail_next(500, method="users.info")
     body = click_body(clicker, "gpufinops_snooze_2h", "i-00", username=username)
-    status, text = world.post(body, signed(body, world.clock.now))
+    status, text = world.click(body, transport)
     assert status == expected, text
-    assert "Traceback" not in caplog.text
+    assert "Traceback" not in caplog.text and APP_TOKEN not in caplog.text
     requests = world.store.kv_items("snooze_request:")
     if expected == 200:
         [(_, stored)] = requests

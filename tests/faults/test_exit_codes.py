@@ -20,7 +20,8 @@ def write_config(tmp_path, *, prometheus_url: str, aws_url: str) -> str:
         "prometheus": {"url": prometheus_url, "timeout_s": 2},
         "aws": {"regions": ["us-east-1"], "endpoint_url": aws_url},
         "database_url": "sqlite:///g.db",
-        "recommend": {"price_cache_path": "prices.json"},
+        # The bundled prices count as fresh: no automatic refresh from the Pricing API (moto has none).
+        "recommend": {"price_cache_path": "prices.json", "price_max_age_days": 3660},
         # A budget is configured, so `budgets check` has something to check and reads the bill.
         "billing": {"source": "ce", "budgets_path": "budgets.yaml"},
     }))

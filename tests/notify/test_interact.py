@@ -26,6 +26,8 @@ from tests.act.test_act_trust import SlackWorld
 
 SECRET_ENV = "GPUFINOPS_TEST_SLACK_SIGNING_SECRET"
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+APP_TOKEN_ENV = "GPUFINOPS_TEST_SLACK_APP_TOKEN"
+APP_TOKEN = "xapp-1-A0STUB-1-stubsecretvalue"
 
 
 def signed(body: bytes, at: datetime, secret: str = SECRET) -> dict[str, str]:
@@ -49,8 +51,12 @@ def click_body(user: str, action: str, instance_id: str, message: dict | None = 
 class ClickWorld(SlackWorld):
     """The act-stage world with interactivity on, and the service's HTTP endpoint in front of its store."""
 
-    def __init__(self, tmp_path, stub, slack=None, **kw):
+    def __init__(self, tmp_path, stub, slack=None, ws=None, **kw):
         super().__init__(tmp_path, stub, **kw)
+        self.ws = ws  # a SocketModeStub: clicks may also come over Slack Socket Mode
+        if ws is not None:
+            slack = {"socket_mode": True, "app_token": {"env": APP_TOKEN_ENV}, "base_url": stub.base_url,
+                     **(slack or {})}
         self.settings = load_settings(
             act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
             slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
@@ -70,6 +76,33 @@ class ClickWorld(SlackWorld):
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+
+    def click(self, body: bytes, transport: str = "http") -> tuple[int, str]:
+        """One click (a form body as Slack posts it) through a transport: "http" (signed now, POST /slack/actions)
+        or "socket" (its payload as an `interactive` envelope over the Socket Mode stub; the answer is what the
+        service's one click path returned for that envelope)."""
+        if transport == "http":
+            return self.post(body, signed(body, self.clock.now))
+        payload = json.loads(urllib.parse.parse_qs(body.decode())["payload"][0])
+        return self.socket_click(payload)
+
+    def socket_click(self, payload, envelope_id: str | None = None) -> tuple[int, str]:
+        assert self.ws is not None, "a Socket Mode world needs the socket_mode_stub fixture"
+        if self.service.socket_mode is None:
+            self.service.start_socket_mode()
+            assert self.service.socket_mode is not None and self.service.socket_mode.connected.wait(10)
+            assert self.ws.wait_connected()
+        before = self.ws.ack_count(envelope_id) if envelope_id else 0
+        eid = self.ws.send_interactive(payload, envelope_id)
+        assert self.ws.wait_ack(eid, count=before + 1), "the envelope was not acknowledged"
+        answer = self.service.socket_mode.answers[eid]
+        return answer.status, answer.text
+
+    def close(self) -> None:
+        if self.service.socket_mode is not None:
+            self.service.socket_mode.stop()
+        self.http.shutdown()
+        self.http.server_close()
 
     def warning(self) -> dict:
         """The warning as Slack holds it, with the conversation id a click carries."""

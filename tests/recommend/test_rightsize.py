@@ -135,7 +135,7 @@ def test_region_without_catalog_prices_compares_bundled_regions(catalog):
 # working GPU, the compute to offer is its p95, and a GPU model MIG can split is also fitted to MIG slices.
 
 from gpufinops.recommend.engine import recommend_instance  # noqa: E402
-from gpufinops.recommend.mig import MIG_PROFILES, GpuNeed, smallest_fit  # noqa: E402
+from gpufinops.prices.mig import MIG_PROFILES, GpuNeed, smallest_fit  # noqa: E402
 from gpufinops.recommend.usage import FleetUsage  # noqa: E402
 
 

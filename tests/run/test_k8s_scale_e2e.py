@@ -430,3 +430,22 @@ def test_a_node_and_its_workloads_add_up_to_the_node_cost_never_twice(cluster):
     workloads = [i for i in listed if i.instance_id.startswith("k8s:")]
     assert workloads and node.hourly_cost < node_rate and "node remainder" in node.price_source
     assert round(node.hourly_cost + sum(w.hourly_cost for w in workloads), 2) == round(node_rate, 2)
+
+
+def test_an_hpa_appearing_after_the_mark_cancels_the_scale_down_and_says_what_to_do(cluster):
+    """Issue 28: the workload was marked while nobody else scaled it; an HPA targeting it appears before the
+    announced time. The next tick finds it owned: the mark is withdrawn with the HPA named, never scaled."""
+    cluster.tick(0)
+    assert MARK_ANNOTATION in cluster.deployment(IDLE)["metadata"]["annotations"]
+    cluster.stub.add("horizontalpodautoscalers", {
+        "metadata": {"name": "idle-infer", "namespace": "ml"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": IDLE.name},
+                 "minReplicas": 1, "maxReplicas": 4}})
+    report = cluster.tick(16)
+    [unmark] = [a for a in report.actions if a.instance_id == workload_id(IDLE)]
+    assert unmark.kind == ActionKind.UNMARK and "managed by HorizontalPodAutoscaler 'ml/idle-infer'" in unmark.reason
+    assert "lower its minReplicas" in unmark.reason
+    dep = cluster.deployment(IDLE)
+    assert dep["spec"]["replicas"] == 2 and MARK_ANNOTATION not in dep["metadata"]["annotations"]
+    assert not [r for r in cluster.patches("deployments", IDLE.name) if "spec" in (r.body or {})]
+    assert not cluster.store.action_rows(kinds=[ActionKind.STOP])

@@ -203,6 +203,7 @@ def maybe_start_autostop(args: argparse.Namespace, agent) -> RunningAutostop | N
         return None
     loop = build_loop(args, agent)
     agent.on_sample = loop.on_sample
+    agent.autostop = loop  # the agent's GET /v1/verdict answers from it
     registry = getattr(agent, "registry", None)
     if registry is not None:
         from .loop import AutostopCollector

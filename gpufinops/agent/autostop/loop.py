@@ -93,6 +93,17 @@ def stop_rules(rules: Sequence[Rule], inst: GpuInstance) -> list[Rule]:
     return [r for r in rules if r.action in (Action.STOP, Action.TERMINATE) and r.selector.matches(inst)]
 
 
+def verdicts_since(before: Mapping[str, tuple[Verdict, float]], decisions: Sequence[Decision],
+                   now: float) -> dict[str, tuple[Verdict, float]]:
+    """Pure: rule -> (verdict, since when it has held), carried over while a rule's verdict stays the same.
+    Since the agent started at the earliest: the ring buffer keeps samples, not past verdicts."""
+    out = {}
+    for d in decisions:
+        verdict, since = before.get(d.rule_name, (None, now))
+        out[d.rule_name] = (d.verdict, since if verdict is d.verdict else now)
+    return out
+
+
 class Stopper(Protocol):
     describe: str
 
@@ -148,6 +159,11 @@ class AutostopLoop:
         self.last_tick_at: float | None = None
         self.state = AutostopState()  # as of the last tick, for /metrics
         self.blocked = False
+        # The last judgement, for the agent's GET /v1/verdict (agent/verdict_api.py): one decision per stop rule,
+        # what keeps the host running (blocks, snooze), and since when each rule has held its verdict.
+        self.decisions: tuple[Decision, ...] = ()
+        self.keeping: tuple[str, ...] = ()
+        self.verdict_since: dict[str, tuple[Verdict, float]] = {}
         self.tick_errors = 0
         self.outage = False  # the GPUs could not be read for unknown_grace or longer (logged once per outage)
         self._unreadable_since: float | None = None  # first tick of the current failed-read stretch
@@ -225,6 +241,8 @@ class AutostopLoop:
             self.buffer.save_state(STATE_KEY, new_state.to_json())
         self.last_move, self.state, self.last_tick_at = move, new_state, now
         self.blocked = bool(obs.blocks or obs.snooze)
+        self.verdict_since = verdicts_since(self.verdict_since, obs.decisions, now)
+        self.decisions, self.keeping = obs.decisions, (*obs.blocks, *((obs.snooze,) if obs.snooze else ()))
         self._log_outage(obs.decisions, now)
         return move
 

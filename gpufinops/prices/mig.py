@@ -60,6 +60,31 @@ MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
 }
 
 
+def gpu_key_of_product(product: str) -> str:
+    """The table's key for GFD's nvidia.com/gpu.product ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-H200"); "" when the table has none."""
+    p = product.upper()
+    if "H200" in p:
+        return "H200"
+    if "H100" in p:
+        return "H100"
+    if "A100" in p:
+        return "A100-40GB" if "40GB" in p else "A100-80GB"
+    return ""
+
+
+def compute_share(gpu_key: str, profile: str) -> tuple[int, int]:
+    """(compute slices, slices of the whole GPU) of a MIG profile name ("3g.40gb"): from the GPU's table, else any
+    table naming the profile, else the name's "<n>g" (a GPU the table does not list, B200 among them)."""
+    tables = [MIG_PROFILES.get(gpu_key, ()), *MIG_PROFILES.values()]
+    for table in tables:
+        for p in table:
+            if p.name == profile:
+                return p.compute_slices, COMPUTE_SLICES
+    head = profile.split("g.", 1)[0]
+    return (int(head) if head.isdigit() else 1), COMPUTE_SLICES
+
+
 @dataclass(frozen=True)
 class GpuNeed:
     """What one working GPU used over the window (ratios 0..1, memory in MiB)."""
@@ -87,4 +112,5 @@ def smallest_fit(gpu_key: str, need: GpuNeed, memory_headroom: float, compute_he
     return None
 
 
-__all__ = ["COMPUTE_SLICES", "GpuNeed", "MEMORY_SLICES", "MIG_PROFILES", "MigProfile", "smallest_fit"]
+__all__ = ["COMPUTE_SLICES", "GpuNeed", "MEMORY_SLICES", "MIG_PROFILES", "MigProfile", "compute_share",
+           "gpu_key_of_product", "smallest_fit"]
