@@ -12,6 +12,7 @@ import argparse
 import os
 import textwrap
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,19 @@ def test_a_warning_retried_after_a_failed_delivery_keeps_its_key(host):
     warnings = [k for k in slack.keys if k.startswith("warn:")]
     assert len(warnings) == 3 and len(set(warnings)) == 1
     assert host.loop.buffer.load_state("autostop")["phase"] == "pending"
+
+
+def test_a_snooze_written_while_the_hook_runs_wins_at_the_last_look(host):
+    # The person snoozes in the seconds the pre-stop hook takes: the last look right before the stop sees it.
+    until = datetime.fromtimestamp(host.clock.t + 86400, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    host.snooze.parent.mkdir(parents=True, exist_ok=True)
+    hook = host.bin / "hook"
+    hook.write_text(f"#!/bin/sh\necho \"$@\" >> {host.root / 'hook.log'}\necho {until} > {host.snooze}\n")
+    hook.chmod(0o755)
+    host.start()
+    host.until(MoveKind.WARN)
+    host.until(MoveKind.STOP)
+    assert (host.root / "hook.log").read_text().strip() == "--save"  # the hook ran
+    assert host.calls("stop") == []  # the stop did not
+    alert = host.walls()[-1]
+    assert "cancelled at the last look" in alert and "snooze" in alert and "keeps running" in alert

@@ -222,6 +222,14 @@ class AutostopLoop:
         return (Observation(decisions, tuple(blocks), snooze.reason if snooze.active else "",
                             {r.name: r.warning_lead_s for r in rules}, self.settings.unknown_grace), inst, booted)
 
+    def kept_running(self, now: float) -> tuple[str, ...]:
+        """What keeps the host running right now (blocks, a snooze in force), read afresh."""
+        blocks = (*recent_input_sessions(self.paths.utmp, self.paths.dev, self.paths.proc, now=now,
+                                         within_s=self.settings.block_if_input_within),
+                  *running_allowlisted(self.paths.proc, self.settings.block_processes))
+        snooze = read_snooze(self.paths.snooze, datetime.fromtimestamp(now, timezone.utc), self.settings.max_snooze)
+        return (*blocks, *((snooze.reason,) if snooze.active else ()))
+
     def tick(self) -> Move:
         now = self.clock()
         obs, inst, booted = self.observe(now)
@@ -378,6 +386,13 @@ class AutostopLoop:
                 self._alert(inst, f"{note}; the server keeps running", now)
                 return after_stop(state, decision, note=note, now=self.clock())
             log.info("autostop: %s", result.reason)
+        kept = self.kept_running(self.clock())
+        if kept:
+            # The last look: a snooze or a person's session that came while the hook ran (or since the judgement)
+            # wins up to the last second, as at the service (re-read right before StopInstances).
+            note = f"stop cancelled at the last look before it: {'; '.join(kept)}"
+            self._alert(inst, f"{note}; the server keeps running", now)
+            return after_stop(state, decision, note=note, now=self.clock())
         outcome = self.stopper.stop()
         if outcome.ok is None:
             # One request per intent: not sent again (HELD for a window); if it went through, the host goes down.
