@@ -113,6 +113,12 @@ def _clip_text(text: str, limit: int) -> str:
 # --------------------------------------------------------------------------- instance facts
 
 
+def _who_and_where(inst: GpuInstance) -> tuple[tuple[str, str], ...]:
+    """The facts every notice about an instance starts with: which, what type, whose, which team, where."""
+    return (("Instance", _instance_field(inst)), ("Type", _type_field(inst)), ("Owner", _owner_field(inst)),
+            ("Team", _v(inst.team())), ("Where", _where_field(inst)))
+
+
 def _instance_line(inst: GpuInstance) -> str:
     """'i-0abc (p4d.24xlarge, owner alice, team ml)', escaped, for fallback text."""
     bits = [_v(inst.instance_type, 40)]
@@ -260,11 +266,7 @@ def idle_warning(
         lead=(f"*{_v(inst.instance_id, 40)}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
               f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"),
         facts=(
-            ("Instance", _instance_field(inst)),
-            ("Type", _type_field(inst)),
-            ("Owner", _owner_field(inst)),
-            ("Team", _v(inst.team())),
-            ("Where", _where_field(inst)),
+            *_who_and_where(inst),
             ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, sent_at or marked_at)),
             ("GPU activity", _activity_field(decision)),
@@ -352,11 +354,7 @@ def stopped(
         f"stop:{inst.instance_id}:{_stamp(at)}", channel, text, inst=inst, kind="stopped", dry_run=dry_run,
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
-            ("Instance", _instance_field(inst)),
-            ("Type", _type_field(inst)),
-            ("Owner", _owner_field(inst)),
-            ("Team", _v(inst.team())),
-            ("Where", _where_field(inst)),
+            *_who_and_where(inst),
             ("Would save" if dry_run else "Saves while stopped", format_money(cost, estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
@@ -387,10 +385,7 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
         title=f"Stop cancelled: {_clip_raw(inst.instance_id, 40)}",
         lead=f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
         facts=(
-            ("Instance", _instance_field(inst)),
-            ("Type", _type_field(inst)),
-            ("Owner", _owner_field(inst)),
-            ("Team", _v(inst.team())),
+            *_who_and_where(inst)[:4],
             ("Marked at", _slack_date(marked_at)),
         ),
     )
@@ -419,11 +414,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
         lead=(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
               f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
         facts=(
-            ("Instance", _instance_field(inst)),
-            ("Type", _type_field(inst)),
-            ("Owner", _owner_field(inst)),
-            ("Team", _v(inst.team())),
-            ("Where", _where_field(inst)),
+            *_who_and_where(inst),
             ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
             ("Idle for", f"≥ {format_duration(idle_s)}"),
             ("GPU activity", _activity_field(decision)),
