@@ -31,8 +31,14 @@ Two tables:
    instance, selector instance_id="i-..."), each in a fresh child process: wall time, HTTP queries, peak
    Python heap (tracemalloc, a second traced call) and peak RSS of the child.
 
+4. Sharded ticks (`--shards 1,4`, issue 29.3; instead of the tables above): each tick with `prometheus.shards`
+   set, in a fresh child process, against its raw PromQL (the same per-shard query strings, `--shard-parallelism`
+   shards at a time, bodies read and dropped), interleaved: wall, client CPU, peak RSS (VmHWM) and the peak over
+   the child's RSS before the call, the engine's CPU per tick, and a hash of the result (the same for every
+   shard count: the same usage).
+
     python bench/bench_evaluate.py [--sizes 1000,10000,20000] [--window 3600] [--engines prometheus,vm]
-                                   [--wall [--naive]]
+                                   [--wall [--naive]] [--shards 1,4 [--shard-parallelism 2]]
 
 (A read from recorded 5-minute buckets was measured with this script and removed: 1.08 engine CPU-s per tick
 at 1k GPUs against 0.52 from the raw samples; BENCHMARKS.md "Prometheus work per tick".)
@@ -172,11 +178,18 @@ def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: dat
     pass_cpu, pass_wall = engine_cpu(pid, lambda: reader.instant(baseline, at), repeat)
     ratio = (lambda cpu: cpu / pass_cpu) if pass_cpu > 0 else (lambda cpu: float("nan"))
     rows = [(engine, "1 pass", pass_cpu, pass_wall, 1, 1.0)]
-    versions = [("tick, before", before)] if before is not None else []
-    versions.append(("tick, raw samples", PrometheusMetrics))
+    versions = [("tick, before", before, settings)] if before is not None else []
+    # The profiling reasons (occupancy, tensor and FP pipes) are read once per `profiling_reasons_every_s` and
+    # kept between: the tick that reads them, and the ticks between (warmed, so each repeat is one of those).
+    versions.append(("tick, reasons read", PrometheusMetrics, settings.model_copy(
+        update={"profiling_reasons_every_s": 0})))
+    versions.append(("tick, reasons kept", PrometheusMetrics, settings.model_copy(
+        update={"profiling_reasons_every_s": 3600})))
+    # The default: every tick reads them for a fifth of the instances (its turn, REASON_SLOTS), the rest kept.
+    versions.append(("tick, a fifth read (default)", PrometheusMetrics, settings))
     sources = {}
-    for what, metrics_class in versions:
-        source = sources[what] = metrics_class(settings)
+    for what, metrics_class, version_settings in versions:
+        source = sources[what] = metrics_class(version_settings)
         usage = source.window_usage(instances, window_s, now)  # warm
         errors = [u.error for u in usage.values() if u.error]
         if errors:
@@ -185,6 +198,8 @@ def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: dat
     runs: dict[str, list[tuple[float, float]]] = {what: [] for what in sources}
     for _ in range(repeat):  # interleaved (before, now, before, now...): the machine's load hits both alike
         for what, source in sources.items():
+            if what.startswith("tick, a fifth"):
+                age_kept_reasons(source, 60.0)
             runs[what].append(engine_cpu(pid, lambda: source.window_usage(instances, window_s, now), 1))
     for what, source in sources.items():
         tick_cpu = statistics.median(c for c, _ in runs[what])
@@ -192,6 +207,16 @@ def cpu_rows(engine: str, url: str, pid: int, instances, window_s: int, now: dat
         queries = (source.queries_made - sent[what]) // repeat
         rows.append((engine, what, tick_cpu, tick_wall, queries, ratio(tick_cpu)))
     return rows
+
+
+def age_kept_reasons(source, seconds: float) -> None:
+    """As if `seconds` had passed for the kept profiling reasons, the window staying the same (the bench's series
+    end at `now`): the next tick reads the slot whose turn it is, as a service on a 60 s schedule does."""
+    from dataclasses import replace
+
+    for slots in source._reasons.values():
+        for slot, kept in slots.items():
+            slots[slot] = replace(kept, at=kept.at - seconds)
 
 
 # --------------------------------------------------------------------------- client time against raw PromQL
@@ -202,7 +227,8 @@ def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, 
 
     from gpufinops.collect.prometheus import InstanceMatcher, parse_body, plan_detail
 
-    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300)
+    # Every tick reads every leg here, so that the raw PromQL is the tick's query strings.
+    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300, profiling_reasons_every_s=0)
     source = PrometheusMetrics(settings)
     at = now.timestamp()
     fixed = source.promql.queries(window_s)
@@ -235,6 +261,100 @@ def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, 
     med = {k: statistics.median(v) for k, v in wall.items()}
     return [(engine, len(fixed) + len(detail), answer_bytes / 2**20, med["raw"], statistics.median(cpu["raw"]),
              med["tick"], statistics.median(cpu["tick"]), med["tick"] / med["raw"])]
+
+
+# --------------------------------------------------------------------------- sharded ticks: memory and wall
+
+
+def shard_plan(url: str, instances, window_s: int, now: datetime, shards: int) -> list[tuple[list[str], list[str]]]:
+    """Per shard, the query strings a sharded tick sends: its fixed set, then the detail reads it plans."""
+    from gpufinops.collect.prometheus import InstanceMatcher, parse_body, plan_detail, shard_of
+
+    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300, profiling_reasons_every_s=0)
+    source = PrometheusMetrics(settings)
+    at, plan = now.timestamp(), []
+    for index in range(shards):
+        members = [i for i in instances if shard_of(i.instance_id, shards) == index]
+        promql = source.promql.shard(index, shards)
+        fixed = promql.queries(window_s)
+        rows = {key[0]: parse_body(key, source.reader.instant_body(q, at)) for key, q in fixed.items()}
+        matcher = InstanceMatcher.build(members, settings.instance_label, tuple(settings.hostname_labels))
+        detail = plan_detail(promql, rows, matcher, window_s, window_s // SCRAPE_S).queries
+        plan.append((list(fixed.values()), list(detail.values())))
+        del rows
+    return plan
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _shard_child(what, url, instances, window_s, now, shards, parallelism, plan, out):
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = PrometheusSettings(url=url, scrape_interval_s=SCRAPE_S, timeout_s=300, profiling_reasons_every_s=0,
+                                  shards=shards, shard_parallelism=parallelism)
+    reader = PromReader(settings)
+    at = now.timestamp()
+
+    def send(queries: list[str]) -> int:
+        with ThreadPoolExecutor(max_workers=max(len(queries), 1)) as pool:
+            return sum(pool.map(lambda q: len(reader.instant_body(q, at)), queries))
+
+    def one_shard(queries) -> int:  # as the tick does: the fixed set, then the detail reads, bodies dropped
+        fixed, detail = queries
+        return send(fixed) + (send(detail) if detail else 0)
+
+    base = _rss_kib("VmRSS")
+    c0, t0 = time.process_time(), time.perf_counter()
+    signature, answered = "", 0
+    if what == "raw":
+        with ThreadPoolExecutor(max_workers=parallelism) as pool:
+            answered = sum(pool.map(one_shard, plan))
+    else:
+        usage = PrometheusMetrics(settings).window_usage(instances, window_s, now)
+        signature = hashlib.sha256(repr(sorted(usage.items())).encode()).hexdigest()[:12]
+        answered = sum(1 for u in usage.values() if u.error)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out.put({"wall": wall, "cpu": cpu, "peak_mib": _rss_kib("VmHWM") / 1024, "base_mib": base / 1024,
+             "signature": signature, "answered": answered})
+
+
+def shard_rows(engine: str, url: str, pid: int, instances, window_s: int, now: datetime, repeat: int,
+               shard_counts: list[int], parallelism: int) -> list[tuple]:
+    """Sharded ticks (each in a fresh child process) against their raw PromQL (the same query strings, shard by
+    shard, `parallelism` shards at a time, bodies read and dropped, nothing parsed), interleaved raw, tick, raw,
+    tick...: medians of wall, client CPU, peak RSS, and the engine's CPU over each child (idle while it starts)."""
+    ctx = mp.get_context("spawn")
+    rows = []
+    for shards in shard_counts:
+        plan = shard_plan(url, instances, window_s, now, shards)
+        runs: dict[str, list[dict]] = {"raw": [], "tick": []}
+        for _ in range(repeat):
+            for what in ("raw", "tick"):
+                out = ctx.Queue()
+                proc = ctx.Process(target=_shard_child, args=(what, url, instances, window_s, now, shards,
+                                                              parallelism, plan, out))
+                c0 = process_cpu_s(pid)
+                proc.start()
+                runs[what].append(out.get())
+                proc.join()
+                runs[what][-1]["engine"] = process_cpu_s(pid) - c0
+        med = {w: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "peak_mib", "base_mib", "engine")}
+               for w, rs in runs.items()}
+        signatures = {r["signature"] for r in runs["tick"]}
+        errors = max(r["answered"] for r in runs["tick"])
+        answers_mib = runs["raw"][0]["answered"] / 2**20
+        log(f"{len(instances) * GPUS_PER_INSTANCE} GPUs: {engine} {shards} shards: tick {med['tick']['wall']:.2f} s"
+            f" / raw {med['raw']['wall']:.2f} s, peak RSS {med['tick']['peak_mib']:.0f} MiB")
+        rows.append((engine, shards, sum(len(f) + len(d) for f, d in plan), answers_mib, med["tick"]["engine"],
+                     med["raw"]["wall"], med["raw"]["cpu"], med["raw"]["peak_mib"] - med["raw"]["base_mib"],
+                     med["tick"]["wall"], med["tick"]["cpu"], med["tick"]["peak_mib"],
+                     med["tick"]["peak_mib"] - med["tick"]["base_mib"], med["tick"]["wall"] / med["raw"]["wall"],
+                     errors, ",".join(sorted(signatures))))
+    return rows
 
 
 # --------------------------------------------------------------------------- wall time and memory
@@ -330,10 +450,14 @@ def main() -> int:
     ap.add_argument("--profiling", action="store_true",
                     help="every GPU also exports the DCGM profiling ratios (GR engine, SM, occupancy, tensor, DRAM)")
     ap.add_argument("--before", default="", help="another collect/prometheus.py to measure in the same run")
+    ap.add_argument("--shards", default="",
+                    help="e.g. 1,4: sharded ticks against their raw PromQL, each in a fresh process: wall, client "
+                         "CPU, peak RSS (skips the engine CPU table)")
+    ap.add_argument("--shard-parallelism", type=int, default=2, help="shards in flight at once (default 2)")
     args = ap.parse_args()
     before = load_before(args.before) if args.before else None
     now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
-    cpu, client, wall = [], [], []
+    cpu, client, wall, sharded = [], [], [], []
     for n_gpus in (int(s) for s in args.sizes.split(",")):
         log(f"{n_gpus} GPUs: generating series")
         instances, series = make_fleet(n_gpus, now, args.window, args.sentinel_gpus, args.profiling)
@@ -348,6 +472,12 @@ def main() -> int:
                 server = start_engine(engine, Path(tmp), series)
                 log(f"{n_gpus} GPUs: {engine} ready in {time.perf_counter() - t0:.1f}s at {server.url}")
                 try:
+                    if args.shards:
+                        counts = [int(c) for c in args.shards.split(",")]
+                        sharded += [(n_gpus, *r) for r in shard_rows(
+                            engine, server.url, server.process.pid, instances, args.window, now, args.repeat, counts,
+                            args.shard_parallelism)]
+                        continue
                     for row in cpu_rows(engine, server.url, server.process.pid, instances, args.window, now,
                                         args.repeat, before):
                         cpu.append((n_gpus, *row))
@@ -365,6 +495,12 @@ def main() -> int:
     print(f"Window {args.window} s, scrape {SCRAPE_S} s, {args.sentinel_gpus:g} of GPUs with sentinels"
           f"{', profiling ratios on every GPU' if args.profiling else ''}; median of {args.repeat}.\n")
     table(("GPUs", "engine", "what", "engine CPU-s", "wall s", "HTTP queries", "x 1 pass"), cpu)
+    if sharded:
+        table(("GPUs", "engine", "shards", "HTTP queries", "answers MiB", "engine CPU-s per tick", "raw wall s",
+               "raw client CPU-s",
+               "raw peak RSS over base MiB", "tick wall s", "tick client CPU-s", "tick peak RSS MiB",
+               "tick peak RSS over base MiB", "tick / raw wall", "instances with errors", "result signature"),
+              sharded)
     if client:
         table(("GPUs", "engine", "HTTP queries", "answers MiB", "raw PromQL wall s", "raw client CPU-s",
                "tick wall s", "tick client CPU-s", "tick / raw wall"), client)

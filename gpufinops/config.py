@@ -77,6 +77,34 @@ class PrometheusSettings(StrictModel):
     scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
+    # Seconds between two reads of each GPU's profiling ratios that only say why use is low (SM occupancy,
+    # tensor and FP pipes): a fifth of the instances is read per tick, the others keep their last figures, their
+    # age stated. SM activity and every figure a verdict uses are read every tick. 0 = all of them every tick.
+    # It saves the engine 0.5-0.9 CPU-s per 10k profiled GPUs and tick (BENCHMARKS.md, "Occupancy, tensor and
+    # FP pipes read in turns").
+    profiling_reasons_every_s: int = Field(300, ge=0, le=3600)
+    # The tick split by instance into shards, each its own query set, run `shard_parallelism` at a time and
+    # folded into usage as it lands: client memory follows the shard, not the fleet (docs/scale.md). 1 = one
+    # query set for the whole fleet; "auto" = one shard per ~10k GPUs (1, 2, 4, 8 or 16). A shard is picked
+    # by the last character of the instance label's value, so series must carry `instance_label`.
+    shards: int | Literal["auto"] = Field(1)
+    shard_parallelism: int = Field(2, ge=1, le=16)
+    # The shards this process owns (0-based), for replicas on disjoint shards; empty = all of them. Each
+    # replica needs its own database (`database_url`): the one-scheduler lease lives there (docs/scale.md).
+    owned_shards: tuple[int, ...] = ()
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, v):
+        if v != "auto" and not 1 <= v <= 16:  # one shard per last character of a hex instance id, at most
+            raise ValueError("shards must be 1 to 16, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _owned(self):
+        if self.owned_shards and (self.shards == "auto" or any(not 0 <= s < self.shards for s in self.owned_shards)):
+            raise ValueError("owned_shards needs a number of shards, and each between 0 and shards - 1")
+        return self
 
 
 class AssumeRole(StrictModel):
@@ -249,6 +277,9 @@ class ScheduleSettings(StrictModel):
     daily_summary_hour: int | None = Field(8, ge=0, le=23)
     # Monthly audit report for the month just ended, written here on the 1st at 06:00 UTC; empty = off.
     monthly_report_dir: str = ""
+    # What stopping saved this month, net, by team (the monthly report's own count, month to date) for /metrics
+    # (`gpufinops_net_saving_month_to_date`); recounted this often, 0 turns it off.
+    savings_every_s: int = Field(3600, ge=0, le=7 * 86400)
 
 
 class ServiceSettings(StrictModel):
@@ -257,13 +288,34 @@ class ServiceSettings(StrictModel):
     port: int = Field(9108, ge=0, le=65535)
 
 
+class ApiTlsSettings(StrictModel):
+    """The idleness API over mutual TLS on a port of its own: the client must present a certificate signed by
+    `client_ca_file` (no certificate, or another CA's: the handshake fails, nothing is answered). Files are PEM,
+    mounted (a Kubernetes Secret, cert-manager); they are read at start. /metrics and /slack/actions stay on the
+    plain port: Prometheus and Slack do not present client certificates."""
+
+    port: int = Field(ge=1, le=65535)
+    cert_file: str  # the server's certificate chain
+    key_file: str  # its private key (never logged)
+    client_ca_file: str  # the CA(s) whose client certificates are accepted
+
+    @field_validator("cert_file", "key_file", "client_ca_file")
+    @classmethod
+    def _readable_file(cls, v: str) -> str:
+        if not Path(v).is_file():
+            raise ValueError(f"{v!r} is not a file (a PEM file the service can read)")
+        return v
+
+
 class ApiSettings(StrictModel):
     """The read-only idleness API on the service's port (GET /v1/verdicts, gpufinops/run/api.py). With a bearer
-    token every request must carry it; without one only loopback clients are answered. No mTLS: put a TLS proxy
-    in front for that."""
+    token every request must carry it; without one only loopback clients are answered. With `tls:` it is also
+    served over mutual TLS on its own port, where a verified client certificate is the access (and the bearer
+    token too, when one is set)."""
 
     enabled: bool = True
     bearer_token: SecretRef = SecretRef(env="GPUFINOPS_API_TOKEN")
+    tls: ApiTlsSettings | None = None
 
 
 class LeaseSettings(StrictModel):
@@ -472,9 +524,15 @@ class ReportSettings(StrictModel):
 
 
 class StoreSettings(StrictModel):
-    # Raw per-tick decision rows are kept this many days for forensics (`audit --decisions`); older time is in
-    # the verdict episodes and hourly rollups, which reports and idle costs read. Pruned at most once an hour.
+    # Raw decision rows are kept this many days for forensics (each with its tick's reason and window stats);
+    # older time is in the verdict episodes and hourly rollups, which reports, idle costs, budgets and
+    # `audit --decisions` read. Pruned at most once an hour.
     raw_decisions_days: float = Field(7, ge=0, le=3660)
+    # A raw row is stored when an (instance, rule)'s verdict or reason code changes, and otherwise once per
+    # this many seconds (clock-aligned) while it holds; 0 stores every tick's (~6 MiB per instance-week at
+    # one tick a minute and 2 rules, against ~0.1 MiB: BENCHMARKS.md, issue 29). Every tick is counted in
+    # the episodes and rollups either way.
+    raw_decisions_every_s: float = Field(3600, ge=0, le=86400)
 
 
 # --------------------------------------------------------------------------- kubernetes:
@@ -495,6 +553,15 @@ class KubernetesSettings(StrictModel):
     # must not start scaling Deployments when a cluster is added). On: idle Deployments/StatefulSets are scaled
     # to zero through the act stage (dry-run, cap, audit as for instances).
     scale_to_zero: bool = False
+    # Off: Kueue-managed jobs are judged, warned about and reported, never suspended. On: a rule with
+    # `action: suspend` suspends an idle one through Kueue (its Workload's spec.active: false, after the warning and
+    # its lead; `gpufinops k8s restore` resumes it). Needs RBAC get/list/patch on workloads.kueue.x-k8s.io.
+    suspend_kueue: bool = False
+    # Off: GPU nodes without GPU work are reported (and warned about by rules selecting them), never cordoned. On:
+    # a rule with `action: drain` cordons one after the warning and its lead, so that Karpenter / cluster-autoscaler
+    # removes it (never a node with karpenter.sh/do-not-disrupt=true or in an EKS managed node group; gpufinops
+    # never evicts a pod). Needs RBAC patch on nodes.
+    drain_nodes: bool = False
 
 
 # --------------------------------------------------------------------------- hosts:
@@ -652,6 +719,13 @@ class Settings(StrictModel):
         if any("\x00" in p or not p.strip() for p in v):
             raise ValueError("a rule path is empty or holds a NUL character")
         return v
+
+    @model_validator(mode="after")
+    def _api_tls_port_is_its_own(self) -> "Settings":
+        if self.api.tls is not None and self.api.tls.port == self.service.port:
+            raise ValueError(f"api.tls.port {self.api.tls.port} is service.port too: the mutual-TLS listener needs a "
+                             "port of its own (/metrics and /slack/actions stay on service.port, without TLS)")
+        return self
 
     @model_validator(mode="after")
     def _report_email_has_a_mailer(self) -> "Settings":

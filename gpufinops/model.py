@@ -57,6 +57,12 @@ class Action(str, enum.Enum):
     NOTIFY = "notify"
     STOP = "stop"
     TERMINATE = "terminate"
+    # Kueue-managed Kubernetes workloads only: deactivate their Kueue Workload (spec.active: false), never kill
+    # them (collect.kubernetes_cloud, docs/kubernetes.md "Kueue: suspend, don't kill").
+    SUSPEND = "suspend"
+    # Kubernetes GPU nodes whose GPU work is gone only: cordon the node (spec.unschedulable) so that Karpenter or
+    # cluster-autoscaler removes it; never evict, never delete (collect.kubernetes_cloud, docs/kubernetes.md).
+    DRAIN = "drain"
 
 
 class ReasonCode(str, enum.Enum):
@@ -84,6 +90,11 @@ class ReasonCode(str, enum.Enum):
     COUNTERS_DISAGREE = "counters_disagree"  # UNKNOWN: one activity counter says idle, another says work
     FEW_SMS_BUSY = "few_sms_busy"  # UNDERUTILIZED: kernels run most of the time on few SMs (small batches/kernels)
     TENSOR_IDLE = "tensor_idle"  # UNDERUTILIZED: SMs busy, tensor pipes idle on a tensor-core GPU (FP32 math)
+    # Kubernetes GPU nodes (decide.workloads.empty_gpu_nodes): no GPU pod on the node for the whole window (IDLE),
+    # GPU pods on it now (ACTIVE), watched free for less than the window (UNKNOWN, not missing data).
+    NODE_WITHOUT_GPU_PODS = "node_without_gpu_pods"
+    NODE_HAS_GPU_PODS = "node_has_gpu_pods"
+    NODE_NOT_WATCHED_LONG_ENOUGH = "node_not_watched_long_enough"
     # Retired with the learned idle policy; decisions stored by earlier versions still carry them.
     LEARNED_WAIT = "learned_wait"
     LEARNED_IDLE = "learned_idle"
@@ -203,6 +214,11 @@ class GpuWindowStats:
     dram_active: float | None = None  # DCGM_FI_PROF_DRAM_ACTIVE
     # Per-precision pipes where exported, e.g. (("fp32", 0.41), ("fp16", 0.0)): DCGM_FI_PROF_PIPE_<P>_ACTIVE.
     pipes: tuple[tuple[str, float], ...] = ()
+    # Seconds between the end of this window and that of the read the occupancy, tensor and FP-pipe figures come
+    # from: they only say why use is low, so each GPU's are read again every prometheus.profiling_reasons_every_s
+    # (a fifth of the instances per tick) and kept between. 0 = read with this window (SM activity and every
+    # verdict figure always are).
+    profiling_age_s: float = 0.0
     tdp_w: float | None = None  # the GPU model's TDP (bundled catalog), for the power witness; None = unknown
 
     def pipe(self, precision: str) -> float | None:
@@ -447,7 +463,8 @@ class Notice:
     # The key of the notice this one follows up (a cancellation or a stop under its warning): a Slack reply
     # in that thread when Slack holds the parent, an email In-Reply-To its Message-ID.
     thread_key: str = ""
-    # Slack blocks rendered before Notice existed (budget alerts, the weekly digest): sent as they are.
+    # Slack blocks: filled by the chat delivery when it renders the notice (what is stored and sent); a builder
+    # leaves it empty and gives title, lead, facts and lines instead.
     blocks: tuple[dict, ...] = ()
 
 

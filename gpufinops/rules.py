@@ -16,6 +16,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config import ConfigError, StrictModel, format_validation_error, load_yaml
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
+from .k8s.model import KUEUE_QUEUE_LABEL, TAG_KUEUE_WORKLOAD, TAG_NODE
+
+# The tags a rule with `action: suspend` selects Kueue-managed jobs by (any value, '*' included).
+SUSPEND_SELECTORS = (KUEUE_QUEUE_LABEL, TAG_KUEUE_WORKLOAD)
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -145,6 +149,30 @@ class _RuleModel(StrictModel):
     def _terminate_needs_confirmation(self) -> "_RuleModel":
         if self.action == Action.TERMINATE and not self.confirm_terminate:
             raise ValueError("action 'terminate' also needs 'confirm_terminate: true' (terminate destroys the instance)")
+        return self
+
+    @model_validator(mode="after")
+    def _suspend_selects_kueue_jobs(self) -> "_RuleModel":
+        # Suspending is what gpufinops does to a Kueue-managed job only (its Kueue Workload deactivated): a rule that
+        # does not say it selects them would warn every EC2 instance and Deployment it matches "notify only".
+        if self.action == Action.SUSPEND and not set(self.select.tags) & set(SUSPEND_SELECTORS):
+            raise ValueError(f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with "
+                             f"select.tags naming {' or '.join(SUSPEND_SELECTORS)} (e.g. "
+                             f"`tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set kubernetes.suspend_kueue: true")
+        if self.action == Action.SUSPEND and self.confirm_terminate:
+            raise ValueError("'confirm_terminate' is for action 'terminate'; action 'suspend' never deletes anything")
+        return self
+
+    @model_validator(mode="after")
+    def _drain_selects_nodes(self) -> "_RuleModel":
+        # Cordoning is what gpufinops does to a Kubernetes GPU node only: a rule that does not say it selects nodes
+        # would warn every instance and workload it matches "notify only".
+        if self.action == Action.DRAIN and TAG_NODE not in self.select.tags:
+            raise ValueError(f"action 'drain' applies to Kubernetes GPU nodes only: select them with select.tags "
+                             f"naming {TAG_NODE} (e.g. `tags: {{\"{TAG_NODE}\": '*'}}`), and set "
+                             f"kubernetes.drain_nodes: true")
+        if self.action == Action.DRAIN and self.confirm_terminate:
+            raise ValueError("'confirm_terminate' is for action 'terminate'; action 'drain' never deletes anything")
         return self
 
 

@@ -12,6 +12,7 @@ the bus").
 from __future__ import annotations
 
 import math
+from typing import Mapping, Sequence
 
 WORDS: dict[str, str] = {
     # ReasonCode (gpufinops.model): why a verdict was given
@@ -31,6 +32,10 @@ WORDS: dict[str, str] = {
     "evidence_of_work": "working: processes or memory seen (no activity counter)",
     "no_activity_counter": "no activity counter, no sign of work",
     "idle_no_processes": "idle: no processes, memory freed",
+    # Kubernetes GPU nodes (decide.workloads.empty_gpu_nodes)
+    "node_without_gpu_pods": "GPU node without GPU pods",
+    "node_has_gpu_pods": "GPU node with GPU pods",
+    "node_not_watched_long_enough": "GPU node not watched free for the window yet",
     # DCGM profiling counters (docs/metrics.md, "Profiling counters")
     "few_sms_busy": "kernels keep few SMs busy (small batches or kernels)",
     "tensor_idle": "tensor cores unused (FP32 math)",
@@ -125,4 +130,22 @@ REPORT_HINTS: dict[str, str] = {
 }
 
 
-__all__ = ["HINTS", "REPORT_HINTS", "WORDS", "readable", "words"]
+def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
+                 right: Sequence[str] = ()) -> str:
+    """The one text table of every command: a header of lower-case snake_case column names (the keys of -o json
+    and the csv header), a rule under it, one line per row; `right`: columns aligned right (numbers). Here, on
+    the lowest floor, so that every part that prints a table (recommend, cli) shares it."""
+    columns = list(columns if columns is not None else (rows[0].keys() if rows else ()))
+    if not columns:
+        return ""
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if c in right else v.ljust(w)
+                         for v, w, c in zip(values, widths, columns)).rstrip()
+
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(row) for row in cells])
+
+
+__all__ = ["HINTS", "REPORT_HINTS", "WORDS", "readable", "render_table", "words"]

@@ -10,7 +10,9 @@ REST API gpufinops calls, with the answers' real shapes:
   * the scale subresource of apps/v1 deployments and statefulsets (get and patch, autoscaling/v1 Scale);
   * events create (core/v1 and events.k8s.io/v1);
   * injected failures: `forbid(verb, resource)` answers 403 with Kubernetes' Status body, `conflict_next(...)`
-    answers 409 once, `fail_next(status)` any status once;
+    answers 409 once, `fail_next(status)` any status once (422 Invalid, 500, ...), `lose_answer_next(status)` makes
+    the change and then answers `status` or (0) closes the connection unanswered;
+  * Kueue's Workload custom resource (kueue.x-k8s.io/v1beta1 workloads; `kueue_workload()` builds one);
   * every request recorded (method, path, query, body, content type, bearer token), like tests/slackstub.py.
 It does not do watches, admission, defaulting, validation, RBAC evaluation or strategic-merge list semantics.
 """
@@ -43,11 +45,12 @@ RESOURCES = {
     "events.k8s.io": ("/apis/events.k8s.io/v1", "Event", True),
     "horizontalpodautoscalers": ("/apis/autoscaling/v2", "HorizontalPodAutoscaler", True),
     "scaledobjects": ("/apis/keda.sh/v1alpha1", "ScaledObject", True),  # KEDA's custom resource
+    "workloads": ("/apis/kueue.x-k8s.io/v1beta1", "Workload", True),  # Kueue's custom resource
 }
 _PREFIX_RESOURCES = {(p, r if r != "events.k8s.io" else "events"): r for r, (p, _, _) in RESOURCES.items()}
 _API_VERSION = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
                 "/apis/events.k8s.io/v1": "events.k8s.io/v1", "/apis/autoscaling/v2": "autoscaling/v2",
-                "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1"}
+                "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1", "/apis/kueue.x-k8s.io/v1beta1": "kueue.x-k8s.io/v1beta1"}
 _VERB_OF = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
@@ -119,7 +122,8 @@ class KubeStub:
 
     def lose_answer_next(self, status: int, verb: str | None = None, resource: str | None = None) -> None:
         """Do the next matching call, then answer `status` instead of its result, once: a change that went
-        through while its answer was lost (a 5xx from a proxy, a dropped connection)."""
+        through while its answer was lost (a 5xx from a proxy; 0: the connection is closed with no answer at all,
+        as a reset)."""
         with self.lock:
             self._injected.append(_Injected(status, verb, resource, True, after=True))
 
@@ -299,6 +303,9 @@ class _Handler(BaseHTTPRequestHandler):
         with stub.lock:
             stub.requests.append(KubeRequest(self.command, parts.path, query, body, ctype, token, status, verb,
                                              resource_name))
+        if status == 0:  # the change is made; the client's connection is closed before any answer
+            self.close_connection = True
+            return
         self._answer(status, answer)
 
     def _dispatch(self, route, verb: str, resource_name: str, query: dict, body: Any, ctype: str) -> tuple[int, dict]:
@@ -491,3 +498,20 @@ def owned(namespace: str, name: str, owner: tuple[str, str] | None = None, repli
     if replicas is not None:
         spec["replicas"] = replicas
     return {"metadata": meta, "spec": spec, "status": {"replicas": replicas or 0}}
+
+
+def kueue_workload(namespace: str, job: str, *, queue: str = "gpu-queue", active: bool = True,
+                   priority_class: str = "", annotations: dict[str, str] | None = None) -> dict:
+    """A Kueue Workload as Kueue makes it for a batch Job (`job-<name>-<hash>`, its controller ownerReference the
+    Job, spec.active defaulted to true, admitted to a ClusterQueue)."""
+    spec: dict[str, Any] = {"active": active, "queueName": queue, "podSets": [{"name": "main", "count": 1}]}
+    if priority_class:
+        spec.update(priorityClassName=priority_class, priorityClassSource="kueue.x-k8s.io/workloadpriorityclass",
+                    priority=100)
+    return {"metadata": {"name": f"job-{job}-5b8c1", "namespace": namespace,
+                         "labels": {"kueue.x-k8s.io/job-uid": f"uid-{job}"}, "annotations": annotations or {},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                                              "uid": f"uid-{job}", "controller": True, "blockOwnerDeletion": True}]},
+            "spec": spec,
+            "status": {"admission": {"clusterQueue": "cluster-gpu"},
+                       "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}]}}

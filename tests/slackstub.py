@@ -272,6 +272,12 @@ class SlackStub:
                 else:
                     msgs.append(message)
             return {"ok": True, "channel": cid, "ts": ts, "message": message}
+        if method == "chat.postEphemeral":  # seen only by `user`, never in the channel's history
+            if not body.get("channel") or not body.get("user"):
+                return {"ok": False, "error": "channel_not_found" if not body.get("channel") else "user_not_found"}
+            if not body.get("text") and not body.get("blocks"):
+                return {"ok": False, "error": "no_text"}
+            return {"ok": True, "message_ts": self._next_ts()}
         if method == "apps.connections.open":  # Socket Mode: an app-level token gets the WebSocket's URL
             if not str(token).startswith("xapp-"):
                 return {"ok": False, "error": "not_allowed_token_type"}

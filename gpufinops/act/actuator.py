@@ -50,6 +50,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
+from ..k8s.model import NODE_ID_PREFIX
 from ..store.schema import MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -151,7 +152,11 @@ class Actuator:
         instances: Sequence[GpuInstance],
         decisions: Sequence[Decision],
         rules: Sequence[Rule],
+        *,
+        stops_already: int = 0,
     ) -> list[ActionResult]:
+        """`stops_already`: stops this run made in an earlier pass (the GPU-node pass after the instances'): the
+        cap is one per run, whatever the number of passes."""
         rules_by_name = {r.name: r for r in rules}
         try:
             # A stop whose outcome is not known yet is read back first; its instance waits until it is.
@@ -189,7 +194,7 @@ class Actuator:
 
         # Stops in the order they were announced, so the cap delays the newest marks.
         intents.sort(key=lambda t: (t[2].stop_at if t[2] else ctx.now, t[0].instance_id))
-        self._stops_left = stop_cap(self.settings, len(instances))
+        self._stops_left = max(0, stop_cap(self.settings, len(instances)) - stops_already)
         results = []
         for inst, intent, mark in intents:
             rule = rules_by_name.get(intent.decision.rule_name) if intent.decision else None
@@ -595,7 +600,8 @@ class Actuator:
                     if inst is not None:
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
-                                            action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else Action.STOP,
+                                            action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
+                                            Action.DRAIN if p.instance_id.startswith(NODE_ID_PREFIX) else Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._channel(None, inst))
                     else:

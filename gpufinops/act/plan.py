@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Sequence
 
+# No I/O, no third-party import: the agent's import stays light.
+from ..k8s.model import NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from ..store.schema import MarkRow, StateRow
 
 
-_ACTION_STRENGTH = {Action.NOTIFY: 0, Action.STOP: 1, Action.TERMINATE: 2}
+_ACTION_STRENGTH = {Action.NOTIFY: 0, Action.SUSPEND: 1, Action.DRAIN: 1, Action.STOP: 1, Action.TERMINATE: 2}
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,21 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     if inst.managed_by:
         advice = f"; instead: {inst.managed_advice}" if inst.managed_advice else ""
         return f"managed by {inst.managed_by}: never stopped by gpufinops{advice}"
+    node = inst.provider == "kubernetes" and inst.instance_id.startswith(NODE_ID_PREFIX)
+    if action == Action.DRAIN and not node:
+        return ("action drain applies to Kubernetes GPU nodes only (selected by tag k8s:node, with "
+                "kubernetes.drain_nodes: true): notify only")
+    if node and action != Action.DRAIN:
+        return ("a Kubernetes node is cordoned for Karpenter / cluster-autoscaler to remove, never stopped or "
+                "deleted by gpufinops: notify only; give the rule action: drain")
+    kueue = inst.provider == "kubernetes" and bool(inst.tags.get(TAG_KUEUE_WORKLOAD))
+    if action == Action.SUSPEND and not kueue:
+        return ("action suspend applies to Kueue-managed Kubernetes jobs only (a Job labelled "
+                "kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with kubernetes.suspend_kueue: "
+                "true): notify only")
+    if kueue and action != Action.SUSPEND:
+        return ("a Kueue-managed job is suspended through Kueue, never scaled or deleted: notify only; give the "
+                "rule action: suspend")
     if inst.provider == "kubernetes" and action == Action.TERMINATE:
         return ("a Kubernetes workload is scaled to zero, never deleted: notify only; give the rule "
                 "action: stop to scale it to zero")

@@ -109,20 +109,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _table(rows) -> str:
-    head = ("policy", "stops", "false", "restarts", "restarts/inst-day", "GPU-h stopped", "restart GPU-h",
-            "net GPU-h", "net $", "score", "% ceiling", "t-stop p50/p90 min")
-    lines = [head]
+    """The backtest's results through the one renderer; headers are the -o json keys."""
+    from .common import format_share, render_table
+
+    table = []
     for s in rows:
         tts = s.time_to_stop_min
-        lines.append((
-            s.policy[:58], str(s.stops), f"{s.false_stop_rate:.0%}", str(s.restarts),
-            f"{s.restarts_per_instance_day:.2f}", f"{s.gpu_hours_stopped:.1f}", f"{s.restart_cost_gpu_hours:.1f}",
-            f"{s.net_gpu_hours:.1f}", f"{s.net_dollars:,.0f}", f"{s.score:.1f}", f"{s.pct_of_ceiling:.0f}%",
-            f"{tts['p50']:.0f}/{tts['p90']:.0f}" if tts else "-",
-        ))
-    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join(fmt(r) for r in lines)
+        table.append({
+            "policy": s.policy[:58], "stops": s.stops, "false_stop_rate": format_share(s.false_stop_rate),
+            "restarts": s.restarts, "restarts_per_instance_day": f"{s.restarts_per_instance_day:.2f}",
+            "gpu_hours_stopped": f"{s.gpu_hours_stopped:,.1f}", "restart_cost_gpu_hours": f"{s.restart_cost_gpu_hours:,.1f}",
+            "net_gpu_hours": f"{s.net_gpu_hours:,.1f}", "net_dollars": f"{s.net_dollars:,.0f}", "score": f"{s.score:,.1f}",
+            "pct_of_ceiling": f"{s.pct_of_ceiling:.0f} %",
+            "time_to_stop_p50_p90_min": f"{tts['p50']:.0f}/{tts['p90']:.0f}" if tts else "-",
+        })
+    columns = list(table[0]) if table else []
+    return render_table(table, columns, right=columns[1:])
 
 
 def _progress(msg: str) -> None:
@@ -182,7 +184,7 @@ def run_backtest(args: argparse.Namespace) -> int:
         say(f"ceiling (clairvoyant with a {lead / 60:g}-min lead: every idle stretch whose stop gains stopped one lead "
             f"after its start): {len(c.stop_at)} stops, {c.false_stops} false, {c.net_gpu_hours:.1f} net GPU-h, "
             f"score {c.score:.1f}")
-    say(f"score = net GPU-h - {bt.false_stop_cost_h:g} x false stops (--false-stop-cost); % ceiling = score / the "
+    say(f"score = net GPU-h - {bt.false_stop_cost_h:g} x false stops (--false-stop-cost); pct_of_ceiling = score / the "
         f"ceiling for the rule's lead. Old yardstick, JSON only: oracle (no lead) {oracle.sum() / 3600:.1f} net GPU-h")
     say(_table(results))
     out = {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
@@ -287,15 +289,13 @@ def _tune(trace, bt, base, cands, args, say=print) -> dict:
     say(f"\ntune: a false stop costs {cost:g} GPU-h; score = net GPU-h - {cost:g} x false stops. Instances split "
         f"in halves A and B ({halves[0].trace.n_instances} + {halves[1].trace.n_instances}); the best rule on one "
         f"half is scored on the other.")
-    rows = [("held out", "rule picked on the other half", "stops", "false", "net GPU-h", "score", "% ceiling",
-             "restarts/inst-day")]
-    for h in results:
-        s = h.test
-        rows.append((h.label, h.picked.policy, str(s.stops), f"{s.false_stop_rate:.0%}", f"{s.net_gpu_hours:.1f}",
-                     f"{h.score:.1f}", f"{h.pct_of_ceiling:.0f}%", f"{s.restarts_per_instance_day:.2f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        say("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    from .common import format_share, render_table
+
+    rows = [{"held_out": h.label, "picked": h.picked.policy, "stops": h.test.stops,
+             "false_stop_rate": format_share(h.test.false_stop_rate), "net_gpu_hours": f"{h.test.net_gpu_hours:,.1f}",
+             "score": f"{h.score:,.1f}", "pct_of_ceiling": f"{h.pct_of_ceiling:.0f} %",
+             "restarts_per_instance_day": f"{h.test.restarts_per_instance_day:.2f}"} for h in results]
+    say(render_table(rows, list(rows[0]), right=list(rows[0])[2:]))
     text = rule_yaml(whole, comment=f"suggested by gpufinops backtest --tune on {trace.source} "
                                     f"(false-stop cost {cost:g} GPU-h)")
     say(f"\nheld out, the pick scores {sum(h.score for h in results):.1f} over both halves "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..model import format_duration
+from ..words import render_table  # noqa: F401  (the one text table, re-exported for the commands)
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -46,23 +47,6 @@ def load_settings_from_args(args: argparse.Namespace, *, uses_database: bool = T
     print(f"note: no --config: using the database {db} (your state folder; pass --config or --db to choose one)",
           file=sys.stderr)
     return settings.model_copy(update={"database_url": f"sqlite:///{db}", "slack": slack})
-
-
-def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
-                 right: Sequence[str] = ()) -> str:
-    """The one text table of every command: a header of lower-case snake_case column names (the keys of -o json
-    and the csv header), a rule under it, one line per row; `right`: columns aligned right (numbers)."""
-    columns = list(columns if columns is not None else (rows[0].keys() if rows else ()))
-    if not columns:
-        return ""
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if c in right else v.ljust(w)
-                         for v, w, c in zip(values, widths, columns)).rstrip()
-
-    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(row) for row in cells])
 
 
 format_window = format_duration  # a window as every command prints it: the one duration formatter

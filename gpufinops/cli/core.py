@@ -127,6 +127,13 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str
         return "protected, never stopped"
     if inst is not None and getattr(inst, "managed_by", ""):
         return f"managed by {inst.managed_by}, never stopped"
+    if inst is not None and getattr(inst, "provider", "") == "kubernetes":
+        # A workload's action decides what may be done to it (a Kueue job is only suspended, never scaled).
+        from ..act.plan import stop_blocker
+
+        blocker = stop_blocker(inst, decision.action)
+        if blocker:
+            return blocker
     if inst is not None:
         snoozed, why = snoozed_until(inst, now)
         if snoozed:

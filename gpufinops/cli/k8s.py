@@ -51,8 +51,11 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
         print(f"warning: no price for node {', '.join(unpriced[:5])} (spot or not in the catalog): counted as 0",
               file=sys.stderr)
     total = cluster_cents(live.shares) / 100
+    empty = nodes_without_gpu_pods(live.snapshot, live.node_costs) if args.by == "nodepool" else []
     if args.output == "json":
-        print(json.dumps({"rows": rows, "total_usd_per_hour": total, "read_at": now.isoformat()}, indent=2))
+        extra = {"gpu_nodes_without_gpu_pods": empty} if args.by == "nodepool" else {}
+        print(json.dumps({"rows": rows, "total_usd_per_hour": total, "read_at": now.isoformat(), **extra},
+                         indent=2))
     elif args.output == "csv":
         import csv
 
@@ -62,16 +65,40 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
     else:
         if not rows:
             print("(no GPU nodes)")
-        width = max([len(str(r[args.by])) for r in rows] + [len(args.by)])
-        if rows:
-            print(f"{args.by:<{width}}  {'$/h':>10}  {'$/month':>12}  {'GPUs':>6}  {'pods':>4}  {'idle $/h':>9}  "
-                  "sharing")
-        for r in rows:
-            print(f"{r[args.by]:<{width}}  {r['usd_per_hour']:>10,.2f}  {r['usd_per_month_at_this_rate']:>12,.2f}  "
-                  f"{r['gpus']:>6g}  {r['pods']:>4}  {r['idle_usd_per_hour']:>9,.2f}  {r['sharing']}")
+        from .common import render_table
+
+        shown = [{args.by: r[args.by], "usd_per_hour": f"{r['usd_per_hour']:,.2f}",
+                  "usd_per_month_at_this_rate": f"{r['usd_per_month_at_this_rate']:,.2f}", "gpus": f"{r['gpus']:g}",
+                  "pods": r["pods"], "idle_usd_per_hour": f"{r['idle_usd_per_hour']:,.2f}", "sharing": r["sharing"]}
+                 for r in rows]
+        if shown:
+            print(render_table(shown, list(shown[0]), right=list(shown[0])[1:-1]))
         print(f"total {total:,.2f} $/h across {len(live.snapshot.nodes)} GPU nodes (idle capacity included; "
               f"read {now:%Y-%m-%d %H:%M} UTC from {live.snapshot.server})")
+        if empty:
+            # One read cannot say for how long a node has had no GPU pod (one may have run and finished since
+            # the last look): said so, never "empty for the window".
+            print(f"\nGPU nodes with no GPU pod at this read ({len(empty)}; one read cannot say for how long: a rule "
+                  "selecting tag k8s:node judges them over its window):")
+            shown = [{"node": e["node"], "node_group": e["node_group"] or "-",
+                      "usd_per_hour": "unknown" if e["usd_per_hour"] is None else f"{e['usd_per_hour']:,.2f}",
+                      "what_to_do": e["what_to_do"]} for e in empty]
+            print(render_table(shown, list(shown[0]), right=["usd_per_hour"]))
     return 0
+
+
+def nodes_without_gpu_pods(snapshot, node_costs) -> list[dict]:
+    """The GPU nodes no GPU pod holds at this read, costliest first, with their group and what would remove them
+    (decide.workloads: the same advice the service's notices give)."""
+    from ..decide.workloads import empty_gpu_nodes, node_advice
+    from ..model import Verdict
+
+    found = [v for v in empty_gpu_nodes(snapshot, {}, 0, node_costs) if v.verdict != Verdict.ACTIVE]
+    by_name = {n.name: n for n in snapshot.nodes}
+    rows = [{"node": v.node, "node_group": f"{v.group_kind} '{v.group}'" if v.group_kind else "",
+             "instance_type": v.instance_type, "gpus": v.gpus, "usd_per_hour": v.usd_per_hour,
+             "what_to_do": node_advice(by_name[v.node])} for v in found]
+    return sorted(rows, key=lambda r: (-(r["usd_per_hour"] or 0), r["node"]))
 
 
 # --------------------------------------------------------------------------- gpufinops k8s restore (scale to zero)
@@ -82,8 +109,9 @@ def register(subparsers) -> None:
     k = subparsers.add_parser("k8s", help="Kubernetes GPU workloads: restore one gpufinops scaled to zero")
     ksub = k.add_subparsers(dest="k8s_command", metavar="ACTION")
     r = ksub.add_parser("restore", help="scale a Deployment/StatefulSet back to its replica count before gpufinops "
-                                        "scaled it to zero, and remove gpufinops' annotations")
-    r.add_argument("target", metavar="NS/NAME", help="NAMESPACE/NAME, or NAMESPACE/Deployment|StatefulSet/NAME")
+                                        "scaled it to zero, or resume a Kueue job gpufinops suspended (its Kueue "
+                                        "Workload back to spec.active: true), and remove gpufinops' annotations")
+    r.add_argument("target", metavar="NS/NAME", help="NAMESPACE/NAME, or NAMESPACE/Deployment|StatefulSet|Job/NAME")
     r.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing "
                                                           "(also the default while act.dry_run is true)")
     r.add_argument("--by", default="", help="who asks, for the audit log and the Event (default: $USER)")

@@ -20,23 +20,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from gpufinops.collect.errors import QueryFailed
-from gpufinops.k8s.model import (
-    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource, is_share_resource,
+from gpufinops.k8s.model import (  # noqa: F401 - NODE_GROUP_LABELS, node_group_of: this module's API too
+    NODE_GROUP_LABELS, ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource,
+    is_share_resource, node_group_of,
 )
 
 PAGE_SIZE = 500
 # Controllers followed upwards from a pod; an owner of another kind (a custom resource) is the workload itself.
 _LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job")
 _MAX_OWNER_DEPTH = 5
-# Node labels that name the group a node belongs to, in the order tried: (label, how reasons name it).
-NODE_GROUP_LABELS = (
-    ("karpenter.sh/nodepool", "Karpenter NodePool"),
-    ("karpenter.sh/provisioner-name", "Karpenter Provisioner"),
-    ("eks.amazonaws.com/nodegroup", "EKS node group"),
-    ("alpha.eksctl.io/nodegroup-name", "eksctl node group"),
-    ("cloud.google.com/gke-nodepool", "GKE node pool"),
-    ("kubernetes.azure.com/agentpool", "AKS agent pool"),
-)
 _SPOT_LABELS = (("karpenter.sh/capacity-type", "spot"), ("eks.amazonaws.com/capacityType", "SPOT"),
                 ("cloud.google.com/gke-spot", "true"), ("kubernetes.azure.com/scalesetpriority", "spot"))
 
@@ -189,14 +181,6 @@ def instance_id_of(provider_id: str, hostname: str) -> str:
     return hostname
 
 
-def node_group_of(labels: Mapping[str, str]) -> tuple[str, str]:
-    """(kind in words, name) of the group that manages a node, ("", "") when no known label says."""
-    for label, words in NODE_GROUP_LABELS:
-        if labels.get(label):
-            return words, labels[label]
-    return "", ""
-
-
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     labels = dict(meta.get("labels") or {})
@@ -220,6 +204,8 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         capacity=gpu_resources(status.get("allocatable") or status.get("capacity")),
         labels=labels, hostname=hostname, internal_ip=addresses.get("InternalIP", ""),
         lifecycle="spot" if spot else "on-demand",
+        annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        unschedulable=spec.get("unschedulable") is True, resource_version=str(meta.get("resourceVersion", "")),
     )
 
 

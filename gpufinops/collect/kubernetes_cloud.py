@@ -22,6 +22,13 @@ Mutations, each one PATCH of the object (strategic merge, maps merged like a mer
   leave one without the other; describe() reports "stopped" only when both hold;
 - restore: `spec.replicas: <n>` and those annotations removed, in one patch, likewise;
 - terminate: refused, always (gpufinops never deletes a workload).
+A Kueue-managed batch Job (kubernetes.suspend_kueue on, its Kueue Workload listed) is the exception to "Jobs are
+never changed": it is suspended, never scaled or deleted, and every change is a PATCH of its **Kueue Workload**
+(the object whose annotations carry the mark, so the suspension is fenced on it): set_tags / remove_tags its
+annotations (the mark with `gpufinops.io/pre-suspend-at`, the pre-suspend hook); stop = `suspend`: `spec.active:
+false` and `gpufinops.io/suspended-at` in one patch preconditioned on the resourceVersion of the read that found the
+mark; restore = `resume`: `spec.active: true`. Events go on the Job (docs/kubernetes.md, "Kueue: suspend, don't
+kill").
 A 409 Conflict is retried once after a re-read (logged, and named in the error when the retry fails too); any
 other 4xx is a definite failure (`KubeChangeError.definite`: nothing was changed); a 5xx, timeout or refused
 connection leaves the outcome unknown, for the act stage's read-back.
@@ -34,16 +41,26 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpufinops.collect.errors import QueryFailed
-from gpufinops.collect.kubernetes import KubernetesCluster, parse_time, server_of
+from gpufinops.collect.kubernetes import KubernetesCluster, controller_of, parse_time, server_of
+from gpufinops.decide.workloads import drain_refusal
 from gpufinops.prices.costs_k8s import attribute, node_hourly_costs, pod_hourly_costs
 from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
+    CORDONED_ANNOTATION,
     DEFAULT_PROTECT_KEY,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
     MARK_ANNOTATION,
+    NODE_ID_PREFIX,
+    PRE_SUSPEND_ANNOTATION,
     REPLICAS_BEFORE_ANNOTATION,
     SNOOZE_ANNOTATION,
+    SUSPENDED_ANNOTATION,
+    TAG_KUEUE_WORKLOAD,
+    TAG_NODE,
+    TAG_WORKLOAD_PRIORITY_CLASS,
     ClusterSnapshot,
     NodeInfo,
     PodInfo,
@@ -68,7 +85,6 @@ ANNOTATION_OF = {
     TAG_STOPPED_REASON: "gpufinops.io/scaled-down-reason",
     TAG_STOP_REQUESTED: "gpufinops.io/scale-down-requested",
 }
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Tags that say where a workload is, for rules' `tags:` selectors (a label key cannot hold ':', so none collides).
 TAG_NAMESPACE = "k8s:namespace"
 TAG_KIND = "k8s:kind"
@@ -80,6 +96,14 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 EVENT_MARKED = "GpuIdleMarked"
 EVENT_SCALED_DOWN = "GpuIdleScaledDown"
 EVENT_RESTORED = "GpuScaleRestored"
+EVENT_SUSPENDED = "GpuIdleSuspended"
+EVENT_RESUMED = "GpuSuspendRestored"
+EVENT_CORDONED = "GpuNodeCordoned"
+EVENT_UNCORDONED = "GpuNodeUncordoned"
+# Kueue's Workload custom resource (kueue.x-k8s.io/v1beta1, served by Kueue 0.6 and later; its list answers 404 in
+# a cluster without Kueue).
+KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"
+KUEUE_WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
 _RESOURCE = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
 ANY_WORKLOAD = WorkloadRef("*", "*", "*")  # a key of WorkloadCloud._autoscaled: the autoscalers were not read
@@ -133,9 +157,9 @@ def parse_target(text: str) -> tuple[str, str | None, str]:
     if len(parts) == 2 and all(parts):
         return parts[0], None, parts[1]
     if len(parts) == 3 and all(parts):
-        kind = {k.lower(): k for k in _RESOURCE}.get(parts[1].lower(), parts[1])
+        kind = {k.lower(): k for k in (*_RESOURCE, "Job")}.get(parts[1].lower(), parts[1])
         return parts[0], kind, parts[2]
-    raise ValueError(f"{text!r}: expected NAMESPACE/NAME or NAMESPACE/Deployment|StatefulSet/NAME")
+    raise ValueError(f"{text!r}: expected NAMESPACE/NAME or NAMESPACE/Deployment|StatefulSet|Job/NAME")
 
 
 # --------------------------------------------------------------------------- what a workload is (pure)
@@ -244,17 +268,23 @@ def autoscaler_owner(ref: WorkloadRef, autoscaler: tuple[str, str] | None) -> tu
 
 def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True,
                annotations: Mapping[str, str] | None = None,
-               autoscaler: tuple[str, str] | None = None) -> tuple[str, str]:
+               autoscaler: tuple[str, str] | None = None, kueue_workload: str = "",
+               kueue_note: str = "") -> tuple[str, str]:
     """(managed_by, managed_advice): what else owns this workload's fate, ("", "") for a Deployment/StatefulSet
     gpufinops may scale. With `kubernetes.scale_to_zero` off (the default) no workload may be scaled: adding a
     `kubernetes:` section must not let rules written for EC2 instances start scaling Deployments. An HPA or KEDA
     ScaledObject targeting it (`autoscaler`, from KubernetesCluster.autoscalers) or a GitOps controller syncing it
-    owns spec.replicas: never patched, the owner's way is named instead."""
+    owns spec.replicas: never patched, the owner's way is named instead. A Kueue-managed Job whose Kueue Workload
+    was read (`kueue_workload`, with kubernetes.suspend_kueue on) is gpufinops' to suspend under a rule with
+    `action: suspend` (act.plan.stop_blocker refuses any other action); `kueue_note` says why one is not."""
     queue = labels.get(KUEUE_QUEUE_LABEL)
     if queue:
+        if kueue_workload and ref.kind == "Job":
+            return "", ""
         return (f"Kueue (queue '{queue}')",
-                ("notify only: gpufinops does not suspend Kueue workloads (a rule's `action: suspend`, setting "
-                 "spec.suspend, is not built); suspend or delete it in its queue"))
+                kueue_note or ("notify only: gpufinops suspends a Kueue-managed batch Job through Kueue only with "
+                               "kubernetes.suspend_kueue: true and a rule with action: suspend; suspend or delete "
+                               "it in its queue"))
     if ref.kind == "Job":
         return (f"Kubernetes Job '{ref.name}'",
                 "reported only: gpufinops never stops Jobs; lower its parallelism or delete it")
@@ -284,6 +314,53 @@ def scaled_down(replicas: Any, annotations: Mapping[str, str]) -> bool:
     return replicas == 0 and REPLICAS_BEFORE_ANNOTATION in annotations
 
 
+def kueue_workloads_by_owner(objs: Iterable[Mapping[str, Any]]) -> dict[WorkloadRef, dict]:
+    """Pure: Kueue Workloads by the object that owns them (Kueue makes one per Job; its controller ownerReference
+    names the Job)."""
+    out: dict[WorkloadRef, dict] = {}
+    for obj in objs:
+        meta = obj.get("metadata") or {}
+        up = controller_of(meta)
+        if up is not None:
+            out[WorkloadRef(str(meta.get("namespace", "")), up[0], up[1])] = dict(obj)
+    return out
+
+
+def kueue_suspended(obj: Mapping[str, Any] | None) -> bool:
+    """Suspended by gpufinops: the Kueue Workload deactivated (spec.active: false) *and* gpufinops' annotation,
+    written in the same patch. Deactivated by someone else is not gpufinops' to resume."""
+    if not obj:
+        return False
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return (obj.get("spec") or {}).get("active") is False and SUSPENDED_ANNOTATION in annotations
+
+
+def kueue_name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def workload_priority_class(labels: Mapping[str, str], kueue_workload: Mapping[str, Any] | None) -> dict[str, str]:
+    """{TAG_WORKLOAD_PRIORITY_CLASS: name} from the Job's kueue.x-k8s.io/priority-class label, else its Kueue
+    Workload's priorityClassName when that is a WorkloadPriorityClass (not a pod PriorityClass); {} when none."""
+    name = labels.get(KUEUE_PRIORITY_LABEL, "")
+    spec = (kueue_workload or {}).get("spec") or {}
+    if not name and spec.get("priorityClassSource") == KUEUE_WORKLOAD_PRIORITY_SOURCE:
+        name = str(spec.get("priorityClassName") or "")
+    return {TAG_WORKLOAD_PRIORITY_CLASS: name} if name else {}
+
+
+def kueue_annotations(job_annotations: Mapping[str, str], kueue_workload: Mapping[str, Any],
+                      protect_key: str = DEFAULT_PROTECT_KEY) -> dict[str, str]:
+    """The annotations a Kueue-managed Job is judged by: its own, with gpufinops' (mark, snooze, protect, stopped-by)
+    read from its Kueue Workload winning. The mark lives on the Workload only, the object whose patch it fences;
+    a person's snooze or protect counts on either object."""
+    out = {k: v for k, v in job_annotations.items() if k not in (MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION)}
+    theirs = (kueue_workload.get("metadata") or {}).get("annotations") or {}
+    out.update({k: str(v) for k, v in theirs.items() if k.startswith(ANNOTATION_PREFIX) or k == protect_key})
+    return out
+
+
 def workload_state(ref: WorkloadRef, replicas: Any, annotations: Mapping[str, str], pods: Sequence[PodInfo]) -> str:
     """"stopped" when gpufinops scaled it to zero (scaled_down), "running" when every pod runs (or, read without
     its pods, it has replicas), else its pods' phases."""
@@ -309,22 +386,33 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
                       nodes: Mapping[str, NodeInfo], namespace_labels: Mapping[str, str],
                       hourly_cost: float | None, protect_key: str = DEFAULT_PROTECT_KEY,
                       created: datetime | None = None, scale_to_zero: bool = True,
-                      autoscaler: tuple[str, str] | None = None) -> GpuInstance:
-    """The workload as a GpuInstance: as old as its youngest replica (a restart makes it too young to judge)."""
+                      autoscaler: tuple[str, str] | None = None, kueue_workload: Mapping[str, Any] | None = None,
+                      kueue_note: str = "") -> GpuInstance:
+    """The workload as a GpuInstance: as old as its youngest replica (a restart makes it too young to judge).
+    `kueue_workload`: the Kueue Workload of a Kueue-managed Job gpufinops may suspend (kubernetes.suspend_kueue on;
+    None otherwise): its gpufinops annotations, name and state join the Job's."""
     labels = dict(info.labels) if info else {}
     annotations = dict(info.annotations) if info else {}
     pod_labels = {k: v for p in pods for k, v in p.labels.items() if k == KUEUE_QUEUE_LABEL}
+    if kueue_workload is not None and ref.kind != "Job":
+        kueue_workload = None  # only batch Jobs are read fresh before a suspension (describe): others notify only
+    if kueue_workload is not None:
+        annotations = kueue_annotations(annotations, kueue_workload, protect_key)
     node = nodes.get(pods[0].node_name) if pods else None
     model, memory = node_gpu_fields(node)
-    managed_by, advice = manager_of(ref, {**pod_labels, **labels}, scale_to_zero, annotations, autoscaler)
+    managed_by, advice = manager_of(ref, {**pod_labels, **labels}, scale_to_zero, annotations, autoscaler,
+                                    kueue_name(kueue_workload) if kueue_workload is not None else "", kueue_note)
+    kueue_tags = {} if kueue_workload is None or managed_by else {TAG_KUEUE_WORKLOAD: kueue_name(kueue_workload)}
+    state = ("stopped" if kueue_suspended(kueue_workload) else
+             workload_state(ref, info.replicas if info else None, annotations, pods))
     return GpuInstance(
         instance_id=workload_id(ref), instance_type=node.instance_type if node else "",
         region=node.region if node else "",
-        state=workload_state(ref, info.replicas if info else None, annotations, pods),
+        state=state,
         launch_time=max((p.started or _EPOCH for p in pods), default=created or _EPOCH),
         lifecycle=node.lifecycle if node else "on-demand",
         tags={**workload_tags(labels, annotations, ref, namespace_labels, protect_key),
-              **priority_tag(pods)},
+              **priority_tag(pods), **workload_priority_class(labels, kueue_workload), **kueue_tags},
         private_dns=node.name if node else "", gpu_count=sum(p.gpu_devices for p in pods), gpu_model=model,
         gpu_memory_gib=memory, hourly_cost=hourly_cost, provider="kubernetes", managed_by=managed_by,
         managed_advice=advice,
@@ -367,6 +455,16 @@ RESTORE_REMOVES = (REPLICAS_BEFORE_ANNOTATION, MARK_ANNOTATION, ANNOTATION_OF[TA
                    ANNOTATION_OF[TAG_STOPPED_REASON])
 
 
+# What an uncordon removes: the cordon's own annotations (never a person's snooze or protect).
+NODE_RESTORE_REMOVES = (CORDONED_ANNOTATION, MARK_ANNOTATION, ANNOTATION_OF[TAG_STOPPED_BY],
+                        ANNOTATION_OF[TAG_STOPPED_REASON])
+
+
+# What a Kueue resume removes: the suspension's own annotations (never a person's snooze or protect).
+KUEUE_RESTORE_REMOVES = (SUSPENDED_ANNOTATION, MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, ANNOTATION_OF[TAG_STOPPED_BY],
+                         ANNOTATION_OF[TAG_STOPPED_REASON])
+
+
 def restore_check(obj: Mapping[str, Any], target: str) -> tuple[int | None, str]:
     """(the count to scale back to, "") when gpufinops scaled this object to zero, else (None, why not)."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -384,6 +482,238 @@ def restore_check(obj: Mapping[str, Any], target: str) -> tuple[int | None, str]
     return count, ""
 
 
+# --------------------------------------------------------------------------- GPU nodes (action: drain)
+#
+# A GPU node whose GPU work is gone (decide.workloads.empty_gpu_nodes) is a GpuInstance `k8s:node/<name>` tagged
+# `k8s:node` = its name, so that a rule selects nodes and the act stage marks, warns and, after the lead, "stops" it
+# like anything else: here a stop is a cordon (`spec.unschedulable: true` and CORDONED_ANNOTATION in one PATCH
+# preconditioned on the resourceVersion of the read that still found the mark, no GPU pod on it and nothing that
+# forbids it). Karpenter or cluster-autoscaler then removes the node, honouring PodDisruptionBudgets as they always
+# do: gpufinops never evicts a pod and never deletes a node.
+
+
+def node_id(name: str) -> str:
+    """`k8s:node/<name>`; cut to 64 characters ending in `~<sha1 10>` when longer (resolved through a listing)."""
+    full = f"{NODE_ID_PREFIX}{name}"
+    if len(full) <= MAX_ID_LEN:
+        return full
+    return f"{full[:MAX_ID_LEN - 11]}~{hashlib.sha1(full.encode()).hexdigest()[:10]}"
+
+
+def is_node_id(instance_id: str) -> bool:
+    return instance_id.startswith(NODE_ID_PREFIX)
+
+
+def cordoned_by_gpufinops(node: NodeInfo) -> bool:
+    """Cordoned *and* gpufinops' annotation, written in the same patch: a cordon someone else made is theirs."""
+    return node.unschedulable and CORDONED_ANNOTATION in node.annotations
+
+
+def node_instance(node: NodeInfo, hourly_cost: float | None, *, drain_nodes: bool = False,
+                  protect_key: str = DEFAULT_PROTECT_KEY) -> GpuInstance:
+    """The node as a GpuInstance for the act stage. `managed_by` says why it may not be cordoned (drain off,
+    karpenter.sh/do-not-disrupt, an EKS managed node group, no autoscaler), so stop_blocker keeps it notify-only
+    with that advice. State: "stopped" once gpufinops cordoned it, "cordoned" when someone else did (not judged:
+    not gpufinops' to act on), else "running"."""
+    tags = {**node.labels, **node.annotations}
+    for tag, annotation in ANNOTATION_OF.items():
+        tags.pop(annotation, None)
+        if annotation in node.annotations:
+            tags[tag] = node.annotations[annotation]
+    tags.pop(protect_key, None)
+    protect = node.annotations.get(protect_key, node.labels.get(protect_key))
+    if not not_truthy(protect):
+        tags[TAG_PROTECT] = str(protect)
+    tags[TAG_NODE] = node.name
+    refusal = drain_refusal(node)
+    # The advice on what to change is in the verdict's reason (decide.workloads.node_decision): said once.
+    if refusal:
+        managed_by, advice = "Kubernetes (a node gpufinops may not cordon)", refusal
+    elif not drain_nodes:
+        managed_by, advice = ("Kubernetes (gpufinops' node drain is off)",
+                              "warned and reported only; set kubernetes.drain_nodes: true to let gpufinops cordon it")
+    else:
+        managed_by, advice = "", ""
+    model, memory = node_gpu_fields(node)
+    state = "stopped" if cordoned_by_gpufinops(node) else "cordoned" if node.unschedulable else "running"
+    return GpuInstance(
+        instance_id=node_id(node.name), instance_type=node.instance_type, region=node.region, state=state,
+        launch_time=node.created, lifecycle=node.lifecycle, tags=tags, private_dns=node.name,
+        gpu_count=node.gpu_devices, gpu_model=model, gpu_memory_gib=memory, hourly_cost=hourly_cost,
+        provider="kubernetes", managed_by=managed_by, managed_advice=advice,
+    )
+
+
+def gpu_pods_on(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """namespace/name of the listed pods that hold GPUs (requested, not finished)."""
+    from gpufinops.collect.kubernetes import pod_gpu_requests
+    from gpufinops.k8s.model import devices
+
+    out = []
+    for obj in pods:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        if devices(pod_gpu_requests(obj.get("spec") or {})) and status.get("phase") not in ("Succeeded", "Failed"):
+            out.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return out
+
+
+class NodeCloudMixin:
+    """WorkloadCloud's GPU-node half: listing nodes as instances, and the mark / cordon / uncordon calls."""
+
+    drain_nodes: bool = False
+
+    def list_nodes(self) -> list[GpuInstance]:
+        """The GPU nodes of the last listing (list_workloads) as instances, priced at their full node cost."""
+        snap = self.last_snapshot
+        if snap is None:
+            return []
+        out = [node_instance(n, self.node_costs.get(n.name), drain_nodes=self.drain_nodes,
+                             protect_key=self.protect_key) for n in snap.nodes]
+        self._node_names.update({node_id(n.name): n.name for n in snap.nodes})
+        return out
+
+    def node_name_of(self, instance_id: str) -> str | None:
+        if not is_node_id(instance_id):
+            return None
+        name = instance_id[len(NODE_ID_PREFIX):]
+        return self._node_names.get(instance_id) or (name if "~" not in name else None)
+
+    def _node_get(self, name: str) -> dict | None:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        return self._request("get", f"nodes/{name}", lambda **kw: core.read_node(name, **kw), read=True)
+
+    def _pods_on_node(self, name: str) -> list[str]:
+        """The GPU pods on a node now (one list, server-side field selector). KubeReadFailed when not answered."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        answer = self._request("list", f"pods on node {name}", lambda **kw: core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={name}", **kw), read=True)
+        return gpu_pods_on((answer or {}).get("items") or [])
+
+    def describe_node(self, instance_id: str) -> GpuInstance | None:
+        """The node read fresh (None: gone). KubeReadFailed when it cannot be read (never taken for gone)."""
+        from gpufinops.collect.kubernetes import parse_node
+
+        name = self.node_name_of(instance_id)
+        if name is None:
+            raise KubeReadFailed(f"kubernetes: {instance_id!r} names no node gpufinops can read")
+        obj = self._node_get(name)
+        if obj is None:
+            return None
+        node = parse_node(obj)
+        return node_instance(node, self.node_costs.get(name), drain_nodes=self.drain_nodes,
+                             protect_key=self.protect_key)
+
+    def _patch_node(self, name: str, build: Callable[[dict], dict | None]) -> dict:
+        """Read the node, PATCH what `build(obj)` returns (None: nothing to do), once more after a re-read on a
+        409 Conflict (a resourceVersion precondition that failed)."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api)
+        return self._read_build_patch(f"nodes/{name}", lambda: self._node_get(name), build,
+                                      lambda body, **kw: core.patch_node(name, body, **kw))
+
+    def _node_event(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        """An Event on the node (`kubectl describe node` shows it; node Events live in namespace default)."""
+        from kubernetes import client
+
+        body = event_body({**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": "default"}}, reason,
+                          message, self.clock(), "Node")
+        body["involvedObject"]["namespace"] = ""
+        try:
+            self._request("create", "events in default", lambda **kw: client.CoreV1Api(
+                self.api).create_namespaced_event("default", body, **kw))
+        except KubeChangeError as exc:
+            log.warning("node %s: the %s Event was not created: %s", (obj.get("metadata") or {}).get("name"),
+                        reason, exc)
+
+    def annotate_node(self, inst: GpuInstance, tags: Mapping[str, str | None]) -> None:
+        name = self.node_name_of(inst.instance_id)
+        if name is None:
+            raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no node", definite=True)
+        patch = annotation_patch(tags, self.protect_key)
+        obj = self._patch_node(name, lambda _obj: {"metadata": {"annotations": patch}})
+        if tags.get(TAG_MARKED):
+            self._node_event(obj, EVENT_MARKED,
+                             f"gpufinops: no GPU pod has run on this GPU node for the rule's window; it will be "
+                             f"cordoned at {tags[TAG_MARKED]} (Karpenter / cluster-autoscaler then remove it) unless "
+                             f"a GPU pod lands on it. To keep it: annotate {SNOOZE_ANNOTATION}=<ISO time> or "
+                             f"{self.protect_key}=true, or remove its {MARK_ANNOTATION}.")
+
+    def cordon(self, inst: GpuInstance) -> None:
+        """`spec.unschedulable: true` and CORDONED_ANNOTATION in one patch preconditioned on the resourceVersion of
+        the read that found, right before it: gpufinops' mark still on the node, nothing forbidding a cordon
+        (drain_refusal), no cordon by someone else, and no GPU pod on it (listed after that read). A person who
+        removes the mark, or a GPU pod scheduled onto it, wins; a change to the node in between is a 409 and a
+        re-read that checks all of it again."""
+        from gpufinops.collect.kubernetes import parse_node
+
+        name = self.node_name_of(inst.instance_id)
+        if name is None:
+            raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no node", definite=True)
+        if not self.drain_nodes:
+            raise KubeChangeError(f"kubernetes: node {name}: kubernetes.drain_nodes is off: not cordoned",
+                                  definite=True)
+        done: list[bool] = []
+
+        def build(obj: dict) -> dict | None:
+            node = parse_node(obj)
+            if cordoned_by_gpufinops(node):
+                return None  # already done (a retry after a lost answer)
+            if node.unschedulable:
+                raise KubeChangeError(f"kubernetes: node {name} was cordoned by someone else: left alone",
+                                      definite=True)
+            if MARK_ANNOTATION not in node.annotations:
+                raise KubeChangeError(f"kubernetes: node {name}: its {MARK_ANNOTATION} was removed since the "
+                                      "warning: not cordoned", definite=True)
+            refusal = drain_refusal(node)
+            if refusal:
+                raise KubeChangeError(f"kubernetes: node {name}: not cordoned: {refusal}", definite=True)
+            try:
+                pods = self._pods_on_node(name)
+            except KubeReadFailed as exc:
+                raise KubeChangeError(f"kubernetes: node {name}: its pods could not be read just before the cordon "
+                                      f"({exc}): not cordoned", definite=True) from None
+            if pods:
+                raise KubeChangeError(f"kubernetes: node {name}: a GPU pod was scheduled onto it since the warning "
+                                      f"({', '.join(pods[:3])}): not cordoned", definite=True)
+            done.append(True)
+            stamp = self.clock().astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return {"metadata": {"resourceVersion": node.resource_version,
+                                 "annotations": {CORDONED_ANNOTATION: stamp}},
+                    "spec": {"unschedulable": True}}
+
+        obj = self._patch_node(name, build)
+        if done:
+            log.info("node %s cordoned: no GPU pod for the rule's window", name)
+            self._node_event(obj, EVENT_CORDONED,
+                             "gpufinops cordoned it: no GPU pod ran on it for the rule's window. Karpenter / "
+                             "cluster-autoscaler remove it, honouring PodDisruptionBudgets. `gpufinops k8s restore "
+                             f"node/{name}` uncordons it.")
+
+    def uncordon(self, name: str, who: str = "") -> Restored:
+        """Undo gpufinops' cordon: `spec.unschedulable: false` and its annotations removed, in one preconditioned
+        patch; a node cordoned by someone else (no CORDONED_ANNOTATION) is left alone."""
+
+        def build(obj: dict) -> dict | None:
+            meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+            annotations = meta.get("annotations") or {}
+            if spec.get("unschedulable") is not True or CORDONED_ANNOTATION not in annotations:
+                raise KubeChangeError(f"kubernetes: node {name} is not cordoned by gpufinops (no "
+                                      f"{CORDONED_ANNOTATION} on a cordoned node): left alone", definite=True)
+            return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                 "annotations": {k: None for k in NODE_RESTORE_REMOVES if k in annotations}},
+                    "spec": {"unschedulable": False}}
+
+        obj = self._patch_node(name, build)
+        by = f" for {who}" if who else ""
+        self._node_event(obj, EVENT_UNCORDONED, f"gpufinops uncordoned it{by}.")
+        return Restored(WorkloadRef("", "Node", name), 0, f"node {name} uncordoned{by}")
+
+
 # --------------------------------------------------------------------------- the cloud
 
 
@@ -394,7 +724,7 @@ class Restored:
     reason: str
 
 
-class WorkloadCloud:
+class WorkloadCloud(NodeCloudMixin):
     """Deployments and StatefulSets (and, reported only, every other GPU workload) as the act stage's Cloud.
 
     `price(instance_type, region, lifecycle) -> USD/h | None` prices nodes (fleet.price_lookup); a fleet that
@@ -402,8 +732,17 @@ class WorkloadCloud:
 
     def __init__(self, cluster: KubernetesCluster, price: Callable[[str, str, str], float | None] | None = None, *,
                  protect_key: str = DEFAULT_PROTECT_KEY, scale_to_zero: bool = True,
-                 clock: Callable[[], datetime] = utcnow):
+                 suspend_kueue: bool = False, drain_nodes: bool = False, clock: Callable[[], datetime] = utcnow):
         self.cluster = cluster
+        # kubernetes.drain_nodes: GPU nodes without GPU work may be cordoned (rules with action: drain).
+        self.drain_nodes = drain_nodes
+        self.node_costs: dict[str, float | None] = {}  # USD/h per node name, from the last listing
+        self._node_names: dict[str, str] = {}  # node instance id -> node name (cut ids included)
+        # kubernetes.suspend_kueue: Kueue-managed Jobs may be suspended (their Kueue Workload deactivated).
+        self.suspend_kueue = suspend_kueue
+        # The last listing's Kueue Workloads by owner, and why none may be suspended this tick ("" when read).
+        self._kueue: dict[WorkloadRef, dict] = {}
+        self._kueue_note = ""
         # A PATCH may be in flight for one connect + read timeout; act's reconcile waits that long (and a margin).
         self.max_request_s = 2 * cluster.reader.timeout_s + 10.0
         self.scale_to_zero = scale_to_zero
@@ -411,6 +750,7 @@ class WorkloadCloud:
         self.protect_key = protect_key
         self.clock = clock
         self.last_snapshot: ClusterSnapshot | None = None
+        self.listed_ok = False  # the last list_workloads read the cluster (last_snapshot is this listing's)
         # Per node instance id, the USD/h of the node that no listed workload carries (its idle capacity and the
         # shares of pods in namespaces left out): what its own inventory row may still count (fleet.FleetCloud).
         self.node_remainders: dict[str, float | None] = {}
@@ -436,12 +776,14 @@ class WorkloadCloud:
     def list_workloads(self, node_rates: Mapping[str, float | None] | None = None) -> list[GpuInstance]:
         """Every workload holding GPUs now in the namespaces the settings keep (ClusterReadFailed when the API
         does not answer: never an empty cluster)."""
+        self.listed_ok = False  # until this listing succeeds: a failed one leaves an old snapshot behind
         snapshot = self.cluster.snapshot(self.clock())
         rates = {k: v for k, v in (node_rates or {}).items() if v is not None}
         costs = node_hourly_costs(snapshot.nodes, self.price, rates)
         pod_costs = pod_hourly_costs(attribute(snapshot, costs, 1.0))
         nodes = {n.name: n for n in snapshot.nodes}
         self._autoscaled = self._autoscalers_listed() if self.scale_to_zero else {}
+        self._kueue, self._kueue_note = self._kueue_listed() if self.suspend_kueue else ({}, "")
         out = []
         for ref in snapshot.workload_refs():
             pods = snapshot.pods_of(ref)
@@ -450,11 +792,14 @@ class WorkloadCloud:
             out.append(workload_instance(ref, snapshot.workloads.get(ref), pods, nodes,
                                          snapshot.namespace_labels.get(ref.namespace, {}), hourly, self.protect_key,
                                          scale_to_zero=self.scale_to_zero,
-                                         autoscaler=self._autoscaled.get(ref, self._autoscaled.get(ANY_WORKLOAD))))
+                                         autoscaler=self._autoscaled.get(ref, self._autoscaled.get(ANY_WORKLOAD)),
+                                         kueue_workload=self._kueue.get(ref), kueue_note=self._kueue_note))
         self.last_snapshot = snapshot
+        self.node_costs = dict(costs)
         self.node_remainders = node_remainders(snapshot, costs, pod_costs)
         self._listed = {i.instance_id: i for i in out}
         self._refs.update({workload_id(r): r for r in snapshot.workload_refs()})
+        self.listed_ok = True
         return out
 
     def _autoscalers_listed(self) -> dict[WorkloadRef, tuple[str, str]]:
@@ -465,6 +810,35 @@ class WorkloadCloud:
         except QueryFailed as exc:
             log.warning("kubernetes: autoscalers not read, no workload is scaled this tick: %s", exc)
             return {ANY_WORKLOAD: ("unreadable", str(exc)[:200])}
+
+    def _kueue_list(self, namespace: str = "") -> dict[WorkloadRef, dict]:
+        """Kueue Workloads by owner, cluster-wide or in one namespace (a paged list; 404: Kueue is not installed,
+        none). Raises KubeReadFailed when the API does not answer."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api)
+        if namespace:
+            fn = lambda **kw: custom.list_namespaced_custom_object(  # noqa: E731
+                KUEUE_GROUP, KUEUE_VERSION, namespace, KUEUE_WORKLOADS, **kw)
+        else:
+            fn = lambda **kw: custom.list_cluster_custom_object(  # noqa: E731
+                KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS, **kw)
+        try:
+            return kueue_workloads_by_owner(self.cluster.reader.list(KUEUE_WORKLOADS, fn).items)
+        except QueryFailed as exc:
+            if getattr(exc, "status", None) == 404:
+                return {}
+            raise KubeReadFailed(str(exc)) from None
+
+    def _kueue_listed(self) -> tuple[dict[WorkloadRef, dict], str]:
+        """The cluster's Kueue Workloads by owner, and "" ; when they cannot be read, none and why: no Kueue job is
+        suspended this tick (not knowing its Workload is no licence to act), each is judged and reported."""
+        try:
+            return self._kueue_list(), ""
+        except KubeReadFailed as exc:
+            log.warning("kubernetes: Kueue Workloads not read, no Kueue job is suspended this tick: %s", exc)
+            return {}, (f"notify only this tick: its Kueue Workload could not be read ({str(exc)[:200]}); "
+                        "deploy/kubernetes/workloads/rbac-clusterrole.yaml grants list on workloads.kueue.x-k8s.io")
 
     def _owner_now(self, ref: WorkloadRef, obj: Mapping[str, Any]) -> tuple[str, str]:
         """Who owns spec.replicas right now, read just before a scale-down: an HPA or ScaledObject made after the
@@ -486,9 +860,19 @@ class WorkloadCloud:
         KubeReadFailed when any cannot be read, so a reconcile never takes an unreadable workload for a gone one."""
         out = []
         for iid in dict.fromkeys(instance_ids):
+            if is_node_id(iid):
+                node = self.describe_node(iid)
+                if node is not None:
+                    out.append(node)
+                continue
             ref = self.ref_of(iid) or self._resolve_cut_id(iid)
             if ref is None:
                 raise KubeReadFailed(f"kubernetes: {iid!r} names no workload gpufinops can read")
+            if ref.kind == "Job" and self.suspend_kueue:
+                job = self._job_instance(ref)  # read fresh: a Kueue job is suspended on what it says now
+                if job is not None:
+                    out.append(job)
+                continue
             if not ref.scalable:  # never changed, so only a listing's view is needed (and RBAC reads no CronJob)
                 if iid not in self._listed:
                     raise KubeReadFailed(f"kubernetes: {iid} ({ref.kind}) is read only by listing the cluster")
@@ -537,6 +921,34 @@ class WorkloadCloud:
         # Read alone, the object says whether it is scaled down; pods listed earlier may be gone since.
         return replace(inst, state=workload_state(ref, info.replicas, info.annotations, () if
                                                   scaled_down(info.replicas, info.annotations) else pods))
+
+    def _job_instance(self, ref: WorkloadRef) -> GpuInstance | None:
+        """A Job read fresh with, when Kueue manages it, its Kueue Workload (None: the Job is gone). A Kueue
+        Workload list that does not answer raises KubeReadFailed: its state is unknown, never "not suspended"."""
+        from kubernetes import client
+
+        batch = client.BatchV1Api(self.api)
+        obj = self._request("get", f"jobs {ref.namespace}/{ref.name}",
+                            lambda **kw: batch.read_namespaced_job(ref.name, ref.namespace, **kw), read=True)
+        if obj is None:
+            return None
+        meta = obj.get("metadata") or {}
+        info = WorkloadInfo(ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}), None,
+                            str(meta.get("resourceVersion", "")))
+        snap = self.last_snapshot
+        pods = snap.pods_of(ref) if snap else ()
+        nodes = {n.name: n for n in snap.nodes} if snap else {}
+        ns_labels = snap.namespace_labels.get(ref.namespace) if snap else None
+        if ns_labels is None:
+            ns_labels = self._namespace_labels(ref.namespace)
+        queued = KUEUE_QUEUE_LABEL in info.labels or any(KUEUE_QUEUE_LABEL in p.labels for p in pods)
+        kueue = self._kueue_list(ref.namespace).get(ref) if queued else None
+        listed = self._listed.get(workload_id(ref))
+        return workload_instance(ref, info, pods, nodes, ns_labels, listed.hourly_cost if listed else None,
+                                 self.protect_key, parse_time(meta.get("creationTimestamp")),
+                                 scale_to_zero=self.scale_to_zero, kueue_workload=kueue,
+                                 kueue_note="" if kueue is not None else
+                                 "notify only: no Kueue Workload owned by this Job was found")
 
     def _namespace_labels(self, namespace: str) -> dict[str, str]:
         from kubernetes import client
@@ -596,17 +1008,36 @@ class WorkloadCloud:
                 raise KubeReadFailed(text) from None
             raise KubeChangeError(text, definite=False) from None
 
-    def _patch_object(self, ref: WorkloadRef, build: Callable[[dict], dict | None]) -> dict:
+    def _patch_object(self, ref: WorkloadRef, build: Callable[[dict], dict | None], *, kueue: str = "") -> dict:
         """Read the object, PATCH what `build(obj)` returns (None: nothing to do), once more after a re-read on a
-        409 Conflict. Returns the object as the server answered (or as read when nothing was to do)."""
+        409 Conflict. Returns the object as the server answered (or as read when nothing was to do). `kueue`:
+        the Kueue Workload (namespace/name) of the Kueue-managed Job `ref` is the object read and patched."""
         from kubernetes import client
 
-        apps = client.AppsV1Api(self.api)
-        fn = apps.patch_namespaced_deployment if ref.kind == "Deployment" else apps.patch_namespaced_stateful_set
-        target = self._target(ref)
+        if kueue:
+            custom = client.CustomObjectsApi(self.api)
+            ns, _, name = kueue.partition("/")
+            target = f"{KUEUE_WORKLOADS}.{KUEUE_GROUP} {kueue}"
+            get = lambda: self._request("get", target, lambda **kw: custom.get_namespaced_custom_object(  # noqa: E731
+                KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name, **kw), read=True)
+            fn = lambda _name, _ns, body, **kw: custom.patch_namespaced_custom_object(  # noqa: E731
+                KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name, body, **kw)
+        else:
+            apps = client.AppsV1Api(self.api)
+            fn = apps.patch_namespaced_deployment if ref.kind == "Deployment" else apps.patch_namespaced_stateful_set
+            target = self._target(ref)
+            get = lambda: self._get(ref)  # noqa: E731
+        return self._read_build_patch(target, get, build,
+                                      lambda body, **kw: fn(ref.name, ref.namespace, body, **kw))
+
+    def _read_build_patch(self, target: str, get: Callable[[], dict | None], build: Callable[[dict], dict | None],
+                          patch: Callable[..., Any]) -> dict:
+        """The one write loop of every object (workload, Kueue Workload, node): read it, PATCH what `build(obj)`
+        returns (None: nothing to do, the object as read comes back), and once more after a re-read on a 409
+        Conflict (the resourceVersion precondition failed: someone changed it since); a second 409 is final."""
         for attempt in (1, 2):
             try:
-                obj = self._get(ref)
+                obj = get()
             except KubeReadFailed as exc:
                 raise KubeChangeError(f"{exc} (read before the change)", definite=True) from None
             if obj is None:
@@ -615,9 +1046,7 @@ class WorkloadCloud:
             if body is None:
                 return obj
             try:
-                answer = self._request("patch", target,
-                                       lambda body=body, **kw: fn(ref.name, ref.namespace, body, **kw))
-                return answer or {}
+                return self._request("patch", target, lambda body=body, **kw: patch(body, **kw)) or {}
             except KubeChangeError as exc:
                 if exc.status != 409:
                     raise
@@ -652,9 +1081,45 @@ class WorkloadCloud:
                                   definite=True)
         return ref
 
+    def _kueue_target(self, inst: GpuInstance) -> tuple[WorkloadRef, str] | None:
+        """(the Job, its Kueue Workload namespace/name) when `inst` is a Kueue-managed Job gpufinops may suspend;
+        None for anything else (changed, if at all, as a Deployment/StatefulSet)."""
+        ref = self.ref_of(inst.instance_id)
+        kueue = inst.tags.get(TAG_KUEUE_WORKLOAD, "")
+        if ref is None or ref.kind != "Job" or not kueue or not self.suspend_kueue or inst.managed_by:
+            return None
+        return ref, kueue
+
+    def _job_event(self, kueue_obj: Mapping[str, Any], ref: WorkloadRef, reason: str, message: str) -> None:
+        """An Event on the Job (what people `kubectl describe`), its uid from the Workload's ownerReference."""
+        owner = next((o for o in (kueue_obj.get("metadata") or {}).get("ownerReferences") or []
+                      if isinstance(o, dict) and o.get("kind") == "Job" and o.get("name") == ref.name), {})
+        job = {"apiVersion": "batch/v1", "metadata": {"name": ref.name, "namespace": ref.namespace,
+                                                      "uid": owner.get("uid")}}
+        self._event(job, ref, reason, message)
+
     # ------------------------------------------------------------------ mutating calls (act stage only)
     def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
         if not tags:
+            return
+        if is_node_id(inst.instance_id):
+            self.annotate_node(inst, tags)
+            return
+        kueue = self._kueue_target(inst)
+        if kueue is not None:
+            ref, name = kueue
+            patch = annotation_patch(tags, self.protect_key)
+            if TAG_MARKED in tags:
+                # The pre-suspend hook, in the same patch as the mark: the time a job should have checkpointed by.
+                patch[PRE_SUSPEND_ANNOTATION] = tags[TAG_MARKED]
+            obj = self._patch_object(ref, lambda _obj: {"metadata": {"annotations": patch}}, kueue=name)
+            if TAG_MARKED in tags:
+                self._job_event(obj, ref, EVENT_MARKED,
+                                f"gpufinops: its GPUs are idle; it will be suspended through Kueue (Workload {name} "
+                                f"spec.active: false) at {tags[TAG_MARKED]} unless it becomes active: checkpoint "
+                                f"before then ({PRE_SUSPEND_ANNOTATION} on the Workload). To keep it: annotate the "
+                                f"Workload {SNOOZE_ANNOTATION}=<ISO time> or {self.protect_key}=true, or remove "
+                                f"its {MARK_ANNOTATION}.")
             return
         ref = self._scalable_ref(inst, "annotate")
         patch = annotation_patch(tags, self.protect_key)
@@ -668,12 +1133,30 @@ class WorkloadCloud:
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         if not keys:
             return
+        if is_node_id(inst.instance_id):
+            self.annotate_node(inst, dict.fromkeys(keys))
+            return
+        kueue = self._kueue_target(inst)
+        if kueue is not None:
+            patch = annotation_patch(dict.fromkeys(keys), self.protect_key)
+            if TAG_MARKED in keys:
+                patch[PRE_SUSPEND_ANNOTATION] = None
+            self._patch_object(kueue[0], lambda _obj: {"metadata": {"annotations": patch}}, kueue=kueue[1])
+            return
         ref = self._scalable_ref(inst, "annotate", owned_too=True)
         patch = annotation_patch(dict.fromkeys(keys), self.protect_key)
         self._patch_object(ref, lambda _obj: {"metadata": {"annotations": patch}})
 
     def stop(self, inst: GpuInstance) -> None:
-        """Scale to 0, keeping the count replaced, in one patch preconditioned on the resourceVersion read."""
+        """Scale to 0, keeping the count replaced, in one patch preconditioned on the resourceVersion read. A
+        Kueue-managed Job is suspended instead (`suspend`), a GPU node cordoned (`cordon`)."""
+        if is_node_id(inst.instance_id):
+            self.cordon(inst)
+            return
+        kueue = self._kueue_target(inst)
+        if kueue is not None:
+            self.suspend(*kueue)
+            return
         ref = self._scalable_ref(inst, "scale")
         before: dict[str, int] = {}
 
@@ -703,6 +1186,81 @@ class WorkloadCloud:
                         f"gpufinops scaled it from {before['replicas']} to 0 replicas: its GPUs were idle. "
                         f"`gpufinops k8s restore {ref.namespace}/{ref.name}` scales it back.")
 
+    def suspend(self, ref: WorkloadRef, kueue: str) -> None:
+        """Suspend a Kueue-managed Job through Kueue: its Workload `spec.active: false` (Kueue evicts it, its pods
+        end, and it is not requeued until set back to true) and gpufinops' SUSPENDED_ANNOTATION, in one patch
+        preconditioned on the resourceVersion of the read that found gpufinops' mark still on it: a person who
+        removed the mark (or deactivated it) since wins, by a refusal or a 409 and a re-read that no longer finds
+        it. Setting the Job's own spec.suspend would be undone by Kueue while the Workload is admitted."""
+        target = f"{KUEUE_WORKLOADS}.{KUEUE_GROUP} {kueue}"
+        done: list[bool] = []
+
+        def build(obj: dict) -> dict | None:
+            meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+            annotations = meta.get("annotations") or {}
+            if kueue_suspended(obj):
+                return None  # already done (a retry after a lost answer)
+            if spec.get("active") is False:
+                raise KubeChangeError(f"kubernetes: {target} was deactivated by someone else: left alone",
+                                      definite=True)
+            if MARK_ANNOTATION not in annotations:
+                raise KubeChangeError(f"kubernetes: {target}: its {MARK_ANNOTATION} was removed since the warning: "
+                                      "not suspended", definite=True)
+            owner = controller_of(meta)
+            if owner != (ref.kind, ref.name):
+                raise KubeChangeError(f"kubernetes: {target} no longer belongs to {ref}: not suspended", definite=True)
+            done.append(True)
+            stamp = self.clock().astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                 "annotations": {SUSPENDED_ANNOTATION: stamp}},
+                    "spec": {"active": False}}
+
+        obj = self._patch_object(ref, build, kueue=kueue)
+        if done:
+            log.info("%s suspended through Kueue (Workload %s spec.active: false)", ref, kueue)
+            self._job_event(obj, ref, EVENT_SUSPENDED,
+                            f"gpufinops suspended it through Kueue (Workload {kueue} spec.active: false): its GPUs "
+                            f"were idle. `gpufinops k8s restore {ref.namespace}/Job/{ref.name}` resumes it.")
+
+    def resumable(self, ref: WorkloadRef) -> tuple[str | None, str]:
+        """(its Kueue Workload namespace/name, "") when gpufinops suspended this Job, else (None, why not); read
+        without changing anything (dry-run)."""
+        if ref.kind != "Job" or not self.suspend_kueue:
+            return None, f"kubernetes: only a Kueue-managed Job is resumed (kubernetes.suspend_kueue), not {ref}"
+        try:
+            obj = self._kueue_list(ref.namespace).get(ref)
+        except KubeReadFailed as exc:
+            return None, str(exc)
+        if obj is None:
+            return None, f"kubernetes: no Kueue Workload owned by {ref} was found"
+        if not kueue_suspended(obj):
+            return None, (f"kubernetes: Kueue Workload {kueue_name(obj)} was not suspended by gpufinops (spec.active "
+                          f"is not false, or no {SUSPENDED_ANNOTATION}): left alone")
+        return kueue_name(obj), ""
+
+    def resume(self, ref: WorkloadRef, who: str = "") -> Restored:
+        """Set its Kueue Workload back to `spec.active: true` (Kueue queues it again) and remove gpufinops'
+        suspension annotations (a person's snooze or protect stays), in one preconditioned patch."""
+        kueue, problem = self.resumable(ref)
+        if kueue is None:
+            raise KubeChangeError(problem, definite=True)
+
+        def build(obj: dict) -> dict | None:
+            meta = obj.get("metadata") or {}
+            if not kueue_suspended(obj):
+                raise KubeChangeError(f"kubernetes: Kueue Workload {kueue} is not suspended by gpufinops any more: "
+                                      "left alone", definite=True)
+            annotations = meta.get("annotations") or {}
+            return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                 "annotations": {k: None for k in KUEUE_RESTORE_REMOVES if k in annotations}},
+                    "spec": {"active": True}}
+
+        obj = self._patch_object(ref, build, kueue=kueue)
+        by = f" for {who}" if who else ""
+        self._job_event(obj, ref, EVENT_RESUMED, f"gpufinops resumed it{by}: Kueue Workload {kueue} spec.active: "
+                                                 "true (Kueue queues it again).")
+        return Restored(ref, 0, f"resumed{by}: Kueue Workload {kueue} spec.active: true (Kueue queues it again)")
+
     def terminate(self, inst: GpuInstance) -> None:
         raise KubeChangeError(f"kubernetes: gpufinops never deletes a workload ({inst.instance_id}); a rule with "
                               "action: stop scales it to zero instead", definite=True)
@@ -722,6 +1280,8 @@ class WorkloadCloud:
     def restore(self, ref: WorkloadRef, who: str = "") -> Restored:
         """Scale back to the kept count and remove gpufinops' scale-down annotations (a person's snooze or protect
         stays), in one preconditioned patch. Raises KubeChangeError (definite) when there is nothing to restore."""
+        if ref.kind == "Job":
+            return self.resume(ref, who)
         if not ref.scalable:
             raise KubeChangeError(f"kubernetes: only a Deployment or StatefulSet is restored, not {ref}",
                                   definite=True)
@@ -741,3 +1301,4 @@ class WorkloadCloud:
         by = f" for {who}" if who else ""
         self._event(obj, ref, EVENT_RESTORED, f"gpufinops scaled it back to {done['replicas']} replicas{by}.")
         return Restored(ref, done["replicas"], f"restored to {done['replicas']} replicas{by}")
+

@@ -11,7 +11,13 @@ each: the SM activity that IDLE needs to agree, and what says why a GPU's use st
 "Profiling counters"). It is a query of its own because Prometheus pays more than the sum of the parts for one
 long `or` of legs (BENCHMARKS.md, "Profiling counters in the tick").
 Where a GPU has both activity counters, the GR engine's is its activity figure and GPU_UTIL's the second one
-that IDLE needs to agree.
+that IDLE needs to agree. The profiling ratios that only say why (occupancy, tensor and FP pipes: REASON_SIGNALS)
+are read for a fifth of the instances per tick, kept per GPU between reads with their age (`_slots_due`).
+
+Shards (`prometheus.shards`, issue 29.3): the same query set per shard of the instances, narrowed by a label
+matcher on the last character of the instance id (`shard_of`, `shard_matcher`), `shard_parallelism` shards at a
+time, each shard's answers turned into its instances' usage as they land and dropped: client memory follows the
+shard. A shard that fails makes its own instances UNKNOWN, and no other (docs/scale.md).
 
 Sentinels. DCGM writes huge values (~9.2e18, 2^47, 2147483632...) when a field is unavailable, and a
 broken exporter may write negatives or NaN. Such samples are not measurements: they must neither count as
@@ -46,10 +52,10 @@ import gc
 import math
 import threading
 from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 import msgspec
@@ -80,6 +86,13 @@ DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
 PIPE_ACTIVE = {"fp64": "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "fp32": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
                "fp16": "DCGM_FI_PROF_PIPE_FP16_ACTIVE"}
 PROFILING_SIGNALS = (SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, *PIPE_ACTIVE.values())  # what a tick reads
+# The profiling ratios that only say why use is low (never a verdict's figure: IDLE needs SM activity, not these),
+# read every `profiling_reasons_every_s` and kept per GPU between reads: the engine pays one range function per
+# GPU for each (BENCHMARKS.md, "Profiling counters in the tick").
+REASON_SIGNALS = (SM_OCCUPANCY, TENSOR_ACTIVE, *PIPE_ACTIVE.values())
+# Instances are read for them in turns, a fifth at a time (by the last character of the instance label, as shards
+# are): each tick pays a fifth of their cost instead of all of it every fifth tick.
+REASON_SLOTS = 5
 FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
 # Compute processes per GPU / MIG instance, exported by `gpufinops agent` only (not dcgm-exporter): evidence of
@@ -269,16 +282,24 @@ class PromQL:
             f" or avg_over_time({sel}) != avg_over_time({sel}))"
         )
 
-    def clean_query(self, metric: str, window_s: int) -> str:
+    def clean_query(self, metric: str, window_s: int, reasons: bool | str = True) -> str:
         """Per-GPU aggregates over the raw samples of every GPU, labelled agg=count|sum|max|min (what the
         signal needs, _SIGNAL_AGGS). One range function per aggregate and nothing else: GPUs whose figures
-        show invalid samples (`needs_detail`, nearly never) are read again by `detail_query`."""
+        show invalid samples (`needs_detail`, nearly never) are read again by `detail_query`. `reasons`:
+        False leaves the REASON_SIGNALS legs out (the ticks between two reads of them); a label matcher
+        (`slots_matcher`) narrows them to the instances whose turn it is."""
         r = self.range_of(window_s)
         legs = [(metric, a, a) for a in _SIGNAL_AGGS[metric]]
         legs += [(folded, a, f"{prefix}_{a}") for folded, (host, prefix) in FOLDED.items() if host == metric
-                 for a in _SIGNAL_AGGS[folded]]
+                 and (reasons or folded not in REASON_SIGNALS) for a in _SIGNAL_AGGS[folded]]
+
+        def vector(m: str) -> str:
+            if isinstance(reasons, str) and reasons and m in REASON_SIGNALS:
+                return selected(m, ", ".join(x for x in (self.selector.strip(), reasons) if x))
+            return self._vector(m)
+
         return " or ".join(
-            self._labelled(label, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({self._vector(m)}[{r}]))")
+            self._labelled(label, f"{_COMBINE[a]} by ({self._by}) ({_RANGE_FN[a]}({vector(m)}[{r}]))")
             for m, a, label in legs)
 
     @property
@@ -311,11 +332,66 @@ class PromQL:
         dirty = self.dirty_gpus(metric, window_s, at_end=True)
         return f"({fresh_valid} and on({', '.join(self.by_labels)}) {dirty})[{r}:{self.scrape_interval_s}s]"
 
-    def queries(self, window_s: int) -> dict[tuple[str, str], str]:
-        """The fixed query set of every tick: (signal, clean) -> PromQL text."""
+    def queries(self, window_s: int, reasons: bool | str = True) -> dict[tuple[str, str], str]:
+        """The fixed query set of every tick: (signal, clean) -> PromQL text; the same number of queries with or
+        without the REASON_SIGNALS legs."""
         if window_s < 1:
             raise ValueError(f"window_s must be >= 1, got {window_s}")
-        return {(metric, CLEAN): self.clean_query(metric, window_s) for metric in QUERIED_SIGNALS}
+        return {(metric, CLEAN): self.clean_query(metric, window_s, reasons) for metric in QUERIED_SIGNALS}
+
+    def shard(self, index: int, count: int) -> PromQL:
+        """The same queries narrowed to shard `index` of `count` (shard_matcher on the instance label)."""
+        if count <= 1:
+            return self
+        extra = shard_matcher(self.instance_label, index, count)
+        return replace(self, selector=", ".join(m for m in (self.selector.strip(), extra) if m))
+
+
+# --------------------------------------------------------------------------- shards
+# A shard is picked by the last character of the instance label's value: an EC2 instance id ends in a hex digit
+# spread evenly, and PromQL can select on it with a short regex whatever the fleet (no list of ids in the URL),
+# every value falling in exactly one shard: hex digit d (either case) in shard d % count, anything else in the
+# last one. The engine tests the regex once per distinct label value (one per instance), not per sample.
+_HEX = "0123456789abcdef"
+MAX_SHARDS = 16
+AUTO_GPUS_PER_SHARD = 10_000  # `shards: auto`: about 10k GPUs a shard (~30 MiB of answers, BENCHMARKS.md)
+
+
+def shard_of(value: str, count: int) -> int:
+    """The shard (0-based) of one instance label value among `count` shards."""
+    if count <= 1:
+        return 0
+    last = value[-1:].lower()
+    return _HEX.index(last) % count if last and last in _HEX else count - 1
+
+
+def shard_matcher(label: str, index: int, count: int) -> str:
+    """PromQL label matcher selecting shard `index` of `count` (see shard_of)."""
+    return slots_matcher(label, (index,), count)
+
+
+def slots_matcher(label: str, slots: Iterable[int], count: int, unlabelled: bool = False) -> str:
+    """PromQL label matcher selecting the values whose shard_of(value, count) is in `slots`; with `unlabelled`,
+    the series without the label too when the last slot is among them (shard_of("") is the last)."""
+    slots = set(slots)
+    digits = "".join(d + d.upper() if d.isalpha() else d for i, d in enumerate(_HEX) if i % count in slots)
+    alternatives = [f".*[{digits}]"] if digits else []
+    if count - 1 in slots:  # and every value not ending in a hex digit
+        alternatives.append(".*[^0-9a-fA-F]")
+        if unlabelled:
+            alternatives.append("")
+    return f'{label}=~"{"|".join(alternatives)}"'
+
+
+def shard_count(setting: int | str, instances: Sequence[GpuInstance]) -> int:
+    """The number of shards a tick over `instances` is split into (`prometheus.shards`)."""
+    if setting != "auto":
+        return int(setting)
+    gpus = sum(max(inst.gpu_count, 1) for inst in instances)
+    count = 1
+    while count < MAX_SHARDS and gpus > count * AUTO_GPUS_PER_SHARD:
+        count *= 2
+    return count
 
 
 def regex_literal(value: str) -> str:
@@ -527,6 +603,7 @@ class _Gpu:
     model_name: str = ""
     mig_profile: str = ""
     signals: dict[str, _Agg] = field(default_factory=dict)
+    profiling_age_s: float = 0.0  # how old its REASON_SIGNALS figures are (PrometheusMetrics._slots_due)
 
     def stats(self, key: str, limits: GpuLimits) -> GpuWindowStats:
         """The GPU's window figures; `invalid` when any number read for any of its signals is implausible."""
@@ -574,6 +651,7 @@ class _Gpu:
             tensor_active=ratio(TENSOR_ACTIVE),
             pipes=tuple((p, v) for p, metric in PIPE_ACTIVE.items() if (v := ratio(metric)) is not None),
             tdp_w=limits.tdp_w,
+            profiling_age_s=self.profiling_age_s if any(m in self.signals for m in REASON_SIGNALS) else 0.0,
         )
         for metric in _SIGNAL_AGGS:  # every signal read, not only the one judged
             problem = self.signals[metric].problem(metric, limits) if metric in self.signals else ""
@@ -927,6 +1005,9 @@ class PrometheusMetrics:
             selector=settings.selector,
         )
         self.reader = PromReader(settings, session)
+        # (window_s, shard) -> slot -> the occupancy / tensor / FP-pipe rows of its last read (`_slots_due`).
+        # Bounded: one entry per rule window and shard, a few rows per profiled GPU in all.
+        self._reasons: dict[tuple[int, int], dict[int, _KeptReasons]] = {}
 
     @property
     def queries_made(self) -> int:
@@ -945,24 +1026,120 @@ class PrometheusMetrics:
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime
     ) -> dict[str, InstanceUsage]:
-        expected = window_s // self.settings.scrape_interval_s
         at = _as_utc(now).timestamp()
-        matcher = InstanceMatcher.build(instances, self.settings.instance_label,
-                                        tuple(self.settings.hostname_labels))
+        count = shard_count(self.settings.shards, instances)
         with gc_paused():
-            try:
-                clean = self._all(self.promql.queries(window_s), lambda key: key, at)
-                rows = {metric: r for (metric, _kind), r in clean.items()}
-                detail = plan_detail(self.promql, rows, matcher, window_s, expected)
-                extra = self._all(detail.queries, lambda key: key[:2], at)
-            except QueryFailed as exc:
-                return {
-                    inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=str(exc))
-                    for inst in instances
-                }
-            answers = with_detail(clean, extra, self.promql.by_labels, detail.pairs)
-            return usage_from_answers(answers, instances, window_s, expected, self.settings.instance_label,
-                                      tuple(self.settings.hostname_labels), detailed=detail.pairs)
+            if count == 1:
+                return self._shard_usage(self.promql, instances, window_s, at, (window_s, 0), "")
+            shards: dict[int, list[GpuInstance]] = {}
+            for inst in instances:
+                shards.setdefault(shard_of(inst.instance_id, count), []).append(inst)
+            owned = set(self.settings.owned_shards) or set(range(count))
+            usage: dict[str, InstanceUsage] = {}
+            expected = window_s // self.settings.scrape_interval_s
+            for index in sorted(set(shards) - owned):  # another replica's (docs/scale.md, "Two replicas")
+                usage.update({inst.instance_id: InstanceUsage(
+                    inst.instance_id, window_s, expected, (),
+                    error=f"shard {index + 1} of {count} is another replica's (prometheus.owned_shards)")
+                    for inst in shards[index]})
+            # Each shard's answers become its instances' usage as soon as they land, and are dropped: at most
+            # `shard_parallelism` shards' answers are held at once, whatever the fleet.
+            with ThreadPoolExecutor(max_workers=self.settings.shard_parallelism) as pool:
+                futures = [pool.submit(self._shard_usage, self.promql.shard(index, count), members, window_s, at,
+                                       (window_s, index), f"shard {index + 1} of {count}: ")
+                           for index, members in sorted(shards.items()) if index in owned]
+                for future in as_completed(futures):
+                    usage.update(future.result())
+            return {inst.instance_id: usage[inst.instance_id] for inst in instances}
+
+    def _slots_due(self, kept: Mapping[int, _KeptReasons], at: float) -> set[int]:
+        """The slots whose REASON_SIGNALS legs this tick reads (REASON_SLOTS, by instance): all of them when
+        nothing is kept (or a kept read is from a later time than this tick: a replay), else every slot whose
+        read is `profiling_reasons_every_s` old, and the stalest once it is a fifth of that old: on a tick a
+        minute with the default, one fifth of the fleet per tick, each GPU read again every 5 minutes."""
+        every, slots = self.settings.profiling_reasons_every_s, range(REASON_SLOTS)
+        if every == 0 or any(s not in kept or kept[s].at > at for s in slots):
+            return set(slots)
+        due = {s for s in slots if at - kept[s].at >= every}
+        stalest = min(slots, key=lambda s: kept[s].at)
+        if at - kept[stalest].at >= every / REASON_SLOTS:
+            due.add(stalest)
+        return due
+
+    def _shard_usage(self, promql: PromQL, instances: Sequence[GpuInstance], window_s: int, at: float,
+                     key: tuple[int, int], where: str) -> dict[str, InstanceUsage]:
+        """The usage of `instances` from one query set (the whole fleet's, or one shard's). A failed or timed-out
+        query makes every instance of this set UNKNOWN, with the reason (never idle, never dropped)."""
+        expected = window_s // self.settings.scrape_interval_s
+        label = self.settings.instance_label
+        matcher = InstanceMatcher.build(instances, label, tuple(self.settings.hostname_labels))
+        kept = self._reasons.setdefault(key, {})
+        due = self._slots_due(kept, at)
+        if due and not label:  # no instance label to take turns by: all at once
+            due = set(range(REASON_SLOTS))
+        reasons: bool | str = (True if len(due) == REASON_SLOTS else
+                               slots_matcher(label, due, REASON_SLOTS, unlabelled=True) if due else False)
+        try:
+            clean = self._all(promql.queries(window_s, reasons), lambda k: k, at)
+            rows = {metric: r for (metric, _kind), r in clean.items()}
+            detail = plan_detail(promql, rows, matcher, window_s, expected)
+            extra = self._all(detail.queries, lambda k: k[:2], at)
+        except QueryFailed as exc:
+            return {
+                inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=f"{where}{exc}")
+                for inst in instances
+            }
+        answers = with_detail(clean, extra, promql.by_labels, detail.pairs)
+        pairs = detail.pairs
+        if due:
+            fresh = _KeptReasons.of(answers, pairs, at)
+            for slot in due:
+                kept[slot] = fresh.part(label, promql.by_labels, slot)
+        for slot in set(range(REASON_SLOTS)) - due:  # the other instances' figures as last read
+            answers, pairs = kept[slot].joined(answers), pairs | kept[slot].pairs
+        ages = [at - kept[slot].at for slot in range(REASON_SLOTS)]
+        return usage_from_answers(answers, instances, window_s, expected, label,
+                                  tuple(self.settings.hostname_labels), detailed=pairs,
+                                  profiling_age_of=lambda labels: ages[shard_of(labels.get(label, ""), REASON_SLOTS)])
+
+
+@dataclass(frozen=True)
+class _KeptReasons:
+    """The REASON_SIGNALS rows of the last tick that read them (clean, and the raw/dirty reads of GPUs with
+    invalid samples), for one window, shard and slot, with the time of that tick. Rows keep their labels, so each
+    GPU finds its own figures again; a GPU first seen since has none until its next read (None: not read, never 0)."""
+
+    at: float
+    clean: tuple[Row, ...]
+    detail: dict[tuple[str, str], tuple[Row, ...]]
+    pairs: frozenset[tuple[str, Identity]]
+
+    @classmethod
+    def of(cls, answers: Mapping[tuple[str, str], Sequence[Row]], pairs, at: float) -> _KeptReasons:
+        hosted = tuple(FOLDED[m][1] + "_" for m in REASON_SIGNALS)
+        clean = tuple(r for r in answers.get((SM_ACTIVE, CLEAN), ()) if r[1].startswith(hosted))
+        detail = {k: tuple(v) for k, v in answers.items() if k[0] in REASON_SIGNALS and k[1] != CLEAN}
+        return cls(at, clean, detail, frozenset(p for p in pairs if p[0] in REASON_SIGNALS))
+
+    def part(self, label: str, by: Sequence[str], slot: int) -> _KeptReasons:
+        """The rows of the instances in `slot` (their instance label's shard_of among REASON_SLOTS)."""
+        def mine(labels: Mapping[str, str]) -> bool:
+            return shard_of(labels.get(label, ""), REASON_SLOTS) == slot
+
+        at = by.index(label) if label in by else None  # where an identity holds the instance label
+        return _KeptReasons(self.at, tuple(r for r in self.clean if mine(r[0])),
+                            {k: tuple(r for r in rows if mine(r[0])) for k, rows in self.detail.items()},
+                            frozenset(p for p in self.pairs
+                                      if shard_of("" if at is None else p[1][at], REASON_SLOTS) == slot))
+
+    def joined(self, answers: Mapping[tuple[str, str], Sequence[Row]]) -> dict[tuple[str, str], Sequence[Row]]:
+        out = dict(answers)
+        if self.clean:
+            out[(SM_ACTIVE, CLEAN)] = [*out.get((SM_ACTIVE, CLEAN), ()), *self.clean]
+        for k, rows in self.detail.items():
+            if rows:
+                out[k] = [*out.get(k, ()), *rows]
+        return out
 
 
 def usage_from_answers(
@@ -973,11 +1150,12 @@ def usage_from_answers(
     instance_label: str = "instance_id",
     hostname_labels: tuple[str, ...] = ("Hostname", "hostname"),
     detailed: frozenset[tuple[str, Identity]] = frozenset(),
+    profiling_age_of: Callable[[Mapping[str, str]], float] | None = None,
 ) -> dict[str, InstanceUsage]:
     """Pure: the parsed answers of the query set, keyed (signal, clean|dirty|raw), mapped to instances and
     combined per GPU, every number range-checked on the way (see gpufinops.metric_ranges). For the
     (signal, GPU) pairs in `detailed` the clean figures held invalid samples: only their valid samples
-    (dirty/raw answers) count."""
+    (dirty/raw answers) count. `profiling_age_of(labels)`: how old the REASON_SIGNALS rows of that GPU are."""
     matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
     by = gpu_identity_labels(instance_label, hostname_labels)
     per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
@@ -995,6 +1173,8 @@ def usage_from_answers(
             gpu = gpus.get(ident, _UNSEEN)
             if gpu is _UNSEEN:
                 gpu = gpus[ident] = _gpu_of(labels, matcher, per_instance)
+                if gpu is not None and profiling_age_of is not None:
+                    gpu.profiling_age_s = max(gpu.profiling_age_s, profiling_age_of(labels))
             if gpu is None:
                 continue
             pair = signals.get((host_metric, host_agg))

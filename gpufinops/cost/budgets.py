@@ -40,6 +40,7 @@ from ..decide import escalation
 from ..config import DEFAULT_RULES_DIR, ConfigError, Settings, StrictModel, format_validation_error, load_yaml
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
 from ..model import Message, Notifier, hours
+from ..notify.markup import escape
 from ..store.store import Store
 from . import escalations
 
@@ -241,33 +242,37 @@ def _money(x: float, cur: str) -> str:
 
 
 def alert_messages(status: BudgetStatus, budget: Budget, default_channel: str = "") -> list[Message]:
-    """The Message of the highest crossed threshold, per kind (pure)."""
+    """The notice of the highest crossed threshold, per kind (pure). Rendered by each delivery like every other
+    notice (title, lead, facts): Slack blocks, an email, the outbox. Team and instance names come from tags:
+    escaped, never markup. To the budget's channel, else the default channel (notify/routing.py)."""
     out = []
+    cur = status.currency
     for kind, th in status.crossed.items():
         if th is None:
             continue
         pct = status.pct_actual if kind == "actual" else status.pct_forecast
         what = "has spent" if kind == "actual" else "is forecast to spend"
-        text = (f"[{th.level.upper()}] GPU budget '{status.budget}' ({status.scope}) {what} {pct:.0f}% of "
-                f"{_money(status.amount, status.currency)} for {status.period} (threshold {th.pct:g}%): "
-                f"spent {_money(status.spent, status.currency)}, month-end forecast "
-                f"{_money(status.forecast, status.currency)}")
-        drivers_i = ", ".join(f"{i} {_money(c, status.currency)}" for i, c in status.top_instances) or "none"
-        drivers_t = ", ".join(f"{t} {_money(c, status.currency)}" for t, c in status.top_teams) or "none"
+        text = (f"[{th.level.upper()}] GPU budget '{escape(status.budget)}' ({escape(status.scope)}) {what} "
+                f"{pct:.0f}% of {_money(status.amount, cur)} for {status.period} (threshold {th.pct:g}%): "
+                f"spent {_money(status.spent, cur)}, month-end forecast {_money(status.forecast, cur)}")
+        drivers_i = ", ".join(f"{escape(i)} {_money(c, cur)}" for i, c in status.top_instances) or "none"
+        drivers_t = ", ".join(f"{escape(t)} {_money(c, cur)}" for t, c in status.top_teams) or "none"
         idle = "unknown (no evaluations)" if status.idle_share is None else f"{100 * status.idle_share:.0f}%"
-        detail = (f"*Spent* {_money(status.spent, status.currency)} (billing complete to {status.data_through:%Y-%m-%d %H:%M} UTC)\n"
-                  f"*Forecast* {_money(status.forecast, status.currency)} = spent + "
-                  f"{_money(status.running_rate, status.currency)}/h running x {status.hours_left:.0f} h left"
-                  + (f" ({status.unpriced_running} running instance(s) unpriced)" if status.unpriced_running else "") + "\n"
-                  f"*Budget* {_money(status.amount, status.currency)}\n"
-                  f"*Top instances* {drivers_i}\n*Top teams* {drivers_t}\n*Idle share* {idle}")
-        blocks = (
-            {"type": "header", "text": {"type": "plain_text", "text": f"GPU budget {th.level}: {status.budget} {pct:.0f}% ({kind})"[:150]}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": detail}},
-        )
+        forecast = (f"{_money(status.forecast, cur)} = spent + {_money(status.running_rate, cur)}/h running x "
+                    f"{status.hours_left:.0f} h left"
+                    + (f" ({status.unpriced_running} running instance(s) unpriced)" if status.unpriced_running else ""))
+        facts = (("Spent", f"{_money(status.spent, cur)} (billing complete to "
+                           f"{status.data_through:%Y-%m-%d %H:%M} UTC)"),
+                 ("Forecast", forecast), ("Budget", _money(status.amount, cur)), ("Idle share", idle),
+                 ("Top instances", drivers_i), ("Top teams", drivers_t))
         key = f"budget:{status.budget}:{status.scope}:{status.period}:{kind}:{th.pct:g}"
-        out.append(Message(key=key, channel=budget.channel or default_channel, text=text + "\n" + detail, blocks=blocks))
+        team = budget.scope.value if budget.scope.kind == "team" and budget.scope.value != UNTAGGED else ""
+        out.append(Message(
+            key=key, channel=budget.channel or default_channel,
+            text=text + "\n" + "\n".join(f"*{k}* {v}" for k, v in facts), kind="budget",
+            subject=f"{status.budget} {status.period}", audience=("team",) if team else ("default",), team=team,
+            title=f"GPU budget {th.level}: {escape(status.budget)} {pct:.0f}% ({kind})"[:150], lead=text,
+            facts=facts))
     return out
 
 
@@ -335,8 +340,10 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
     rates, attrs = billing_rates(table), resource_attrs(table)
     region = settings.aws.regions[0] if settings.aws.regions else ""
     gap = 2 * settings.schedule.evaluate_every_s
-    recent = store.decision_frame(max(start, now - timedelta(seconds=bs.running_fresh_s)), end)  # raw: recent only
-    running = running_now(recent.to_dict("records"), now, bs.running_fresh_s, rates, catalog, attrs, region)
+    # Each instance's latest decision from the verdict episodes (last_seen_at): the raw rows keep only changes
+    # and an hourly heartbeat (store.raw_decisions_every_s), so their latest row can be an hour old.
+    recent = store.latest_decisions(max(start, now - timedelta(seconds=bs.running_fresh_s)), min(now, end))
+    running = running_now(recent, now, bs.running_fresh_s, rates, catalog, attrs, region)
     verdicts = verdict_costs(store.verdict_hours_frame(start, min(end, now), grain="period"), start, min(end, now),
                              max_gap_s=gap, rates=rates, catalog=catalog,
                              attrs=attrs, default_region=region)

@@ -133,6 +133,13 @@ def _pct(ratio: float) -> str:
     return f"{ratio * 100:.0f}%"
 
 
+def _age_words(gpus: Sequence[GpuWindowStats]) -> str:
+    """" (occupancy and pipes as read 4 min before)" when those figures come from an earlier read than the
+    window's (prometheus.profiling_reasons_every_s); "" when read with it."""
+    age = max((g.profiling_age_s for g in gpus), default=0.0)
+    return f" (occupancy and pipes as read {age / 60:.0f} min before)" if age >= 60 else ""
+
+
 def counters_disagree(g: GpuWindowStats, rule: Rule) -> str:
     """"" when every other activity figure of an idle-judged GPU agrees it is idle under the rule, else the
     words saying which does not (the second activity counter by the rule's aggregation; the SM activity by its
@@ -172,7 +179,7 @@ def low_use_causes(gpus: Sequence[GpuWindowStats]) -> tuple[ReasonCode | None, s
     engine = mean_of(g.activity_mean for g in gpus)
     sm, occupancy = mean_of(g.sm_active for g in gpus), mean_of(g.sm_occupancy for g in gpus)
     tensor, fp32 = mean_of(g.tensor_active for g in gpus), mean_of(g.pipe("fp32") for g in gpus)
-    occ_words = f", occupancy {_pct(occupancy)}" if occupancy is not None else ""
+    occ_words = f", occupancy {_pct(occupancy)}{_age_words(gpus)}" if occupancy is not None else ""
     if engine is not None and sm is not None and engine >= KERNELS_MOSTLY_RUNNING_PCT and sm < FEW_SMS_BUSY_RATIO:
         return ReasonCode.FEW_SMS_BUSY, (
             f"kernels run {_fmt_pct(engine)} of the time but only {_pct(sm)} of SM cycles are busy{occ_words}: "
@@ -181,8 +188,8 @@ def low_use_causes(gpus: Sequence[GpuWindowStats]) -> tuple[ReasonCode | None, s
     if sm is not None and tensor is not None and sm >= TENSOR_IDLE_SMS_BUSY_RATIO and tensor < TENSOR_IDLE_RATIO:
         fp32_words = f", FP32 pipes {_pct(fp32)}" if fp32 is not None else ""
         return ReasonCode.TENSOR_IDLE, (
-            f"SMs busy {_pct(sm)} of cycles but tensor pipes only {_pct(tensor)}{fp32_words}: FP32 math on a "
-            f"tensor-core GPU (use bf16, TF32 or mixed precision)")
+            f"SMs busy {_pct(sm)} of cycles but tensor pipes only {_pct(tensor)}{fp32_words}{_age_words(gpus)}: "
+            f"FP32 math on a tensor-core GPU (use bf16, TF32 or mixed precision)")
     return None, ""
 
 
@@ -191,7 +198,7 @@ def _sm_words(gpus: Sequence[GpuWindowStats]) -> str:
     sm = [g.sm_active for g in gpus if g.sm_active is not None]
     occ = [g.sm_occupancy for g in gpus if g.sm_occupancy is not None]
     words = f", SM activity {_pct(sum(sm) / len(sm))}" if sm else ""
-    return words + (f", occupancy {_pct(sum(occ) / len(occ))}" if sm and occ else "")
+    return words + (f", occupancy {_pct(sum(occ) / len(occ))}{_age_words(gpus)}" if sm and occ else "")
 
 
 def _physical_gpu(stats: GpuWindowStats) -> str:

@@ -20,6 +20,33 @@ SNOOZE_ANNOTATION = "gpufinops.io/snooze-until"
 REPLICAS_BEFORE_ANNOTATION = "gpufinops.io/replicas-before-scale-down"
 DEFAULT_PROTECT_KEY = "gpufinops.io/protect"  # kubernetes.protect_key's default
 
+# Kueue (docs/kubernetes.md, "Kueue: suspend, don't kill"). Kueue owns a Job's spec.suspend while its Workload is
+# admitted (it would unsuspend a Job suspended behind its back); its documented stop is the Workload's
+# `spec.active: false` ("evicted and not requeued" until set back to true: kueue.sigs.k8s.io/docs/concepts/workload).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # the Job's WorkloadPriorityClass
+# Tags of a Kueue-managed Job gpufinops may suspend: its Workload (namespace/name), and the Workload's
+# WorkloadPriorityClass, for rules (`tags: {"k8s:workload-priority-class": [batch-low]}`).
+TAG_KUEUE_WORKLOAD = "k8s:kueue-workload"
+TAG_WORKLOAD_PRIORITY_CLASS = "k8s:workload-priority-class"
+# Written on the Kueue Workload with the mark (same time): the pre-suspend hook a job may honour to checkpoint.
+PRE_SUSPEND_ANNOTATION = "gpufinops.io/pre-suspend-at"
+# Written on the Kueue Workload in the same patch as spec.active: false: gpufinops suspended it (restore's proof).
+SUSPENDED_ANNOTATION = "gpufinops.io/suspended-at"
+
+# GPU nodes whose GPU work is gone (decide.workloads.empty_gpu_nodes; docs/kubernetes.md, "GPU nodes without GPU
+# work"). Karpenter never voluntarily disrupts a node (or a pod) carrying this annotation = "true"
+# (karpenter.sh/docs/concepts/disruption): gpufinops neither cordons it nor tells anyone to expect Karpenter to.
+DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
+# An EKS managed node group's own label: its Auto Scaling group and cluster-autoscaler own the node's fate.
+EKS_NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+# Written on the node in the same patch as spec.unschedulable: true: gpufinops cordoned it (uncordon's proof).
+CORDONED_ANNOTATION = "gpufinops.io/cordoned-at"
+# A GPU node as the act stage sees it: instance id `k8s:node/<name>`, tagged so that rules select nodes by it
+# (`tags: {"k8s:node": "*"}`; a label key cannot hold ':', so no node label collides).
+NODE_ID_PREFIX = "k8s:node/"
+TAG_NODE = "k8s:node"
+
 GPU_RESOURCE = "nvidia.com/gpu"
 # Time-slicing / MPS with the device plugin's `renameByDefault: true` advertises the replicas under this name.
 GPU_SHARED_RESOURCE = "nvidia.com/gpu.shared"
@@ -58,6 +85,24 @@ def slices(resources: Mapping[str, int]) -> int:
     return sum(gpu_slices(name, n) for name, n in resources.items() if is_gpu_resource(name))
 
 
+# Node labels that name the group a node belongs to, in the order tried: (label, how reasons name it).
+NODE_GROUP_LABELS = (
+    ("karpenter.sh/nodepool", "Karpenter NodePool"),
+    ("karpenter.sh/provisioner-name", "Karpenter Provisioner"),
+    ("eks.amazonaws.com/nodegroup", "EKS node group"),
+    ("alpha.eksctl.io/nodegroup-name", "eksctl node group"),
+    ("cloud.google.com/gke-nodepool", "GKE node pool"),
+    ("kubernetes.azure.com/agentpool", "AKS agent pool"),
+)
+
+def node_group_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """(kind in words, name) of the group that manages a node, ("", "") when no known label says."""
+    for label, words in NODE_GROUP_LABELS:
+        if labels.get(label):
+            return words, labels[label]
+    return "", ""
+
+
 @dataclass(frozen=True, order=True)
 class WorkloadRef:
     namespace: str
@@ -87,6 +132,9 @@ class NodeInfo:
     hostname: str = ""  # kubernetes.io/hostname, else status.addresses Hostname
     internal_ip: str = ""
     lifecycle: str = "on-demand"  # on-demand | spot (Karpenter / EKS capacity type labels)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False  # spec.unschedulable (cordoned, by anyone)
+    resource_version: str = ""
 
     @property
     def gpu_devices(self) -> int:

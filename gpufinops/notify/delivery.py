@@ -168,6 +168,12 @@ class OutboxNotifier:
     def user_id_for_email(self, email: str) -> str | None:
         return None  # no token: no workspace to look people up in
 
+    def user_info(self, user_id: str) -> dict:
+        return {}  # no token: nobody to look up
+
+    def tell_privately(self, channel_id: str, user_id: str, text: str) -> bool:
+        return False  # no token: no click arrives either
+
     def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
         """No Slack message to edit: the edit is written as a line of its own."""
         line = {"update_of": {"channel": channel_id, "ts": ts}, "text": text, "blocks": list(blocks),
@@ -267,6 +273,20 @@ class SlackNotifier:
         resp = self._client(token).users_info(user=user_id)
         user = resp.get("user") if isinstance(resp.data, dict) else None
         return user if isinstance(user, dict) else {}
+
+    def tell_privately(self, channel_id: str, user_id: str, text: str) -> bool:
+        """chat.postEphemeral: a line only `user_id` sees in `channel_id` (why their click changed nothing). One
+        try, never retried or stored: it answers a click now, and a lost one is repaired by clicking again."""
+        token = self.settings.token.resolve()
+        if not token or not channel_id or not user_id:
+            return False
+        try:
+            self._client(token).chat_postEphemeral(channel=channel_id, user=user_id, text=_clip(text))
+        except Exception as exc:  # noqa: BLE001 - the click's answer is logged and audited anyway
+            log.warning("chat.postEphemeral to %s in %s failed: %s", user_id, channel_id,
+                        redact(_clip(str(exc)), token))
+            return False
+        return True
 
     def send(self, msg: Message) -> bool:
         """True when the message is delivered (now or before); False when it is not (yet)."""

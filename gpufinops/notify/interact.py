@@ -96,10 +96,14 @@ class SnoozeRequest:
 
 @dataclass(frozen=True)
 class Answer:
-    """What the endpoint answers Slack: HTTP status and a short text (Slack shows non-2xx as a failed click)."""
+    """What the endpoint answers Slack: HTTP status and a short text (Slack shows non-2xx as a failed click).
+    `tell`: (channel id, Slack user id) of a clicker who should read `text` privately (chat.postEphemeral): a
+    refused or failed click, where Slack itself shows only a warning sign over HTTP and nothing at all over
+    Socket Mode (the ack carries no answer). A replayed click tells nobody: its first copy did."""
 
     status: int
     text: str
+    tell: tuple[str, str] | None = None
 
 
 class _FixedClock:
@@ -280,7 +284,8 @@ def handle_verified(click: Click, claim: str, *, settings: Settings, store: Stor
         return _allowed_click(click, settings=settings, store=store, cloud=cloud, users=users, now=now)
     except SQLAlchemyError as exc:  # the database is down: say so, keep nothing half-done, the user clicks again
         log.error("Slack click on %s: the database cannot be written: %s", click.instance_id, type(exc).__name__)
-        return Answer(503, "the click cannot be recorded right now; nothing changed, try again")
+        return Answer(503, "the click cannot be recorded right now; nothing changed, try again",
+                      (click.channel_id, click.user_id))
 
 
 def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Cloud, users: UserLookup,
@@ -290,9 +295,10 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
         found = cloud.describe([click.instance_id])
     except Exception as exc:  # noqa: BLE001 - unknown stays unknown: nothing is stored, the user clicks again
         log.error("Slack click on %s: the instance cannot be read: %s", click.instance_id, exc)
-        return Answer(503, "the instance cannot be read right now; nothing changed, try again")
+        return Answer(503, "the instance cannot be read right now; nothing changed, try again",
+                      (click.channel_id, click.user_id))
     if not found:
-        return Answer(404, f"{click.instance_id} not found")
+        return Answer(404, f"{click.instance_id} not found: nothing to keep running", (click.channel_id, click.user_id))
     inst = found[0]
     lookup_error = ""
     try:
@@ -308,7 +314,7 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
         store.record_action("slack", ActionResult(click.instance_id, ActionKind.SNOOZE, settings.act.dry_run, False,
                                                   f"refused {label!r} by {click.user_id} ({click.user_name}): {why}",
                                                   "", now, error="not allowed"))
-        return Answer(403, f"not allowed: {why}")
+        return Answer(403, f"{label!r} on {click.instance_id} not allowed: {why}", (click.channel_id, click.user_id))
     tz = user.get("tz") if isinstance(user.get("tz"), str) else None
     until = snooze_until(click.action_id, now, tz, settings.act.max_snooze_s)
     request = SnoozeRequest(click.instance_id, until.strftime("%Y-%m-%dT%H:%M:%SZ"), click.user_id, click.user_name,

@@ -20,7 +20,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from ..config import SLACK_USER_ID
-from ..k8s.model import DEFAULT_PROTECT_KEY, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION
+from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, NODE_ID_PREFIX, PRE_SUSPEND_ANNOTATION,
+                         REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, TAG_KUEUE_WORKLOAD)
 from ..model import (
     TAG_PROTECT,
     TAG_SNOOZE,
@@ -47,6 +48,8 @@ MAX_LISTED = 20
 _VERBS = {
     Action.STOP: ("stop", "stopped"),
     Action.TERMINATE: ("terminate", "terminated"),
+    Action.SUSPEND: ("suspend", "suspended"),
+    Action.DRAIN: ("cordon", "cordoned"),
 }
 
 
@@ -192,19 +195,46 @@ def _is_workload(inst: GpuInstance) -> bool:
     return inst.provider == "kubernetes"
 
 
+def _is_node(inst: GpuInstance) -> bool:
+    """A Kubernetes GPU node (collect.kubernetes_cloud.node_instance): cordoned, kept by annotations."""
+    return inst.provider == "kubernetes" and inst.instance_id.startswith(NODE_ID_PREFIX)
+
+
 def _noun(inst: GpuInstance) -> str:
-    return "GPU workload" if _is_workload(inst) else "GPU instance"
+    return "GPU node" if _is_node(inst) else "GPU workload" if _is_workload(inst) else "GPU instance"
 
 
 def _verbs(action: Action, fn: str, inst: GpuInstance | None = None) -> tuple[str, str]:
     if action not in _VERBS:
         raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
+    if inst is not None and _kueue_workload(inst):
+        # The one change gpufinops makes to a Kueue-managed job, whatever the rule's verb (plan/stop_blocker let
+        # only action: suspend through): its Kueue Workload deactivated.
+        return "suspend", "suspended"
+    if inst is not None and _is_node(inst):
+        return "cordon", "cordoned"  # the one change gpufinops makes to a node (stop_blocker: action drain only)
     if inst is not None and _is_workload(inst) and action is Action.STOP:
         return "scale to zero", "scaled to zero"
     return _VERBS[action]
 
 
+def _kueue_workload(inst: GpuInstance) -> str:
+    """namespace/name of the Kueue Workload gpufinops would suspend this job through, "" for anything else."""
+    return inst.tags.get(TAG_KUEUE_WORKLOAD, "") if _is_workload(inst) else ""
+
+
 def _keep_hint(inst: GpuInstance | None = None) -> str:
+    if inst is not None and _kueue_workload(inst):
+        ns, _, name = _kueue_workload(inst).partition("/")
+        return (f"To keep it running: make it busy, or annotate its Kueue Workload (`kubectl annotate workload -n "
+                f"{_v(ns, 63)} {_v(name, 80)} ...`) or the Job `{SNOOZE_ANNOTATION}` = an ISO-8601 time (pause "
+                f"until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from the Workload "
+                f"cancels it. `{PRE_SUSPEND_ANNOTATION}` on the Workload says when: checkpoint before then.")
+    if inst is not None and _is_node(inst):
+        return (f"To keep it: run a GPU pod on it, or annotate the node `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
+                f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from it "
+                f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler remove the node; gpufinops evicts "
+                f"no pod.")
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -333,17 +363,29 @@ def stopped(
     noun = _noun(inst)
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
+    # A cordon saves nothing by itself: the node's cost ends when Karpenter / cluster-autoscaler remove it.
+    saves = (f"Once its autoscaler removes it, that saves {format_money(cost, estimate=_estimated(inst))}."
+             if _is_node(inst) else
+             f"Saves {format_money(cost, estimate=_estimated(inst))} for every hour it stays {done}.")
     if dry_run:
         text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
-                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, estimate=_estimated(inst))}.")
+                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, estimate=_estimated(inst))}"
+                + (" once its autoscaler removes it." if _is_node(inst) else "."))
         title = f"Would {verb} idle {noun}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
     else:
-        text = (f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. "
-                f"Saves {format_money(cost, estimate=_estimated(inst))} for every hour it stays {done}.")
+        text = f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. {saves}"
         title = f"Idle {noun} {done}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
-    if _is_workload(inst):
+    if _kueue_workload(inst):
+        after = (f"Kueue Workload {_v(_kueue_workload(inst), 120)} was set `spec.active: false`: Kueue evicted it and "
+                 f"keeps it out of the queue. Resume it with `gpufinops k8s restore <namespace>/Job/<name>` "
+                 f"(`spec.active: true`: Kueue queues it again and it restarts from its last checkpoint).")
+    elif _is_node(inst):
+        after = (f"Nothing new is scheduled onto it (`spec.unschedulable: true`); Karpenter / cluster-autoscaler "
+                 f"remove it, honouring PodDisruptionBudgets; gpufinops evicts no pod and deletes no node. Undo with "
+                 f"`gpufinops k8s restore node/{_v(inst.private_dns, 120)}`.")
+    elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore <namespace>/<name>` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
     elif action is Action.TERMINATE:
@@ -355,7 +397,8 @@ def stopped(
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
             *_who_and_where(inst),
-            ("Would save" if dry_run else "Saves while stopped", format_money(cost, estimate=_estimated(inst))),
+            ("Would save" if dry_run else "Saves once removed" if _is_node(inst) else "Saves while stopped",
+             format_money(cost, estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
@@ -405,12 +448,13 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
     nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
-    text = (f"GPU instance {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
+    noun = "GPU node" if _is_node(inst) else "GPU instance"
+    text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} {nothing}")
     return _notice(
         f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle",
-        title=f"Idle GPU instance: {_clip_raw(inst.instance_id, 40)}",
+        title=f"Idle {noun}: {_clip_raw(inst.instance_id, 40)}",
         lead=(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
               f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
         facts=(

@@ -66,6 +66,16 @@ class Deliveries:
     def user_id_for_email(self, email: str) -> str | None:
         return self.chat.user_id_for_email(email)
 
+    def user_info(self, user_id: str) -> dict:
+        """users.info of a clicking user (Slack only; {} without a Slack delivery): what authorises an email owner."""
+        lookup = getattr(self.chat, "user_info", None)
+        return lookup(user_id) if lookup is not None else {}
+
+    def tell_privately(self, channel_id: str, user_id: str, text: str) -> bool:
+        """A line only the clicking user reads (Slack only)."""
+        tell = getattr(self.chat, "tell_privately", None)
+        return bool(tell(channel_id, user_id, text)) if tell is not None else False
+
     def _chat_reaches_people(self) -> bool:
         return bool(self.settings.slack.token.resolve())
 

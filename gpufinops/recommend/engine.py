@@ -221,7 +221,10 @@ def latest_recommendations(store: Store, since: datetime | None = None) -> list[
 
 def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel: str = "#gpu-finops",
                           top: int = 10) -> Message:
-    """A Slack digest of the largest savings; one per ISO week (the key makes it exactly-once)."""
+    """The digest of the largest savings, one per ISO week (the key makes it exactly-once); a notice every
+    delivery renders (Slack blocks, email, outbox). Instance ids, teams and types are escaped: tags are not markup."""
+    from gpufinops.notify.markup import escape
+
     year, week, _ = now.astimezone(timezone.utc).isocalendar()
     actionable = [r for r in recs if r.monthly_savings > 0]
     total = sum(r.monthly_savings for r in actionable)
@@ -230,13 +233,11 @@ def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel
             f"${total:,.0f}/month in total" + (f"; {waiting} instance(s) with insufficient data" if waiting else ""))
     lines = []
     for r in sorted(actionable, key=lambda r: -r.monthly_savings)[:top]:
-        who = r.instance_id or "fleet"
-        team = f" [{r.team}]" if r.team else ""
-        lines.append(f"• {who}{team} {r.instance_type} → {r.recommended}: save ${r.monthly_savings:,.0f}/mo, "
-                     f"risk {r.risk}")
+        who = escape(r.instance_id or "fleet")
+        team = f" [{escape(r.team)}]" if r.team else ""
+        lines.append(f"• {who}{team} {escape(r.instance_type)} → {escape(r.recommended)}: save "
+                     f"${r.monthly_savings:,.0f}/mo, risk {escape(r.risk)}")
     text = head + ("\n" + "\n".join(lines) if lines else "\nNothing to change this week.")
-    blocks = (
-        {"type": "header", "text": {"type": "plain_text", "text": f"GPU recommendations {year}-W{week:02d}"}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-    )
-    return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel}", channel=channel, text=text, blocks=blocks)
+    return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel}", channel=channel, text=text, kind="digest",
+                   subject=f"{year}-W{week:02d}", audience=("default",), title=f"GPU recommendations {year}-W{week:02d}",
+                   lead=head if lines else head + "\nNothing to change this week.", lines=tuple(lines))

@@ -1,4 +1,4 @@
-"""Render recommendations as an aligned text table, JSON or CSV."""
+"""Render recommendations as the one text table (headers = the JSON/CSV keys), JSON or CSV."""
 
 from __future__ import annotations
 
@@ -29,11 +29,15 @@ def render(recs: Sequence[Recommendation], fmt: str = "table") -> str:
         return buf.getvalue()
     if fmt != "table":
         raise ValueError(f"format must be table, json or csv, not {fmt!r}")
-    head = ("INSTANCE", "TEAM", "TYPE", "NOW/MO", "RECOMMENDED", "REC/MO", "SAVES/MO", "RISK", "REASON")
-    rows = [(r.instance_id or "(fleet)", r.team or "-", r.instance_type, _money(r.current_monthly), r.recommended,
-             _money(r.recommended_monthly), _money(r.monthly_savings), r.risk, r.reason) for r in recs]
-    widths = [max(len(str(x[i])) for x in [head, *rows]) for i in range(len(head) - 1)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + str(row[-1]) for row in [head, *rows]]
+    from gpufinops.words import render_table
+
+    rows = [{"instance_id": r.instance_id or "(fleet)", "team": r.team or "-", "instance_type": r.instance_type,
+             "current_monthly": _money(r.current_monthly), "recommended": r.recommended,
+             "recommended_monthly": _money(r.recommended_monthly), "monthly_savings": _money(r.monthly_savings),
+             "risk": r.risk, "reason": r.reason} for r in recs]
+    lines = [render_table(rows, ("instance_id", "team", "instance_type", "current_monthly", "recommended",
+                                 "recommended_monthly", "monthly_savings", "risk", "reason"),
+                          right=("current_monthly", "recommended_monthly", "monthly_savings"))]
     total = sum(r.monthly_savings for r in recs)
     lines.append(f"\n{len(recs)} recommendation(s), ${total:,.0f}/month potential savings")
     return "\n".join(lines)

@@ -833,7 +833,7 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     audit.names = {i: lab.get("name") or "" for i, lab in inp.labels.items() if lab.get("name")}
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)
-    audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of)
+    audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of, stops)
     audit.underused_causes, audit.underused_by_team = sections.underused_causes(iv)
     # Only a profiling cause proves the counters were read: nothing in the store says they were not.
     headline["profiling_causes_cost"] = (None if evaluated is None else _sum(audit.underused_causes.loc[
@@ -842,6 +842,9 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     headline["k8s_cost"] = _f(audit.k8s_namespaces["cost"].sum(min_count=1)) if audit.has_workloads else None
     headline["k8s_idle_cost"] = (_f(audit.k8s_namespaces["idle_cost"].sum(min_count=1)) if audit.has_workloads
                                  else None)
+    # What suspending Kueue jobs and scaling workloads to zero saved (real stops only; 0.0 when none was made).
+    headline["k8s_saved_cost"] = (_f(audit.k8s_namespaces["saved_cost"].sum(min_count=0)) if audit.has_workloads
+                                  else None)
     audit.notes = quality_notes(audit)
     return audit
 

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from ..config import ReportDeliverySettings
 from ..model import Message, Notifier
+from ..notify.markup import escape
 from .audit import MonthlyAudit
 from .render import _money, _share
 
@@ -116,8 +117,11 @@ def deliver_report(a: MonthlyAudit, paths: Sequence[Path], d: ReportDeliverySett
         if dry_run:
             out.append(Delivery("slack", d.slack_channel, f"one message: {first} ...", False))
         else:
-            msg = Message(key=f"report:{month}:{d.slack_channel}", channel=d.slack_channel, text=text,
-                          blocks=({"type": "section", "text": {"type": "plain_text", "text": text[:2900]}},))
+            # A notice like every other (title and lead, rendered by each delivery); team names come from tags,
+            # so they are escaped: text, never markup.
+            title, _, rest = escape(text).partition("\n")
+            msg = Message(key=f"report:{month}:{d.slack_channel}", channel=d.slack_channel, text=escape(text),
+                          kind="report", subject=month, audience=("default",), title=title, lead=rest)
             ok = notifier.send(msg)
             out.append(Delivery("slack", d.slack_channel, f"one message: {first} ...", ok,
                                 "" if ok else "not delivered (see the log; retried with the other messages)"))

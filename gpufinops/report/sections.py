@@ -25,10 +25,10 @@ GROUPED_STOP_COLUMNS = ["instance_id", "name", "team", "owner", "mode", "stops",
 BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "idle_share"]
 TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
 K8S_NAMESPACE_COLUMNS = ["namespace", "workloads", "hours", "gpu_hours", "cost", "idle_cost", "unknown_cost",
-                         "idle_share", "unpriced_hours"]
+                         "idle_share", "unpriced_hours", "acted", "saved_cost"]
 K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "hours", "gpu_hours",
                         "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
-                        "idle_hours", "unknown_hours", "unpriced_hours"]
+                        "idle_hours", "unknown_hours", "unpriced_hours", "acted", "saved_cost"]
 CUT_NAME = "(cut: see the instance id)"
 BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
                   "data_through", "status"]
@@ -163,11 +163,34 @@ def _empty(columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: [] for c in columns})
 
 
-def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
+    """Per workload id, what gpufinops did to it this month and what it saved, from the stop audit (audit.stop_audit:
+    every stop row, its `saved_cost` measured from the stop until the workload was judged running again):
+    ("suspended 1x", 812.40) for a Kueue Job (its Workload deactivated), ("scaled to zero 2x", ...) for a Deployment /
+    StatefulSet; a dry-run only month says "would have been ..." and saves nothing (its would-have figure is in the
+    stops table). Stops not done (failed, unconfirmed) count neither."""
+    if stops is None or stops.empty:
+        return {}
+    done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(ID_PREFIX)]
+    out: dict[str, tuple[str, float]] = {}
+    for iid, g in done.groupby("instance_id", sort=True):
+        verb = "suspended" if workload_parts(str(iid))[1] == "Job" else "scaled to zero"
+        real = g[~g["dry_run"].astype(bool)]
+        if len(real):
+            out[str(iid)] = (f"{verb} {len(real)}x", round(float(real["saved_cost"].sum(min_count=1)), 2)
+                             if real["saved_cost"].notna().any() else float("nan"))
+        else:
+            out[str(iid)] = (f"would have been {verb} {len(g)}x (dry-run)", float("nan"))
+    return out
+
+
+def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
+                      stops: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(namespaces, workloads) from the report's own priced verdict rows (audit.intervals) of the `k8s:` ids:
     the same hours, rates and costs as every other table, so the workloads' cost is part of the month's evaluated
     spend. Money is rounded to the cent per workload and each namespace is the sum of its workloads' cents, so the
-    two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first."""
+    two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first. `stops` (the
+    month's stop audit) adds what was suspended or scaled to zero and what that saved (`workload_acts`)."""
     wl = iv[iv["instance_id"].str.startswith(ID_PREFIX)] if not iv.empty else iv
     if wl.empty:
         return _empty(K8S_NAMESPACE_COLUMNS), _empty(K8S_WORKLOAD_COLUMNS)
@@ -189,6 +212,9 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str]) -> tuple[pd.Da
                          columns=["namespace", "kind", "name"])  # one parse per workload, not per row
     out = out.join(parts)
     out["owner"] = [owner_of.get(i) or NO_OWNER for i in out.index]
+    acts = workload_acts(stops)
+    out["acted"] = [acts.get(i, ("", 0.0))[0] for i in out.index]
+    out["saved_cost"] = [acts[i][1] if i in acts else float("nan") for i in out.index]
     workloads = (out.rename_axis("instance_id").reset_index()
                  .sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True], kind="stable",
                               na_position="last").reset_index(drop=True)[K8S_WORKLOAD_COLUMNS])
@@ -196,8 +222,10 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str]) -> tuple[pd.Da
     ns = pd.DataFrame({
         "workloads": n.size(), "hours": n["hours"].sum(), "gpu_hours": n["gpu_hours"].sum(min_count=1),
         **{c: n[c].sum(min_count=1).round(2) for c in ("cost", "idle_cost", "unknown_cost")},
-        "unpriced_hours": n["unpriced_hours"].sum(),
+        "unpriced_hours": n["unpriced_hours"].sum(), "saved_cost": n["saved_cost"].sum(min_count=1).round(2),
+        "acted": n["acted"].agg(lambda a: sum(1 for x in a if x and not x.startswith("would"))),
     })
+    ns["acted"] = [f"{k} workload(s)" if k else "" for k in ns["acted"]]
     ns["idle_share"] = ns["idle_cost"] / ns["cost"].where(ns["cost"] > 0)
     namespaces = (ns.rename_axis("namespace").reset_index()
                   .sort_values(["cost", "namespace"], ascending=[False, True], kind="stable", na_position="last")

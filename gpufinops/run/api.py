@@ -13,7 +13,8 @@ liveness limit is UNKNOWN with the reason (`not_evaluated`, `no_evaluation_yet`,
 
 Access: with `api.bearer_token` set (env GPUFINOPS_API_TOKEN by default, or a file) every request needs
 `Authorization: Bearer <token>` (compared in constant time, never logged); without one, only loopback clients
-are answered. No mTLS here: put a TLS proxy in front for that.
+are answered. With `api.tls` the same answers are also served over mutual TLS on `api.tls.port` (httpd.mutual_tls_server):
+a client certificate signed by `api.tls.client_ca_file` is required, plus the bearer token when one is set.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ class VerdictApi:
         if refused is not None:
             log.info("api: refused %s (%d)", client, refused.status)
             return refused.encoded()
+        return self.answer(parse_qs(query)).encoded()
+
+    def handle_mutual_tls(self, headers: Mapping[str, str], query: str, client: str) -> tuple[int, str, bytes]:
+        """The same answer over the mutual-TLS listener (`api.tls`): the handshake has verified the client's
+        certificate against `api.tls.client_ca_file`, which is the access; a bearer token, when one is set, is
+        required as well (a stolen certificate alone is not enough)."""
+        token = self.settings.bearer_token.resolve()
+        refused = authorize(headers, client, token) if token is not None else None
+        if refused is not None:
+            log.info("api: refused %s (%d)", client, refused.status)
+            return refused.encoded()
+        log.debug("api: answered %s", client)
         return self.answer(parse_qs(query)).encoded()
 
     def answer(self, params: Mapping[str, list[str]]) -> Answer:

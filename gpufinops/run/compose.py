@@ -75,9 +75,11 @@ def live_peers(settings: Settings) -> "Peers":
     """Everything a tick and the scheduled jobs talk to."""
     from ..collect.prometheus import PrometheusMetrics
     from .pipeline import Peers
+    from .shards import owned_only
 
     store = live_store(settings)
-    cloud, metrics = live_inventory(settings), PrometheusMetrics(settings.prometheus)
+    # A replica with `prometheus.owned_shards` lists (so judges and acts on) its own shards' instances only.
+    cloud, metrics = owned_only(live_inventory(settings), settings), PrometheusMetrics(settings.prometheus)
     if settings.kubernetes is not None:  # GPU workloads judged (and scaled to zero) beside the instances
 
         cloud, metrics = live_fleet(settings, cloud, metrics)
@@ -90,7 +92,9 @@ def live_workload_cloud(settings, clock=None) -> WorkloadCloud:
     from ..model import utcnow
     cluster = KubernetesCluster.from_settings(settings.kubernetes, settings.source_path)
     return WorkloadCloud(cluster, price_lookup(settings), protect_key=settings.kubernetes.protect_key,
-                         scale_to_zero=settings.kubernetes.scale_to_zero, clock=clock or utcnow)
+                         scale_to_zero=settings.kubernetes.scale_to_zero,
+                         suspend_kueue=settings.kubernetes.suspend_kueue,
+                         drain_nodes=settings.kubernetes.drain_nodes, clock=clock or utcnow)
 
 
 def live_fleet(settings, ec2: Cloud, ec2_metrics: MetricsSource, clock=None) -> tuple[FleetCloud, FleetMetrics]:

@@ -196,6 +196,21 @@ def _escape(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def savings_families(by_team: dict[str, tuple[float, int]], at: datetime) -> list[GaugeMetricFamily]:
+    """Net saving of this month's real stops by team, as the monthly report counts it (its stops table)."""
+    net = GaugeMetricFamily("gpufinops_net_saving_month_to_date",
+                            "USD saved this calendar month (UTC) by gpufinops' real stops, net of restarts and false "
+                            "stops, as the monthly report counts it; recounted by the savings job", labels=["team"])
+    counted = GaugeMetricFamily("gpufinops_net_saving_stops_month_to_date",
+                                "Real stops this month behind gpufinops_net_saving_month_to_date", labels=["team"])
+    for team, (usd, n) in sorted(by_team.items()):
+        net.add_metric([team or NO_TEAM], usd)
+        counted.add_metric([team or NO_TEAM], n)
+    at_family = GaugeMetricFamily("gpufinops_net_saving_timestamp_seconds",
+                                  "Unix time the savings job last counted", value=at.timestamp())
+    return [net, counted, at_family]
+
+
 def render(families: Sequence[GaugeMetricFamily]) -> bytes:
     """The text exposition format (0.0.4) of gauge families, as generate_latest writes it. Called once per tick,
     so a scrape of a large fleet copies bytes instead of formatting 30,000 series (bench/bench_metrics.py)."""
@@ -219,6 +234,7 @@ class FleetExposition:
         self.budgets: dict[str, tuple[float, float]] = {}  # budget -> (spent %, forecast %), leader only
         self._figures_text = b""
         self._budget_text = render(budget_families({}))
+        self._savings_text = b""  # no figure until the savings job has counted once
 
     def set_figures(self, figures: FleetFigures) -> None:
         text = render(figures.families())
@@ -229,5 +245,9 @@ class FleetExposition:
         self.budgets = {s.budget: (s.pct_actual, s.pct_forecast) for s in statuses or () if s.error is None}
         self._budget_text = render(budget_families(self.budgets))
 
+    def note_savings(self, by_team: dict[str, tuple[float, int]] | None, at: datetime) -> None:
+        """The savings job's month-to-date net saving and stops by team (run/jobs.month_savings)."""
+        self._savings_text = render(savings_families(by_team or {}, at))
+
     def text(self) -> bytes:
-        return self._figures_text + self._budget_text
+        return self._figures_text + self._budget_text + self._savings_text

@@ -13,12 +13,15 @@ import ipaddress
 import json
 import logging
 from dataclasses import dataclass
+import ssl
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
+    from ..config import ApiTlsSettings
     from ..model import Decision
 
 log = logging.getLogger("gpufinops.httpd")
@@ -70,6 +73,14 @@ def figures(d: Decision) -> dict:
             "memory_max_mib": d.memory_max_mib, "coverage": d.coverage, "activity_signal": d.activity_signal}
 
 
+def _reply(handler: BaseHTTPRequestHandler, code: int, ctype: str, body: bytes) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Type", ctype)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[], bytes],
                               healthy: Callable[[], tuple[bool, str]],
                               ready: Callable[[], tuple[bool, str]] | None = None,
@@ -100,11 +111,7 @@ def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[]
                 body, ctype, code = why.encode(), "text/plain; charset=utf-8", 200 if ok else 503
             else:
                 body, ctype, code = b"not found\n", "text/plain", 404
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, code, ctype, body)
 
         def do_POST(self) -> None:  # noqa: N802 - http.server API
             path = self.path.split("?", 1)[0].rstrip("/")
@@ -124,12 +131,7 @@ def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[]
                 except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
                     log.exception("POST %s failed", path)
                     code, text = 500, "internal error"
-            body = (text + "\n").encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _reply(self, code, "text/plain; charset=utf-8", (text + "\n").encode())
 
         def log_message(self, fmt: str, *args) -> None:
             log.debug("http: " + fmt, *args)
@@ -137,3 +139,65 @@ def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[]
     server = ThreadingHTTPServer((address, port), Handler)
     server.daemon_threads = True
     return server
+
+
+def mutual_tls_context(tls: "ApiTlsSettings") -> ssl.SSLContext:
+    """A server context that requires a client certificate signed by `tls.client_ca_file` (TLS 1.2 or newer)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    context.load_verify_locations(cafile=tls.client_ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+_SUBJECT_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU"}
+
+
+def certificate_subject(cert: dict | None) -> str:
+    """The verified client certificate's subject as "CN=…, O=…" (for the log line of each answer)."""
+    parts = [f"{_SUBJECT_NAMES[k]}={v}" for rdn in (cert or {}).get("subject", ()) for k, v in rdn
+             if k in _SUBJECT_NAMES]
+    return ", ".join(parts) or "(no subject)"
+
+
+def mutual_tls_server(address: str, port: int, get: Mapping[str, GetHandler],
+                      context: ssl.SSLContext) -> ThreadingHTTPServer:
+    """The read-only GET routes (`get`) over mutual TLS. The handshake runs in the request's own thread (a slow
+    or silent client never holds up the others) and must present a certificate the context accepts; a client
+    without one is dropped in the handshake with one log line, never a traceback. Each handler gets, as its
+    client, "tls:" + the peer's address + the verified certificate's subject."""
+    gets = dict(get)
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # a connection that never finishes its handshake or request is closed
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            path, _, query = self.path.partition("?")
+            handler = gets.get(path.rstrip("/"))
+            client = f"tls:{self.client_address[0]} {certificate_subject(self.connection.getpeercert())}"
+            if handler is None:
+                code, ctype, body = 404, "text/plain", b"not found\n"
+            else:
+                try:
+                    code, ctype, body = handler({k: v for k, v in self.headers.items()}, query, client)
+                except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
+                    log.exception("GET %s (mutual TLS) failed", path)
+                    code, ctype, body = 500, "text/plain", b"internal error\n"
+            _reply(self, code, ctype, body)
+
+        def log_message(self, fmt: str, *args) -> None:
+            log.debug("https: " + fmt, *args)
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def get_request(self):
+            sock, addr = self.socket.accept()
+            return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+        def handle_error(self, request, client_address) -> None:
+            exc = sys.exc_info()[1]
+            log.warning("api (mutual TLS): refused %s: %s", client_address[0], str(exc)[:200] or type(exc).__name__)
+
+    return Server((address, port), Handler)

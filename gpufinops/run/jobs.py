@@ -108,6 +108,27 @@ def monthly_report(settings: Settings, peers: Peers, now: datetime):
     return paths
 
 
+def month_savings(settings: Settings, peers: Peers, now: datetime) -> dict[str, tuple[float, int]]:
+    """This month's real stops by team: (net saving in USD, stops), counted by the monthly report's own code
+    (report.audit.stop_audit, net_of_stop: stopped time less the restart's and a false stop's cost) up to `now`.
+    A stop whose instance has no known rate adds to the count, not to the dollars."""
+    from ..report.audit import build_audit
+    from ..report.inputs import read_inputs
+    from ..report.options import report_settings
+    from ..report.period import report_period
+
+    # This month only (the report's monthly_audit also audits the month before, for its trend).
+    audit = build_audit(read_inputs(peers.store, report_period(f"{now:%Y-%m}", now), settings),
+                        report_settings(settings), fallback_period_s=settings.schedule.evaluate_every_s)
+    out: dict[str, tuple[float, int]] = {}
+    stops = audit.stops
+    real = stops[(~stops["dry_run"].astype(bool)) & (stops["status"] == "done")] if len(stops) else stops
+    for team, group in real.groupby(real["team"].fillna("").astype(str)) if len(real) else ():
+        net = group["net_cost"].dropna().sum()
+        out[str(team)] = (float(net), int(len(group)))
+    return out
+
+
 def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetime]) -> list[tuple[str, dict, Callable[[], None]]]:
     """(job id, APScheduler trigger arguments, function) for every job the settings enable. The service
     runs each only while it holds the scheduler lease (Service.leader_only), so one of several `serve`
@@ -123,6 +144,9 @@ def scheduled_jobs(settings: Settings, peers: Peers, clock: Callable[[], datetim
     if settings.schedule.daily_summary_hour is not None:
         jobs.append(("daily-summary", {"trigger": "cron", "hour": settings.schedule.daily_summary_hour, "timezone": "UTC"},
                      lambda: daily_summary(settings, peers, clock())))
+    if settings.schedule.savings_every_s > 0:
+        jobs.append(("savings", {"trigger": "interval", "seconds": settings.schedule.savings_every_s},
+                     lambda: month_savings(settings, peers, clock())))
     if settings.schedule.monthly_report_dir:
         jobs.append(("monthly-report", {"trigger": "cron", "day": 1, "hour": 6, "timezone": "UTC"},
                      lambda: monthly_report(settings, peers, clock())))

@@ -35,6 +35,7 @@ from ..model import (
     Verdict,
 )
 from ..act.lease import LeaseLost
+from .nodes import judge_and_act_on_nodes
 from ..store.store import Store
 from ..store.schema import aware_utc, notifications
 
@@ -49,6 +50,25 @@ KV_METRICS_EPISODE_PREFIX = "metrics_unavailable:"
 KV_METRICS_EPISODE = "metrics_unavailable_since"  # the single fleet-wide episode of earlier versions; removed
 
 
+class DecisionLog:
+    """The per-decision log line: at INFO when an (instance, rule)'s verdict or reason code changes (and the
+    first time this process judges it), at DEBUG on the ticks that only repeat it. A fleet of 9 instances and
+    2 rules would otherwise write 18 INFO lines a minute that say nothing new."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def write(self, run_id: str, decisions: Sequence[Decision]) -> None:
+        seen = {}
+        for d in decisions:
+            key, now = (d.instance_id, d.rule_name), (d.verdict.value, d.code.value)
+            seen[key] = now
+            level = logging.INFO if self._last.get(key) != now else logging.DEBUG
+            log.log(level, "%s decision %s rule=%s verdict=%s code=%s: %s", run_id, d.instance_id, d.rule_name,
+                    d.verdict.value, d.code.value, d.reason)
+        self._last = seen  # an instance gone and back is new again
+
+
 @dataclass
 class Peers:
     cloud: Cloud
@@ -57,6 +77,7 @@ class Peers:
     notifier: Notifier
     # Fleet usage over days for right-sizing (recommend.usage.PrometheusUsage); None where nothing right-sizes.
     usage: "PrometheusUsage | None" = None
+    decision_log: DecisionLog = field(default_factory=DecisionLog)
 
 
 @dataclass
@@ -306,9 +327,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         keys = billing_settings(settings).tag_keys
         decisions = escalation.promote(decisions, by_id, escalations, {"team": keys.team, "project": keys.project})
     report.decisions = decisions
-    for d in decisions:
-        log.info("%s decision %s rule=%s verdict=%s code=%s: %s", ctx.run_id, d.instance_id, d.rule_name,
-                 d.verdict.value, d.code.value, d.reason)
+    peers.decision_log.write(ctx.run_id, decisions)
     if record:
         try:
             peers.store.record_decisions(
@@ -317,6 +336,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
                 types={i.instance_id: i.instance_type for i in running},
                 max_gap_s=2 * settings.schedule.evaluate_every_s,
                 raw_keep_s=settings.store.raw_decisions_days * 86400,
+                raw_every_s=settings.store.raw_decisions_every_s,
             )
         except SQLAlchemyError as exc:
             # Acting on decisions the audit log does not hold would break "records equal the cloud".
@@ -340,6 +360,19 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         return with_store_status(report, peers.store)
     except SQLAlchemyError as exc:
         return database_failed(report, "acting", exc)
+    if record:
+        try:
+            # Kubernetes GPU nodes whose GPU work is gone: their own pass, from this tick's cluster listing.
+            report.actions += judge_and_act_on_nodes(ctx, settings, rules, peers, report.actions)
+        except LeaseLost as exc:
+            log.warning("lease lost while acting on GPU nodes, nothing more is changed this tick: %s", exc)
+            report.errors.append(f"lease: {exc}")
+            return with_store_status(report, peers.store)
+        except SQLAlchemyError as exc:
+            return database_failed(report, "acting on GPU nodes", exc)
+        except Exception as exc:  # noqa: BLE001 - the tick's other work stands; nodes are judged again next tick
+            log.exception("GPU nodes not judged this tick")
+            report.errors.append(f"kubernetes nodes: {exc}")
     alert_missing_data(ctx, settings, decisions, by_id, peers.store, peers.notifier)
     return with_store_status(report, peers.store)
 

@@ -35,9 +35,10 @@ from ..act.actuator import Actuator
 from ..config import Settings
 from .api import VERDICTS_PATH, VerdictApi
 from .fleet_metrics import FleetExposition, FleetFigures
-from .httpd import GetHandler, PostHandler, metrics_and_health_server
+from .httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
 from ..model import RunContext, utcnow
+from ..notify.routing import deliveries
 from .pipeline import SOURCES, Peers, RunReport, run_once
 from ..rules import load_rules
 
@@ -45,6 +46,7 @@ log = logging.getLogger("gpufinops.service")
 
 EVALUATE_JOB = "evaluate"
 BUDGETS_JOB = "budgets"  # run/jobs.py: its BudgetStatus list feeds the budget gauges
+SAVINGS_JOB = "savings"  # run/jobs.py month_savings: its team figures feed the net-saving gauge
 # Liveness: the last tick finished within this many evaluation periods (and at least LIVENESS_FLOOR_S,
 # so one slow tick on a short period does not get the process restarted).
 LIVENESS_PERIODS = 5
@@ -210,6 +212,8 @@ class Service:
             result = fn()
             if name == BUDGETS_JOB:
                 self.metrics.fleet.note_budgets(result)
+            elif name == SAVINGS_JOB:
+                self.metrics.fleet.note_savings(result, self.clock())
             return result
         return run
 
@@ -379,19 +383,38 @@ class Service:
         leader's next tick applies it. Any replica answers it: no cloud change is made here."""
         from ..notify.interact import handle_click
 
-        users = getattr(self.peers.notifier, "user_info", None) or (lambda _user_id: {})
+        chat = deliveries(self.peers.notifier, self.settings)
         answer = handle_click(headers, body, settings=self.settings, store=self.peers.store, cloud=self.peers.cloud,
-                              users=users, now=self.clock())
+                              users=chat.user_info, now=self.clock())
+        self._tell_clicker(chat, answer)
         return answer.status, answer.text
 
     def slack_socket_click(self, envelope_id, payload):
         """An `interactive` envelope of Slack Socket Mode: the same parse, claim, authorisation and stored request
-        as slack_actions (gpufinops.interact.handle_verified)."""
+        as slack_actions (gpufinops.interact.handle_verified), and the same private answer to a refused click."""
         from ..notify.interact import handle_socket_envelope
 
-        users = getattr(self.peers.notifier, "user_info", None) or (lambda _user_id: {})
-        return handle_socket_envelope(envelope_id, payload, settings=self.settings, store=self.peers.store,
-                                      cloud=self.peers.cloud, users=users, now=self.clock())
+        chat = deliveries(self.peers.notifier, self.settings)
+        answer = handle_socket_envelope(envelope_id, payload, settings=self.settings, store=self.peers.store,
+                                        cloud=self.peers.cloud, users=chat.user_info, now=self.clock())
+        self._tell_clicker(chat, answer)
+        return answer
+
+    @staticmethod
+    def _tell_clicker(chat, answer) -> None:
+        """A refused or failed click is told to its clicker alone (chat.postEphemeral), whichever transport it
+        came by: Slack shows nothing of an HTTP 403's text, and a Socket Mode ack has no answer at all."""
+        if answer.tell is not None:
+            channel_id, user_id = answer.tell
+            chat.tell_privately(channel_id, user_id, answer.text[:1].upper() + answer.text[1:] + ".")
+
+    def mutual_tls_server(self) -> ThreadingHTTPServer | None:
+        """The idleness API's mutual-TLS listener when `api.tls` is set (not yet serving), else None."""
+        tls = self.settings.api.tls
+        if tls is None:
+            return None
+        return mutual_tls_server(self.settings.service.host, tls.port, {VERDICTS_PATH: self.verdict_api.handle_mutual_tls},
+                                 mutual_tls_context(tls))
 
     def serve_forever(self) -> None:
         api = self.verdict_api.handle if self.settings.api.enabled else None
@@ -401,6 +424,11 @@ class Service:
                   else "loopback clients only, no token set")
         log.info("serving /metrics, /livez (/healthz), /readyz and %s (%s) on %s:%d as %s", VERDICTS_PATH, access,
                  self.settings.service.host, http.server_address[1], self.lease.holder_id)
+        https = self.mutual_tls_server() if api is not None else None
+        if https is not None:
+            threading.Thread(target=https.serve_forever, name="https-api", daemon=True).start()
+            log.info("serving %s over mutual TLS on %s:%d (client certificates of %s)", VERDICTS_PATH,
+                     self.settings.service.host, https.server_address[1], self.settings.api.tls.client_ca_file)
 
         def on_signal(signum, _frame) -> None:
             log.info("signal %d: stopping after the current job", signum)
@@ -412,6 +440,8 @@ class Service:
         self._stop.wait()
         self.stop()
         http.shutdown()
+        if https is not None:
+            https.shutdown()
         log.info("stopped cleanly")
 
 

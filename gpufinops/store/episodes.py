@@ -15,6 +15,11 @@ back what changed, in the transaction that records the decisions.
   up to the end of what they report (at most `max_gap_s`), exactly as the per-minute computation does.
 - A **service run** is a stretch in which the service evaluated anything at most `max_gap_s` apart (the
   report's coverage and blind spots).
+- The **raw rows kept**: with `raw_every_s`, the fold also says which decision rows the store keeps as raw
+  rows: the first tick of each episode (a verdict or reason code changed, or a gap) and, while an episode
+  lasts, its first tick in each clock-aligned `raw_every_s` bucket (a heartbeat). The other ticks are in the
+  episode (count, last_seen_at, latest reason and stats) and the rollups already; storing each of them again
+  cost ~6 MiB per instance-week at one tick a minute (issue 29).
 """
 
 from __future__ import annotations
@@ -121,6 +126,11 @@ class Heads:
     new_episodes: list[Episode] = field(default_factory=list)
     new_runs: list[Run] = field(default_factory=list)
     changed_tails: set[str] = field(default_factory=set)
+    raw: list[Mapping] = field(default_factory=list)  # the rows to keep as raw decision rows, in fold order
+    # Stored episodes extended and then closed within the same fold (a batch of several ticks: the migration's
+    # backfill, a replay): no longer a head, their extension is still to be written.
+    superseded: list[Episode] = field(default_factory=list)
+    superseded_runs: list[Run] = field(default_factory=list)  # the same for the stored service run
 
 
 def _num(x) -> float | None:
@@ -181,22 +191,37 @@ def merge_tail(old: Tail, new: Tail) -> Tail:
     return win
 
 
-def fold_episode(heads: Heads, row: Mapping, max_gap_s: float) -> None:
+EPOCH = datetime(1970, 1, 1)
+
+
+def raw_bucket(at: datetime, every_s: float) -> int:
+    """The clock-aligned heartbeat bucket of a naive UTC time (every_s = 3600: its hour)."""
+    return int((at.replace(tzinfo=None) - EPOCH).total_seconds() // every_s)
+
+
+def fold_episode(heads: Heads, row: Mapping, max_gap_s: float, raw_every_s: float | None = None) -> None:
+    """Extend the (instance, rule)'s episode or open a new one. raw_every_s: None keeps every row raw; else a
+    row is kept when it opens an episode or is the episode's first tick in a new heartbeat bucket."""
     key = (row["instance_id"], row["rule"])
     at = row["evaluated_at"]
     ep = heads.episodes.get(key)
     if (ep is not None and ep.verdict == row["verdict"] and ep.code == row["code"]
             and 0 <= (at - ep.last_seen_at).total_seconds() <= max_gap_s):
+        if raw_every_s is None or raw_bucket(at, raw_every_s) != raw_bucket(ep.last_seen_at, raw_every_s):
+            heads.raw.append(row)
         if at > ep.last_seen_at:
             ep.ticks += 1
         ep.last_seen_at = at
         ep.latest = row
         ep.changed = True
         return
+    if ep is not None and ep.changed and ep.id is not None:
+        heads.superseded.append(ep)
     ep = Episode(row["instance_id"], row["rule"], row["verdict"], row["code"], at, at, 1, "", "", None, None, None,
                  bool(row.get("dry_run")), latest=row)
     heads.episodes[key] = ep
     heads.new_episodes.append(ep)
+    heads.raw.append(row)
 
 
 def fold_run(heads: Heads, at: datetime, max_gap_s: float) -> None:
@@ -209,6 +234,8 @@ def fold_run(heads: Heads, at: datetime, max_gap_s: float) -> None:
         return
     if run is not None and at < run.last_seen_at:
         return  # an old tick replayed: its run is already counted
+    if run is not None and run.changed and run.id is not None:
+        heads.superseded_runs.append(run)
     heads.run = Run(at, at, 1)
     heads.new_runs.append(heads.run)
 
@@ -218,10 +245,12 @@ def first_stop(stops: Mapping[str, list[datetime]], instance_id: str, at: dateti
 
 
 def fold_ticks(rows: Iterable[Mapping], heads: Heads, max_gap_s: float,
-               stops: Mapping[str, list[datetime]] | None = None) -> dict[HourKey, HourAgg]:
+               stops: Mapping[str, list[datetime]] | None = None,
+               raw_every_s: float | None = None) -> dict[HourKey, HourAgg]:
     """Fold decision rows (dicts with the `decisions` table's columns, naive UTC `evaluated_at`) into `heads`;
     returns the hour aggregates to add to the stored rollups. Rows may hold many ticks, in any order.
-    `stops`: per instance, the times of its completed real stops (sorted), to note time after them."""
+    `stops`: per instance, the times of its completed real stops (sorted), to note time after them.
+    `raw_every_s`: which rows to keep raw (heads.raw; fold_episode)."""
     stops = stops or {}
     out: dict[HourKey, HourAgg] = {}
     by_tick: dict[datetime, dict[str, list[Mapping]]] = {}
@@ -231,7 +260,7 @@ def fold_ticks(rows: Iterable[Mapping], heads: Heads, max_gap_s: float,
         fold_run(heads, at, max_gap_s)
         for inst, inst_rows in by_tick[at].items():
             for r in inst_rows:
-                fold_episode(heads, r, max_gap_s)
+                fold_episode(heads, r, max_gap_s, raw_every_s)
             new = tail_of(resolve(inst_rows), len(inst_rows))
             old = heads.tails.get(inst)
             if old is not None and at < old.at:

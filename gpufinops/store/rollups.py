@@ -140,20 +140,33 @@ def completed_stops(conn: Connection, heads: Heads) -> dict[str, list[datetime]]
     return out
 
 
-def fold_into_store(conn: Connection, rows: Sequence[dict], max_gap_s: float) -> None:
+def fold_into_store(conn: Connection, rows: Sequence[dict], max_gap_s: float,
+                    raw_every_s: float | None = None) -> list[dict]:
     """Fold decision rows into the stored episodes, tails, service runs and hourly rollups (one connection,
-    the caller's transaction)."""
+    the caller's transaction). Returns the rows to keep as raw decision rows, in their given order: all of
+    them with raw_every_s None, else those that open an episode or are its heartbeat (episodes.fold_episode)."""
     since = min(r["evaluated_at"] for r in rows) - timedelta(seconds=max_gap_s)
     heads = load_heads(conn, [r["instance_id"] for r in rows], since)
-    hours = fold_ticks(rows, heads, max_gap_s, completed_stops(conn, heads))
-    changed = [e.settle() for e in heads.episodes.values() if e.changed and e.id is not None]
+    hours = fold_ticks(rows, heads, max_gap_s, completed_stops(conn, heads), raw_every_s)
+    write_folded(conn, heads, hours)
+    if raw_every_s is None:
+        return list(rows)
+    kept = {id(r) for r in heads.raw}
+    return [r for r in rows if id(r) in kept]
+
+
+def write_folded(conn: Connection, heads: Heads, hours: dict) -> None:
+    """Write what a fold changed or opened: episodes, service runs, tails and hour aggregates (the caller's
+    transaction; bench/bench_report_scale.py writes a month it folded per stretch through it)."""
+    changed = [e.settle() for e in (*heads.superseded, *heads.episodes.values()) if e.changed and e.id is not None]
     if changed:
         conn.execute(_UPDATE_EPISODE, [{"ep_id": e.id, **{f"v_{f}": getattr(e, f) for f in EPISODE_UPDATED}}
                                        for e in changed])
     if heads.new_episodes:
         conn.execute(insert(verdict_episodes), [{f: getattr(e.settle(), f) for f in EPISODE_FIELDS}
                                                 for e in heads.new_episodes])
-    runs = [r for r in ([heads.run] if heads.run is not None else []) if r.changed and r.id is not None]
+    runs = [r for r in (*heads.superseded_runs, *([heads.run] if heads.run is not None else []))
+            if r.changed and r.id is not None]
     if runs:
         conn.execute(_UPDATE_RUN, [{"run_id": r.id, "v_last_seen_at": r.last_seen_at, "v_ticks": r.ticks}
                                    for r in runs])

@@ -58,8 +58,9 @@ decisions = Table(
 
 
 # Verdicts as run-length episodes and hourly rollups (gpufinops/episodes.py folds each tick into them). The
-# raw `decisions` rows are kept only for a recent window (StoreSettings.raw_decisions_days); reports, idle
-# costs and budgets read these.
+# raw `decisions` rows are stored only when a verdict or code changes and as an hourly heartbeat
+# (StoreSettings.raw_decisions_every_s) and kept only for a recent window (raw_decisions_days); reports, idle
+# costs, budgets and the audit read these.
 verdict_episodes = Table(
     "verdict_episodes",
     metadata,

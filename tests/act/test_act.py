@@ -189,6 +189,26 @@ def test_stop_cap_per_run(tmp_path):
     assert sum(i.state == "stopped" for i in w.cloud.list_gpu_instances()) == 6
 
 
+def test_the_stop_cap_is_one_per_run_across_passes(tmp_path):
+    """The GPU-node pass runs after the instances' pass in the same tick (run/nodes.py): the stops of the first
+    pass count against the one cap of the run, so two passes never stop twice the cap."""
+    from gpufinops.decide.evaluate import evaluate_all
+    from gpufinops.run.pipeline import collect_usage
+
+    w = World(tmp_path, n=4)
+    w.settings = load_settings(act={"dry_run": False, "max_stops_per_run": 3, "max_stops_fraction": 1.0})
+    for _ in range(15):
+        w.tick()  # marked, warned; the four stops are due on the next tick
+    instances = w.cloud.list_gpu_instances()
+    decisions = evaluate_all(instances, collect_usage(w.metrics, instances, [RULE], w.clock.now), [RULE],
+                             w.clock.now)
+    actions = Actuator(w.cloud, w.store, w.notifier, w.settings).apply(
+        RunContext(now=w.clock.now, dry_run=False), instances, decisions, [RULE], stops_already=2)
+    stops = [a for a in actions if a.kind == ActionKind.STOP]
+    assert len(stops) == 1 and sum(i.state == "stopped" for i in w.cloud.list_gpu_instances()) == 1
+    assert sum(1 for a in actions if a.kind == ActionKind.SKIP and "cap" in a.reason) == 3
+
+
 @pytest.mark.parametrize("fleet,frac,absolute,expected", [(100, 0.1, 5, 5), (20, 0.1, 5, 2), (3, 0.1, 5, 1), (10, 0.0, 5, 0)])
 def test_stop_cap_formula(fleet, frac, absolute, expected):
     s = load_settings(act={"max_stops_per_run": absolute, "max_stops_fraction": frac})

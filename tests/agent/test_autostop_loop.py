@@ -391,3 +391,55 @@ def test_a_snooze_written_while_the_hook_runs_wins_at_the_last_look(host):
     assert host.calls("stop") == []  # the stop did not
     alert = host.walls()[-1]
     assert "cancelled at the last look" in alert and "snooze" in alert and "keeps running" in alert
+
+
+def test_each_stop_is_an_intent_row_written_before_the_call_and_settled_after(host):
+    """The agent's own audit trail (its SQLite `actions`): the row exists, pending, while the stop command runs,
+    and says done (or failed) afterwards."""
+    host.start()
+    host.until(MoveKind.WARN)
+    seen_while_running = []
+    stopper = host.loop.stopper
+    real_stop = stopper.stop
+
+    def stop_and_look():
+        seen_while_running.extend((r.status, r.kind) for r in host.loop.buffer.actions())
+        seen_while_running.append(host.loop.buffer.load_state("autostop")["phase"])
+        return real_stop()
+
+    stopper.stop = stop_and_look
+    assert host.sample().kind is MoveKind.STOP
+    assert seen_while_running == [("pending", "stop"), Phase.STOPPING.value]  # intent and state saved first
+    [row] = host.loop.buffer.actions()
+    assert (row.status, row.how) == ("done", f"command {host.bin / 'stop'} poweroff")
+    assert "still idle at the stop time" in row.reason and row.settled_at is not None
+    assert len(host.calls("stop")) == 1
+
+
+def test_a_crash_between_the_stop_request_and_its_answer_never_sends_it_again(host):
+    """The agent dies after sending the stop (the request is out, its answer never recorded) and starts again on
+    the same boot: one mutating call per intent, so the next run settles the intent as unknown, says so once,
+    and holds; the stop command is not run a second time."""
+    host.start()
+    host.until(MoveKind.WARN)
+    stopper = host.loop.stopper
+    real_stop = stopper.stop
+
+    def stop_then_die():
+        real_stop()  # the command ran...
+        raise KeyboardInterrupt  # ...and the process died before the answer was written
+
+    stopper.stop = stop_then_die
+    with pytest.raises(KeyboardInterrupt):
+        host.sample()
+    assert [r.status for r in host.loop.buffer.actions()] == ["pending"]
+    host.loop.buffer.close()
+    host.start()  # a new process, same boot, same SQLite file
+    settle = host.sample()
+    assert settle.kind is MoveKind.SETTLE and "not sent again" in settle.reason
+    [row] = host.loop.buffer.actions()
+    assert row.status == "unknown" and "before this request's answer was recorded" in row.detail
+    assert "no recorded answer" in host.walls()[-1] and "intent was written at" in host.walls()[-1]
+    host.sample(3)  # held: no new warning, no second stop
+    assert len(host.calls("stop")) == 1
+    assert host.loop.buffer.load_state("autostop")["phase"] == Phase.HELD.value

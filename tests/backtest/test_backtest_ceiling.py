@@ -129,7 +129,7 @@ def test_cli_prints_ceiling_score_and_json_keys(tmp_path, capsys):
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "ceiling (clairvoyant with a 15-min lead" in text and "score 2.6" in text
-    assert "% ceiling" in text and "restarts/inst-day" in text and "% oracle" not in text
+    assert "pct_of_ceiling" in text and "restarts_per_instance_day" in text and "pct_of_oracle" not in text
     assert main([*args, "-o", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["false_stop_cost_h"] == 2.0

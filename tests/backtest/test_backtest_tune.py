@@ -95,7 +95,7 @@ def test_cli_tune_reports_held_out_and_suggests_a_rule_file(tmp_path, capsys):
         assert h["ceiling_score"] > 0 and h["test"]["false_stops"] == 0
         assert h["pct_of_ceiling"] == pytest.approx(100 * h["score"] / h["ceiling_score"])
         assert h["test"]["score"] == pytest.approx(h["score"])  # one score, one --false-stop-cost
-    assert "% ceiling" in out and "restarts/inst-day" in out and "held out, the pick scores" in out
+    assert "pct_of_ceiling" in out and "restarts_per_instance_day" in out and "held out, the pick scores" in out
     assert "rules (whole history)" in captured.err and " s left" in captured.err  # progress with an ETA
     rule = load_rules([out_rule])[0]  # the suggestion is a rule file the service loads
     assert rule.name == tuned["pick"]["policy"] and rule.window_s > 45 * 60

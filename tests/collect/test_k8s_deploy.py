@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "deploy" / "kubernetes" / "workloads"
 # The documented least verbs (issue 16): read; patch annotations and the scale subresource; create events.
 EXPECTED = {
-    ("", "nodes"): {"get", "list", "watch"}, ("", "pods"): {"get", "list", "watch"},
+    ("", "nodes"): {"get", "list", "watch", "patch"}, ("", "pods"): {"get", "list", "watch"},
     ("", "namespaces"): {"get", "list", "watch"},
     ("apps", "deployments"): {"get", "list", "watch", "patch"},
     ("apps", "statefulsets"): {"get", "list", "watch", "patch"},
@@ -27,6 +27,7 @@ EXPECTED = {
     ("apps", "deployments/scale"): {"get", "patch"}, ("apps", "statefulsets/scale"): {"get", "patch"},
     ("", "events"): {"create"}, ("events.k8s.io", "events"): {"create"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"}, ("keda.sh", "scaledobjects"): {"list"},
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "patch"},
 }
 
 

@@ -251,3 +251,25 @@ def test_a_failed_aws_forecast_is_one_clear_line_not_an_html_page():
     line = forecast_error_line(ClientError({"Error": {"Code": "DataUnavailableException", "Message": "not enough"},
                                             "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetCostForecast"))
     assert line == "GetCostForecast failed (DataUnavailableException, HTTP 400): not enough"
+
+
+def test_a_budget_alert_is_a_notice_every_delivery_renders_with_tag_values_escaped():
+    """No hand-made Slack blocks: the alert is title, lead and facts like every notice, so Slack gets a header
+    and fields, email and the outbox the same words; a team named like a Slack command stays text."""
+    from gpufinops.cost.budgets import BudgetStatus, Threshold
+    from gpufinops.notify.slack_blocks import render
+
+    status = BudgetStatus("ml-gpu", "team=ml", "2024-09", 1000.0, "USD", 950.0, 1300.0, SEP + timedelta(days=20),
+                          2.0, 240.0, top_instances=[("i-a", 900.0)], top_teams=[("<!channel>", 950.0)],
+                          idle_share=0.25, crossed={"actual": Threshold(pct=90, level="critical"), "forecast": None})
+    [notice] = alert_messages(status, Budget(name="ml-gpu", scope=Scope(kind="team", value="ml"), amount=1000))
+    assert (notice.kind, notice.team, notice.audience, notice.channel) == ("budget", "ml", ("team",), "")
+    assert notice.key == "budget:ml-gpu:team=ml:2024-09:actual:90" and notice.blocks == ()
+    text, blocks = render(notice)
+    assert blocks[0]["type"] == "header" and "ml-gpu 95% (actual)" in blocks[0]["text"]["text"]
+    fields = {f["text"].split("\n")[0]: f["text"].split("\n", 1)[1] for b in blocks if "fields" in b
+              for f in b["fields"]}
+    assert fields["*Idle share*"] == "25%" and fields["*Budget*"] == "1,000.00 USD"
+    assert fields["*Top teams*"] == "&lt;!channel&gt; 950.00 USD"  # never a live @channel
+    assert "<!channel>" not in text and "<!channel>" not in str(blocks)
+    assert text.splitlines()[0].startswith("[CRITICAL] GPU budget 'ml-gpu'")  # the daily summary quotes it

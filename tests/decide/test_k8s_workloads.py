@@ -241,3 +241,18 @@ def test_costs_command_by_namespace_reads_the_cluster_from_the_kubeconfig(kubeco
     assert sum(r["usd_per_hour"] for r in answer["rows"]) == pytest.approx(answer["total_usd_per_hour"])
     assert answer["total_usd_per_hour"] == pytest.approx(catalog, abs=0.01)
     assert {r["namespace"] for r in answer["rows"]} == {"ml", "research", "serving", IDLE_CAPACITY}
+
+
+def test_costs_command_by_namespace_table_goes_through_the_one_renderer(kubeconfig, tmp_path, capsys):
+    """The text table has the -o json keys as its header and a rule under it, like every other command."""
+    from gpufinops.cli.app import main
+
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"kubernetes:\n  kubeconfig: {kubeconfig}\ndatabase_url: sqlite:///{tmp_path}/db.sqlite\n")
+    assert main(["--config", str(cfg), "costs", "--month", f"{NOW:%Y-%m}", "--by", "namespace"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["namespace", "usd_per_hour", "usd_per_month_at_this_rate", "gpus", "pods",
+                                "idle_usd_per_hour", "sharing"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert any(line.startswith("research ") for line in lines[2:])
+    assert lines[-1].startswith("total ") and "GPU nodes" in lines[-1]

@@ -111,11 +111,17 @@ def test_idle_cost_by_instance_from_the_demo_audit_trail(demo, tmp_path, capsys)
     assert main(["--config", str(cfg), "costs", "--month", "2022-09", "--idle", "--by", "instance",
                  "-o", "json"]) == 0
     rows = {r["instance"]: r for r in json.loads(capsys.readouterr().out)}
-    # An instance costs idle money exactly when, at some evaluation, every rule judged it IDLE.
+    # An instance costs idle money exactly when, at some evaluation, every rule that judges it judged it IDLE:
+    # when an IDLE verdict episode of each of its rules covers one tick (the raw rows hold only changes and
+    # heartbeats; an episode runs from a verdict's first tick to its last, its rules judge it at every tick).
     con = sqlite3.connect(db)
-    idle_ticks = {r[0] for r in con.execute(
-        "select instance_id from decisions group by instance_id, evaluated_at having min(verdict = 'IDLE') = 1")}
-    assert idle_ticks and {i for i, r in rows.items() if r["idle_cost"] > 0} == idle_ticks
+    rules = dict(con.execute("select instance_id, count(distinct rule) from verdict_episodes group by instance_id"))
+    idle = con.execute("select instance_id, rule, started_at, last_seen_at from verdict_episodes "
+                       "where verdict = 'IDLE'").fetchall()
+    idle_ticks = {i for i, _, start, _ in idle
+                  if len({r for j, r, s, e in idle if j == i and s <= start <= e}) == rules[i]}
+    assert 2 in rules.values() and idle_ticks
+    assert {i for i, r in rows.items() if r["idle_cost"] > 0} == idle_ticks
     for r in rows.values():
         parts = r["active_cost"] + r["underutilized_cost"] + r["unknown_cost"] + r["idle_cost"]
         assert abs(parts - r["total_cost"]) < 1e-9

@@ -209,6 +209,14 @@ def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, cas
         assert requests == [] and because in text
         [row] = snooze_rows(world)
         assert row.error == "not allowed" and clicker in row.reason and because in row.reason
+    # A refusal is told to the clicker alone, by either transport (a Socket Mode ack carries no answer).
+    told = [c.body for c in world.stub.calls_for("chat.postEphemeral")]
+    if expected == 200:
+        assert told == []
+    else:
+        [one] = told
+        assert (one["user"], one["channel"]) == (clicker, "C1") and because in one["text"]
+        assert one["text"].startswith("'Snooze 2 h' on i-00 not allowed")
 
 
 @pytest.mark.parametrize("slack, key", [

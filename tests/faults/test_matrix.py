@@ -170,8 +170,11 @@ STOP_REFUSED = {
 
 @pytest.mark.parametrize("fault", list(STOP_REFUSED), ids=list(STOP_REFUSED))
 def test_stop_rejected_is_recorded_failed_and_not_repeated_blindly(world, fault):
-    # The StopInstances never reaches moto: the instance keeps running and the record says so.
-    w = world()
+    # The StopInstances never reaches moto: the instance keeps running and the record says so. No case here waits
+    # for a timeout, so the EC2 read timeout is roomier than the 2 s default: a moto answer slowed by a busy
+    # machine must not turn the mark before it into an unconfirmed one (then re-marked, and the stop falls
+    # outside the timeline), which is another case (test_mark_tag_fails_no_warning_no_stop).
+    w = world(ec2_read_timeout_s=6.0)
     w.ec2.arm(when=aws_action("StopInstances"), **STOP_REFUSED[fault])
     w.run(*TIMELINE, 9)
     assert state_of(w, "idle") == "running"

@@ -21,6 +21,7 @@ from gpufinops.notify.interact import may_snooze, parse_click, snooze_until, ver
 from gpufinops.model import TAG_SNOOZE, ActionKind, GpuInstance
 from gpufinops.run.pipeline import Peers
 from gpufinops.run.service import Service, make_http_server
+from gpufinops.notify.routing import Deliveries
 from tests.act.test_act import T0
 from tests.act.test_act_trust import SlackWorld
 
@@ -62,7 +63,9 @@ class ClickWorld(SlackWorld):
             slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
                    "team_members": {"ml": ["U0TEAM0001"]}, **(slack or {})},
             service={"host": "127.0.0.1", "port": 0})
-        self.service = Service(self.settings, Peers(self.cloud, self.metrics, self.store, self.notifier),
+        # The notifier as the live service composes it (run/compose.live_notifier): behind the router.
+        self.service = Service(self.settings, Peers(self.cloud, self.metrics, self.store,
+                                                    Deliveries(self.notifier, self.settings)),
                                clock=lambda: self.clock.now)
         self.http = make_http_server(self.settings, self.service.metrics, self.service.live, self.service.ready,
                                      self.service.slack_actions)

@@ -39,8 +39,12 @@ RANK = {"ACTIVE": 0, "UNDERUTILIZED": 1, "UNKNOWN": 2, "IDLE": 3}  # least idle 
 def demo(tmp_path_factory):
     """6 simulated hours of the real pipeline acting for real on the simulated fleet."""
     db = tmp_path_factory.mktemp("demo") / "demo.db"
-    # 5 h: the demo starts 2 h into the trace (the default rule's window); it ends before the protected pod reports.
-    summary = run_demo(out=io.StringIO(), hours=5, db_path=str(db), quiet=True)
+    # The demo's own settings, with a raw decision row for every tick (store.raw_decisions_every_s 0): the
+    # independent counts below are worked out from them. 5 h: the demo starts 2 h into the trace (the default
+    # rule's window); it ends before the protected pod reports.
+    settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 0.5},
+                             store={"raw_decisions_every_s": 0})
+    summary = run_demo(out=io.StringIO(), hours=5, db_path=str(db), quiet=True, settings=settings)
     return db, summary
 
 
@@ -48,7 +52,8 @@ def demo(tmp_path_factory):
 def dry_demo(tmp_path_factory):
     """The same pipeline in dry-run: it records the stops it would have made and changes nothing."""
     db = tmp_path_factory.mktemp("dry") / "dry.db"
-    settings = load_settings(act={"dry_run": True, "max_stops_per_run": 5, "max_stops_fraction": 0.5})
+    settings = load_settings(act={"dry_run": True, "max_stops_per_run": 5, "max_stops_fraction": 0.5},
+                             store={"raw_decisions_every_s": 0})  # every tick's raw row: _rule_idle_hours
     run_demo(out=io.StringIO(), hours=3, db_path=str(db), quiet=True, settings=settings)
     return db
 

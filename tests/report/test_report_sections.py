@@ -38,7 +38,8 @@ def churn(tmp_path_factory):
     owners undo within minutes (restarts, false stops)."""
     db = tmp_path_factory.mktemp("churn") / "churn.db"
     settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 0.5},
-                             rules_paths=[str(common_rule_path())])
+                             rules_paths=[str(common_rule_path())],
+                             store={"raw_decisions_every_s": 0})  # every tick's raw row: the counts below
     summary = run_demo(out=io.StringIO(), hours=3, db_path=str(db), quiet=True, settings=settings, compare=False)
     return db, summary
 

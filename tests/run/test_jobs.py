@@ -27,9 +27,11 @@ def peers_for(tmp_path, instances, now):
 
 
 def test_jobs_enabled_by_settings():
-    assert [j[0] for j in scheduled_jobs(load_settings(), None, None)] == ["recommend-digest", "daily-summary"]
+    assert [j[0] for j in scheduled_jobs(load_settings(), None, None)] == ["recommend-digest", "daily-summary",
+                                                                           "savings"]
     s = load_settings(billing={"source": "focus", "path": "x.csv"},
-                      schedule={"recommend_digest_day": "", "monthly_report_dir": "/tmp/r", "daily_summary_hour": None})
+                      schedule={"recommend_digest_day": "", "monthly_report_dir": "/tmp/r", "daily_summary_hour": None,
+                                "savings_every_s": 0})
     assert [(j[0], j[1]["trigger"]) for j in scheduled_jobs(s, None, None)] == [
         ("budgets", "interval"), ("monthly-report", "cron")]
 
@@ -103,3 +105,33 @@ def test_daily_summary_counts_the_audit_log_and_is_sent_once_a_day(tmp_path):
     sent = len(w.notifier.sent)
     daily_summary(w.settings, Peers(w.cloud, w.metrics, w.store, w.notifier), now + timedelta(hours=1))
     assert len(w.notifier.sent) == sent  # the same day: not sent again
+
+
+def test_the_month_net_saving_by_team_is_the_monthly_reports_count_on_metrics(tmp_path):
+    """gpufinops_net_saving_month_to_date{team}: the real stops of this month, net, by the report's own count."""
+    from tests.act.test_act import World
+
+    from gpufinops.report.monthly import monthly_audit
+    from gpufinops.run.fleet_metrics import FleetExposition
+    from gpufinops.run.jobs import month_savings
+
+    w = World(tmp_path, n=3, **{"i-02": {"gpufinops:protect": "true"}})
+    for _ in range(17):  # two marked, warned, stopped
+        w.tick()
+    for _ in range(30):  # the service goes on judging the fleet; the two stay stopped
+        w.tick()
+    now = w.clock.now
+    peers = Peers(w.cloud, w.metrics, w.store, w.notifier)
+    by_team = month_savings(w.settings, peers, now)
+    stops = monthly_audit(w.store, f"{now:%Y-%m}", now, w.settings).stops
+    assert len(stops) == 2 and not stops["dry_run"].any()
+    expected = sum((now - at.to_pydatetime()).total_seconds() / 3600 * 1.006 for at in stops["at"])
+    [(team, (usd, n))] = by_team.items()
+    assert n == 2 and usd == pytest.approx(expected, rel=0.02) and usd > 0.5
+    exposition = FleetExposition()
+    assert b"gpufinops_net_saving" not in exposition.text()  # nothing said before the job has counted
+    exposition.note_savings(by_team, now)
+    text = exposition.text().decode()
+    label = team or "none"
+    assert f'gpufinops_net_saving_month_to_date{{team="{label}"}} {usd}' in text
+    assert f'gpufinops_net_saving_stops_month_to_date{{team="{label}"}} 2.0' in text

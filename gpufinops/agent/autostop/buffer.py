@@ -35,7 +35,31 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_t ON samples (t);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- The audit trail of this host's own changes: one row per intent, written before the mutating call and settled
+-- after it (done, failed, unknown), so a crash in between leaves a row that says a request may have gone out.
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,           -- unix seconds the intent was written (just before the call)
+    kind TEXT NOT NULL,         -- stop
+    how TEXT NOT NULL,          -- "EC2 StopInstances on i-… (region)", "command systemctl poweroff"
+    reason TEXT NOT NULL,       -- why (the rule's verdict)
+    status TEXT NOT NULL,       -- pending (sent, outcome not recorded), done, failed, unknown
+    detail TEXT NOT NULL DEFAULT '',
+    settled_at REAL
+);
 """
+
+
+@dataclass(frozen=True)
+class ActionRow:
+    id: int
+    at: float
+    kind: str
+    how: str
+    reason: str
+    status: str
+    detail: str
+    settled_at: float | None
 
 
 @dataclass(frozen=True)
@@ -165,6 +189,24 @@ class RingBuffer:
     def count(self) -> int:
         with self._lock:
             return self._db.execute("SELECT count(*) FROM samples").fetchone()[0]
+
+    def record_intent(self, kind: str, how: str, reason: str, at: float) -> int:
+        """The intent row, written (and committed: autocommit) before the mutating call; its id."""
+        with self._lock:
+            return self._db.execute("INSERT INTO actions (at, kind, how, reason, status) VALUES (?, ?, ?, ?, 'pending')",
+                                    (at, kind, how, reason)).lastrowid
+
+    def settle(self, action_id: int, status: str, detail: str, at: float) -> None:
+        with self._lock:
+            self._db.execute("UPDATE actions SET status = ?, detail = ?, settled_at = ? WHERE id = ?",
+                             (status, detail, at, action_id))
+
+    def actions(self, status: str | None = None) -> list[ActionRow]:
+        with self._lock:
+            cur = self._db.execute("SELECT id, at, kind, how, reason, status, detail, settled_at FROM actions "
+                                   + ("WHERE status = ? " if status else "") + "ORDER BY id",
+                                   (status,) if status else ())
+            return [ActionRow(*r) for r in cur.fetchall()]
 
     def load_state(self, key: str) -> dict | None:
         with self._lock:

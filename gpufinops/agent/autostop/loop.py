@@ -25,7 +25,7 @@ from ...model import Action, Decision, GpuInstance, Message, Notifier, ReasonCod
 from .buffer import RingBuffer, physical_gpus, rows_from_snapshot, window_usage
 from .guards import boot_time, recent_input_sessions, running_allowlisted
 from .hook import run_command
-from .machine import AutostopState, Move, MoveKind, Observation, Phase, after_stop, next_move, when
+from .machine import AutostopState, Move, MoveKind, Observation, Phase, after_stop, next_move, stopping, when
 from .settings import AutostopSettings, PriceSettings
 from .snooze import read_snooze
 
@@ -295,6 +295,9 @@ class AutostopLoop:
         if kind is MoveKind.MOVED:
             self._moved(move, inst)
             return move.next_state
+        if kind is MoveKind.SETTLE:
+            self._settle_interrupted(move, inst, now)
+            return move.next_state
         if kind is MoveKind.RELEASE:
             log.info("autostop: %s", move.reason)
             return move.next_state
@@ -393,7 +396,13 @@ class AutostopLoop:
             note = f"stop cancelled at the last look before it: {'; '.join(kept)}"
             self._alert(inst, f"{note}; the server keeps running", now)
             return after_stop(state, decision, note=note, now=self.clock())
+        # The intent first (its row and the STOPPING state, both committed), then the one request: a crash between
+        # them leaves a record that a stop may have gone out, and the next run settles it instead of sending again.
+        action_id = self.buffer.record_intent("stop", self.stopper.describe, move.reason, now)
+        self.buffer.save_state(STATE_KEY, stopping(state, action_id).to_json())
         outcome = self.stopper.stop()
+        status = "done" if outcome.ok else "unknown" if outcome.ok is None else "failed"
+        self.buffer.settle(action_id, status, outcome.reason, self.clock())
         if outcome.ok is None:
             # One request per intent: not sent again (HELD for a window); if it went through, the host goes down.
             note = f"stop outcome unknown: {outcome.reason}"
@@ -409,6 +418,16 @@ class AutostopLoop:
             dry_run=False, action=Action.STOP))
         log.warning("autostop: %s (%s)", note, outcome.reason)
         return after_stop(state, decision, note=note, now=now)
+
+    def _settle_interrupted(self, move: Move, inst: GpuInstance, now: float) -> None:
+        """An earlier run sent a stop and died before recording its answer; this run is on the same boot. Its
+        intent rows are settled as unknown (never sent again) and the people who were warned are told once."""
+        open_rows = self.buffer.actions(status="pending")
+        for row in open_rows:
+            self.buffer.settle(row.id, "unknown", "the agent stopped before this request's answer was recorded; "
+                                                  "the host was still up on the same boot afterwards", now)
+        sent = f" (its intent was written at {when(open_rows[-1].at)})" if open_rows else ""
+        self._alert(inst, f"{move.reason}{sent}; the server keeps running", now)
 
     # ------------------------------------------------------------------ the thread
 

@@ -9,6 +9,9 @@
              (a later stop needs a new warning and its full lead)
     PENDING  --deadline: still IDLE, not blocked--> STOP (pre-stop hook, then the stop) --> HELD
     PENDING  --blocked at the deadline--> cancel --> WATCHING
+    STOPPING (the intent saved, the stop request about to go out) --the answer recorded--> HELD
+    STOPPING found by a later run on the same boot (the agent died before the answer was recorded) --> HELD,
+             never sent again: one mutating call per intent; a stop that went through takes the host down
     HELD     --activity, or one rule window later--> WATCHING
 
 The one rule about missing data: a stop needs the full warning lead of *known* idle time after a delivered
@@ -38,6 +41,7 @@ class Phase(str, enum.Enum):
     WATCHING = "watching"
     PENDING = "pending"  # warned, waiting for the deadline
     HELD = "held"  # stopped, would-have-stopped or a stop that failed: not warned again for a while
+    STOPPING = "stopping"  # the stop's intent is saved and its request sent; its answer not recorded yet
 
 
 class MoveKind(str, enum.Enum):
@@ -48,6 +52,7 @@ class MoveKind(str, enum.Enum):
     RELEASE = "release"
     HOLD = "hold"  # UNKNOWN shorter than the grace: the pending stop waits, nobody is told
     MOVED = "moved"  # the pending stop moved materially later than announced: said once per episode
+    SETTLE = "settle"  # a stop request of an earlier run has no recorded answer: settled as unknown, held
 
 
 # A stop that moved this much later than the time people were told is announced again ("stop moved to ..."), once
@@ -69,12 +74,13 @@ class AutostopState:
     unknown_since: float | None = None  # PENDING: first UNKNOWN judgement of the blip going on now
     told_stop_at: float | None = None  # PENDING: the stop time people were last told
     moved_told: bool = False  # PENDING: "stop moved to ..." was said in this episode (said once)
+    action_id: int | None = None  # STOPPING: the intent row of the stop request (buffer.actions)
 
     def to_json(self) -> dict:
         return {"phase": self.phase.value, "rule": self.rule, "warned_at": self.warned_at, "deadline": self.deadline,
                 "held_until": self.held_until, "note": self.note, "boot_time": self.boot_time, "live": self.live,
                 "unknown_since": self.unknown_since, "told_stop_at": self.told_stop_at,
-                "moved_told": self.moved_told}
+                "moved_told": self.moved_told, "action_id": self.action_id}
 
     @classmethod
     def from_json(cls, data: dict | None) -> "AutostopState":
@@ -84,7 +90,8 @@ class AutostopState:
             return cls(Phase(data["phase"]), str(data.get("rule") or ""), data.get("warned_at"), data.get("deadline"),
                        data.get("held_until"), str(data.get("note") or ""), data.get("boot_time"),
                        data.get("live") is True, _seconds(data.get("unknown_since")),
-                       _seconds(data.get("told_stop_at")), data.get("moved_told") is True)
+                       _seconds(data.get("told_stop_at")), data.get("moved_told") is True,
+                       data.get("action_id") if isinstance(data.get("action_id"), int) else None)
         except (KeyError, ValueError, TypeError):
             return cls()  # an unreadable state is a fresh start: the next stop needs a new warning anyway
 
@@ -122,6 +129,8 @@ def _summary(decisions: Sequence[Decision]) -> str:
 
 
 def next_move(state: AutostopState, obs: Observation, now: float) -> Move:
+    if state.phase is Phase.STOPPING:
+        return _interrupted_stop(state, obs, now)
     if state.phase is Phase.PENDING:
         return _pending(state, obs, now)
     if state.phase is Phase.HELD:
@@ -190,6 +199,22 @@ def _unknown_while_pending(state: AutostopState, obs: Observation, decision: Dec
                                      f"a new warning with its full lead once it reads idle again", watching, decision)
     return Move(MoveKind.HOLD, f"GPU state unknown ({decision.reason}): the stop waits; unknown time does not count "
                                f"towards the warning lead", replace(state, unknown_since=since), decision)
+
+
+def stopping(state: AutostopState, action_id: int) -> AutostopState:
+    """The state saved right before the stop request goes out: its intent row is `action_id`."""
+    return replace(state, phase=Phase.STOPPING, action_id=action_id)
+
+
+def _interrupted_stop(state: AutostopState, obs: Observation, now: float) -> Move:
+    """A stop whose request went out (or was about to) and whose answer no run recorded: this run is on the same
+    boot, so the host did not go down (yet). Never sent again: HELD for a window, said once (SETTLE)."""
+    decision = next((d for d in obs.decisions if d.rule_name == state.rule), None)
+    note = ("a stop request of an earlier run of the agent has no recorded answer (the agent stopped meanwhile): "
+            "not sent again before a new warning")
+    held = AutostopState(Phase.HELD, state.rule, state.warned_at, state.deadline,
+                         now + max(decision.window_s if decision else 0, 60), note, state.boot_time, state.live)
+    return Move(MoveKind.SETTLE, note, held, decision)
 
 
 def after_stop(state: AutostopState, decision: Decision, *, note: str, now: float) -> AutostopState:

@@ -1,0 +1,227 @@
+"""GPU nodes whose GPU work is gone, cordoned through the act stage (issue 28 item 4), and the fault matrix's node
+cases: the real Actuator and store against the API stand-in (tests/kubestub.py), every request recorded.
+
+- an empty GPU node in a Karpenter NodePool: marked (annotation), warned with the rule's full lead, then cordoned
+  in one PATCH preconditioned on the resourceVersion that showed the mark; no pod is ever evicted, nothing deleted;
+- a GPU pod scheduled onto the node between the mark and the cordon: not cordoned, and the mark withdrawn;
+- a cordon whose answer is lost: one PATCH, read back, one notice;
+- karpenter.sh/do-not-disrupt, an EKS managed node group, or drain_nodes off: warned "notify only", never cordoned;
+- uncordon (gpufinops k8s restore node/NAME) undoes only gpufinops' own cordon."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpufinops.act.actuator import Actuator
+from gpufinops.act.restore import restore_workload
+from gpufinops.collect.kubernetes import KubernetesCluster, api_client
+from gpufinops.collect.kubernetes_cloud import WorkloadCloud, node_id
+from gpufinops.config import load_settings
+from gpufinops.decide.workloads import empty_gpu_nodes, node_decision, watch_gpu_free
+from gpufinops.demo.sim import ConsoleNotifier
+from gpufinops.k8s.model import CORDONED_ANNOTATION, MARK_ANNOTATION, TAG_NODE
+from gpufinops.model import Action, ActionKind, Rule, RunContext, Selector, Verdict
+from gpufinops.store.store import Store
+from tests.kubestub import node_obj, pod_obj
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NODE = "gpu-node-1"
+BUSY = "gpu-node-2"
+KARPENTER = {"karpenter.sh/nodepool": "gpu-pool"}
+RULE = Rule(name="empty-gpu-nodes", threshold_pct=0.0, window_s=3600, warning_lead_s=900, action=Action.DRAIN,
+            selector=Selector(tags={TAG_NODE: ("*",)}))
+NID = node_id(NODE)
+
+
+def fill(stub, labels=KARPENTER, annotations=None) -> None:
+    obj = node_obj(NODE, "i-0aaa0000000000001", labels=labels)
+    obj["metadata"]["annotations"] = dict(annotations or {})
+    stub.add("nodes", obj)
+    stub.add("nodes", node_obj(BUSY, "i-0aaa0000000000002", labels=KARPENTER))
+    stub.add("pods", pod_obj("ml", "train-0", BUSY))
+    stub.add("pods", pod_obj("kube-system", "node-exporter-x", NODE, gpus=0))  # a non-GPU pod keeps no node
+
+
+class World:
+    """The stand-in, WorkloadCloud over it, a real store and the Actuator on a simulated clock; node verdicts from
+    the pure watch, stepped once per tick as the service does."""
+
+    def __init__(self, stub, tmp_path, *, drain_nodes: bool = True, dry_run: bool = False):
+        self.stub = stub
+        self.now = T0
+        kubeconfig = stub.write_kubeconfig(tmp_path / "kubeconfig")
+        self.cloud = WorkloadCloud(KubernetesCluster(api_client(str(kubeconfig)), timeout_s=2.0), lambda *_: 32.77,
+                                   drain_nodes=drain_nodes, clock=lambda: self.now)
+        self.store = Store(f"sqlite:///{tmp_path / 'gpufinops.db'}")
+        self.settings = load_settings(act={"dry_run": dry_run, "max_stops_per_run": 5, "max_stops_fraction": 1.0})
+        self.lines: list[str] = []
+        self.notifier = ConsoleNotifier(self.store, lambda: self.now, self.lines.append)
+        self.actuator = Actuator(self.cloud, self.store, self.notifier, self.settings)
+        self.dry_run = dry_run
+        self.watch: dict = {}
+
+    def tick(self, minutes: float, rule: Rule = RULE, before_act=None):
+        self.now = T0 + timedelta(minutes=minutes)
+        self.cloud.list_gpu_instances()
+        snap = self.cloud.last_snapshot
+        self.watch = watch_gpu_free(self.watch, snap, max_gap_s=3600)
+        nodes = self.cloud.list_nodes()
+        verdicts = {v.node: v for v in empty_gpu_nodes(snap, self.watch, rule.window_s, self.cloud.node_costs)}
+        decisions = [node_decision(verdicts[i.private_dns], i.instance_id, rule, self.now) for i in nodes
+                     if rule.selector.matches(i)]
+        if before_act:
+            before_act()
+        results = self.actuator.apply(RunContext(now=self.now, dry_run=self.dry_run), nodes, decisions, [rule])
+        return {r.instance_id: r for r in results}
+
+    def node(self, name: str = NODE) -> dict:
+        return self.stub.get("nodes", "", name)
+
+    def cordons(self) -> list:
+        return [r for r in self.stub.calls(verb="patch", resource="nodes") if "spec" in (r.body or {})]
+
+    def rows(self, kind: ActionKind | None = None):
+        return [a for a in self.store.action_rows() if kind is None or a.kind == kind]
+
+    def notices(self, prefix: str) -> list:
+        return [m for m in self.notifier.sent if m.key.startswith(f"{prefix}:{NID}")]
+
+
+@pytest.fixture
+def world(kube_stub, tmp_path):
+    fill(kube_stub)
+    return World(kube_stub, tmp_path)
+
+
+def idle_then_marked(world: World) -> None:
+    """Ticks every 5 min until the node has been free for the rule's hour: then marked and warned."""
+    for minute in range(0, 60, 5):
+        assert NID not in world.tick(minute)  # not empty for the window yet: nothing done
+    result = world.tick(60)[NID]
+    assert result.kind == ActionKind.MARK and result.ok
+    assert MARK_ANNOTATION in world.node()["metadata"]["annotations"]
+
+
+def assert_cordoned_once(world: World) -> None:
+    assert len(world.cordons()) == 1
+    node = world.node()
+    assert node["spec"]["unschedulable"] is True and CORDONED_ANNOTATION in node["metadata"]["annotations"]
+    assert MARK_ANNOTATION not in node["metadata"]["annotations"]
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "done"
+    assert not world.store.action_rows(status=("pending", "unconfirmed", "applied"))
+    assert len(world.notices("warn")) == 1 and len(world.notices("stop")) == 1
+    # Never an eviction, a deletion, or a change to anything but the node.
+    assert not world.stub.calls(verb="create", resource="pods/eviction")
+    assert not world.stub.calls(verb="delete")
+    assert {r.resource for r in world.stub.calls(verb="patch")} == {"nodes"}
+
+
+def test_an_empty_gpu_node_is_warned_then_cordoned_after_the_full_lead(world):
+    idle_then_marked(world)
+    [warning] = world.notices("warn")
+    assert "Idle GPU node" in warning.text and "will be cordoned" in warning.text and "$32.77/h" in warning.text
+    assert "Karpenter NodePool 'gpu-pool'" in warning.text
+    assert BUSY not in " ".join(m.text for m in world.notifier.sent)  # the node with a GPU pod is left alone
+    assert world.tick(70) == {} or NID not in world.tick(70)  # within the lead: nothing
+    assert not world.cordons()
+    result = world.tick(76)[NID]
+    assert result.ok and result.kind == ActionKind.STOP
+    [cordon] = world.cordons()
+    # One PATCH, preconditioned on the resourceVersion of the read that showed the mark.
+    assert cordon.body["spec"] == {"unschedulable": True}
+    assert cordon.body["metadata"]["resourceVersion"]
+    world.tick(80)
+    assert_cordoned_once(world)
+    [done] = world.notices("stop")
+    assert done.text.startswith("Cordoned idle GPU node k8s:node/gpu-node-1")
+    assert "Once its autoscaler removes it, that saves $32.77/h." in done.text  # a cordon alone saves nothing
+
+
+def test_a_gpu_pod_scheduled_between_mark_and_cordon_prevents_it_and_withdraws_the_mark(world):
+    idle_then_marked(world)
+    # The pod lands after this tick's listing and plan, right before the cordon: the re-read just before it wins.
+    result = world.tick(76, before_act=lambda: world.stub.add("pods", pod_obj("ml", "late-job", NODE)))[NID]
+    assert not result.ok and "a GPU pod was scheduled onto it since the warning (ml/late-job)" in (result.error or "")
+    assert world.cordons() == []
+    assert world.node()["spec"].get("unschedulable") is not True
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "failed"
+    # The next tick sees the pod: no longer empty, the mark removed and the warning's thread told why.
+    result = world.tick(80)[NID]
+    assert result.kind == ActionKind.UNMARK and "ml/late-job" in result.reason
+    assert MARK_ANNOTATION not in world.node()["metadata"]["annotations"]
+    assert world.store.get_mark(NID) is None
+    [cancelled] = [m for m in world.notifier.sent if m.text.startswith("Stop cancelled")]
+    assert "ml/late-job" in cancelled.text
+    assert world.cordons() == []
+
+
+@pytest.mark.parametrize("lost", [500, 0], ids=["cordon_lost_answer_500", "cordon_lost_answer_reset"])
+def test_a_cordon_whose_answer_is_lost_is_read_back_done_and_never_repeated(world, lost):
+    idle_then_marked(world)
+    world.stub.lose_answer_next(lost, "patch", "nodes")
+    result = world.tick(76)[NID]
+    assert result.ok
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "done" and "confirmed by read-back" in (row.error or "")
+    assert [r.status for r in world.cordons()] == [lost]
+    world.tick(80)
+    world.tick(90)
+    assert_cordoned_once(world)
+
+
+@pytest.mark.parametrize("labels,annotations,says", [
+    (KARPENTER, {"karpenter.sh/do-not-disrupt": "true"}, "karpenter.sh/do-not-disrupt=true"),
+    ({"eks.amazonaws.com/nodegroup": "ml-a100"}, {}, "set the node group's desired size"),
+])
+def test_a_node_that_must_not_be_cordoned_is_warned_notify_only_with_what_to_do(kube_stub, tmp_path, labels,
+                                                                                  annotations, says):
+    fill(kube_stub, labels, annotations)
+    world = World(kube_stub, tmp_path)
+    for minute in range(0, 65, 5):
+        world.tick(minute)
+    [notice] = [m for m in world.notifier.sent if NID in m.key]
+    assert notice.key.startswith("idle:") or "not be cordoned" in notice.text
+    assert says in notice.text
+    world.tick(120)
+    assert world.cordons() == [] and not world.rows(ActionKind.STOP)
+    assert MARK_ANNOTATION not in (world.node()["metadata"].get("annotations") or {})
+
+
+def test_drain_off_reports_the_empty_node_and_changes_nothing(kube_stub, tmp_path):
+    fill(kube_stub)
+    world = World(kube_stub, tmp_path, drain_nodes=False)
+    for minute in range(0, 125, 5):
+        world.tick(minute)
+    [notice] = [m for m in world.notifier.sent if NID in m.key]
+    assert notice.text.startswith("GPU node k8s:node/gpu-node-1")
+    assert "drain is off" in notice.text and "kubernetes.drain_nodes: true" in notice.text
+    assert "Karpenter NodePool 'gpu-pool' removes an empty node" in notice.text
+    assert not world.stub.calls(verb="patch")
+
+
+def test_uncordon_undoes_only_gpufinops_own_cordon(world):
+    idle_then_marked(world)
+    world.tick(76)
+    outcome = restore_workload(world.cloud, world.store, f"node/{NODE}", world.now, dry_run=False, who="alice")
+    assert outcome.ok, outcome.message
+    node = world.node()
+    assert node["spec"]["unschedulable"] is False and CORDONED_ANNOTATION not in node["metadata"]["annotations"]
+    # Someone else's cordon is theirs.
+    busy = world.node(BUSY)
+    busy["spec"]["unschedulable"] = True
+    world.stub.add("nodes", busy)
+    outcome = restore_workload(world.cloud, world.store, f"node/{BUSY}", world.now, dry_run=False)
+    assert not outcome.ok and "not cordoned by gpufinops" in outcome.message
+    assert world.node(BUSY)["spec"]["unschedulable"] is True
+
+
+def test_verdicts_for_a_cluster_that_cannot_be_read_are_unknown(world):
+    world.tick(0)
+    [v] = empty_gpu_nodes(None, {NODE: world.watch[NODE]}, 3600, {}, read_error="list pods: 503")
+    assert v.verdict == Verdict.UNKNOWN
+    d = node_decision(v, NID, RULE, world.now)
+    assert d.code.is_missing_data and d.verdict == Verdict.UNKNOWN

@@ -1,0 +1,137 @@
+"""The fault matrix's Kubernetes cases (issue 28): the act stage (the real Actuator, a real store) against the API
+stand-in (tests/kubestub.py) through the official client, every request recorded.
+
+- a Kueue suspension whose answer is lost (the stand-in applies it, then answers 500 or closes the connection):
+  exactly one mutating call, the record settled to the real state by reading back (at once, or by the next
+  tick's reconcile when the read-back fails too), one "suspended" notice;
+- the suspension refused by the API server (403, 422): nothing changed, the row failed, the real state read;
+- an HPA appearing after the mark: the scale-down refused, the owner named, the mark withdrawn.
+"A node drained while a GPU pod is scheduled onto it" and a cordon whose answer is lost: tests/faults/test_k8s_drain.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufinops.collect.kubernetes_cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, workload_id
+from gpufinops.k8s.model import SUSPENDED_ANNOTATION, WorkloadRef
+from gpufinops.model import Action, ActionKind, Rule, Selector
+from tests.collect.test_k8s_kueue import JOB, WEB, World, fill
+
+
+@pytest.fixture
+def world(kube_stub, tmp_path):
+    fill(kube_stub)
+    return World(kube_stub, tmp_path)
+
+
+def notices(world: World, prefix: str) -> list:
+    return [m for m in world.notifier.sent if m.key.startswith(f"{prefix}:{workload_id(JOB)}")]
+
+
+def assert_suspended_once(world: World) -> None:
+    """Records equal the cluster: one suspension patch, the Workload deactivated by gpufinops, one done stop row,
+    nothing left unsettled, one warning and one "suspended" notice."""
+    assert len(world.suspensions()) == 1
+    wl = world.workload()
+    assert wl["spec"]["active"] is False and SUSPENDED_ANNOTATION in wl["metadata"]["annotations"]
+    assert MARK_ANNOTATION not in wl["metadata"]["annotations"]
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "done"
+    assert not world.store.action_rows(status=("pending", "unconfirmed", "applied"))
+    assert world.store.get_mark(workload_id(JOB)) is None
+    assert len(notices(world, "warn")) == 1 and len(notices(world, "stop")) == 1
+
+
+@pytest.mark.parametrize("lost", [500, 0], ids=["suspend_lost_answer_500", "suspend_lost_answer_reset"])
+def test_a_suspension_whose_answer_is_lost_is_read_back_done_and_never_repeated(world, lost, caplog):
+    world.tick(0)
+    world.stub.lose_answer_next(lost, "patch", "workloads")
+    result = world.tick(16)[workload_id(JOB)]
+    assert result.ok
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "done" and "confirmed by read-back" in (row.error or "")
+    assert [r.status for r in world.suspensions()] == [lost]
+    assert any("failed" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")  # the signal
+    world.tick(17)
+    world.tick(30)
+    assert_suspended_once(world)
+
+
+def test_a_lost_answer_and_a_failed_read_back_stay_unconfirmed_until_reconciled(world):
+    world.tick(0)
+    world.stub.lose_answer_next(500, "patch", "workloads")
+    take = world.stub.take_injected
+
+    def read_back_fails(verb, resource, after=False):
+        # The read-back right after the lost answer fails too (a 403), once; the reads before the patch do not.
+        if (verb, resource, after) == ("get", "jobs", False) and world.suspensions() and not failed:
+            failed.append(True)
+            return 403
+        return take(verb, resource, after)
+
+    failed: list[bool] = []
+    world.stub.take_injected = read_back_fails
+    world.tick(16)
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "unconfirmed" and "read-back failed" in (row.error or "")
+    assert notices(world, "stop") == []  # nothing announced before the state is known
+    world.tick(16.1)  # the next tick's reconcile reads the Workload: done, announced once, never patched again
+    assert [r.status for r in world.rows(ActionKind.STOP)] == ["done"] and len(notices(world, "stop")) == 1
+    world.tick(20)
+    assert_suspended_once(world)
+
+
+@pytest.mark.parametrize("status", [403, 422])
+def test_a_refused_suspension_changes_nothing_and_is_recorded_failed(world, status):
+    world.tick(0)
+    world.stub.fail_next(status, "patch", "workloads")
+    result = world.tick(16)[workload_id(JOB)]
+    assert not result.ok and str(status) in (result.error or "")
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "failed"
+    assert world.workload()["spec"]["active"] is True
+    assert notices(world, "stop") == []
+
+
+def test_an_hpa_appearing_after_the_mark_refuses_the_scale_down_and_names_it(world):
+    rule = Rule(name="web-idle", threshold_pct=5.0, window_s=600, warning_lead_s=900, action=Action.STOP,
+                selector=Selector(tags={"k8s:kind": ("Deployment",)}))
+    world.tick(0, rule)
+    assert MARK_ANNOTATION in world.stub.get("deployments", WEB.namespace, WEB.name)["metadata"]["annotations"]
+    world.stub.add("horizontalpodautoscalers", {
+        "metadata": {"name": "infer", "namespace": WEB.namespace},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": WEB.name},
+                 "minReplicas": 1, "maxReplicas": 4}})
+    result = world.tick(16, rule)[workload_id(WEB)]
+    assert result.kind == ActionKind.UNMARK and "HorizontalPodAutoscaler 'research/infer'" in result.reason
+    dep = world.stub.get("deployments", WEB.namespace, WEB.name)
+    assert dep["spec"]["replicas"] == 1 and MARK_ANNOTATION not in dep["metadata"]["annotations"]
+    assert REPLICAS_BEFORE_ANNOTATION not in dep["metadata"]["annotations"]
+    assert not [r for r in world.stub.calls(verb="patch", resource="deployments") if "spec" in (r.body or {})]
+    assert not world.rows(ActionKind.STOP)
+    [cancelled] = [m for m in world.notifier.sent if m.text.startswith("Stop cancelled")]
+    assert "HorizontalPodAutoscaler" in cancelled.text
+
+
+def test_an_hpa_appearing_between_the_plan_and_the_patch_refuses_it(world, monkeypatch):
+    """The HPA lands after this tick's listing and plan, before the PATCH: the read just before it refuses."""
+    rule = Rule(name="web-idle", threshold_pct=5.0, window_s=600, warning_lead_s=900, action=Action.STOP,
+                selector=Selector(tags={"k8s:kind": ("Deployment",)}))
+    world.tick(0, rule)
+    listing = world.cloud.list_gpu_instances
+
+    def listed_then_hpa():
+        found = listing()
+        world.stub.add("horizontalpodautoscalers", {
+            "metadata": {"name": "infer", "namespace": WEB.namespace},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": WEB.name}}})
+        return found
+
+    monkeypatch.setattr(world.cloud, "list_gpu_instances", listed_then_hpa)
+    result = world.tick(16, rule)[workload_id(WEB)]
+    assert not result.ok and "managed by HorizontalPodAutoscaler 'research/infer' now" in (result.error or "")
+    [row] = world.rows(ActionKind.STOP)
+    assert row.status == "failed"
+    assert world.stub.get("deployments", WEB.namespace, WEB.name)["spec"]["replicas"] == 1
+    assert not [r for r in world.stub.calls(verb="patch", resource="deployments") if "spec" in (r.body or {})]
+    assert WorkloadRef  # the ids above are the workloads' own

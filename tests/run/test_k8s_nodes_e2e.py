@@ -1,0 +1,117 @@
+"""GPU nodes whose GPU work is gone, end to end through the tick (pipeline.run_once): the cluster read through the
+official client from the API stand-in, the watch of GPU-pod-free time kept in the store, node verdicts under the
+rules that select `k8s:node`, notices and the cordon through the act chokepoint."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from gpufinops.collect.kubernetes import KubernetesCluster, api_client
+from gpufinops.collect.kubernetes_cloud import WorkloadCloud, node_id
+from gpufinops.config import load_settings
+from gpufinops.demo.sim import ConsoleNotifier
+from gpufinops.k8s.model import CORDONED_ANNOTATION, MARK_ANNOTATION, TAG_NODE
+from gpufinops.model import Action, ActionKind, Rule, RunContext, Selector
+from gpufinops.run.nodes import WATCH_KEY
+from gpufinops.run.pipeline import Peers, run_once
+from gpufinops.store.store import Store
+from tests.kubestub import node_obj, pod_obj
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+EMPTY, BUSY = "gpu-empty", "gpu-busy"
+KARPENTER = {"karpenter.sh/nodepool": "gpu-pool"}
+DRAIN = Rule(name="empty-gpu-nodes", threshold_pct=5.0, window_s=3600, warning_lead_s=900, action=Action.DRAIN,
+             selector=Selector(tags={TAG_NODE: ("*",)}))
+NOTIFY = Rule(name="empty-gpu-nodes-notify", threshold_pct=5.0, window_s=3600, action=Action.NOTIFY,
+              selector=Selector(tags={TAG_NODE: ("*",)}))
+
+
+class NoUsage:
+    """No GPU workload runs on the empty node; the busy node's pod is a bare Pod judged without metrics here."""
+
+    def window_usage(self, instances, window_s, now):
+        return {}
+
+
+class Tick:
+    def __init__(self, stub, tmp_path, *, drain_nodes=True):
+        self.stub = stub
+        self.now = T0
+        kubeconfig = stub.write_kubeconfig(tmp_path / "kubeconfig")
+        self.settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
+                                      schedule={"evaluate_every_s": 300},
+                                      kubernetes={"kubeconfig": str(kubeconfig), "drain_nodes": drain_nodes},
+                                      database_url=f"sqlite:///{tmp_path / 'gpufinops.db'}")
+        self.store = Store(self.settings.database_url)
+        self.cloud = WorkloadCloud(KubernetesCluster(api_client(str(kubeconfig)), timeout_s=2.0), lambda *_: 32.77,
+                                   drain_nodes=drain_nodes, clock=lambda: self.now)
+        self.notifier = ConsoleNotifier(self.store, lambda: self.now, lambda _line: None)
+        self.peers = Peers(self.cloud, NoUsage(), self.store, self.notifier)
+
+    def run(self, minutes: float, rules):
+        self.now = T0 + timedelta(minutes=minutes)
+        return run_once(RunContext(now=self.now, dry_run=False), self.settings, rules, self.peers)
+
+    def node(self, name=EMPTY) -> dict:
+        return self.stub.get("nodes", "", name)
+
+    def sent(self, name=EMPTY) -> list:
+        return [m for m in self.notifier.sent if node_id(name) in m.key]
+
+
+@pytest.fixture
+def tick(kube_stub, tmp_path):
+    kube_stub.add("nodes", node_obj(EMPTY, "i-0aaa0000000000001", labels=KARPENTER))
+    kube_stub.add("nodes", node_obj(BUSY, "i-0aaa0000000000002", labels=KARPENTER))
+    kube_stub.add("pods", pod_obj("ml", "train-0", BUSY))
+    return Tick(kube_stub, tmp_path)
+
+
+def test_the_tick_warns_then_cordons_an_empty_gpu_node_and_never_records_it_as_a_decision(tick):
+    for minute in range(0, 60, 5):
+        report = tick.run(minute, [DRAIN])
+        assert not [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    assert tick.store.get_kv(WATCH_KEY)  # kept between ticks, in the store
+    report = tick.run(60, [DRAIN])
+    [mark] = [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    assert mark.kind == ActionKind.MARK and MARK_ANNOTATION in tick.node()["metadata"]["annotations"]
+    assert not [d for d in report.decisions if d.instance_id.startswith("k8s:node/")]  # no cost counted twice
+    tick.run(65, [DRAIN])
+    tick.run(70, [DRAIN])
+    report = tick.run(76, [DRAIN])
+    [cordon] = [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    assert cordon.kind == ActionKind.STOP and cordon.ok
+    node = tick.node()
+    assert node["spec"]["unschedulable"] is True and CORDONED_ANNOTATION in node["metadata"]["annotations"]
+    assert tick.node(BUSY)["spec"].get("unschedulable") is not True and not tick.sent(BUSY)
+    assert [m.key.split(":")[0] for m in tick.sent()] == ["warn", "stop"]
+
+
+def test_a_notify_rule_tells_once_per_episode_and_changes_nothing(kube_stub, tmp_path):
+    kube_stub.add("nodes", node_obj(EMPTY, "i-0aaa0000000000001", labels=KARPENTER))
+    tick = Tick(kube_stub, tmp_path, drain_nodes=False)
+    for minute in range(0, 125, 5):
+        tick.run(minute, [NOTIFY])
+    [notice] = tick.sent()
+    assert notice.text.startswith("GPU node k8s:node/gpu-empty") and "$32.77/h" in notice.text
+    assert not kube_stub.calls(verb="patch")
+
+
+def test_a_failed_listing_judges_no_node_and_steps_no_watch(tick):
+    for minute in range(0, 55, 5):
+        tick.run(minute, [DRAIN])
+    before = tick.store.get_kv(WATCH_KEY)
+    tick.stub.fail_next(503, "list", "pods")
+    report = tick.run(60, [DRAIN])
+    assert report.errors and not [a for a in report.actions if a.instance_id.startswith("k8s:node/")]
+    assert tick.store.get_kv(WATCH_KEY) == before
+    assert MARK_ANNOTATION not in (tick.node()["metadata"].get("annotations") or {})
+    # The next read comes 15 min after the last good one, more than two ticks (5 min) and a minute: what happened
+    # in between was not seen (a GPU pod may have come and gone), so the free time starts again from this read.
+    report = tick.run(65, [DRAIN])
+    assert not [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    from gpufinops.decide.workloads import watch_from_json
+
+    assert watch_from_json(tick.store.get_kv(WATCH_KEY))[EMPTY].free_since == tick.now
