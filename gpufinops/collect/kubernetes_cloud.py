@@ -691,7 +691,8 @@ class NodeCloudMixin:
             log.info("node %s cordoned: no GPU pod for the rule's window", name)
             self._node_event(obj, EVENT_CORDONED,
                              "gpufinops cordoned it: no GPU pod ran on it for the rule's window. Karpenter / "
-                             "cluster-autoscaler remove it, honouring PodDisruptionBudgets. `gpufinops k8s restore "
+                             "cluster-autoscaler can remove it by their own rules, honouring PodDisruptionBudgets. "
+                             "`gpufinops k8s restore "
                              f"node/{name}` uncordons it.")
 
     def uncordon(self, name: str, who: str = "") -> Restored:

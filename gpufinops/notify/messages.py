@@ -233,8 +233,8 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
     if inst is not None and _is_node(inst):
         return (f"To keep it: run a GPU pod on it, or annotate the node `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from it "
-                f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler remove the node; gpufinops evicts "
-                f"no pod.")
+                f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler can remove the node (their "
+                f"own rules decide); gpufinops evicts no pod.")
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -380,10 +380,11 @@ def stopped(
     if _kueue_workload(inst):
         after = (f"Kueue Workload {_v(_kueue_workload(inst), 120)} was set `spec.active: false`: Kueue evicted it and "
                  f"keeps it out of the queue. Resume it with `gpufinops k8s restore <namespace>/Job/<name>` "
-                 f"(`spec.active: true`: Kueue queues it again and it restarts from its last checkpoint).")
+                 f"(`spec.active: true`: Kueue queues it again; it resumes from its last checkpoint if it wrote one).")
     elif _is_node(inst):
         after = (f"Nothing new is scheduled onto it (`spec.unschedulable: true`); Karpenter / cluster-autoscaler "
-                 f"remove it, honouring PodDisruptionBudgets; gpufinops evicts no pod and deletes no node. Undo with "
+                 f"can remove it by their own rules, honouring PodDisruptionBudgets; gpufinops evicts no pod and "
+                 f"deletes no node. Undo with "
                  f"`gpufinops k8s restore node/{_v(inst.private_dns, 120)}`.")
     elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore <namespace>/<name>` (the replica count is kept in "
