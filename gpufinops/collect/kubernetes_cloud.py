@@ -908,12 +908,7 @@ class WorkloadCloud(NodeCloudMixin):
         replicas = spec.get("replicas")
         info = WorkloadInfo(ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
                             replicas if isinstance(replicas, int) else None, str(meta.get("resourceVersion", "")))
-        snap = self.last_snapshot
-        pods = snap.pods_of(ref) if snap else ()
-        nodes = {n.name: n for n in snap.nodes} if snap else {}
-        ns_labels = snap.namespace_labels.get(ref.namespace) if snap else None
-        if ns_labels is None:
-            ns_labels = self._namespace_labels(ref.namespace)
+        pods, nodes, ns_labels = self._seen_with(ref)
         listed = self._listed.get(workload_id(ref))
         inst = workload_instance(ref, info, pods, nodes, ns_labels, listed.hourly_cost if listed else None,
                                  self.protect_key, parse_time(meta.get("creationTimestamp")),
@@ -922,6 +917,17 @@ class WorkloadCloud(NodeCloudMixin):
         # Read alone, the object says whether it is scaled down; pods listed earlier may be gone since.
         return replace(inst, state=workload_state(ref, info.replicas, info.annotations, () if
                                                   scaled_down(info.replicas, info.annotations) else pods))
+
+    def _seen_with(self, ref: WorkloadRef) -> tuple[tuple, dict, dict]:
+        """What this tick's listing saw around a workload read alone: its pods, the GPU nodes by name, and its
+        namespace's labels (read now when the listing did not hold them)."""
+        snap = self.last_snapshot
+        pods = snap.pods_of(ref) if snap else ()
+        nodes = {n.name: n for n in snap.nodes} if snap else {}
+        ns_labels = snap.namespace_labels.get(ref.namespace) if snap else None
+        if ns_labels is None:
+            ns_labels = self._namespace_labels(ref.namespace)
+        return pods, nodes, ns_labels
 
     def _job_instance(self, ref: WorkloadRef) -> GpuInstance | None:
         """A Job read fresh with, when Kueue manages it, its Kueue Workload (None: the Job is gone). A Kueue
@@ -936,12 +942,7 @@ class WorkloadCloud(NodeCloudMixin):
         meta = obj.get("metadata") or {}
         info = WorkloadInfo(ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}), None,
                             str(meta.get("resourceVersion", "")))
-        snap = self.last_snapshot
-        pods = snap.pods_of(ref) if snap else ()
-        nodes = {n.name: n for n in snap.nodes} if snap else {}
-        ns_labels = snap.namespace_labels.get(ref.namespace) if snap else None
-        if ns_labels is None:
-            ns_labels = self._namespace_labels(ref.namespace)
+        pods, nodes, ns_labels = self._seen_with(ref)
         queued = KUEUE_QUEUE_LABEL in info.labels or any(KUEUE_QUEUE_LABEL in p.labels for p in pods)
         kueue = self._kueue_list(ref.namespace).get(ref) if queued else None
         listed = self._listed.get(workload_id(ref))

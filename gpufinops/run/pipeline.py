@@ -354,10 +354,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     try:
         report.actions = actuator.apply(ctx, running, decisions, rules)
     except LeaseLost as exc:
-        # Another scheduler took over mid-tick: it acts from now on; this one changes nothing more.
-        log.warning("lease lost during the act stage, nothing more is changed this tick: %s", exc)
-        report.errors.append(f"lease: {exc}")
-        return with_store_status(report, peers.store)
+        return lease_lost(report, peers.store, "during the act stage", exc)
     except SQLAlchemyError as exc:
         return database_failed(report, "acting", exc)
     if record:
@@ -365,9 +362,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
             # Kubernetes GPU nodes whose GPU work is gone: their own pass, from this tick's cluster listing.
             report.actions += judge_and_act_on_nodes(ctx, settings, rules, peers, report.actions)
         except LeaseLost as exc:
-            log.warning("lease lost while acting on GPU nodes, nothing more is changed this tick: %s", exc)
-            report.errors.append(f"lease: {exc}")
-            return with_store_status(report, peers.store)
+            return lease_lost(report, peers.store, "while acting on GPU nodes", exc)
         except SQLAlchemyError as exc:
             return database_failed(report, "acting on GPU nodes", exc)
         except Exception as exc:  # noqa: BLE001 - the tick's other work stands; nodes are judged again next tick
@@ -375,6 +370,13 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
             report.errors.append(f"kubernetes nodes: {exc}")
     alert_missing_data(ctx, settings, decisions, by_id, peers.store, peers.notifier)
     return with_store_status(report, peers.store)
+
+
+def lease_lost(report: RunReport, store: Store, when: str, exc: Exception) -> RunReport:
+    """Another scheduler took over mid-tick: it acts from now on; this one changes nothing more."""
+    log.warning("lease lost %s, nothing more is changed this tick: %s", when, exc)
+    report.errors.append(f"lease: {exc}")
+    return with_store_status(report, store)
 
 
 def database_failed(report: RunReport, doing: str, exc: Exception) -> RunReport:
