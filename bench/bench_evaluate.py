@@ -54,6 +54,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -222,7 +223,8 @@ def age_kept_reasons(source, seconds: float) -> None:
 # --------------------------------------------------------------------------- client time against raw PromQL
 
 
-def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, repeat: int) -> list[tuple]:
+def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, repeat: int,
+                before=None) -> list[tuple]:
     from concurrent.futures import ThreadPoolExecutor
 
     from gpufinops.collect.prometheus import InstanceMatcher, parse_body, plan_detail
@@ -244,23 +246,30 @@ def client_rows(engine: str, url: str, instances, window_s: int, now: datetime, 
     def raw() -> int:  # the tick's two rounds: the fixed set, then the detail reads
         return send(list(fixed.values())) + (send(detail) if detail else 0)
 
-    def tick() -> int:
-        source.window_usage(instances, window_s, now)
-        return 0
+    def ticker(metrics_class):
+        tick_source = metrics_class(settings)
 
+        def tick() -> int:
+            tick_source.window_usage(instances, window_s, now)
+            return 0
+        return tick
+
+    # `--before`: the tick of another version of collect/prometheus.py, interleaved in the same run.
+    ticks = {"tick": ticker(PrometheusMetrics), **({"tick, before": ticker(before)} if before is not None else {})}
     answer_bytes = raw()
-    tick()  # warm
-    wall: dict[str, list[float]] = {"raw": [], "tick": []}
-    cpu: dict[str, list[float]] = {"raw": [], "tick": []}
+    for tick in ticks.values():
+        tick()  # warm
+    wall: dict[str, list[float]] = {"raw": [], **{what: [] for what in ticks}}
+    cpu: dict[str, list[float]] = {what: [] for what in wall}
     for _ in range(repeat):
-        for what, fn in (("raw", raw), ("tick", tick)):
+        for what, fn in (("raw", raw), *ticks.items()):
             c0, t0 = time.process_time(), time.perf_counter()
             fn()
             wall[what].append(time.perf_counter() - t0)
             cpu[what].append(time.process_time() - c0)
     med = {k: statistics.median(v) for k, v in wall.items()}
-    return [(engine, len(fixed) + len(detail), answer_bytes / 2**20, med["raw"], statistics.median(cpu["raw"]),
-             med["tick"], statistics.median(cpu["tick"]), med["tick"] / med["raw"])]
+    return [(engine, what, len(fixed) + len(detail), answer_bytes / 2**20, med["raw"], statistics.median(cpu["raw"]),
+             med[what], statistics.median(cpu[what]), med[what] / med["raw"]) for what in ticks]
 
 
 # --------------------------------------------------------------------------- sharded ticks: memory and wall
@@ -454,6 +463,9 @@ def main() -> int:
                     help="e.g. 1,4: sharded ticks against their raw PromQL, each in a fresh process: wall, client "
                          "CPU, peak RSS (skips the engine CPU table)")
     ap.add_argument("--shard-parallelism", type=int, default=2, help="shards in flight at once (default 2)")
+    ap.add_argument("--engine-cpus", default="", help="pin the engine to these cores (taskset list, e.g. 0) and "
+                                                      "this process to --client-cpus: no core shared between them")
+    ap.add_argument("--client-cpus", default="1", help="with --engine-cpus: this process's cores (default 1)")
     args = ap.parse_args()
     before = load_before(args.before) if args.before else None
     now = datetime.fromtimestamp(int(time.time()) // SCRAPE_S * SCRAPE_S, timezone.utc)
@@ -471,6 +483,10 @@ def main() -> int:
                 t0 = time.perf_counter()
                 server = start_engine(engine, Path(tmp), series)
                 log(f"{n_gpus} GPUs: {engine} ready in {time.perf_counter() - t0:.1f}s at {server.url}")
+                if args.engine_cpus:  # the engine on cores of its own, as on a server of its own
+                    subprocess.run(["taskset", "-a", "-p", "-c", args.engine_cpus, str(server.process.pid)],
+                                   check=True, capture_output=True)
+                    os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
                 try:
                     if args.shards:
                         counts = [int(c) for c in args.shards.split(",")]
@@ -483,9 +499,10 @@ def main() -> int:
                         cpu.append((n_gpus, *row))
                         log(f"{n_gpus} GPUs: {row[0]} {row[1]}: {row[2]:.2f} CPU-s")
                     if args.client:
-                        for row in client_rows(engine, server.url, instances, args.window, now, args.repeat):
+                        for row in client_rows(engine, server.url, instances, args.window, now, args.repeat,
+                                               before):
                             client.append((n_gpus, *row))
-                            log(f"{n_gpus} GPUs: {engine} client: tick {row[5]:.2f} s / raw {row[3]:.2f} s wall")
+                            log(f"{n_gpus} GPUs: {engine} client: {row[1]} {row[6]:.2f} s / raw {row[4]:.2f} s wall")
                     if args.wall:
                         wall += [(n_gpus, engine, *r) for r in wall_rows(server.url, instances, args.window, now,
                                                                           args.naive)]
@@ -502,7 +519,7 @@ def main() -> int:
                "tick peak RSS over base MiB", "tick / raw wall", "instances with errors", "result signature"),
               sharded)
     if client:
-        table(("GPUs", "engine", "HTTP queries", "answers MiB", "raw PromQL wall s", "raw client CPU-s",
+        table(("GPUs", "engine", "what", "HTTP queries", "answers MiB", "raw PromQL wall s", "raw client CPU-s",
                "tick wall s", "tick client CPU-s", "tick / raw wall"), client)
     if wall:
         table(("GPUs", "engine", "method", "wall s", "HTTP queries", "py peak MiB", "peak RSS MiB", "errors",

@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 import msgspec
@@ -586,6 +586,9 @@ class _Agg:
         return out_of_range(f"{_SIGNAL_WORDS[metric]} {found[0]}", SOURCE, found[1]) if found else ""
 
 
+# A signal no answer had, read by `_Gpu.stats` and never written: one instance, not one per GPU and signal.
+_NOT_READ = _Agg()
+
 # The range of each signal's values, in its own unit.
 _VALUE_LIMIT = {
     GPU_UTIL: lambda limits: ACTIVITY_PCT,
@@ -607,12 +610,12 @@ class _Gpu:
 
     def stats(self, key: str, limits: GpuLimits) -> GpuWindowStats:
         """The GPU's window figures; `invalid` when any number read for any of its signals is implausible."""
-        util = self.signals.get(GPU_UTIL, _Agg())
-        gr = self.signals.get(GR_ENGINE_ACTIVE, _Agg())
-        fb = self.signals.get(FB_USED, _Agg())
-        power = self.signals.get(POWER_USAGE, _Agg())
-        procs = self.signals.get(PROCESSES, _Agg())
-        second, second_signal = _Agg(), ""
+        util = self.signals.get(GPU_UTIL, _NOT_READ)
+        gr = self.signals.get(GR_ENGINE_ACTIVE, _NOT_READ)
+        fb = self.signals.get(FB_USED, _NOT_READ)
+        power = self.signals.get(POWER_USAGE, _NOT_READ)
+        procs = self.signals.get(PROCESSES, _NOT_READ)
+        second, second_signal = _NOT_READ, ""
         if gr.count > 0:  # preferred; GPU_UTIL, where the GPU has it too, must agree before IDLE
             signal, act, scale = GR_ENGINE_ACTIVE, gr, 100.0  # ratio -> percent
             if util.count > 0:
@@ -620,7 +623,7 @@ class _Gpu:
         elif util.count > 0:
             signal, act, scale = GPU_UTIL, util, 1.0
         else:
-            signal, act, scale = GPU_UTIL, _Agg(), 1.0
+            signal, act, scale = GPU_UTIL, _NOT_READ, 1.0
 
         def scaled(v: float | None) -> float | None:
             return None if v is None else v * scale
@@ -913,39 +916,68 @@ def narrowing(labels: Mapping[str, str], by_labels: Sequence[str]) -> tuple[str,
     return None
 
 
-def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], matcher: InstanceMatcher,
-                window_s: int, expected_samples: int, max_points: int | None = None) -> Detail:
-    """Pure: the GPUs of requested instances whose clean figures show invalid samples (`needs_detail`),
-    and the queries for their raw samples, narrowed by label matchers; none when no GPU needs them."""
-    by = promql.by_labels
-    wanted: dict[str, dict[str, set[str]]] = {}  # signal -> narrowing label -> values
-    unnarrowable: set[str] = set()
-    pairs = set()
-    detailed = _DetailedRows()
-    for host_metric, rows in rows_by_signal.items():
+@dataclass
+class DetailWanted:
+    """What the clean answers read so far ask of the detail read (`plan_detail`, in steps): the (signal, GPU)
+    pairs with invalid samples, the narrowing label values that pick them out, the signals that cannot be
+    narrowed. Each answer adds its own (`add`): a signal comes from one query only (FOLDED), so the pairs one
+    answer adds are final for its signals as soon as it lands."""
+
+    pairs: set[tuple[str, Identity]] = field(default_factory=set)
+    wanted: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # signal -> narrowing label -> values
+    unnarrowable: set[str] = field(default_factory=set)
+
+    def add(self, host_metric: str, rows: Sequence[Row], matcher: InstanceMatcher, by: Sequence[str]
+            ) -> set[tuple[str, Identity]]:
+        """Note the GPUs of requested instances whose figures in this answer show invalid samples
+        (`needs_detail`); returns this answer's pairs."""
+        added: set[tuple[str, Identity]] = set()
+        detailed = _DetailedRows()
         for labels, host_agg, value in rows:
             metric, agg = detailed.signal(host_metric, host_agg)
             if metric is None or not needs_detail(agg, value) or matcher.match(labels) is None:
                 continue
-            pairs.add((metric, identity(labels, by)))
+            added.add((metric, identity(labels, by)))
             pick = narrowing(labels, by)
             if pick is None:
-                unnarrowable.add(metric)
+                self.unnarrowable.add(metric)
             else:
-                wanted.setdefault(metric, {}).setdefault(pick[0], set()).add(pick[1])
-    queries: dict[tuple[str, str, str], str] = {}
-    n_gpus = len(pairs)
-    too_many = n_gpus * max(expected_samples, 1) > (MAX_DETAIL_POINTS if max_points is None else max_points)
-    for metric in sorted({m for m, _ in pairs}):
-        if too_many or metric in unnarrowable:
-            queries[(metric, DIRTY, "")] = promql.dirty_query(metric, window_s)
-            continue
-        for label, values in sorted(wanted[metric].items()):
-            ordered = sorted(values)
-            for i in range(0, len(ordered), DETAIL_GPUS_PER_QUERY):
-                queries[(metric, RAW, f"{label}#{i}")] = promql.detail_query(
-                    metric, window_s, label, ordered[i:i + DETAIL_GPUS_PER_QUERY])
-    return Detail(frozenset(pairs), queries)
+                self.wanted.setdefault(metric, {}).setdefault(pick[0], set()).add(pick[1])
+        self.pairs |= added
+        return added
+
+    def plan(self, promql: PromQL, window_s: int, expected_samples: int, max_points: int | None = None) -> Detail:
+        """The raw-sample queries for every pair noted, narrowed by label matchers; the whole-fleet DIRTY
+        subquery instead for a signal that cannot be narrowed or when there are too many samples to read raw."""
+        queries: dict[tuple[str, str, str], str] = {}
+        too_many = len(self.pairs) * max(expected_samples, 1) > (
+            MAX_DETAIL_POINTS if max_points is None else max_points)
+        for metric in sorted({m for m, _ in self.pairs}):
+            if too_many or metric in self.unnarrowable:
+                queries[(metric, DIRTY, "")] = promql.dirty_query(metric, window_s)
+                continue
+            for label, values in sorted(self.wanted[metric].items()):
+                ordered = sorted(values)
+                for i in range(0, len(ordered), DETAIL_GPUS_PER_QUERY):
+                    queries[(metric, RAW, f"{label}#{i}")] = promql.detail_query(
+                        metric, window_s, label, ordered[i:i + DETAIL_GPUS_PER_QUERY])
+        return Detail(frozenset(self.pairs), queries)
+
+
+def plan_detail(promql: PromQL, rows_by_signal: Mapping[str, Sequence[Row]], matcher: InstanceMatcher,
+                window_s: int, expected_samples: int, max_points: int | None = None) -> Detail:
+    """Pure: the GPUs of requested instances whose clean figures show invalid samples (`needs_detail`),
+    and the queries for their raw samples, narrowed by label matchers; none when no GPU needs them."""
+    wanted = DetailWanted()
+    for host_metric, rows in rows_by_signal.items():
+        wanted.add(host_metric, rows, matcher, promql.by_labels)
+    return wanted.plan(promql, window_s, expected_samples, max_points)
+
+
+def detail_rows(metric: str, kind: str, found: Sequence[Row], by: Sequence[str], pairs) -> Sequence[Row]:
+    """The rows of one detail answer that count: a raw read keeps only the GPUs that needed it, since the
+    narrowing label may select more than were asked for."""
+    return [r for r in found if (metric, identity(r[0], by)) in pairs] if kind == RAW else found
 
 
 def with_detail(clean: Mapping[tuple[str, str], Sequence[Row]], extra: Mapping[tuple, Sequence[Row]],
@@ -954,9 +986,7 @@ def with_detail(clean: Mapping[tuple[str, str], Sequence[Row]], extra: Mapping[t
     those GPUs' series, since the narrowing label may select more than were asked for."""
     answers: dict[tuple[str, str], Sequence[Row]] = dict(clean)
     for (metric, kind, _label), found in extra.items():
-        if kind == RAW:
-            found = [r for r in found if (metric, identity(r[0], by)) in pairs]
-        answers[(metric, kind)] = [*answers.get((metric, kind), ()), *found]
+        answers[(metric, kind)] = [*answers.get((metric, kind), ()), *detail_rows(metric, kind, found, by, pairs)]
     return answers
 
 
@@ -1018,10 +1048,16 @@ class PrometheusMetrics:
         return parse_body(key, self.reader.instant_body(promql, at))
 
     def _all(self, queries: Mapping[Any, str], kind_of, at: float) -> dict[Any, list[Row]]:
-        # Concurrent: Prometheus evaluates queries in parallel, so the wall time is that of the slowest.
+        return dict(self._landing(queries, kind_of, at))
+
+    def _landing(self, queries: Mapping[Any, str], kind_of, at: float) -> Iterator[tuple[Any, list[Row]]]:
+        """(key, rows) of each query as its answer lands. Concurrent: Prometheus evaluates queries in parallel,
+        so the wall time is that of the slowest; the caller works on each answer while the others are computed.
+        The first failed query raises (QueryFailed), after the others have ended."""
         with ThreadPoolExecutor(max_workers=max(len(queries), 1)) as pool:
-            futures = {key: pool.submit(self._query, kind_of(key), q, at) for key, q in queries.items()}
-            return {key: f.result() for key, f in futures.items()}
+            futures = {pool.submit(self._query, kind_of(key), q, at): key for key, q in queries.items()}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
 
     def window_usage(
         self, instances: Sequence[GpuInstance], window_s: int, now: datetime
@@ -1079,28 +1115,42 @@ class PrometheusMetrics:
             due = set(range(REASON_SLOTS))
         reasons: bool | str = (True if len(due) == REASON_SLOTS else
                                slots_matcher(label, due, REASON_SLOTS, unlabelled=True) if due else False)
+        # The other instances' profiling figures as last read (their slots are not due), with their ages.
+        ages = [0.0 if slot in due else at - kept[slot].at for slot in range(REASON_SLOTS)]
+        old = [kept[slot] for slot in range(REASON_SLOTS) if slot not in due]
+        old_pairs = frozenset().union(*(k.pairs for k in old))
+        fold = UsageFold(instances, window_s, expected, label, tuple(self.settings.hostname_labels),
+                         profiling_age_of=lambda labels: ages[shard_of(labels.get(label, ""), REASON_SLOTS)])
+        by = promql.by_labels
+        wanted = DetailWanted()
         try:
-            clean = self._all(promql.queries(window_s, reasons), lambda k: k, at)
-            rows = {metric: r for (metric, _kind), r in clean.items()}
-            detail = plan_detail(promql, rows, matcher, window_s, expected)
-            extra = self._all(detail.queries, lambda k: k[:2], at)
+            # Each answer is folded as it lands, while the engine still computes the others: its invalid-sample
+            # pairs are final on landing (a signal comes from one query), so its clean rows can be counted.
+            clean: dict[tuple[str, str], list[Row]] = {}
+            for key, rows in self._landing(promql.queries(window_s, reasons), lambda k: k, at):
+                clean[key] = rows
+                fold.add(key, rows, wanted.add(key[0], rows, matcher, by) | old_pairs)
+            detail = wanted.plan(promql, window_s, expected)
+            extra: dict[tuple[str, str, str], Sequence[Row]] = {}
+            for key, found in self._landing(detail.queries, lambda k: k[:2], at):
+                extra[key] = detail_rows(key[0], key[1], found, by, detail.pairs)
+                fold.add(key[:2], extra[key])
         except QueryFailed as exc:
             return {
                 inst.instance_id: InstanceUsage(inst.instance_id, window_s, expected, (), error=f"{where}{exc}")
                 for inst in instances
             }
-        answers = with_detail(clean, extra, promql.by_labels, detail.pairs)
-        pairs = detail.pairs
+        for part in old:
+            for key, rows in part.joined({}).items():
+                fold.add(key, rows, part.pairs)
         if due:
-            fresh = _KeptReasons.of(answers, pairs, at)
+            answers = dict(clean)
+            for (metric, kind, _label), rows in extra.items():
+                answers[(metric, kind)] = [*answers.get((metric, kind), ()), *rows]
+            fresh = _KeptReasons.of(answers, detail.pairs, at)
             for slot in due:
-                kept[slot] = fresh.part(label, promql.by_labels, slot)
-        for slot in set(range(REASON_SLOTS)) - due:  # the other instances' figures as last read
-            answers, pairs = kept[slot].joined(answers), pairs | kept[slot].pairs
-        ages = [at - kept[slot].at for slot in range(REASON_SLOTS)]
-        return usage_from_answers(answers, instances, window_s, expected, label,
-                                  tuple(self.settings.hostname_labels), detailed=pairs,
-                                  profiling_age_of=lambda labels: ages[shard_of(labels.get(label, ""), REASON_SLOTS)])
+                kept[slot] = fresh.part(label, by, slot)
+        return fold.usage()
 
 
 @dataclass(frozen=True)
@@ -1156,25 +1206,48 @@ def usage_from_answers(
     combined per GPU, every number range-checked on the way (see gpufinops.metric_ranges). For the
     (signal, GPU) pairs in `detailed` the clean figures held invalid samples: only their valid samples
     (dirty/raw answers) count. `profiling_age_of(labels)`: how old the REASON_SIGNALS rows of that GPU are."""
-    matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
-    by = gpu_identity_labels(instance_label, hostname_labels)
-    per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
-    # Everything a row's labels decide (its instance, its GPU) depends on its identity labels only: worked out
-    # once per identity, not once per row (a GPU has some 20 rows). None: a GPU of no requested instance.
-    gpus: dict[Identity, _Gpu | None] = {}
-    signals: dict[tuple[str, str], tuple[str, str]] = {}  # (queried signal, agg label) -> signal_of
-    dirty: dict[str, set[Identity]] = {}
-    for metric, ident in detailed:
-        dirty.setdefault(metric, set()).add(ident)
-    for (host_metric, kind), rows in answers.items():
+    fold = UsageFold(instances, window_s, expected_samples, instance_label, hostname_labels, profiling_age_of)
+    for key, rows in answers.items():
+        fold.add(key, rows, detailed)
+    return fold.usage()
+
+
+class UsageFold:
+    """`usage_from_answers` in steps, so that the tick folds each answer as it lands, while the engine still
+    works on the others (BENCHMARKS.md, "Client time per tick"): `add` one answer's rows, then `usage` once.
+    The same figures whatever the order the answers are added in: each signal's numbers are combined by sums,
+    maxima and minima, and a GPU's labels are the same in every answer."""
+
+    def __init__(self, instances: Sequence[GpuInstance], window_s: int, expected_samples: int,
+                 instance_label: str = "instance_id", hostname_labels: tuple[str, ...] = ("Hostname", "hostname"),
+                 profiling_age_of: Callable[[Mapping[str, str]], float] | None = None):
+        self.instances, self.window_s, self.expected_samples = instances, window_s, expected_samples
+        self.matcher = InstanceMatcher.build(instances, instance_label, hostname_labels)
+        self.by = gpu_identity_labels(instance_label, hostname_labels)
+        self.profiling_age_of = profiling_age_of
+        self.per_instance: dict[str, dict[str, _Gpu]] = {inst.instance_id: {} for inst in instances}
+        # Everything a row's labels decide (its instance, its GPU) depends on its identity labels only: worked
+        # out once per identity, not once per row (a GPU has some 20 rows). None: a GPU of no requested instance.
+        self.gpus: dict[Identity, _Gpu | None] = {}
+        self.signals: dict[tuple[str, str], tuple[str, str]] = {}  # (queried signal, agg label) -> signal_of
+
+    def add(self, key: tuple[str, str], rows: Sequence[Row], detailed=frozenset()) -> None:
+        """Fold one answer's rows. `detailed`: the (signal, GPU) pairs whose clean figures held invalid samples
+        (at least those of this answer's signals): their clean rows are checked, not counted."""
+        host_metric, kind = key
         clean = kind == CLEAN
+        dirty: dict[str, set[Identity]] = {}
+        if clean:
+            for metric, ident in detailed:
+                dirty.setdefault(metric, set()).add(ident)
+        by, gpus, signals, age_of = self.by, self.gpus, self.signals, self.profiling_age_of
         for labels, host_agg, value in rows:
             ident = identity(labels, by)
             gpu = gpus.get(ident, _UNSEEN)
             if gpu is _UNSEEN:
-                gpu = gpus[ident] = _gpu_of(labels, matcher, per_instance)
-                if gpu is not None and profiling_age_of is not None:
-                    gpu.profiling_age_s = max(gpu.profiling_age_s, profiling_age_of(labels))
+                gpu = gpus[ident] = _gpu_of(labels, self.matcher, self.per_instance)
+                if gpu is not None and age_of is not None:
+                    gpu.profiling_age_s = max(gpu.profiling_age_s, age_of(labels))
             if gpu is None:
                 continue
             pair = signals.get((host_metric, host_agg))
@@ -1189,22 +1262,24 @@ def usage_from_answers(
                 signal.check(agg, value)  # but a count no query can answer still says the layer is broken
                 continue
             signal.add(agg, value)
-    by_id = {inst.instance_id: inst for inst in instances}
-    limits: dict[tuple, GpuLimits] = {}  # a fleet has a handful of GPU models
 
-    def limits_of(inst: GpuInstance, model_name: str) -> GpuLimits:
-        key = (inst.gpu_model, inst.gpu_memory_gib, model_name)
-        if key not in limits:
-            limits[key] = gpu_limits(inst, model_name, expected_samples)
-        return limits[key]
+    def usage(self) -> dict[str, InstanceUsage]:
+        by_id = {inst.instance_id: inst for inst in self.instances}
+        limits: dict[tuple, GpuLimits] = {}  # a fleet has a handful of GPU models
 
-    return {
-        iid: InstanceUsage(iid, window_s, expected_samples, tuple(
-            g.stats(k, limits_of(by_id[iid], g.model_name))
-            for k, g in sorted(gpus.items(), key=_gpu_sort)
-        ))
-        for iid, gpus in per_instance.items()
-    }
+        def limits_of(inst: GpuInstance, model_name: str) -> GpuLimits:
+            key = (inst.gpu_model, inst.gpu_memory_gib, model_name)
+            if key not in limits:
+                limits[key] = gpu_limits(inst, model_name, self.expected_samples)
+            return limits[key]
+
+        return {
+            iid: InstanceUsage(iid, self.window_s, self.expected_samples, tuple(
+                g.stats(k, limits_of(by_id[iid], g.model_name))
+                for k, g in sorted(gpus.items(), key=_gpu_sort)
+            ))
+            for iid, gpus in self.per_instance.items()
+        }
 
 
 _UNSEEN = object()
