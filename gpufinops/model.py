@@ -143,6 +143,10 @@ class GpuInstance:
     # "estimate: ..." = a guess (a rented host priced from the catalog's GPU model, gpufinops.host_prices), shown
     # as "(estimate)" wherever the price is; other words name a price a person configured.
     price_source: str = ""
+    # Why this listing could not read all of gpufinops' own tags of the instance ("" when it did): a Kueue job's
+    # mark lives on its Kueue Workload, whose list can fail while the job is listed. The act stage then keeps an
+    # earlier mark as it is, never taking a tag it did not read for one a person removed.
+    tags_unread: str = ""
 
     @property
     def family(self) -> str:

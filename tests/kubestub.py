@@ -12,7 +12,12 @@ REST API gpufinops calls, with the answers' real shapes:
   * injected failures: `forbid(verb, resource)` answers 403 with Kubernetes' Status body, `conflict_next(...)`
     answers 409 once, `fail_next(status)` any status once (422 Invalid, 500, ...), `lose_answer_next(status)` makes
     the change and then answers `status` or (0) closes the connection unanswered;
-  * Kueue's Workload custom resource (kueue.x-k8s.io/v1beta1 workloads; `kueue_workload()` builds one);
+  * Kueue's Workload custom resource (kueue.x-k8s.io/v1beta1 workloads; `kueue_workload()` builds one) and the
+    Kueue-integrated kinds as their controllers make them: JobSet (jobset.x-k8s.io/v1alpha2, its pods owned by its
+    Jobs), Kubeflow's PyTorchJob / TFJob / XGBoostJob / PaddleJob (kubeflow.org/v1) and MPIJob (kubeflow.org/
+    v2beta1), their pods owned by the job itself, and KubeRay's RayJob and RayCluster (ray.io/v1, a RayJob's pods
+    owned by the RayCluster it made): `jobset()`, `pytorchjob()`, `rayjob()` build one with its objects and pods;
+    `remove_crd(resource)` makes every call on a kind answer 404, as a cluster without its CRD does;
   * every request recorded (method, path, query, body, content type, bearer token), like tests/slackstub.py.
 It does not do watches, admission, defaulting, validation, RBAC evaluation or strategic-merge list semantics.
 """
@@ -46,11 +51,22 @@ RESOURCES = {
     "horizontalpodautoscalers": ("/apis/autoscaling/v2", "HorizontalPodAutoscaler", True),
     "scaledobjects": ("/apis/keda.sh/v1alpha1", "ScaledObject", True),  # KEDA's custom resource
     "workloads": ("/apis/kueue.x-k8s.io/v1beta1", "Workload", True),  # Kueue's custom resource
+    # Kueue-integrated training kinds (their CRDs: JobSet, Kubeflow training-operator v1 and MPI operator, KubeRay)
+    "jobsets": ("/apis/jobset.x-k8s.io/v1alpha2", "JobSet", True),
+    "pytorchjobs": ("/apis/kubeflow.org/v1", "PyTorchJob", True),
+    "tfjobs": ("/apis/kubeflow.org/v1", "TFJob", True),
+    "xgboostjobs": ("/apis/kubeflow.org/v1", "XGBoostJob", True),
+    "paddlejobs": ("/apis/kubeflow.org/v1", "PaddleJob", True),
+    "mpijobs": ("/apis/kubeflow.org/v2beta1", "MPIJob", True),
+    "rayjobs": ("/apis/ray.io/v1", "RayJob", True),
+    "rayclusters": ("/apis/ray.io/v1", "RayCluster", True),
 }
 _PREFIX_RESOURCES = {(p, r if r != "events.k8s.io" else "events"): r for r, (p, _, _) in RESOURCES.items()}
 _API_VERSION = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
                 "/apis/events.k8s.io/v1": "events.k8s.io/v1", "/apis/autoscaling/v2": "autoscaling/v2",
-                "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1", "/apis/kueue.x-k8s.io/v1beta1": "kueue.x-k8s.io/v1beta1"}
+                "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1", "/apis/kueue.x-k8s.io/v1beta1": "kueue.x-k8s.io/v1beta1",
+                "/apis/jobset.x-k8s.io/v1alpha2": "jobset.x-k8s.io/v1alpha2",
+                "/apis/kubeflow.org/v1": "kubeflow.org/v1", "/apis/kubeflow.org/v2beta1": "kubeflow.org/v2beta1", "/apis/ray.io/v1": "ray.io/v1"}
 _VERB_OF = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
@@ -86,6 +102,7 @@ class KubeStub:
         self._injected: list[_Injected] = []
         self._version = 1000
         self.lock = threading.RLock()
+        self.absent: set[str] = set()  # resources whose CRD is not installed: every call answers 404
 
     # ------------------------------------------------------------------ the test's side
     def add(self, resource: str, obj: dict) -> dict:
@@ -105,6 +122,12 @@ class KubeStub:
     def get(self, resource: str, namespace: str, name: str) -> dict:
         with self.lock:
             return copy.deepcopy(self.objects[resource][(namespace, name)])
+
+    def remove_crd(self, resource: str) -> None:
+        """The kind's CustomResourceDefinition is not installed: list, get and patch answer 404, as kube-apiserver
+        does for a path it does not serve."""
+        with self.lock:
+            self.absent.add(resource)
 
     def forbid(self, verb: str, resource: str, once: bool = False) -> None:
         """Answer 403 Forbidden to `verb` on `resource` (e.g. "list", "pods"; "patch", "deployments/scale")."""
@@ -313,6 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({self.path})")
         resource, namespace, name, sub = route
+        if resource in stub.absent:
+            return 404, _status(404, "NotFound", "the server could not find the requested resource")
         injected = stub.take_injected(verb, resource_name)
         if injected == 403:
             scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
@@ -472,7 +497,8 @@ def pod_obj(namespace: str, name: str, node: str, *, gpus: int = 1, resource: st
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
     if owner:
         kind, oname = owner
-        api = {"ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1"}.get(kind, "kubeflow.org/v1")
+        api = {"ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1",
+               "RayCluster": "ray.io/v1"}.get(kind, "kubeflow.org/v1")
         meta["ownerReferences"] = [{"apiVersion": api, "kind": kind, "name": oname, "uid": f"uid-{oname}",
                                     "controller": True, "blockOwnerDeletion": True}]
     spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "main", "image": "img",
@@ -501,17 +527,132 @@ def owned(namespace: str, name: str, owner: tuple[str, str] | None = None, repli
 
 
 def kueue_workload(namespace: str, job: str, *, queue: str = "gpu-queue", active: bool = True,
-                   priority_class: str = "", annotations: dict[str, str] | None = None) -> dict:
-    """A Kueue Workload as Kueue makes it for a batch Job (`job-<name>-<hash>`, its controller ownerReference the
-    Job, spec.active defaulted to true, admitted to a ClusterQueue)."""
+                   priority_class: str = "", annotations: dict[str, str] | None = None, kind: str = "Job",
+                   api_version: str = "batch/v1") -> dict:
+    """A Kueue Workload as Kueue makes it for a job (`<kind, lower case>-<name>-<hash>`, its controller
+    ownerReference the job's top object: a batch Job, a JobSet, a PyTorchJob, a RayJob; spec.active defaulted to
+    true, admitted to a ClusterQueue)."""
     spec: dict[str, Any] = {"active": active, "queueName": queue, "podSets": [{"name": "main", "count": 1}]}
     if priority_class:
         spec.update(priorityClassName=priority_class, priorityClassSource="kueue.x-k8s.io/workloadpriorityclass",
                     priority=100)
-    return {"metadata": {"name": f"job-{job}-5b8c1", "namespace": namespace,
+    return {"metadata": {"name": f"{kind.lower()}-{job}-5b8c1", "namespace": namespace,
                          "labels": {"kueue.x-k8s.io/job-uid": f"uid-{job}"}, "annotations": annotations or {},
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                         "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": job,
                                               "uid": f"uid-{job}", "controller": True, "blockOwnerDeletion": True}]},
             "spec": spec,
             "status": {"admission": {"clusterQueue": "cluster-gpu"},
                        "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}]}}
+
+
+# The Kueue-integrated kinds, each with what its controller makes (its objects and GPU pods), as the real API holds
+# them. Each returns {resource: [objects]} for `add_all`; uids are `uid-<name>`, as ownerReferences name them.
+
+
+def _controller_ref(api_version: str, kind: str, name: str) -> dict:
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True,
+            "blockOwnerDeletion": True}
+
+
+def _pod_template(gpus: int) -> dict:
+    return {"spec": {"containers": [{"name": "main", "image": "img", "resources": {
+        "limits": {"nvidia.com/gpu": str(gpus)}}}], "restartPolicy": "Never"}}
+
+
+def _owned_pod(namespace: str, name: str, node: str, owner: dict, gpus: int, labels: dict[str, str],
+               started: datetime | None) -> dict:
+    pod = pod_obj(namespace, name, node, gpus=gpus, labels=labels, started=started)
+    pod["metadata"]["ownerReferences"] = [owner]
+    return pod
+
+
+def jobset(namespace: str, name: str, node: str, *, replicas: int = 2, gpus: int = 2, queue: str = "gpu-queue",
+           labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+           started: datetime | None = None, pod_names: list[str] | None = None) -> dict[str, list[dict]]:
+    """A JobSet (jobset.x-k8s.io/v1alpha2) with one replicatedJob `workers` of `replicas` Jobs
+    (`<jobset>-workers-<i>`, each owned by the JobSet, labelled jobset.sigs.k8s.io/jobset-name) and one GPU pod per
+    Job owned by its Job (`pod_names` to name them)."""
+    meta_labels = {**({"kueue.x-k8s.io/queue-name": queue} if queue else {}), **(labels or {})}
+    top = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+           "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": meta_labels,
+                        "annotations": annotations or {}},
+           "spec": {"suspend": False, "replicatedJobs": [{"name": "workers", "replicas": replicas, "template": {
+               "spec": {"parallelism": 1, "completions": 1, "template": _pod_template(gpus)}}}]},
+           "status": {"replicatedJobsStatus": [{"name": "workers", "active": replicas, "ready": replicas}]}}
+    jobs, pods = [], []
+    for i in range(replicas):
+        job_name = f"{name}-workers-{i}"
+        job_labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "workers"}
+        job = owned(namespace, job_name, labels=job_labels)
+        job["metadata"]["uid"] = f"uid-{job_name}"
+        job["metadata"]["ownerReferences"] = [_controller_ref("jobset.x-k8s.io/v1alpha2", "JobSet", name)]
+        jobs.append(job)
+        pod_name = pod_names[i] if pod_names else f"{job_name}-{i}-x7k2p"
+        pods.append(_owned_pod(namespace, pod_name, node, _controller_ref("batch/v1", "Job", job_name), gpus,
+                               job_labels, started))
+    return {"jobsets": [top], "jobs": jobs, "pods": pods}
+
+
+def pytorchjob(namespace: str, name: str, node: str, *, workers: int = 2, gpus: int = 1, queue: str = "gpu-queue",
+               labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+               started: datetime | None = None) -> dict[str, list[dict]]:
+    """A Kubeflow PyTorchJob (kubeflow.org/v1): a Master and `workers` Workers, each pod (`<name>-master-0`,
+    `<name>-worker-<i>`) owned by the PyTorchJob itself, labelled training.kubeflow.org/*."""
+    meta_labels = {**({"kueue.x-k8s.io/queue-name": queue} if queue else {}), **(labels or {})}
+    top = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": meta_labels,
+                        "annotations": annotations or {}},
+           "spec": {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {
+               "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": _pod_template(gpus)},
+               "Worker": {"replicas": workers, "restartPolicy": "OnFailure", "template": _pod_template(gpus)}}},
+           "status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    owner = _controller_ref("kubeflow.org/v1", "PyTorchJob", name)
+    pods = []
+    for rtype, index in [("master", 0)] + [("worker", i) for i in range(workers)]:
+        pod_labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": rtype,
+                      "training.kubeflow.org/replica-index": str(index)}
+        pods.append(_owned_pod(namespace, f"{name}-{rtype}-{index}", node, owner, gpus, pod_labels, started))
+    return {"pytorchjobs": [top], "pods": pods}
+
+
+def rayjob(namespace: str, name: str, node: str, *, workers: int = 2, gpus: int = 1, queue: str = "gpu-queue",
+           labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+           started: datetime | None = None, pod_names: list[str] | None = None) -> dict[str, list[dict]]:
+    """A KubeRay RayJob (ray.io/v1) as KubeRay runs it: the RayCluster it made (`<name>-<5 chars>`, its controller
+    ownerReference the RayJob, labelled ray.io/originated-from-*), a GPU head pod and `workers` GPU worker pods
+    owned by the RayCluster (labelled ray.io/cluster, ray.io/node-type), and the submitter Job (owned by the RayJob)
+    whose pod requests no GPU."""
+    cluster = f"{name}-k7x2p"
+    meta_labels = {**({"kueue.x-k8s.io/queue-name": queue} if queue else {}), **(labels or {})}
+    top = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+           "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": meta_labels,
+                        "annotations": annotations or {}},
+           "spec": {"entrypoint": "python train.py", "suspend": False, "shutdownAfterJobFinishes": True,
+                    "rayClusterSpec": {"headGroupSpec": {"template": _pod_template(gpus)},
+                                       "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers,
+                                                             "template": _pod_template(gpus)}]}},
+           "status": {"rayClusterName": cluster, "jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}
+    ray_cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                   "metadata": {"name": cluster, "namespace": namespace, "uid": f"uid-{cluster}",
+                                "labels": {"ray.io/originated-from-crd": "RayJob",
+                                           "ray.io/originated-from-cr-name": name},
+                                "ownerReferences": [_controller_ref("ray.io/v1", "RayJob", name)]},
+                   "spec": dict(top["spec"]["rayClusterSpec"]), "status": {"state": "ready"}}
+    owner = _controller_ref("ray.io/v1", "RayCluster", cluster)
+    names = pod_names or [f"{cluster}-head-abcde"] + [f"{cluster}-gpu-worker-{i}abcd" for i in range(workers)]
+    pods = []
+    for i, pod_name in enumerate(names):
+        node_type = "head" if i == 0 else "worker"
+        pods.append(_owned_pod(namespace, pod_name, node, owner, gpus,
+                               {"ray.io/cluster": cluster, "ray.io/node-type": node_type}, started))
+    submitter = owned(namespace, name)
+    submitter["metadata"]["ownerReferences"] = [_controller_ref("ray.io/v1", "RayJob", name)]
+    submit_pod = _owned_pod(namespace, f"{name}-submit-q8w4z", node, _controller_ref("batch/v1", "Job", name), 0,
+                            {}, started)
+    return {"rayjobs": [top], "rayclusters": [ray_cluster], "jobs": [submitter], "pods": pods + [submit_pod]}
+
+
+def add_all(stub: KubeStub, objects: dict[str, list[dict]]) -> None:
+    for resource, objs in objects.items():
+        for obj in objs:
+            stub.add(resource, obj)

@@ -144,9 +144,9 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
                 "deleted by gpufinops: notify only; give the rule action: drain")
     kueue = inst.provider == "kubernetes" and bool(inst.tags.get(TAG_KUEUE_WORKLOAD))
     if action == Action.SUSPEND and not kueue:
-        return ("action suspend applies to Kueue-managed Kubernetes jobs only (a Job labelled "
-                "kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with kubernetes.suspend_kueue: "
-                "true): notify only")
+        return ("action suspend applies to Kueue-managed Kubernetes jobs only (a Job, JobSet, Kubeflow training "
+                "job or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with "
+                "kubernetes.suspend_kueue: true): notify only")
     if kueue and action != Action.SUSPEND:
         return ("a Kueue-managed job is suspended through Kueue, never scaled or deleted: notify only; give the "
                 "rule action: suspend")
@@ -214,6 +214,9 @@ def plan(
     if mark and not mark.dry_run and dry_run:
         # Switched to dry-run with a real mark: withdrawn (its tag removed, "stop cancelled"); dry-run marks anew.
         return Intent(ActionKind.UNMARK, "mark was made in live mode; dry-run is now on: withdrawn", decision)
+
+    if mark and inst.tags_unread:
+        return Intent(None, f"mark kept, its tags not read this tick: {inst.tags_unread}", decision)
 
     if mark and not mark.dry_run and TAG_MARKED not in inst.tags:
         return Intent(ActionKind.UNMARK, f"tag {TAG_MARKED} was removed by someone: stop cancelled", decision)

@@ -3,27 +3,48 @@ stage's one door, `Actuator._change`: the same dry-run flag (`act.dry_run`, or `
 (kind `restore`) written before the one preconditioned PATCH, the object read back after an ambiguous answer (a
 5xx, a timeout), and a row left open ("unconfirmed") settled by `Actuator.reconcile` from the workload's state
 once no request can still be in flight: by the service's next tick, or by the next `gpufinops k8s restore`.
+
+The Restore button of a stop notice (notify/interact.py records the click) comes here too: the leader's tick
+calls `apply_restore_requests`, which restores each clicked subject with `restore_workload` and tells the result
+once (the notice edited in place, one reply under it).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..collect.kubernetes_cloud import (
     KubeReadFailed,
     Restored,
     WorkloadCloud,
+    is_node_id,
     node_id,
     parse_target,
     workload_id,
 )
-from ..k8s.model import WorkloadRef
+from ..k8s.model import KUEUE_JOB_KINDS, KUEUE_SUSPEND_KINDS, WorkloadRef
 from ..model import ActionKind, GpuInstance, LeaseCheck, RunContext
-from .actuator import UNSETTLED, Actuator, NotLeader
+from ..notify import interact, messages
+from .actuator import UNSETTLED, Actuator, NotLeader, check_lease
+from .plan import parse_time
 
 log = logging.getLogger("gpufinops.kubernetes")
+
+
+# What a restore came to (RestoreOutcome.status): the Restore button's result line says each differently.
+RESTORED = "restored"  # done, or found done by the read-back after an error
+WOULD_RESTORE = "would_restore"  # dry-run
+NOTHING_TO_RESTORE = "nothing_to_restore"  # not gpufinops' to undo, not found, not readable: nothing asked
+WAITING = "waiting"  # an earlier change of it is not settled: nothing done yet
+FAILED = "failed"  # refused (a 4xx) and read back not restored
+UNKNOWN = "unknown"  # ambiguous answer: its row stays open until reconcile settles it
+NOT_LEADER = "not_leader"  # the scheduler lease was lost before the call: nothing done
+CLI = "gpufinops k8s restore"
+BUTTON = "Slack Restore button"
+# How long a Restore click waits for an earlier change of its subject to settle before it is answered "not done".
+CLICK_PATIENCE = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -32,23 +53,25 @@ class RestoreOutcome:
     instance_id: str
     message: str
     dry_run: bool
+    status: str = ""
+    replicas: int | None = None  # the count a Deployment/StatefulSet is (or would be) restored to
 
 
 def find_target(cloud: WorkloadCloud, text: str) -> WorkloadRef:
     """The Deployment or StatefulSet (or, with kubernetes.suspend_kueue, the Kueue-managed Job) `NS/NAME` (or
     `NS/Kind/NAME`, or its id) names; ValueError when none or several."""
     namespace, kind, name = parse_target(text)
-    kinds = ("Deployment", "StatefulSet", "Job") if getattr(cloud, "suspend_kueue", False) else (
+    kinds = ("Deployment", "StatefulSet", *KUEUE_SUSPEND_KINDS) if getattr(cloud, "suspend_kueue", False) else (
         "Deployment", "StatefulSet")
     if kind is not None:
         ref = WorkloadRef(namespace, kind, name)
         if ref.kind not in kinds:
-            also = " (or, with kubernetes.suspend_kueue: true, a Kueue-managed Job)" if "Job" not in kinds else \
-                " or a Kueue-managed Job"
+            also = " (or, with kubernetes.suspend_kueue: true, a Kueue-managed job)" if "Job" not in kinds else \
+                f" or a Kueue-managed {'/'.join(KUEUE_SUSPEND_KINDS)}"
             raise ValueError(f"{text!r}: only a Deployment or StatefulSet{also} is restored, not a {kind}")
         return ref
     found = []
-    for candidate in kinds:
+    for candidate in (k for k in kinds if k not in KUEUE_JOB_KINDS):  # a JobSet, RayJob, ... is named NS/Kind/NAME
         ref = WorkloadRef(namespace, candidate, name)
         if cloud.describe([workload_id(ref)]):
             found.append(ref)
@@ -67,61 +90,64 @@ def is_restored(inst: GpuInstance | None) -> bool:
 
 
 def restore_workload(cloud: WorkloadCloud, store, text: str, now: datetime, *, dry_run: bool, who: str = "",
-                     lease: LeaseCheck | None = None) -> RestoreOutcome:
+                     lease: LeaseCheck | None = None, via: str = CLI) -> RestoreOutcome:
     """Scale a workload gpufinops scaled to zero back to its kept count, through `Actuator._change`.
 
     Dry-run reads, records "dry-run: would restore ..." and changes nothing. Live: an earlier restore of it still
     open is settled first (reconcile); any other unsettled change of it makes this wait (nothing is done to a
     workload whose last change is not settled); then the intent row, one preconditioned patch (a 409 is re-read
     and retried once by the cloud), and on an error the read-back: done, failed (a 4xx and not restored), or
-    unconfirmed (the row stays open and is reconciled). The row is kind `restore`, its reason naming who asked.
-    `node/NAME`: uncordon a GPU node gpufinops cordoned (action: drain), the same way."""
+    unconfirmed (the row stays open and is reconciled). The row is kind `restore`, its reason naming who asked
+    and `via` what (the command, or the Slack button). `node/NAME`: uncordon a GPU node gpufinops cordoned
+    (action: drain), the same way."""
     if text.startswith("node/"):
-        return _uncordon(cloud, store, text[len("node/"):], now, dry_run=dry_run, who=who, lease=lease)
+        return _uncordon(cloud, store, text[len("node/"):], now, dry_run=dry_run, who=who, lease=lease, via=via)
     try:
         ref = find_target(cloud, text)
     except (ValueError, KubeReadFailed) as exc:
-        return RestoreOutcome(False, text, str(exc), dry_run)
+        return RestoreOutcome(False, text, str(exc), dry_run, NOTHING_TO_RESTORE)
     iid = workload_id(ref)
     # Restore sends no message and reads no setting: the chokepoint needs only the cloud and the store.
     actuator = Actuator(cloud, store, notifier=None, settings=None)  # type: ignore[arg-type]
     waiting = _unsettled(actuator, iid, now, lease)
     if waiting:
-        return RestoreOutcome(False, iid, waiting, dry_run)
-    if ref.kind == "Job":  # a Kueue-managed Job gpufinops suspended: its Kueue Workload back to spec.active: true
+        return RestoreOutcome(False, iid, waiting, dry_run, WAITING)
+    count = None
+    if ref.kind in KUEUE_SUSPEND_KINDS:  # a Kueue job gpufinops suspended: its Kueue Workload back to active
         kueue, problem = cloud.resumable(ref)
         what = f"resume {ref} (Kueue Workload {kueue} spec.active: true)"
     else:
         count, problem = cloud.restorable(ref)
         what = f"restore {ref} to {count} replicas"
     if problem:  # nothing of gpufinops' to undo: nothing is asked of the API server, nothing recorded
-        return RestoreOutcome(False, iid, problem, dry_run)
+        return RestoreOutcome(False, iid, problem, dry_run, NOTHING_TO_RESTORE)
     try:
         [inst] = cloud.describe([iid])
     except (ValueError, KubeReadFailed) as exc:
-        return RestoreOutcome(False, iid, f"kubernetes: {ref} could not be read: {exc}", dry_run)
+        return RestoreOutcome(False, iid, f"kubernetes: {ref} could not be read: {exc}", dry_run, NOTHING_TO_RESTORE)
     by = f" for {who}" if who else ""
-    reason = f"{what}{by} (gpufinops k8s restore)"
+    reason = f"{what}{by} ({via})"
     done: list[Restored] = []
     ctx = RunContext(now=now, dry_run=dry_run, lease=lease)
     try:
         outcome = actuator._change(ctx, inst, ActionKind.RESTORE, "", reason,
                                    lambda: done.append(cloud.restore(ref, who)), verify=is_restored)
     except NotLeader as exc:
-        return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run)
+        return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run, NOT_LEADER)
     if dry_run:
-        return RestoreOutcome(True, iid, f"dry-run: would {what}{by} (gpufinops k8s restore); it was NOT changed",
-                              True)
+        return RestoreOutcome(True, iid, f"dry-run: would {what}{by} ({via}); it was NOT changed", True,
+                              WOULD_RESTORE, count)
     if outcome.ok:
-        message = f"{ref} {done[0].reason} (gpufinops k8s restore)" if done else \
+        message = f"{ref} {done[0].reason} ({via})" if done else \
             f"{reason}: found restored by the read-back after: {outcome.error or 'an error'}"
         log.info("%s", message)
-        return RestoreOutcome(True, iid, message, False)
+        return RestoreOutcome(True, iid, message, False, RESTORED, count)
     if outcome.ok is None:
         return RestoreOutcome(False, iid, f"{reason}: outcome unknown ({outcome.error}); the audit row stays open and "
                                           f"is settled from the workload's state once no request can still be in "
-                                          f"flight (the service's next tick, or the next k8s restore)", False)
-    return RestoreOutcome(False, iid, f"{reason}: not done: {outcome.error}", False)
+                                          f"flight (the service's next tick, or the next k8s restore)", False,
+                              UNKNOWN, count)
+    return RestoreOutcome(False, iid, f"{reason}: not done: {outcome.error}", False, FAILED, count)
 
 
 def _unsettled(actuator: Actuator, iid: str, now: datetime, lease: LeaseCheck | None) -> str:
@@ -139,7 +165,7 @@ def _unsettled(actuator: Actuator, iid: str, now: datetime, lease: LeaseCheck | 
 
 
 def _uncordon(cloud: WorkloadCloud, store, name: str, now: datetime, *, dry_run: bool, who: str,
-              lease: LeaseCheck | None) -> RestoreOutcome:
+              lease: LeaseCheck | None, via: str) -> RestoreOutcome:
     """Uncordon a node gpufinops cordoned: `spec.unschedulable: false` and its annotations removed, through
     `Actuator._change` (intent row, one preconditioned PATCH, read-back). A node cordoned by someone else, or not
     cordoned, is left alone and nothing is recorded."""
@@ -147,30 +173,94 @@ def _uncordon(cloud: WorkloadCloud, store, name: str, now: datetime, *, dry_run:
     actuator = Actuator(cloud, store, notifier=None, settings=None)  # type: ignore[arg-type]
     waiting = _unsettled(actuator, iid, now, lease)
     if waiting:
-        return RestoreOutcome(False, iid, waiting, dry_run)
+        return RestoreOutcome(False, iid, waiting, dry_run, WAITING)
     try:
         found = cloud.describe([iid])
     except KubeReadFailed as exc:
-        return RestoreOutcome(False, iid, f"kubernetes: node {name} could not be read: {exc}", dry_run)
+        return RestoreOutcome(False, iid, f"kubernetes: node {name} could not be read: {exc}", dry_run,
+                              NOTHING_TO_RESTORE)
     if not found:
-        return RestoreOutcome(False, iid, f"kubernetes: node {name} not found", dry_run)
+        return RestoreOutcome(False, iid, f"kubernetes: node {name} not found", dry_run, NOTHING_TO_RESTORE)
     inst = found[0]
     if inst.state != "stopped":
         return RestoreOutcome(False, iid, f"kubernetes: node {name} is not cordoned by gpufinops ({inst.state}): "
-                                          "left alone", dry_run)
+                                          "left alone", dry_run, NOTHING_TO_RESTORE)
     by = f" for {who}" if who else ""
-    reason = f"uncordon node {name}{by} (gpufinops k8s restore)"
+    reason = f"uncordon node {name}{by} ({via})"
     ctx = RunContext(now=now, dry_run=dry_run, lease=lease)
     try:
         outcome = actuator._change(ctx, inst, ActionKind.RESTORE, "", reason, lambda: cloud.uncordon(name, who),
                                    verify=is_restored)
     except NotLeader as exc:
-        return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run)
+        return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run, NOT_LEADER)
     if dry_run:
-        return RestoreOutcome(True, iid, f"dry-run: would {reason}; it was NOT changed", True)
+        return RestoreOutcome(True, iid, f"dry-run: would {reason}; it was NOT changed", True, WOULD_RESTORE)
     if outcome.ok:
-        return RestoreOutcome(True, iid, f"node {name} uncordoned{by} (gpufinops k8s restore)", False)
+        return RestoreOutcome(True, iid, f"node {name} uncordoned{by} ({via})", False, RESTORED)
     if outcome.ok is None:
         return RestoreOutcome(False, iid, f"{reason}: outcome unknown ({outcome.error}); the audit row stays open "
-                                          "and is settled by the next tick", False)
-    return RestoreOutcome(False, iid, f"{reason}: not done: {outcome.error}", False)
+                                          "and is settled by the next tick", False, UNKNOWN)
+    return RestoreOutcome(False, iid, f"{reason}: not done: {outcome.error}", False, FAILED)
+
+
+# --------------------------------------------------------------------------- the Restore button (the leader's tick)
+
+
+def restore_target(cloud: WorkloadCloud, instance_id: str) -> str | None:
+    """What `gpufinops k8s restore` takes for this id (`node/NAME`, `NS/Kind/NAME`; a cut id resolved through
+    this tick's listing), None when it names nothing gpufinops knows."""
+    if is_node_id(instance_id):
+        name = cloud.node_name_of(instance_id)
+        return f"node/{name}" if name else None
+    ref = cloud.ref_of(instance_id)
+    return f"{ref.namespace}/{ref.kind}/{ref.name}" if ref else None
+
+
+def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, notifier) -> list[RestoreOutcome]:
+    """The Restore clicks people made (notify/interact.py), each carried out once on the leader's tick by
+    `restore_workload` (dry-run, intent row, one PATCH, read-back) and told once: the notice edited in place and
+    one reply under it (`notifier`: routing.Deliveries; the reply's key is the click's, so a lost answer is
+    looked up, never posted twice).
+
+    A request is forgotten before it is carried out: a crash in between loses the click (nothing changed, nothing
+    said; the button is still there) rather than repeating a change. One that waits for an earlier change of its
+    subject to settle is kept for `CLICK_PATIENCE`; one that meets a lost lease is kept for the next leader."""
+    requests = interact.pending_restores(store)
+    if not requests or cloud is None:
+        return []
+    out = []
+    for req in requests:
+        try:
+            check_lease(ctx.lease)
+        except NotLeader as exc:
+            log.warning("Restore clicks left for the next leader: %s", exc)
+            break
+        interact.forget_restore(store, req.instance_id)
+        target = restore_target(cloud, req.instance_id)
+        who = f"{req.user_name} (Slack user {req.user_id})"
+        outcome = restore_workload(cloud, store, target, ctx.now, dry_run=ctx.dry_run, who=who, lease=ctx.lease,
+                                   via=BUTTON) if target else \
+            RestoreOutcome(False, req.instance_id, f"kubernetes: {req.instance_id} names nothing gpufinops can read "
+                                                   "now", ctx.dry_run, NOTHING_TO_RESTORE)
+        asked = parse_time(req.requested_at) or ctx.now
+        if outcome.status == NOT_LEADER or (outcome.status == WAITING and ctx.now - asked < CLICK_PATIENCE):
+            interact.keep_restore(store, req)
+            continue
+        log.info("Restore clicked by %s on %s: %s", req.user_id, req.instance_id, outcome.message)
+        _tell(req, outcome, target or req.instance_id, notifier)
+        out.append(outcome)
+    return out
+
+
+def _tell(req: "interact.RestoreRequest", outcome: RestoreOutcome, target: str, notifier) -> None:
+    """The result, once: a reply under the notice the button was on, and that notice edited in place (its
+    button kept where a later click may still be needed). Cosmetic: never raises."""
+    notice = messages.restore_result(
+        req.instance_id, target, outcome.status, replicas=outcome.replicas, who=req.user_id, detail=outcome.message,
+        dry_run=outcome.dry_run, key=f"restore:{req.instance_id}:{req.requested_at}", thread_key=req.notice_key,
+        channel=req.channel_id)
+    try:
+        notifier.send(notice)
+        notifier.show_restored(req, notice.text, keep_button=outcome.status in (FAILED, UNKNOWN, WAITING))
+    except Exception as exc:  # noqa: BLE001 - the restore is done and audited; a message is not worth a failure
+        log.warning("could not tell the Restore result of %s: %s", req.instance_id, exc)

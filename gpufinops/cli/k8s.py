@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timezone
 
 from .common import EXIT_PROBLEM_FOUND, usage_error
+from ..k8s.model import KUEUE_JOB_KINDS
 
 K8S_GROUPINGS = ("namespace", "workload", "nodepool")
 HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's allocation
@@ -111,7 +112,8 @@ def register(subparsers) -> None:
     r = ksub.add_parser("restore", help="scale a Deployment/StatefulSet back to its replica count before gpufinops "
                                         "scaled it to zero, or resume a Kueue job gpufinops suspended (its Kueue "
                                         "Workload back to spec.active: true), and remove gpufinops' annotations")
-    r.add_argument("target", metavar="NS/NAME", help="NAMESPACE/NAME, or NAMESPACE/Deployment|StatefulSet|Job/NAME")
+    r.add_argument("target", metavar="NS/NAME", help="NAMESPACE/NAME (a Deployment, StatefulSet or Job), or NAMESPACE/KIND/NAME "
+                                               f"(KIND also {', '.join(KUEUE_JOB_KINDS)})")
     r.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing "
                                                           "(also the default while act.dry_run is true)")
     r.add_argument("--by", default="", help="who asks, for the audit log and the Event (default: $USER)")

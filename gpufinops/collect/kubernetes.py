@@ -21,13 +21,18 @@ from urllib.parse import urlparse
 
 from gpufinops.collect.errors import QueryFailed
 from gpufinops.k8s.model import (  # noqa: F401 - NODE_GROUP_LABELS, node_group_of: this module's API too
-    NODE_GROUP_LABELS, ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, is_gpu_resource,
-    is_share_resource, node_group_of,
+    KUEUE_JOB_KINDS, NODE_GROUP_LABELS, RAY_CLUSTER, ApiKind, ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo,
+    WorkloadRef, devices, is_gpu_resource, is_share_resource, node_group_of,
 )
 
 PAGE_SIZE = 500
 # Controllers followed upwards from a pod; an owner of another kind (a custom resource) is the workload itself.
-_LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job")
+_LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job", RAY_CLUSTER.kind)
+# Custom resource owners listed only when a GPU pod resolves to one (pointed_kinds): a cluster without them pays no
+# call, and one with them pays one paged list per kind, whatever its objects. Their labels (the Kueue queue, team)
+# and annotations (a person's snooze or protect) are what the workload is judged and suspended by; a RayCluster's
+# ownerReference is what makes a RayJob's pods one workload.
+_CUSTOM_OWNER_KINDS = {k.kind: k for k in (RAY_CLUSTER, *KUEUE_JOB_KINDS.values())}
 _MAX_OWNER_DEPTH = 5
 _SPOT_LABELS = (("karpenter.sh/capacity-type", "spot"), ("eks.amazonaws.com/capacityType", "SPOT"),
                 ("cloud.google.com/gke-spot", "true"), ("kubernetes.azure.com/scalesetpriority", "spot"))
@@ -239,8 +244,9 @@ def controller_of(meta: Mapping[str, Any]) -> tuple[str, str] | None:
 def resolve_workload(namespace: str, pod_meta: Mapping[str, Any],
                      owners: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> WorkloadRef:
     """Pure: pod -> the top controller, following ownerReferences through the listed ReplicaSets, Deployments,
-    StatefulSets and Jobs (ReplicaSet -> Deployment, Job -> CronJob, StatefulSet -> Notebook). An owner of
-    another kind, or one not listed, is the workload as reported; an unowned pod is its own workload."""
+    StatefulSets, Jobs and RayClusters (ReplicaSet -> Deployment, Job -> CronJob or JobSet, StatefulSet ->
+    Notebook, RayCluster -> RayJob). An owner of another kind, or one not listed, is the workload as reported; an
+    unowned pod is its own workload."""
     kind, name = "Pod", str(pod_meta.get("name", ""))
     meta: Mapping[str, Any] = pod_meta
     for _ in range(_MAX_OWNER_DEPTH):
@@ -269,30 +275,68 @@ def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapp
     )
 
 
+def gpu_work_ended(obj: Mapping[str, Any]) -> tuple[bool, datetime | None]:
+    """Pure: (requests GPUs, when its last container finished) of a finished pod; the time is None when no
+    container status says (the caller then cannot tell when its GPU work ended)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if not devices(pod_gpu_requests(spec)):
+        return False, None
+    ends = [parse_time(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for key in ("initContainerStatuses", "containerStatuses") for c in status.get(key) or []
+            if isinstance(c, dict)]
+    ends = [e for e in ends if e is not None]
+    return True, max(ends) if ends else None
+
+
 def workload_info(ref: WorkloadRef, owners: Mapping[tuple[str, str, str], Mapping[str, Any]],
                   pods: Sequence[PodInfo]) -> WorkloadInfo:
-    """The workload's own labels and annotations (its pods' when the owner was not listed)."""
+    """The workload's own labels and annotations (its pods' when the owner was not listed: `listed` False)."""
     obj = owners.get((ref.namespace, ref.kind, ref.name))
     if obj is None:
         first = next((p for p in pods if p.workload == ref), None)
-        return WorkloadInfo(ref, dict(first.labels) if first else {}, dict(first.annotations) if first else {})
+        return WorkloadInfo(ref, dict(first.labels) if first else {}, dict(first.annotations) if first else {},
+                            listed=False)
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     replicas = spec.get("replicas") if ref.scalable else None
     return WorkloadInfo(ref, dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
                         replicas if isinstance(replicas, int) else None, str(meta.get("resourceVersion", "")))
 
 
-def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict],
-                  owners_by_kind: Mapping[str, Iterable[dict]], namespaces: Iterable[dict], *,
-                  namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True,
-                  server: str = "") -> ClusterSnapshot:
-    """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod requesting GPUs (for cost shares) with
-    the namespaces `namespace_allowed` leaves out of verdicts, their workloads."""
+def owner_index(owners_by_kind: Mapping[str, Iterable[dict]]) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """Pure: the listed owners by (namespace, kind, name)."""
     owners: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     for kind, objs in owners_by_kind.items():
         for obj in objs:
             meta = obj.get("metadata") or {}
             owners[(str(meta.get("namespace", "")), kind, str(meta.get("name", "")))] = obj
+    return owners
+
+
+def pointed_kinds(pods: Iterable[Mapping[str, Any]], owners_by_kind: Mapping[str, Iterable[dict]]) -> list[ApiKind]:
+    """Pure: the custom owner kinds (RayCluster, JobSet, the Kubeflow jobs, RayJob) that a GPU pod resolves to
+    through the owners listed so far and that were not listed (or tried) yet: what the snapshot lists next. A
+    RayJob shows up only once the RayClusters are listed (its pods point to their RayCluster)."""
+    owners = owner_index(owners_by_kind)
+    done = set(owners_by_kind)
+    wanted: dict[str, ApiKind] = {}
+    for obj in pods:
+        if not devices(pod_gpu_requests(obj.get("spec") or {})):
+            continue
+        meta = obj.get("metadata") or {}
+        kind = resolve_workload(str(meta.get("namespace", "")), meta, owners).kind
+        if kind in _CUSTOM_OWNER_KINDS and kind not in done:
+            wanted[kind] = _CUSTOM_OWNER_KINDS[kind]
+    return [wanted[k] for k in sorted(wanted)]
+
+
+def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict],
+                  owners_by_kind: Mapping[str, Iterable[dict]], namespaces: Iterable[dict], *,
+                  namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True,
+                  server: str = "", unread: Mapping[str, str] | None = None) -> ClusterSnapshot:
+    """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod requesting GPUs (for cost shares) with
+    the namespaces `namespace_allowed` leaves out of verdicts, their workloads. `unread`: owner kinds whose list
+    failed, and why."""
+    owners = owner_index(owners_by_kind)
     ns_labels = {str((o.get("metadata") or {}).get("name", "")): dict((o.get("metadata") or {}).get("labels") or {})
                  for o in namespaces}
     gpu_pods, others, out_of_scope = [], set(), set()
@@ -310,6 +354,7 @@ def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict]
         read_at=read_at, nodes=gpu_nodes, gpu_pods=tuple(sorted(gpu_pods, key=lambda p: p.key)),
         workloads={r: workload_info(r, owners, gpu_pods) for r in refs}, namespace_labels=ns_labels,
         other_pods=frozenset(others), server=server, out_of_scope=frozenset(out_of_scope),
+        unread=dict(unread or {}),
     )
 
 
@@ -367,7 +412,8 @@ def autoscaler_targets(hpas: Iterable[Mapping[str, Any]],
 
 class KubernetesCluster:
     """The cluster reader: one snapshot = nodes, namespaces, pods, ReplicaSets, Deployments, StatefulSets and
-    Jobs, each one paged list across all namespaces (7 list calls for a small cluster, whatever its pods)."""
+    Jobs, each one paged list across all namespaces (7 list calls for a small cluster, whatever its pods), and one
+    more per custom owner kind a GPU pod points to (RayCluster, JobSet, PyTorchJob, RayJob, ...: pointed_kinds)."""
 
     def __init__(self, api, *, timeout_s: float = 10.0,
                  namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True):
@@ -410,6 +456,26 @@ class KubernetesCluster:
             scaled = ()
         return autoscaler_targets(hpas.items, scaled)
 
+    def gpu_work_ended_on(self, node_names: Iterable[str]) -> dict[str, datetime | None]:
+        """Node -> when the last finished GPU pod on it ended, for the nodes named (those the watch saw free at the
+        last read too): a GPU pod that started and finished between two reads is invisible to the snapshot, which
+        leaves finished pods out. One paged list per node, `spec.nodeName` and the phase filtered server-side
+        (finished pods stay listed until the pod garbage collector or their Job's TTL removes them). A node
+        absent from the answer had none; None: a finished GPU pod whose end time no status gives. Raises
+        ClusterReadFailed when the API does not answer (the caller then judges no node this tick)."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.reader.api)
+        out: dict[str, datetime | None] = {}
+        for name in sorted(set(node_names)):
+            pods = self.reader.list("pods", core.list_pod_for_all_namespaces,
+                                    field_selector=f"spec.nodeName={name},status.phase!=Running,"
+                                                   f"status.phase!=Pending")
+            ends = [ended for wanted, ended in map(gpu_work_ended, pods.items) if wanted]
+            if ends:
+                out[name] = None if None in ends else max(ends)
+        return out
+
     def snapshot(self, now: datetime) -> ClusterSnapshot:
         from kubernetes import client
 
@@ -426,5 +492,26 @@ class KubernetesCluster:
             "StatefulSet": r.list("statefulsets", apps.list_stateful_set_for_all_namespaces).items,
             "Job": r.list("jobs", batch.list_job_for_all_namespaces).items,
         }
+        unread: dict[str, str] = {}
+        gpu_pods = [p for p in pods.items if devices(pod_gpu_requests(p.get("spec") or {}))]
+        # Round one finds RayClusters, JobSets and Kubeflow jobs; round two the RayJobs above the RayClusters.
+        for _ in range(2):
+            for kind in pointed_kinds(gpu_pods, owners):
+                owners[kind.kind], problem = self.custom_objects(kind)  # () when it failed: tried once a tick
+                if problem:
+                    unread[kind.kind] = problem
         return snapshot_from(now, nodes.items, pods.items, owners, namespaces.items,
-                             namespace_allowed=self.namespace_allowed, server=r.server)
+                             namespace_allowed=self.namespace_allowed, server=r.server, unread=unread)
+
+    def custom_objects(self, kind: ApiKind) -> tuple[tuple[dict, ...], str]:
+        """Every object of a custom resource kind, cluster-wide (one paged list), and "" ; a 404 (its CRD is not
+        installed) is none. Any other failure is none and why (a 403 names the RBAC file): the workloads of that
+        kind are reported with the reason, never changed, and everything else is read as usual."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.reader.api)
+        try:
+            return self.reader.list(kind.resource, lambda **kw: custom.list_cluster_custom_object(
+                kind.group, kind.version, kind.plural, **kw)).items, ""
+        except ClusterReadFailed as exc:
+            return (), "" if exc.status == 404 else str(exc)

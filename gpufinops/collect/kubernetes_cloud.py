@@ -22,13 +22,15 @@ Mutations, each one PATCH of the object (strategic merge, maps merged like a mer
   leave one without the other; describe() reports "stopped" only when both hold;
 - restore: `spec.replicas: <n>` and those annotations removed, in one patch, likewise;
 - terminate: refused, always (gpufinops never deletes a workload).
-A Kueue-managed batch Job (kubernetes.suspend_kueue on, its Kueue Workload listed) is the exception to "Jobs are
-never changed": it is suspended, never scaled or deleted, and every change is a PATCH of its **Kueue Workload**
-(the object whose annotations carry the mark, so the suspension is fenced on it): set_tags / remove_tags its
-annotations (the mark with `gpufinops.io/pre-suspend-at`, the pre-suspend hook); stop = `suspend`: `spec.active:
-false` and `gpufinops.io/suspended-at` in one patch preconditioned on the resourceVersion of the read that found the
-mark; restore = `resume`: `spec.active: true`. Events go on the Job (docs/kubernetes.md, "Kueue: suspend, don't
-kill").
+A Kueue-managed job (kubernetes.suspend_kueue on, its Kueue Workload listed) is the exception to "Jobs and custom
+resources are never changed": a batch Job, or the top object of a JobSet, a Kubeflow training job (PyTorchJob,
+TFJob, XGBoostJob, PaddleJob, MPIJob) or a RayJob (k8s.model.KUEUE_SUSPEND_KINDS; its pods are judged as one
+workload under its id). It is suspended, never scaled or deleted, and every change is a PATCH of its **Kueue
+Workload** (the object whose annotations carry the mark, so the suspension is fenced on it): set_tags / remove_tags
+its annotations (the mark with `gpufinops.io/pre-suspend-at`, the pre-suspend hook); stop = `suspend`:
+`spec.active: false` and `gpufinops.io/suspended-at` in one patch preconditioned on the resourceVersion of the read
+that found the mark; restore = `resume`: `spec.active: true`. Events go on the job's top object, named by the
+Workload's controller ownerReference, else on the Workload (docs/kubernetes.md, "Kueue: suspend, don't kill").
 A 409 Conflict is retried once after a re-read (logged, and named in the error when the retry fails too); any
 other 4xx is a definite failure (`KubeChangeError.definite`: nothing was changed); a 5xx, timeout or refused
 connection leaves the outcome unknown, for the act stage's read-back.
@@ -50,8 +52,10 @@ from gpufinops.prices.costs_k8s import attribute, node_hourly_costs, pod_hourly_
 from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
     CORDONED_ANNOTATION,
     DEFAULT_PROTECT_KEY,
+    KUEUE_JOB_KINDS,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
+    KUEUE_SUSPEND_KINDS,
     MARK_ANNOTATION,
     NODE_ID_PREFIX,
     PRE_SUSPEND_ANNOTATION,
@@ -157,9 +161,10 @@ def parse_target(text: str) -> tuple[str, str | None, str]:
     if len(parts) == 2 and all(parts):
         return parts[0], None, parts[1]
     if len(parts) == 3 and all(parts):
-        kind = {k.lower(): k for k in (*_RESOURCE, "Job")}.get(parts[1].lower(), parts[1])
+        kind = {k.lower(): k for k in (*_RESOURCE, *KUEUE_SUSPEND_KINDS)}.get(parts[1].lower(), parts[1])
         return parts[0], kind, parts[2]
-    raise ValueError(f"{text!r}: expected NAMESPACE/NAME or NAMESPACE/Deployment|StatefulSet|Job/NAME")
+    raise ValueError(f"{text!r}: expected NAMESPACE/NAME or NAMESPACE/KIND/NAME (Deployment, StatefulSet, or a Kueue "
+                     f"job: {', '.join(KUEUE_SUSPEND_KINDS)})")
 
 
 # --------------------------------------------------------------------------- what a workload is (pure)
@@ -269,22 +274,26 @@ def autoscaler_owner(ref: WorkloadRef, autoscaler: tuple[str, str] | None) -> tu
 def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True,
                annotations: Mapping[str, str] | None = None,
                autoscaler: tuple[str, str] | None = None, kueue_workload: str = "",
-               kueue_note: str = "") -> tuple[str, str]:
+               kueue_note: str = "", unread: str = "") -> tuple[str, str]:
     """(managed_by, managed_advice): what else owns this workload's fate, ("", "") for a Deployment/StatefulSet
     gpufinops may scale. With `kubernetes.scale_to_zero` off (the default) no workload may be scaled: adding a
     `kubernetes:` section must not let rules written for EC2 instances start scaling Deployments. An HPA or KEDA
     ScaledObject targeting it (`autoscaler`, from KubernetesCluster.autoscalers) or a GitOps controller syncing it
-    owns spec.replicas: never patched, the owner's way is named instead. A Kueue-managed Job whose Kueue Workload
-    was read (`kueue_workload`, with kubernetes.suspend_kueue on) is gpufinops' to suspend under a rule with
-    `action: suspend` (act.plan.stop_blocker refuses any other action); `kueue_note` says why one is not."""
+    owns spec.replicas: never patched, the owner's way is named instead. A Kueue-managed job (KUEUE_SUSPEND_KINDS)
+    whose Kueue Workload was read (`kueue_workload`, with kubernetes.suspend_kueue on) is gpufinops' to suspend
+    under a rule with `action: suspend` (act.plan.stop_blocker refuses any other action); `kueue_note` says why one
+    is not. `unread`: why the object itself could not be read this tick (unread_reason): judged on its pods' labels,
+    never changed."""
+    if unread:
+        return (f"its {ref.kind} '{ref.name}' (not read this tick)", f"notify only this tick: {unread}")
     queue = labels.get(KUEUE_QUEUE_LABEL)
     if queue:
-        if kueue_workload and ref.kind == "Job":
+        if kueue_workload and ref.kind in KUEUE_SUSPEND_KINDS:
             return "", ""
         return (f"Kueue (queue '{queue}')",
-                kueue_note or ("notify only: gpufinops suspends a Kueue-managed batch Job through Kueue only with "
-                               "kubernetes.suspend_kueue: true and a rule with action: suspend; suspend or delete "
-                               "it in its queue"))
+                kueue_note or ("notify only: gpufinops suspends a Kueue-managed job (a Job, JobSet, Kubeflow "
+                               "training job or RayJob) through Kueue only with kubernetes.suspend_kueue: true and "
+                               "a rule with action: suspend; suspend or delete it in its queue"))
     if ref.kind == "Job":
         return (f"Kubernetes Job '{ref.name}'",
                 "reported only: gpufinops never stops Jobs; lower its parallelism or delete it")
@@ -315,8 +324,8 @@ def scaled_down(replicas: Any, annotations: Mapping[str, str]) -> bool:
 
 
 def kueue_workloads_by_owner(objs: Iterable[Mapping[str, Any]]) -> dict[WorkloadRef, dict]:
-    """Pure: Kueue Workloads by the object that owns them (Kueue makes one per Job; its controller ownerReference
-    names the Job)."""
+    """Pure: Kueue Workloads by the object that owns them (Kueue makes one per job, for its top object: a Job, a
+    JobSet, a PyTorchJob, a RayJob; its controller ownerReference names that object)."""
     out: dict[WorkloadRef, dict] = {}
     for obj in objs:
         meta = obj.get("metadata") or {}
@@ -382,29 +391,48 @@ def node_gpu_fields(node: NodeInfo | None) -> tuple[str, float]:
     return labels.get(GPU_PRODUCT_LABEL, ""), memory
 
 
+def unread_reason(ref: WorkloadRef, info: WorkloadInfo | None, unread: Mapping[str, str]) -> str:
+    """Pure: why the workload's own object was not read this tick, "" when it was (or need not be). Its kind's
+    list failed (ClusterSnapshot.unread: a RayCluster's failure leaves a RayJob's pods resolved to it), or a
+    Kueue job kind's object was not in its listing (its labels and a person's annotations are unknown): judged on
+    its pods' labels, never suspended (missing data never causes an action)."""
+    if ref.kind in unread:
+        return f"its {ref.kind} list failed: {unread[ref.kind]}"
+    if ref.kind in KUEUE_JOB_KINDS and (info is None or not info.listed):
+        return (f"{ref} was not in the listing of {KUEUE_JOB_KINDS[ref.kind].resource} (its labels and "
+                "annotations are unknown)")
+    return ""
+
+
 def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequence[PodInfo],
                       nodes: Mapping[str, NodeInfo], namespace_labels: Mapping[str, str],
                       hourly_cost: float | None, protect_key: str = DEFAULT_PROTECT_KEY,
                       created: datetime | None = None, scale_to_zero: bool = True,
                       autoscaler: tuple[str, str] | None = None, kueue_workload: Mapping[str, Any] | None = None,
-                      kueue_note: str = "") -> GpuInstance:
+                      kueue_note: str = "", unread: str = "", kueue_unread: str = "") -> GpuInstance:
     """The workload as a GpuInstance: as old as its youngest replica (a restart makes it too young to judge).
-    `kueue_workload`: the Kueue Workload of a Kueue-managed Job gpufinops may suspend (kubernetes.suspend_kueue on;
-    None otherwise): its gpufinops annotations, name and state join the Job's."""
+    `kueue_workload`: the Kueue Workload of a Kueue-managed job gpufinops may suspend (kubernetes.suspend_kueue on;
+    None otherwise): its gpufinops annotations, name and state join the job's. `unread`: unread_reason.
+    `kueue_unread`: why the cluster's Kueue Workloads could not be listed this tick ("" when they were)."""
     labels = dict(info.labels) if info else {}
     annotations = dict(info.annotations) if info else {}
     pod_labels = {k: v for p in pods for k, v in p.labels.items() if k == KUEUE_QUEUE_LABEL}
-    if kueue_workload is not None and ref.kind != "Job":
-        kueue_workload = None  # only batch Jobs are read fresh before a suspension (describe): others notify only
+    if kueue_workload is not None and (ref.kind not in KUEUE_SUSPEND_KINDS or unread):
+        # Only these kinds are read fresh before a suspension (describe), and only when their object was read.
+        kueue_workload = None
     if kueue_workload is not None:
         annotations = kueue_annotations(annotations, kueue_workload, protect_key)
     node = nodes.get(pods[0].node_name) if pods else None
     model, memory = node_gpu_fields(node)
     managed_by, advice = manager_of(ref, {**pod_labels, **labels}, scale_to_zero, annotations, autoscaler,
-                                    kueue_name(kueue_workload) if kueue_workload is not None else "", kueue_note)
+                                    kueue_name(kueue_workload) if kueue_workload is not None else "", kueue_note,
+                                    unread)
     kueue_tags = {} if kueue_workload is None or managed_by else {TAG_KUEUE_WORKLOAD: kueue_name(kueue_workload)}
     state = ("stopped" if kueue_suspended(kueue_workload) else
              workload_state(ref, info.replicas if info else None, annotations, pods))
+    # A Kueue job's mark is on its Workload, its snooze or protect maybe on its object: either unread this tick,
+    # an earlier mark is kept as it is (act.plan), not taken for a person's cancel.
+    tags_unread = unread or (kueue_unread if kueue_workload is None and ref.kind in KUEUE_SUSPEND_KINDS else "")
     return GpuInstance(
         instance_id=workload_id(ref), instance_type=node.instance_type if node else "",
         region=node.region if node else "",
@@ -415,7 +443,7 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
               **priority_tag(pods), **workload_priority_class(labels, kueue_workload), **kueue_tags},
         private_dns=node.name if node else "", gpu_count=sum(p.gpu_devices for p in pods), gpu_model=model,
         gpu_memory_gib=memory, hourly_cost=hourly_cost, provider="kubernetes", managed_by=managed_by,
-        managed_advice=advice,
+        managed_advice=advice, tags_unread=tags_unread,
     )
 
 
@@ -790,11 +818,14 @@ class WorkloadCloud(NodeCloudMixin):
             pods = snapshot.pods_of(ref)
             shares = [pod_costs.get(p.key) for p in pods]
             hourly = None if not shares or any(c is None for c in shares) else round(sum(shares), 4)
-            out.append(workload_instance(ref, snapshot.workloads.get(ref), pods, nodes,
+            info = snapshot.workloads.get(ref)
+            out.append(workload_instance(ref, info, pods, nodes,
                                          snapshot.namespace_labels.get(ref.namespace, {}), hourly, self.protect_key,
                                          scale_to_zero=self.scale_to_zero,
                                          autoscaler=self._autoscaled.get(ref, self._autoscaled.get(ANY_WORKLOAD)),
-                                         kueue_workload=self._kueue.get(ref), kueue_note=self._kueue_note))
+                                         kueue_workload=self._kueue.get(ref), kueue_note=self._kueue_note,
+                                         unread=unread_reason(ref, info, snapshot.unread),
+                                         kueue_unread=self._kueue_note))
         self.last_snapshot = snapshot
         self.node_costs = dict(costs)
         self.node_remainders = node_remainders(snapshot, costs, pod_costs)
@@ -869,7 +900,7 @@ class WorkloadCloud(NodeCloudMixin):
             ref = self.ref_of(iid) or self._resolve_cut_id(iid)
             if ref is None:
                 raise KubeReadFailed(f"kubernetes: {iid!r} names no workload gpufinops can read")
-            if ref.kind == "Job" and self.suspend_kueue:
+            if ref.kind in KUEUE_SUSPEND_KINDS and self.suspend_kueue:
                 job = self._job_instance(ref)  # read fresh: a Kueue job is suspended on what it says now
                 if job is not None:
                     out.append(job)
@@ -929,14 +960,26 @@ class WorkloadCloud(NodeCloudMixin):
             ns_labels = self._namespace_labels(ref.namespace)
         return pods, nodes, ns_labels
 
-    def _job_instance(self, ref: WorkloadRef) -> GpuInstance | None:
-        """A Job read fresh with, when Kueue manages it, its Kueue Workload (None: the Job is gone). A Kueue
-        Workload list that does not answer raises KubeReadFailed: its state is unknown, never "not suspended"."""
+    def _read_job(self, ref: WorkloadRef) -> dict | None:
+        """A Kueue job's top object (a batch Job, a JobSet, a PyTorchJob, a RayJob, ...), None when it does not
+        exist (a 404; for a custom kind also when its CRD is not installed). KubeReadFailed when not answered."""
         from kubernetes import client
 
-        batch = client.BatchV1Api(self.api)
-        obj = self._request("get", f"jobs {ref.namespace}/{ref.name}",
-                            lambda **kw: batch.read_namespaced_job(ref.name, ref.namespace, **kw), read=True)
+        if ref.kind == "Job":
+            batch = client.BatchV1Api(self.api)
+            return self._request("get", f"jobs {ref.namespace}/{ref.name}",
+                                 lambda **kw: batch.read_namespaced_job(ref.name, ref.namespace, **kw), read=True)
+        kind = KUEUE_JOB_KINDS[ref.kind]
+        custom = client.CustomObjectsApi(self.api)
+        return self._request("get", f"{kind.resource} {ref.namespace}/{ref.name}",
+                             lambda **kw: custom.get_namespaced_custom_object(
+                                 kind.group, kind.version, ref.namespace, kind.plural, ref.name, **kw), read=True)
+
+    def _job_instance(self, ref: WorkloadRef) -> GpuInstance | None:
+        """A Kueue job kind's top object read fresh with, when Kueue manages it, its Kueue Workload (None: the
+        object is gone). A Kueue Workload list that does not answer raises KubeReadFailed: its state is unknown,
+        never "not suspended"."""
+        obj = self._read_job(ref)
         if obj is None:
             return None
         meta = obj.get("metadata") or {}
@@ -950,7 +993,7 @@ class WorkloadCloud(NodeCloudMixin):
                                  self.protect_key, parse_time(meta.get("creationTimestamp")),
                                  scale_to_zero=self.scale_to_zero, kueue_workload=kueue,
                                  kueue_note="" if kueue is not None else
-                                 "notify only: no Kueue Workload owned by this Job was found")
+                                 f"notify only: no Kueue Workload owned by this {ref.kind} was found")
 
     def _namespace_labels(self, namespace: str) -> dict[str, str]:
         from kubernetes import client
@@ -1060,11 +1103,12 @@ class WorkloadCloud(NodeCloudMixin):
                             "more", target)
         raise AssertionError("unreachable")
 
-    def _event(self, obj: Mapping[str, Any], ref: WorkloadRef, reason: str, message: str) -> None:
-        """A Kubernetes Event on the object; best effort (the change is made, the Event only tells it)."""
+    def _event(self, obj: Mapping[str, Any], ref: WorkloadRef, reason: str, message: str, kind: str = "") -> None:
+        """A Kubernetes Event on the object (of `kind`, else ref's); best effort (the change is made, the Event
+        only tells it)."""
         from kubernetes import client
 
-        body = event_body(obj, reason, message, self.clock(), ref.kind)
+        body = event_body(obj, reason, message, self.clock(), kind or ref.kind)
         try:
             self._request("create", f"events in {ref.namespace}", lambda **kw: client.CoreV1Api(
                 self.api).create_namespaced_event(ref.namespace, body, **kw))
@@ -1084,21 +1128,28 @@ class WorkloadCloud(NodeCloudMixin):
         return ref
 
     def _kueue_target(self, inst: GpuInstance) -> tuple[WorkloadRef, str] | None:
-        """(the Job, its Kueue Workload namespace/name) when `inst` is a Kueue-managed Job gpufinops may suspend;
-        None for anything else (changed, if at all, as a Deployment/StatefulSet)."""
+        """(the job's top object, its Kueue Workload namespace/name) when `inst` is a Kueue-managed job gpufinops
+        may suspend; None for anything else (changed, if at all, as a Deployment/StatefulSet)."""
         ref = self.ref_of(inst.instance_id)
         kueue = inst.tags.get(TAG_KUEUE_WORKLOAD, "")
-        if ref is None or ref.kind != "Job" or not kueue or not self.suspend_kueue or inst.managed_by:
+        if ref is None or ref.kind not in KUEUE_SUSPEND_KINDS or not kueue or not self.suspend_kueue \
+                or inst.managed_by:
             return None
         return ref, kueue
 
     def _job_event(self, kueue_obj: Mapping[str, Any], ref: WorkloadRef, reason: str, message: str) -> None:
-        """An Event on the Job (what people `kubectl describe`), its uid from the Workload's ownerReference."""
+        """An Event on the job's top object (what people `kubectl describe`: the Job, JobSet, PyTorchJob, RayJob),
+        its apiVersion and uid from the Workload's ownerReference; on the Workload itself when no ownerReference
+        names the object (so the Event is never lost, nor put on an object gpufinops did not identify)."""
         owner = next((o for o in (kueue_obj.get("metadata") or {}).get("ownerReferences") or []
-                      if isinstance(o, dict) and o.get("kind") == "Job" and o.get("name") == ref.name), {})
-        job = {"apiVersion": "batch/v1", "metadata": {"name": ref.name, "namespace": ref.namespace,
-                                                      "uid": owner.get("uid")}}
-        self._event(job, ref, reason, message)
+                      if isinstance(o, dict) and o.get("kind") == ref.kind and o.get("name") == ref.name
+                      and o.get("uid")), None)
+        if owner is None:
+            self._event(kueue_obj, ref, reason, message, kind="Workload")
+            return
+        top = {"apiVersion": owner.get("apiVersion", ""), "metadata": {"name": ref.name, "namespace": ref.namespace,
+                                                                       "uid": owner["uid"]}}
+        self._event(top, ref, reason, message)
 
     # ------------------------------------------------------------------ mutating calls (act stage only)
     def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
@@ -1189,11 +1240,11 @@ class WorkloadCloud(NodeCloudMixin):
                         f"`gpufinops k8s restore {ref.namespace}/{ref.name}` scales it back.")
 
     def suspend(self, ref: WorkloadRef, kueue: str) -> None:
-        """Suspend a Kueue-managed Job through Kueue: its Workload `spec.active: false` (Kueue evicts it, its pods
+        """Suspend a Kueue-managed job through Kueue: its Workload `spec.active: false` (Kueue evicts it, its pods
         end, and it is not requeued until set back to true) and gpufinops' SUSPENDED_ANNOTATION, in one patch
         preconditioned on the resourceVersion of the read that found gpufinops' mark still on it: a person who
         removed the mark (or deactivated it) since wins, by a refusal or a 409 and a re-read that no longer finds
-        it. Setting the Job's own spec.suspend would be undone by Kueue while the Workload is admitted."""
+        it. Setting the job's own spec.suspend would be undone by Kueue while the Workload is admitted."""
         target = f"{KUEUE_WORKLOADS}.{KUEUE_GROUP} {kueue}"
         done: list[bool] = []
 
@@ -1222,13 +1273,14 @@ class WorkloadCloud(NodeCloudMixin):
             log.info("%s suspended through Kueue (Workload %s spec.active: false)", ref, kueue)
             self._job_event(obj, ref, EVENT_SUSPENDED,
                             f"gpufinops suspended it through Kueue (Workload {kueue} spec.active: false): its GPUs "
-                            f"were idle. `gpufinops k8s restore {ref.namespace}/Job/{ref.name}` resumes it.")
+                            f"were idle. `gpufinops k8s restore {ref.namespace}/{ref.kind}/{ref.name}` resumes it.")
 
     def resumable(self, ref: WorkloadRef) -> tuple[str | None, str]:
-        """(its Kueue Workload namespace/name, "") when gpufinops suspended this Job, else (None, why not); read
-        without changing anything (dry-run)."""
-        if ref.kind != "Job" or not self.suspend_kueue:
-            return None, f"kubernetes: only a Kueue-managed Job is resumed (kubernetes.suspend_kueue), not {ref}"
+        """(its Kueue Workload namespace/name, "") when gpufinops suspended this Kueue job, else (None, why not);
+        read without changing anything (dry-run)."""
+        if ref.kind not in KUEUE_SUSPEND_KINDS or not self.suspend_kueue:
+            return None, (f"kubernetes: only a Kueue-managed job ({', '.join(KUEUE_SUSPEND_KINDS)}) is resumed "
+                          f"(kubernetes.suspend_kueue), not {ref}")
         try:
             obj = self._kueue_list(ref.namespace).get(ref)
         except KubeReadFailed as exc:
@@ -1282,7 +1334,7 @@ class WorkloadCloud(NodeCloudMixin):
     def restore(self, ref: WorkloadRef, who: str = "") -> Restored:
         """Scale back to the kept count and remove gpufinops' scale-down annotations (a person's snooze or protect
         stays), in one preconditioned patch. Raises KubeChangeError (definite) when there is nothing to restore."""
-        if ref.kind == "Job":
+        if ref.kind in KUEUE_SUSPEND_KINDS:
             return self.resume(ref, who)
         if not ref.scalable:
             raise KubeChangeError(f"kubernetes: only a Deployment or StatefulSet is restored, not {ref}",

@@ -64,20 +64,40 @@ class NodeWatch:
     last_seen: datetime
 
 
-def watch_gpu_free(prev: Mapping[str, NodeWatch], snapshot: ClusterSnapshot, max_gap_s: float) -> dict[str, NodeWatch]:
+def still_free(prev: Mapping[str, NodeWatch], snapshot: ClusterSnapshot, max_gap_s: float) -> list[str]:
+    """Pure: the nodes this read finds without a GPU pod whose free time would carry on from the last read: the
+    ones whose finished pods must be read (`watch_gpu_free`'s `work_ended`) before that time can be believed."""
+    at = snapshot.read_at
+    return [node.name for node in snapshot.nodes
+            if not snapshot.pods_on(node.name) and _continues(prev.get(node.name), node, at, max_gap_s)]
+
+
+def _continues(before: NodeWatch | None, node: NodeInfo, at: datetime, max_gap_s: float) -> bool:
+    return (before is not None and before.free_since is not None and node.created <= before.last_seen
+            and 0 <= (at - before.last_seen).total_seconds() <= max_gap_s)
+
+
+def watch_gpu_free(prev: Mapping[str, NodeWatch], snapshot: ClusterSnapshot, max_gap_s: float,
+                   work_ended: Mapping[str, datetime | None] | None = None) -> dict[str, NodeWatch]:
     """Pure: the watch after one more read. A node seen free for the first time, again after reads more than
     `max_gap_s` apart, or recreated under the same name since the last read, counts as free from this read only
-    (the time before was not seen). A node gone from the listing is dropped; a failed read steps nothing (the
-    caller keeps `prev`)."""
+    (the time before was not seen). `work_ended`: for the nodes `still_free` named, when the last finished GPU pod
+    on each ended (None: a finished GPU pod without an end time): a pod that started and finished between two
+    reads moves the free time to its end, or to this read when its end is unknown. A node gone from the listing
+    is dropped; a failed read steps nothing (the caller keeps `prev`)."""
     at = snapshot.read_at
+    ended = work_ended or {}
     out: dict[str, NodeWatch] = {}
     for node in snapshot.nodes:
         before = prev.get(node.name)
         if snapshot.pods_on(node.name):
             out[node.name] = NodeWatch(None, at)
-        elif (before is not None and before.free_since is not None and node.created <= before.last_seen
-              and 0 <= (at - before.last_seen).total_seconds() <= max_gap_s):
-            out[node.name] = NodeWatch(before.free_since, at)
+        elif _continues(before, node, at, max_gap_s):
+            free_since = before.free_since
+            if node.name in ended:
+                last_work = ended[node.name] or at
+                free_since = max(free_since, min(last_work, at))
+            out[node.name] = NodeWatch(free_since, at)
         else:
             out[node.name] = NodeWatch(at, at)
     return out

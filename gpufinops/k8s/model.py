@@ -1,8 +1,9 @@
 """Kubernetes types shared by collect, decide and costs. No I/O here.
 
 A *workload* is what a person scales: the top controller of a pod (Deployment through its ReplicaSet,
-StatefulSet, Job or the CronJob above it, a custom resource such as a Kubeflow Notebook) or the pod itself
-when nothing owns it. Its GPUs are those its pods request (all replicas).
+StatefulSet, Job or the CronJob or JobSet above it, a RayJob through its RayCluster, a custom resource such as a
+Kubeflow Notebook or PyTorchJob) or the pod itself when nothing owns it. Its GPUs are those its pods request
+(all replicas).
 """
 
 from __future__ import annotations
@@ -33,6 +34,45 @@ TAG_WORKLOAD_PRIORITY_CLASS = "k8s:workload-priority-class"
 PRE_SUSPEND_ANNOTATION = "gpufinops.io/pre-suspend-at"
 # Written on the Kueue Workload in the same patch as spec.active: false: gpufinops suspended it (restore's proof).
 SUSPENDED_ANNOTATION = "gpufinops.io/suspended-at"
+
+
+@dataclass(frozen=True)
+class ApiKind:
+    """Where the API server serves a custom resource kind: `/apis/<group>/<version>/namespaces/NS/<plural>`."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @property
+    def resource(self) -> str:
+        """As RBAC and errors name it: `jobsets.jobset.x-k8s.io`."""
+        return f"{self.plural}.{self.group}"
+
+
+# The Kueue-integrated kinds people run GPU training as, besides batch Jobs: the top object of its pods, the one
+# Kueue makes the Workload for (the Workload's controller ownerReference names it), so the object judged, marked,
+# suspended (its Workload's spec.active: false) and restored. Pods are owned by the object itself (Kubeflow's
+# training jobs, MPIJob v2beta1 of the MPI operator), by its Jobs (a JobSet), or by its RayCluster (a RayJob).
+KUEUE_JOB_KINDS = {k.kind: k for k in (
+    ApiKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    ApiKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
+    ApiKind("TFJob", "kubeflow.org", "v1", "tfjobs"),
+    ApiKind("XGBoostJob", "kubeflow.org", "v1", "xgboostjobs"),
+    ApiKind("PaddleJob", "kubeflow.org", "v1", "paddlejobs"),
+    ApiKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs"),
+    ApiKind("RayJob", "ray.io", "v1", "rayjobs"),
+)}
+# Followed upwards from a pod (collect.kubernetes.resolve_workload), never judged for itself when its owner is
+# listed: a RayJob's pods are owned by the RayCluster KubeRay made for it (its controller ownerReference the RayJob).
+RAY_CLUSTER = ApiKind("RayCluster", "ray.io", "v1", "rayclusters")
+# Every kind gpufinops may suspend through its Kueue Workload (kubernetes.suspend_kueue, a rule's action: suspend).
+KUEUE_SUSPEND_KINDS = ("Job", *KUEUE_JOB_KINDS)
 
 # GPU nodes whose GPU work is gone (decide.workloads.empty_gpu_nodes; docs/kubernetes.md, "GPU nodes without GPU
 # work"). Karpenter never voluntarily disrupts a node (or a pod) carrying this annotation = "true"
@@ -181,6 +221,7 @@ class WorkloadInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     replicas: int | None = None  # spec.replicas of a Deployment/StatefulSet; None for others
     resource_version: str = ""
+    listed: bool = True  # False: the owner was not in its listing; labels and annotations are its first pod's
 
 
 @dataclass(frozen=True)
@@ -199,6 +240,9 @@ class ClusterSnapshot:
     # Namespaces the settings leave out (kubernetes.namespaces / exclude / selector): their pods' GPUs still
     # count in their nodes' cost shares (they are not idle capacity), but their workloads are not judged.
     out_of_scope: frozenset[str] = frozenset()
+    # Owner kinds whose list failed (a 403, a 5xx; a 404 is "none of that kind"), and why: their workloads are
+    # reported with that reason and never changed this tick (collect.kubernetes.KubernetesCluster.snapshot).
+    unread: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def _nodes_by_name(self) -> dict[str, NodeInfo]:

@@ -372,7 +372,15 @@ class SlackNotifier:
             return None
         if msg.thread_key and self.store.get_kv(remembered) != parent_key:
             self.store.set_kv(remembered, parent_key)
-        parent = self.store.get_notification(parent_key)
+        # A reply to a reply (a Restore click's result under the stop notice, itself under its warning) goes
+        # into the thread of the first: Slack threads are one level deep. The parent where its own parent was not
+        # found (it was posted on its own) is the thread.
+        grandparent = self.store.get_kv(f"slack:thread:{parent_key}") or ""
+        return (self._posted_at(grandparent) if grandparent else None) or self._posted_at(parent_key)
+
+    def _posted_at(self, key: str) -> tuple[str, str] | None:
+        """(conversation id, ts) of a delivered message, None when not delivered or its ts is not known."""
+        parent = self.store.get_notification(key)
         if parent is None or not parent.delivered:
             return None
         try:

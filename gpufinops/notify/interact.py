@@ -1,4 +1,4 @@
-"""People acting on a warning: a verified Slack button click becomes a snooze request; the leader applies it.
+"""People acting on a notice: a verified Slack button click becomes a snooze or restore request; the leader applies it.
 
 A click reaches `POST /slack/actions` on whichever replica Slack's request lands, or, with Slack Socket Mode
 (`slack.socket_mode`, no public URL needed), one replica's WebSocket as an `interactive` envelope
@@ -8,7 +8,9 @@ the envelope id). Both transports then call `handle_verified`: one authorisation
    `X-Slack-Signature` a `v0=<64 hex>` signature, Slack's, over the raw body with the signing secret (slack-sdk
    `SignatureVerifier`). A missing, non-numeric or absurd header is refused like a forged one: 401, logged;
 2. parsed: a form-encoded `payload=` holding a JSON `block_actions` click by a Slack user id (`messages.SLACK_USER_ID`)
-   on one of `messages.SNOOZE_ACTIONS`; anything else is 400, logged;
+   on one of `messages.BUTTON_LABELS` (a Snooze button names an EC2 instance or a Kubernetes subject, Restore a
+   Kubernetes subject);
+   anything else is 400, logged;
 3. claimed once: the signature is written with one INSERT that the database refuses a second time
    (`Store.claim_kv`), so of any number of copies of a request, even sent at the same instant, one goes on and
    the others get 409;
@@ -21,9 +23,14 @@ the envelope id). Both transports then call `handle_verified`: one authorisation
 5. stored as a request (kv `snooze_request:<instance>`): the act stage of the replica holding the scheduler lease
    sets the snooze tag through the one chokepoint (`Actuator.apply_snooze_requests`) before it plans, so the
    snooze holds on that very tick, and updates the message in place ("Snoozed by @ana until 14:00").
+   Restore (on the notice that gpufinops scaled a workload to zero, suspended a Kueue job or cordoned a node): the
+   subject must still be in that state; the request is claimed once per subject (kv `restore_request:<id>`, one
+   INSERT: a double click, or two people at once, is one request); the leader's next tick restores it through
+   the function `gpufinops k8s restore` uses (act/restore.py), then edits the notice and replies with the result.
 Forged, stale, malformed, replayed and refused clicks change nothing and are logged (a line, no traceback); only the
 signature of a verified, well-formed click is remembered; a refused click that names an instance is written to
-the audit log with the Slack user id. A click can only ever keep an instance running.
+the audit log with the Slack user id. A click can only ever keep an instance running, or bring back what gpufinops
+itself stopped.
 """
 from __future__ import annotations
 
@@ -41,7 +48,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..config import Settings
 from ..config import SLACK_USER_ID
-from .messages import SNOOZE_ACTIONS
+from ..collect.kubernetes_cloud import ID_PREFIX, MAX_ID_LEN
+from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
+from .slack_blocks import notice_key_of
 from ..model import ActionKind, ActionResult, Cloud, GpuInstance
 from .markup import redact
 from ..store.store import Store
@@ -49,6 +58,7 @@ from ..store.store import Store
 log = logging.getLogger("gpufinops.interact")
 
 REQUEST_PREFIX = "snooze_request:"
+RESTORE_PREFIX = "restore_request:"
 SEEN_PREFIX = "slack_click_seen:"
 MAX_AGE_S = 5 * 60  # Slack's own window for a request's timestamp; a signature is remembered this long
 TOMORROW_AT_HOUR = 9
@@ -69,6 +79,7 @@ class Click:
     channel_id: str
     message_ts: str
     blocks: tuple[dict, ...]
+    notice_key: str = ""  # the notice a Restore button was on (its block id): the result replies to it
 
 
 @dataclass(frozen=True)
@@ -95,11 +106,35 @@ class SnoozeRequest:
 
 
 @dataclass(frozen=True)
+class RestoreRequest:
+    """A person's verified, allowed Restore click, waiting for the leader's tick (act/restore.py)."""
+
+    instance_id: str
+    user_id: str
+    user_name: str
+    channel_id: str
+    message_ts: str
+    notice_key: str
+    requested_at: str
+    blocks: tuple[dict, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> "RestoreRequest":
+        data = json.loads(text)
+        data["blocks"] = tuple(data.get("blocks") or ())
+        return RestoreRequest(**data)
+
+
+@dataclass(frozen=True)
 class Answer:
     """What the endpoint answers Slack: HTTP status and a short text (Slack shows non-2xx as a failed click).
     `tell`: (channel id, Slack user id) of a clicker who should read `text` privately (chat.postEphemeral): a
-    refused or failed click, where Slack itself shows only a warning sign over HTTP and nothing at all over
-    Socket Mode (the ack carries no answer). A replayed click tells nobody: its first copy did."""
+    refused or failed click, or one that adds nothing (a Restore already requested, nothing to restore), where
+    Slack itself shows only a warning sign over HTTP and nothing at all over Socket Mode (the ack carries no
+    answer). A replayed click tells nobody: its first copy did."""
 
     status: int
     text: str
@@ -156,17 +191,30 @@ def parse_payload(payload: Any) -> Click | str:
         return "not a button click"
     actions = payload.get("actions")
     action = _obj(actions[0]) if isinstance(actions, list) and actions else {}
-    if not isinstance(action.get("action_id"), str) or action["action_id"] not in SNOOZE_ACTIONS:
+    if not isinstance(action.get("action_id"), str) or action["action_id"] not in BUTTON_LABELS:
         return f"unknown action {str(action.get('action_id'))[:40]!r}"
     user, container, message = _obj(payload.get("user")), _obj(payload.get("container")), _obj(payload.get("message"))
     channel = _obj(payload.get("channel")).get("id") or container.get("channel_id") or ""
     user_id, iid = str(user.get("id") or ""), str(action.get("value") or "")
-    if not SLACK_USER_ID.fullmatch(user_id) or not iid.startswith("i-") or len(iid) > 40:
+    if not SLACK_USER_ID.fullmatch(user_id) or not _names_its_subject(action["action_id"], iid):
         return "click without a Slack user id or an instance"
     blocks = message.get("blocks") if isinstance(message.get("blocks"), list) else ()
     message_ts = str(container.get("message_ts") or message.get("ts") or "")
+    # The notice a Restore button was on, only as a key to reply under: never trusted for anything else.
+    notice_key = notice_key_of(action.get("block_id")) if action["action_id"] == RESTORE_ACTION else ""
     return Click(user_id, str(user.get("username") or user.get("name") or user_id)[:80], str(action["action_id"]),
-                 iid, str(channel), message_ts, tuple(b for b in blocks if isinstance(b, dict)))
+                 iid, str(channel), message_ts, tuple(b for b in blocks if isinstance(b, dict)),
+                 notice_key if is_stop_key_of(notice_key, iid) else "")
+
+
+def _names_its_subject(action_id: str, iid: str) -> bool:
+    """Restore names a Kubernetes workload's or node's id (collect's); Snooze that or an EC2 instance id (a warning
+    of either kind carries the Snooze buttons, and the snooze is the same annotation `gpufinops.io/snooze-until` a
+    person could write)."""
+    k8s = iid.startswith(ID_PREFIX) and len(iid) <= MAX_ID_LEN
+    if action_id == RESTORE_ACTION:
+        return k8s
+    return k8s or (iid.startswith("i-") and len(iid) <= 40)
 
 
 def _is_person(entry: str, user_id: str, email: str) -> bool:
@@ -178,10 +226,11 @@ def _is_person(entry: str, user_id: str, email: str) -> bool:
     return "@" in entry and bool(email) and entry.lower() == email
 
 
-def may_snooze(click: Click, user: Mapping[str, Any], inst: GpuInstance, settings: Settings,
-               users_info_error: str = "") -> tuple[bool, str]:
-    """Whether this Slack user id may snooze this instance, and why (the reason goes to the audit log). `user` is
-    users.info's answer for `click.user_id` ({} when it failed, and `users_info_error` says why)."""
+def may_act(click: Click, user: Mapping[str, Any], inst: GpuInstance, settings: Settings,
+            users_info_error: str = "") -> tuple[bool, str]:
+    """Whether this Slack user id may click a button of this instance (snooze it, restore it), and why (the reason
+    goes to the audit log). `user` is users.info's answer for `click.user_id` ({} when it failed, and
+    `users_info_error` says why)."""
     slack = settings.slack
     email = str(_obj(user.get("profile")).get("email") or "").strip().lower()
     if any(_is_person(p, click.user_id, email) for p in slack.snooze_admins):
@@ -298,7 +347,8 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
         return Answer(503, "the instance cannot be read right now; nothing changed, try again",
                       (click.channel_id, click.user_id))
     if not found:
-        return Answer(404, f"{click.instance_id} not found: nothing to keep running", (click.channel_id, click.user_id))
+        nothing = "nothing to restore" if click.action_id == RESTORE_ACTION else "nothing to keep running"
+        return Answer(404, f"{click.instance_id} not found: {nothing}", (click.channel_id, click.user_id))
     inst = found[0]
     lookup_error = ""
     try:
@@ -307,14 +357,17 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
         lookup_error = _lookup_failed(exc)
         log.warning("users.info for %s failed: %s", click.user_id, lookup_error)
         user = {}
-    allowed, why = may_snooze(click, user, inst, settings, lookup_error)
-    label = SNOOZE_ACTIONS[click.action_id]
+    allowed, why = may_act(click, user, inst, settings, lookup_error)
+    label = BUTTON_LABELS[click.action_id]
+    kind = ActionKind.RESTORE if click.action_id == RESTORE_ACTION else ActionKind.SNOOZE
     if not allowed:
         log.warning("refused %r on %s by %s (%s): %s", label, click.instance_id, click.user_id, click.user_name, why)
-        store.record_action("slack", ActionResult(click.instance_id, ActionKind.SNOOZE, settings.act.dry_run, False,
+        store.record_action("slack", ActionResult(click.instance_id, kind, settings.act.dry_run, False,
                                                   f"refused {label!r} by {click.user_id} ({click.user_name}): {why}",
                                                   "", now, error="not allowed"))
         return Answer(403, f"{label!r} on {click.instance_id} not allowed: {why}", (click.channel_id, click.user_id))
+    if kind == ActionKind.RESTORE:
+        return _restore_requested(click, inst, why, store=store, now=now)
     tz = user.get("tz") if isinstance(user.get("tz"), str) else None
     until = snooze_until(click.action_id, now, tz, settings.act.max_snooze_s)
     request = SnoozeRequest(click.instance_id, until.strftime("%Y-%m-%dT%H:%M:%SZ"), click.user_id, click.user_name,
@@ -323,6 +376,27 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
     log.info("%r on %s by %s (%s, %s): snooze until %s requested", label, click.instance_id, click.user_id,
              click.user_name, why, request.until)
     return Answer(200, f"snooze until {request.until} requested")
+
+
+def _restore_requested(click: Click, inst: GpuInstance, why: str, *, store: Store, now: datetime) -> Answer:
+    """An allowed Restore click: stored as the one request of its subject, or told why not (privately)."""
+    tell = (click.channel_id, click.user_id)
+    if inst.state != "stopped":  # what the read-back of a restore looks for, the other way round
+        return Answer(409, f"{click.instance_id} is {inst.state} now, not scaled down, suspended or cordoned by "
+                           f"gpufinops: nothing to restore", tell)
+    request = RestoreRequest(click.instance_id, click.user_id, click.user_name, click.channel_id, click.message_ts,
+                             click.notice_key, now.isoformat(), click.blocks)
+    if not store.claim_kv(RESTORE_PREFIX + click.instance_id, request.to_json()):
+        earlier = store.get_kv(RESTORE_PREFIX + click.instance_id)
+        try:
+            who = f"<@{RestoreRequest.from_json(earlier).user_id}>" if earlier else "someone"
+        except (ValueError, TypeError):  # unreadable: the tick drops it (pending_restores) and this click is told
+            who = "someone"
+        log.info("'Restore' on %s by %s: already requested by %s", click.instance_id, click.user_id, who)
+        return Answer(200, f"a restore of {click.instance_id} is already requested (by {who}); gpufinops does it "
+                           f"once, on its next tick", tell)
+    log.info("'Restore' on %s by %s (%s, %s): requested", click.instance_id, click.user_id, click.user_name, why)
+    return Answer(200, f"restore of {click.instance_id} requested: gpufinops does it on its next tick")
 
 
 def forget_old_signatures(store: Store, now: datetime) -> None:
@@ -336,15 +410,21 @@ def forget_old_signatures(store: Store, now: datetime) -> None:
             store.set_kv(key, None)
 
 
-def pending_requests(store: Store) -> list[SnoozeRequest]:
+def _pending(store: Store, prefix: str, parse: Callable[[str], Any], what: str) -> list:
+    """The requests stored under `prefix`, parsed; an unreadable one is dropped, logged."""
     out = []
-    for key, value in store.kv_items(REQUEST_PREFIX):
+    for key, value in store.kv_items(prefix):
         try:
-            out.append(SnoozeRequest.from_json(value))
+            out.append(parse(value))
         except (ValueError, TypeError):
-            log.error("unreadable snooze request %s dropped", key)
+            log.error("unreadable %s request %s dropped", what, key)
             store.set_kv(key, None)
     return out
+
+
+def pending_requests(store: Store) -> list[SnoozeRequest]:
+    """The Snooze clicks waiting for the leader's tick."""
+    return _pending(store, REQUEST_PREFIX, SnoozeRequest.from_json, "snooze")
 
 
 def forget_request(store: Store, instance_id: str) -> None:
@@ -353,3 +433,16 @@ def forget_request(store: Store, instance_id: str) -> None:
 
 def keep_request(store: Store, request: SnoozeRequest) -> None:
     store.set_kv(REQUEST_PREFIX + request.instance_id, request.to_json())
+
+
+def pending_restores(store: Store) -> list[RestoreRequest]:
+    """The Restore clicks waiting for the leader's tick."""
+    return _pending(store, RESTORE_PREFIX, RestoreRequest.from_json, "restore")
+
+
+def forget_restore(store: Store, instance_id: str) -> None:
+    store.set_kv(RESTORE_PREFIX + instance_id, None)
+
+
+def keep_restore(store: Store, request: RestoreRequest) -> None:
+    store.set_kv(RESTORE_PREFIX + request.instance_id, request.to_json())

@@ -223,11 +223,18 @@ def _kueue_workload(inst: GpuInstance) -> str:
     return inst.tags.get(TAG_KUEUE_WORKLOAD, "") if _is_workload(inst) else ""
 
 
+def _restore_target(inst: GpuInstance) -> str:
+    """What `gpufinops k8s restore` takes for this workload: its id's NAMESPACE/KIND/NAME (escaped: names are
+    untrusted), or a placeholder for an id cut to the store's width (its full name is not in it)."""
+    raw = inst.instance_id.removeprefix("k8s:")
+    return _v(raw, 200) if "~" not in raw else "<namespace>/<Kind>/<name>"
+
+
 def _keep_hint(inst: GpuInstance | None = None) -> str:
     if inst is not None and _kueue_workload(inst):
         ns, _, name = _kueue_workload(inst).partition("/")
         return (f"To keep it running: make it busy, or annotate its Kueue Workload (`kubectl annotate workload -n "
-                f"{_v(ns, 63)} {_v(name, 80)} ...`) or the Job `{SNOOZE_ANNOTATION}` = an ISO-8601 time (pause "
+                f"{_v(ns, 63)} {_v(name, 80)} ...`) or the job's own object `{SNOOZE_ANNOTATION}` = an ISO-8601 time (pause "
                 f"until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from the Workload "
                 f"cancels it. `{PRE_SUSPEND_ANNOTATION}` on the Workload says when: checkpoint before then.")
     if inst is not None and _is_node(inst):
@@ -253,6 +260,11 @@ SNOOZE_ACTIONS = {
     "gpufinops_snooze_tomorrow": "Snooze until tomorrow 09:00",
     "gpufinops_keep_7d": "Keep running (7 days)",
 }
+# The button of a stop notice about a Kubernetes workload, Kueue job or node: undo what gpufinops did
+# (gpufinops.interact records the request; act/restore.py carries it out on the leader's next tick).
+RESTORE_ACTION = "gpufinops_restore"
+# Every button's label by action id: what is drawn and what a click may name (one table for both).
+BUTTON_LABELS = {**SNOOZE_ACTIONS, RESTORE_ACTION: "Restore"}
 
 
 def warning_key(instance_id: str, marked_at: datetime) -> str:
@@ -379,7 +391,7 @@ def stopped(
         lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
     if _kueue_workload(inst):
         after = (f"Kueue Workload {_v(_kueue_workload(inst), 120)} was set `spec.active: false`: Kueue evicted it and "
-                 f"keeps it out of the queue. Resume it with `gpufinops k8s restore <namespace>/Job/<name>` "
+                 f"keeps it out of the queue. Resume it with `gpufinops k8s restore {_restore_target(inst)}` "
                  f"(`spec.active: true`: Kueue queues it again; it resumes from its last checkpoint if it wrote one).")
     elif _is_node(inst):
         after = (f"Nothing new is scheduled onto it (`spec.unschedulable: true`); Karpenter / cluster-autoscaler "
@@ -387,14 +399,14 @@ def stopped(
                  f"deletes no node. Undo with "
                  f"`gpufinops k8s restore node/{_v(inst.private_dns, 120)}`.")
     elif _is_workload(inst):
-        after = (f"Bring it back with `gpufinops k8s restore <namespace>/<name>` (the replica count is kept in "
+        after = (f"Bring it back with `gpufinops k8s restore {_restore_target(inst)}` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
     elif action is Action.TERMINATE:
         after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
     else:
         after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
     return _notice(
-        f"stop:{inst.instance_id}:{_stamp(at)}", channel, text, inst=inst, kind="stopped", dry_run=dry_run,
+        stop_key(inst.instance_id, at), channel, text, inst=inst, kind="stopped", dry_run=dry_run,
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
             *_who_and_where(inst),
@@ -406,7 +418,58 @@ def stopped(
             ("Rule", _v(decision.rule_name)),
         ),
         notes=(after,),
+        # Only what gpufinops changed can be undone: a workload scaled to zero, a Kueue job suspended, a node
+        # cordoned (every stop of a Kubernetes subject is one of those). Shown only where clicks are verified
+        # (routing.Deliveries); the command in `after` stays for email readers.
+        actions=(RESTORE_ACTION,) if _is_workload(inst) and not dry_run else (),
     )
+
+
+def stop_key(instance_id: str, at: datetime) -> str:
+    """The idempotency key of a stop notice (the Restore button names it: its result is a reply to it)."""
+    return f"stop:{instance_id}:{_stamp(at)}"
+
+
+def is_stop_key_of(key: str, instance_id: str) -> bool:
+    """Whether `key` is a stop notice's key (`stop_key`) about this instance."""
+    return key.startswith(f"stop:{instance_id}:")
+
+
+def restore_result(instance_id: str, target: str, status: str, *, replicas: int | None, who: str, detail: str,
+                   dry_run: bool, key: str, thread_key: str = "", channel: str = "") -> Notice:
+    """The one line a Restore click comes to, as a reply to the stop notice it was on. `target` is what
+    `gpufinops k8s restore` takes (`NS/Kind/NAME`, `node/NAME`); `status` is act.restore.RestoreOutcome's;
+    `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not)."""
+    by = _person(who)
+    subject = f"`{_v(instance_id, 64)}`"
+    parts = target.split("/")
+    # NS/Kind/NAME: anything but a Deployment or StatefulSet is a Kueue-managed job (suspended, resumed by Kueue).
+    kind = "node" if parts[0] == "node" else "job" if len(parts) == 3 and parts[1] not in (
+        "Deployment", "StatefulSet") else "workload"
+    count = f" to {replicas} replicas" if replicas else ""
+    if status == "would_restore":
+        undo = {"node": "uncordon", "job": "resume", "workload": "restore"}[kind]
+        text = (f"[DRY-RUN] Restore clicked by {by}: would {undo} {subject}{count if kind == 'workload' else ''}; "
+                f"nothing was changed (`act.dry_run` is on).")
+    elif status == "restored":
+        text = {"node": f"Node {subject} uncordoned by {by}: new pods can be scheduled onto it again.",
+                "job": f"{subject} resumed by {by}: its Kueue Workload is `spec.active: true` again, so Kueue "
+                       f"queues the job again; it resumes from its last checkpoint if it wrote one.",
+                "workload": f"{subject} restored{count} by {by}."}[kind]
+    elif status == "unknown":
+        text = (f"Restore of {subject} clicked by {by}: the Kubernetes API gave no clear answer "
+                f"({_v(detail, MAX_REASON)}), so it is not known yet whether it was done. gpufinops reads it back "
+                f"and records the outcome in its audit log (`gpufinops audit --instance {_v(instance_id, 64)}`); "
+                f"if it is still not back in a few minutes, click Restore again.")
+    else:  # failed, nothing_to_restore, or a wait that lasted too long
+        text = f"Restore of {subject} clicked by {by} was not done: {_v(detail, MAX_REASON)}"
+    return _notice(key, channel, text, kind="restore", subject=instance_id, audience=("team",), dry_run=dry_run,
+                   thread_key=thread_key)
+
+
+def _person(who: str) -> str:
+    """A Slack user id as a mention (`<@U…>`), anything else as escaped text."""
+    return f"<@{who}>" if SLACK_USER_ID.fullmatch(who or "") else _v(who, 60, empty="someone")
 
 
 def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error: str, key: str) -> Notice:
@@ -534,7 +597,8 @@ def _fallback_list(summary: str, lines: Sequence[str], total: int) -> str:
     return "\n".join(out)
 
 
-__all__ = ["idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "idle_notice", "format_duration", "format_money", "escape", "SNOOZE_ACTIONS"]
+__all__ = ["idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "idle_notice", "format_duration", "format_money", "escape", "SNOOZE_ACTIONS",
+           "RESTORE_ACTION", "BUTTON_LABELS", "restore_result", "stop_key"]
 
 
 def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]], dry_run_stops: int,

@@ -29,7 +29,7 @@ from .messages import SLACK_ID_ANSWERED, mention_owner
 
 if TYPE_CHECKING:
     from .email import EmailDelivery
-    from .interact import SnoozeRequest
+    from .interact import RestoreRequest, SnoozeRequest
 
 log = logging.getLogger("gpufinops.notify")
 
@@ -80,6 +80,8 @@ class Deliveries:
         return bool(self.settings.slack.token.resolve())
 
     def send(self, notice: Notice) -> bool:
+        if notice.actions and not self.settings.slack.interactive():
+            notice = replace(notice, actions=())  # a button nobody's click can reach would promise nothing true
         address = email_address(notice.owner) if "owner" in notice.audience else None
         if address and self.email is not None and not self._chat_reaches_people():
             return self.email.send(notice, to=address)
@@ -124,6 +126,15 @@ class Deliveries:
         if not (req.channel_id and req.message_ts):
             return False
         text, blocks = snoozed_in_place(req.blocks, user=req.user_id or req.user_name, until=until, dry_run=dry_run)
+        return self.chat.update(req.channel_id, req.message_ts, text, blocks)
+
+
+    def show_restored(self, req: "RestoreRequest", said: str, keep_button: bool) -> bool:
+        """The stop notice a Restore button was on, edited in place: what the click came to (Slack only)."""
+        from .slack_blocks import restored_in_place
+        if not (req.channel_id and req.message_ts):
+            return False
+        text, blocks = restored_in_place(req.blocks, said, keep_button=keep_button)
         return self.chat.update(req.channel_id, req.message_ts, text, blocks)
 
 

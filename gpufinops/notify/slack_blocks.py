@@ -23,6 +23,10 @@ MAX_HEADER = 150
 MAX_FALLBACK = 3000
 
 SNOOZE_BLOCK_ID = "gpufinops_snooze"
+# The Restore button's block id is this, ":" and the key of the notice it is on: a click names the notice, so
+# that the result is a reply to it (Slack gives a click the block id it was drawn with; 255 characters at most).
+RESTORE_BLOCK_ID = "gpufinops_restore"
+MAX_BLOCK_ID = 255
 
 # The icon before each kind's title.
 _ICONS = {"warning": ":hourglass:", "stopped": ":octagonal_sign:", "cancelled": ":white_check_mark:",
@@ -80,16 +84,23 @@ def _list_sections(lines: Sequence[str]) -> list[dict]:
     return sections
 
 
-def snooze_buttons(instance_id: str, actions: Sequence[str] | None = None) -> dict:
-    """The actions block of a warning; each button's value is the instance id (checked again on click)."""
-    from .messages import SNOOZE_ACTIONS
+def buttons(instance_id: str, actions: Sequence[str], notice_key: str = "") -> dict:
+    """The actions block of a notice; each button's value is the instance id (checked again on click). Snooze
+    buttons share one block; the Restore button's block names the notice (`RESTORE_BLOCK_ID:<key>`)."""
+    from .messages import BUTTON_LABELS, RESTORE_ACTION
     value = " ".join(str(instance_id).split())[:100]
     elements = [{"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label},
-                 "value": value} for action_id, label in SNOOZE_ACTIONS.items()
-                if actions is None or action_id in actions]
+                 "value": value} for action_id, label in BUTTON_LABELS.items() if action_id in actions]
     if elements:
         elements[0]["style"] = "primary"
-    return {"type": "actions", "block_id": SNOOZE_BLOCK_ID, "elements": elements}
+    block_id = f"{RESTORE_BLOCK_ID}:{notice_key}"[:MAX_BLOCK_ID] if RESTORE_ACTION in actions else SNOOZE_BLOCK_ID
+    return {"type": "actions", "block_id": block_id, "elements": elements}
+
+
+def notice_key_of(block_id: str) -> str:
+    """The notice key a Restore button's block id carries ("" for any other block)."""
+    head = RESTORE_BLOCK_ID + ":"
+    return block_id[len(head):] if isinstance(block_id, str) and block_id.startswith(head) else ""
 
 
 def title_of(notice: Notice) -> str:
@@ -112,7 +123,7 @@ def render(notice: Notice) -> tuple[str, tuple[dict, ...]]:
         blocks.append(_fields(notice.facts))
     blocks += _list_sections(notice.lines)
     if notice.actions:
-        blocks.append(snooze_buttons(notice.subject, notice.actions))
+        blocks.append(buttons(notice.subject, notice.actions, notice.key))
     for note in notice.notes:
         blocks.append(_context(note))
     return text, tuple(blocks[:MAX_BLOCKS])
@@ -127,6 +138,15 @@ def snoozed_in_place(blocks: Sequence[Mapping], *, user: str, until: datetime, d
     kept = [dict(b) for b in blocks if b.get("block_id") != SNOOZE_BLOCK_ID]
     kept.append(_context(said))
     return clip_mrkdwn(slack_time(said), MAX_FALLBACK), kept[:MAX_BLOCKS]
+
+
+def restored_in_place(blocks: Sequence[Mapping], said: str, *, keep_button: bool) -> tuple[str, list[dict]]:
+    """The stop notice as it reads after a Restore click: `said` (what the click came to) added under it, and its
+    button removed unless it may be clicked again (a restore that failed or whose outcome is not known)."""
+    kept = [dict(b) for b in blocks
+            if keep_button or not str(b.get("block_id") or "").startswith(RESTORE_BLOCK_ID)]
+    kept = kept[:MAX_BLOCKS - 1] + [_context(said)]
+    return clip_mrkdwn(slack_time(said), MAX_FALLBACK), kept
 
 
 def _utc(dt: datetime) -> datetime:

@@ -104,6 +104,7 @@ class MonthlyAudit:
     trend: pd.DataFrame = field(default_factory=lambda: sections.trend_table({}, None))
     k8s_namespaces: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[0])
     k8s_workloads: pd.DataFrame = field(default_factory=lambda: sections.kubernetes_tables(pd.DataFrame(), {})[1])
+    k8s_node_pools: pd.DataFrame = field(default_factory=lambda: sections.node_pool_table(pd.DataFrame(), [], None))
     underused_causes: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[0])
     underused_by_team: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[1])
 
@@ -113,14 +114,22 @@ class MonthlyAudit:
         return len(self.k8s_workloads) > 0
 
     @property
+    def has_node_pools(self) -> bool:
+        """The month has Kubernetes GPU node hours (the service read a cluster): the page shows the node pools."""
+        return len(self.k8s_node_pools) > 0
+
+    @property
     def has_data(self) -> bool:
         return bool(self.headline["evaluations"]) or self.headline["billed_cost"] is not None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables as written to CSV and JSON, in report order; the Kubernetes ones only for a month with
-        workloads (a fleet without a cluster gets no empty Kubernetes files)."""
+        workloads, the node pools only for one with node hours (a fleet without a cluster gets no empty Kubernetes
+        files)."""
         k8s = ({"k8s_namespaces": self.k8s_namespaces, "k8s_workloads": self.k8s_workloads} if self.has_workloads
                else {})
+        if self.has_node_pools:
+            k8s["k8s_node_pools"] = self.k8s_node_pools
         return {"teams": self.teams, "instances": self.instances, "underutilized": self.underutilized,
                 "underused_causes": self.underused_causes, "underused_by_team": self.underused_by_team,
                 "stops_by_instance": self.stops_by_instance, "stops": self.stops, "unknown_time": self.unknown_time,
@@ -834,6 +843,11 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)
     audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of, stops)
+    # A cluster judged by node rules only has no decision rows: what the month observed of it ends one evaluation
+    # period after the latest tick that read it.
+    cluster_end = (min(pd.Timestamp(p.as_of), inp.node_hours["last_seen"].max() + timedelta(seconds=period_s))
+                   if len(inp.node_hours) else obs_end)
+    audit.k8s_node_pools = sections.node_pool_table(inp.node_hours, inp.actions, max(obs_end, cluster_end))
     audit.underused_causes, audit.underused_by_team = sections.underused_causes(iv)
     # Only a profiling cause proves the counters were read: nothing in the store says they were not.
     headline["profiling_causes_cost"] = (None if evaluated is None else _sum(audit.underused_causes.loc[
@@ -845,6 +859,12 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     # What suspending Kueue jobs and scaling workloads to zero saved (real stops only; 0.0 when none was made).
     headline["k8s_saved_cost"] = (_f(audit.k8s_namespaces["saved_cost"].sum(min_count=0)) if audit.has_workloads
                                   else None)
+    pools = audit.k8s_node_pools
+    headline["k8s_node_pools"] = int(len(pools))
+    headline["k8s_node_cost"] = _f(pools["node_cost"].sum()) if audit.has_node_pools else None
+    headline["k8s_idle_capacity_cost"] = _f(pools["idle_capacity_cost"].sum()) if audit.has_node_pools else None
+    headline["k8s_cordon_saved_cost"] = (_f(pools["saved_cost"].sum(min_count=0)) if audit.has_node_pools
+                                         else None)
     audit.notes = quality_notes(audit)
     return audit
 

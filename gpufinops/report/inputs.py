@@ -59,6 +59,8 @@ class AuditInputs:
     # The idle rules and act settings the advice is made from (report.advice); rules None: unreadable (a warning).
     rules: list | None = field(default_factory=list)
     act: ActSettings = field(default_factory=ActSettings)
+    # Store.node_hours_frame() of the month: per hour and Kubernetes GPU node, its cost split (empty: no cluster).
+    node_hours: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def evaluations(self) -> int:
@@ -195,6 +197,7 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         labels=store.instance_labels(verdicts["instance_id"].unique().tolist()) if len(verdicts) else {},
         rules=_rules(settings, warnings),
         act=settings.act if settings is not None else ActSettings(),
+        node_hours=store.node_hours_frame(period.start, period.as_of),
     )
 
 

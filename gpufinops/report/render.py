@@ -35,7 +35,7 @@ PDF_TIMEOUT_S = 120
 STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
 K8S_TOP = 15  # workloads in the page's Kubernetes table; the rest are in the CSV
 # Tables whose CSV file is named otherwise than the table (gpu-audit-YYYY-MM-k8s-namespaces.csv).
-CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads"}
+CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads", "k8s_node_pools": "k8s-node-pools"}
 
 
 def csv_tables(a: MonthlyAudit) -> dict[str, pd.DataFrame]:

@@ -12,8 +12,9 @@ from datetime import datetime
 
 import pandas as pd
 
+from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
-from ..collect.kubernetes_cloud import ID_PREFIX, parse_target, parse_workload_id
+from ..collect.kubernetes_cloud import ID_PREFIX, node_id, parse_target, parse_workload_id
 from .words import words
 
 NO_OWNER = "no owner tag"
@@ -29,6 +30,9 @@ K8S_NAMESPACE_COLUMNS = ["namespace", "workloads", "hours", "gpu_hours", "cost",
 K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "hours", "gpu_hours",
                         "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
                         "idle_hours", "unknown_hours", "unpriced_hours", "acted", "saved_cost"]
+K8S_NODE_POOL_COLUMNS = ["node_pool", "nodes", "sharing", "node_hours", "gpu_hours", "node_cost", "pods_cost",
+                         "idle_capacity_cost", "idle_share", "unpriced_hours", "empty_hours", "cordoned",
+                         "dry_run_cordons", "saved_hours", "saved_cost"]
 CUT_NAME = "(cut: see the instance id)"
 BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
                   "data_through", "status"]
@@ -48,6 +52,7 @@ SORTED_BY = {
     "managed": "idle episodes, most first",
     "k8s_namespaces": "cost, largest first",
     "k8s_workloads": "idle cost, largest first",
+    "k8s_node_pools": "node cost, largest first",
     "underused_causes": "cost, largest first",
     "underused_by_team": "team's underutilized cost, largest first, then cost",
 }
@@ -166,7 +171,7 @@ def _empty(columns: list[str]) -> pd.DataFrame:
 def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
     """Per workload id, what gpufinops did to it this month and what it saved, from the stop audit (audit.stop_audit:
     every stop row, its `saved_cost` measured from the stop until the workload was judged running again):
-    ("suspended 1x", 812.40) for a Kueue Job (its Workload deactivated), ("scaled to zero 2x", ...) for a Deployment /
+    ("suspended 1x", 812.40) for a Kueue job (its Workload deactivated), ("scaled to zero 2x", ...) for a Deployment /
     StatefulSet; a dry-run only month says "would have been ..." and saves nothing (its would-have figure is in the
     stops table). Stops not done (failed, unconfirmed) count neither."""
     if stops is None or stops.empty:
@@ -174,7 +179,7 @@ def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
     done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(ID_PREFIX)]
     out: dict[str, tuple[str, float]] = {}
     for iid, g in done.groupby("instance_id", sort=True):
-        verb = "suspended" if workload_parts(str(iid))[1] == "Job" else "scaled to zero"
+        verb = "suspended" if workload_parts(str(iid))[1] in KUEUE_SUSPEND_KINDS else "scaled to zero"
         real = g[~g["dry_run"].astype(bool)]
         if len(real):
             out[str(iid)] = (f"{verb} {len(real)}x", round(float(real["saved_cost"].sum(min_count=1)), 2)
@@ -231,6 +236,85 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
                   .sort_values(["cost", "namespace"], ascending=[False, True], kind="stable", na_position="last")
                   .reset_index(drop=True)[K8S_NAMESPACE_COLUMNS])
     return namespaces, workloads
+
+
+# --------------------------------------------------------------------------- GPU node pools (issue 28)
+
+
+def cordon_savings(node_hours: pd.DataFrame, cordons: list[tuple[str, pd.Timestamp]],
+                   obs_end: pd.Timestamp) -> dict[str, tuple[int, float, float]]:
+    """Per node name, (cordons, hours saved, cost saved) of gpufinops' completed real cordons (`cordons`: node name
+    and time, oldest first). A cordon saved the time from it until the end of what the month observed (or the
+    node's next cordon) that the node was no longer there to pay for (no tick saw it: Karpenter or the autoscaler
+    removed it), priced at the node's mean rate of the month (node cents over its priced hours); NaN unpriced.
+    A node seen again after its cordon (uncordoned, or not yet removed) saved nothing for that time."""
+    out: dict[str, tuple[int, float, float]] = {}
+    by_node = {name: g for name, g in node_hours.groupby("node")} if len(node_hours) else {}
+    for n, (name, at) in enumerate(cordons):
+        rows = by_node.get(name)
+        if rows is None:
+            continue
+        until = next((t for other, t in cordons[n + 1:] if other == name), obs_end)
+        if until <= at:
+            continue
+        later = rows[(rows["hour"] + pd.Timedelta(hours=1) > at) & (rows["hour"] < until)]
+        # The node's time in the cordon's own hour counts from the cordon on (at most what that hour held).
+        before = min((at - at.floor("h")).total_seconds() / 3600, float(later["hours"].iloc[0])) \
+            if len(later) and later["hour"].iloc[0] <= at else 0.0
+        hours = max(0.0, (until - at).total_seconds() / 3600 - (float(later["hours"].sum()) - before))
+        priced = float((rows["hours"] - rows["unpriced_hours"]).sum())
+        rate = float(rows["node_cents"].sum()) / 100 / priced if priced > 0 else float("nan")
+        count, saved_h, saved = out.get(name, (0, 0.0, 0.0))
+        out[name] = (count + 1, saved_h + hours, saved + hours * rate)
+    return out
+
+
+def node_pool_table(node_hours: pd.DataFrame, actions: list, obs_end) -> pd.DataFrame:
+    """Per GPU node pool (Karpenter NodePool, EKS node group, ...; "(no node pool)"), from the month's hourly node
+    rollup (Store.node_hours_frame): nodes seen, node-hours, GPU-hours, the sharing modes seen, the nodes' cost split
+    into what the pods' shares carried and the idle capacity no pod held (prices.costs_k8s.attribute's split, summed
+    in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
+    pod at all, and the nodes gpufinops cordoned (`action: drain`: stop audit rows of `k8s:node/<name>` ids) with
+    what that saved (cordon_savings). A pool's node is counted in the pool it was last seen in. Largest node cost
+    first; empty without cluster data."""
+    if node_hours is None or node_hours.empty:
+        return _empty(K8S_NODE_POOL_COLUMNS)
+    nh = node_hours.sort_values(["hour", "node"], kind="stable")
+    pool_of = nh.groupby("node")["node_pool"].last()
+    ids = {node_id(str(name)): str(name) for name in pool_of.index}
+    real, dry = [], {}
+    for a in actions:
+        name = ids.get(a.instance_id)
+        if name is None or a.kind.value != "stop" or a.status != "done":
+            continue
+        if a.dry_run:
+            dry[name] = dry.get(name, 0) + 1
+        else:
+            real.append((name, pd.Timestamp(a.at)))
+    saved = cordon_savings(nh, sorted(real, key=lambda c: c[1]), pd.Timestamp(obs_end))
+    g = nh.groupby("node_pool")
+    cents = {c: g[c].sum() for c in ("node_cents", "pods_cents", "idle_cents")}
+    out = pd.DataFrame({
+        "nodes": g["node"].nunique(), "sharing": g["sharing"].agg(lambda m: ", ".join(sorted(set(m)))),
+        "node_hours": g["hours"].sum(), "gpu_hours": g["gpu_hours"].sum(),
+        "node_cost": cents["node_cents"] / 100, "pods_cost": cents["pods_cents"] / 100,
+        "idle_capacity_cost": cents["idle_cents"] / 100, "unpriced_hours": g["unpriced_hours"].sum(),
+        "empty_hours": g["empty_hours"].sum(),
+    })
+    out["idle_share"] = cents["idle_cents"] / cents["node_cents"].where(cents["node_cents"] > 0)
+    for column, part in (("cordoned", 0), ("saved_hours", 1), ("saved_cost", 2)):
+        per_pool: dict[str, float] = {}
+        for name, figures in saved.items():
+            per_pool[pool_of[name]] = per_pool.get(pool_of[name], 0) + figures[part]
+        out[column] = [per_pool.get(pool, 0) for pool in out.index]
+    out["dry_run_cordons"] = [sum(k for name, k in dry.items() if pool_of[name] == pool) for pool in out.index]
+    out["cordoned"] = out["cordoned"].astype(int)
+    # Nothing cordoned: no saving to show ("–"), as the namespaces table shows a namespace nothing was done to.
+    out["saved_hours"] = out["saved_hours"].where(out["cordoned"] > 0)
+    out["saved_cost"] = out["saved_cost"].round(2).where(out["cordoned"] > 0)
+    return (out.rename_axis("node_pool").reset_index()
+            .sort_values(["node_cost", "node_pool"], ascending=[False, True], kind="stable")
+            .reset_index(drop=True)[K8S_NODE_POOL_COLUMNS])
 
 
 # --------------------------------------------------------------------------- why underused (issue 25)
@@ -450,8 +534,9 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
     return {"idle_offenders": offenders, "rightsizing": moves}
 
 
-__all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
+__all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_NODE_POOL_COLUMNS",
+           "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
            "SORTED_BY", "breakdown", "budget_table", "coverage", "estimate_table", "executive_summary",
            "finance_page", "fleet_forecast",
-           "instance_attrs", "kubernetes_tables", "owners", "running_at_end", "stops_by_instance", "trend_table",
-           "underused_causes", "workload_parts"]
+           "instance_attrs", "kubernetes_tables", "node_pool_table", "owners", "running_at_end", "stops_by_instance",
+           "trend_table", "underused_causes", "workload_parts"]

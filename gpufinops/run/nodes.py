@@ -15,8 +15,11 @@ import logging
 from typing import Sequence
 
 from ..act.actuator import Actuator
+from ..collect.kubernetes import ClusterReadFailed
 from ..collect.kubernetes_cloud import WorkloadCloud
-from ..decide.workloads import empty_gpu_nodes, node_decision, watch_from_json, watch_gpu_free, watch_to_json
+from ..decide.workloads import (
+    empty_gpu_nodes, node_decision, still_free, watch_from_json, watch_gpu_free, watch_to_json,
+)
 from ..k8s.model import TAG_NODE
 from ..model import ActionKind, ActionResult, Rule, RunContext
 
@@ -52,11 +55,18 @@ def judge_and_act_on_nodes(ctx: RunContext, settings, rules: Sequence[Rule], pee
     watch = watch_from_json(peers.store.get_kv(WATCH_KEY))
     if snapshot is not None:
         max_gap_s = MAX_GAP_TICKS * settings.schedule.evaluate_every_s + 60
-        watch = watch_gpu_free(watch, snapshot, max_gap_s)
-        peers.store.set_kv(WATCH_KEY, watch_to_json(watch))
+        try:
+            ended = cloud.cluster.gpu_work_ended_on(still_free(watch, snapshot, max_gap_s))
+        except ClusterReadFailed as exc:
+            # The free time cannot be believed without the finished pods: nothing stepped, nothing judged.
+            log.warning("kubernetes: GPU node watch not stepped this tick (finished pods not read): %s", exc)
+            snapshot = None
+        else:
+            watch = watch_gpu_free(watch, snapshot, max_gap_s, ended)
+            peers.store.set_kv(WATCH_KEY, watch_to_json(watch))
     chosen = node_rules(rules)
     if not chosen or snapshot is None:
-        if chosen:
+        if chosen and not cloud.listed_ok:
             log.warning("kubernetes: GPU nodes not judged this tick: the cluster was not listed")
         return []
     nodes = [i for i in cloud.list_nodes() if i.is_running]

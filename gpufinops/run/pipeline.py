@@ -35,7 +35,10 @@ from ..model import (
     Verdict,
 )
 from ..act.lease import LeaseLost
-from .nodes import judge_and_act_on_nodes
+from .nodes import judge_and_act_on_nodes, workload_cloud_of
+from ..act.restore import apply_restore_requests
+from ..notify.routing import deliveries
+from .node_hours import record_node_hours
 from ..store.store import Store
 from ..store.schema import aware_utc, notifications
 
@@ -348,6 +351,13 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
             log.error("database failed recording instance labels, acting goes on: %s", exc)
             report.errors.append(f"database: recording instance labels: {exc}")
             report.sources["database"] = f"recording instance labels: {exc}"
+        try:
+            # The node pool table of the monthly report: the GPU nodes' cost, their pods' shares and idle capacity.
+            record_node_hours(ctx.now, settings, peers)
+        except SQLAlchemyError as exc:
+            log.error("database failed recording GPU node hours, acting goes on: %s", exc)
+            report.errors.append(f"database: recording GPU node hours: {exc}")
+            report.sources["database"] = f"recording GPU node hours: {exc}"
     if not act:
         return with_store_status(report, peers.store)
     actuator = Actuator(peers.cloud, peers.store, peers.notifier, settings)
@@ -368,6 +378,14 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
         except Exception as exc:  # noqa: BLE001 - the tick's other work stands; nodes are judged again next tick
             log.exception("GPU nodes not judged this tick")
             report.errors.append(f"kubernetes nodes: {exc}")
+    try:
+        # Restore buttons clicked since the last tick (notify/interact.py), each done once through the chokepoint.
+        apply_restore_requests(ctx, workload_cloud_of(peers.cloud), peers.store, deliveries(peers.notifier, settings))
+    except SQLAlchemyError as exc:
+        return database_failed(report, "restoring what people clicked", exc)
+    except Exception as exc:  # noqa: BLE001 - the tick's other work stands; the click is logged, not repeated
+        log.exception("Restore clicks not carried out this tick")
+        report.errors.append(f"restore clicks: {exc}")
     alert_missing_data(ctx, settings, decisions, by_id, peers.store, peers.notifier)
     return with_store_status(report, peers.store)
 

@@ -19,9 +19,12 @@ from ..model import GpuInstance
 from .schema import (
     LABEL_SIZES,
     LABEL_UPDATED,
+    NODE_HOUR_LATEST,
+    NODE_HOUR_SUMS,
     actions,
     decisions,
     instance_labels,
+    k8s_node_hours,
     kv,
     naive_utc,
     service_runs,
@@ -304,3 +307,60 @@ def prune_raw_decisions(conn: Connection, now: datetime, keep_s: float) -> int:
     conn.execute(delete(kv).where(kv.c.key == PRUNED_AT_KEY))
     conn.execute(insert(kv).values(key=PRUNED_AT_KEY, value=now.isoformat()))
     return int(res.rowcount or 0)
+
+
+# When the latest tick that recorded Kubernetes node hours read the cluster (ISO, naive UTC): the next one covers
+# the time since (covered_seconds).
+NODE_HOURS_TICK_KEY = "k8s:node-hours:last-tick"
+
+
+def covered_seconds(last: datetime | None, now: datetime, interval_s: float, max_gap_s: float) -> float:
+    """The time a tick that read the cluster stands for: since the previous such tick, at most max_gap_s (the cap
+    the verdict rollups put on a tick: a longer gap is time nobody watched); the very first tick, one interval_s.
+    0 for a tick not after the previous one (the same tick recorded again, or an older one replayed)."""
+    if last is None:
+        return float(min(interval_s, max_gap_s))
+    return max(0.0, min((now - last).total_seconds(), max_gap_s))
+
+
+@functools.lru_cache(maxsize=None)
+def node_hours_upsert(dialect: str):
+    """INSERT INTO k8s_node_hours ... ON CONFLICT (hour, node) DO UPDATE: the sums added to, the latest fields
+    replaced; built once per dialect ("sqlite" or "postgresql")."""
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    stmt = dialect_insert(k8s_node_hours)
+    return stmt.on_conflict_do_update(
+        index_elements=list(k8s_node_hours.primary_key.columns),
+        set_={**{f: k8s_node_hours.c[f] + stmt.excluded[f] for f in NODE_HOUR_SUMS},
+              **{f: stmt.excluded[f] for f in NODE_HOUR_LATEST}})
+
+
+def upsert_node_hours(conn: Connection, rows: Sequence[dict]) -> None:
+    """Add a tick's node-hour rows to the stored ones: one INSERT ... ON CONFLICT statement (executemany) on SQLite
+    and PostgreSQL; elsewhere one read of the rows of the hours touched, then batched updates and inserts. `rows`
+    hold each (hour, node) once (one tick)."""
+    if not rows:
+        return
+    if conn.dialect.name in ("sqlite", "postgresql"):
+        conn.execute(node_hours_upsert(conn.dialect.name), list(rows))
+        return
+    h = k8s_node_hours.c
+    stored = {(r["hour"], r["node"]): r for r in conn.execute(
+        select(k8s_node_hours).where(h.hour.in_(sorted({r["hour"] for r in rows})))).mappings()}
+    updates, inserts = [], []
+    for r in rows:
+        have = stored.get((r["hour"], r["node"]))
+        if have is None:
+            inserts.append(r)
+        else:
+            updates.append({"k_hour": r["hour"], "k_node": r["node"],
+                            **{f"v_{f}": have[f] + r[f] for f in NODE_HOUR_SUMS},
+                            **{f"v_{f}": r[f] for f in NODE_HOUR_LATEST}})
+    if updates:
+        conn.execute(update(k8s_node_hours).where(h.hour == bindparam("k_hour"), h.node == bindparam("k_node"))
+                     .values(**{f: bindparam(f"v_{f}") for f in (*NODE_HOUR_SUMS, *NODE_HOUR_LATEST)}), updates)
+    if inserts:
+        conn.execute(insert(k8s_node_hours), inserts)

@@ -136,6 +136,40 @@ service_runs = Table(
 )
 
 
+# Per hour and Kubernetes GPU node, what the ticks that read the cluster saw of it (store.record_node_hours, fed
+# by run/node_hours.py): its cost split as prices.costs_k8s.attribute splits it, in whole cents, so that
+# pods_cents + idle_cents == node_cents in every row (idle capacity: the GPUs no pod held). Each tick covers the
+# time since the previous tick that read the cluster, at most max_gap_s (the verdict rollups' cap); `hours` is
+# that time. The monthly report's node pool table is read from here (report.sections.node_pool_table).
+k8s_node_hours = Table(
+    "k8s_node_hours",
+    metadata,
+    Column("hour", DateTime, primary_key=True),
+    Column("node", String(253), primary_key=True),  # a Kubernetes node name (a DNS subdomain: 253 at most)
+    Column("instance_id", String(64), nullable=False),  # the machine's own id (spec.providerID), else the name
+    Column("node_pool", String(128), nullable=False),  # prices.costs_k8s.node_pool_of, at the latest tick
+    Column("sharing", String(16), nullable=False),  # k8s.model.SHARING_MODES, at the latest tick
+    Column("gpus", Integer, nullable=False),  # physical GPUs, at the latest tick
+    Column("hours", Float, nullable=False),
+    Column("gpu_hours", Float, nullable=False),
+    Column("node_cents", Integer, nullable=False),
+    Column("pods_cents", Integer, nullable=False),
+    Column("idle_cents", Integer, nullable=False),
+    Column("unpriced_hours", Float, nullable=False),  # of `hours`, with no known price (in no cents column)
+    Column("ticks", Integer, nullable=False),
+    Column("empty_ticks", Integer, nullable=False),  # ticks that saw no pod holding any of its GPUs
+    Column("empty_hours", Float, nullable=False),  # the time those ticks covered
+    Column("last_seen", DateTime, nullable=False),  # the latest tick that covered time of this hour
+)
+
+
+# Summed into by each tick (INSERT ... ON CONFLICT DO UPDATE SET column = column + excluded.column); the rest are
+# the latest tick's.
+NODE_HOUR_SUMS = ("hours", "gpu_hours", "node_cents", "pods_cents", "idle_cents", "unpriced_hours", "ticks",
+                  "empty_ticks", "empty_hours")
+NODE_HOUR_LATEST = ("instance_id", "node_pool", "sharing", "gpus", "last_seen")
+
+
 ROLLUP_TABLES = ("verdict_episodes", "verdict_hours", "verdict_tails", "service_runs")
 
 

@@ -5,7 +5,9 @@ code changed, and an hourly heartbeat: StoreSettings.raw_decisions_every_s), kep
 StoreSettings.raw_decisions_days, and in the same transaction the verdict episodes and hourly rollups that
 reports, idle costs and budgets read (gpufinops/episodes.py). The actions audit trail is complete and
 append-only. Each tick also upserts what the inventory listed of each instance (`Store.record_instances`:
-owner, team, account, region, type; the report's owner / account / region columns). The schema is migrated on
+owner, team, account, region, type; the report's owner / account / region columns) and, with a cluster, adds its
+GPU nodes' hours and cost split to the hourly node rollup (`Store.record_node_hours`: the report's node pools).
+The schema is migrated on
 start (Alembic, gpufinops/store_migrations).
 
 SQLite (file, WAL) by default; any SQLAlchemy URL (postgresql://...) works.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, Iterable, Sequence
 
 from sqlalchemy import bindparam, insert, text, select, update, delete, func
@@ -35,6 +37,7 @@ from .schema import (
     decisions,
     instance_labels,
     instance_state,
+    k8s_node_hours,
     kv,
     leases,
     marks,
@@ -47,11 +50,14 @@ from .schema import (
 )
 from .rollups import (
     DEFAULT_MAX_GAP_S,
+    NODE_HOURS_TICK_KEY,
+    covered_seconds,
     fold_into_store,
     insert_rows,
     label_row,
     prune_raw_decisions,
     upsert_labels,
+    upsert_node_hours,
     upsert_statement,
 )
 from .migrate import create_schema, make_engine
@@ -217,6 +223,41 @@ class Store:
                     out[r["instance_id"]] = {**r, "first_seen": aware_utc(r["first_seen"]),
                                              "last_seen": aware_utc(r["last_seen"])}
         return out
+
+    # ------------------------------------------------------------- Kubernetes node hours
+    def record_node_hours(self, now: datetime, rows_for: Callable[[datetime, float], Sequence[dict]],
+                          interval_s: float, max_gap_s: float) -> int:
+        """Add a tick's Kubernetes node-hour rows (k8s_node_hours), in one transaction and one statement batch.
+        The tick covers the time since the previous tick recorded here (rollups.covered_seconds: at most
+        max_gap_s; the first one interval_s); `rows_for(start, seconds)` gives the rows of the span that starts
+        at `start` (naive UTC) and lasts `seconds` (run/node_hours.node_hour_rows: pure). Returns the rows
+        written (0 for a tick not after the previous one)."""
+        at = naive_utc(now)
+        with self.engine.begin() as conn:
+            last = conn.execute(_GET_KV, {"key": NODE_HOURS_TICK_KEY}).scalar()
+            last_at = datetime.fromisoformat(last) if last else None
+            seconds = covered_seconds(last_at, at, interval_s, max_gap_s)
+            rows = list(rows_for(at - timedelta(seconds=seconds), seconds)) if seconds > 0 else []
+            upsert_node_hours(conn, rows)
+            if last_at is None or at > last_at:
+                conn.execute(delete(kv).where(kv.c.key == NODE_HOURS_TICK_KEY))
+                conn.execute(insert(kv).values(key=NODE_HOURS_TICK_KEY, value=at.isoformat()))
+        return len(rows)
+
+    def node_hours_frame(self, start: datetime, end: datetime):
+        """The k8s_node_hours rows of the hours from the one `start` falls in up to the one before `end`, as a
+        pandas DataFrame (`hour`, `last_seen` aware UTC)."""
+        import pandas as pd
+
+        h = k8s_node_hours.c
+        q = (select(k8s_node_hours)
+             .where(h.hour >= naive_utc(start).replace(minute=0, second=0, microsecond=0), h.hour < naive_utc(end))
+             .order_by(h.hour, h.node))
+        with self.engine.connect() as conn:
+            frame = read_frame(conn, q)
+        for c in ("hour", "last_seen"):
+            frame[c] = pd.to_datetime(frame[c], utc=True)
+        return frame
 
     # ------------------------------------------------------------- episodes and rollups
     def verdict_hours_frame(self, start: datetime, end: datetime, grain: str = "hour"):

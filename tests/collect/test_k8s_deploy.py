@@ -28,6 +28,11 @@ EXPECTED = {
     ("", "events"): {"create"}, ("events.k8s.io", "events"): {"create"},
     ("autoscaling", "horizontalpodautoscalers"): {"list"}, ("keda.sh", "scaledobjects"): {"list"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "patch"},
+    # The Kueue-integrated kinds a GPU pod resolves to: read only (the suspension patches the Workload above).
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list"}, ("kubeflow.org", "pytorchjobs"): {"get", "list"},
+    ("kubeflow.org", "tfjobs"): {"get", "list"}, ("kubeflow.org", "xgboostjobs"): {"get", "list"},
+    ("kubeflow.org", "paddlejobs"): {"get", "list"}, ("kubeflow.org", "mpijobs"): {"get", "list"},
+    ("ray.io", "rayjobs"): {"get", "list"}, ("ray.io", "rayclusters"): {"list"},
 }
 
 

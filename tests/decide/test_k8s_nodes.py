@@ -202,3 +202,41 @@ def test_costs_by_nodepool_lists_gpu_nodes_without_gpu_pods_with_cost_and_what_t
     # Any other grouping is unchanged.
     assert main(["--config", str(cfg), "costs", "--month", month, "--by", "namespace", "--output", "json"]) == 0
     assert "gpu_nodes_without_gpu_pods" not in json.loads(capsys.readouterr().out)
+
+
+def test_a_gpu_pod_that_ran_between_two_reads_moves_the_free_time_to_its_end():
+    """The snapshot lists no finished pod: a job that started after one read and ended before the next is seen
+    only in the finished pods `still_free` asks for, and the free time then starts at its end."""
+    from gpufinops.decide.workloads import still_free
+
+    n, other = node("gpu-a", KARPENTER), node("gpu-b")
+    watch, _ = run_ticks([([n, other], [])] * 7)  # free since T0, last read T0 + 30 min
+    at = T0 + 7 * TICK
+    s = snap(at, [n, other], [pod("p", "gpu-b")])
+    assert still_free(watch, s, 2 * TICK.total_seconds()) == ["gpu-a"]  # gpu-b holds a pod: nothing to ask
+    ended = T0 + 33 * timedelta(minutes=1)
+    after = watch_gpu_free(watch, s, 2 * TICK.total_seconds(), {"gpu-a": ended})
+    assert after["gpu-a"] == NodeWatch(ended, at) and after["gpu-b"] == NodeWatch(None, at)
+    # A finished GPU pod with no end time in its status: the free time can only start at this read.
+    unknown_end = watch_gpu_free(watch, s, 2 * TICK.total_seconds(), {"gpu-a": None})
+    assert unknown_end["gpu-a"] == NodeWatch(at, at)
+    # One that ended before the free time began changes nothing.
+    old = watch_gpu_free(watch, s, 2 * TICK.total_seconds(), {"gpu-a": T0 - timedelta(hours=3)})
+    assert old["gpu-a"] == NodeWatch(T0, at)
+    # The first read of a node asks nothing (its free time starts at that read anyway).
+    assert still_free({}, s, 2 * TICK.total_seconds()) == []
+
+
+def test_the_end_of_a_finished_pods_gpu_work_is_its_last_container_to_finish():
+    from gpufinops.collect.kubernetes import gpu_work_ended
+    from tests.kubestub import pod_obj
+
+    finished = pod_obj("ml", "job-x", "gpu-a", phase="Succeeded")
+    finished["status"]["initContainerStatuses"] = [
+        {"name": "init", "state": {"terminated": {"finishedAt": "2026-03-02T08:10:00Z"}}}]
+    finished["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"terminated": {"finishedAt": "2026-03-02T08:31:00Z"}}},
+        {"name": "side", "state": {"terminated": {"finishedAt": "2026-03-02T08:29:00Z"}}}]
+    assert gpu_work_ended(finished) == (True, T0 + timedelta(minutes=31))
+    assert gpu_work_ended(pod_obj("ml", "no-status", "gpu-a", phase="Failed")) == (True, None)
+    assert gpu_work_ended(pod_obj("ml", "cpu", "gpu-a", gpus=0, phase="Succeeded")) == (False, None)

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from gpufinops.config import ConfigError, load_settings
-from gpufinops.model import ActionKind
+from gpufinops.model import ActionKind, GpuInstance
 from tests.act.test_act_trust import TOKEN_ENV
 from tests.notify.test_interact import APP_TOKEN, APP_TOKEN_ENV, SECRET, SECRET_ENV, ClickWorld, click_body, signed
 
@@ -185,29 +185,48 @@ WHO_MAY_CLICK = {
 }
 
 
+# The buttons the table is checked for: (action id, subject, kv prefix of its request, audit kind, label). A Restore
+# button is on the notice that gpufinops scaled a workload to zero; the click itself reads the subject only.
+WORKLOAD = "k8s:ml/Deployment/idle-infer"
+BUTTONS = {"snooze": ("gpufinops_snooze_2h", "i-00", "snooze_request:", ActionKind.SNOOZE, "Snooze 2 h"),
+           "restore": ("gpufinops_restore", WORKLOAD, "restore_request:", ActionKind.RESTORE, "Restore")}
+
+
+def scaled_to_zero(world: ClickWorld, owner: str) -> None:
+    """A Deployment gpufinops scaled to zero, as the cloud describes it (state stopped), owned by `owner`."""
+    world.cloud._instances[WORKLOAD] = GpuInstance(WORKLOAD, "p4d.24xlarge", "us-east-1", "stopped",
+                                                   world.clock.now, gpu_count=2, provider="kubernetes",
+                                                   tags={"owner": owner, "team": "ml", "k8s:namespace": "ml"})
+
+
+@pytest.mark.parametrize("button", sorted(BUTTONS))
 @pytest.mark.parametrize("transport", ["http", "socket"])
 @pytest.mark.parametrize("case", sorted(WHO_MAY_CLICK))
-def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, case, transport, caplog):
-    """One table for both transports: POST /slack/actions and Slack Socket Mode reach the same decision."""
+def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, case, transport, button, caplog):
+    """One table for both transports and every button: POST /slack/actions and Slack Socket Mode reach the same
+    decision for a Snooze of an instance and a Restore of a workload."""
     owner, clicker, username, users, slack, users_info_down, expected, because = WHO_MAY_CLICK[case]
+    action, subject, prefix, kind, label = BUTTONS[button]
     world = make_world(slack=slack, socket=transport == "socket")
     world.cloud._replace("i-00", tags={**world.cloud.get("i-00").tags, "owner": owner})
+    scaled_to_zero(world, owner)
     world.stub.users.update(users)
     world.tick()
     if users_info_down:
         world.stub.fail_next(500, method="users.info")
-    body = click_body(clicker, "gpufinops_snooze_2h", "i-00", username=username)
+    body = click_body(clicker, action, subject, username=username)
     status, text = world.click(body, transport)
     assert status == expected, text
     assert "Traceback" not in caplog.text and APP_TOKEN not in caplog.text
-    requests = world.store.kv_items("snooze_request:")
+    requests = world.store.kv_items(prefix)
+    rows = world.store.action_rows(kinds=[kind])
     if expected == 200:
         [(_, stored)] = requests
         assert json.loads(stored)["user_id"] == clicker
-        assert snooze_rows(world) == []  # audited when the leader applies it
+        assert rows == []  # audited when the leader applies it
     else:
         assert requests == [] and because in text
-        [row] = snooze_rows(world)
+        [row] = rows
         assert row.error == "not allowed" and clicker in row.reason and because in row.reason
     # A refusal is told to the clicker alone, by either transport (a Socket Mode ack carries no answer).
     told = [c.body for c in world.stub.calls_for("chat.postEphemeral")]
@@ -216,7 +235,21 @@ def test_who_may_click_is_decided_by_slack_user_id_never_by_name(make_world, cas
     else:
         [one] = told
         assert (one["user"], one["channel"]) == (clicker, "C1") and because in one["text"]
-        assert one["text"].startswith("'Snooze 2 h' on i-00 not allowed")
+        assert one["text"].startswith(f"'{label}' on {subject} not allowed")
+
+
+@pytest.mark.parametrize("action, subject", [("gpufinops_restore", "i-00"), ("gpufinops_snooze_2h", "vol-0abc"),
+                                             ("gpufinops_restore", "k8s:" + "x" * 80),
+                                             ("gpufinops_snooze_2h", "k8s:" + "x" * 80)])
+def test_a_button_naming_the_wrong_kind_of_subject_is_malformed(make_world, action, subject):
+    """Restore is offered on Kubernetes subjects only (EC2 instances have no Restore button), Snooze on EC2
+    instances and Kubernetes subjects (tests/run/test_k8s_restore_button_e2e.py), nothing else."""
+    world = make_world()
+    scaled_to_zero(world, "U0ADMIN001")
+    world.tick()
+    status, text = world.click(click_body("U0ADMIN001", action, subject))
+    assert status == 400 and "instance" in text
+    assert world.store.kv_items("restore_request:") == [] and world.store.kv_items("snooze_request:") == []
 
 
 @pytest.mark.parametrize("slack, key", [

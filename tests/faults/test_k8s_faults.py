@@ -5,8 +5,12 @@ stand-in (tests/kubestub.py) through the official client, every request recorded
   exactly one mutating call, the record settled to the real state by reading back (at once, or by the next
   tick's reconcile when the read-back fails too), one "suspended" notice;
 - the suspension refused by the API server (403, 422): nothing changed, the row failed, the real state read;
-- an HPA appearing after the mark: the scale-down refused, the owner named, the mark withdrawn.
-"A node drained while a GPU pod is scheduled onto it" and a cordon whose answer is lost: tests/faults/test_k8s_drain.py."""
+- an HPA appearing after the mark: the scale-down refused, the owner named, the mark withdrawn;
+- a JobSet's suspension (through its Kueue Workload) whose answer is lost: one PATCH, read back done; the JobSet
+  unreadable (403) just before its suspension: nothing changed that tick (missing data never acts), suspended at the
+  next one.
+"A node drained while a GPU pod is scheduled onto it" and a cordon whose answer is lost:
+tests/faults/test_k8s_drain.py."""
 
 from __future__ import annotations
 
@@ -135,3 +139,49 @@ def test_an_hpa_appearing_between_the_plan_and_the_patch_refuses_it(world, monke
     assert world.stub.get("deployments", WEB.namespace, WEB.name)["spec"]["replicas"] == 1
     assert not [r for r in world.stub.calls(verb="patch", resource="deployments") if "spec" in (r.body or {})]
     assert WorkloadRef  # the ids above are the workloads' own
+
+
+# --------------------------------------------------------------------------- Kueue's other kinds (a JobSet)
+
+
+@pytest.fixture
+def kinds_world(kube_stub, tmp_path):
+    from tests.collect.test_k8s_kueue_kinds import fill_kinds
+
+    fill_kinds(kube_stub)
+    return World(kube_stub, tmp_path)
+
+
+@pytest.mark.parametrize("lost", [500, 0], ids=["jobset_suspend_lost_answer_500", "jobset_suspend_lost_answer_reset"])
+def test_a_jobset_suspension_whose_answer_is_lost_is_one_patch_read_back_done(kinds_world, lost):
+    from tests.collect.test_k8s_kueue_kinds import JS, suspensions, workload
+
+    world = kinds_world
+    iid = workload_id(JS)
+    world.tick(0)
+    world.stub.lose_answer_next(lost, "patch", "workloads")
+    result = world.tick(16)[iid]
+    assert result.ok
+    rows = [r for r in world.rows(ActionKind.STOP) if r.instance_id == iid]
+    assert [r.status for r in rows] == ["done"] and "confirmed by read-back" in (rows[0].error or "")
+    world.tick(17)
+    world.tick(30)
+    assert [r.status for r in suspensions(world, JS)] == [lost]  # one mutating call, never repeated
+    wl = workload(world, JS)
+    assert wl["spec"]["active"] is False and SUSPENDED_ANNOTATION in wl["metadata"]["annotations"]
+    assert not world.store.action_rows(status=("pending", "unconfirmed", "applied"))
+    assert len([m for m in world.notifier.sent if m.key.startswith(f"stop:{iid}")]) == 1
+
+
+def test_a_jobset_unreadable_just_before_its_suspension_is_not_suspended_that_tick(kinds_world):
+    from tests.collect.test_k8s_kueue_kinds import JS, suspensions, workload
+
+    world = kinds_world
+    iid = workload_id(JS)
+    world.tick(0)
+    world.stub.forbid("get", "jobsets", once=True)  # the fresh read before the suspension: 403
+    result = world.tick(16)[iid]
+    assert result.kind == ActionKind.SKIP and "could not be read again" in result.reason and "403" in result.reason
+    assert suspensions(world, JS) == [] and workload(world, JS)["spec"]["active"] is True
+    world.tick(17)  # readable again: suspended, once
+    assert len(suspensions(world, JS)) == 1 and workload(world, JS)["spec"]["active"] is False

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from gpufinops.config import load_settings
-from gpufinops.notify.interact import may_snooze, parse_click, snooze_until, verify
+from gpufinops.notify.interact import may_act, parse_click, snooze_until, verify
 from gpufinops.model import TAG_SNOOZE, ActionKind, GpuInstance
 from gpufinops.run.pipeline import Peers
 from gpufinops.run.service import Service, make_http_server
@@ -39,35 +39,28 @@ def signed(body: bytes, at: datetime, secret: str = SECRET) -> dict[str, str]:
 
 
 def click_body(user: str, action: str, instance_id: str, message: dict | None = None,
-               username: str | None = None) -> bytes:
+               username: str | None = None, block_id: str | None = None) -> bytes:
     payload = {"type": "block_actions", "user": {"id": user, "username": username or user.lower()},
                "channel": {"id": (message or {}).get("channel", "C1")},
                "container": {"type": "message", "message_ts": (message or {}).get("ts", "1.1"),
                              "channel_id": (message or {}).get("channel", "C1")},
                "message": {"ts": (message or {}).get("ts", "1.1"), "blocks": (message or {}).get("blocks", [])},
-               "actions": [{"action_id": action, "value": instance_id, "type": "button"}]}
+               "actions": [{"action_id": action, "value": instance_id, "type": "button",
+                            **({"block_id": block_id} if block_id else {})}]}
     return urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
 
 
-class ClickWorld(SlackWorld):
-    """The act-stage world with interactivity on, and the service's HTTP endpoint in front of its store."""
+class ClickEndpoints:
+    """The service's two click transports in front of a world: POST /slack/actions on 127.0.0.1 and, with a
+    SocketModeStub (`ws`), Slack Socket Mode. A world sets `clock` (with `.now`) and calls `serve`."""
 
-    def __init__(self, tmp_path, stub, slack=None, ws=None, **kw):
-        super().__init__(tmp_path, stub, **kw)
+    ws = None
+    clock = None
+
+    def serve(self, settings, peers, ws=None) -> None:
         self.ws = ws  # a SocketModeStub: clicks may also come over Slack Socket Mode
-        if ws is not None:
-            slack = {"socket_mode": True, "app_token": {"env": APP_TOKEN_ENV}, "base_url": stub.base_url,
-                     **(slack or {})}
-        self.settings = load_settings(
-            act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
-            slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
-                   "team_members": {"ml": ["U0TEAM0001"]}, **(slack or {})},
-            service={"host": "127.0.0.1", "port": 0})
-        # The notifier as the live service composes it (run/compose.live_notifier): behind the router.
-        self.service = Service(self.settings, Peers(self.cloud, self.metrics, self.store,
-                                                    Deliveries(self.notifier, self.settings)),
-                               clock=lambda: self.clock.now)
-        self.http = make_http_server(self.settings, self.service.metrics, self.service.live, self.service.ready,
+        self.service = Service(settings, peers, clock=lambda: self.clock.now)
+        self.http = make_http_server(settings, self.service.metrics, self.service.live, self.service.ready,
                                      self.service.slack_actions)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}/slack/actions"
@@ -106,6 +99,24 @@ class ClickWorld(SlackWorld):
             self.service.socket_mode.stop()
         self.http.shutdown()
         self.http.server_close()
+
+
+class ClickWorld(SlackWorld, ClickEndpoints):
+    """The act-stage world with interactivity on, and the service's HTTP endpoint in front of its store."""
+
+    def __init__(self, tmp_path, stub, slack=None, ws=None, **kw):
+        super().__init__(tmp_path, stub, **kw)
+        if ws is not None:
+            slack = {"socket_mode": True, "app_token": {"env": APP_TOKEN_ENV}, "base_url": stub.base_url,
+                     **(slack or {})}
+        self.settings = load_settings(
+            act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
+            slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
+                   "team_members": {"ml": ["U0TEAM0001"]}, **(slack or {})},
+            service={"host": "127.0.0.1", "port": 0})
+        # The notifier as the live service composes it (run/compose.live_notifier): behind the router.
+        self.serve(self.settings, Peers(self.cloud, self.metrics, self.store, Deliveries(self.notifier, self.settings)),
+                   ws)
 
     def warning(self) -> dict:
         """The warning as Slack holds it, with the conversation id a click carries."""
@@ -207,17 +218,17 @@ def test_a_snooze_clicked_just_before_the_stop_holds_on_that_tick(world):
     assert world.stops() == [] and TAG_SNOOZE in world.cloud.get("i-00").tags
 
 
-def test_who_may_snooze_and_until_when():
+def test_who_may_act_and_until_when():
     settings = load_settings(slack={"snooze_admins": ["U0ADMIN001"], "team_members": {"ml": ["U0TEAM0001"]}})
     inst = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0, tags={"owner": "U0ANA0001", "team": "ml"})
     click = parse_click(click_body("U0ANA0001", "gpufinops_snooze_2h", "i-1"))
-    assert may_snooze(click, {}, inst, settings)[0]
+    assert may_act(click, {}, inst, settings)[0]
     other = parse_click(click_body("U0EVE00001", "gpufinops_snooze_2h", "i-1"))
-    ok, why = may_snooze(other, {"profile": {"email": "eve@example.com"}}, inst, settings)
+    ok, why = may_act(other, {"profile": {"email": "eve@example.com"}}, inst, settings)
     assert not ok and "owner tag 'U0ANA0001'" in why
-    assert may_snooze(parse_click(click_body("U0TEAM0001", "gpufinops_snooze_2h", "i-1")), {}, inst, settings)[0]
+    assert may_act(parse_click(click_body("U0TEAM0001", "gpufinops_snooze_2h", "i-1")), {}, inst, settings)[0]
     no_owner = GpuInstance("i-1", "g5.xlarge", "us-east-1", "running", T0, tags={"team": "ml"})
-    assert "no owner tag" in may_snooze(other, {}, no_owner, settings)[1]
+    assert "no owner tag" in may_act(other, {}, no_owner, settings)[1]
     assert parse_click(b"payload=%7B%22type%22%3A%22view_submission%22%7D") == "not a button click"
     assert parse_click(click_body("U0ONE00001", "gpufinops_delete_everything", "i-1")).startswith("unknown action")
     now = datetime(2026, 12, 1, 20, 30, tzinfo=timezone.utc)  # 21:30 in Berlin
@@ -259,3 +270,13 @@ def test_in_dry_run_a_click_is_audited_once_shown_and_holds_without_a_tag(world)
     for _ in range(105):
         world.tick()
     assert world.store.kv_items("snooze_request:") == []  # over: forgotten
+
+
+def test_an_ec2_stop_notice_carries_no_button(world):
+    """Restore is for what gpufinops changed in a cluster; an EC2 instance is started again by its owner."""
+    for _ in range(17):  # past the 15-minute lead: stopped
+        world.tick()
+    assert len(world.stops()) == 1
+    [notice] = [m for m in world.stub.delivered() if m["text"].startswith("Stopped idle GPU instance")]
+    assert not [b for b in notice["blocks"] if b["type"] == "actions"]
+    assert [b for b in world.warning()["blocks"] if b["type"] == "actions"]  # the warning's Snooze buttons are

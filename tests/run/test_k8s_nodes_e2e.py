@@ -115,3 +115,52 @@ def test_a_failed_listing_judges_no_node_and_steps_no_watch(tick):
     from gpufinops.decide.workloads import watch_from_json
 
     assert watch_from_json(tick.store.get_kv(WATCH_KEY))[EMPTY].free_since == tick.now
+
+
+def test_a_job_that_ran_between_two_ticks_is_seen_and_the_node_is_not_called_empty(tick):
+    """A GPU pod that starts after one tick and finishes before the next never appears in the snapshot (finished
+    pods are left out of it): the tick asks for the finished pods of the nodes it still sees free, and the free
+    time starts at that pod's end, so the node is not cordoned for an hour it was working in."""
+    from gpufinops.decide.workloads import watch_from_json
+
+    for minute in range(0, 35, 5):
+        tick.run(minute, [DRAIN])
+    done = pod_obj("ml", "short-job-abc12", EMPTY, owner=("Job", "short-job"), phase="Succeeded")
+    done["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {
+        "startedAt": "2026-12-01T12:31:00Z", "finishedAt": "2026-12-01T12:33:30Z"}}}]
+    tick.stub.add("pods", done)
+    tick.run(35, [DRAIN])
+    asked = [c for c in tick.stub.calls("list", "pods") if "spec.nodeName" in str(c.query)]
+    assert asked and all(EMPTY in str(c.query) and BUSY not in str(c.query) for c in asked)
+    assert watch_from_json(tick.store.get_kv(WATCH_KEY))[EMPTY].free_since == T0 + timedelta(minutes=33, seconds=30)
+    for minute in range(40, 95, 5):  # an hour from 12:00 would have marked it at 13:00
+        report = tick.run(minute, [DRAIN])
+        assert not [a for a in report.actions if a.instance_id == node_id(EMPTY)], minute
+    assert MARK_ANNOTATION not in (tick.node()["metadata"].get("annotations") or {})
+    report = tick.run(95, [DRAIN])  # an hour after the short job ended
+    assert [a.kind for a in report.actions if a.instance_id == node_id(EMPTY)] == [ActionKind.MARK]
+
+
+def test_finished_pods_not_read_step_no_watch_and_judge_no_node(tick, monkeypatch):
+    """The free time is believed only with the finished pods read: when that read fails, the watch is not
+    stepped and no node is judged (never empty on data not read)."""
+    from gpufinops.decide.workloads import watch_from_json
+
+    for minute in range(0, 60, 5):
+        tick.run(minute, [DRAIN])
+    before = tick.store.get_kv(WATCH_KEY)
+    listed = tick.cloud.cluster.snapshot
+
+    def listed_then_failing(now):  # the snapshot's own reads succeed; the next pods list is answered 503
+        snapshot = listed(now)
+        tick.stub.fail_next(503, "list", "pods")
+        return snapshot
+
+    monkeypatch.setattr(tick.cloud.cluster, "snapshot", listed_then_failing)
+    report = tick.run(60, [DRAIN])
+    assert not [a for a in report.actions if a.instance_id.startswith("k8s:node/")]
+    assert tick.store.get_kv(WATCH_KEY) == before
+    assert MARK_ANNOTATION not in (tick.node()["metadata"].get("annotations") or {})
+    monkeypatch.setattr(tick.cloud.cluster, "snapshot", listed)
+    tick.run(70, [DRAIN])  # 15 min after the last stepped read (12:55): the time between was not seen
+    assert watch_from_json(tick.store.get_kv(WATCH_KEY))[EMPTY].free_since == tick.now

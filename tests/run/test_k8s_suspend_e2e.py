@@ -1,7 +1,9 @@
 """Kueue suspend end to end (issue 28): the tick (pipeline.run_once) with a real rule file's `action: suspend`,
 per-pod DCGM usage from a real Prometheus, the Slack stub, the API stand-in through the official client; then
 `gpufinops k8s restore NS/Job/NAME` from the command line. The cluster and the Prometheus series are
-test_k8s_scale_e2e's; its Job `research/batch-eval` (idle) is made Kueue-managed here."""
+test_k8s_scale_e2e's; its Job `research/batch-eval` (idle) is made Kueue-managed here. The same idle pod, owned
+instead by a JobSet's Job or by a RayJob's RayCluster, makes a JobSet or a RayJob that is suspended and resumed the
+same way (`gpufinops k8s restore research/JobSet/NAME`)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ from gpufinops.collect.fleet import WorkloadMetrics
 from gpufinops.collect.k8s_usage import PodMetrics
 from gpufinops.collect.kubernetes import KubernetesCluster, api_client
 from gpufinops.collect.kubernetes_cloud import EVENT_SUSPENDED, WorkloadCloud, workload_id
-from gpufinops.k8s.model import MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, SUSPENDED_ANNOTATION
+from gpufinops.k8s.model import MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, SUSPENDED_ANNOTATION, WorkloadRef
 from gpufinops.model import ActionKind, RunContext, Verdict
 from gpufinops.notify.delivery import build_notifier
 from gpufinops.rules import load_rules
 from gpufinops.run.pipeline import Peers, run_once
-from tests.kubestub import kueue_workload, owned
-from tests.run.test_k8s_scale_e2e import IDLE, JOB, LEAD, NOW, Cluster, prom_url  # noqa: F401 - the fixture
+from tests.kubestub import add_all, jobset, kueue_workload, owned, rayjob
+from tests.run.test_k8s_scale_e2e import (  # noqa: F401 - prom_url: the fixture
+    IDLE, JOB, LEAD, LONG_AGO, NODE, NOW, PODS, Cluster, prom_url,
+)
 
 pytestmark = pytest.mark.integration
 WL = f"job-{JOB.name}-5b8c1"
@@ -35,13 +39,17 @@ def kueue_cluster(tmp_path, prom_url, slack_stub, monkeypatch):  # noqa: F811
                             scale_to_zero=True, suspend_kueue=True, clock=lambda: c.now)
     c.peers = Peers(c.cloud, WorkloadMetrics(PodMetrics(c.settings.prometheus), c.cloud), c.store,
                     build_notifier(c.settings.slack, c.store, lambda: c.now))
+    c.rules = kueue_rules(tmp_path)
+    yield c
+    c.close()
+
+
+def kueue_rules(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - name: idle-kueue\n    threshold_pct: 5\n    window: 30m\n    warning_lead: 15m\n"
                      "    action: suspend\n    select:\n      tags:\n        kueue.x-k8s.io/queue-name: '*'\n"
                      "        k8s:workload-priority-class: [batch-low]\n")
-    c.rules = load_rules([rules])
-    yield c
-    c.close()
+    return load_rules([rules])
 
 
 def tick(c, minutes: float):
@@ -91,3 +99,75 @@ def test_an_idle_kueue_job_is_warned_suspended_through_kueue_and_resumed(kueue_c
         prefix = RESOURCES[call.resource.split("/")[0]][0]
         group = "" if prefix == "/api/v1" else prefix.split("/")[2]
         assert call.verb in rights.get((group, call.resource), set()), (group, call.resource, call.verb)
+
+
+# --------------------------------------------------------------------------- a JobSet and a RayJob
+
+# The idle pod of the Prometheus series (PODS: GPU 3, 0 %), owned by a JobSet's Job or a RayJob's RayCluster.
+IDLE_POD = next(pod for pod, (ref, _gpu, _util) in PODS.items() if ref == JOB)
+KINDS = {
+    "JobSet": (lambda: jobset(JOB.namespace, "pretrain", NODE, replicas=1, gpus=1, started=LONG_AGO,
+                              labels={"kueue.x-k8s.io/priority-class": "batch-low"}, pod_names=[IDLE_POD]),
+               "jobset.x-k8s.io/v1alpha2"),
+    "RayJob": (lambda: rayjob(JOB.namespace, "rl-sweep", NODE, workers=0, gpus=1, started=LONG_AGO,
+                              labels={"kueue.x-k8s.io/priority-class": "batch-low"}, pod_names=[IDLE_POD]),
+               "ray.io/v1"),
+}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def kind_cluster(request, tmp_path, prom_url, slack_stub, monkeypatch):  # noqa: F811
+    c = Cluster(tmp_path, prom_url, slack_stub, monkeypatch)
+    build, api = KINDS[request.param]
+    objects = build()
+    add_all(c.stub, objects)  # the idle pod is re-added with its new owner
+    top = next(iter(objects.values()))[0]["metadata"]["name"]
+    c.ref = WorkloadRef(JOB.namespace, request.param, top)
+    c.wl = f"{request.param.lower()}-{top}-5b8c1"
+    c.stub.add("workloads", kueue_workload(JOB.namespace, top, priority_class="batch-low", kind=request.param,
+                                           api_version=api))
+    c.cloud = WorkloadCloud(KubernetesCluster(api_client(str(c.kubeconfig))), lambda *_: 32.7726,
+                            scale_to_zero=True, suspend_kueue=True, clock=lambda: c.now)
+    c.peers = Peers(c.cloud, WorkloadMetrics(PodMetrics(c.settings.prometheus), c.cloud), c.store,
+                    build_notifier(c.settings.slack, c.store, lambda: c.now))
+    c.rules = kueue_rules(tmp_path)
+    yield c
+    c.close()
+
+
+def test_an_idle_jobset_or_rayjob_is_warned_suspended_through_kueue_and_resumed(kind_cluster, slack_stub, tmp_path,
+                                                                                capsys):
+    from gpufinops.cli.app import main
+    from tests.collect.test_k8s_kueue_kinds import assert_every_call_granted
+
+    c = kind_cluster
+    iid = workload_id(c.ref)
+    decision = {d.instance_id: d for d in tick(c, 0).decisions}[iid]
+    assert decision.verdict == Verdict.IDLE, decision.reason
+    assert workload_id(JOB) not in {d.instance_id for d in tick(c, 0.5).decisions}  # its pod is the job's now
+    wl = c.stub.get("workloads", JOB.namespace, c.wl)
+    stop_at = (NOW + timedelta(seconds=LEAD)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert wl["metadata"]["annotations"][MARK_ANNOTATION] == stop_at
+    [warning] = [m for m in slack_stub.posted("#gpu-finops") if iid in m.get("text", "")]
+    assert "will be suspended" in warning["text"] and c.wl in warning["text"]
+
+    tick(c, 10)
+    assert c.stub.get("workloads", JOB.namespace, c.wl)["spec"]["active"] is True  # not before the lead ends
+    tick(c, 16)
+    wl = c.stub.get("workloads", JOB.namespace, c.wl)
+    assert wl["spec"]["active"] is False and SUSPENDED_ANNOTATION in wl["metadata"]["annotations"]
+    suspensions = [r for r in c.patches("workloads") if (r.body or {}).get("spec", {}).get("active") is False]
+    assert len(suspensions) == 1 and suspensions[0].body["metadata"]["resourceVersion"]
+    assert [s.status for s in c.store.action_rows(kinds=[ActionKind.STOP])] == ["done"]
+    [event] = c.events(EVENT_SUSPENDED)
+    assert event["involvedObject"]["kind"] == c.ref.kind and event["involvedObject"]["name"] == c.ref.name
+    assert {r.resource for r in c.stub.calls(verb="patch")} == {"workloads"}
+
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"kubernetes:\n  kubeconfig: {c.kubeconfig}\n  suspend_kueue: true\nact:\n  dry_run: false\n"
+                   f"database_url: {c.settings.database_url}\n")
+    assert main(["--config", str(cfg), "k8s", "restore", f"research/{c.ref.kind}/{c.ref.name}", "--by", "bob"]) == 0, \
+        capsys.readouterr().err
+    assert "spec.active: true" in capsys.readouterr().out
+    assert c.stub.get("workloads", JOB.namespace, c.wl)["spec"]["active"] is True
+    assert_every_call_granted(c.stub)

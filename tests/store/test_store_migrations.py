@@ -123,7 +123,8 @@ def test_a_database_from_before_alembic_is_upgraded_in_place(db_url):
 
 
 CORE_TABLES = ("decisions", "instance_state", "marks", "actions", "notifications", "kv", "leases",
-               "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs", "instance_labels")
+               "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs", "instance_labels",
+               "k8s_node_hours")
 
 
 def schema_of(url: str) -> dict:
@@ -179,7 +180,7 @@ def test_a_database_at_0002_is_upgraded_to_instance_labels_keeping_its_rows(db_u
 
     store = Store(db_url)  # upgrades on start
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0003"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD
     assert contents(store.engine) == before  # nothing stored is lost or changed
     assert store.instance_labels() == {}
     from gpufinops.model import GpuInstance
@@ -208,4 +209,55 @@ def test_the_oldest_tick_is_folded_when_sqlite_holds_it_without_fractional_secon
     engine.dispose()
     store = Store(url)
     assert store.episode_frame()["ticks"].sum() == len(rows)  # every tick, the oldest one too
+    store.close()
+
+
+def test_a_database_at_0003_is_upgraded_to_node_hours_keeping_its_rows(db_url):
+    """0003 -> 0004 adds k8s_node_hours and touches nothing stored; the table then fills from the next tick that
+    reads the cluster."""
+    from alembic import command
+    from alembic.config import Config
+
+    from gpufinops.collect.kubernetes import snapshot_from
+    from gpufinops.run.node_hours import node_hour_rows
+    from tests.kubestub import node_obj
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0003")  # the schema of the release before the node rollup
+        assert "k8s_node_hours" not in inspect(conn).get_table_names()
+    engine.dispose()
+    old = Store.__new__(Store)  # the 0003 tables, written through the code that writes them, without migrating
+    old.url, old.engine = db_url, make_engine(db_url)
+    t = T0.replace(tzinfo=timezone.utc)
+    for m in range(3):
+        old.record_decisions(f"r{m}", [Decision("i-1", "default", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle",
+                                                t + timedelta(minutes=m), hourly_cost=2.5)],
+                             dry_run=True, teams={"i-1": "ml"}, max_gap_s=120)
+    with old.engine.begin() as conn:  # an instance_labels row as 0003 wrote it (the later columns are added on start)
+        conn.execute(text("INSERT INTO instance_labels (instance_id, owner, first_seen, last_seen) "
+                          "VALUES ('i-1', 'ana', :t, :t)"), {"t": T0})
+    tables = ("decisions", "verdict_episodes", "verdict_hours", "verdict_tails", "service_runs", "kv")
+
+    def contents(engine):
+        with engine.connect() as conn:
+            return {n: sorted(tuple(map(str, r)) for r in conn.execute(text(f"SELECT * FROM {n}"))) for n in tables}
+
+    before = contents(old.engine)
+    old.close()
+
+    store = Store(db_url)  # upgrades on start
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0004"
+    assert contents(store.engine) == before  # nothing stored is lost or changed
+    assert store.instance_labels()["i-1"]["owner"] == "ana"
+    assert store.node_hours_frame(START, END).empty
+    snap = snapshot_from(t, [node_obj("n0", "i-0aaa0000000000001")], [], {}, [])
+    store.record_node_hours(t + timedelta(minutes=3), lambda s0, s: node_hour_rows(snap, {"n0": 12.0}, s0, s),
+                            interval_s=60, max_gap_s=120)
+    [row] = store.node_hours_frame(START, END).to_dict("records")
+    assert row["node_cents"] == row["idle_cents"] == 20 and row["empty_ticks"] == 1  # a minute of $12/h, no pod
     store.close()
