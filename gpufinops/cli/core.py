@@ -9,6 +9,8 @@ import sys
 
 from typing import TYPE_CHECKING
 
+from ..model import ActionKind
+
 if TYPE_CHECKING:
     from ..config import Settings
 
@@ -213,7 +215,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     """What gpufinops did (and, with --decisions, what it judged), newest last: "why was my instance stopped?"."""
     from datetime import timedelta
 
-    from ..model import ActionKind, utcnow
+    from ..model import utcnow
     from ..store.store import Store
     from .common import load_settings_from_args
 
@@ -304,8 +306,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="the audit trail: what was marked, stopped, cancelled or skipped, and why")
     p.add_argument("--instance", default=None, help="only this instance id")
     p.add_argument("--since", type=duration_arg, default=None, help="only the last DURATION, e.g. 24h, 7d")
-    p.add_argument("--kind", nargs="*", choices=["mark", "stop", "terminate", "unmark", "skip", "notify", "snooze"],
-                   help="only these action kinds")
+    p.add_argument("--kind", nargs="*", choices=[k.value for k in ActionKind], help="only these action kinds")
     p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")
     p.add_argument("--limit", type=int, default=200, help="at most this many rows, newest (0: all)")
     p.add_argument("--db", default=None, help="database file or URL (default: database_url from the config)")

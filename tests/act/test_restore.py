@@ -111,3 +111,16 @@ def test_the_service_reconciles_a_restore_cut_short_by_a_crash(world):
     assert Actuator(cloud, store, None, None).reconcile(NOW + timedelta(minutes=5)) == [f"reconciled restore on {IID}"]
     [settled] = store.action_rows(kinds=[ActionKind.RESTORE])
     assert settled.id == row and settled.status == "done" and "scaled back up" in settled.error
+
+
+def test_the_audit_command_lists_restores_by_their_kind(world, tmp_path, capsys):
+    """`gpufinops audit --kind restore` (its choices are ActionKind's: every kind of row the audit holds)."""
+    import json
+
+    from gpufinops.cli import main
+
+    stub, cloud, store = world
+    restore_workload(cloud, store, "ml/idle-infer", NOW, dry_run=False, who="alice")
+    assert main(["audit", "--db", str(tmp_path / "s.db"), "--kind", "restore", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["instance_id"], r["what"]) for r in rows] == [(IID, "restore")]
