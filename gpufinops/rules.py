@@ -152,28 +152,32 @@ class _RuleModel(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _suspend_selects_kueue_jobs(self) -> "_RuleModel":
-        # Suspending is what gpufinops does to a Kueue-managed job only (its Kueue Workload deactivated): a rule that
-        # does not say it selects them would warn every EC2 instance and Deployment it matches "notify only".
-        if self.action == Action.SUSPEND and not set(self.select.tags) & set(SUSPEND_SELECTORS):
-            raise ValueError(f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with "
-                             f"select.tags naming {' or '.join(SUSPEND_SELECTORS)} (e.g. "
-                             f"`tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set kubernetes.suspend_kueue: true")
-        if self.action == Action.SUSPEND and self.confirm_terminate:
-            raise ValueError("'confirm_terminate' is for action 'terminate'; action 'suspend' never deletes anything")
+    def _action_selects_its_subjects(self) -> "_RuleModel":
+        # Suspending (a Kueue job's Workload deactivated) and draining (a GPU node cordoned) apply to one kind of
+        # subject each: a rule that does not say it selects them would warn everything else it matches "notify
+        # only". Neither deletes anything, so confirm_terminate has no place on them.
+        subjects = _ACTION_SUBJECTS.get(self.action)
+        if subjects is None:
+            return self
+        selectors, needs = subjects
+        if not set(self.select.tags) & set(selectors):
+            raise ValueError(needs)
+        if self.confirm_terminate:
+            raise ValueError(f"'confirm_terminate' is for action 'terminate'; action '{self.action.value}' never "
+                             f"deletes anything")
         return self
 
-    @model_validator(mode="after")
-    def _drain_selects_nodes(self) -> "_RuleModel":
-        # Cordoning is what gpufinops does to a Kubernetes GPU node only: a rule that does not say it selects nodes
-        # would warn every instance and workload it matches "notify only".
-        if self.action == Action.DRAIN and TAG_NODE not in self.select.tags:
-            raise ValueError(f"action 'drain' applies to Kubernetes GPU nodes only: select them with select.tags "
-                             f"naming {TAG_NODE} (e.g. `tags: {{\"{TAG_NODE}\": '*'}}`), and set "
-                             f"kubernetes.drain_nodes: true")
-        if self.action == Action.DRAIN and self.confirm_terminate:
-            raise ValueError("'confirm_terminate' is for action 'terminate'; action 'drain' never deletes anything")
-        return self
+
+# The subjects `suspend` and `drain` act on: the select.tags keys that name them, and the error when none does.
+_ACTION_SUBJECTS = {
+    Action.SUSPEND: (SUSPEND_SELECTORS,
+                     f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with select.tags "
+                     f"naming {' or '.join(SUSPEND_SELECTORS)} (e.g. `tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set "
+                     f"kubernetes.suspend_kueue: true"),
+    Action.DRAIN: ((TAG_NODE,),
+                   f"action 'drain' applies to Kubernetes GPU nodes only: select them with select.tags naming "
+                   f"{TAG_NODE} (e.g. `tags: {{\"{TAG_NODE}\": '*'}}`), and set kubernetes.drain_nodes: true"),
+}
 
 
 class _RuleFile(StrictModel):

@@ -35,13 +35,18 @@ def kueue_cluster(tmp_path, prom_url, slack_stub, monkeypatch):  # noqa: F811
     c.stub.add("jobs", owned(JOB.namespace, JOB.name, labels={"kueue.x-k8s.io/queue-name": "gpu-queue",
                                                              "kueue.x-k8s.io/priority-class": "batch-low"}))
     c.stub.add("workloads", kueue_workload(JOB.namespace, JOB.name, priority_class="batch-low"))
+    yield with_kueue(c, tmp_path)
+    c.close()
+
+
+def with_kueue(c: Cluster, tmp_path) -> Cluster:
+    """The cluster read with kubernetes.suspend_kueue on, through the tick's own peers, under the suspend rule."""
     c.cloud = WorkloadCloud(KubernetesCluster(api_client(str(c.kubeconfig))), lambda *_: 32.7726,
                             scale_to_zero=True, suspend_kueue=True, clock=lambda: c.now)
     c.peers = Peers(c.cloud, WorkloadMetrics(PodMetrics(c.settings.prometheus), c.cloud), c.store,
                     build_notifier(c.settings.slack, c.store, lambda: c.now))
     c.rules = kueue_rules(tmp_path)
-    yield c
-    c.close()
+    return c
 
 
 def kueue_rules(tmp_path):
@@ -126,12 +131,7 @@ def kind_cluster(request, tmp_path, prom_url, slack_stub, monkeypatch):  # noqa:
     c.wl = f"{request.param.lower()}-{top}-5b8c1"
     c.stub.add("workloads", kueue_workload(JOB.namespace, top, priority_class="batch-low", kind=request.param,
                                            api_version=api))
-    c.cloud = WorkloadCloud(KubernetesCluster(api_client(str(c.kubeconfig))), lambda *_: 32.7726,
-                            scale_to_zero=True, suspend_kueue=True, clock=lambda: c.now)
-    c.peers = Peers(c.cloud, WorkloadMetrics(PodMetrics(c.settings.prometheus), c.cloud), c.store,
-                    build_notifier(c.settings.slack, c.store, lambda: c.now))
-    c.rules = kueue_rules(tmp_path)
-    yield c
+    yield with_kueue(c, tmp_path)
     c.close()
 
 
