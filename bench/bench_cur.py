@@ -10,11 +10,15 @@ runs are interleaved and the medians of --repeat are kept (the machine is
 shared). The totals of the two engines are compared key by key, to the cent.
 
     python bench/bench_cur.py                       # 5 M and 20 M line items, by instance and by team
-    python bench/bench_cur.py --rows 5000000 --by instance --repeat 5 --arrow
+    python bench/bench_cur.py --rows 5000000 --by instance --repeat 5 --s3
 
 "cli" is the whole `gpufinops costs --by ... --source cur -o json` command (settings,
-printing) in its child; --arrow adds cur_totals' pyarrow engine (the one S3 paths
-take). Files are generated once into bench/out/ (git-ignored) and reused.
+printing) in its child; --s3 adds "cli-s3", the same command on the file put in a
+moto S3 server on 127.0.0.1 (run in this process, so its CPU is not the child's):
+what it adds is s3fetch's ranged GETs and partial copy (bytes fetched are shown).
+The yardstick still reads the local file (DuckDB reads S3 only through its httpfs
+extension, a download at run time). Files are generated once into bench/out/
+(git-ignored) and reused.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 OUT = Path(__file__).resolve().parent / "out"
 SEP = datetime(2024, 9, 1, tzinfo=timezone.utc)
@@ -87,25 +92,18 @@ def child(engine: str, by: str, path: str, params: dict) -> None:
     the cli engine, which is the whole command (its imports happen inside it). The DuckDB child imports
     duckdb only (not gpufinops, pandas or pyarrow), so its peak is DuckDB's own."""
     t0 = time.perf_counter()
-    if engine == "arrow":
-        import pyarrow.fs
-
-        from gpufinops.collect.billing.cur import cur_totals
-        from gpufinops.config import TagKeys
-    elif engine == "cli":
+    if engine.startswith("cli"):
         from gpufinops.cli import main
     else:
         import duckdb
     import_s = time.perf_counter() - t0
+    fetched = count_s3_bytes() if engine == "cli-s3" else []
     t0, c0 = time.perf_counter(), cpu_s()
-    if engine == "arrow":  # cur_totals' pyarrow engine (S3 paths take it; a filesystem forces it here)
-        t = cur_totals(path, SEP, OCT, params["families"], by, TagKeys(team=tuple(params["team_keys"])),
-                       params["max_line_cost"], filesystem=pyarrow.fs.LocalFileSystem()).table
-        totals = {k: (c, h) for k, c, h in zip(t["key"], t["cost"], t["usage_hours"])}
-    elif engine == "cli":
+    if engine.startswith("cli"):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            rc = main(["costs", "--month", "2024-09", "--source", "cur", "--path", path, "--by", by, "-o", "json"])
+            rc = main([*cli_s3_args(engine, params), "costs", "--month", "2024-09", "--source", "cur", "--path",
+                       s3_path(engine, path), "--by", by, "-o", "json"])
         assert rc == 0, rc
         label = "(untagged)" if by == "team" else "(none)"
         totals = {("" if r[by] == label else r[by]): (r["cost"], r["usage_hours"]) for r in json.loads(out.getvalue())}
@@ -117,7 +115,68 @@ def child(engine: str, by: str, path: str, params: dict) -> None:
         totals = {k: (c, h) for k, _, c, h in rows}
     wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     print(json.dumps({"engine": engine, "wall_s": wall, "cpu_s": cpu, "import_s": import_s,
-                      "peak_mib": vm_hwm_mib(), "totals": totals}))
+                      "peak_mib": vm_hwm_mib(), "totals": totals, "fetched_mib": sum(fetched) / 2**20,
+                      "gets": len(fetched)}))
+
+
+# --------------------------------------------------------------------------- the s3:// engine (--s3)
+
+
+def count_s3_bytes() -> list[int]:
+    """The size of every range s3fetch asks for, appended as it asks (list.append is atomic: GETs run in
+    threads)."""
+    from gpufinops.collect.billing import s3fetch
+
+    sizes: list[int] = []
+    get = s3fetch._Object._get
+
+    def counted(self, start: int, end: int, fd=None):
+        sizes.append(end - start)
+        return get(self, start, end, fd)
+
+    s3fetch._Object._get = counted
+    return sizes
+
+
+def cli_s3_args(engine: str, params: dict) -> list[str]:
+    return ["--config", params["s3_config"]] if engine == "cli-s3" else []
+
+
+def s3_path(engine: str, path: str) -> str:
+    return f"s3://{S3_BUCKET}/{Path(path).name}" if engine == "cli-s3" else path
+
+
+S3_BUCKET = "bench-billing"
+
+
+@contextlib.contextmanager
+def s3_server(files) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 in this process holding `files` in S3_BUCKET under their names, and the
+    gpufinops config file that points at it (fake credentials in this process' environment, for the
+    children)."""
+    import logging
+    import tempfile
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        s3.create_bucket(Bucket=S3_BUCKET)
+        for f in files:
+            s3.upload_file(str(f), S3_BUCKET, Path(f).name)
+        with tempfile.TemporaryDirectory() as d:
+            config = Path(d) / "gpufinops.yaml"
+            config.write_text(f"aws:\n  endpoint_url: {url}\n")
+            yield str(config)
+    finally:
+        server.stop()
 
 
 def cpu_s() -> float:
@@ -170,7 +229,7 @@ def main() -> int:
     ap.add_argument("--by", action="append", choices=["instance", "team"], help="grain (default both)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are kept")
     ap.add_argument("--cli", action="store_true", help=argparse.SUPPRESS)  # always on now; kept for old commands
-    ap.add_argument("--arrow", action="store_true", help="also time cur_totals' pyarrow engine (what S3 paths use)")
+    ap.add_argument("--s3", action="store_true", help="also the command on the file in a local moto S3 server")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -180,8 +239,22 @@ def main() -> int:
     from gpufinops.collect.billing.synth import generate_cur
 
     OUT.mkdir(parents=True, exist_ok=True)
-    engines = ["duckdb", "cli"] + (["arrow"] if args.arrow else [])
+    engines = ["duckdb", "cli"] + (["cli-s3"] if args.s3 else [])
     params = parameters()
+    for n in args.rows or [5_000_000, 20_000_000]:
+        path = OUT / f"cur2_{n}.parquet"
+        if not path.exists():
+            t0 = time.perf_counter()
+            generate_cur(path, n)
+            print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
+    with contextlib.ExitStack() as stack:
+        if args.s3:
+            params["s3_config"] = stack.enter_context(s3_server(OUT / f"cur2_{n}.parquet"
+                                                                for n in args.rows or [5_000_000, 20_000_000]))
+        return measure(args, engines, params)
+
+
+def measure(args, engines: list[str], params: dict) -> int:
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
     print("wall / cpu: the whole child process (interpreter, imports, answer, exit); medians of --repeat")
     print(f"{'line items':>11} {'file MiB':>9} {'by':>9} {'engine':>10} {'wall s':>8} {'cpu s':>7} {'import s':>9} "
@@ -189,10 +262,6 @@ def main() -> int:
     failed = False
     for n in args.rows or [5_000_000, 20_000_000]:
         path = OUT / f"cur2_{n}.parquet"
-        if not path.exists():
-            t0 = time.perf_counter()
-            generate_cur(path, n)
-            print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
         size = path.stat().st_size / 2**20
         for by in args.by or ["instance", "team"]:
             best = best_interleaved(engines, args.repeat, lambda e: run_child(e, by, path, params))
@@ -202,7 +271,8 @@ def main() -> int:
                 print(f"{n:>11,} {size:>9.0f} {by:>9} {e:>10} {r['proc_wall_s']:>8.2f} {r['proc_cpu_s']:>7.2f} {r['import_s']:>9.2f} "
                       f"{r['peak_mib']:>9.0f} "
                       f"{len(r['totals']):>6} {r['proc_wall_s'] / base['proc_wall_s']:>6.2f}x {r['proc_cpu_s'] / base['proc_cpu_s']:>5.2f}x "
-                      f"{r['peak_mib'] / base['peak_mib']:>5.2f}x")
+                      f"{r['peak_mib'] / base['peak_mib']:>5.2f}x"
+                      + (f"  {r['fetched_mib']:.0f} MiB in {r['gets']} GETs" if e == "cli-s3" else ""))
                 diff = differences(r["totals"], base["totals"])
                 if diff:
                     failed = True

@@ -22,6 +22,7 @@ bench_cur's (its helpers are imported).
     python bench/bench_focus.py                          # 1 M and 5 M rows, CSV and Parquet
     python bench/bench_focus.py --rows 5000000 --format parquet --repeat 5
     python bench/bench_focus.py --rows 1000000 --format csv --repeat 1 --table   # also read_focus (the table)
+    python bench/bench_focus.py --rows 5000000 --format parquet --s3   # also the command on an s3:// copy
 
 Files are generated once (by DuckDB, from the sample) into bench/out/ (git-ignored) and reused.
 """
@@ -29,13 +30,15 @@ Files are generated once (by DuckDB, from the sample) into bench/out/ (git-ignor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from bench_cur import CENT, OUT, best_interleaved, cpu_s, differences, run_script_child, vm_hwm_mib
+from bench_cur import (CENT, OUT, best_interleaved, cli_s3_args, count_s3_bytes, cpu_s, differences, run_script_child,
+                       s3_path, s3_server, vm_hwm_mib)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "billing" / "focus_1.0_sample_1000.csv"
 START, END = "2024-09-01", "2024-10-01"
@@ -163,7 +166,7 @@ def child(engine: str, fmt: str, path: str, params: dict) -> None:
         from gpufinops.collect.billing.focus import read_focus
         from gpufinops.collect.billing.settings import billing_settings
         from gpufinops.config import Settings
-    elif engine == "cli":
+    elif engine.startswith("cli"):
         import contextlib
         import io
 
@@ -171,17 +174,18 @@ def child(engine: str, fmt: str, path: str, params: dict) -> None:
     else:
         import duckdb
     import_s = time.perf_counter() - t0
+    fetched = count_s3_bytes() if engine == "cli-s3" else []
     t0, c0 = time.perf_counter(), cpu_s()
     if engine == "gpufinops":
         start, end = (datetime.fromisoformat(d).replace(tzinfo=timezone.utc) for d in (START, END))
         t = read_focus(path, start, end, billing_settings(Settings())).table
         sums = t.groupby("resource_id")[["cost", "usage_hours"]].sum()
         totals = {k: (c, h) for k, c, h in zip(sums.index, sums["cost"], sums["usage_hours"])}
-    elif engine == "cli":  # the whole command, as a person runs it
+    elif engine.startswith("cli"):  # the whole command, as a person runs it
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            rc = main(["costs", "--month", START[:7], "--source", "focus", "--path", path, "--by", "instance",
-                       "-o", "json"])
+            rc = main([*cli_s3_args(engine, params), "costs", "--month", START[:7], "--source", "focus", "--path",
+                       s3_path(engine, path), "--by", "instance", "-o", "json"])
         assert rc == 0, rc
         totals = {("" if r["instance"] == "(none)" else r["instance"]): (r["cost"], r["usage_hours"])
                   for r in json.loads(out.getvalue())}
@@ -194,7 +198,8 @@ def child(engine: str, fmt: str, path: str, params: dict) -> None:
         totals = {k: (c, h) for k, c, h in con.execute(duckdb_sql(source, columns, params)).fetchall()}
     wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     print(json.dumps({"engine": engine, "wall_s": wall, "cpu_s": cpu, "import_s": import_s,
-                      "peak_mib": vm_hwm_mib(), "totals": totals}))
+                      "peak_mib": vm_hwm_mib(), "totals": totals, "fetched_mib": sum(fetched) / 2**20,
+                      "gets": len(fetched)}))
 
 
 def run_child(engine: str, fmt: str, path: Path, params: dict) -> dict:
@@ -208,6 +213,7 @@ def main() -> int:
                     help="file format (default csv and parquet)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are kept")
     ap.add_argument("--table", action="store_true", help="also time read_focus (the cost table, --save's path)")
+    ap.add_argument("--s3", action="store_true", help="also the command on the file in a local moto S3 server")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -216,41 +222,51 @@ def main() -> int:
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
     params = parameters()
-    engines = ["duckdb", "cli"] + (["gpufinops"] if args.table else [])
+    engines = ["duckdb", "cli"] + (["gpufinops"] if args.table else []) + (["cli-s3"] if args.s3 else [])
+    files = {}
+    for n in args.rows or [1_000_000, 5_000_000]:
+        for fmt in args.format or ["csv", "parquet"]:
+            path = files[n, fmt] = OUT / (f"focus1.0_{n}.{fmt}" if fmt.startswith("csv") else f"focus1.3_{n}.parquet")
+            if not path.exists():
+                t0 = time.perf_counter()
+                generate(n, fmt, path)
+                print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
+    with contextlib.ExitStack() as stack:
+        if args.s3:
+            params["s3_config"] = stack.enter_context(s3_server(files.values()))
+        return measure(args, engines, params, files)
+
+
+def measure(args, engines: list[str], params: dict, files: dict) -> int:
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
     print("wall / cpu: the whole child process (interpreter, imports, answer, exit); medians of --repeat")
     print(f"{'rows':>11} {'format':>8} {'file MiB':>9} {'engine':>10} {'wall s':>8} {'cpu s':>7} {'import s':>9} "
           f"{'peak MiB':>9} {'keys':>6} {'wall x':>7} {'cpu x':>6} {'mem x':>6}")
     failed = False
-    for n in args.rows or [1_000_000, 5_000_000]:
-        for fmt in args.format or ["csv", "parquet"]:
-            path = OUT / (f"focus1.0_{n}.{fmt}" if fmt.startswith("csv") else f"focus1.3_{n}.parquet")
-            if not path.exists():
-                t0 = time.perf_counter()
-                generate(n, fmt, path)
-                print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
-            size = path.stat().st_size / 2**20
-            best = best_interleaved(engines, args.repeat, lambda e: run_child(e, fmt, path, params))
-            base = best["duckdb"]
-            ok = True
-            for e in engines:
-                r = best[e]
-                print(f"{n:>11,} {fmt:>8} {size:>9.0f} {e:>10} {r['proc_wall_s']:>8.2f} {r['proc_cpu_s']:>7.2f} "
-                      f"{r['import_s']:>9.2f} {r['peak_mib']:>9.0f} {len(r['totals']):>6} "
-                      f"{r['proc_wall_s'] / base['proc_wall_s']:>6.2f}x {r['proc_cpu_s'] / base['proc_cpu_s']:>5.2f}x "
-                      f"{r['peak_mib'] / base['peak_mib']:>5.2f}x")
-                diff = differences(r["totals"], base["totals"])
-                if diff:
-                    ok, failed = False, True
-                    print(f"  {e} totals differ from duckdb's by {CENT:g} or more: {len(diff)} key(s), e.g. {diff[:3]}")
-            total = sum(c for c, _ in base["totals"].values())
-            hours = sum(h for _, h in base["totals"].values())
-            print(f"{'':>11} totals equal to the cent across engines: {ok} (sum {total:,.2f}, {hours:,.2f} h)")
-            g = best["cli"]
-            slow, cpu, big = (g[k] / base[k] for k in ("proc_wall_s", "proc_cpu_s", "peak_mib"))
-            if slow > 1.3 or cpu > 1.3 or big > 1.5:
-                print(f"{'':>11} costs is over the goal (1.3x DuckDB's wall and CPU, 1.5x its memory): "
-                      f"{slow:.2f}x wall, {cpu:.2f}x CPU, {big:.2f}x memory")
+    for (n, fmt), path in files.items():
+        size = path.stat().st_size / 2**20
+        best = best_interleaved(engines, args.repeat, lambda e: run_child(e, fmt, path, params))
+        base = best["duckdb"]
+        ok = True
+        for e in engines:
+            r = best[e]
+            print(f"{n:>11,} {fmt:>8} {size:>9.0f} {e:>10} {r['proc_wall_s']:>8.2f} {r['proc_cpu_s']:>7.2f} "
+                  f"{r['import_s']:>9.2f} {r['peak_mib']:>9.0f} {len(r['totals']):>6} "
+                  f"{r['proc_wall_s'] / base['proc_wall_s']:>6.2f}x {r['proc_cpu_s'] / base['proc_cpu_s']:>5.2f}x "
+                  f"{r['peak_mib'] / base['peak_mib']:>5.2f}x"
+                  + (f"  {r['fetched_mib']:.0f} MiB in {r['gets']} GETs" if e == "cli-s3" else ""))
+            diff = differences(r["totals"], base["totals"])
+            if diff:
+                ok, failed = False, True
+                print(f"  {e} totals differ from duckdb's by {CENT:g} or more: {len(diff)} key(s), e.g. {diff[:3]}")
+        total = sum(c for c, _ in base["totals"].values())
+        hours = sum(h for _, h in base["totals"].values())
+        print(f"{'':>11} totals equal to the cent across engines: {ok} (sum {total:,.2f}, {hours:,.2f} h)")
+        g = best["cli"]
+        slow, cpu, big = (g[k] / base[k] for k in ("proc_wall_s", "proc_cpu_s", "peak_mib"))
+        if slow > 1.3 or cpu > 1.3 or big > 1.5:
+            print(f"{'':>11} costs is over the goal (1.3x DuckDB's wall and CPU, 1.5x its memory): "
+                  f"{slow:.2f}x wall, {cpu:.2f}x CPU, {big:.2f}x memory")
     if failed:
         print("FAILED: the engines' per-instance totals differ (see above)")
     return 1 if failed else 0

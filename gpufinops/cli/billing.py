@@ -62,12 +62,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
     settings = load_settings_from_args(args, uses_database=bool(args.save or args.idle))
     if getattr(args, "db", None):
         settings = settings.model_copy(update={"database_url": args.db if "://" in args.db else f"sqlite:///{args.db}"})
-    if not (args.save or args.idle or args.output == "focus"):  # a local CUR total: DuckDB, no pandas imported
-        from ..collect.billing.totals import print_local_totals
+    if not (args.save or args.idle or args.output == "focus"):  # a CUR / FOCUS total: DuckDB, no pandas imported
+        from ..collect.billing.totals import print_file_totals
 
         from .common import render_table
 
-        rc = print_local_totals(settings, args.month, args.by, args.source, args.path, args.output, render=render_table)
+        rc = print_file_totals(settings, args.month, args.by, args.source, args.path, args.output, render=render_table)
         if rc is not None:
             return rc
     from ..collect.billing.schema import BillingDataError, month_bounds
@@ -249,12 +249,12 @@ def _print_aws_forecast(settings, now: datetime, end: datetime) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from ..collect.billing.ce import fetch_ce_forecast
-    from ..collect.billing.load import aws_client
+    from ..collect.aws_config import read_client
     from ..collect.billing.settings import billing_settings
 
     ce = billing_settings(settings).ce
     try:
-        forecast = fetch_ce_forecast(aws_client(settings, "ce", ce.region), now, end, ce)
+        forecast = fetch_ce_forecast(read_client(settings, "ce", ce.region), now, end, ce)
     except (ClientError, BotoCoreError) as exc:
         print(f"note: AWS cost forecast unavailable: {forecast_error_line(exc)}", file=sys.stderr)
         return

@@ -20,3 +20,20 @@ def read_config(max_attempts: int = MAX_ATTEMPTS, connect_timeout_s: float = CON
         retries={"max_attempts": max_attempts, "mode": "standard"},
         user_agent_extra="gpufinops",
     )
+
+
+
+def session(settings):
+    """The boto3 session of the configured profile, else boto3's default credential chain. `settings`:
+    config.Settings."""
+    import boto3  # here, not at import: a local CUR or FOCUS file needs no AWS SDK (~10 MiB resident)
+
+    return (boto3.session.Session(profile_name=settings.aws.profile) if settings.aws.profile
+            else boto3.session.Session())
+
+
+def read_client(settings, service: str, region: str):
+    """A read client (Cost Explorer, Athena, S3, Pricing) with the configuration above and the configured
+    endpoint (moto in tests)."""
+    return session(settings).client(service, region_name=region, endpoint_url=settings.aws.endpoint_url,
+                                    config=read_config())

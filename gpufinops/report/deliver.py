@@ -78,10 +78,10 @@ def slack_text(a: MonthlyAudit, where: str) -> str:
 
 def s3_client(settings):
     """An S3 client through the configured AWS endpoint and credentials (the billing reader's client)."""
-    from ..collect.billing.load import aws_client
+    from ..collect.aws_config import read_client
 
     region = settings.aws.regions[0] if settings.aws.regions else "us-east-1"
-    return aws_client(settings, "s3", region)
+    return read_client(settings, "s3", region)
 
 
 def deliver_report(a: MonthlyAudit, paths: Sequence[Path], d: ReportDeliverySettings, *, dry_run: bool,

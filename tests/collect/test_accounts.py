@@ -137,12 +137,11 @@ def test_a_bad_assume_roles_entry_names_the_key(tmp_path):
 
 
 def test_billing_read_clients_get_the_botocore_config_of_ec2_reads():
-    from gpufinops.collect.aws_config import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, READ_TIMEOUT_S
-    from gpufinops.collect.billing.load import aws_client
+    from gpufinops.collect.aws_config import CONNECT_TIMEOUT_S, MAX_ATTEMPTS, READ_TIMEOUT_S, read_client
 
     settings = load_settings(aws={"regions": ["us-east-1"], "endpoint_url": "http://127.0.0.1:1"})
     for service in ("ce", "athena", "s3", "pricing"):
-        config = aws_client(settings, service, "us-east-1").meta.config
+        config = read_client(settings, service, "us-east-1").meta.config
         # botocore keeps max_attempts (retries) as total_max_attempts (retries + the first attempt).
         assert config.retries == {"mode": "standard", "total_max_attempts": MAX_ATTEMPTS + 1}, service
         assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)

@@ -1,5 +1,6 @@
 """CUR 2.0 per-key totals (`costs --by` in one pass): equal to the cost table summed, at every grain, on a
-fixture, the shared real samples turned into CUR 2.0 and a generated file; S3 read by ranged GETs; bad input."""
+fixture, the shared real samples turned into CUR 2.0 and a generated file; S3 read by ranged GETs of the needed
+columns; bad input."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import pytest
 
 from gpufinops.cli import main
 from gpufinops.collect.billing.cur import cur_totals, read_cur
-from gpufinops.collect.billing.load import s3_filesystem
+from gpufinops.collect.billing import s3fetch
+from gpufinops.collect.billing.duck import CUR_KEY, CUR_READ
+from gpufinops.collect.billing.s3fetch import s3_client
 from gpufinops.collect.billing.schema import BillingDataError
 from gpufinops.collect.billing.synth import SCHEMA, generate_cur, line, write_cur_rows
 from gpufinops.collect.billing.totals import GRAINS, table_totals
@@ -254,8 +257,15 @@ class RecordingProxy:
         self._server.server_close()
 
 
+def _ranges(requests) -> list[tuple[int, int]]:
+    """[start, end) of each ranged GET of a Parquet object the proxy saw."""
+    got = [rng for method, path, rng in requests if method == "GET" and path.endswith(".parquet")]
+    assert got and all(rng and rng.startswith("bytes=") for rng in got)  # never the whole object
+    return [(int(a), int(b) + 1) for rng in got for a, b in [rng[len("bytes="):].split("-")]]
+
+
 @pytest.mark.integration
-def test_s3_objects_are_streamed_by_ranged_gets_and_give_the_local_totals(aws, tmp_path):
+def test_s3_objects_give_the_local_totals_at_every_grain_from_ranged_gets(aws, tmp_path, monkeypatch):
     local = generate_cur(tmp_path / "gen.parquet", 40_000, row_group_size=10_000, n_resources=200)
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="cur-bucket")
@@ -264,23 +274,40 @@ def test_s3_objects_are_streamed_by_ranged_gets_and_give_the_local_totals(aws, t
     s3.put_object(Bucket="cur-bucket", Key="exports/gpu/metadata/manifest.json", Body=b"{}")
     proxy = RecordingProxy(aws.endpoint_url)
     try:
-        fs = s3_filesystem(Settings(aws=AwsSettings(endpoint_url=proxy.url)), "s3://cur-bucket/exports/gpu/")
-        res = cur_totals("s3://cur-bucket/exports/gpu/", SEP, OCT, FAMILIES, "instance", filesystem=fs)
+        client = s3_client(Settings(aws=AwsSettings(endpoint_url=proxy.url)))
+        for by in GRAINS:
+            res = cur_totals("s3://cur-bucket/exports/gpu/", SEP, OCT, FAMILIES, by, s3=client)
+            assert res.files == [f"s3://cur-bucket/{key}"]
+            assert_same_totals(res.table, cur_totals(str(local), SEP, OCT, FAMILIES, by).table)
+        _ranges(proxy.requests)
+        # Without merging nearby ranges (a small file is otherwise one GET): only the footer and the chunks of
+        # the columns the statements read, not one byte of another column.
+        monkeypatch.setattr(s3fetch, "MERGE_GAP_BYTES", 0)
+        monkeypatch.setattr(s3fetch, "FOOTER_GUESS_BYTES", 1024)
+        proxy.requests.clear()
+        res = cur_totals("s3://cur-bucket/exports/gpu/", SEP, OCT, FAMILIES, "team", s3=client)
+        assert_same_totals(res.table, cur_totals(str(local), SEP, OCT, FAMILIES, "team").table)
     finally:
         proxy.close()
-    assert res.files == [f"s3://cur-bucket/{key}"]
-    assert_same_totals(res.table, cur_totals(str(local), SEP, OCT, FAMILIES, "instance").table)
-    gets = [(path, rng) for method, path, rng in proxy.requests if method == "GET" and path.endswith(".parquet")]
-    assert gets and all(rng and rng.startswith("bytes=") for _, rng in gets)  # never the whole object
-    fetched = sum(int(b) - int(a) + 1 for _, rng in gets for a, b in [rng[len("bytes="):].split("-")])
-    assert fetched < 0.6 * local.stat().st_size  # only the footer and the columns the answer needs
+    meta = pq.ParquetFile(local).metadata
+    unread = []
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            col = meta.row_group(g).column(c)
+            if col.path_in_schema.split(".")[0] not in (*CUR_READ, CUR_KEY["team"]):
+                start = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+                unread.append((start, start + col.total_compressed_size))
+    assert len(unread) >= 8 * meta.num_row_groups  # the line ids, the resource ids, ... (no line excluded here)
+    fetched = _ranges(proxy.requests)
+    assert not [(a, b) for a, b in fetched for lo, hi in unread if a < hi and lo < b]
+    assert sum(b - a for a, b in fetched) < 0.6 * local.stat().st_size
 
 
 @pytest.mark.integration
 def test_s3_missing_bucket_or_no_parquet_is_a_clear_error(aws):
-    fs = s3_filesystem(Settings(aws=AwsSettings(endpoint_url=aws.endpoint_url)), "s3://nope/")
-    with pytest.raises(BillingDataError, match=r"s3://nope/x/: (cannot list|no \.parquet objects)"):
-        cur_totals("s3://nope/x/", SEP, OCT, FAMILIES, "instance", filesystem=fs)
+    client = s3_client(Settings(aws=AwsSettings(endpoint_url=aws.endpoint_url)))
+    with pytest.raises(BillingDataError, match=r"s3://nope/x/: cannot list the S3 objects: .*NoSuchBucket"):
+        cur_totals("s3://nope/x/", SEP, OCT, FAMILIES, "instance", s3=client)
     aws.client("s3").create_bucket(Bucket="empty")
     with pytest.raises(BillingDataError, match=r"s3://empty/: no \.parquet objects under this prefix"):
-        cur_totals("s3://empty/", SEP, OCT, FAMILIES, "team", filesystem=fs)
+        cur_totals("s3://empty/", SEP, OCT, FAMILIES, "team", s3=client)

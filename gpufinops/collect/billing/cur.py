@@ -8,15 +8,13 @@ effective cost: `reservation_effective_cost` for DiscountedUsage,
 `savings_plan_savings_plan_effective_cost` for SavingsPlanCoveredUsage,
 `line_item_unblended_cost` otherwise.
 
-Two answers, one scanner (`_scan_file`), so the selection, the cost rule and the
-exclusions are the same code for both:
+Two answers with the same selection, cost rule and exclusions:
 - `read_cur()`: the cost table (per resource, day, pricing model and tag set), for
   `--save`, budgets and the report;
 - `cur_totals()`: cost and hours per instance, team, project, instance type or
   account, in one pass at that grain, for a plain `costs --by`: no dates, no tag
-  JSON, and only the columns that grain needs. Local files are summed by DuckDB
-  (duck.py, the same selection as SQL; tests hold the two engines equal); S3
-  objects by the pyarrow scanner below.
+  JSON. Summed by DuckDB (duck.py, the same selection as SQL; tests hold it equal
+  to read_cur()'s table summed), S3 objects through s3fetch's partial copies.
 
 Files are streamed one batch of rows at a time (local files through a small read
 buffer; S3 objects through pyarrow's S3 filesystem with ranged GETs, never a
@@ -78,15 +76,12 @@ USAGE_LINE_TYPES = ("Usage", "DiscountedUsage", "SavingsPlanCoveredUsage")
 MAX_LINE_HOURS = 1e9
 GROUP_KEYS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model",
               "team", "project", "owner", "currency")
-# The CUR column each grain of cur_totals() groups on (team and project come from the tags).
-GRAIN_SOURCE = {"instance": RESOURCE, "account": ACCOUNT, "instance_type": USAGE_TYPE, "team": TAGS, "project": TAGS}
 # Rows per batch: every needed column of a batch is a few MiB, whatever the row group size.
 BATCH_ROWS = 65_536
 # Local files are read through a buffer of this size instead of whole column chunks at once.
 READ_BUFFER = 1 << 20
 # The cost table is summed again whenever the partial sums of the batches pass this many rows.
 COMPACT_ROWS = 1_000_000
-COMPACT_TOTALS = 100_000  # the same for cur_totals() (a handful of keys per batch, so it rarely applies)
 
 
 def gpu_usage_pattern(families: Sequence[str]) -> str:
@@ -156,8 +151,8 @@ _DICT_COLUMNS = (USAGE_TYPE, LINE_TYPE, RESOURCE, ACCOUNT, CURRENCY, REGION)
 _EMPTY = pa.array([""], pa.string())
 
 
-def _open(src: ParquetSource, tag_dictionary: bool) -> pq.ParquetFile:
-    """The file, its strings (and with `tag_dictionary` its tag keys and values) read as dictionaries."""
+def _open(src: ParquetSource) -> pq.ParquetFile:
+    """The file, its strings read as dictionaries."""
     try:
         handle = src.path if src.filesystem is None else src.filesystem.open_input_file(src.path)
     except (pa.ArrowException, OSError) as exc:
@@ -166,10 +161,7 @@ def _open(src: ParquetSource, tag_dictionary: bool) -> pq.ParquetFile:
     try:
         meta = pq.read_metadata(handle)
         names = set(meta.schema.to_arrow_schema().names)
-        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         wanted = [c for c in _DICT_COLUMNS if c in names]
-        if tag_dictionary:
-            wanted += [p for p in leaves if p.startswith(TAGS + ".")]
         # Remote: fetch each row group's needed column chunks in a few coalesced ranged GETs.
         return pq.ParquetFile(handle, metadata=meta, read_dictionary=wanted, pre_buffer=remote,
                               buffer_size=0 if remote else READ_BUFFER)
@@ -340,9 +332,9 @@ def _returning_pool() -> Iterator[None]:
 
 
 def _scan_file(src: ParquetSource, usage_types: _UsageTypes, start: datetime, end: datetime, max_line_cost: float,
-               columns: Sequence[str], found: _Found, tag_dictionary: bool = False) -> Iterator[_Kept]:
+               columns: Sequence[str], found: _Found) -> Iterator[_Kept]:
     """The kept GPU usage lines of one file, batch by batch, reading the cost columns plus `columns`."""
-    pf = _open(src, tag_dictionary)
+    pf = _open(src)
     schema = pf.schema_arrow
     found.warnings.extend(_check_schema(src.name, schema))
     base = [c for c in (USAGE_TYPE, LINE_TYPE, UNBLENDED, RI_COST, SP_COST, USAGE, CURRENCY) if c in schema.names]
@@ -405,43 +397,6 @@ def _key_codes(kept: _Kept, col: str) -> tuple[np.ndarray, pa.Array]:
     return _indices(d)[kept.rows], _strings(d)
 
 
-def _tag_value_codes(kept: _Kept, keys: Sequence[str]) -> tuple[np.ndarray, pa.Array]:
-    """Per kept line, the value of the first of `keys` its tags hold non-empty ('' if none), as
-    _tag_lookup() does on a dict of the tags: a key given twice counts with its last value."""
-    b = kept.batch
-    if TAGS not in b.schema.names or not pa.types.is_map(b.schema.field(TAGS).type):
-        return np.zeros(len(kept.rows), np.int64), _EMPTY
-    maps = b.column(TAGS)
-    offsets = maps.offsets.to_numpy(zero_copy_only=False)
-    kd, vd = _dict_array(maps.keys), _dict_array(maps.items)
-    values = _strings(vd)
-    nonempty = np.array([bool(v) for v in vd.dictionary.to_pylist()] + [False])
-    rank = {}
-    for r, k in enumerate(keys):
-        rank.setdefault(k, r)
-    key_rank = np.array([rank.get(k, -1) for k in kd.dictionary.to_pylist()] + [-1])
-    entry_rank = key_rank[_indices(kd)]
-    # Entries of this batch's maps (a sliced batch may see children outside it) with a wanted key.
-    entries = np.flatnonzero(entry_rank >= 0)
-    entries = entries[(entries >= offsets[0]) & (entries < offsets[-1])]
-    code = np.full(len(maps), len(values) - 1, np.int64)
-    if len(entries):
-        row = np.searchsorted(offsets, entries, side="right") - 1
-        if maps.null_count:
-            valid = maps.is_valid().to_numpy(zero_copy_only=False)[row]
-            entries, row = entries[valid], row[valid]
-        value, erank = _indices(vd)[entries], entry_rank[entries]
-        # Worst-ranked key first, so a better-ranked key with a value overwrites it.
-        for r in sorted(set(erank.tolist()), reverse=True):
-            at = erank == r
-            r_rows, r_values = row[at], value[at]
-            last = np.r_[r_rows[1:] != r_rows[:-1], True]
-            r_rows, r_values = r_rows[last], r_values[last]
-            has = nonempty[r_values]
-            code[r_rows[has]] = r_values[has]
-    return code[kept.rows], values
-
-
 # --------------------------------------------------------------------------- per-key totals
 
 
@@ -461,73 +416,20 @@ def cur_totals(
     by: str,
     tag_keys: TagKeys = TagKeys(),
     max_line_cost: float = 100_000.0,
-    filesystem: pafs.FileSystem | None = None,
+    s3=None,
 ) -> CurTotals:
     """Cost and usage hours per `by` key (instance, team, project, instance_type, account) and currency,
-    for usage starting in [start, end): read_cur()'s table summed at that grain, in one pass."""
+    for usage starting in [start, end): read_cur()'s table summed at that grain, in one pass, on DuckDB
+    (duck.py; BENCHMARKS.md says why). `s3`: an s3fetch.S3Client, for an s3:// path."""
+    from .duck import cur_files, cur_total_rows
+
     if by not in GRAINS:
         raise ValueError(f"unknown grain {by!r}; expected one of {sorted(GRAINS)}")
-    files = list_parquet(path, filesystem)
-    if filesystem is None:  # local files: DuckDB (duck.py; BENCHMARKS.md says why)
-        from .duck import cur_total_rows
-
-        r = cur_total_rows(files, path, start, end, families, by, tag_keys, max_line_cost)
-        for w in r.warnings:
-            log.warning("%s", w)
-        df = pd.DataFrame(r.rows, columns=list(TOTAL_COLUMNS)) if r.rows else empty_totals()
-        return CurTotals(df, r.warnings, r.files, r.rows_read)
-    source = GRAIN_SOURCE[by]
-    usage_types = _UsageTypes(re.compile(gpu_usage_pattern(families)))
-    found = _Found()
-    partials: list[pa.Table] = []
-    tag_names = getattr(tag_keys, by) if source == TAGS else ()
-    columns = [] if source == USAGE_TYPE else [source]
-    with _returning_pool():
-        for src in files:
-            for kept in _scan_file(src, usage_types, start, end, max_line_cost, columns, found,
-                                   tag_dictionary=source == TAGS):
-                if source == TAGS:
-                    keys, key_values = _tag_value_codes(kept, tag_names)
-                elif source == USAGE_TYPE:
-                    keys, key_values = kept.usage_type, kept.instance_types
-                else:
-                    keys, key_values = _key_codes(kept, source)
-                partials.append(_group_sums(keys, key_values, *_key_codes(kept, CURRENCY), kept.cost, kept.usage))
-                if sum(p.num_rows for p in partials) > COMPACT_TOTALS:
-                    partials = [_total(pa.concat_tables(partials))]
-    for w in found.warnings:
+    r = cur_total_rows(cur_files(path, s3), path, start, end, families, by, tag_keys, max_line_cost)
+    for w in r.warnings:
         log.warning("%s", w)
-    names = [s.name for s in files]
-    if not partials:
-        found.warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
-        return CurTotals(empty_totals(), found.warnings, names, found.rows_read)
-    df = _total(pa.concat_tables(partials)).to_pandas()
-    df = df[list(TOTAL_COLUMNS)].sort_values(["key", "currency"], kind="stable").reset_index(drop=True)
-    single_currency(df, path)
-    return CurTotals(df, found.warnings, names, found.rows_read)
-
-
-def _total(partials: pa.Table) -> pa.Table:
-    out = partials.group_by(["key", "currency"]).aggregate([("cost", "sum"), ("usage_hours", "sum")])
-    return out.rename_columns([c.removesuffix("_sum") for c in out.column_names]).select(list(TOTAL_COLUMNS))
-
-
-def _group_sums(keys: np.ndarray, key_values: pa.Array, currencies: np.ndarray, currency_values: pa.Array,
-                cost: np.ndarray, usage: np.ndarray) -> pa.Table:
-    """Cost and hours per (key, currency) of one batch, as strings: batches' dictionaries differ."""
-    n_cur = len(currency_values)
-    group = keys.astype(np.int64) * n_cur + currencies
-    size = len(key_values) * n_cur
-    if size <= 4 * len(group) + 1024:
-        count = np.bincount(group, minlength=size)
-        present = np.flatnonzero(count)
-        sums = [np.bincount(group, weights=w, minlength=size)[present] for w in (cost, usage)]
-    else:  # a dictionary much larger than the batch's kept lines
-        present, inverse = np.unique(group, return_inverse=True)
-        sums = [np.bincount(inverse, weights=w, minlength=len(present)) for w in (cost, usage)]
-    return pa.table({"key": key_values.take(pa.array(present // n_cur)),
-                     "currency": currency_values.take(pa.array(present % n_cur)),
-                     "cost": sums[0], "usage_hours": sums[1]})
+    df = pd.DataFrame(r.rows, columns=list(TOTAL_COLUMNS)) if r.rows else empty_totals()
+    return CurTotals(df, r.warnings, r.files, r.rows_read)
 
 
 # --------------------------------------------------------------------------- the cost table

@@ -20,8 +20,9 @@ decoded. Times are compared as epoch microseconds or in the column's own type: a
 TIMESTAMPTZ is converted row by row through ICU, on one thread (0.86 -> 0.63 CPU-s of the statement
 at 5 M Parquet rows when avoided).
 
-Local files only: an s3:// path goes through the table readers (pyarrow's S3 filesystem; DuckDB's httpfs
-extension is a download at run time).
+An s3:// path is read from local partial copies (s3fetch.py: a Parquet object's footer and the columns
+below only, a CSV whole), one object at a time: DuckDB's own S3 reader, the httpfs extension, is a download at
+run time.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from .errors import BillingDataError, mixed_currencies
+from .s3fetch import local_copies
 from .sources import ParquetSource
 
 # cur.py's column names and guards, repeated here so this module does not import pyarrow (cur.py does);
@@ -54,6 +56,10 @@ CUR_USAGE = "line_item_usage_amount"
 CUR_REQUIRED = (CUR_USAGE_TYPE, CUR_LINE_TYPE, CUR_START, CUR_RESOURCE, CUR_ACCOUNT, CUR_UNBLENDED, CUR_USAGE,
                 CUR_CURRENCY)
 CUR_WARN_ABSENT = (CUR_TAGS, CUR_RI, CUR_SP)  # absent: read as empty, with a warning (cur._check_schema)
+# What cur_sql reads besides the grain's key column (an S3 object's copy holds these only; s3fetch).
+CUR_READ = (CUR_USAGE_TYPE, CUR_LINE_TYPE, CUR_START, CUR_CURRENCY, CUR_UNBLENDED, CUR_RI, CUR_SP, CUR_USAGE)
+CUR_KEY = {"instance": CUR_RESOURCE, "account": CUR_ACCOUNT, "instance_type": CUR_USAGE_TYPE, "team": CUR_TAGS,
+           "project": CUR_TAGS}
 MAX_LINE_HOURS = 1e9
 INSTANCE_TYPE_PATTERN = r":([a-z0-9-]+\.[A-Za-z0-9]+)$"
 
@@ -125,10 +131,8 @@ def _finish(sums: dict[tuple[str, str], list[float]], warnings: list[str], files
 
 
 def _cur_key(by: str, tag_keys, names: set[str]) -> str:
-    if by == "instance":
-        return f"COALESCE({CUR_RESOURCE}, '')"
-    if by == "account":
-        return f"COALESCE({CUR_ACCOUNT}, '')"
+    if by in ("instance", "account"):
+        return f"COALESCE({CUR_KEY[by]}, '')"
     if by == "instance_type":  # the usage type; its instance type is read in Python (cur.py's regex)
         return CUR_USAGE_TYPE
     keys = getattr(tag_keys, by)
@@ -226,7 +230,7 @@ def cur_total_rows(files: Sequence[ParquetSource], path: str, start: datetime, e
     sums: dict[tuple[str, str], list[float]] = {}
     warnings: list[str] = []
     rows_read = 0
-    for src in files:
+    for src in local_copies(files, (*CUR_READ, CUR_KEY[by])):
         types, n, warns = _cur_schema(con, src)
         warnings += warns
         rows_read += n
@@ -251,6 +255,8 @@ def cur_total_rows(files: Sequence[ParquetSource], path: str, start: datetime, e
             s[1] += hours
         mixed_currencies(file_currencies, src.name)
         if bad:
+            if src.fetch_columns:  # the line id, only to name the first excluded line
+                src.fetch_columns((CUR_LINE_ID,))
             warnings.append(
                 f"{src.name}: {bad} GPU line item(s) excluded: cost (line_item_unblended_cost, or "
                 f"reservation_effective_cost / savings_plan_savings_plan_effective_cost for RI / SP lines) "
@@ -297,6 +303,10 @@ def _first_bad_cur(con, table: str, names: dict[str, str], start, end, usage_typ
 
 
 FOCUS_TEXT = ("x_UsageType", "ChargeDescription", "SkuPriceDetails", "x_SkuDetails")
+# Every column the statements below read (the cost column besides, as configured).
+FOCUS_READ = (*FOCUS_TEXT, "Tags", "ResourceId", "BillingCurrency", "ChargeCategory", "ConsumedUnit",
+              "ConsumedQuantity", "ServiceCategory", "ChargePeriodStart", "ChargePeriodEnd")
+FOCUS_KEY = {"instance": "ResourceId", "account": "SubAccountId"}  # the others come from the texts and Tags
 
 
 def _focus_columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
@@ -381,7 +391,7 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
     cost_col = bs.focus_cost_column
     until = _epoch_us("ChargePeriodEnd", names["ChargePeriodEnd"]) if "ChargePeriodEnd" in names else "NULL::BIGINT"
     lo, hi = (int((d - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 for d in (start, end))
-    key = {"instance": "ResourceId", "account": "SubAccountId"}.get(by)
+    key = FOCUS_KEY.get(by)
     group = [c for c in (*FOCUS_TEXT, "Tags") if c in names] + ([key] if key and key in names else [])
     where = where or _usage_sql(names)
     sql = f"""
@@ -475,7 +485,7 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
     secs: dict[tuple, list] = {}  # (resource, period) -> [max hours, (key, currency)] of seconds-unit rows
     warnings: list[str] = []
     cost_col = bs.focus_cost_column
-    for src in files:
+    for src in local_copies(files, (*FOCUS_READ, cost_col, *([FOCUS_KEY[by]] if by in FOCUS_KEY else []))):
         names, table = _focus_columns(con, src)
         check_columns(list(names), src.name, cost_col)
         try:
@@ -553,28 +563,51 @@ def _raise_bad_value(con, src: ParquetSource, table: str, names: dict[str, str],
 # --------------------------------------------------------------------------- the entry point
 
 
-def local_totals(settings, start: datetime, end: datetime, by: str, source: str | None = None,
-                 path: str | None = None) -> TotalRows | None:
-    """The totals of a local CUR or FOCUS file set on DuckDB; None when the source is another (Cost Explorer,
-    Athena) or the path is on S3: the caller then takes the table path (load.load_cost_totals)."""
+def file_totals(settings, start: datetime, end: datetime, by: str, source: str | None = None,
+                path: str | None = None) -> TotalRows | None:
+    """The totals of CUR or FOCUS files (local, or on S3 through s3fetch) on DuckDB; None when the source is
+    another (Cost Explorer, Athena): the caller then takes the table path (load.load_cost_totals)."""
     import logging
 
+    from .s3fetch import s3_client
     from .settings import billing_settings
-    from .sources import list_files, list_parquet
 
     bs = billing_settings(settings)
     source, path = source or bs.source, path or bs.path
-    if source not in ("cur", "focus") or not path or path.startswith("s3://"):
+    if source not in ("cur", "focus") or not path:
         return None
+    s3 = s3_client(settings) if path.startswith("s3://") else None
     if source == "focus":
-        from .focus_rules import FILE_SUFFIXES
-
-        files = list_files(path, None, FILE_SUFFIXES, "FOCUS (.csv, .csv.gz, .parquet)")
-        r = focus_total_rows(files, path, start, end, bs, by)
+        r = focus_total_rows(focus_files(path, s3), path, start, end, bs, by)
     else:
         families = tuple(bs.gpu_families or settings.aws.gpu_families)
-        r = cur_total_rows(list_parquet(path), path, start, end, families, by, bs.tag_keys, bs.max_line_cost)
+        r = cur_total_rows(cur_files(path, s3), path, start, end, families, by, bs.tag_keys, bs.max_line_cost)
     r.source = source
     for w in r.warnings:
         logging.getLogger(__name__).warning("%s", w)
     return r
+
+
+def cur_files(path: str, s3=None) -> list[ParquetSource]:
+    """The Parquet files of a CUR path: a file, a folder, a glob or an s3:// prefix (`s3`: an
+    s3fetch.S3Client)."""
+    return _files(path, s3, (".parquet",), ".parquet")
+
+
+def focus_files(path: str, s3=None) -> list[ParquetSource]:
+    """The FOCUS files of a path: a file, a folder, a glob or an s3:// prefix (`s3`: an s3fetch.S3Client)."""
+    from .focus_rules import FILE_SUFFIXES
+
+    return _files(path, s3, FILE_SUFFIXES, "FOCUS (.csv, .csv.gz, .parquet)")
+
+
+def _files(path: str, s3, suffixes: Sequence[str], kind: str) -> list[ParquetSource]:
+    if path.startswith("s3://"):
+        from .s3fetch import list_objects
+
+        if s3 is None:
+            raise BillingDataError(f"{path}: an S3 client is needed to read s3:// paths")
+        return list_objects(path, s3, suffixes, kind)
+    from .sources import list_files
+
+    return list_files(path, None, suffixes, kind)

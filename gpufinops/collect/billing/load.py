@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pandas as pd
 
 from ...config import Settings
+from ..aws_config import read_client, session
 from .schema import BillingDataError
 from .settings import BillingSettings, billing_settings
 from .totals import TOTAL_COLUMNS, empty_totals, table_totals
@@ -30,20 +31,6 @@ class LoadedTotals:
     warnings: list[str] = field(default_factory=list)
 
 
-def _session(settings: Settings):
-    import boto3  # here, not at import: a local CUR or FOCUS file needs no AWS SDK (~10 MiB resident)
-
-    return boto3.session.Session(profile_name=settings.aws.profile) if settings.aws.profile else boto3.session.Session()
-
-
-def aws_client(settings: Settings, service: str, region: str):
-    """A read client (Cost Explorer, Athena, S3, Pricing) with the retries and timeouts of EC2's reads."""
-    from ..aws_config import read_config
-
-    return _session(settings).client(service, region_name=region, endpoint_url=settings.aws.endpoint_url,
-                                     config=read_config())
-
-
 def s3_filesystem(settings: Settings, path: str):
     """pyarrow's S3 filesystem with the credentials, endpoint (moto in tests) and region boto3 uses, so CUR and
     FOCUS objects are read by ranged GETs or streamed as the reader needs them, never downloaded whole into
@@ -52,8 +39,7 @@ def s3_filesystem(settings: Settings, path: str):
 
     from ..aws_config import MAX_ATTEMPTS
 
-    session = _session(settings)
-    credentials = session.get_credentials()
+    credentials = session(settings).get_credentials()
     # The retries of every AWS read (aws_config); longer timeouts than the API clients', for object reads.
     options: dict = {"region": settings.aws.regions[0], "connect_timeout": 10, "request_timeout": 60,
                      "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=MAX_ATTEMPTS + 1)}
@@ -93,12 +79,12 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
     if source == "ce":
         from .ce import fetch_ce
 
-        r = fetch_ce(aws_client(settings, "ce", bs.ce.region), start, end, now, families, bs.ce)
+        r = fetch_ce(read_client(settings, "ce", bs.ce.region), start, end, now, families, bs.ce)
         return LoadedCosts(r.table, "ce", r.data_through, r.warnings)
     if source == "athena":
         from .athena import fetch_athena
 
-        client = aws_client(settings, "athena", bs.athena.region)
+        client = read_client(settings, "athena", bs.athena.region)
         r = fetch_athena(client, start, end, families, bs.athena, bs.tag_keys, bs.max_line_cost)
         return LoadedCosts(r.table, "athena", _complete_through(r.table, start, end, now))
     if not path:
@@ -121,26 +107,26 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
 def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: datetime, by: str,
                      source: str | None = None, path: str | None = None,
                      bs: BillingSettings | None = None) -> LoadedTotals:
-    """Cost and usage hours per `by` key (totals.GRAINS) for the period. CUR and local FOCUS files are read
-    in one pass at that grain (DuckDB for local files, duck.py; no per-day, per-tag table); the other sources
-    sum their cost table."""
+    """Cost and usage hours per `by` key (totals.GRAINS) for the period. CUR and FOCUS files, local or on S3,
+    are read in one pass at that grain on DuckDB (duck.py; no per-day, per-tag table); the other sources sum
+    their cost table."""
     bs = bs or billing_settings(settings)
     source = source or bs.source
     path = path or bs.path
     if source == "cur" and path:
         from .cur import cur_totals
+        from .s3fetch import s3_client
 
-        s3 = s3_filesystem(settings, path) if path.startswith("s3://") else None
+        s3 = s3_client(settings) if path.startswith("s3://") else None
         r = cur_totals(path, start, end, tuple(bs.gpu_families or settings.aws.gpu_families), by, bs.tag_keys,
-                       bs.max_line_cost, filesystem=s3)
+                       bs.max_line_cost, s3=s3)
         return LoadedTotals(r.table, "cur", r.warnings)
-    if source == "focus" and path and not path.startswith("s3://"):  # local files: DuckDB (duck.py)
-        from .duck import focus_total_rows
-        from .focus_rules import FILE_SUFFIXES
-        from .sources import list_files
+    if source == "focus" and path:  # DuckDB (duck.py), S3 objects through s3fetch's copies
+        from .duck import focus_files, focus_total_rows
+        from .s3fetch import s3_client
 
-        files = list_files(path, None, FILE_SUFFIXES, "FOCUS (.csv, .csv.gz, .parquet)")
-        t = focus_total_rows(files, path, start, end, bs, by)
+        s3 = s3_client(settings) if path.startswith("s3://") else None
+        t = focus_total_rows(focus_files(path, s3), path, start, end, bs, by)
         table = pd.DataFrame(t.rows, columns=list(TOTAL_COLUMNS)) if t.rows else empty_totals()
         return LoadedTotals(table, "focus", t.warnings)
     loaded = load_cost_table(settings, start, end, now, source=source, path=path, bs=bs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .errors import BillingDataError
 
@@ -14,7 +14,9 @@ from .errors import BillingDataError
 class ParquetSource:
     name: str  # what messages call it: the local path or s3://bucket/key
     path: str  # its path in `filesystem`
-    filesystem: Any = None  # a pyarrow.fs.FileSystem; None: the local disk
+    filesystem: Any = None  # a pyarrow.fs.FileSystem or an s3fetch.S3Client; None: the local disk
+    # A partial local copy of an S3 object (s3fetch): fetches more columns into it.
+    fetch_columns: Callable[[Sequence[str]], None] | None = None
 
 
 GLOB_CHARS = "*?["
@@ -52,33 +54,44 @@ def list_files(path: str, filesystem: Any, suffixes: Sequence[str],
 
 
 def _list_s3(path: str, fs: Any, suffixes: tuple[str, ...], kind: str) -> list[ParquetSource]:
+    """Through pyarrow's S3 filesystem (the cost-table readers)."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-    base = path[len("s3://"):].rstrip("/")
-    pattern = None
-    if any(ch in base for ch in GLOB_CHARS):  # list the prefix before the first wildcard, then match
-        import fnmatch
-
-        pattern = base
-        cut = min(base.find(ch) for ch in GLOB_CHARS if ch in base)
-        base = base[:cut].rsplit("/", 1)[0]
+    base, _ = s3_base(path)
     try:
         info = fs.get_file_info(base)
-        if info.type == pafs.FileType.File and pattern is None:
-            infos = [info]
-        elif info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-        else:
-            infos = []
+        exact = info.type == pafs.FileType.File
+        under = ([i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                  if i.type == pafs.FileType.File] if info.type == pafs.FileType.Directory else [])
     except (OSError, pa.ArrowException) as exc:
         raise BillingDataError(f"{path}: cannot list the S3 objects: {exc}") from None
+    return [ParquetSource(f"s3://{k}", k, fs) for k in s3_keys(path, exact, under, suffixes, kind)]
+
+
+def s3_base(path: str) -> tuple[str, str | None]:
+    """(the `bucket/prefix` to list, the `bucket/key` glob pattern or None) of an s3:// path: a pattern is
+    listed from the folder before its first wildcard."""
+    base = path[len("s3://"):].rstrip("/")
+    if not any(ch in base for ch in GLOB_CHARS):
+        return base, None
+    cut = min(base.find(ch) for ch in GLOB_CHARS if ch in base)
+    return base[:cut].rsplit("/", 1)[0], base
+
+
+def s3_keys(path: str, exact: bool, under: Sequence[str], suffixes: tuple[str, ...], kind: str) -> list[str]:
+    """The `bucket/key`s an s3:// path names, sorted: `exact` when an object is named by the path's base
+    itself, `under`: the objects below it as a folder. One object named directly is taken whatever its name
+    ends with; a pattern matches whole keys; a folder keeps the objects ending in one of `suffixes`."""
+    import fnmatch
+
+    _, pattern = s3_base(path)
     if pattern is not None:
-        keys = sorted(i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, pattern))
-    elif len(infos) == 1 and infos[0].path == base:  # one object named directly
-        keys = [base]
+        keys = sorted(k for k in under if fnmatch.fnmatchcase(k, pattern))
+    elif exact:
+        keys = [s3_base(path)[0]]
     else:
-        keys = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.lower().endswith(suffixes))
+        keys = sorted(k for k in under if k.lower().endswith(suffixes))
     if not keys:
         raise BillingDataError(f"{path}: no {kind} objects under this prefix")
-    return [ParquetSource(f"s3://{k}", k, fs) for k in keys]
+    return keys

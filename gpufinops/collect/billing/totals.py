@@ -89,11 +89,11 @@ def _csv_cell(v) -> str:
     return '"' + v.replace('"', '""') + '"' if any(ch in v for ch in ',"\n\r') else v
 
 
-def print_local_totals(settings, month: str, by: str, source: str | None, path: str | None, fmt: str,
+def print_file_totals(settings, month: str, by: str, source: str | None, path: str | None, fmt: str,
                        render=None) -> int | None:
-    """`costs --by` of a local CUR or FOCUS path on DuckDB, printed without pandas: the exit code, or None when the
-    source or path is not one (bad month included: the caller's path says so)."""
-    from .duck import local_totals
+    """`costs --by` of a CUR or FOCUS path (local or s3://) on DuckDB, printed without pandas: the exit code, or
+    None when the source or path is not one (bad month included: the caller's path says so)."""
+    from .duck import file_totals
     from .errors import BillingDataError, month_bounds
 
     try:
@@ -101,7 +101,7 @@ def print_local_totals(settings, month: str, by: str, source: str | None, path: 
     except BillingDataError:
         return None
     try:
-        r = local_totals(settings, start, end, by, source, path)
+        r = file_totals(settings, start, end, by, source, path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
