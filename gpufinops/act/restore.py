@@ -6,7 +6,8 @@ once no request can still be in flight: by the service's next tick, or by the ne
 
 The Restore button of a stop notice (notify/interact.py records the click) comes here too: the leader's tick
 calls `apply_restore_requests`, which restores each clicked subject with `restore_workload` and tells the result
-once (the notice edited in place, one reply under it).
+once (the notice edited in place, one reply under it). A result that was "not known yet" (an ambiguous answer) is
+told again, once, when reconcile has settled its row from the workload's state: restored, or not done.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ NOTHING_TO_RESTORE = "nothing_to_restore"  # not gpufinops' to undo, not found, 
 WAITING = "waiting"  # an earlier change of it is not settled: nothing done yet
 FAILED = "failed"  # refused (a 4xx) and read back not restored
 UNKNOWN = "unknown"  # ambiguous answer: its row stays open until reconcile settles it
+SETTLED_RESTORED = "settled_restored"  # an UNKNOWN one, found restored by reconcile (by this click or by anyone)
 NOT_LEADER = "not_leader"  # the scheduler lease was lost before the call: nothing done
 CLI = "gpufinops k8s restore"
 BUTTON = "Slack Restore button"
@@ -225,9 +227,10 @@ def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, 
     A request is forgotten before it is carried out: a crash in between loses the click (nothing changed, nothing
     said; the button is still there) rather than repeating a change. One that waits for an earlier change of its
     subject to settle is kept for `CLICK_PATIENCE`; one that meets a lost lease is kept for the next leader."""
-    requests = interact.pending_restores(store)
-    if not requests or cloud is None:
+    if cloud is None:
         return []
+    _tell_settled(store, notifier)
+    requests = interact.pending_restores(store)
     out = []
     for req in requests:
         try:
@@ -247,18 +250,43 @@ def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, 
             interact.keep_restore(store, req)
             continue
         log.info("Restore clicked by %s on %s: %s", req.user_id, req.instance_id, outcome.message)
+        if outcome.status == UNKNOWN:  # told again once its row is settled (_tell_settled, a later tick)
+            interact.remember_unsettled_restore(store, req, target or req.instance_id)
         _tell(req, outcome, target or req.instance_id, notifier)
         out.append(outcome)
     return out
 
 
-def _tell(req: "interact.RestoreRequest", outcome: RestoreOutcome, target: str, notifier) -> None:
+def _tell_settled(store, notifier) -> None:
+    """The clicks answered "not known yet" whose restore row reconcile has settled since (the act stage's
+    reconcile runs earlier in the same tick): the outcome, once, as a second reply under the notice (its own key:
+    a lost answer is looked up, never posted twice), the notice edited to say it, its button kept if not done."""
+    for req, target in interact.unsettled_restores(store):
+        asked = parse_time(req.requested_at)
+        rows = [r for r in store.action_rows(kinds=[ActionKind.RESTORE], instance_id=req.instance_id, start=asked)
+                if not r.dry_run]
+        if any(r.status in UNSETTLED for r in rows):
+            continue  # still open: told when settled
+        if rows:
+            row = min(rows, key=lambda r: r.at)  # the one this click made
+            done = row.status == "done"
+            outcome = RestoreOutcome(done, req.instance_id, f"read back once no request could still be in flight: "
+                                                            f"{row.error.removeprefix('reconciled: ')}; click Restore "
+                                                            f"again if it is still wanted", False,
+                                     SETTLED_RESTORED if done else FAILED)
+            _tell(req, outcome, target, notifier, key_suffix=":settled")
+            log.info("Restore clicked by %s on %s settled: %s", req.user_id, req.instance_id, row.status)
+        interact.forget_unsettled_restore(store, req.instance_id)
+
+
+def _tell(req: "interact.RestoreRequest", outcome: RestoreOutcome, target: str, notifier,
+          key_suffix: str = "") -> None:
     """The result, once: a reply under the notice the button was on, and that notice edited in place (its
     button kept where a later click may still be needed). Cosmetic: never raises."""
     notice = messages.restore_result(
         req.instance_id, target, outcome.status, replicas=outcome.replicas, who=req.user_id, detail=outcome.message,
-        dry_run=outcome.dry_run, key=f"restore:{req.instance_id}:{req.requested_at}", thread_key=req.notice_key,
-        channel=req.channel_id)
+        dry_run=outcome.dry_run, key=f"restore:{req.instance_id}:{req.requested_at}{key_suffix}",
+        thread_key=req.notice_key, channel=req.channel_id)
     try:
         notifier.send(notice)
         notifier.show_restored(req, notice.text, keep_button=outcome.status in (FAILED, UNKNOWN, WAITING))

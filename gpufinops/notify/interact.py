@@ -59,6 +59,8 @@ log = logging.getLogger("gpufinops.interact")
 
 REQUEST_PREFIX = "snooze_request:"
 RESTORE_PREFIX = "restore_request:"
+# A click whose restore got no clear answer: told again once reconcile settles its row (act/restore.py).
+UNSETTLED_RESTORE_PREFIX = "restore_unsettled:"
 SEEN_PREFIX = "slack_click_seen:"
 MAX_AGE_S = 5 * 60  # Slack's own window for a request's timestamp; a signature is remembered this long
 TOMORROW_AT_HOUR = 9
@@ -416,7 +418,7 @@ def _pending(store: Store, prefix: str, parse: Callable[[str], Any], what: str) 
     for key, value in store.kv_items(prefix):
         try:
             out.append(parse(value))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, KeyError):
             log.error("unreadable %s request %s dropped", what, key)
             store.set_kv(key, None)
     return out
@@ -446,3 +448,22 @@ def forget_restore(store: Store, instance_id: str) -> None:
 
 def keep_restore(store: Store, request: RestoreRequest) -> None:
     store.set_kv(RESTORE_PREFIX + request.instance_id, request.to_json())
+
+
+def remember_unsettled_restore(store: Store, request: RestoreRequest, target: str) -> None:
+    """A click whose restore's outcome is not known yet, with what it restores (`NS/Kind/NAME`, `node/NAME`)."""
+    store.set_kv(UNSETTLED_RESTORE_PREFIX + request.instance_id, json.dumps({"target": target,
+                                                                           "request": request.to_json()}))
+
+
+def unsettled_restores(store: Store) -> list[tuple[RestoreRequest, str]]:
+    """The clicks remember_unsettled_restore kept: (request, target)."""
+    def parse(text: str) -> tuple[RestoreRequest, str]:
+        data = json.loads(text)
+        return RestoreRequest.from_json(data["request"]), str(data["target"])
+
+    return _pending(store, UNSETTLED_RESTORE_PREFIX, parse, "unsettled restore")
+
+
+def forget_unsettled_restore(store: Store, instance_id: str) -> None:
+    store.set_kv(UNSETTLED_RESTORE_PREFIX + instance_id, None)

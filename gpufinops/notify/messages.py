@@ -456,6 +456,11 @@ def restore_result(instance_id: str, target: str, status: str, *, replicas: int 
                 "job": f"{subject} resumed by {by}: its Kueue Workload is `spec.active: true` again, so Kueue "
                        f"queues the job again; it resumes from its last checkpoint if it wrote one.",
                 "workload": f"{subject} restored{count} by {by}."}[kind]
+    elif status == "settled_restored":  # an unknown outcome, settled later from the state: not said who did it
+        now_is = {"node": "uncordoned", "job": "resumed (its Kueue Workload is active)",
+                  "workload": "scaled back up"}[kind]
+        text = (f"Restore of {subject} clicked by {by}: read back once no request could still be in flight, it is "
+                f"{now_is} now.")
     elif status == "unknown":
         text = (f"Restore of {subject} clicked by {by}: the Kubernetes API gave no clear answer "
                 f"({_v(detail, MAX_REASON)}), so it is not known yet whether it was done. gpufinops reads it back "

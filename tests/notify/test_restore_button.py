@@ -6,6 +6,7 @@ End to end (clicks, the tick, the cluster): tests/run/test_k8s_restore_button_e2
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -101,6 +102,12 @@ def test_each_outcome_says_what_happened_and_nothing_more():
     assert dry.startswith("[DRY-RUN]") and f"would restore `{DEPLOYMENT}` to 3 replicas" in dry and "nothing was changed" in dry
     unknown = result("unknown", detail="HTTP 500")
     assert "not known yet whether it was done" in unknown and "restored" not in unknown.split("audit")[0]
+    # Settled later from the state: what it is now, never who did it (a person may have restored it by hand).
+    for target, now_is in (("ml/Deployment/idle-infer", "scaled back up"), ("node/gpu-empty", "uncordoned"),
+                           ("research/JobSet/pretrain", "resumed (its Kueue Workload is active)")):
+        settled = result("settled_restored", target)
+        assert settled.endswith(f"it is {now_is} now.") and not re.search(r"(restored|uncordoned|resumed) by", settled)
+        assert settled.startswith(f"Restore of `{DEPLOYMENT}` clicked by <@U0ALICE001>: read back")
     failed = result("failed", detail="403 Forbidden")
     assert "was not done: 403 Forbidden" in failed and "restored" not in failed
     assert "was not done" in result("nothing_to_restore", detail="not scaled down by gpufinops")

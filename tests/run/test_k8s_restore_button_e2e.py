@@ -310,7 +310,42 @@ def test_an_unknown_outcome_is_said_unknown_the_button_stays_and_reconcile_settl
     w.tick(17 + w.cloud.max_request_s / 60 + 1)
     [row] = w.restore_rows()
     assert row.status == "failed" and "still scaled down" in row.error
-    assert len(w.slack.calls_for("chat.update")) == 1  # told once; the audit log holds the settlement
+    # The settlement told once more, under the notice: not done, click again; the notice says so, button kept.
+    [_, settled] = [m for m in w.slack.posted() if m["text"].startswith("Restore of")]
+    assert "was not done: read back once no request could still be in flight: workload still scaled down" in \
+        settled["text"] and "click Restore again" in settled["text"]
+    assert len(w.slack.calls_for("chat.update")) == 2
+    assert [b for b in w.stop_notice()["blocks"] if b["type"] == "actions"]
+    w.tick(17 + w.cloud.max_request_s / 60 + 2)  # nothing more to say
+    assert len([m for m in w.slack.posted() if m["text"].startswith("Restore of")]) == 2
+
+
+def test_an_unknown_outcome_found_restored_later_is_told_so_once_without_saying_who(make_world):
+    """A 500 that did not change it ("not known yet"), then the Deployment scaled back up by hand before no
+    request can be in flight: reconcile settles the row done, and the thread gets "it is scaled back up now" once
+    (not "restored by" the clicker: the read-back cannot tell who), even when that reply's answer is lost."""
+    w = scaled_down(make_world)
+    notice = w.stop_notice()
+    assert w.click_restore(ALICE)[0] == 200
+    w.kube.fail_next(500, "patch", "deployments")
+    w.tick(17)
+    [row] = w.restore_rows()
+    assert row.status == "unconfirmed"
+    by_hand = w.kube.get("deployments", IDLE.namespace, IDLE.name)
+    by_hand["spec"]["replicas"] = 2
+    by_hand["metadata"]["annotations"].pop(REPLICAS_BEFORE_ANNOTATION, None)
+    w.kube.add("deployments", by_hand)
+    w.slack.lose_next_answer(status=500, method="chat.postMessage")  # the settled reply lands, its answer does not
+    w.tick(17 + w.cloud.max_request_s / 60 + 1)
+    w.tick(17 + w.cloud.max_request_s / 60 + 2)
+    [row] = w.restore_rows()
+    assert row.status == "done" and "scaled back up" in row.error
+    settled = [m for m in w.slack.delivered() if m["ts"] != notice["ts"] and "now." in m["text"]]
+    assert [m["text"] for m in settled] == [
+        f"Restore of `{workload_id(IDLE)}` clicked by <@{ALICE}>: read back once no request could still be in "
+        f"flight, it is scaled back up now."]
+    assert len(w.slack.calls_for("chat.update")) == 2
+    assert not [b for b in w.stop_notice()["blocks"] if b["type"] == "actions"]  # settled: no button left
 
 
 def test_a_suspended_kueue_job_is_resumed_by_its_owners_click(make_world):
