@@ -448,3 +448,70 @@ def test_detail_is_planned_only_for_requested_gpus_with_invalid_samples():
     many = {GPU_UTIL: [row(g, "max", SENTINEL) for g in range(250)]}
     assert len(plan_detail(promql, many, matcher, WINDOW, 20).queries) == 3  # 100 GPUs per query (URL size)
     assert [k[1] for k in plan_detail(promql, many, matcher, WINDOW, 20, max_points=4999).queries] == ["dirty"]
+
+
+def test_fold_gives_plain_figures_whatever_order_the_answers_land_in():
+    """UsageFold fed one answer at a time, in every order they may land in, gives the figures a plain computation
+    over the same numbers gives: a GPU whose series changed identity mid-window (dcgm-exporter renamed Hostname to
+    hostname) is one GPU, its counts and sums added; a GPU with a sentinel counts only its valid raw samples; an
+    implausible count makes its GPU invalid; a GPU missing from one answer has no figure for it (None, never 0);
+    a GPU of another instance is left out."""
+    from itertools import permutations
+
+    from gpufinops.collect.prometheus import CLEAN, RAW, UsageFold
+
+    iid = I_LABEL.instance_id
+
+    def labels(gpu: str, host_label: str = "Hostname", iid: str = iid) -> dict[str, str]:
+        return {"instance_id": iid, host_label: "ip-10-0-1-1", "gpu": gpu, "UUID": f"GPU-{gpu}",
+                "modelName": "NVIDIA A100-SXM4-80GB"}
+
+    def rows(gpu_labels: dict[str, str], **aggs: float) -> list:
+        return [({**gpu_labels, "agg": agg}, agg, value) for agg, value in aggs.items()]
+
+    split_before, split_after = labels("1"), labels("1", host_label="hostname")
+    answers = {
+        (GPU_UTIL, CLEAN): [
+            *rows(labels("0"), count=20.0, sum=1000.0, max=90.0, min=10.0),
+            *rows(split_before, count=8.0, sum=400.0, max=60.0, min=40.0),
+            *rows(split_after, count=12.0, sum=960.0, max=95.0, min=70.0),
+            *rows(labels("2"), count=20.0, sum=SENTINEL, max=SENTINEL, min=50.0),  # a sentinel among its samples
+            *rows(labels("3"), count=20.5, sum=100.0, max=5.0, min=5.0),  # no query answers half a sample
+            *rows(labels("4"), count=20.0, sum=0.0, max=0.0, min=0.0),
+            *rows(labels("7", iid="i-0fffffffffffffff0"), count=20.0, sum=0.0, max=0.0, min=0.0),
+        ],
+        (FB_USED, CLEAN): [*rows(labels("0"), max=1000.0), *rows(split_before, max=500.0),
+                           *rows(split_after, max=700.0), *rows(labels("2"), max=100.0),
+                           *rows(labels("3"), max=1.0), *rows(labels("4"), max=0.0)],
+        (POWER_USAGE, CLEAN): [*rows(labels("0"), count=20.0, sum=2000.0, min=90.0),
+                               *rows(split_before, count=8.0, sum=800.0, min=100.0),
+                               *rows(labels("2"), count=20.0, sum=1000.0, min=40.0),
+                               *rows(labels("3"), count=20.0, sum=1000.0, min=40.0)],  # not "4": no power read
+        (GPU_UTIL, RAW): [({**labels("2"), "pod": "p"}, "sample", v) for v in (50.0, 70.0, 60.0)],
+    }
+    matcher = InstanceMatcher.build([I_LABEL], "instance_id", ("Hostname", "hostname"))
+    detailed = plan_detail(PromQL(), {m: r for (m, kind), r in answers.items() if kind == CLEAN}, matcher, WINDOW,
+                           20).pairs
+    assert {(m, ident[3]) for m, ident in detailed} == {(GPU_UTIL, "2")}
+
+    results = []
+    for order in permutations(answers):
+        fold = UsageFold([I_LABEL], WINDOW, 20)
+        for key in order:
+            fold.add(key, answers[key], detailed)
+        results.append(fold.usage())
+    assert all(r == results[0] for r in results)
+
+    gpus = {g.gpu: g for g in results[0][iid].gpus}
+    assert list(gpus) == ["0", "1", "2", "3", "4"]  # not "7": another instance's
+    figures = {k: (g.samples, g.activity_mean, g.activity_max, g.activity_min, g.fb_used_max_mib, g.power_mean_w,
+                   g.dropped_invalid) for k, g in gpus.items() if k != "3"}
+    assert figures == {
+        "0": (20, 50.0, 90.0, 10.0, 1000.0, 100.0, False),
+        "1": (20, (400.0 + 960.0) / 20, 95.0, 40.0, 700.0, 100.0, False),
+        "2": (3, 60.0, 70.0, 50.0, 100.0, 50.0, True),  # its valid raw samples only
+        "4": (20, 0.0, 0.0, 0.0, 0.0, None, False),
+    }
+    assert gpus["3"].invalid == ("the activity sample count read from Prometheus is out of range "
+                                 "(not a whole number)")
+    assert gpus["3"].samples == 0 and gpus["3"].activity_mean is None and gpus["3"].power_mean_w is None
