@@ -22,7 +22,6 @@ def read_config(max_attempts: int = MAX_ATTEMPTS, connect_timeout_s: float = CON
     )
 
 
-
 def session(settings):
     """The boto3 session of the configured profile, else boto3's default credential chain. `settings`:
     config.Settings."""

@@ -569,14 +569,14 @@ def file_totals(settings, start: datetime, end: datetime, by: str, source: str |
     another (Cost Explorer, Athena): the caller then takes the table path (load.load_cost_totals)."""
     import logging
 
-    from .s3fetch import s3_client
+    from .s3fetch import s3_client_for
     from .settings import billing_settings
 
     bs = billing_settings(settings)
     source, path = source or bs.source, path or bs.path
     if source not in ("cur", "focus") or not path:
         return None
-    s3 = s3_client(settings) if path.startswith("s3://") else None
+    s3 = s3_client_for(settings, path)
     if source == "focus":
         r = focus_total_rows(focus_files(path, s3), path, start, end, bs, by)
     else:

@@ -115,18 +115,16 @@ def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: da
     path = path or bs.path
     if source == "cur" and path:
         from .cur import cur_totals
-        from .s3fetch import s3_client
+        from .s3fetch import s3_client_for
 
-        s3 = s3_client(settings) if path.startswith("s3://") else None
         r = cur_totals(path, start, end, tuple(bs.gpu_families or settings.aws.gpu_families), by, bs.tag_keys,
-                       bs.max_line_cost, s3=s3)
+                       bs.max_line_cost, s3=s3_client_for(settings, path))
         return LoadedTotals(r.table, "cur", r.warnings)
     if source == "focus" and path:  # DuckDB (duck.py), S3 objects through s3fetch's copies
         from .duck import focus_files, focus_total_rows
-        from .s3fetch import s3_client
+        from .s3fetch import s3_client_for
 
-        s3 = s3_client(settings) if path.startswith("s3://") else None
-        t = focus_total_rows(focus_files(path, s3), path, start, end, bs, by)
+        t = focus_total_rows(focus_files(path, s3_client_for(settings, path)), path, start, end, bs, by)
         table = pd.DataFrame(t.rows, columns=list(TOTAL_COLUMNS)) if t.rows else empty_totals()
         return LoadedTotals(table, "focus", t.warnings)
     loaded = load_cost_table(settings, start, end, now, source=source, path=path, bs=bs)

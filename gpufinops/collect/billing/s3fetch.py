@@ -51,6 +51,11 @@ def s3_client(settings) -> S3Client:
     return S3Client(read_client(settings, "s3", settings.aws.regions[0]))
 
 
+def s3_client_for(settings, path: str) -> S3Client | None:
+    """The S3 client an s3:// path is read with; None for a local path (no AWS SDK imported)."""
+    return s3_client(settings) if path.startswith("s3://") else None
+
+
 def list_objects(path: str, s3: S3Client, suffixes: Sequence[str], kind: str) -> list[ParquetSource]:
     """The objects of an s3:// path (one object, a prefix as a folder, or a glob), as sources.list_files names
     local ones."""
