@@ -238,10 +238,10 @@ class _Object:
 def _column_ranges(local: str, columns: Sequence[str]) -> list[tuple[int, int]]:
     """[start, end) of every byte DuckDB reads for `columns` of the Parquet file whose footer is in place at
     `local`: each column chunk (dictionary and data pages), its bloom filter, column index and offset index."""
-    from .duck import connect
+    import duckdb  # its own connection: the footer's metadata needs no settings (and duck.py imports this module)
 
     wanted = {c.lower() for c in columns}  # DuckDB binds column names without regard to case
-    con = connect()
+    con = duckdb.connect()
     try:
         rows = con.execute(
             "SELECT path_in_schema, dictionary_page_offset, data_page_offset, total_compressed_size, "
