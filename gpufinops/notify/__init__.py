@@ -14,7 +14,8 @@
 Email for other stages (the monthly report to finance): build a Notice (key = one per report and period,
 audience ("finance",)) and call `EmailDelivery(settings.email, store, clock).send(notice, to=settings.email.finance,
 attachments=[(filename, mime_type, data)])`; it returns True once the server accepted it (also on a repeat
-call after that), and records the try in the notifications table.
+call after that), and records the try in the notifications table. A notice sent with attachments that was not
+accepted is never sent again by the service's `retry_due` (it has only the text): the caller sends it again.
 
 A third transport (a Teams webhook): one module here with `send(notice) -> bool` and `retry_due(now)` over the
 same notifications table, its settings section in config.py, and a line in run/compose.live_notifier (plus

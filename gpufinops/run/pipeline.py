@@ -37,7 +37,7 @@ from ..model import (
 from ..act.lease import LeaseLost
 from .nodes import judge_and_act_on_nodes, workload_cloud_of
 from ..act.restore import apply_restore_requests
-from ..notify.routing import deliveries
+from ..notify.routing import MAILTO, deliveries
 from .node_hours import record_node_hours
 from ..store.store import Store
 from ..store.schema import aware_utc, notifications
@@ -107,8 +107,16 @@ class RunReport:
         return {name: err for name, err in self.sources.items() if err is not None}
 
 
-# The data sources a tick depends on: EC2 inventory, Prometheus metrics, the database, Slack delivery.
+# The data sources a tick depends on: EC2 inventory, Prometheus metrics, the database, Slack delivery (chat:
+# Slack or the outbox), and email delivery where email is enabled (sources_of). Each transport is its own
+# source: an SMTP refusal degrades "email", never "slack".
 SOURCES = ("inventory", "prometheus", "database", "slack")
+EMAIL_SOURCE = "email"
+
+
+def sources_of(settings: Settings) -> tuple[str, ...]:
+    """The sources of a tick under these settings: SOURCES, and "email" when email is enabled."""
+    return SOURCES + ((EMAIL_SOURCE,) if settings.email.enabled else ())
 
 
 def prometheus_status(decisions: Sequence[Decision],
@@ -124,15 +132,19 @@ def prometheus_status(decisions: Sequence[Decision],
     return f"metrics unavailable: {errors[0]}" if errors else None
 
 
-def slack_status(store: Store) -> str | None:
-    """None when no notification is marked failed; else how many and since when (the notifier
-    retries them on later ticks, so this clears once Slack accepts them)."""
+def delivery_status(store: Store, transport: str) -> str | None:
+    """None when no notification of this transport ("slack": every chat row; "email": the mailto: rows) is
+    marked failed; else how many and since when (the deliveries retry them on later ticks, so this clears once
+    they are accepted; a failed report email waits for `report --deliver`, which has its attachments)."""
+    is_email = notifications.c.channel.startswith(MAILTO, autoescape=True)
     with store.engine.connect() as conn:
         count, first = conn.execute(
-            select(func.count(), func.min(notifications.c.at)).where(notifications.c.status == "failed")).one()
+            select(func.count(), func.min(notifications.c.at))
+            .where(notifications.c.status == "failed", is_email if transport == EMAIL_SOURCE else ~is_email)).one()
     if not count:
         return None
-    return f"{count} notification(s) not delivered, the oldest since {aware_utc(first).isoformat()}"
+    what = "email(s) not accepted by the mail server" if transport == EMAIL_SOURCE else "notification(s) not delivered"
+    return f"{count} {what}, the oldest since {aware_utc(first).isoformat()}"
 
 
 def collect_usage(metrics: MetricsSource, running: Sequence[GpuInstance], rules: Sequence[Rule],
@@ -300,7 +312,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
              record: bool = True) -> RunReport:
     """One tick. act=False judges without changing anything (evaluate --once, a standby scheduler);
     record=False also leaves the audit log alone (a standby: the leader records the tick)."""
-    report = RunReport(ctx.run_id, ctx.now, ctx.dry_run)
+    report = RunReport(ctx.run_id, ctx.now, ctx.dry_run, sources=dict.fromkeys(sources_of(settings)))
     try:
         instances = peers.cloud.list_gpu_instances()
     except Exception as exc:
@@ -405,9 +417,11 @@ def database_failed(report: RunReport, doing: str, exc: Exception) -> RunReport:
 
 
 def with_store_status(report: RunReport, store: Store) -> RunReport:
-    """Fill the Slack delivery status from the notifications table (that read also proves the database)."""
+    """Fill each transport's delivery status from the notifications table (that read also proves the database)."""
     try:
-        report.sources["slack"] = slack_status(store)
+        for transport in ("slack", EMAIL_SOURCE):
+            if transport in report.sources:
+                report.sources[transport] = delivery_status(store, transport)
     except SQLAlchemyError as exc:
         return database_failed(report, "reading notifications", exc)
     return report

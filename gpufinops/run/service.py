@@ -8,8 +8,8 @@ this module except the CLI.
   rows, no changes) and takes over when the leader's lease expires. Scheduled jobs run on the leader only.
   A background thread renews the lease every ttl/3 so a long tick does not lose it.
 - A failing job is logged and counted; the scheduler keeps running.
-- Every tick says which data source failed (inventory, prometheus, database, slack) in /metrics and
-  /readyz, so an outage is visible within one tick.
+- Every tick says which data source failed (inventory, prometheus, database, slack, and email where it is
+  enabled) in /metrics and /readyz, so an outage is visible within one tick.
 - SIGTERM/SIGINT shut the scheduler down after the running job finishes, then release the lease.
 - The fleet's cost and verdict figures (fleet_metrics.py) are built once per tick from the last RunReport and
   served at each scrape; the idleness API (api.py, GET /v1/verdicts) answers from the same report.
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.server import ThreadingHTTPServer
-from typing import Callable
+from typing import Callable, Sequence
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -39,7 +39,7 @@ from .httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tl
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
 from ..model import RunContext, utcnow
 from ..notify.routing import deliveries
-from .pipeline import SOURCES, Peers, RunReport, run_once
+from .pipeline import SOURCES, Peers, RunReport, run_once, sources_of
 from ..rules import load_rules
 
 log = logging.getLogger("gpufinops.service")
@@ -54,7 +54,7 @@ LIVENESS_FLOOR_S = 60
 
 
 class ServiceMetrics:
-    def __init__(self) -> None:
+    def __init__(self, sources: Sequence[str] = SOURCES) -> None:
         self.registry = CollectorRegistry()
         self.evaluations = Counter("gpufinops_evaluations", "Evaluation runs finished", registry=self.registry)
         self.errors = Counter("gpufinops_evaluation_errors",
@@ -80,7 +80,7 @@ class ServiceMetrics:
                                ["source"], registry=self.registry)
         self.source_errors = Counter("gpufinops_source_errors", "Ticks in which the data source failed",
                                      ["source"], registry=self.registry)
-        for source in SOURCES:
+        for source in sources:
             self.source_errors.labels(source)  # exported at 0 from the start, so rate() sees the first error
 
     def body(self) -> bytes:
@@ -122,7 +122,7 @@ class Service:
     extra_jobs: tuple[tuple[str, dict, Callable[[], None]], ...] = ()  # (id, trigger args, fn): see jobs.py
 
     def __post_init__(self) -> None:
-        self.metrics = ServiceMetrics()
+        self.metrics = ServiceMetrics(sources_of(self.settings))
         self.scheduler = BackgroundScheduler(timezone=timezone.utc)
         self.lease = SchedulerLease(self.peers.store, ttl_s=self.settings.lease.ttl_s, clock=self.clock)
         self._stop = threading.Event()
@@ -325,7 +325,7 @@ class Service:
             problems.insert(0, f"evaluation: failing since {self._tick_error[1].isoformat()}: {self._tick_error[0]}")
         if problems:
             return False, "not ready\n" + "".join(f"{p}\n" for p in problems)
-        return True, (f"ready; {self.role()}; {', '.join(SOURCES)} answered; "
+        return True, (f"ready; {self.role()}; {', '.join(sources_of(self.settings))} answered; "
                       f"last tick finished {self._last_tick_end.isoformat()}\n")
 
     def role(self) -> str:

@@ -288,3 +288,41 @@ def test_the_email_section_is_checked_at_load(tmp_path):
     bad.write_text("email:\n  securty: ssl\n")
     with pytest.raises(ConfigError, match="securty"):
         load_settings(bad)
+
+
+def test_the_password_is_redacted_in_any_base64_framing_and_as_written():
+    import base64
+
+    from gpufinops.notify.email import REDACTED, redact_secret
+
+    password = "Tr0ub4dor&3-correct-horse"
+    for prefix in ("", "a", "ab", "\0gpufinops\0", "authz\0gpufinops\0"):  # every byte alignment, other framings
+        quoted = base64.b64encode((prefix + password + "\0tail").encode()).decode()
+        redacted = redact_secret(f"535 5.7.8 bad: {quoted}", "gpufinops", password)
+        assert REDACTED in redacted and quoted not in redacted
+        # What is left of the stream decodes to the framing and at most 2 password bytes on each side (those that
+        # share a base64 group with the framing).
+        head, tail = redacted.removeprefix("535 5.7.8 bad: ").split(REDACTED)
+        assert quoted.startswith(head) and len(base64.b64decode(head)) <= len(prefix) + 2
+        assert quoted.endswith(tail) and len(base64.b64decode(tail)) <= len("\0tail") + 2
+    assert redact_secret(f"bad password '{password}'", "u", password) == f"bad password '{REDACTED}'"
+    assert redact_secret("nothing secret here", "u", "") == "nothing secret here"
+
+
+def test_a_persons_command_sends_a_failed_email_again_before_its_backoff_is_over(store):
+    port = _free_port()  # nothing listens yet: connection refused
+    clock = Clock(T0)
+    delivery = EmailDelivery(plain_settings(port), store, clock)
+    notice = warning(inst())
+    assert not delivery.send(notice, to="alice@example.com")
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        clock.now = T0 + timedelta(seconds=10)  # the 60 s backoff is not over
+        assert not delivery.send(notice, to="alice@example.com") and inbox.messages == []
+        assert delivery.send(notice, to="alice@example.com", retry_now=True)
+        assert delivery.send(notice, to="alice@example.com", retry_now=True)  # accepted once: not sent again
+    finally:
+        controller.stop()
+    assert len(inbox.messages) == 1
