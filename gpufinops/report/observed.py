@@ -102,4 +102,5 @@ def finance_caveats(period: ReportPeriod, observed_hours: float, billed: bool, b
             "forecast_words": forecast_words(None if fleet is None else fleet.forecast, parts, currency)}
 
 
-__all__ = ["FORECAST_LABEL", "finance_caveats", "forecast_words", "hours", "observed_period", "observed_words", "spend_words"]
+__all__ = ["FORECAST_LABEL", "finance_caveats", "forecast_words", "hours", "observed_period", "observed_words",
+           "spend_words"]
