@@ -362,3 +362,64 @@ def test_a_mid_month_delivery_does_not_stand_in_for_the_month_end_one(month, tmp
     assert len(posted) == 2
     assert "(month in progress)" in posted[0] and "the month is in progress (247 h so far" in posted[0]
     assert "(month in progress)" not in posted[1] and "Observed: 3.0 h of 720 h (0.4%)" in posted[1]
+
+
+def _row(key: str, status: str, channel: str = "mailto:cfo@example.com,fpa@example.com"):
+    from gpufinops.store.schema import NotificationRow
+
+    return NotificationRow(key, channel, "text", status, datetime(2026, 12, 1, 6, 0), None, 1, None, ())
+
+
+K = ["report-email:2026-11", "report-email:2026-11:again-2", "report-email:2026-11:again-3"]
+DELIVERED = ("already delivered on 2026-12-01 06:00 UTC to cfo@example.com, fpa@example.com; "
+             "`--again` to send it again")
+
+
+@pytest.mark.parametrize("statuses, again, lookup, key, already, error", [
+    ([], False, False, K[0], "", False),  # never tried: sent
+    (["failed"], False, False, K[0], "", False),  # refused before: sent again, under its key
+    (["failed"], True, False, K[0], "", False),  # --again on a report never delivered: the same
+    (["sent"], False, False, "", DELIVERED, False),
+    (["sent"], True, False, K[1], "", False),  # a copy, under a key of its own
+    (["sent", "sent"], False, False, "", DELIVERED, False),
+    (["sent", "failed"], True, False, K[1], "", False),  # a copy refused: that copy again, not a third
+    (["sent", "sent"], True, False, K[2], "", False),
+    (["pending"], False, True, K[0], "", False),  # Slack looks up a try whose answer was lost
+    (["pending"], True, False, K[1], "", False),  # email cannot: --again is a person's choice
+    (["abandoned"], True, False, K[1], "", False),
+])
+def test_plan_send(statuses, again, lookup, key, already, error):
+    from gpufinops.report.deliver import copy_keys, plan_send
+
+    keys = copy_keys(K[0])[:len(statuses) + 1]
+    rows = [_row(k, s) for k, s in zip(keys, statuses)] + [None]
+    plan = plan_send(rows, keys, again, looks_up_unknown=lookup)
+    assert (plan.key, plan.already, plan.error) == (key, already, error)
+    if key and key in keys[:len(statuses)]:
+        assert plan.earlier is rows[keys.index(key)]  # a failed try: its backoff is set aside (tried now)
+
+
+def test_plan_send_says_what_it_cannot_know():
+    from gpufinops.report.deliver import plan_send
+
+    lost = plan_send([_row(K[0], "pending"), None], K[:2], False, looks_up_unknown=False)
+    assert (lost.key, lost.error) == ("", True)
+    assert lost.already == ("an earlier try on 2026-12-01 06:00 UTC went unanswered, so the server may have it; "
+                            "not sent again so nobody gets it twice; `--again` to send it anyway")
+    outbox = plan_send([_row("report:2026-11:#finance", "outbox", "#finance"), None], ["report:2026-11:#finance",
+                       "report:2026-11:#finance:again-2"], False, looks_up_unknown=True)
+    assert outbox.already == ("already written to the outbox (no Slack token) on 2026-12-01 06:00 UTC to #finance; "
+                              "`--again` to send it again")
+
+
+def test_a_month_in_progress_has_a_key_of_its_own():
+    from gpufinops.report.deliver import email_key, slack_key
+    from gpufinops.report.period import report_period
+
+    mid = report_period("2026-12", datetime(2026, 12, 10, 9, tzinfo=timezone.utc))
+    later_that_day = report_period("2026-12", datetime(2026, 12, 10, 17, tzinfo=timezone.utc))
+    done = report_period("2026-12", datetime(2027, 1, 2, tzinfo=timezone.utc))
+    assert email_key(mid) == "report-email:2026-12:partial-to-2026-12-10" == email_key(later_that_day)
+    assert email_key(done) == "report-email:2026-12"
+    assert slack_key(mid, "#finance") == "report:2026-12:partial-to-2026-12-10:#finance"
+    assert slack_key(done, "#finance") == "report:2026-12:#finance"
