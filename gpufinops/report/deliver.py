@@ -4,11 +4,17 @@ says what would have been sent where.
 
 - S3 (`s3_uri: s3://bucket/prefix`): every file written (HTML, its PDF rendition, JSON, CSVs) is put under
   `prefix/YYYY-MM/`, with its content type. Through the configured AWS endpoint (boto3; moto in the tests).
-- Slack (`slack_channel`): one message through the notifier (exactly once per month and channel: its key is
-  `report:<YYYY-MM>:<channel>`), with the finance page's figures in one line each and where the files are (the
+- Slack (`slack_channel`): one message through the notifier (exactly once per report and channel: its key is
+  `report:<report_key>:<channel>`), with the finance page's figures in one line each and where the files are (the
   S3 location when S3 is on, else the folder on the machine that wrote them). No file is uploaded to Slack.
-- Email (`email_finance: true`): one message to `email.finance` through notify/email.py (exactly once per month:
-  key `report-email:<YYYY-MM>`), the finance page's figures as its text, the PDF (and the HTML) attached.
+- Email (`email_finance: true`): one message to `email.finance` through notify/email.py (exactly once per report:
+  key `report-email:<report_key>`), the finance page's figures as its text, the PDF (and the HTML) attached.
+
+Both start with how much of the month was observed (report.observed) and label the forecast a projection.
+`report_key` is the month, or for a month in progress the month and the day it was observed to, so a mid-month
+delivery never stands in for the month-end one. Delivered once, each is not sent again: the Delivery says when
+and to whom it went (`plan_send`); a failed try is sent again now, the email with its attachments; `again`
+sends another copy under a key of its own (`<key>:again-2` ...), itself exactly once.
 """
 
 from __future__ import annotations
