@@ -37,7 +37,12 @@ def register(subparsers) -> None:
                    help="audit database: a SQLite file path or a SQLAlchemy URL "
                         "(default: database_url from the config)")
     p.add_argument("--deliver", action="store_true",
-                   help="also send the report where report.delivery says (S3, Slack), with its PDF rendition")
+                   help="also send the report where report.delivery says (S3, Slack, email), with its PDF rendition; "
+                        "Slack and email once per report: run again, it sends what was not delivered and says "
+                        "what was")
+    p.add_argument("--again", action="store_true",
+                   help="with --deliver: send the Slack message and the email again even when this report was "
+                        "delivered already (another copy, itself sent once)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --deliver: write the files, send nothing, print what would be sent where")
     p.set_defaults(func=cmd_report)
@@ -64,6 +69,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     settings = load_settings_from_args(args)
     if args.dry_run and not args.deliver:
         return usage_error("--dry-run goes with --deliver (without it nothing is sent anyway)")
+    if args.again and not args.deliver:
+        return usage_error("--again goes with --deliver (it sends a delivered report once more)")
     if args.deliver and not configured(settings.report.delivery):
         return usage_error("--deliver: no destination configured (report.delivery.s3_uri, "
                            "report.delivery.slack_channel or report.delivery.email_finance in the config; "
@@ -86,7 +93,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
                 email = EmailDelivery(settings.email, store, lambda: now)
             paths, sent = write_and_deliver(store, args.month, args.out_dir, now, settings, args.formats,
-                                            dry_run=args.dry_run, notifier=notifier, s3_client=s3, email=email)
+                                            dry_run=args.dry_run, notifier=notifier, s3_client=s3, email=email,
+                                            again=args.again)
         else:
             from ..report import write_monthly_report
 

@@ -1,9 +1,11 @@
 """Report: the monthly GPU FinOps audit report, HTML with charts, one CSV per table, JSON.
 
-Reads what the service stored (decisions, actions, costs, budgets) and renders it; changes nothing. May import:
+Reads what the service stored (decisions, actions, costs, budgets) and renders it; changes nothing but the
+notification rows of its own deliveries. May import:
 model, config, store, costs, collect.billing, budgets (read and evaluated, never changed), act.plan (pure: the
-advice uses its policy functions), and
-collect.kubernetes_cloud's workload-id parsers (pure). Templates autoescape:
+advice uses its policy functions),
+collect.kubernetes_cloud's workload-id parsers (pure), and for delivery (deliver.py) notify's markup escape and
+email's `mailto:` channel prefix (the report's notification rows are read to send each once). Templates autoescape:
 tag values are untrusted.
 """
 

@@ -30,6 +30,7 @@ from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
 from . import sections
 from .advice import NONE, Advice, advise
 from .inputs import AuditInputs
+from .observed import finance_caveats
 from .options import ReportSettings
 from .period import ReportPeriod
 from .words import words
@@ -835,10 +836,14 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         inp.budgets, inp.cost_table, estimate, p.start, p.end, billed_through,
         pd.Timestamp(obs_end), running, estimate, currency)
     audit.budgets_path = inp.budgets_path
-    headline["forecast"] = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
-                                                   pd.Timestamp(obs_end), running, estimate)
+    fleet = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
+                                    pd.Timestamp(obs_end), running, estimate)
+    headline["forecast"] = fleet.forecast if fleet is not None else None
     audit.finance = sections.finance_page(headline, teams, audit.budgets, inp.budgets_path, headline["forecast"],
                                           inp.rules)
+    # Page 1 and every delivery say how much of the month was seen and what the forecast adds up.
+    audit.finance.update(finance_caveats(p, coverage["covered_hours"], audit.finance["basis"] == "billed",
+                                         quality["billing_days"], fleet, currency))
     audit.names = {i: lab.get("name") or "" for i, lab in inp.labels.items() if lab.get("name")}
     audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
     audit.trend = sections.trend_table(headline, None)

@@ -41,9 +41,10 @@ def write_monthly_report(store: Store, month: str | None, out_dir: str | Path, n
 
 def write_and_deliver(store: Store, month: str | None, out_dir: str | Path, now: datetime,
                       settings: Settings | None, formats: Iterable[str] = FORMATS, *, dry_run: bool = False,
-                      notifier=None, s3_client=None, email=None) -> tuple[list[Path], list]:
+                      notifier=None, s3_client=None, email=None, again: bool = False) -> tuple[list[Path], list]:
     """Write the report (with its PDF rendition) and send it to the destinations of `report.delivery`; with
     dry_run nothing is sent and the Delivery rows say what would have been. Returns (paths, deliveries).
+    Slack and email go once per report (a delivered one is said, not sent again); `again` sends another copy.
     A PDF that cannot be made (no Chromium) raises PdfError before anything is sent."""
     from .deliver import configured, deliver_report
 
@@ -53,7 +54,7 @@ def write_and_deliver(store: Store, month: str | None, out_dir: str | Path, now:
     paths = write_report(audit, Path(out_dir), formats)
     email_to = settings.email.finance if settings is not None else ()
     return paths, deliver_report(audit, paths, d, dry_run=dry_run, notifier=notifier, s3_client=s3_client,
-                                 email=email, email_to=email_to)
+                                 email=email, email_to=email_to, store=store, again=again)
 
 
 __all__ = ["PdfError", "monthly_audit", "write_and_deliver", "write_monthly_report"]

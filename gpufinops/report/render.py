@@ -12,11 +12,10 @@ import io
 import json
 import math
 import re
-from datetime import date, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -24,6 +23,8 @@ from ..config import REPORTS_DIR
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S
 from . import charts
 from .audit import MonthlyAudit
+from .formats import money as _money, num as _num, pct as _pct, plain_value, share as _share
+from .observed import FORECAST_LABEL
 from .sections import SORTED_BY
 from .words import action_words, words
 
@@ -44,30 +45,6 @@ def csv_tables(a: MonthlyAudit) -> dict[str, pd.DataFrame]:
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-# --------------------------------------------------------------------------- plain values
-
-
-def plain_value(v):
-    """A JSON/CSV-ready Python value: NaN/NaT -> None, timestamps -> ISO 8601, numpy -> Python."""
-    if v is None or v is pd.NaT:
-        return None
-    if isinstance(v, (pd.Timestamp, datetime)):
-        return v.isoformat()
-    if isinstance(v, date):
-        return v.isoformat()
-    if isinstance(v, (np.bool_, bool)):
-        return bool(v)
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating, float)):
-        return None if math.isnan(v) else float(v)
-    if isinstance(v, dict):
-        return {str(k): plain_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain_value(x) for x in v]
-    return v
 
 
 def records(df: pd.DataFrame) -> list[dict]:
@@ -170,33 +147,6 @@ def write_json(a: MonthlyAudit, path: Path) -> Path:
 # --------------------------------------------------------------------------- HTML
 
 
-def _num(v, digits: int = 1) -> str:
-    v = plain_value(v)
-    return "–" if v is None else f"{v:,.{digits}f}"
-
-
-def _money(v, currency: str = "USD", digits: int = 2) -> str:
-    v = plain_value(v)
-    if v is None:
-        return "–"
-    if currency != "USD":
-        return f"{v:,.{digits}f} {currency}"
-    sign = "-" if round(v, digits) < 0 else ""  # -$6.17, not $-6.17
-    return f"{sign}${abs(v):,.{digits}f}"
-
-
-def _share(v) -> str:
-    """A 0..1 share as a percentage."""
-    v = plain_value(v)
-    return "–" if v is None else f"{100 * v:.1f}%"
-
-
-def _pct(v) -> str:
-    """A value already in percent."""
-    v = plain_value(v)
-    return "–" if v is None else f"{v:.0f}%"
-
-
 def _when(v, fmt: str = "%Y-%m-%d %H:%M") -> str:
     if v is None or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -257,7 +207,7 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
         charts=chart_uris, phone_charts=phone_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
         last_day=(a.period.end - timedelta(days=1)).date().isoformat(), sorted_by=SORTED_BY, stops_top=STOPS_TOP,
-        k8s_top=K8S_TOP, csv_names=CSV_NAMES,
+        k8s_top=K8S_TOP, csv_names=CSV_NAMES, forecast_label=FORECAST_LABEL,
         action_words=action_words, restart_cost_s=RESTART_COST_S, false_stop_cost_h=FALSE_STOP_COST_H,
     ))
 

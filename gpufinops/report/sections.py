@@ -433,9 +433,10 @@ def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, pe
 
 def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: datetime, period_end: datetime,
                    billed_through: datetime | None, estimate_through: datetime, running: pd.DataFrame,
-                   verdicts: pd.DataFrame) -> float | None:
+                   verdicts: pd.DataFrame):
     """The whole fleet's month-end forecast, by the sums of every budget (budgets.evaluate_budget over scope
-    `all`): spend so far + the $/h of what runs at the end of what was observed x hours left. None without data."""
+    `all`): spend so far + the $/h of what runs at the end of what was observed x hours left. A BudgetStatus
+    (`forecast`, and the sums it adds: `spent`, `running_rate`, `hours_left`, `data_through`); None without data."""
     from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
 
     use_billing = len(billed) > 0
@@ -444,7 +445,7 @@ def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: d
         return None
     through = billed_through if use_billing and billed_through is not None else estimate_through
     fleet = Budget(name="fleet", amount=MAX_AMOUNT)  # the amount is not used: only the sums are
-    return evaluate_budget(fleet, table, period_start, period_end, through, running, verdicts).forecast
+    return evaluate_budget(fleet, table, period_start, period_end, through, running, verdicts)
 
 
 FINANCE_TEAMS = 5

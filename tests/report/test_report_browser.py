@@ -1,8 +1,9 @@
 """The monthly audit as a person sees it: rendered by headless Chromium (Debian `chromium`) at a desktop width
 (1280 px) and a phone width (400 px), measured by a probe script added to a copy of the page (the report itself
-has no script). Checked: the headline, the coverage banner and the executive summary are there (banner and summary before
-the first figure), the page does not scroll sideways, no table runs off the screen
-(on a phone each row is a card of "Header: value" lines), every chart is drawn with its text large enough to read.
+has no script). Checked: the headline, page 1's caveat (how much of the month was observed), the coverage banner
+and the executive summary are there (banner and summary before the first figure), the page does not scroll
+sideways, no table runs off the screen (on a phone each row is a card of "Header: value" lines), every chart is
+drawn with its text large enough to read.
 The phone width is an iframe of 400 px: Chromium's headless window is at least 500 px wide."""
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ window.addEventListener('load', function () {
   });
   var h = document.querySelector('#headline');
   out.headline = h ? h.textContent : '';
-  ['finance', 'coverage', 'summary', 'toc'].forEach(function (id) {
+  ['finance', 'observed', 'coverage', 'summary', 'toc'].forEach(function (id) {
     var e = document.getElementById(id), box = e ? (id === 'summary' ? e.nextElementSibling : e) : null;
     out[id] = box ? {text: box.textContent, right: box.getBoundingClientRect().right,
                      scrolls: box.scrollWidth > box.clientWidth + 1, top: box.getBoundingClientRect().top} : null;
   });
+  var table = document.querySelector('#finance table');
+  out.finance_table_top = table ? table.getBoundingClientRect().top : null;
   var first = document.querySelector('.card');
   out.first_card_top = first ? first.getBoundingClientRect().top : null;
   out.title = (document.querySelector('h1') || {}).textContent || '';
@@ -92,12 +95,19 @@ def test_the_report_reads_at_desktop_and_phone_widths(page, width):
         assert not t["scrolls"] and t["right"] <= width, t  # no table runs off the screen, none scrolls inside
     # The coverage banner (a partial month: 3 simulated hours, no billing) and the executive summary come
     # before the first figure, and fit the width.
-    for box in ("finance", "coverage", "summary", "toc"):
+    for box in ("finance", "observed", "coverage", "summary", "toc"):
         assert seen[box], f"#{box} missing"
         assert seen[box]["right"] <= width and not seen[box]["scrolls"], (box, seen[box])
     assert "cover part of" in seen["coverage"]["text"] and "Top actions" in seen["summary"]["text"]
     assert seen["finance"]["top"] < seen["coverage"]["top"] < seen["summary"]["top"] < seen["first_card_top"]
     assert "For finance" in seen["finance"]["text"] and "In plain words" in seen["finance"]["text"]
+    # Page 1 says first how little of the month its figures saw (issue 35), on a phone as on a desktop: inside
+    # the finance section, before its figures, within the first screen.
+    observed = " ".join(seen["observed"]["text"].split())
+    assert observed.startswith("Observed: 3.0 h of 720 h (0.4%) of September 2022")
+    assert "whole month" not in seen["finance"]["text"]
+    assert seen["finance"]["top"] < seen["observed"]["top"] < seen["finance_table_top"] < seen["coverage"]["top"]
+    assert seen["observed"]["top"] < 900
     assert len(seen["charts"]) == 3
     for c in seen["charts"]:
         assert 0 < c["shown"] <= width
