@@ -167,8 +167,9 @@ def _plan(store: Store | None, key: str, again: bool, looks_up_unknown: bool) ->
 
 
 def _due_now(store: Store | None, row: NotificationRow | None) -> None:
-    """A delivery asked for now (a person's `report --deliver`, the month's job) is tried now: the backoff spaces
-    the service's automatic retries, not a person's (who may just have fixed the mail server)."""
+    """The Slack line asked for now (a person's `report --deliver`, the month's job) is tried now: the backoff
+    spaces the service's automatic retries, not a person's (who may just have fixed the mail server). Email has
+    the same in `EmailDelivery.send(retry_now=True)`."""
     if store is not None and row is not None and row.status == "failed" and row.next_attempt_at is not None:
         store.record_notification(row.key, row.channel, row.text, row.status, row.at, row.detail, blocks=row.blocks,
                                   attempts=row.attempts, next_attempt_at=None)
@@ -290,13 +291,13 @@ def _email(a: MonthlyAudit, paths: Sequence[Path], where: str, email, to: list[s
         return Delivery("email", target, detail, False)
     if email is None or not to:
         return Delivery("email", target, detail, False, "email.enabled and email.finance must be set")
-    _due_now(store, plan.earlier)
     text = slack_text(a, where)
     title, observed, *figures = text.splitlines()
     notice = Message(key=plan.key, kind="report", subject=a.period.month, audience=("finance",), title=title,
                      text=observed, lines=tuple(figures))
     attachments = [(p.name, _ATTACHED[p.suffix], p.read_bytes()) for p in files]
-    ok = email.send(notice, to=to, attachments=attachments)
+    # retry_now: a person's (or the month's job's) request is tried now, not after the automatic retry's backoff.
+    ok = email.send(notice, to=to, attachments=attachments, retry_now=True)
     rerun = f"gpufinops report --deliver --month {a.period.month}"
     return Delivery("email", target, detail, ok,
                     "" if ok else f"not accepted by the mail server (see the log); `{rerun}` sends it again, "

@@ -29,7 +29,7 @@ from gpufinops.run.pipeline import SOURCES, Peers
 from gpufinops.run.service import Service
 from gpufinops.store.store import Store
 from tests.act.test_act import RULE, World
-from tests.notify.test_email import T0, Clock, Inbox, _free_port, inst, plain_settings, warning
+from tests.notify.test_email import T0, Clock, Inbox, _free_port, inst, plain_settings, smtp, warning  # noqa: F401
 from tests.run.test_service import REPO, IdleMetrics, get, samples, serve_http
 
 PASSWORD_ENV = "GPUFINOPS_TEST_SMTP_PASSWORD"
@@ -305,3 +305,41 @@ def test_a_report_row_saved_before_the_upgrade_is_not_sent_again_without_its_att
     delivery = EmailDelivery(plain_settings(serve_smtp(inbox)), store, Clock(T0 + timedelta(hours=1)))
     assert delivery.retry_due(T0 + timedelta(hours=1)) == 0
     assert inbox.messages == [] and store.get_notification(notice.key).status == "failed"
+
+
+# --------------------------------------------------------------------------- the report, end to end (item 2)
+
+
+from tests.report.test_report_delivery import MONTH, _email_config, _own_copy, month, needs_tools  # noqa: E402,F401
+
+
+@needs_tools
+def test_a_report_the_mail_server_refused_is_never_sent_by_the_retry_and_goes_whole_on_the_next_deliver(
+        month, tmp_path, smtp, capsys):  # noqa: F811 - month is the delivery tests' module fixture
+    """SMTP down at `report --deliver`; the service's generic retry a day later (the path that used to send it
+    with no attachment and mark it sent) sends nothing and leaves it failed; `report --deliver` again sends it
+    once, with its PDF."""
+    from gpufinops.cli import main
+
+    _, out = month
+    db = _own_copy(out, tmp_path)
+    args = ["report", "--month", MONTH, "--out-dir", str(tmp_path / "r"), "--formats", "html", "--deliver"]
+    assert main(["-c", str(_email_config(tmp_path, db, _free_port())), *args]) == 1
+    capsys.readouterr()
+
+    up = _email_config(tmp_path, db, smtp.port)
+    settings = load_settings(up)
+    store = Store(f"sqlite:///{db}")
+    try:
+        row = store.get_notification(f"report-email:{MONTH}")
+        assert row.status == "failed"
+        later = row.at + timedelta(days=1)
+        assert EmailDelivery(settings.email, store, lambda: later).retry_due(later) == 0
+        assert smtp.messages == []
+        assert store.get_notification(f"report-email:{MONTH}").status == "failed"
+    finally:
+        store.close()
+
+    assert main(["-c", str(up), *args]) == 0
+    (msg,) = smtp.messages
+    assert [p.get_filename() for p in msg.iter_attachments()][0] == f"gpu-audit-{MONTH}.pdf"
