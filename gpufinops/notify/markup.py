@@ -88,9 +88,9 @@ def redact(text: str, token: str | None = None) -> str:
 _KUBE_API_AT = re.compile(r"\bkubernetes API at \S+: ", re.IGNORECASE)
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+", re.IGNORECASE)
 _HOST_ARG = re.compile(r"\bhost='[^']*'(?:, port=\d+)?")  # urllib3's HTTPConnectionPool(host='…', port=…)
-_HOST_PORT = re.compile(r"(?<![\w.-])(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:.]+\]|localhost|(?:[a-z0-9-]+\.)+[a-z][a-z0-9-]*)"
-                        r":\d{1,5}(?![\w.])", re.IGNORECASE)
-_IPV4 = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?![\w.])")
+_HOST_PORT = re.compile(r"(?<![\w.-])(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:.]+\]|localhost"
+                        r"|(?:[a-z0-9-]+\.)+[a-z][a-z0-9-]*):\d{1,5}(?!\w|\.\d)", re.IGNORECASE)
+_IPV4 = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?!\w|\.\d)")  # a sentence's full stop may follow
 ADDRESS_WITHHELD = "[address withheld]"
 
 

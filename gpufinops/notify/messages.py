@@ -483,7 +483,8 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
     """To the person who clicked Snooze, when its tag could not be written: the stop is held all the same."""
     text = (f"Your snooze of {_v(instance_id, 40)} until {_when(until)} is recorded and holds: gpufinops will not "
             f"stop it before then. The tag `{TAG_SNOOZE}` could not be written on the instance "
-            f"({_v(without_endpoints(error), 200)}), so other tools do not see the snooze; gpufinops's own record keeps it.")
+            f"({_v(without_endpoints(error), 200)}), so other tools do not see the snooze; gpufinops's own record "
+            "keeps it.")
     return _notice(key, user_id, text, kind="snooze", subject=instance_id, audience=("person",),
                    title="Your snooze holds", lead=text)
 

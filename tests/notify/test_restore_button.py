@@ -161,8 +161,9 @@ def test_the_notice_edited_in_place_keeps_its_button_only_when_another_click_may
      "HTTPSConnectionPool(host='[address withheld]'): Max retries exceeded"),
     ('Could not connect to the endpoint URL: "https://ec2.eu-west-1.amazonaws.com/"',
      'Could not connect to the endpoint URL: "[address withheld]"'),
-    ("api.corp.internal:6443 and [fd00::1]:6443 and 192.168.7.9 refused", "[address withheld] and [address withheld] and "
-                                                                          "[address withheld] refused"),
+    ("api.corp.internal:6443 and [fd00::1]:6443 and 192.168.7.9 refused",
+     "[address withheld] and [address withheld] and [address withheld] refused"),
+    ("no route to 10.96.0.1. Retried.", "no route to [address withheld]. Retried."),
 ])
 def test_a_results_error_text_reaches_chat_without_any_address(detail, words):
     """The Restore reply says what failed in words; the API server's (or a webhook's) address and port stay in the
