@@ -17,6 +17,7 @@ from gpufinops.collect.billing.s3fetch import FOOTER_GUESS_BYTES
 from gpufinops.collect.billing.synth import line, write_cur_rows
 
 from tests.collect.test_billing_cur import h
+from tests.collect.test_billing_s3_totals import tmpdir_env  # noqa: F401 - a fixture: $TMPDIR of the copies
 from tests.faults.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,7 @@ def s3_behind_proxy(aws):
 
 @pytest.mark.parametrize("replaced_after", ["head", "footer_get"])
 def test_an_object_replaced_mid_read_behind_a_store_that_ignores_if_match_is_an_error(
-        aws, s3_behind_proxy, tmp_path, replaced_after):
+        aws, s3_behind_proxy, tmp_path, tmpdir_env, replaced_after):
     proxy = s3_behind_proxy
     before, after = _export(tmp_path / "before.parquet", 1.25), _export(tmp_path / "after.parquet", 2.25)
     # The case itself: the same layout, other bytes, and large enough that the columns lie before the first read
@@ -88,6 +89,7 @@ def test_an_object_replaced_mid_read_behind_a_store_that_ignores_if_match_is_an_
     assert stripped and all("if-match" not in {k.lower() for k in f.request.headers} for f in stripped)
     assert all(any(k.lower() == "if-match" for k in r.headers) for r in proxy.seen if _is_get(r))
     assert s3.get_object(Bucket=BUCKET, Key=KEY)["Body"].read() == after
+    assert list(tmpdir_env.iterdir()) == []  # the partial copy deleted
 
 
 def test_the_same_store_gives_the_totals_when_nothing_changes(aws, s3_behind_proxy, tmp_path):
