@@ -472,7 +472,8 @@ class SocketModeStub:
         self.requests: list[str] = []  # the handshake request lines (path with ticket)
         self._conns: list[Any] = []
         self._silent: list[Any] = []  # connections dropped silently: open, never answered
-        self.pings_unanswered = 0
+        # Every ping a client sent: (its payload, answered?). slack-sdk's payload is "<session id>:<its time.time()>".
+        self.pings: list[tuple[str, bool]] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._counter = 0
@@ -602,10 +603,10 @@ class SocketModeStub:
                 data = bytes(c ^ mask[i % 4] for i, c in enumerate(self._read_exact(conn, n)))
                 with self._lock:
                     silent = conn in self._silent
+                if opcode == 0x9:
+                    with self._lock:
+                        self.pings.append((data.decode(errors="replace"), not silent))
                 if silent:  # read and dropped: a dead path answers nothing
-                    if opcode == 0x9:
-                        with self._lock:
-                            self.pings_unanswered += 1
                     continue
                 if opcode == 0x8:  # close
                     self._send_frame(conn, 0x8, data[:2])
