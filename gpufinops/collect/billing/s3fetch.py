@@ -191,6 +191,9 @@ class _Object:
             head = self.client.head_object(Bucket=self.bucket, Key=self.key)
         except (BotoCoreError, ClientError) as exc:
             raise BillingDataError(f"{self.name}: cannot read the S3 object: {exc}") from None
+        if not head.get("ETag"):  # every range is pinned to it: without one, versions cannot be told apart
+            raise BillingDataError(f"{self.name}: the S3 object's HEAD gave no ETag: cannot tell it is read as one "
+                                   "version")
         self.etag, self.size = head["ETag"], int(head["ContentLength"])
 
     # ------------------------------------------------------------------ GETs
