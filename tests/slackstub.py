@@ -457,7 +457,9 @@ class SocketModeStub:
     frames, masked client frames, ping/pong, close) speaking Slack's envelope protocol. On connect it says
     `{"type": "hello", ...}`; `send_interactive(payload)` sends `{"envelope_id", "type": "interactive", "payload",
     "accepts_response_payload"}` to every connection; the client's `{"envelope_id": ...}` acks are recorded
-    (`acks`, `wait_ack`). `send_raw` sends any envelope (a replay, another type)."""
+    (`acks`, `wait_ack`). `send_raw` sends any envelope (a replay, another type). `go_silent()` drops the open
+    connections silently, as a NAT or proxy does: no close frame, no pong, nothing sent or recorded on them, the TCP
+    connection left open; `wait_handshakes(n)` waits for the n-th connection (a reconnect)."""
 
     def __init__(self) -> None:
         import socket as _socket
@@ -469,6 +471,9 @@ class SocketModeStub:
         self.acks: list[dict[str, Any]] = []  # every JSON message a client sent (acks), in order
         self.requests: list[str] = []  # the handshake request lines (path with ticket)
         self._conns: list[Any] = []
+        self._silent: list[Any] = []  # connections dropped silently: open, never answered
+        # Every ping a client sent: (its payload, answered?). slack-sdk's payload is "<session id>:<its time.time()>".
+        self.pings: list[tuple[str, bool]] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._counter = 0
@@ -479,6 +484,17 @@ class SocketModeStub:
     def wait_connected(self, timeout: float = 10.0) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: bool(self._conns), timeout)
+
+    def wait_handshakes(self, count: int, timeout: float = 30.0) -> bool:
+        """Whether `count` WebSocket handshakes arrived (the first connection, then each reconnect)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.requests) >= count and bool(self._conns), timeout)
+
+    def go_silent(self) -> None:
+        """The open connections stop answering without a close frame: the client must notice by itself."""
+        with self._lock:
+            self._silent.extend(self._conns)
+            self._conns = []
 
     def send_interactive(self, payload: dict[str, Any], envelope_id: str | None = None) -> str:
         with self._lock:
@@ -508,7 +524,8 @@ class SocketModeStub:
     def close(self) -> None:
         self._closed = True
         with self._lock:
-            conns, self._conns = list(self._conns), []
+            conns, self._conns = list(self._conns) + self._silent, []
+            self._silent = []
         for conn in conns:
             try:
                 conn.close()
@@ -584,6 +601,13 @@ class SocketModeStub:
                     n = struct.unpack("!Q", self._read_exact(conn, 8))[0]
                 mask = self._read_exact(conn, 4) if masked else b"\0\0\0\0"
                 data = bytes(c ^ mask[i % 4] for i, c in enumerate(self._read_exact(conn, n)))
+                with self._lock:
+                    silent = conn in self._silent
+                if opcode == 0x9:
+                    with self._lock:
+                        self.pings.append((data.decode(errors="replace"), not silent))
+                if silent:  # read and dropped: a dead path answers nothing
+                    continue
                 if opcode == 0x8:  # close
                     self._send_frame(conn, 0x8, data[:2])
                     return
@@ -603,6 +627,8 @@ class SocketModeStub:
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
+                if conn in self._silent:
+                    self._silent.remove(conn)
             try:
                 conn.close()
             except OSError:

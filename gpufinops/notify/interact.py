@@ -52,7 +52,7 @@ from ..collect.kubernetes_cloud import ID_PREFIX, MAX_ID_LEN
 from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
 from .slack_blocks import notice_key_of
 from ..model import ActionKind, ActionResult, Cloud, GpuInstance
-from .markup import redact
+from .markup import redact, without_endpoints
 from ..store.store import Store
 
 log = logging.getLogger("gpufinops.interact")
@@ -367,7 +367,8 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
         store.record_action("slack", ActionResult(click.instance_id, kind, settings.act.dry_run, False,
                                                   f"refused {label!r} by {click.user_id} ({click.user_name}): {why}",
                                                   "", now, error="not allowed"))
-        return Answer(403, f"{label!r} on {click.instance_id} not allowed: {why}", (click.channel_id, click.user_id))
+        return Answer(403, f"{label!r} on {click.instance_id} not allowed: {without_endpoints(why)}",
+                      (click.channel_id, click.user_id))
     if kind == ActionKind.RESTORE:
         return _restore_requested(click, inst, why, store=store, now=now)
     tz = user.get("tz") if isinstance(user.get("tz"), str) else None

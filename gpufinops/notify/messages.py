@@ -33,7 +33,7 @@ from ..model import (
     format_duration,
 )
 from ..words import HINTS, words
-from .markup import clip, escape, time_token, when
+from .markup import clip, escape, time_token, when, without_endpoints
 
 # Slack's limits, with a margin where Slack counts differently from len().
 # The fallback `text` of chat.postMessage; Slack truncates far beyond this, but
@@ -439,8 +439,10 @@ def restore_result(instance_id: str, target: str, status: str, *, replicas: int 
                    dry_run: bool, key: str, thread_key: str = "", channel: str = "") -> Notice:
     """The one line a Restore click comes to, as a reply to the stop notice it was on. `target` is what
     `gpufinops k8s restore` takes (`NS/Kind/NAME`, `node/NAME`); `status` is act.restore.RestoreOutcome's;
-    `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not)."""
+    `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not), said
+    without the API server's (or any) address: the log has the full text (act/restore.py)."""
     by = _person(who)
+    detail = without_endpoints(detail)
     subject = f"`{_v(instance_id, 64)}`"
     parts = target.split("/")
     # NS/Kind/NAME: anything but a Deployment or StatefulSet is a Kueue-managed job (suspended, resumed by Kueue).
@@ -481,7 +483,8 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
     """To the person who clicked Snooze, when its tag could not be written: the stop is held all the same."""
     text = (f"Your snooze of {_v(instance_id, 40)} until {_when(until)} is recorded and holds: gpufinops will not "
             f"stop it before then. The tag `{TAG_SNOOZE}` could not be written on the instance "
-            f"({_v(error, 200)}), so other tools do not see the snooze; gpufinops's own record keeps it.")
+            f"({_v(without_endpoints(error), 200)}), so other tools do not see the snooze; gpufinops's own record "
+            "keeps it.")
     return _notice(key, user_id, text, kind="snooze", subject=instance_id, audience=("person",),
                    title="Your snooze holds", lead=text)
 

@@ -9,10 +9,20 @@ is claimed once, so a second copy changes nothing). The payload then goes throug
 endpoint calls after its signature check (`interact.handle_socket_envelope` -> `handle_verified`): the same
 authorisation by Slack user id, the same stored request the leader applies, the same audit of refusals.
 
+Every envelope with an `envelope_id` is acknowledged, whatever its payload: one whose payload is missing or not a
+button click is refused by the same parse as any click (logged, nothing stored) and acknowledged, so Slack does not
+send it again (slack-sdk's request listener drops such an envelope before any ack, so the raw message listener is
+used). Messages without an id (`hello`, `disconnect`) are not envelopes and are not acknowledged.
+
 Every replica may hold a connection (Slack spreads envelopes over up to 10); no cloud change is made here. The
 client is slack-sdk's own (`slack_sdk.socket_mode.builtin`: no extra dependency); it reconnects by itself, and a
-first connection that fails is tried again with a doubling pause (5 s up to 5 min). The token is read when
-connecting, never logged; slack-sdk's records pass through the token redaction of notify/delivery.py.
+first connection that fails is tried again with a doubling pause (5 s up to 5 min). A connection that goes silent
+(no close frame, no answer: a NAT or proxy that dropped it) is noticed by its pings: slack-sdk drops a connection
+that answered no ping for more than STALE_PINGS intervals, checking once an interval, and connects again at once,
+so with a ping every PING_INTERVAL_S (2.5 s) a silent drop is noticed within 12.5 s (`silent_drop_noticed_s`),
+under 15 s (with slack-sdk's own 5 s it took up to 25 s; at 10 s, 50 s).
+The token is read when connecting, never logged; slack-sdk's records pass through the token redaction of
+notify/delivery.py.
 """
 
 from __future__ import annotations
@@ -33,13 +43,17 @@ _sdk_log.addFilter(_RedactingFilter())
 # (envelope_id, payload) -> what the click came to; the service binds store, cloud and clock.
 EnvelopeHandler = Callable[[Any, Any], Answer]
 _KEEP_ANSWERS = 100
+# slack_sdk.socket_mode.builtin.connection.Connection.check_state: stale after more than this many ping intervals
+# without a pong; it checks once an interval, so a silent connection is dropped within (STALE_PINGS + 1) intervals.
+STALE_PINGS = 4
+PING_INTERVAL_S = 2.5
 
 
 class SocketModeActions:
     """One Socket Mode connection that feeds `interactive` envelopes to `handle` and acknowledges each."""
 
     def __init__(self, slack: SlackSettings, handle: EnvelopeHandler, *, first_backoff_s: float = 5.0,
-                 max_backoff_s: float = 300.0, ping_interval_s: float = 10.0):
+                 max_backoff_s: float = 300.0, ping_interval_s: float = PING_INTERVAL_S):
         self.slack = slack
         self.handle = handle
         self.first_backoff_s = first_backoff_s
@@ -87,7 +101,7 @@ class SocketModeActions:
                                 logger=_sdk_log)
                 client = SocketModeClient(app_token=token, web_client=web, logger=_sdk_log,
                                           ping_interval=self.ping_interval_s, concurrency=4)
-                client.socket_mode_request_listeners.append(self._on_request)
+                client.message_listeners.append(self._on_message)
                 try:
                     client.connect()
                 except Exception as exc:  # noqa: BLE001 - Slack down, bad token: logged, tried again later
@@ -110,22 +124,31 @@ class SocketModeActions:
                 return
             backoff = min(backoff * 2, self.max_backoff_s)
 
-    def _on_request(self, client, request) -> None:
-        """One envelope: an `interactive` one is handled, then acknowledged; any other type only acknowledged."""
-        envelope_id = request.envelope_id
+    @property
+    def silent_drop_noticed_s(self) -> float:
+        """At most this long from a connection's last answer until slack-sdk drops it and connects again."""
+        return (STALE_PINGS + 1) * self.ping_interval_s
+
+    def _on_message(self, client, message: dict, _raw: str) -> None:
+        """One message from Slack: an envelope (it has an `envelope_id`) is acknowledged once handled, whatever its
+        payload; an `interactive` one is handled (a malformed payload refused by the click parser, logged), any
+        other type only acknowledged. `hello` and `disconnect` carry no envelope id (slack-sdk handles them)."""
+        if not isinstance(message, dict) or "envelope_id" not in message:
+            return
+        envelope_id, kind = message["envelope_id"], message.get("type")
         try:
-            if request.type == "interactive":
+            if kind == "interactive":
                 try:
-                    answer = self.handle(envelope_id, request.payload)
+                    answer = self.handle(envelope_id, message.get("payload"))
                 except Exception as exc:  # noqa: BLE001 - a click never takes the connection down
                     log.error("Slack click (Socket Mode) failed: %s", redact(f"{type(exc).__name__}: {exc}")[:300])
                     answer = Answer(500, "the click could not be handled; nothing changed, try again")
                 with self._lock:
-                    self.answers[str(envelope_id)] = answer
+                    self.answers[str(envelope_id)[:200]] = answer
                     while len(self.answers) > _KEEP_ANSWERS:
                         self.answers.popitem(last=False)
             else:
-                log.info("Slack Socket Mode: ignored an envelope of type %r", str(request.type)[:40])
+                log.info("Slack Socket Mode: ignored an envelope of type %r", str(kind)[:40])
         finally:
             try:
                 client.send_socket_mode_response({"envelope_id": envelope_id})

@@ -13,6 +13,9 @@ that has uses left) decides what happens:
     late          forward, then answer only after `seconds` (the peer acted; the client has given up)
     cut           forward, then send the headers and only half the body, and close
     rewrite       forward, then answer `transform(body)` (e.g. DCGM sentinels in a Prometheus answer)
+    strip         forward without the request headers named in `drop` (e.g. If-Match: a store or proxy that
+                  ignores a precondition), answer normally; `seen` keeps what the client sent, `forwarded`
+                  what reached the peer
     hook          call `hook(request)` (e.g. kill -9 the client), then reset the connection; before
                   forwarding (`after=False`: the peer never sees it) or after (`after=True`: the peer acted)
 
@@ -31,6 +34,7 @@ the policy for every instance of the request, and on any denial answers as EC2 d
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import re
@@ -145,6 +149,7 @@ class Fault:
     hook: Callable[[Request], None] | None = None
     after: bool = False
     forward: bool = False  # hook: after calling it, forward and answer normally instead of resetting
+    drop: tuple[str, ...] = ()  # strip: the request headers (any case) not forwarded
     used: int = 0
     # hold: the request waits in the proxy (a paused process, a stuck connection) until `release_held()`, then
     # reaches the peer (through the IAM check, as AWS evaluates at arrival); the client meanwhile times out.
@@ -326,7 +331,9 @@ class FaultProxy:
             conn.request(req.method, self.upstream_prefix + req.path, body=req.body or None, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-            out_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+            # A HEAD's Content-Length is the object's size, not its (empty) body's: it passes through.
+            out_headers = [(k, v) for k, v in resp.getheaders()
+                           if k.lower() not in _HOP_BY_HOP or (req.method == "HEAD" and k.lower() == "content-length")]
             return resp.status, out_headers, data
         finally:
             conn.close()
@@ -407,6 +414,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._handle()
 
+    def do_HEAD(self) -> None:
+        self._handle()
+
     def _reset(self) -> None:
         """Close with RST (SO_LINGER 0): the client sees 'connection reset by peer'."""
         try:
@@ -424,11 +434,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_response(status)
             for k, v in headers:
                 self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
+            if not any(k.lower() == "content-length" for k, _ in headers):
+                self.send_header("Content-Length", str(len(body)))
             if cut:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body[: len(body) // 2] if cut else body)
+            if self.command != "HEAD":
+                self.wfile.write(body[: len(body) // 2] if cut else body)
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
@@ -461,6 +473,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             time.sleep(fault.seconds)
         if mode == "hold":
             fault.released.wait(fault.seconds or 600.0)
+        if mode == "strip":
+            dropped = {name.lower() for name in fault.drop}
+            req = dataclasses.replace(req, headers={k: v for k, v in req.headers.items() if k.lower() not in dropped})
 
         try:
             denials = proxy._iam_check(req)  # AWS evaluates the policy when the request arrives

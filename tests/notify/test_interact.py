@@ -280,3 +280,24 @@ def test_an_ec2_stop_notice_carries_no_button(world):
     [notice] = [m for m in world.stub.delivered() if m["text"].startswith("Stopped idle GPU instance")]
     assert not [b for b in notice["blocks"] if b["type"] == "actions"]
     assert [b for b in world.warning()["blocks"] if b["type"] == "actions"]  # the warning's Snooze buttons are
+
+
+def test_a_refused_clicks_reason_names_no_address_when_users_info_cannot_be_reached(world, caplog):
+    """users.info failing with a text that names where Slack's API was dialled (a proxy inside the VPC): the click
+    is refused, the clicker is told why in words, and the address is in the log only (issue 35)."""
+    from gpufinops.notify.interact import handle_verified, parse_click
+
+    world.cloud._replace("i-00", tags={**world.cloud.get("i-00").tags, "owner": "ana@example.com"})
+    world.tick()
+
+    def users_info_unreachable(_user_id):
+        raise ConnectionError("HTTPSConnectionPool(host='slack-egress.corp.internal', port=8443): Max retries "
+                              "exceeded with url: https://slack-egress.corp.internal:8443/api/users.info")
+
+    click = parse_click(click_body("U0ANA0001", "gpufinops_snooze_2h", "i-00"))
+    answer = handle_verified(click, "claim-1", settings=world.settings, store=world.store, cloud=world.cloud,
+                             users=users_info_unreachable, now=world.clock.now)
+    assert answer.status == 403 and "users.info for U0ANA0001 failed" in answer.text
+    assert "corp.internal" not in answer.text and "8443" not in answer.text and "https://" not in answer.text
+    assert "slack-egress.corp.internal" in caplog.text  # the full detail for whoever runs the service
+    assert world.store.kv_items("snooze_request:") == []

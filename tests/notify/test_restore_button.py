@@ -147,3 +147,36 @@ def test_the_notice_edited_in_place_keeps_its_button_only_when_another_click_may
     _, again = sb.restored_in_place(blocks, "not known yet", keep_button=True)
     assert [b for b in again if b["type"] == "actions"] and len(again) == len(blocks) + 1
     json.dumps(again)
+
+
+@pytest.mark.parametrize("detail, words", [
+    ("kubernetes API at 10.0.0.1:6443: patch deployments ml/idle-infer: 403 Forbidden [not done]",
+     "the Kubernetes API: patch deployments ml/idle-infer: 403 Forbidden"),
+    ("kubernetes API at kubernetes.default.svc:443: get deployments ml/x: NewConnectionError (no answer or refused)",
+     "the Kubernetes API: get deployments ml/x: NewConnectionError (no answer or refused)"),
+    ('kubernetes API at k:443: patch deployments ml/x: 500 InternalError: failed calling webhook "v.kyverno.svc": '
+     'Post "https://kyverno-svc.kyverno.svc:443/validate?timeout=10s": dial tcp 10.96.0.1:443: connect: refused',
+     'failed calling webhook "v.kyverno.svc": Post "[address withheld]": dial tcp [address withheld]: connect'),
+    ("HTTPSConnectionPool(host='api.corp.internal', port=6443): Max retries exceeded",
+     "HTTPSConnectionPool(host='[address withheld]'): Max retries exceeded"),
+    ('Could not connect to the endpoint URL: "https://ec2.eu-west-1.amazonaws.com/"',
+     'Could not connect to the endpoint URL: "[address withheld]"'),
+    ("api.corp.internal:6443 and [fd00::1]:6443 and 192.168.7.9 refused",
+     "[address withheld] and [address withheld] and [address withheld] refused"),
+    ("no route to 10.96.0.1. Retried.", "no route to [address withheld]. Retried."),
+])
+def test_a_results_error_text_reaches_chat_without_any_address(detail, words):
+    """The Restore reply says what failed in words; the API server's (or a webhook's) address and port stay in the
+    log (issue 35). Times, versions and file paths are left as they are."""
+    for status in ("failed", "unknown", "nothing_to_restore"):
+        text = result(status, detail=detail)
+        assert words in text, text
+        assert not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b|https?://|\.svc:|\.internal|:6443\b|:443\b", text), text
+    kept = "at 2026-12-07 06:27 UTC (version 1.29): see deploy/kubernetes/workloads/rbac-clusterrole.yaml"
+    assert kept in result("failed", detail=kept)
+
+
+def test_a_snooze_tag_write_error_reaches_chat_without_any_address():
+    notice = m.snooze_not_applied("i-0abc", user_id="U0ALICE001", until=T0, key="k",
+                                  error='Could not connect to the endpoint URL: "https://ec2.internal.corp:8443/"')
+    assert "[address withheld]" in notice.text and "internal.corp" not in notice.text and "8443" not in notice.text

@@ -78,3 +78,59 @@ def test_without_an_app_token_socket_mode_does_not_start_and_says_why(tmp_path, 
         assert w.settings.slack.interactive()
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("envelope", [
+    {"type": "interactive", "accepts_response_payload": False},  # no payload
+    {"type": "interactive", "payload": [1, 2], "accepts_response_payload": False},
+    {"type": "interactive", "payload": 42},
+    {"type": "interactive", "payload": "not an object"},
+    {"type": "events_api"},  # another type, no payload
+], ids=["no_payload", "list_payload", "number_payload", "text_payload", "events_api_no_payload"])
+def test_an_envelope_with_an_id_but_a_malformed_payload_is_acked_logged_and_dropped(world, envelope, caplog):
+    """slack-sdk's request listener drops such an envelope before any ack, so Slack sent it again and again
+    (issue 35): every envelope with an id is acknowledged, the malformed click refused by the click parser."""
+    world.tick()
+    world.socket_click(_payload(OWNER, action="gpufinops_terminate_now"))  # connected (a refused click)
+    world.ws.send_raw({"envelope_id": "env-bad-1", **envelope})
+    assert world.ws.wait_ack("env-bad-1"), "the malformed envelope was never acknowledged"
+    answer = world.service.socket_mode.answers.get("env-bad-1")
+    if envelope["type"] == "interactive":
+        assert answer is not None and answer.status == 400 and "not a button click" in caplog.text
+    else:
+        assert answer is None
+    assert world.store.kv_items("snooze_request:") == []
+    assert world.cloud.get("i-00").tags.get(TAG_SNOOZE) is None
+    # The connection is still up: a good click after it is handled.
+    assert world.socket_click(_payload(OWNER))[0] == 200
+
+
+def test_a_silently_dropped_connection_is_noticed_by_its_pings_and_reconnected(world):
+    """The server stops answering without a close frame (a NAT or proxy dropped the path): slack-sdk's pings go
+    unanswered, it drops the connection after STALE_PINGS + 1 intervals and connects again. At the shipped ping
+    interval that is within 15 s (it was 50 s); here an interval of 1 s, so the test waits seconds."""
+    from gpufinops.notify.socket_mode import STALE_PINGS, SocketModeActions
+
+    shipped = SocketModeActions(world.settings.slack, world.service.slack_socket_click)
+    assert shipped.silent_drop_noticed_s == (STALE_PINGS + 1) * shipped.ping_interval_s < 15
+
+    world.tick()
+    actions = SocketModeActions(world.settings.slack, world.service.slack_socket_click, ping_interval_s=1.0)
+    world.service.socket_mode = actions
+    assert actions.start() and actions.connected.wait(10) and world.ws.wait_connected()
+    assert actions.client.ping_interval == 1.0  # what slack-sdk pings and judges staleness with
+    world.ws.go_silent()
+    assert world.ws.wait_handshakes(2, timeout=60), "never reconnected after a silent drop"
+    # Noticed by its own pings, not by an error from the socket, by the rule the shipped bound is computed from,
+    # read from the client's own clock in its pings (no timing of the test's): the silent connection was dropped at
+    # its first ping more than STALE_PINGS intervals after its last answered one, and not at the ping before.
+    pings = [(payload.split(":")[0], float(payload.split(":")[1]), answered) for payload, answered in world.ws.pings]
+    silent = [t for session, t, answered in pings if not answered]
+    [session] = {s for s, _, answered in pings if not answered}
+    last_answered = max(t for s, t, answered in pings if answered and s == session)
+    assert len(silent) >= 2
+    assert silent[-2] - last_answered < (STALE_PINGS + 1) * 1.0 and silent[-1] - last_answered > STALE_PINGS * 1.0
+    assert len(world.stub.calls_for("apps.connections.open")) == 2
+    # Clicks arrive over the new connection.
+    status, text = world.socket_click(_payload(OWNER), envelope_id="env-after-reconnect")
+    assert status == 200, text

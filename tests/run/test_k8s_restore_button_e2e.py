@@ -412,3 +412,46 @@ def test_a_snooze_click_on_a_workloads_warning_annotates_it_and_the_scale_down_i
     assert MARK_ANNOTATION not in w.kube.get("deployments", IDLE.namespace, IDLE.name)["metadata"]["annotations"]
     w.tick(16)
     assert w.kube.get("deployments", IDLE.namespace, IDLE.name)["spec"]["replicas"] == 2 and not w.scale_patches()
+
+
+@pytest.mark.parametrize("fault", ["patch_refused_403", "patch_unanswered", "reads_unanswered"])
+def test_a_failed_restores_reply_says_what_failed_in_words_and_keeps_the_api_servers_address_out_of_chat(
+        make_world, fault, caplog):
+    """A Restore click meets an API server that refuses the PATCH (403), closes the connection on it unanswered, or
+    answers none of the restore's reads (a server that went away after the tick's listing): the reply and the
+    edited notice say what failed, in words; the address and port of the API server (a map of the cluster's network
+    for anyone in the channel) are in the log only (issue 35)."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO)
+    w = scaled_down(make_world)
+    assert w.click_restore(ALICE)[0] == 200
+    address = w.kube.url.removeprefix("http://").removeprefix("https://")  # 127.0.0.1:PORT
+    if fault == "patch_refused_403":
+        w.kube.forbid("patch", "deployments", once=True)
+    elif fault == "patch_unanswered":
+        w.kube.fail_next(0, "patch", "deployments")  # the connection closed before any answer, nothing changed
+    else:
+        for _ in range(10):  # every try of the client's (it retries a read) closed unanswered
+            w.kube.fail_next(0, "get", "deployments")
+    caplog.clear()
+    w.tick(17)
+
+    said = [m["text"] for m in w.slack.posted() if m["text"].startswith("Restore of")]
+    said += [c.body.get("text", "") for c in w.slack.calls_for("chat.update")]
+    said += [c.body.get("text", "") for c in w.slack.calls_for("chat.postEphemeral")]
+    assert said, "the click's result was never told"
+    for text in said:
+        assert address not in text and not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b|https?://|:\d{2,5}\b", text), text
+    [reply] = [m["text"] for m in w.slack.posted() if m["text"].startswith("Restore of")]
+    assert "restored to" not in reply
+    if fault == "patch_refused_403":
+        assert "was not done" in reply and "the Kubernetes API: patch deployments ml/idle-infer: 403 Forbidden" in reply
+    elif fault == "patch_unanswered":
+        assert "no clear answer" in reply and "the Kubernetes API" in reply
+    else:
+        assert "was not done" in reply and "the Kubernetes API: get deployments ml/idle-infer" in reply
+    # The full detail, with the address, is in the log for whoever runs the service.
+    assert f"kubernetes API at {address}" in caplog.text
+    assert w.kube.get("deployments", IDLE.namespace, IDLE.name)["spec"]["replicas"] == 0

@@ -11,8 +11,9 @@ path (duck.py) run on local files made here, one object at a time:
   fetched; a real CUR 2.0 export has several times more columns, all of them left on S3.
 - CSV and CSV.gz: the whole object (every byte of a CSV is read anyway), in parallel ranges.
 
-Every GET is conditional on the ETag the object's HEAD gave (If-Match): an object replaced while it is read is an
-error naming it, never a file stitched from two versions. The copy is deleted once its file is
+Every GET is conditional on the ETag the object's HEAD gave (If-Match), and every answer's ETag and Content-Range
+(the object's total size) must be the HEAD's, for a store or proxy that ignores If-Match: an object replaced while it
+is read is an error naming it, never a file stitched from two versions. The copy is deleted once its file is
 summed; at most one object's needed bytes are on disk at a time (the temporary folder: $TMPDIR).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -37,6 +39,7 @@ MERGE_GAP_BYTES = 1024 * 1024
 PARALLEL_GETS = 8
 FOOTER_GUESS_BYTES = 64 * 1024  # the first read of a Parquet object: its tail, most footers fit
 _CHUNK = 1024 * 1024  # streamed from a GET's body to disk at a time
+REPLACED = "{name}: the S3 object was replaced while it was read; run again"
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,9 @@ class _Object:
             head = self.client.head_object(Bucket=self.bucket, Key=self.key)
         except (BotoCoreError, ClientError) as exc:
             raise BillingDataError(f"{self.name}: cannot read the S3 object: {exc}") from None
+        if not head.get("ETag"):  # every range is pinned to it: without one, versions cannot be told apart
+            raise BillingDataError(f"{self.name}: the S3 object's HEAD gave no ETag: cannot tell it is read as one "
+                                   "version")
         self.etag, self.size = head["ETag"], int(head["ContentLength"])
 
     # ------------------------------------------------------------------ GETs
@@ -199,9 +205,11 @@ class _Object:
 
         got, kept = 0, []
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}",
-                                          IfMatch=self.etag)["Body"]
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}",
+                                            IfMatch=self.etag)
+            body = answer["Body"]
             with contextlib.closing(body):
+                self._check_answer(answer, start, end)
                 while chunk := body.read(_CHUNK):
                     if fd is None:
                         kept.append(chunk)
@@ -210,14 +218,27 @@ class _Object:
                     got += len(chunk)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
-                raise BillingDataError(f"{self.name}: the S3 object was replaced while it was read; run again"
-                                       ) from None
+                raise BillingDataError(REPLACED.format(name=self.name)) from None
             raise BillingDataError(f"{self.name}: cannot read the S3 object: {exc}") from None
         except BotoCoreError as exc:
             raise BillingDataError(f"{self.name}: cannot read the S3 object: {exc}") from None
         if got != end - start:
             raise BillingDataError(f"{self.name}: the S3 object answered {got} bytes for a range of {end - start}")
         return b"".join(kept)
+
+    def _check_answer(self, answer: dict, start: int, end: int) -> None:
+        """A ranged GET's answer is the version the HEAD gave (its ETag, its total size in Content-Range) and
+        the bytes asked for: a store or proxy that ignores If-Match answers a newer version without a 412."""
+        if not answer.get("ETag"):
+            raise BillingDataError(f"{self.name}: the S3 object answered a range without its ETag: cannot tell it "
+                                   "is the version its HEAD gave")
+        content_range = (answer.get("ContentRange") or "").strip()
+        m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", content_range)
+        if answer.get("ETag") != self.etag or (m and m[3] not in ("*", str(self.size))):
+            raise BillingDataError(REPLACED.format(name=self.name))
+        if content_range and not (m and (int(m[1]), int(m[2]) + 1) == (start, end)):
+            raise BillingDataError(f"{self.name}: the S3 object answered {content_range!r} for the bytes "
+                                   f"{start}-{end - 1}")
 
     def _fetch(self, fd: int, ranges: Sequence[tuple[int, int]]) -> None:
         """The byte ranges into `fd`, split into parts of at most PART_BYTES, PARALLEL_GETS at a time."""

@@ -54,8 +54,10 @@ def usage_type(kind: str, instance_type: str, region: str) -> str:
     return f"{_REGION_PREFIX.get(region, '')}{kind}:{instance_type}"
 
 
-def write_cur_rows(path: str | Path, rows: Iterable[Mapping], row_group_size: int | None = None) -> Path:
-    """Write explicit line items; missing fields are null, `resource_tags` a dict or None."""
+def write_cur_rows(path: str | Path, rows: Iterable[Mapping], row_group_size: int | None = None,
+                   **write_options) -> Path:
+    """Write explicit line items; missing fields are null, `resource_tags` a dict or None. `write_options` go to
+    pyarrow's write_table (compression, use_dictionary, ...)."""
     rows = list(rows)
     data = {}
     for f in SCHEMA:
@@ -65,7 +67,7 @@ def write_cur_rows(path: str | Path, rows: Iterable[Mapping], row_group_size: in
         data[f.name] = pa.array(values, f.type)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(data, schema=SCHEMA), p, row_group_size=row_group_size)
+    pq.write_table(pa.table(data, schema=SCHEMA), p, row_group_size=row_group_size, **write_options)
     return p
 
 
