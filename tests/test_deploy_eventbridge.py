@@ -3,7 +3,8 @@ gpufinops's stop mark from a started instance (issue 35: a person's stop+start c
 
 The function runs against the moto server (through a counting proxy: one DescribeTags, one DeleteTags only when
 the mark is there); the rule's pattern is matched against the event AWS sends by `event_matches` (EventBridge's
-rules for exact-value patterns); the function's role policy is decided by the same IAM evaluator as the service's (tests/faults/iampolicy.py).
+rules for exact-value patterns); the function's role policy is decided by the same IAM evaluator as the service's
+(tests/faults/iampolicy.py).
 """
 
 from __future__ import annotations

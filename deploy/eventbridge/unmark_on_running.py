@@ -5,8 +5,8 @@ gpufinops StopInstances still in flight (docs/deploy.md, "What is not fenced by 
 
 Standalone (boto3 only, no gpufinops import): deploy it as one file, handler `unmark_on_running.handler`, with the
 role policy deploy/eventbridge/iam-unmark-on-running.json. One DescribeTags, and one DeleteTags only when the mark
-is there; an error is raised, so the invocation counts as failed in CloudWatch and EventBridge's retry policy
-sends the event again (removing an absent tag changes nothing, so a retry is harmless).
+is there; an error is raised, so the invocation counts as failed (CloudWatch `Errors`) and Lambda retries the
+asynchronous invocation EventBridge made (twice by default); a retry is harmless (no mark, no write).
 """
 
 from __future__ import annotations
