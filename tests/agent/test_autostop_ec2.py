@@ -269,13 +269,17 @@ def test_at_boot_the_agent_withdraws_the_services_stop_mark_once(host, aws, faul
     assert fault_proxy.requests["DeleteTags"] == 2
 
 
-@pytest.mark.parametrize("settings", ["stop_method: command\n", "stop_method: ec2\nunmark_at_boot: false\n"])
-def test_the_mark_is_withdrawn_only_when_configured(host, aws, fault_proxy, imds, settings):
+@pytest.mark.parametrize("settings, dry_run", [("stop_method: command\n", False),
+                                               ("stop_method: ec2\nunmark_at_boot: false\n", False),
+                                               ("stop_method: ec2\n", True)])
+def test_the_mark_is_withdrawn_only_when_configured_and_live(host, aws, fault_proxy, imds, settings, dry_run, caplog):
     (iid,) = aws.launch("g5.xlarge", tags={TAG_MARKED: "2026-12-07T10:00:00Z"})
     imds.instance_id = iid
     host.write_settings(f"{settings}imds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
-    host.start()
+    with caplog.at_level("INFO", logger="gpufinops.autostop"):
+        host.start(**({"dry_run": True} if dry_run else {}))
     assert aws.tags(iid)[TAG_MARKED] == "2026-12-07T10:00:00Z" and fault_proxy.requests["DeleteTags"] == 0
+    assert ("dry-run: would remove gpufinops:marked-for-stop" in caplog.text) is dry_run
 
 
 def test_a_refused_withdrawal_is_logged_and_tried_again_at_the_next_start(host, aws, fault_proxy, imds, caplog):

@@ -178,7 +178,7 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     buffer = RingBuffer(args.autostop_db)
     host_paths = paths or HostPaths(snooze=args.snooze_file)
     if isinstance(stopper, Ec2Stopper) and settings.unmark_at_boot:
-        withdraw_service_mark_at_boot(stopper, buffer, boot_time(host_paths.proc))
+        withdraw_service_mark_at_boot(stopper, buffer, boot_time(host_paths.proc), dry_run=dry_run)
     slack = _slack_notifier(settings, Path(args.autostop_db).with_name("agent-slack.db"))
     loop = AutostopLoop(rules=rules, settings=settings, buffer=buffer, host=host, stopper=stopper,
                         announcer=Announcer(settings.wall_command, slack), interval_s=agent.interval_s, dry_run=dry_run,
@@ -190,19 +190,20 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
 UNMARKED_BOOT_KEY = "service_mark_withdrawn_at_boot"
 
 
-def withdraw_service_mark_at_boot(stopper, buffer, booted_at: float | None) -> None:
+def withdraw_service_mark_at_boot(stopper, buffer, booted_at: float | None, *, dry_run: bool) -> None:
     """Once per boot of this host (its /proc/stat boot time, remembered in the ring buffer's state; an agent restart
     on the same boot does nothing), remove the central service's stop mark from this instance: a machine that
     booted was started by a person or its provisioning, which cancels the stop announced before. The agent's
     first start on a host counts as a boot (it cannot know when the mark was set): a cancel, never a stop.
-    Not done (logged) when it cannot be read or refused: the next start of the agent on this boot tries again."""
+    Not done (logged) when it cannot be read or refused: the next start of the agent on this boot tries again.
+    In dry-run (the agent's own, as for its stop) nothing is removed: the log says what would be."""
     from .loop import BOOT_TIME_JITTER_S
 
     booted = booted_at or 0.0
     done = buffer.load_state(UNMARKED_BOOT_KEY)
     if done is not None and abs(float(done.get("boot_time", -1e18)) - booted) <= BOOT_TIME_JITTER_S:
         return
-    outcome = stopper.withdraw_service_mark()
+    outcome = stopper.withdraw_service_mark(dry_run=dry_run)
     if outcome.ok is True:
         buffer.save_state(UNMARKED_BOOT_KEY, {"boot_time": booted})
         log.info("autostop: at boot: %s (a restart cancels a stop gpufinops announced before it; with the mark gone "

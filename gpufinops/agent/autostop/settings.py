@@ -135,7 +135,7 @@ class AutostopSettings(StrictModel):
     unknown_grace: int = DEFAULT_UNKNOWN_GRACE_S  # seconds
     wall_command: tuple[str, ...] = ("wall",)  # argv before the message
     imds_url: str = DEFAULT_IMDS_URL
-    # With EC2 self-stop (stop_method ec2, or auto on EC2): remove the central service's stop mark
+    # With EC2 self-stop (stop_method ec2, or auto on EC2), live: remove the central service's stop mark
     # (gpufinops:marked-for-stop) from this instance once per boot, so a person's stop+start cancels its stop
     # at the cloud (docs/deploy.md). Needs DeleteTags of that one key (deploy/systemd/iam-self-stop.json).
     unmark_at_boot: bool = True
