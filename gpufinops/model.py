@@ -162,6 +162,16 @@ class GpuInstance:
         value = self.tags.get(TAG_PROTECT)
         return value is not None and value.strip().lower() != "false"
 
+    @property
+    def snooze_tag_is_a_persons(self) -> bool:
+        """An EC2 instance that already carries `gpufinops:snooze-until` (any value, even expired or unreadable):
+        the shipped IAM policy lets gpufinops create that tag only where there is none (`SnoozeOnlyWhereNoneIsSet`,
+        `NeverRewriteASnooze`) and never delete it, so that the service can never end or shorten a snooze: the
+        value on the instance is a person's to change. A later Snooze click is held from gpufinops's own record
+        instead of rewriting the tag (docs/deploy.md, "A second Snooze click"). Kubernetes annotations have no
+        such fence."""
+        return self.provider == "aws" and TAG_SNOOZE in self.tags
+
     def owner(self) -> str:
         """The owner tag only: a team is not an owner (messages say "no owner tag" rather than guess)."""
         for key in ("owner", "Owner", "created-by"):

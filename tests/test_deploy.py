@@ -157,14 +157,17 @@ def test_iam_policy_is_least_privilege():
     for stmt in _statements() + _statements(TERMINATE_POLICY):
         for action in _actions(stmt):
             assert "*" not in action.split(":", 1)[-1] or stmt["Effect"] == "Deny", f"wildcard action {action}"
-    # Tags: exactly the keys the service writes; never the ones people set, but the Snooze button may add a snooze.
-    (tagging,) = _allowed("ec2:CreateTags")
+    # Tags: exactly the keys the service writes; never the ones people set, but the Snooze button may add a snooze
+    # where none is set (its own statement: the snooze tag is never rewritten, so the service cannot end one).
+    tagging, snoozing = _allowed("ec2:CreateTags")
     (untagging,) = _allowed("ec2:DeleteTags")
     people = {model.TAG_PROTECT, model.TAG_SNOOZE}
     written = {v for k, v in vars(model).items() if k.startswith("TAG_")} - people
     assert set(untagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written
-    assert set(tagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written | {model.TAG_SNOOZE}
-    for stmt in (tagging, untagging):
+    assert set(tagging["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]) == written
+    assert snoozing["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"] == [model.TAG_SNOOZE]
+    assert snoozing["Condition"]["Null"][f"aws:ResourceTag/{model.TAG_SNOOZE}"] == "true"
+    for stmt in (tagging, snoozing, untagging):
         assert _actions(stmt) == [stmt["Action"]] and stmt["Condition"]["Null"]["aws:TagKeys"] == "false"
     for action in ("ce:GetCostAndUsage", "ce:GetCostForecast", "s3:GetObject", "s3:ListBucket",
                    "athena:StartQueryExecution", "athena:GetQueryExecution", "athena:GetQueryResults",
@@ -211,6 +214,14 @@ def test_iam_stops_only_opted_in_unprotected_instances_and_terminates_only_with_
 def test_iam_tag_writes_are_the_services_own_keys_and_never_protect(keys, create, delete):
     assert _decide(_statements(), "ec2:CreateTags", {OPT_IN: "true"}, keys) == create, keys
     assert _decide(_statements(), "ec2:DeleteTags", {OPT_IN: "true"}, keys) == delete, keys
+
+
+def test_iam_never_lets_the_service_rewrite_or_remove_a_snooze():
+    # A person's snooze (or the first click's): a CreateTags with a past time would end it; refused explicitly.
+    snoozed = {OPT_IN: "true", **MARK, model.TAG_SNOOZE: "2099-01-01T00:00:00Z"}
+    assert _decide(_statements(), "ec2:CreateTags", snoozed, [model.TAG_SNOOZE]) == "Deny"
+    assert _decide(_statements(), "ec2:DeleteTags", snoozed, [model.TAG_SNOOZE]) == "Deny"
+    assert _decide(_statements(), "ec2:CreateTags", {OPT_IN: "true", **MARK}, [model.TAG_SNOOZE]) == "Allow"
 
 
 def test_the_opt_in_tag_is_the_one_docs_deploy_names():

@@ -437,7 +437,9 @@ class Actuator:
         instances come back with the tag as the cloud now has it, so the plan below sees the snooze.
 
         Live: one tag call per request; a tag already equal to the request (a retry after a lost answer), or a
-        snooze tag that already holds longer, is not set again. Not confirmed: the request stays and its action
+        snooze tag that already holds longer, is not set again. An EC2 instance that already carries a snooze tag
+        (any value) keeps it: the IAM policy lets gpufinops write that tag only where none is set, so the request
+        holds from our own record (`_hold_snooze_from_record`). Not confirmed: the request stays and its action
         row is reconciled; until then nothing else is done to the instance. Failed (the IAM policy, an API
         error): the request is a person's word to keep the machine running and holds all the same, from our own
         record, until it ends; the person who clicked is told once; the tag write is tried again a few times.
@@ -457,8 +459,8 @@ class Actuator:
             if inst is None:
                 continue  # not listed this run (a region's inventory failed): the request waits, and holds
             held = replace(inst, tags={**inst.tags, TAG_SNOOZE: req.until})
-            existing = parse_time(inst.tags.get(TAG_SNOOZE) or "")
-            if existing is not None and existing >= until:
+            existing = self._snooze(inst, ctx.now)  # capped, as the plan reads it: a tag of 2099 holds 7 d
+            if existing.active and existing.until is not None and existing.until >= until:
                 interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
                 continue
             reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
@@ -469,6 +471,10 @@ class Actuator:
                     interact.keep_request(self.store, replace(req, recorded=True))
             elif inst.tags.get(TAG_SNOOZE) != req.until:
                 if req.recorded:  # its tag write was given up: the request holds from our record alone
+                    by_id[req.instance_id] = held
+                    continue
+                if inst.snooze_tag_is_a_persons:
+                    self._hold_snooze_from_record(ctx, inst, req, until, reason)
                     by_id[req.instance_id] = held
                     continue
                 outcome = self._change(ctx, inst, ActionKind.SNOOZE, "", reason,
@@ -487,6 +493,23 @@ class Actuator:
                 interact.forget_request(self.store, req.instance_id)
             by_id[req.instance_id] = held
         return [by_id[i.instance_id] for i in instances]
+
+    def _hold_snooze_from_record(self, ctx: RunContext, inst: GpuInstance, req: "interact.SnoozeRequest",
+                                 until: datetime, reason: str) -> None:
+        """A Snooze click on an EC2 instance that already carries a snooze tag (a second click, or a snooze a
+        person set, expired or not): the tag is not rewritten (the IAM policy refuses it, so that gpufinops can
+        never end a person's snooze; trying would be a refused call every time). The click holds from our own
+        record until it ends, like a snooze whose tag write was refused; the clicker was told so when they
+        clicked (interact), and the warning is updated in place as for any snooze."""
+        existing = inst.tags.get(TAG_SNOOZE, "")
+        self.store.record_action(ctx.run_id, ActionResult(
+            inst.instance_id, ActionKind.SNOOZE, False, True,
+            f"{reason}; held by gpufinops's own record, the tag {TAG_SNOOZE}={existing[:64]!r} on the instance is "
+            f"not rewritten (only a person changes a snooze tag)", "", ctx.now))
+        log.info("%s: snooze until %s by %s held from gpufinops's own record; its %s tag (%r) is left as it is",
+                 inst.instance_id, req.until, req.user_id, TAG_SNOOZE, existing[:64])
+        self._update_warning(req, until, dry_run=False)
+        interact.keep_request(self.store, replace(req, recorded=True))
 
     def _snooze_tag_failed(self, req: "interact.SnoozeRequest", until: datetime, error: str) -> None:
         """A snooze request whose tag could not be written: told once to the person who clicked (a DM), and the

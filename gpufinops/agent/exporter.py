@@ -338,7 +338,12 @@ class RunningAgent:
         self.agent.close()
 
 
-def start(agent: Agent, address: str = "0.0.0.0", port: int = 9400, *, sample: bool = True) -> RunningAgent:
+# Loopback unless told otherwise: /metrics names the host, its GPUs and processes, and GET /v1/verdict its
+# verdict; a Prometheus on another machine needs the bind said explicitly (--address, docs/agent.md).
+DEFAULT_ADDRESS = "127.0.0.1"
+
+
+def start(agent: Agent, address: str = DEFAULT_ADDRESS, port: int = 9400, *, sample: bool = True) -> RunningAgent:
     """Take a first sample (so the first scrape has data), then sample and serve in background threads.
 
     `sample=False` serves without the sampling loop (tests drive `sample_once` themselves).

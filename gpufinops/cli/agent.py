@@ -47,8 +47,10 @@ def register(subparsers) -> None:
                     "with GPU_I_ID / GPU_I_PROFILE) and gpufinops_gpu_processes. Scrape it like dcgm-exporter. "
                     "A figure the driver cannot measure has no series; when a read fails the GPU series "
                     "disappear and gpufinops_agent_read_errors_total goes up.")
-    p.add_argument("--address", default=env("GPUFINOPS_AGENT_ADDRESS", "0.0.0.0"),
-                   help="listen address (env GPUFINOPS_AGENT_ADDRESS; default 0.0.0.0)")
+    # The exporter's DEFAULT_ADDRESS, written here so that `gpufinops --help` does not import the exporter.
+    p.add_argument("--address", default=env("GPUFINOPS_AGENT_ADDRESS", "127.0.0.1"),
+                   help="listen address (env GPUFINOPS_AGENT_ADDRESS; default 127.0.0.1, this host only: for a "
+                        "Prometheus on another machine give the address it scrapes, e.g. the private IP, or 0.0.0.0)")
     p.add_argument("--port", type=_port, default=env("GPUFINOPS_AGENT_PORT", "9400"),
                    help="listen port (env GPUFINOPS_AGENT_PORT; default 9400, dcgm-exporter's)")
     p.add_argument("--interval", type=_positive, default=env("GPUFINOPS_AGENT_INTERVAL", "10"),

@@ -51,7 +51,7 @@ from ..config import SLACK_USER_ID
 from ..collect.kubernetes_cloud import ID_PREFIX, MAX_ID_LEN
 from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
 from .slack_blocks import notice_key_of
-from ..model import ActionKind, ActionResult, Cloud, GpuInstance
+from ..model import TAG_SNOOZE, ActionKind, ActionResult, Cloud, GpuInstance
 from .markup import redact, without_endpoints
 from ..store.store import Store
 
@@ -378,6 +378,14 @@ def _allowed_click(click: Click, *, settings: Settings, store: Store, cloud: Clo
     store.set_kv(REQUEST_PREFIX + click.instance_id, request.to_json())
     log.info("%r on %s by %s (%s, %s): snooze until %s requested", label, click.instance_id, click.user_id,
              click.user_name, why, request.until)
+    if inst.snooze_tag_is_a_persons:
+        # What the tick will do (act: apply_snooze_requests), said to the clicker now: the tag is not rewritten.
+        return Answer(200, f"snooze of {click.instance_id} until {request.until} requested. It already carries "
+                           f"{TAG_SNOOZE}={inst.tags[TAG_SNOOZE][:64]!r}: gpufinops leaves that tag as it is (on EC2 "
+                           f"only a person changes or ends a snooze tag) and, unless the tag's snooze already lasts "
+                           f"that long, keeps the instance running until {request.until} by its own record (no "
+                           f"warning, no stop before then); other tools see only the tag",
+                      (click.channel_id, click.user_id))
     return Answer(200, f"snooze until {request.until} requested")
 
 

@@ -411,6 +411,24 @@ def test_cli_flags_and_env_defaults(monkeypatch, fake_smi):
         build_agent(_parser().parse_args(["agent", "--hostname", "h"]))
 
 
+def test_the_agent_listens_on_loopback_unless_told(monkeypatch, fake_smi):
+    # /metrics names the host, its GPUs and processes: another machine reaches it only when the bind is said.
+    from gpufinops.agent import exporter
+
+    monkeypatch.delenv("GPUFINOPS_AGENT_ADDRESS", raising=False)
+    args = _parser().parse_args(["agent", "--hostname", "h"])
+    assert args.address == "127.0.0.1" == exporter.DEFAULT_ADDRESS
+    running = start(Agent(HostIdentity("h"), reader=NvidiaSmiReader(str(fake_smi.path), 20)), port=0, sample=False)
+    try:
+        assert running.server.server_address[0] == "127.0.0.1"
+        assert get(running.port, "/metrics")[0] == 200
+    finally:
+        running.close()
+    monkeypatch.setenv("GPUFINOPS_AGENT_ADDRESS", "0.0.0.0")  # deploy/systemd/agent.env says it explicitly
+    assert _parser().parse_args(["agent", "--hostname", "h"]).address == "0.0.0.0"
+    assert _parser().parse_args(["agent", "--hostname", "h", "--address", "10.0.1.2"]).address == "10.0.1.2"
+
+
 def test_cli_reader_auto_uses_nvidia_smi_without_nvml_and_nvml_fails_clearly(monkeypatch, fake_smi, capsys):
     import pynvml
 

@@ -8,17 +8,21 @@ StopInstances per intent" is checked on the wire, and moto says whether the inst
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from gpufinops.agent.autostop.cli import maybe_start_autostop
 from gpufinops.agent.autostop.machine import MoveKind
+from gpufinops.agent.autostop.settings import load_autostop_settings
 from gpufinops.agent.autostop.stopper import imds_identity
+from gpufinops.model import TAG_MARKED
 from gpufinops.cli.app import build_parser
 from tests.agent.test_autostop_loop import Host
 
 TOKEN = "AQAEAtest-token=="
+DEPLOY_SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 
 
 class Imds:
@@ -110,7 +114,7 @@ def test_a_refused_stop_instances_cancels_and_alerts(host, aws, fault_proxy, imd
     (instance_id,) = aws.launch("g5.xlarge")
     imds.instance_id = instance_id
     fault_proxy.fail("StopInstances", Fault.error(403, "UnauthorizedOperation"))
-    host.write_settings(f"imds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    host.write_settings(f"stop_method: ec2\nimds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
     host.start()
     host.until(MoveKind.WARN)
     host.sample()
@@ -181,7 +185,7 @@ def test_a_lost_stop_answer_is_read_back_through_the_services_ec2_client(host, a
     (instance_id,) = aws.launch("g5.xlarge")
     imds.instance_id = instance_id
     fault_proxy.fail("StopInstances", Fault.error(500, "InternalError", forward=True))
-    host.write_settings(f"imds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    host.write_settings(f"stop_method: ec2\nimds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
     host.start()
     host.until(MoveKind.WARN)
     host.sample()
@@ -198,7 +202,7 @@ def test_an_unknown_stop_outcome_is_said_and_never_retried(host, aws, fault_prox
     (instance_id,) = aws.launch("g5.xlarge")
     imds.instance_id = instance_id
     fault_proxy.fail("StopInstances", Fault.error(500, "InternalError", forward=False))
-    host.write_settings(f"imds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    host.write_settings(f"stop_method: ec2\nimds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
     host.start()
     host.until(MoveKind.WARN)
     host.sample()
@@ -206,3 +210,89 @@ def test_an_unknown_stop_outcome_is_said_and_never_retried(host, aws, fault_prox
         host.sample()
     assert fault_proxy.requests["StopInstances"] == 1 and aws.state(instance_id) == "running"
     assert any("stop outcome unknown" in w and "request may be in flight" in w for w in host.walls())
+
+
+# ---------------------------------------------------------------------- issue 35: the metadata address, the mark
+
+
+def test_without_ec2_self_stop_the_metadata_address_is_never_contacted(host, imds, caplog):
+    # The default stop method (and the shipped settings') is the stop command: nothing goes to the metadata
+    # address; the stand-in records every request it gets. The log says so.
+    host.write_settings(f"imds_url: {imds.url}\n")  # no stop_method: the default
+    with caplog.at_level("INFO", logger="gpufinops.autostop"):
+        loop = host.start()
+    assert not loop.host.on_ec2 and loop.stopper.describe.startswith("command ")
+    host.until(MoveKind.WARN)
+    assert imds.requests == []
+    assert "the EC2 instance metadata address is not contacted" in caplog.text
+    shipped = load_autostop_settings(DEPLOY_SYSTEMD / "autostop.yaml")
+    assert shipped.stop_method == "command" and shipped.imds_url == "http://169.254.169.254"
+    # Asked for, it is contacted (so the stand-in above would have seen a request).
+    host.loop.buffer.close()
+    host.write_settings(f"stop_method: auto\nimds_url: {imds.url}\n")
+    with caplog.at_level("INFO", logger="gpufinops.autostop"):
+        host.start()
+    assert imds.requests and f"asking the EC2 instance metadata at {imds.url}" in caplog.text
+
+
+def _reboot(host) -> None:
+    """The host booted again: /proc/stat's btime moves (the autostop loop's notion of a boot)."""
+    host.clock.t += 600
+    (host.proc / "stat").write_text(f"cpu 1 2 3\nbtime {int(host.clock.t - 60)}\n")
+
+
+def test_at_boot_the_agent_withdraws_the_services_stop_mark_once(host, aws, fault_proxy, imds):
+    # A person stopped and started the machine while the central service's stop was announced (the mark tag
+    # survives a stop/start): at boot the agent removes the mark through its own EC2 client, so the service's
+    # stop, even one still in flight, is refused by the shipped IAM policy. Once per boot: an agent restart on
+    # the same boot leaves a new mark alone.
+    (iid,) = aws.launch("g5.xlarge", tags={"gpufinops:allow-stop": "true", TAG_MARKED: "2026-12-07T10:00:00Z"})
+    imds.instance_id = iid
+    host.write_settings(f"stop_method: ec2\nimds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    host.start()
+    assert TAG_MARKED not in aws.tags(iid) and aws.tags(iid)["gpufinops:allow-stop"] == "true"
+    assert fault_proxy.requests["DeleteTags"] == 1 and aws.state(iid) == "running"
+    host.loop.buffer.close()
+
+    aws.client("ec2").create_tags(Resources=[iid], Tags=[{"Key": TAG_MARKED, "Value": "2026-12-07T11:00:00Z"}])
+    host.start()  # the agent restarted (Restart=on-failure), same boot: the service's new mark stands
+    assert aws.tags(iid)[TAG_MARKED] == "2026-12-07T11:00:00Z" and fault_proxy.requests["DeleteTags"] == 1
+    host.loop.buffer.close()
+
+    _reboot(host)
+    host.start()
+    assert TAG_MARKED not in aws.tags(iid) and fault_proxy.requests["DeleteTags"] == 2
+    host.loop.buffer.close()
+
+    _reboot(host)  # no mark: nothing to remove, no DeleteTags sent
+    host.start()
+    assert fault_proxy.requests["DeleteTags"] == 2
+
+
+@pytest.mark.parametrize("settings, dry_run", [("stop_method: command\n", False),
+                                               ("stop_method: ec2\nunmark_at_boot: false\n", False),
+                                               ("stop_method: ec2\n", True)])
+def test_the_mark_is_withdrawn_only_when_configured_and_live(host, aws, fault_proxy, imds, settings, dry_run, caplog):
+    (iid,) = aws.launch("g5.xlarge", tags={TAG_MARKED: "2026-12-07T10:00:00Z"})
+    imds.instance_id = iid
+    host.write_settings(f"{settings}imds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    with caplog.at_level("INFO", logger="gpufinops.autostop"):
+        host.start(**({"dry_run": True} if dry_run else {}))
+    assert aws.tags(iid)[TAG_MARKED] == "2026-12-07T10:00:00Z" and fault_proxy.requests["DeleteTags"] == 0
+    assert ("dry-run: would remove gpufinops:marked-for-stop" in caplog.text) is dry_run
+
+
+def test_a_refused_withdrawal_is_logged_and_tried_again_at_the_next_start(host, aws, fault_proxy, imds, caplog):
+    from tests.motoserver import Fault
+
+    (iid,) = aws.launch("g5.xlarge", tags={TAG_MARKED: "2026-12-07T10:00:00Z"})
+    imds.instance_id = iid
+    fault_proxy.fail("DeleteTags", Fault.error(403, "UnauthorizedOperation"))  # an older iam-self-stop.json
+    host.write_settings(f"stop_method: ec2\nimds_url: {imds.url}\nec2_endpoint_url: {fault_proxy.endpoint_url}\n")
+    with caplog.at_level("ERROR", logger="gpufinops.autostop"):
+        loop = host.start()  # the agent starts all the same
+    assert loop.host.on_ec2 and TAG_MARKED in aws.tags(iid)
+    assert "could not be withdrawn" in caplog.text and "UnauthorizedOperation" in caplog.text
+    host.loop.buffer.close()
+    host.start()
+    assert TAG_MARKED not in aws.tags(iid) and fault_proxy.requests["DeleteTags"] == 2

@@ -362,6 +362,10 @@ def test_shipped_autostop_settings_load_and_the_unit_runs_unprivileged():
     env = dict(line.split("=", 1) for line in (DEPLOY / "agent.env").read_text().splitlines()
                if "=" in line and not line.startswith("#"))
     assert env["GPUFINOPS_AGENT_AUTOSTOP_LIVE"] == "0"
+    # Prometheus scrapes this host from another machine: the bind is said, the code's default is loopback.
+    assert env["GPUFINOPS_AGENT_ADDRESS"] == "0.0.0.0"
+    # EC2 self-stop (and so any request to the metadata address) is an explicit choice, not the shipped default.
+    assert settings.stop_method == "command" and load_autostop_settings(None).stop_method == "command"
 
 
 def test_dry_run_is_the_services_name_and_live_a_deprecated_alias(tmp_path, caplog):

@@ -56,9 +56,9 @@ def test_stop_and_terminate_need_opt_in_and_the_mark_and_no_protect(tags, stop, 
     ([model.TAG_MARKED], ALLOW, ALLOW),
     ([model.TAG_STOPPED_BY, model.TAG_STOPPED_REASON], ALLOW, ALLOW),
     ([model.TAG_STOP_REQUESTED], ALLOW, ALLOW),
-    ([model.TAG_SNOOZE], ALLOW, DENY),  # the Snooze button writes it; only a person removes it
+    ([model.TAG_SNOOZE], ALLOW, DENY),  # the Snooze button writes it where none is set; only a person removes it
     (["GPUFINOPS:SNOOZE-UNTIL"], IMPLICIT_DENY, DENY),
-    ([model.TAG_MARKED, model.TAG_SNOOZE], ALLOW, DENY),
+    ([model.TAG_MARKED, model.TAG_SNOOZE], IMPLICIT_DENY, DENY),  # a snooze is written alone, by its own statement
     ([model.TAG_PROTECT], DENY, DENY),
     (["GPUFINOPS:Protect"], DENY, DENY),
     ([model.TAG_MARKED, model.TAG_PROTECT], DENY, DENY),
@@ -77,6 +77,40 @@ def test_tag_writes_of_each_key(keys, create, delete):
                     request_tags=iampolicy.request_tag_keys(keys)).effect == delete, keys
     # The terminate file grants no tag writes of its own.
     assert evaluate(TERMINATE_ONLY, "ec2:CreateTags", ARN, request_tags={k: "v" for k in keys}).effect == IMPLICIT_DENY
+
+
+SNOOZED = {OPT_IN: "true", **MARK, model.TAG_SNOOZE: "2026-01-01T12:00:00Z"}
+
+
+@pytest.mark.parametrize("tags, create", [
+    ({OPT_IN: "true", **MARK}, ALLOW),  # the first click: no snooze on the instance yet
+    ({OPT_IN: "true"}, ALLOW),
+    ({}, ALLOW),  # a snooze only keeps an instance running: no opt-in needed to write one
+    (SNOOZED, DENY),  # a second click, or an attempt to end a person's snooze with a past time: refused
+    ({**SNOOZED, model.TAG_SNOOZE: "2000-01-01T00:00:00Z"}, DENY),  # an expired one is a person's to change too
+    ({**SNOOZED, model.TAG_SNOOZE: ""}, DENY),  # present with an empty value: Null is false
+])
+def test_a_snooze_is_written_only_where_none_is_set(tags, create):
+    for value in ("2000-01-01T00:00:00Z", "2099-01-01T00:00:00Z"):  # the value written does not matter
+        decision = evaluate(POLICY, "ec2:CreateTags", ARN, resource_tags=tags, request_tags={model.TAG_SNOOZE: value})
+        assert decision.effect == create, (tags, value)
+        if create == DENY:
+            assert decision.statements == ("NeverRewriteASnooze",)
+        # In any letter case of the key the request names, never over an existing snooze.
+        assert evaluate(POLICY, "ec2:CreateTags", ARN, resource_tags=tags,
+                        request_tags={"GPUFINOPS:Snooze-Until": value}).effect != ALLOW
+    # ... and never removed, set or not.
+    assert evaluate(POLICY, "ec2:DeleteTags", ARN, resource_tags=tags,
+                    request_tags=iampolicy.request_tag_keys([model.TAG_SNOOZE])).effect == DENY
+
+
+def test_the_snooze_fence_does_not_touch_the_other_tag_writes():
+    # An instance with a snooze still gets its mark removed, and its stop record written.
+    for keys in ([model.TAG_MARKED], [model.TAG_STOPPED_BY, model.TAG_STOPPED_REASON]):
+        assert evaluate(POLICY, "ec2:CreateTags", ARN, resource_tags=SNOOZED,
+                        request_tags={k: "v" for k in keys}).effect == ALLOW
+        assert evaluate(POLICY, "ec2:DeleteTags", ARN, resource_tags=SNOOZED,
+                        request_tags=iampolicy.request_tag_keys(keys)).effect == ALLOW
 
 
 def test_reads_and_what_the_policy_never_grants():
@@ -116,6 +150,17 @@ def test_reads_and_what_the_policy_never_grants():
     ({"StringEquals": {"aws:RequestTag/k": "v"}}, {}, {"k": "v"}, True),
     ({"StringEquals": {"aws:RequestTag/k": "v"}}, {}, {"k": None}, False),  # DeleteTags carries no value
     ({"StringEquals": {"AWS:RESOURCETAG/a": "x"}}, {"a": "x"}, None, True),  # key names: any case
+    ({"Null": {"aws:ResourceTag/a": "true"}}, {}, None, True),  # Null on a resource tag: is it absent?
+    ({"Null": {"aws:ResourceTag/a": "true"}}, {"a": "x"}, None, False),
+    ({"Null": {"aws:ResourceTag/a": "true"}}, {"a": ""}, None, False),  # an empty value is a present key
+    ({"Null": {"aws:ResourceTag/a": "false"}}, {"a": ""}, None, True),
+    ({"Null": {"ec2:ResourceTag/a": "false"}}, {}, None, False),
+    ({"Null": {"aws:ResourceTag/a": "true", "aws:TagKeys": "false"}}, {}, {"k": "v"}, True),  # keys ANDed
+    ({"Null": {"aws:ResourceTag/a": "true", "aws:TagKeys": "false"}}, {"a": "x"}, {"k": "v"}, False),
+    ({"Null": {"aws:ResourceTag/a": "true", "aws:TagKeys": "false"}}, {}, None, False),
+    ({"Null": {"aws:RequestTag/k": "false"}}, {}, {"k": "v"}, True),
+    ({"Null": {"aws:ResourceTag/a": ["true"]}}, {}, None, True),  # a one-element list is the same value
+    ({"Null": {"aws:ResourceTag/a": True}}, {}, None, True),  # JSON true: the string "true"
 ])
 def test_condition_semantics(condition, tags, request_tags, allowed):
     policy = {"Version": "2012-10-17", "Statement": [_stmt(condition=condition)]}

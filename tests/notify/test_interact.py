@@ -199,6 +199,35 @@ def test_forged_stale_replayed_and_unauthorised_clicks_change_nothing(world, cas
     assert any("refused" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("minutes", [-600, 30])  # a snooze a person set that has ended; one that ends too soon
+def test_a_second_snooze_click_never_rewrites_the_tag_and_holds_from_the_record(world, minutes):
+    # The IAM policy lets gpufinops write gpufinops:snooze-until only where none is set (so it can never end a
+    # person's snooze): a click on an instance that carries one is held from gpufinops's own record, and the
+    # clicker is told exactly that, privately.
+    person_set = (world.clock.now + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    world.cloud._replace("i-00", tags={**world.cloud.get("i-00").tags, TAG_SNOOZE: person_set})
+    if minutes < 0:
+        world.tick()  # the old snooze is over: marked, warned
+    clicked_at = world.clock.now
+    body = click_body("U0ADMIN001", "gpufinops_snooze_2h", "i-00")
+    status, text = world.post(body, signed(body, clicked_at))
+    until = (clicked_at + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert status == 200 and until in text and "leaves that tag as it is" in text and "own record" in text
+    [told] = [c for c in world.stub.calls if c.method == "chat.postEphemeral"]
+    assert told.body["user"] == "U0ADMIN001" and "only a person changes" in told.body["text"]
+    tag_calls = [c for c in world.cloud.calls if c[0] == "set_tags"]
+    for _ in range(110):  # past the old snooze and the 15-minute lead, short of the 2 h clicked for
+        world.tick()
+    assert world.stops() == [] and world.cloud.get("i-00").state == "running"
+    assert world.cloud.get("i-00").tags[TAG_SNOOZE] == person_set  # never rewritten
+    assert len([c for c in world.cloud.calls if c[0] == "set_tags"]) == len(tag_calls)
+    [row] = world.store.action_rows(kinds=[ActionKind.SNOOZE])
+    assert row.status == "done" and until in row.reason and "own record" in row.reason and person_set in row.reason
+    for _ in range(40):  # the 2 h are over: idle again, a fresh warning and its full lead, then the stop
+        world.tick()
+    assert len(world.stops()) == 1
+
+
 def test_a_click_while_the_instance_cannot_be_read_stores_nothing(world):
     world.tick()
     world.cloud.describe_fails = True

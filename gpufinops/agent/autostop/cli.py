@@ -137,6 +137,7 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     from ...config import ConfigError
     from ...rules import load_rules
     from .buffer import RingBuffer
+    from .guards import boot_time
     from .loop import Announcer, AutostopLoop, HostPaths, LocalHost
     from .settings import load_autostop_settings
     from .stopper import CommandStopper, Ec2Stopper, imds_identity
@@ -144,7 +145,14 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     settings = settings or load_autostop_settings(args.autostop_config)
     rules = load_rules(rule_paths(args))
     dry_run = settings.dry_run and not args.autostop_live
-    identity = None if settings.stop_method == "command" else imds_identity(settings.imds_url)
+    if settings.stop_method == "command":
+        log.info("autostop: stop_method command: the EC2 instance metadata address is not contacted (set "
+                 "stop_method: ec2 for EC2 self-stop)")
+        identity = None
+    else:
+        log.info("autostop: stop_method %s: asking the EC2 instance metadata at %s who this host is",
+                 settings.stop_method, settings.imds_url)
+        identity = imds_identity(settings.imds_url)
     if settings.stop_method == "ec2" and identity is None:
         raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'ec2', but no EC2 instance metadata answered at "
                           f"{settings.imds_url}")
@@ -155,8 +163,11 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     else:
         stopper = None
     if not dry_run and stopper is None:
+        how = ("stop_method is command (the default)" if settings.stop_method == "command"
+               else "no EC2 instance metadata answered")
         raise ConfigError(f"{args.autostop_config or '--autostop-config'}: key 'stop_command': live autostop needs a way "
-                          f"to stop this host: not on EC2, so set stop_command, e.g. [systemctl, poweroff]")
+                          f"to stop this host: {how}, so set stop_command, e.g. [systemctl, poweroff], or "
+                          f"stop_method: ec2 on EC2")
     hostname = agent.host.hostname
     host = LocalHost(
         instance_id=identity.instance_id if identity else (agent.host.instance_id or hostname),
@@ -165,12 +176,41 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
         tags=settings.host_tags)
     catalog, catalog_problem = estimate_catalog(settings)
     buffer = RingBuffer(args.autostop_db)
+    host_paths = paths or HostPaths(snooze=args.snooze_file)
+    if isinstance(stopper, Ec2Stopper) and settings.unmark_at_boot:
+        withdraw_service_mark_at_boot(stopper, buffer, boot_time(host_paths.proc), dry_run=dry_run)
     slack = _slack_notifier(settings, Path(args.autostop_db).with_name("agent-slack.db"))
     loop = AutostopLoop(rules=rules, settings=settings, buffer=buffer, host=host, stopper=stopper,
                         announcer=Announcer(settings.wall_command, slack), interval_s=agent.interval_s, dry_run=dry_run,
-                        paths=paths or HostPaths(snooze=args.snooze_file), clock=clock, catalog=catalog,
+                        paths=host_paths, clock=clock, catalog=catalog,
                         catalog_problem=catalog_problem)
     return loop
+
+
+UNMARKED_BOOT_KEY = "service_mark_withdrawn_at_boot"
+
+
+def withdraw_service_mark_at_boot(stopper, buffer, booted_at: float | None, *, dry_run: bool) -> None:
+    """Once per boot of this host (its /proc/stat boot time, remembered in the ring buffer's state; an agent restart
+    on the same boot does nothing), remove the central service's stop mark from this instance: a machine that
+    booted was started by a person or its provisioning, which cancels the stop announced before. The agent's
+    first start on a host counts as a boot (it cannot know when the mark was set): a cancel, never a stop.
+    Not done (logged) when it cannot be read or refused: the next start of the agent on this boot tries again.
+    In dry-run (the agent's own, as for its stop) nothing is removed: the log says what would be."""
+    from .loop import BOOT_TIME_JITTER_S
+
+    booted = booted_at or 0.0
+    done = buffer.load_state(UNMARKED_BOOT_KEY)
+    if done is not None and abs(float(done.get("boot_time", -1e18)) - booted) <= BOOT_TIME_JITTER_S:
+        return
+    outcome = stopper.withdraw_service_mark(dry_run=dry_run)
+    if outcome.ok is True:
+        buffer.save_state(UNMARKED_BOOT_KEY, {"boot_time": booted})
+        log.info("autostop: at boot: %s (a restart cancels a stop gpufinops announced before it; with the mark gone "
+                 "AWS refuses such a stop still in flight)", outcome.reason)
+    else:
+        log.error("autostop: at boot, the gpufinops stop mark could not be withdrawn: %s (tried again at the "
+                  "agent's next start on this boot)", outcome.reason)
 
 
 def estimate_catalog(settings: AutostopSettings):

@@ -5,7 +5,7 @@ command name looked up on PATH, the rest plain strings. Nothing read from a GPU,
 an argv; only this file does.
 
     dry_run: true                    # the service's name (act.dry_run); false (or --autostop-live) acts
-    stop_method: auto                # auto: EC2 StopInstances when IMDS answers, else stop_command
+    stop_method: command             # ec2: StopInstances on its own id (IMDS); auto: ec2 when IMDS answers
     stop_command: [systemctl, poweroff]
     pre_stop_hook: {argv: [/usr/local/bin/save-checkpoint], timeout: 2m}
     block_if_input_within: 30m       # a logged-in session with input this recent blocks a stop
@@ -119,7 +119,9 @@ class AutostopSettings(StrictModel):
     # The service's flag and name (act.dry_run): dry-run unless false. `live:` is its deprecated old name, read by
     # load_autostop_settings (`live: true` is `dry_run: false`), with a warning.
     dry_run: bool = True
-    stop_method: Literal["auto", "ec2", "command"] = "auto"
+    # The instance metadata address (imds_url) is contacted only when EC2 self-stop is asked for (ec2, or auto:
+    # ec2 when it answers): by default the agent sends nothing to 169.254.169.254.
+    stop_method: Literal["auto", "ec2", "command"] = "command"
     stop_command: tuple[str, ...] | None = None
     stop_timeout: int = 60  # seconds a stop command may take
     pre_stop_hook: HookSettings | None = None
@@ -133,6 +135,10 @@ class AutostopSettings(StrictModel):
     unknown_grace: int = DEFAULT_UNKNOWN_GRACE_S  # seconds
     wall_command: tuple[str, ...] = ("wall",)  # argv before the message
     imds_url: str = DEFAULT_IMDS_URL
+    # With EC2 self-stop (stop_method ec2, or auto on EC2), live: remove the central service's stop mark
+    # (gpufinops:marked-for-stop) from this instance once per boot, so a person's stop+start cancels its stop
+    # at the cloud (docs/deploy.md). Needs DeleteTags of that one key (deploy/systemd/iam-self-stop.json).
+    unmark_at_boot: bool = True
     # Extra endpoint for EC2 (a VPC endpoint; moto in tests).
     ec2_endpoint_url: str | None = None
     slack: SlackSettings | None = None

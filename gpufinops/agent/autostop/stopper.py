@@ -111,6 +111,30 @@ class Ec2Stopper:
             return None
         return found[0].state if found else "gone"
 
+    def withdraw_service_mark(self, dry_run: bool = False) -> StopOutcome:
+        """Remove the central service's mark (`gpufinops:marked-for-stop`) from this instance, read first: one
+        DeleteTags, only when the mark is there. Run once per boot (cli.withdraw_service_mark_at_boot): a person
+        who stopped and started the machine cancelled the stop it announced, and with the mark gone the shipped
+        IAM policy refuses a StopInstances of the service still in flight (docs/deploy.md)."""
+        from ...model import TAG_MARKED
+
+        iid = self.identity.instance_id
+        try:
+            found = self.cloud.describe([iid])
+        except Exception as exc:  # noqa: BLE001 - reported, never raised into the agent's start
+            return StopOutcome(None, f"{iid} could not be read: {str(exc)[:200]}")
+        if not found or TAG_MARKED not in found[0].tags:
+            return StopOutcome(True, f"{iid} carries no {TAG_MARKED}")
+        value = found[0].tags[TAG_MARKED]
+        if dry_run:  # the agent's dry-run changes nothing, this tag included: it says what it would do
+            return StopOutcome(True, f"dry-run: would remove {TAG_MARKED}={value[:64]!r} from {iid}")
+        try:
+            self.cloud.remove_tags(found[0], [TAG_MARKED])
+        except Exception as exc:  # noqa: BLE001 - as above; Ec2Cloud sent it once and says whether it was refused
+            return StopOutcome(False if getattr(exc, "definite", False) else None,
+                               f"DeleteTags {TAG_MARKED} on {iid} failed: {str(exc)[:300]}")
+        return StopOutcome(True, f"removed {TAG_MARKED}={value[:64]!r} from {iid}")
+
     def stop(self) -> StopOutcome:
         from ...act.plan import STOPPED_STATES, TERMINATED_STATES
 
