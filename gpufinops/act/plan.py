@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Sequence
 
 # No I/O, no third-party import: the agent's import stays light.
-from ..k8s.model import NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
+from ..k8s.model import NODE_CORDONED_BY_OTHERS, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
 
@@ -119,6 +119,11 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
 LATE_STOP_LIMIT_S = 600
 
 
+# Why a mark on a GPU node someone else cordoned is withdrawn (and the words of its "cordon cancelled" notice).
+NODE_CORDONED_ELSEWHERE = ("the node was cordoned by someone else (spec.unschedulable set, not by gpufinops): "
+                           "their cordon stands and gpufinops changes nothing more on it")
+
+
 # Instance states that mean a stop (or terminate) went through.
 STOPPED_STATES = ("stopping", "stopped")
 
@@ -196,6 +201,12 @@ def plan(
 
     `opt_in_missing`: why the instance may not be stopped for want of the opt-in tag (`opt_in_gap`), "" when
     it is opted in."""
+    if inst.instance_id.startswith(NODE_ID_PREFIX) and inst.state == NODE_CORDONED_BY_OTHERS:
+        # Someone else cordoned the node: theirs to undo, never gpufinops' to act on. A mark of ours on it is
+        # withdrawn and its warning told so (as when a person removes the mark), never left to outlive its time.
+        if mark:
+            return Intent(ActionKind.UNMARK, NODE_CORDONED_ELSEWHERE, decision)
+        return Intent(None, NODE_CORDONED_ELSEWHERE, decision)
     if inst.is_protected:
         if mark:
             return Intent(ActionKind.UNMARK, f"protected by tag {TAG_PROTECT}={inst.tags[TAG_PROTECT]!r}", decision)

@@ -487,15 +487,17 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
 
 
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Notice:
-    """The pending stop is off: the instance became active, was snoozed or protected."""
+    """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
+    cordon: also when someone else cordoned it)."""
     why = _v(reason, MAX_REASON)
-    text = (f"Stop cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
-            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later stop comes with a "
+    stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
+    text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
+            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
             f"new warning first.")
     return _notice(
         f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled",
-        title=f"Stop cancelled: {_clip_raw(inst.instance_id, 40)}",
-        lead=f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
+        title=f"{stop.capitalize()} cancelled: {_clip_raw(inst.instance_id, 40)}",
+        lead=f"The {stop} planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
         facts=(
             *_who_and_where(inst)[:4],
             ("Marked at", _slack_date(marked_at)),
