@@ -17,7 +17,7 @@ import re
 import shlex
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..config import SLACK_USER_ID
 from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, NODE_ID_PREFIX, PRE_SUSPEND_ANNOTATION,
@@ -541,12 +541,15 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
 
 def metrics_unavailable(
     affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str,
-    key: str | None = None,
+    key: str | None = None, marked: Collection[str] = (),
 ) -> Notice:
     """One alert per outage episode; the instances are UNKNOWN, which is never idle.
 
     `key`: the idempotency key when the caller tracks episodes per instance (pipeline.alert_missing_data
-    passes one per set of newly unavailable instances); default one per episode start."""
+    passes one per set of newly unavailable instances); default one per episode start. `marked`: the ids of those
+    already marked for a stop (warned): their stop is held and, once metrics return, comes only after a new
+    warning with a full lead (what the act stage does: plan's `metrics_missing_since_mark`), so the alert says
+    that instead of "none of them is marked"."""
     n = len(affected)
     # The most expensive first: those are the ones whose blind spot costs most.
     ordered = sorted(affected, key=lambda p: (-(_cost(p[0], p[1]) or 0.0), p[0].instance_id))
@@ -556,8 +559,17 @@ def metrics_unavailable(
     breakdown = ", ".join(f"{words(code)}: {count}"
                           for code, count in sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
     noun = "instance" if n == 1 else "instances"
+    held = sorted({inst.instance_id for inst, _d in affected} & set(marked))
+    if held:
+        names = ", ".join(_v(i, 40) for i in held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        were, stops = ("was", "its stop is") if len(held) == 1 else ("were", "their stops are")
+        promise = (f"none of them is stopped or newly marked until metrics return. {names} {were} already marked "
+                   f"for a stop: {stops} held, and once metrics return a stop comes only after a new warning with a "
+                   f"full lead.")
+    else:
+        promise = "none of them is marked or stopped until metrics return."
     summary = (f"No usable GPU metrics for {n} {noun} since {_when(episode_start)}. They are judged UNKNOWN, "
-               "not idle: none of them is marked or stopped until metrics return.")
+               f"not idle: {promise}")
 
     lines = [
         f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
@@ -583,7 +595,7 @@ def metrics_unavailable(
         key or f"metrics-unavailable:{_stamp(episode_start)}", channel, _fallback_list(summary, text_lines, n),
         kind="metrics_unavailable", audience=("default",), title="GPU metrics unavailable",
         lead=(f"No usable GPU metrics for *{n}* {noun} since {_slack_date(episode_start)}. They are judged "
-              "*UNKNOWN*, not idle: none of them is marked or stopped until metrics return."),
+              f"*UNKNOWN*, not idle: {promise}"),
         facts=(("By reason", escape(breakdown)),) if breakdown else (),
         lines=tuple(lines), notes=tuple(notes))
 
