@@ -360,6 +360,8 @@ def mention_owner(notice: Notice, user_id: str) -> Notice:
     if not (SLACK_USER_ID.fullmatch(user_id or "") or SLACK_ID_ANSWERED.fullmatch(user_id or "")):
         return notice
     mention = f"<@{user_id}>"
+    if mention in notice.text:
+        return notice  # named already (the owner who clicked Restore): never twice in one line
     facts = tuple((label, mention if value == user_id else f"{mention} ({value})") if label == "Owner" else
                   (label, value) for label, value in notice.facts)
     suffix = f" (owner {mention})"
@@ -436,10 +438,13 @@ def is_stop_key_of(key: str, instance_id: str) -> bool:
 
 
 def restore_result(instance_id: str, target: str, status: str, *, replicas: int | None, who: str, detail: str,
-                   dry_run: bool, key: str, thread_key: str = "", channel: str = "") -> Notice:
+                   dry_run: bool, key: str, thread_key: str = "", channel: str = "", owner: str = "",
+                   team: str = "") -> Notice:
     """The one line a Restore click comes to, as a reply to the stop notice it was on. `target` is what
     `gpufinops k8s restore` takes (`NS/Kind/NAME`, `node/NAME`); `status` is act.restore.RestoreOutcome's;
-    `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not)."""
+    `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not).
+    `owner`, `team`: the subject's tags; an owner other than the clicker gets the line as the stop notice reached
+    them (notify/routing.py)."""
     by = _person(who)
     subject = f"`{_v(instance_id, 64)}`"
     parts = target.split("/")
@@ -468,8 +473,10 @@ def restore_result(instance_id: str, target: str, status: str, *, replicas: int 
                 f"if it is still not back in a few minutes, click Restore again.")
     else:  # failed, nothing_to_restore, or a wait that lasted too long
         text = f"Restore of {subject} clicked by {by} was not done: {_v(detail, MAX_REASON)}"
-    return _notice(key, channel, text, kind="restore", subject=instance_id, audience=("team",), dry_run=dry_run,
-                   thread_key=thread_key)
+    # The owner's routes, unless the owner is who clicked (they read the reply where they clicked).
+    to_owner = bool(owner.strip()) and owner.strip() != who
+    return _notice(key, channel, text, kind="restore", subject=instance_id, dry_run=dry_run, thread_key=thread_key,
+                   audience=("team", "owner") if to_owner else ("team",), owner=owner, team=team)
 
 
 def _person(who: str) -> str:

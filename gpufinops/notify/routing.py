@@ -3,7 +3,7 @@
 - team (and owner): the channel the configuration names for the subject (a rule's or budget's channel), else
   the team's (`slack.team_channels`), else `slack.default_channel`.
 - owner: every notice about an instance (its audience names "owner": the warning, "Stop cancelled", "Stopped",
-  a stop given up, "not stopped: not opted in", a notify-only idle notice) reaches its owner through the same
+  a stop given up, "not stopped: not opted in", a notify-only idle notice, a Restore click's result) reaches its owner through the same
   routes, computed once in `Deliveries.send`: in the channel the owner is mentioned (the owner tag a Slack user
   id, or an email Slack knows); with `slack.dm_owners` a Slack DM too; when Slack cannot reach the owner (no
   Slack token, or no Slack user with that email) and the owner tag is an email address, the owner gets it by
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufinops.notify")
 
+_DM_CONVERSATION = re.compile(r"D[A-Z0-9]{6,}")  # Slack's id of a direct-message conversation
 _ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
 
 
@@ -115,6 +116,8 @@ class Deliveries:
         else an email to the tag's address (when only an address is known). Each copy under its own key, and a
         follow-up (a cancel, a stop) under its warning's copy, never in the channel's thread."""
         if owner_id and self.settings.slack.dm_owners:
+            if _in_a_dm(notice.channel, owner_id):
+                return  # a reply in the owner's own DM (a click on the DM copy) reached them already
             self.chat.send(replace(chat_notice, key=f"dm:{notice.key}", channel=owner_id, audience=("person",),
                                    thread_key=_copy_key("dm", notice.thread_key)))
         elif address and not owner_id and self.email is not None:
@@ -148,6 +151,11 @@ class Deliveries:
 def _about_owner(notice: Notice) -> bool:
     """A notice about an instance with an owner: every such notice takes the owner's routes (mention, DM, email)."""
     return "owner" in notice.audience and bool(notice.owner.strip())
+
+
+def _in_a_dm(channel: str, owner_id: str) -> bool:
+    """Whether a notice's own channel is the owner's direct messages (their user id, or a `D…` conversation id)."""
+    return channel == owner_id or bool(_DM_CONVERSATION.fullmatch(channel or ""))
 
 
 def _copy_key(route: str, key: str) -> str:

@@ -146,3 +146,28 @@ def test_every_notice_about_an_instance_takes_its_warnings_routes(monkeypatch):
     # carl (only an address): both by email, the cancel's copy under the warning's copy
     assert [(n.kind, to) for n, to in email.sent] == [("warning", "carl@example.com"), ("cancelled", "carl@example.com")]
     assert email.sent[1][0].thread_key == email.sent[0][0].key
+
+
+def test_a_restore_result_reaches_the_owner_as_its_stop_notice_did(monkeypatch):
+    """The reply a Restore click comes to goes under the stop notice in the click's conversation, and to an owner
+    known only by address by email (under the stop notice's email); a reply in the owner's own DM is not copied
+    to that DM again."""
+    monkeypatch.setenv("GPUFINOPS_TEST_REACH_TOKEN", "xoxb-test")
+    settings = load_settings(slack={"token": {"env": "GPUFINOPS_TEST_REACH_TOKEN"}, "dm_owners": True})
+    chat, email = _Chat({"ana@example.com": "U0ANA00001"}), _Email()
+    router = Deliveries(chat, settings, email)
+
+    def reply(owner, channel):
+        return m.restore_result("k8s:ml/Deployment/infer", "ml/Deployment/infer", "restored", replicas=3,
+                                who="U0BOB00001", detail="", dry_run=False, key=f"restore:{owner}:{channel}",
+                                thread_key="stop:k8s:ml/Deployment/infer:x", channel=channel, owner=owner, team="ml")
+
+    assert router.send(reply("carl@example.com", "C0TEAM0001"))
+    assert [n.channel for n in chat.sent] == ["C0TEAM0001"]
+    [(copy, to)] = email.sent
+    assert to == "carl@example.com" and copy.thread_key == "email:stop:k8s:ml/Deployment/infer:x"
+    assert router.send(reply("ana@example.com", "D0ANA00001"))  # clicked in her DM copy: answered there, once
+    assert [n.channel for n in chat.sent] == ["C0TEAM0001", "D0ANA00001"] and len(email.sent) == 1
+    assert router.send(reply("ana@example.com", "C0TEAM0001"))  # clicked in the team's channel: her DM too
+    assert [n.channel for n in chat.sent][2:] == ["C0TEAM0001", "U0ANA00001"]
+    assert chat.sent[-1].thread_key == "dm:stop:k8s:ml/Deployment/infer:x"
