@@ -341,6 +341,19 @@ def test_plan_table(decision, mark, state, kind):
     assert isinstance(intent, Intent) and intent.kind == kind and intent.reason
 
 
+def test_plan_a_metrics_gap_since_the_mark_means_a_new_warning_and_a_node_cordoned_by_others_is_left():
+    """Issue 35: a mark whose instance lost metrics under any rule since is renewed, never stopped on; a marked
+    GPU node someone else cordoned has its mark withdrawn (and an unmarked one is left alone)."""
+    renewed = plan(INST, D_IDLE, MARK, None, T0, dry_run=False, metrics_missing_since_mark=True)
+    assert renewed.kind == ActionKind.UNMARK and "warning again" in renewed.reason
+    node = GpuInstance("k8s:node/gpu-1", "g5.xlarge", "us-east-1", "cordoned", T0 - timedelta(days=1),
+                       tags={TAG_MARKED: "x"}, provider="kubernetes")
+    node_mark = MarkRow(node.instance_id, "r", MARK.marked_at, MARK.stop_at, "idle", False, warned_at=MARK.warned_at)
+    withdrawn = plan(node, D_IDLE, node_mark, None, T0, dry_run=False)
+    assert withdrawn.kind == ActionKind.UNMARK and "cordoned by someone else" in withdrawn.reason
+    assert plan(node, D_IDLE, None, None, T0, dry_run=False).kind is None  # never marked: theirs
+
+
 def test_two_phase_stop_and_restart_on_postgres(tmp_path, fresh_postgres_db):
     w = World(tmp_path, url=fresh_postgres_db)
     w.tick()
