@@ -3,13 +3,13 @@
 - team (and owner): the channel the configuration names for the subject (a rule's or budget's channel), else
   the team's (`slack.team_channels`), else `slack.default_channel`.
 - owner: every notice about an instance (its audience names "owner": the warning, "Stop cancelled", "Stopped",
-  a stop given up, "not stopped: not opted in", a notify-only idle notice, a Restore click's result) reaches its owner through the same
-  routes, computed once in `Deliveries.send`: in the channel the owner is mentioned (the owner tag a Slack user
-  id, or an email Slack knows); with `slack.dm_owners` a Slack DM too; when Slack cannot reach the owner (no
-  Slack token, or no Slack user with that email) and the owner tag is an email address, the owner gets it by
-  email (`email:` settings). So an owner who got a warning by email also gets its "Stop cancelled" or "Stopped".
-  Without a Slack token, an owner with an address gets every notice about their instance by email *instead* of
-  the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
+  a stop given up, "not stopped: not opted in", a notify-only idle notice, a Restore click's result) reaches its
+  owner through the same routes, computed once in `Deliveries.send`: in the channel the owner is mentioned (the
+  owner tag a Slack user id, or an email Slack knows); with `slack.dm_owners` a Slack DM too; when Slack cannot
+  reach the owner (no Slack token, or no Slack user with that email) and the owner tag is an email address, the
+  owner gets it by email (`email:` settings). So an owner who got a warning by email also gets its "Stop
+  cancelled" or "Stopped". Without a Slack token, an owner with an address gets every notice about their instance
+  by email *instead* of the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
 - default: `slack.default_channel` (metrics alerts, the daily summary). finance: `email.finance` (the monthly
   report; see notify/__init__.py).
 

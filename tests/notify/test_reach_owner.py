@@ -144,7 +144,8 @@ def test_every_notice_about_an_instance_takes_its_warnings_routes(monkeypatch):
         ("cancelled", "#c", False), ("cancelled", "U0ANA00001", True)]
     assert to_ana[3].thread_key == f"dm:{to_ana[0].key}"
     # carl (only an address): both by email, the cancel's copy under the warning's copy
-    assert [(n.kind, to) for n, to in email.sent] == [("warning", "carl@example.com"), ("cancelled", "carl@example.com")]
+    assert [(n.kind, to) for n, to in email.sent] == [("warning", "carl@example.com"),
+                                                      ("cancelled", "carl@example.com")]
     assert email.sent[1][0].thread_key == email.sent[0][0].key
 
 
