@@ -92,6 +92,9 @@ TAG_MARK_REMOVED = "mark tag removed after the stop"
 TAG_STOPPED_BY_SET = "stopped-by tags"
 TAG_MOVED = "announced stop time moved"
 
+# kv key (+ instance id) = the mark's time, when some rule of the marked instance had no usable metrics since.
+METRICS_MISSING_SINCE_MARK = "metrics_missing_since_mark:"
+
 # A stop that failed this many times on one mark is given up for the idle episode (and said so).
 MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
@@ -180,15 +183,18 @@ class Actuator:
 
         intents: list[tuple[GpuInstance, Intent, MarkRow | None]] = []
         for inst in instances:
+            mark = self.store.get_mark(inst.instance_id)
+            # Noted even on a tick that does nothing else to the instance: the metrics alert of this tick says so.
+            metrics_missing = self._metrics_missing_since_mark(inst.instance_id, mark,
+                                                               by_instance.get(inst.instance_id, []))
             if inst.instance_id in unsettled:
                 log.warning("%s: an earlier change is not confirmed yet; nothing else is done to it until it is",
                             inst.instance_id)
                 continue
             decision = primary_decision(by_instance.get(inst.instance_id, []))
-            mark = self.store.get_mark(inst.instance_id)
             state = states.get((inst.instance_id, decision.rule_name)) if decision else None
             intent = plan(inst, decision, mark, state, ctx.now, ctx.dry_run, self._snooze(inst, ctx.now),
-                          opt_in_missing=self._opt_in_gap(inst))
+                          opt_in_missing=self._opt_in_gap(inst), metrics_missing_since_mark=metrics_missing)
             if intent.kind is not None or intent.deliver_warning:
                 intents.append((inst, intent, mark))
 
@@ -215,6 +221,21 @@ class Actuator:
         except Exception:  # noqa: BLE001 - a resend must not undo what this run recorded
             log.exception("re-sending failed notifications failed; next run tries again")
         return results
+
+    def _metrics_missing_since_mark(self, instance_id: str, mark: MarkRow | None,
+                                    decisions: Sequence[Decision]) -> bool:
+        """Whether any rule of this marked instance had no usable metrics since its mark (this tick or an earlier
+        one): the "No usable GPU metrics" alert (run/pipeline.alert_missing_data, the same test) tells its owner
+        that the stop is held and that a new warning comes first once metrics return. Kept in the store under the
+        mark's time, so it holds across ticks and restarts, and a later mark starts clean."""
+        if mark is None:
+            return False
+        key, value = METRICS_MISSING_SINCE_MARK + instance_id, _stamp(mark.marked_at)
+        seen = self.store.get_kv(key) == value
+        if not seen and any(d.code.is_missing_data for d in decisions):
+            self.store.set_kv(key, value)
+            seen = True
+        return seen
 
     def _opt_in_gap(self, inst: GpuInstance) -> str:
         return opt_in_gap(inst, self.settings.act.opt_in_tag, self.settings.act.opt_in_value)

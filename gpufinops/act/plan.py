@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Sequence
 
 # No I/O, no third-party import: the agent's import stays light.
-from ..k8s.model import NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
+from ..k8s.model import NODE_CORDONED_BY_OTHERS, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
 
@@ -119,6 +119,11 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
 LATE_STOP_LIMIT_S = 600
 
 
+# Why a mark on a GPU node someone else cordoned is withdrawn (and the words of its "cordon cancelled" notice).
+NODE_CORDONED_ELSEWHERE = ("the node was cordoned by someone else (spec.unschedulable set, not by gpufinops): "
+                           "their cordon stands and gpufinops changes nothing more on it")
+
+
 # Instance states that mean a stop (or terminate) went through.
 STOPPED_STATES = ("stopping", "stopped")
 
@@ -168,7 +173,8 @@ def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
 
     Missing data under any rule holds every stop of the instance (a rule whose window is longer than the
     instance's age does not: that is no outage): when one rule has no usable data the
-    "No usable GPU metrics" alert promises that nothing of it is marked or stopped, and another rule's
+    "No usable GPU metrics" alert promises that nothing of it is stopped or newly marked (and that a mark it
+    already has leads to a stop only after a new warning: plan's `metrics_missing_since_mark`), and another rule's
     IDLE (a longer window, other coverage) must not break that promise."""
     if not decisions:
         return None
@@ -191,11 +197,20 @@ def plan(
     dry_run: bool,
     snooze: Snooze | None = None,
     opt_in_missing: str = "",
+    metrics_missing_since_mark: bool = False,
 ) -> Intent:
     """What to do with one instance now. Pure: no I/O, no clock.
 
     `opt_in_missing`: why the instance may not be stopped for want of the opt-in tag (`opt_in_gap`), "" when
-    it is opted in."""
+    it is opted in. `metrics_missing_since_mark`: some rule of the instance had no usable metrics since it was
+    marked (the "No usable GPU metrics" alert named it): its stop is held, and once metrics return it is warned
+    again with a full lead, as that alert says, even when the marking rule's own verdict never broke."""
+    if inst.instance_id.startswith(NODE_ID_PREFIX) and inst.state == NODE_CORDONED_BY_OTHERS:
+        # Someone else cordoned the node: theirs to undo, never gpufinops' to act on. A mark of ours on it is
+        # withdrawn and its warning told so (as when a person removes the mark), never left to outlive its time.
+        if mark:
+            return Intent(ActionKind.UNMARK, NODE_CORDONED_ELSEWHERE, decision)
+        return Intent(None, NODE_CORDONED_ELSEWHERE, decision)
     if inst.is_protected:
         if mark:
             return Intent(ActionKind.UNMARK, f"protected by tag {TAG_PROTECT}={inst.tags[TAG_PROTECT]!r}", decision)
@@ -263,7 +278,7 @@ def plan(
         # warning with a fresh full lead), never "stop cancelled" followed by a new warning.
         return Intent(ActionKind.MARK, f"dry-run was switched off: the dry-run warning becomes a real one with a "
                                        f"fresh full lead: {decision.reason}", decision)
-    if state is not None and state.since > mark.marked_at:
+    if (state is not None and state.since > mark.marked_at) or metrics_missing_since_mark:
         # Missing data or a restart broke the idle streak after the warning: what the owner
         # was told no longer holds, so warn again rather than stop on a stale warning.
         return Intent(ActionKind.UNMARK, "not continuously idle since the warning (data missing or restarted "

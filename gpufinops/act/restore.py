@@ -229,7 +229,7 @@ def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, 
     subject to settle is kept for `CLICK_PATIENCE`; one that meets a lost lease is kept for the next leader."""
     if cloud is None:
         return []
-    _tell_settled(store, notifier)
+    _tell_settled(cloud, store, notifier)
     requests = interact.pending_restores(store)
     out = []
     for req in requests:
@@ -252,12 +252,12 @@ def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, 
         log.info("Restore clicked by %s on %s: %s", req.user_id, req.instance_id, outcome.message)
         if outcome.status == UNKNOWN:  # told again once its row is settled (_tell_settled, a later tick)
             interact.remember_unsettled_restore(store, req, target or req.instance_id)
-        _tell(req, outcome, target or req.instance_id, notifier)
+        _tell(req, outcome, target or req.instance_id, notifier, cloud)
         out.append(outcome)
     return out
 
 
-def _tell_settled(store, notifier) -> None:
+def _tell_settled(cloud: WorkloadCloud, store, notifier) -> None:
     """The clicks answered "not known yet" whose restore row reconcile has settled since (the act stage's
     reconcile runs earlier in the same tick): the outcome, once, as a second reply under the notice (its own key:
     a lost answer is looked up, never posted twice), the notice edited to say it, its button kept if not done."""
@@ -274,19 +274,32 @@ def _tell_settled(store, notifier) -> None:
                                                             f"{row.error.removeprefix('reconciled: ')}; click Restore "
                                                             f"again if it is still wanted", False,
                                      SETTLED_RESTORED if done else FAILED)
-            _tell(req, outcome, target, notifier, key_suffix=":settled")
+            _tell(req, outcome, target, notifier, cloud, key_suffix=":settled")
             log.info("Restore clicked by %s on %s settled: %s", req.user_id, req.instance_id, row.status)
         interact.forget_unsettled_restore(store, req.instance_id)
 
 
-def _tell(req: "interact.RestoreRequest", outcome: RestoreOutcome, target: str, notifier,
+def _owner_and_team(cloud: WorkloadCloud, instance_id: str) -> tuple[str, str]:
+    """The subject's owner and team tags as read now, so that the result reaches its owner by the routes its stop
+    notice took (notify/routing.py); ("", "") when it cannot be read: the reply under the notice still goes."""
+    try:
+        found = cloud.describe([instance_id])
+    except Exception as exc:  # noqa: BLE001 - a route, never a reason to leave the click unanswered
+        log.warning("the owner of %s could not be read for the Restore result: %s", instance_id, exc)
+        return "", ""
+    return (found[0].owner() or "", found[0].team() or "") if found else ("", "")
+
+
+def _tell(req: "interact.RestoreRequest", outcome: RestoreOutcome, target: str, notifier, cloud: WorkloadCloud,
           key_suffix: str = "") -> None:
     """The result, once: a reply under the notice the button was on, and that notice edited in place (its
-    button kept where a later click may still be needed). Cosmetic: never raises."""
+    button kept where a later click may still be needed); its owner told as the stop notice told them.
+    Cosmetic: never raises."""
+    owner, team = _owner_and_team(cloud, req.instance_id)
     notice = messages.restore_result(
         req.instance_id, target, outcome.status, replicas=outcome.replicas, who=req.user_id, detail=outcome.message,
         dry_run=outcome.dry_run, key=f"restore:{req.instance_id}:{req.requested_at}{key_suffix}",
-        thread_key=req.notice_key, channel=req.channel_id)
+        thread_key=req.notice_key, channel=req.channel_id, owner=owner, team=team)
     try:
         notifier.send(notice)
         notifier.show_restored(req, notice.text, keep_button=outcome.status in (FAILED, UNKNOWN, WAITING))

@@ -57,6 +57,7 @@ from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this m
     KUEUE_QUEUE_LABEL,
     KUEUE_SUSPEND_KINDS,
     MARK_ANNOTATION,
+    NODE_CORDONED_BY_OTHERS,
     NODE_ID_PREFIX,
     PRE_SUSPEND_ANNOTATION,
     REPLICAS_BEFORE_ANNOTATION,
@@ -563,7 +564,8 @@ def node_instance(node: NodeInfo, hourly_cost: float | None, *, drain_nodes: boo
     else:
         managed_by, advice = "", ""
     model, memory = node_gpu_fields(node)
-    state = "stopped" if cordoned_by_gpufinops(node) else "cordoned" if node.unschedulable else "running"
+    state = ("stopped" if cordoned_by_gpufinops(node) else NODE_CORDONED_BY_OTHERS if node.unschedulable
+             else "running")
     return GpuInstance(
         instance_id=node_id(node.name), instance_type=node.instance_type, region=node.region, state=state,
         launch_time=node.created, lifecycle=node.lifecycle, tags=tags, private_dns=node.name,
@@ -663,8 +665,21 @@ class NodeCloudMixin:
         if name is None:
             raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no node", definite=True)
         patch = annotation_patch(tags, self.protect_key)
-        obj = self._patch_node(name, lambda _obj: {"metadata": {"annotations": patch}})
-        if tags.get(TAG_MARKED):
+        wrote: list[bool] = []
+
+        def build(obj: dict) -> dict | None:
+            # Preconditioned on the resourceVersion read, like every other node write: a node changed in between
+            # (a person's cordon, another replica's write) is re-read once. Nothing to write (an annotation to
+            # remove that is gone already: a retry after a lost answer) is no PATCH at all.
+            meta = obj.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            if all(annotations.get(k) == v for k, v in patch.items()):
+                return None
+            wrote.append(True)
+            return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": patch}}
+
+        obj = self._patch_node(name, build)
+        if wrote and tags.get(TAG_MARKED):
             self._node_event(obj, EVENT_MARKED,
                              f"gpufinops: no GPU pod has run on this GPU node for the rule's window; it will be "
                              f"cordoned at {tags[TAG_MARKED]} (Karpenter / cluster-autoscaler then remove it) unless "

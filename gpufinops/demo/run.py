@@ -34,8 +34,8 @@ from ..store.store import Store
 TRACE_PATH = Path(__file__).resolve().parents[1] / "data" / "demo_trace_gentd26.csv.gz"
 TRACE_STEP_S = 57  # the GenTD26 sampling step
 DEMAND_PCT = 5.0  # a stopped instance whose trace shows more activity than this gets started again
-MAX_PRINTED_MESSAGES = 25
-QUICK_HOURS = 3.0  # `gpufinops demo --quick`: the first warning and stop of the default rule come at 03:27 / 03:38
+MAX_PRINTED_MESSAGES = 27
+QUICK_HOURS = 3.0  # `gpufinops demo --quick`: the first warning (03:12), its stop held by a metrics gap, renewed, 03:56
 
 # (instance type, tags) per pod, in trace order: a plausible mixed fleet.
 FLEET_SHAPES = [

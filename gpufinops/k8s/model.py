@@ -86,6 +86,9 @@ CORDONED_ANNOTATION = "gpufinops.io/cordoned-at"
 # (`tags: {"k8s:node": "*"}`; a label key cannot hold ':', so no node label collides).
 NODE_ID_PREFIX = "k8s:node/"
 TAG_NODE = "k8s:node"
+# The state of a GPU node someone else cordoned (spec.unschedulable without CORDONED_ANNOTATION): theirs, never
+# judged; a mark of gpufinops' on it is withdrawn (act.plan), since the cordon it announced is done by them.
+NODE_CORDONED_BY_OTHERS = "cordoned"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Time-slicing / MPS with the device plugin's `renameByDefault: true` advertises the replicas under this name.

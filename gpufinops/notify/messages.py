@@ -17,7 +17,7 @@ import re
 import shlex
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..config import SLACK_USER_ID
 from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, NODE_ID_PREFIX, PRE_SUSPEND_ANNOTATION,
@@ -360,6 +360,8 @@ def mention_owner(notice: Notice, user_id: str) -> Notice:
     if not (SLACK_USER_ID.fullmatch(user_id or "") or SLACK_ID_ANSWERED.fullmatch(user_id or "")):
         return notice
     mention = f"<@{user_id}>"
+    if mention in notice.text:
+        return notice  # named already (the owner who clicked Restore): never twice in one line
     facts = tuple((label, mention if value == user_id else f"{mention} ({value})") if label == "Owner" else
                   (label, value) for label, value in notice.facts)
     suffix = f" (owner {mention})"
@@ -436,11 +438,14 @@ def is_stop_key_of(key: str, instance_id: str) -> bool:
 
 
 def restore_result(instance_id: str, target: str, status: str, *, replicas: int | None, who: str, detail: str,
-                   dry_run: bool, key: str, thread_key: str = "", channel: str = "") -> Notice:
+                   dry_run: bool, key: str, thread_key: str = "", channel: str = "", owner: str = "",
+                   team: str = "") -> Notice:
     """The one line a Restore click comes to, as a reply to the stop notice it was on. `target` is what
     `gpufinops k8s restore` takes (`NS/Kind/NAME`, `node/NAME`); `status` is act.restore.RestoreOutcome's;
     `who` the clicking Slack user id (or a name); `detail` the restore's own words (an error, why not), said
-    without the API server's (or any) address: the log has the full text (act/restore.py)."""
+    without the API server's (or any) address: the log has the full text (act/restore.py).
+    `owner`, `team`: the subject's tags; an owner other than the clicker gets the line as the stop notice reached
+    them (notify/routing.py)."""
     by = _person(who)
     detail = without_endpoints(detail)
     subject = f"`{_v(instance_id, 64)}`"
@@ -470,8 +475,10 @@ def restore_result(instance_id: str, target: str, status: str, *, replicas: int 
                 f"if it is still not back in a few minutes, click Restore again.")
     else:  # failed, nothing_to_restore, or a wait that lasted too long
         text = f"Restore of {subject} clicked by {by} was not done: {_v(detail, MAX_REASON)}"
-    return _notice(key, channel, text, kind="restore", subject=instance_id, audience=("team",), dry_run=dry_run,
-                   thread_key=thread_key)
+    # The owner's routes, unless the owner is who clicked (they read the reply where they clicked).
+    to_owner = bool(owner.strip()) and owner.strip() != who
+    return _notice(key, channel, text, kind="restore", subject=instance_id, dry_run=dry_run, thread_key=thread_key,
+                   audience=("team", "owner") if to_owner else ("team",), owner=owner, team=team)
 
 
 def _person(who: str) -> str:
@@ -490,15 +497,17 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
 
 
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Notice:
-    """The pending stop is off: the instance became active, was snoozed or protected."""
+    """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
+    cordon: also when someone else cordoned it)."""
     why = _v(reason, MAX_REASON)
-    text = (f"Stop cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
-            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later stop comes with a "
+    stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
+    text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
+            f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
             f"new warning first.")
     return _notice(
         f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled",
-        title=f"Stop cancelled: {_clip_raw(inst.instance_id, 40)}",
-        lead=f"The stop planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
+        title=f"{stop.capitalize()} cancelled: {_clip_raw(inst.instance_id, 40)}",
+        lead=f"The {stop} planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
         facts=(
             *_who_and_where(inst)[:4],
             ("Marked at", _slack_date(marked_at)),
@@ -542,12 +551,15 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
 
 def metrics_unavailable(
     affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str,
-    key: str | None = None,
+    key: str | None = None, marked: Collection[str] = (),
 ) -> Notice:
     """One alert per outage episode; the instances are UNKNOWN, which is never idle.
 
     `key`: the idempotency key when the caller tracks episodes per instance (pipeline.alert_missing_data
-    passes one per set of newly unavailable instances); default one per episode start."""
+    passes one per set of newly unavailable instances); default one per episode start. `marked`: the ids of those
+    already marked for a stop (warned): their stop is held and, once metrics return, comes only after a new
+    warning with a full lead (what the act stage does: plan's `metrics_missing_since_mark`), so the alert says
+    that instead of "none of them is marked"."""
     n = len(affected)
     # The most expensive first: those are the ones whose blind spot costs most.
     ordered = sorted(affected, key=lambda p: (-(_cost(p[0], p[1]) or 0.0), p[0].instance_id))
@@ -557,8 +569,17 @@ def metrics_unavailable(
     breakdown = ", ".join(f"{words(code)}: {count}"
                           for code, count in sorted(by_code.items(), key=lambda kv: (-kv[1], kv[0])))
     noun = "instance" if n == 1 else "instances"
+    held = sorted({inst.instance_id for inst, _d in affected} & set(marked))
+    if held:
+        names = ", ".join(_v(i, 40) for i in held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        were, stops = ("was", "its stop is") if len(held) == 1 else ("were", "their stops are")
+        promise = (f"none of them is stopped or newly marked until metrics return. {names} {were} already marked "
+                   f"for a stop: {stops} held, and once metrics return a stop comes only after a new warning with a "
+                   f"full lead.")
+    else:
+        promise = "none of them is marked or stopped until metrics return."
     summary = (f"No usable GPU metrics for {n} {noun} since {_when(episode_start)}. They are judged UNKNOWN, "
-               "not idle: none of them is marked or stopped until metrics return.")
+               f"not idle: {promise}")
 
     lines = [
         f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
@@ -584,7 +605,7 @@ def metrics_unavailable(
         key or f"metrics-unavailable:{_stamp(episode_start)}", channel, _fallback_list(summary, text_lines, n),
         kind="metrics_unavailable", audience=("default",), title="GPU metrics unavailable",
         lead=(f"No usable GPU metrics for *{n}* {noun} since {_slack_date(episode_start)}. They are judged "
-              "*UNKNOWN*, not idle: none of them is marked or stopped until metrics return."),
+              f"*UNKNOWN*, not idle: {promise}"),
         facts=(("By reason", escape(breakdown)),) if breakdown else (),
         lines=tuple(lines), notes=tuple(notes))
 

@@ -2,17 +2,23 @@
 
 - team (and owner): the channel the configuration names for the subject (a rule's or budget's channel), else
   the team's (`slack.team_channels`), else `slack.default_channel`.
-- owner: a warning is also sent to the owner as a Slack DM (`slack.dm_owners`; the owner tag a Slack user id,
-  or an email Slack knows). When Slack cannot reach the owner (no Slack token, or no Slack user with that
-  email) and the owner tag is an email address, the owner gets it by email (`email:` settings).
-  Without a Slack token, an owner with an address gets every notice about their instance by email *instead* of
-  the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
+- owner: every notice about an instance (its audience names "owner": the warning, "Stop cancelled", "Stopped",
+  a stop given up, "not stopped: not opted in", a notify-only idle notice, a Restore click's result) reaches its
+  owner through the same routes, computed once in `Deliveries.send`: in the channel the owner is mentioned (the
+  owner tag a Slack user id, or an email Slack knows); with `slack.dm_owners` a Slack DM too; when Slack cannot
+  reach the owner (no Slack token, or no Slack user with that email) and the owner tag is an email address, the
+  owner gets it by email (`email:` settings). So an owner who got a warning by email also gets its "Stop
+  cancelled" or "Stopped". Without a Slack token, an owner with an address gets every notice about their instance
+  by email *instead* of the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
 - default: `slack.default_channel` (metrics alerts, the daily summary). finance: `email.finance` (the monthly
   report; see notify/__init__.py).
 
 `Deliveries.send()` answers for the notice's first destination (its key is the notice's own, so
 `Store.delivered_at(notice.key)` is that delivery); copies (a DM, an owner's email) are best effort, each
-exactly once under its own key (`dm:`, `email:` before the notice's key).
+exactly once under its own key (`dm:`, `email:` before the notice's key), a follow-up's copy threaded under its
+warning's copy. A warning's copy goes once the channel has it (its words say a stop time counted from that
+delivery); any other notice's copy goes whether or not the channel took it this time (the channel's retry
+resends the channel message alone, so a copy that waited for it would never go).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ log = logging.getLogger("gpufinops.notify")
 # Every other row is chat's (Slack or the outbox): what tells the two transports apart as sources in /readyz.
 MAILTO = "mailto:"
 
+_DM_CONVERSATION = re.compile(r"D[A-Z0-9]{6,}")  # Slack's id of a direct-message conversation
 _ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
 
 
@@ -86,15 +93,15 @@ class Deliveries:
     def send(self, notice: Notice) -> bool:
         if notice.actions and not self.settings.slack.interactive():
             notice = replace(notice, actions=())  # a button nobody's click can reach would promise nothing true
-        address = email_address(notice.owner) if "owner" in notice.audience else None
+        address = email_address(notice.owner) if _about_owner(notice) else None
         if address and self.email is not None and not self._chat_reaches_people():
             return self.email.send(notice, to=address)
         if "finance" in notice.audience and self.email is not None and self.settings.email.finance:
             return self.email.send(notice, to=self.settings.email.finance)
-        owner_id = self.owner_slack_id(notice, address) if notice.kind == "warning" else None
+        owner_id = self.owner_slack_id(notice, address) if _about_owner(notice) else None
         chat_notice = mention_owner(notice, owner_id) if owner_id else notice
         delivered = self.chat.send(replace(chat_notice, channel=chat_channel(notice, self.settings.slack)))
-        if delivered and notice.kind == "warning" and "owner" in notice.audience:
+        if _about_owner(notice) and (delivered or notice.kind != "warning"):
             self._copy_to_owner(notice, chat_notice, owner_id, address)
         return delivered
 
@@ -109,14 +116,17 @@ class Deliveries:
         return found if isinstance(found, str) and SLACK_ID_ANSWERED.fullmatch(found) else None
 
     def _copy_to_owner(self, notice: Notice, chat_notice: Notice, owner_id: str | None, address: str | None) -> None:
-        """The warning to its owner too: a Slack DM when Slack knows them and `dm_owners` is on, else an email
-        to the tag's address (when only an address is known)."""
-        if not notice.owner.strip():
-            return
+        """A notice about an instance to its owner too: a Slack DM when Slack knows them and `dm_owners` is on,
+        else an email to the tag's address (when only an address is known). Each copy under its own key, and a
+        follow-up (a cancel, a stop) under its warning's copy, never in the channel's thread."""
         if owner_id and self.settings.slack.dm_owners:
-            self.chat.send(replace(chat_notice, key=f"dm:{notice.key}", channel=owner_id, audience=("person",)))
+            if _in_a_dm(notice.channel, owner_id):
+                return  # a reply in the owner's own DM (a click on the DM copy) reached them already
+            self.chat.send(replace(chat_notice, key=f"dm:{notice.key}", channel=owner_id, audience=("person",),
+                                   thread_key=_copy_key("dm", notice.thread_key)))
         elif address and not owner_id and self.email is not None:
-            self.email.send(replace(notice, key=f"email:{notice.key}"), to=address)
+            self.email.send(replace(notice, key=f"email:{notice.key}",
+                                    thread_key=_copy_key("email", notice.thread_key)), to=address)
 
     def retry_due(self, now: datetime) -> int:
         done = self.chat.retry_due(now)
@@ -140,6 +150,21 @@ class Deliveries:
             return False
         text, blocks = restored_in_place(req.blocks, said, keep_button=keep_button)
         return self.chat.update(req.channel_id, req.message_ts, text, blocks)
+
+
+def _about_owner(notice: Notice) -> bool:
+    """A notice about an instance with an owner: every such notice takes the owner's routes (mention, DM, email)."""
+    return "owner" in notice.audience and bool(notice.owner.strip())
+
+
+def _in_a_dm(channel: str, owner_id: str) -> bool:
+    """Whether a notice's own channel is the owner's direct messages (their user id, or a `D…` conversation id)."""
+    return channel == owner_id or bool(_DM_CONVERSATION.fullmatch(channel or ""))
+
+
+def _copy_key(route: str, key: str) -> str:
+    """The key of a copy (`dm:`, `email:`) of the notice `key` names; "" stays "" (no parent)."""
+    return f"{route}:{key}" if key else ""
 
 
 def deliveries(notifier: Notifier, settings: Settings) -> Deliveries:

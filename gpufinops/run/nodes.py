@@ -20,7 +20,7 @@ from ..collect.kubernetes_cloud import WorkloadCloud
 from ..decide.workloads import (
     empty_gpu_nodes, node_decision, still_free, watch_from_json, watch_gpu_free, watch_to_json,
 )
-from ..k8s.model import TAG_NODE
+from ..k8s.model import NODE_CORDONED_BY_OTHERS, TAG_NODE
 from ..model import ActionKind, ActionResult, Rule, RunContext
 
 log = logging.getLogger("gpufinops.kubernetes")
@@ -69,7 +69,10 @@ def judge_and_act_on_nodes(ctx: RunContext, settings, rules: Sequence[Rule], pee
         if chosen and not cloud.listed_ok:
             log.warning("kubernetes: GPU nodes not judged this tick: the cluster was not listed")
         return []
-    nodes = [i for i in cloud.list_nodes() if i.is_running]
+    # A node someone else cordoned is theirs and not judged; one that still carries a mark of gpufinops' goes to the
+    # Actuator all the same, which withdraws the mark and tells its warning's readers (act.plan).
+    nodes = [i for i in cloud.list_nodes() if i.is_running or (
+        i.state == NODE_CORDONED_BY_OTHERS and peers.store.get_mark(i.instance_id) is not None)]
     decisions = []
     for rule in chosen:
         verdicts = {v.node: v for v in empty_gpu_nodes(snapshot, watch, rule.window_s, cloud.node_costs)}

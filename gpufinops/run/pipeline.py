@@ -299,8 +299,10 @@ def alert_missing_data(ctx: RunContext, settings: Settings, decisions: Sequence[
         if not affected:
             continue
         since = min(datetime.fromisoformat(episodes[i]["since"]) for i in iids)
+        # Those already warned of a stop are named: their stop is held and comes only after a new warning.
+        marked = [inst.instance_id for inst, _d in affected if store.get_mark(inst.instance_id) is not None]
         msg = messages.metrics_unavailable(affected, episode_start=since, channel=settings.slack.default_channel,
-                                           key=key)
+                                           key=key, marked=marked)
         if notifier.send(msg):
             for iid in iids:
                 episodes[iid]["alerted"] = True

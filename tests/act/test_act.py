@@ -341,6 +341,19 @@ def test_plan_table(decision, mark, state, kind):
     assert isinstance(intent, Intent) and intent.kind == kind and intent.reason
 
 
+def test_plan_a_metrics_gap_since_the_mark_means_a_new_warning_and_a_node_cordoned_by_others_is_left():
+    """Issue 35: a mark whose instance lost metrics under any rule since is renewed, never stopped on; a marked
+    GPU node someone else cordoned has its mark withdrawn (and an unmarked one is left alone)."""
+    renewed = plan(INST, D_IDLE, MARK, None, T0, dry_run=False, metrics_missing_since_mark=True)
+    assert renewed.kind == ActionKind.UNMARK and "warning again" in renewed.reason
+    node = GpuInstance("k8s:node/gpu-1", "g5.xlarge", "us-east-1", "cordoned", T0 - timedelta(days=1),
+                       tags={TAG_MARKED: "x"}, provider="kubernetes")
+    node_mark = MarkRow(node.instance_id, "r", MARK.marked_at, MARK.stop_at, "idle", False, warned_at=MARK.warned_at)
+    withdrawn = plan(node, D_IDLE, node_mark, None, T0, dry_run=False)
+    assert withdrawn.kind == ActionKind.UNMARK and "cordoned by someone else" in withdrawn.reason
+    assert plan(node, D_IDLE, None, None, T0, dry_run=False).kind is None  # never marked: theirs
+
+
 def test_two_phase_stop_and_restart_on_postgres(tmp_path, fresh_postgres_db):
     w = World(tmp_path, url=fresh_postgres_db)
     w.tick()
@@ -429,6 +442,54 @@ def test_a_stale_warning_after_missing_data_is_renewed_not_acted_on(tmp_path):
     for _ in range(16):
         w.tick()
     assert w.cloud.get("i-00").state == "stopped"
+
+
+class OneWindowMissing(ScriptedMetrics):
+    """Usage as scripted, except that windows of `missing_window_s` get no usable data while `gap` is on: one
+    rule of the instance loses its metrics while another rule's verdict never breaks."""
+
+    def __init__(self, missing_window_s: int):
+        super().__init__()
+        self.missing_window_s, self.gap = missing_window_s, False
+
+    def window_usage(self, instances, window_s, now):
+        if self.gap and window_s == self.missing_window_s:
+            return {i.instance_id: InstanceUsage(i.instance_id, window_s, 20, error="timeout") for i in instances}
+        return super().window_usage(instances, window_s, now)
+
+
+def test_a_metrics_gap_under_another_rule_holds_the_stop_until_a_new_warning_as_the_alert_says(tmp_path):
+    """Issue 35 (the demo's i-demo0008): warned under one rule, then another rule of the same instance has no
+    usable metrics. The alert must not say "none of them is marked"; it says the stop is held and comes only after
+    a new warning once metrics return, and the code does exactly that: warning, alert, cancel + new warning, then
+    the stop after the new warning's full lead (never on the old warning)."""
+    other = Rule(name="zero-20min", threshold_pct=5, window_s=1200, action=Action.NOTIFY)
+    w = World(tmp_path)
+    w.metrics = OneWindowMissing(other.window_s)
+    rules = (RULE, other)
+    w.tick(rules=rules)  # marked under idle40; the stop announced for +15 min
+    assert TAG_MARKED in w.cloud.get("i-00").tags
+    w.metrics.gap = True
+    for _ in range(4):
+        w.tick(rules=rules)
+    w.metrics.gap = False
+    stopped_at = None
+    for minute in range(5, 60):
+        w.tick(rules=rules)
+        if stopped_at is None and w.cloud.get("i-00").state == "stopped":
+            stopped_at = minute
+    said = [line.split("] ", 1)[-1] for line in w.lines if "i-00" in line]  # "  [slack #channel] text"
+    kinds = [("warning" if "will be stopped" in line else "alert" if line.startswith("No usable GPU metrics") else
+              "cancelled" if line.startswith("Stop cancelled") else "stopped" if line.startswith("Stopped") else
+              line[:30]) for line in said]
+    assert kinds == ["warning", "alert", "cancelled", "warning", "stopped"], said
+    [alert] = [line for line in said if line.startswith("No usable GPU metrics")]
+    assert "none of them is marked" not in alert
+    assert ("i-00 was already marked for a stop: its stop is held, and once metrics return a stop comes only after "
+            "a new warning with a full lead.") in alert
+    # Not at the first warning's time (+15 min): a full lead after the new warning, sent once data was back (+5).
+    assert stopped_at is not None and stopped_at >= 5 + 15
+    assert len([c for c in w.cloud.calls if c[0] == "stop"]) == 1
 
 
 def test_an_instance_restarted_by_hand_while_marked_gets_a_fresh_warning(tmp_path):

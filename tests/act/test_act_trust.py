@@ -346,8 +346,11 @@ def test_routing_team_channel_owner_dm_and_a_failed_dm_never_holds_the_stop(tmp_
     for _ in range(16):
         w.tick()
     assert len(w.stops()) == 2  # the missing DM held nothing back
-    # Replies in the warnings' threads, in the team's channel.
-    assert {p["channel"] for p in slack.posted() if p["text"].startswith("Stopped")} == {slack.channel_id("#ml-gpu")}
+    # Replies in the warnings' threads, in the team's channel; ana's also under her DM warning (issue 35: every
+    # notice about an instance takes its warning's routes).
+    stopped = sorted((p["channel"], p.get("thread_ts") is not None) for p in slack.posted()
+                     if p["text"].startswith("Stopped"))
+    assert stopped == sorted([(slack.channel_id("#ml-gpu"), True)] * 2 + [(slack.channel_id("UANA"), True)])
     assert w.store.undelivered_count() == 0  # a DM that could not be addressed is not a failed delivery
 
 

@@ -6,7 +6,9 @@ cases: the real Actuator and store against the API stand-in (tests/kubestub.py),
 - a GPU pod scheduled onto the node between the mark and the cordon: not cordoned, and the mark withdrawn;
 - a cordon whose answer is lost: one PATCH, read back, one notice;
 - karpenter.sh/do-not-disrupt, an EKS managed node group, or drain_nodes off: warned "notify only", never cordoned;
-- uncordon (gpufinops k8s restore node/NAME) undoes only gpufinops' own cordon."""
+- uncordon (gpufinops k8s restore node/NAME) undoes only gpufinops' own cordon;
+- a marked node an admin cordons before gpufinops does: the mark withdrawn (one preconditioned PATCH), one
+  "Cordon cancelled" under the warning, their cordon left as it is."""
 
 from __future__ import annotations
 
@@ -154,9 +156,45 @@ def test_a_gpu_pod_scheduled_between_mark_and_cordon_prevents_it_and_withdraws_t
     assert result.kind == ActionKind.UNMARK and "ml/late-job" in result.reason
     assert MARK_ANNOTATION not in world.node()["metadata"]["annotations"]
     assert world.store.get_mark(NID) is None
-    [cancelled] = [m for m in world.notifier.sent if m.text.startswith("Stop cancelled")]
+    [cancelled] = [m for m in world.notifier.sent if m.text.startswith("Cordon cancelled")]
     assert "ml/late-job" in cancelled.text
     assert world.cordons() == []
+
+
+def admin_cordons(world: World) -> None:
+    """`kubectl cordon`: spec.unschedulable, no gpufinops annotation (the stand-in bumps the resourceVersion)."""
+    node = world.node()
+    node["spec"]["unschedulable"] = True
+    world.stub.add("nodes", node)
+
+
+@pytest.mark.parametrize("when", [70, 80], ids=["within_the_lead", "after_the_announced_time"])
+def test_a_marked_node_an_admin_cordons_has_its_mark_withdrawn_and_told_once(world, when):
+    idle_then_marked(world)
+    world.tick(when - 5, before_act=lambda: admin_cordons(world))
+    result = world.tick(when)[NID]
+    assert result.ok and result.kind == ActionKind.UNMARK and "cordoned by someone else" in result.reason
+    node = world.node()
+    assert MARK_ANNOTATION not in node["metadata"]["annotations"]
+    # Their cordon stays as they made it: never taken for gpufinops' own, never undone.
+    assert node["spec"]["unschedulable"] is True and CORDONED_ANNOTATION not in node["metadata"]["annotations"]
+    assert world.store.get_mark(NID) is None
+    # One PATCH: the mark's removal, preconditioned on the resourceVersion of the read that found it.
+    [unmark] = [r for r in world.stub.calls(verb="patch", resource="nodes")
+                if (r.body or {}).get("metadata", {}).get("annotations", {}).get(MARK_ANNOTATION, "") is None]
+    assert unmark.body["metadata"]["resourceVersion"] and "spec" not in unmark.body
+    assert world.cordons() == [] and not world.rows(ActionKind.STOP)
+    [row] = world.rows(ActionKind.UNMARK)
+    assert row.status == "done"
+    for minute in range(when + 5, when + 60, 5):  # later ticks: nothing more, no second notice
+        assert NID not in world.tick(minute)
+    [cancelled] = world.notices("unmark")
+    assert cancelled.text.startswith("Cordon cancelled for GPU node k8s:node/gpu-node-1")
+    assert "the node was cordoned by someone else" in cancelled.text
+    assert cancelled.thread_key == world.notices("warn")[0].key  # under its warning
+    assert len(world.notices("warn")) == 1 and not world.notices("stop")
+    assert len(world.stub.calls(verb="patch", resource="nodes")) == 2  # the mark, its withdrawal
+    assert not world.stub.calls(verb="delete") and not world.stub.calls(verb="create", resource="pods/eviction")
 
 
 @pytest.mark.parametrize("lost", [500, 0], ids=["cordon_lost_answer_500", "cordon_lost_answer_reset"])

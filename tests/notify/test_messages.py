@@ -348,3 +348,22 @@ def test_idle_for_is_the_real_time_since_the_lull_began():
     unknown = m.idle_warning(i, d, marked_at=T0, stop_at=T0 + timedelta(minutes=15), channel="#c", dry_run=False,
                              action=Action.STOP)
     assert "≥ 30 min" in json.dumps(B(unknown), ensure_ascii=False)  # without the lull's start, the rule's window as a lower bound
+
+
+def test_metrics_unavailable_names_the_marked_and_never_says_none_is_marked():
+    """Issue 35: the alert about an instance already warned of a stop says its stop is held and comes only after a
+    new warning once metrics return; about one not marked, that nothing is marked or stopped."""
+    a, b = inst(0), inst(1)
+    missing = dict(verdict=Verdict.UNKNOWN, code=ReasonCode.NO_SERIES, reason="no DCGM series")
+    pairs = [(a, decision(a.instance_id, **missing)), (b, decision(b.instance_id, **missing))]
+    plain_alert = m.metrics_unavailable(pairs, episode_start=T0, channel="#c")
+    assert "none of them is marked or stopped until metrics return" in plain_alert.text
+    held = m.metrics_unavailable(pairs, episode_start=T0, channel="#c", marked=[b.instance_id, "i-elsewhere"])
+    for words in (held.text, held.lead):
+        assert "none of them is marked" not in words
+        assert "none of them is stopped or newly marked until metrics return" in words
+        assert (f"{b.instance_id} was already marked for a stop: its stop is held, and once metrics return a stop "
+                f"comes only after a new warning with a full lead.") in words
+        promise = words.split("not idle: ", 1)[1].split("full lead.", 1)[0]
+        assert a.instance_id not in promise and "i-elsewhere" not in words  # only the affected that are marked
+    assert held.key == plain_alert.key  # the same event: its words change, not its identity

@@ -120,3 +120,55 @@ def test_dm_owners_sends_the_mentioned_warning_to_the_owner_too(monkeypatch):
 def test_a_mention_is_only_ever_a_slack_user_id():
     n = _warn(inst())
     assert m.mention_owner(n, "<!channel>") is n and m.mention_owner(n, "U0ANA00001|x") is n
+
+
+def test_every_notice_about_an_instance_takes_its_warnings_routes(monkeypatch):
+    """Issue 35: the owner's routes (mention, DM, email) are those of the warning for every notice about the
+    instance: a "Stop cancelled" under the warning reaches the same people, each copy under the warning's copy."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("GPUFINOPS_TEST_REACH_TOKEN", "xoxb-test")
+    settings = load_settings(slack={"token": {"env": "GPUFINOPS_TEST_REACH_TOKEN"}, "dm_owners": True})
+    chat, email = _Chat({"ana@example.com": "U0ANA00001"}), _Email()
+    router = Deliveries(chat, settings, email)
+    for k, owner in enumerate(("ana@example.com", "carl@example.com")):
+        i = inst(k, tags={"owner": owner, "team": "ml"})
+        warning = _warn(i)
+        cancelled = replace(m.mark_cancelled(i, reason="became active", marked_at=T0, channel="#c"),
+                            thread_key=warning.key)
+        assert router.send(warning) and router.send(cancelled)
+    # ana (Slack knows her): mentioned in the channel and a DM, for both; the DM of the cancel under the warning's DM
+    to_ana = [n for n in chat.sent if "U0ANA00001" in n.text]
+    assert [(n.kind, n.channel, n.key.startswith("dm:")) for n in to_ana] == [
+        ("warning", "#c", False), ("warning", "U0ANA00001", True),
+        ("cancelled", "#c", False), ("cancelled", "U0ANA00001", True)]
+    assert to_ana[3].thread_key == f"dm:{to_ana[0].key}"
+    # carl (only an address): both by email, the cancel's copy under the warning's copy
+    assert [(n.kind, to) for n, to in email.sent] == [("warning", "carl@example.com"),
+                                                      ("cancelled", "carl@example.com")]
+    assert email.sent[1][0].thread_key == email.sent[0][0].key
+
+
+def test_a_restore_result_reaches_the_owner_as_its_stop_notice_did(monkeypatch):
+    """The reply a Restore click comes to goes under the stop notice in the click's conversation, and to an owner
+    known only by address by email (under the stop notice's email); a reply in the owner's own DM is not copied
+    to that DM again."""
+    monkeypatch.setenv("GPUFINOPS_TEST_REACH_TOKEN", "xoxb-test")
+    settings = load_settings(slack={"token": {"env": "GPUFINOPS_TEST_REACH_TOKEN"}, "dm_owners": True})
+    chat, email = _Chat({"ana@example.com": "U0ANA00001"}), _Email()
+    router = Deliveries(chat, settings, email)
+
+    def reply(owner, channel):
+        return m.restore_result("k8s:ml/Deployment/infer", "ml/Deployment/infer", "restored", replicas=3,
+                                who="U0BOB00001", detail="", dry_run=False, key=f"restore:{owner}:{channel}",
+                                thread_key="stop:k8s:ml/Deployment/infer:x", channel=channel, owner=owner, team="ml")
+
+    assert router.send(reply("carl@example.com", "C0TEAM0001"))
+    assert [n.channel for n in chat.sent] == ["C0TEAM0001"]
+    [(copy, to)] = email.sent
+    assert to == "carl@example.com" and copy.thread_key == "email:stop:k8s:ml/Deployment/infer:x"
+    assert router.send(reply("ana@example.com", "D0ANA00001"))  # clicked in her DM copy: answered there, once
+    assert [n.channel for n in chat.sent] == ["C0TEAM0001", "D0ANA00001"] and len(email.sent) == 1
+    assert router.send(reply("ana@example.com", "C0TEAM0001"))  # clicked in the team's channel: her DM too
+    assert [n.channel for n in chat.sent][2:] == ["C0TEAM0001", "U0ANA00001"]
+    assert chat.sent[-1].thread_key == "dm:stop:k8s:ml/Deployment/infer:x"

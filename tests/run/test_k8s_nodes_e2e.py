@@ -89,6 +89,29 @@ def test_the_tick_warns_then_cordons_an_empty_gpu_node_and_never_records_it_as_a
     assert [m.key.split(":")[0] for m in tick.sent()] == ["warn", "stop"]
 
 
+def test_a_node_an_admin_cordons_while_marked_loses_the_mark_and_its_warning_is_withdrawn_once(tick):
+    """Through the tick as the service runs it: a node someone else cordoned is not judged, but a mark of
+    gpufinops' on it is not left behind to outlive its announced time: withdrawn (one PATCH) and told once."""
+    for minute in range(0, 65, 5):
+        tick.run(minute, [DRAIN])
+    assert MARK_ANNOTATION in tick.node()["metadata"]["annotations"]
+    node = tick.node()
+    node["spec"]["unschedulable"] = True  # kubectl cordon
+    tick.stub.add("nodes", node)
+    report = tick.run(70, [DRAIN])
+    [withdrawn] = [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    assert withdrawn.kind == ActionKind.UNMARK and withdrawn.ok
+    node = tick.node()
+    assert MARK_ANNOTATION not in node["metadata"]["annotations"] and node["spec"]["unschedulable"] is True
+    assert tick.store.get_mark(node_id(EMPTY)) is None
+    for minute in range(75, 125, 5):  # past the announced time: nothing more
+        report = tick.run(minute, [DRAIN])
+        assert not [a for a in report.actions if a.instance_id == node_id(EMPTY)]
+    assert [m.key.split(":")[0] for m in tick.sent()] == ["warn", "unmark"]
+    assert "cordoned by someone else" in tick.sent()[1].text
+    assert CORDONED_ANNOTATION not in tick.node()["metadata"]["annotations"]
+
+
 def test_a_notify_rule_tells_once_per_episode_and_changes_nothing(kube_stub, tmp_path):
     kube_stub.add("nodes", node_obj(EMPTY, "i-0aaa0000000000001", labels=KARPENTER))
     tick = Tick(kube_stub, tmp_path, drain_nodes=False)
