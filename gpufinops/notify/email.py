@@ -48,7 +48,7 @@ from ..config import EmailSettings
 from ..model import Clock, Notice
 from ..store.store import Store
 from .markup import plain, spans
-from .routing import MAILTO
+from ..store.schema import MAILTO
 
 log = logging.getLogger("gpufinops.notify.email")
 

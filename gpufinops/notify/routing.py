@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufinops.notify")
 
-# The channel column of an email's notification row: "mailto:" and the addresses (notify/email.py writes it).
-# Every other row is chat's (Slack or the outbox): what tells the two transports apart as sources in /readyz.
-MAILTO = "mailto:"
-
 _DM_CONVERSATION = re.compile(r"D[A-Z0-9]{6,}")  # Slack's id of a direct-message conversation
 _ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from ..config import ReportDeliverySettings
 from ..model import Message, Notifier
-from ..notify.email import MAILTO
+from ..store.schema import MAILTO
 from ..notify.markup import escape
 from ..store.schema import NotificationRow
 from ..store.store import Store

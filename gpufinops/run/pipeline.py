@@ -37,7 +37,8 @@ from ..model import (
 from ..act.lease import LeaseLost
 from .nodes import judge_and_act_on_nodes, workload_cloud_of
 from ..act.restore import apply_restore_requests
-from ..notify.routing import MAILTO, deliveries
+from ..notify.routing import deliveries
+from ..store.schema import MAILTO
 from .node_hours import record_node_hours
 from ..store.store import Store
 from ..store.schema import aware_utc, notifications

@@ -257,6 +257,10 @@ actions = Table(
 )
 
 
+# The channel column of an email's notification row: "mailto:" and the addresses (notify/email.py writes it).
+# Every other row is chat's (Slack or the outbox): what tells the two transports apart as sources in /readyz.
+MAILTO = "mailto:"
+
 notifications = Table(
     "notifications",
     metadata,
