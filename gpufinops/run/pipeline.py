@@ -38,10 +38,9 @@ from ..act.lease import LeaseLost
 from .nodes import judge_and_act_on_nodes, workload_cloud_of
 from ..act.restore import apply_restore_requests
 from ..notify.routing import deliveries
-from ..store.schema import MAILTO
 from .node_hours import record_node_hours
 from ..store.store import Store
-from ..store.schema import aware_utc, notifications
+from ..store.schema import MAILTO, aware_utc, notifications
 
 if TYPE_CHECKING:  # read only by the weekly digest job; not imported on the every-minute path
     from ..recommend.usage import PrometheusUsage
