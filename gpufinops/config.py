@@ -11,11 +11,12 @@ import fnmatch
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .model import FALSE_STOP_WITHIN_S
 
@@ -49,17 +50,107 @@ class StrictModel(BaseModel):
 
 
 class SecretRef(StrictModel):
-    """Where a secret lives: an environment variable or a mounted file."""
+    """Where a secret lives: an environment variable or a mounted file.
+
+    Unset (no such variable, no such file) is "not configured": an optional secret's feature is off. Set but blank
+    (a variable holding only whitespace, a mounted file holding only a newline, as an empty Kubernetes Secret key
+    mounts) is never a secret: `load_settings` refuses it naming the key (`blank_secrets`), and `resolve()` hands
+    back "" for it, which no bearer check accepts (run/httpd.authorize)."""
 
     env: str | None = None
     file: str | None = None
 
     def resolve(self) -> str | None:
-        if self.env and os.environ.get(self.env):
-            return os.environ[self.env].strip()
+        """The secret, stripped; None when not configured; "" when set but blank or unreadable."""
+        if self.env and (value := os.environ.get(self.env)) is not None:
+            return value.strip()
         if self.file and Path(self.file).is_file():
-            return Path(self.file).read_text().strip()
+            try:
+                return Path(self.file).read_text(encoding="utf-8").strip()
+            except (OSError, ValueError):  # unreadable or not text: never a secret, never an open door
+                return ""
         return None
+
+    def blank(self) -> str | None:
+        """Why this secret is set but unusable (blank, unreadable), or None when it is usable or not configured."""
+        if self.env and (value := os.environ.get(self.env)) is not None and not value.strip():
+            return f"the environment variable {self.env} is set but blank: give the secret, or unset it"
+        if self.file and Path(self.file).is_file():
+            try:
+                if not Path(self.file).read_text(encoding="utf-8").strip():
+                    return f"the file {self.file} is blank: give the secret, or remove file:"
+            except (OSError, ValueError) as exc:
+                return f"the file {self.file} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+        return None
+
+
+def secret_refs(model: BaseModel, loc: tuple = ()) -> list[tuple[tuple, SecretRef]]:
+    """Every SecretRef of a settings tree with its dotted location, sections nested at any depth."""
+    if isinstance(model, SecretRef):
+        return [(loc, model)]
+    out: list[tuple[tuple, SecretRef]] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out.extend(secret_refs(value, (*loc, name)))
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    out.extend(secret_refs(item, (*loc, name, i)))
+    return out
+
+
+def blank_secrets(settings: BaseModel, where: str, text: str) -> None:
+    """A ConfigError naming each secret of `settings` that is set but blank or unreadable (file, line, key)."""
+    root = compose_yaml(text) if text else None
+    errors = []
+    for loc, ref in secret_refs(settings):
+        why = ref.blank()
+        if why is not None:
+            line = line_of(where, loc, text, root) if root is not None else None
+            key = ".".join(str(p) for p in loc)
+            errors.append(f"{where}:{line}: key '{key}': {why}" if line else f"{where}: key '{key}': {why}")
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+# An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, eusc-de-east-1. Anything else (a typo, an RTL
+# override pasted from a chat) would be a region no API call can reach, every instance of it silently never read.
+AWS_REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}")
+# A DNS name (RFC 1123 labels): the right-hand side of a Message-ID, a mail server's name.
+_DOMAIN = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def aws_region(v: str) -> str:
+    if not AWS_REGION.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not an AWS region name (like us-east-1 or eu-central-1)")
+    return v
+
+
+AwsRegion = Annotated[str, AfterValidator(aws_region)]
+
+
+def http_url(v: str) -> str:
+    """An http(s) URL with a host: anything else is a peer no request can reach."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{printable(v)!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in v):
+        raise ValueError(f"{printable(v)!r} is not an http:// or https:// URL with a host")
+    return v
+
+
+def backoff_in_order(v: int, info: ValidationInfo) -> int:
+    """retry_max_backoff_s (`v`) is where the doubling of retry_backoff_s stops: below it, it would mean nothing."""
+    first = info.data.get("retry_backoff_s")  # absent when it failed itself (reported under its own key)
+    if first is not None and v < first:
+        raise ValueError(f"{v} is below retry_backoff_s ({first}): the longest wait between two tries cannot be "
+                         f"shorter than the first")
+    return v
 
 
 class PrometheusSettings(StrictModel):
@@ -93,6 +184,8 @@ class PrometheusSettings(StrictModel):
     # replica needs its own database (`database_url`): the one-scheduler lease lives there (docs/scale.md).
     owned_shards: tuple[int, ...] = ()
 
+    _url = field_validator("url")(http_url)
+
     @field_validator("shards")
     @classmethod
     def _shards(cls, v):
@@ -116,7 +209,7 @@ class AssumeRole(StrictModel):
 
 class AwsSettings(StrictModel):
     # At least one: the first is the default region of S3, pricing and unpriced instances.
-    regions: tuple[str, ...] = Field(("us-east-1",), min_length=1)
+    regions: tuple[AwsRegion, ...] = Field(("us-east-1",), min_length=1)
     # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json), as an
     # ARN string or {arn: ..., external_id: ...}.
     assume_roles: tuple[AssumeRole, ...] = ()
@@ -129,6 +222,11 @@ class AwsSettings(StrictModel):
     # Govern the account of gpufinops' own credentials too (with assume_roles).
     include_own_account: bool = True
     endpoint_url: str | None = None  # moto / VPC endpoint
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
     profile: str | None = None
     # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
     gpu_families: tuple[str, ...] = (
@@ -169,6 +267,13 @@ class SlackSettings(StrictModel):
     # have been usable this long without a break; a relapse before that is the same episode (no second alert).
     metrics_recovered_after_s: int = Field(1800, ge=0, le=7 * 86400)
 
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
     def interactive(self) -> bool:
         """Whether clicks can reach the service (a signing secret for POST /slack/actions, or Socket Mode with its
         app-level token): buttons are offered only then."""
@@ -192,6 +297,16 @@ class SlackSettings(StrictModel):
 
 
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _is_ip(v: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(v)
+        return True
+    except ValueError:
+        return False
 
 
 def _slack_person(entry: str) -> str:
@@ -227,6 +342,16 @@ class EmailSettings(StrictModel):
     message_id_domain: str = "gpufinops.invalid"
     retry_backoff_s: int = Field(60, ge=1, le=86400)
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
+
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("message_id_domain", "host")
+    @classmethod
+    def _a_domain(cls, v: str) -> str:
+        # A CR/LF or an empty name would make every message's headers invalid: every email would fail.
+        if not _DOMAIN.fullmatch(v) and not _is_ip(v):
+            raise ValueError(f"{printable(v)!r} is not a domain name (letters, digits, '-' and '.', e.g. gpufinops.invalid)")
+        return v
 
     @field_validator("sender")
     @classmethod
@@ -283,9 +408,11 @@ class ScheduleSettings(StrictModel):
 
 
 class ServiceSettings(StrictModel):
-    host: str = "127.0.0.1"
-    # 0 = any free port (the tests bind one that way).
-    port: int = Field(9108, ge=0, le=65535)
+    # The address to listen on; 0.0.0.0 for every interface (an empty one would mean that too, unsaid: refused).
+    host: str = Field("127.0.0.1", min_length=1)
+    # Where Prometheus scrapes /metrics: a fixed port (0, "any free port", is nothing a scrape config can name;
+    # `serve --port 0` still asks for one, for tests).
+    port: int = Field(9108, ge=1, le=65535)
 
 
 class ApiTlsSettings(StrictModel):
@@ -350,7 +477,7 @@ class TagKeys(StrictModel):
 
 
 class CeSettings(StrictModel):
-    region: str = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
+    region: AwsRegion = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
     metric: Literal["UnblendedCost", "AmortizedCost", "NetUnblendedCost", "BlendedCost"] = "UnblendedCost"
     group_tag: str = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
     service: str = "Amazon Elastic Compute Cloud - Compute"
@@ -370,7 +497,7 @@ class AthenaSettings(StrictModel):
     table: str = "cur2"
     workgroup: str = "primary"
     output_location: str | None = None  # s3://bucket/prefix/ for query results
-    region: str = "us-east-1"
+    region: AwsRegion = "us-east-1"
     poll_interval_s: float = Field(1.0, gt=0, le=60)
     timeout_s: float = Field(600.0, gt=0, le=3600)  # Athena queries over a month of CUR take minutes
 
@@ -856,19 +983,38 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
     return parse_yaml(p, text), text
 
 
-def nul_locations(node: Any, loc: tuple = ()) -> list[tuple]:
-    """Where a YAML document holds a string (key or value) with a NUL character."""
-    out: list[tuple] = []
+# Bidirectional controls (U+061C, U+200E/F, U+202A-E, U+2066-9): they make a value read differently from what it
+# holds ("Trojan Source"); no setting needs one.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def text_problem(s: str) -> str | None:
+    """Why a string cannot be a setting (a NUL, a control character, a bidirectional override), or None.
+    No setting is free text: names, paths, URLs, channels, domains are all one printable line."""
+    if "\x00" in s:
+        return "holds a NUL character"
+    for c in s:
+        if c in _BIDI:
+            return f"holds a bidirectional control character (U+{ord(c):04X})"
+        if unicodedata.category(c) == "Cc":
+            return f"holds a control character (U+{ord(c):04X})"
+    return None
+
+
+def unsafe_text_locations(node: Any, loc: tuple = ()) -> list[tuple[tuple, str]]:
+    """Where a YAML document holds a string (key or value) that `text_problem` refuses, and why."""
+    out: list[tuple[tuple, str]] = []
     if isinstance(node, str):
-        return [loc] if "\x00" in node else []
+        why = text_problem(node)
+        return [(loc, why)] if why else []
     if isinstance(node, dict):
         for k, v in node.items():
-            if isinstance(k, str) and "\x00" in k:
-                out.append((*loc, k))
-            out.extend(nul_locations(v, (*loc, k)))
+            if isinstance(k, str) and (why := text_problem(k)):
+                out.append(((*loc, k), why))
+            out.extend(unsafe_text_locations(v, (*loc, k)))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            out.extend(nul_locations(v, (*loc, i)))
+            out.extend(unsafe_text_locations(v, (*loc, i)))
     return out
 
 
@@ -885,19 +1031,20 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         try:
-            nul = nul_locations(raw)
+            unsafe = unsafe_text_locations(raw)
         except RecursionError:
             raise ConfigError(f"{path}: nested too deeply") from None
-        if nul:  # a NUL in a path would fail deep in os.path, far from the key that holds it
+        if unsafe:  # a NUL in a path would fail deep in os.path, an RTL override reads as another name
             raise ConfigError("\n".join(
                 f"{path}:{line_of(str(path), loc, text) or 1}: key '{'.'.join(printable(str(p)) for p in loc)}': "
-                f"holds a NUL character" for loc in nul[:20]))
+                f"{why}" for loc, why in unsafe[:20]))
         data = raw
     data = {**data, **overrides, "source_path": source}
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source or "<defaults>", text, exc)) from None
+    blank_secrets(settings, source or "<defaults>", text)
     if path is not None:
         # One rule for every path in a config file, defaults included: a relative path is relative to the
         # config file, not the working directory, so running from another folder finds the same database,
