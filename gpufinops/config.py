@@ -57,8 +57,8 @@ class SecretRef(StrictModel):
     mounts) is never a secret: `load_settings` refuses it naming the key (`blank_secrets`), and `resolve()` hands
     back "" for it, which no bearer check accepts (run/httpd.authorize)."""
 
-    env: str | None = None
-    file: str | None = None
+    env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None  # a variable's name
+    file: Annotated[str, Field(min_length=1)] | None = None
 
     def resolve(self) -> str | None:
         """The secret, stripped; None when not configured; "" when set but blank or unreadable."""
@@ -128,6 +128,31 @@ def aws_region(v: str) -> str:
 
 
 AwsRegion = Annotated[str, AfterValidator(aws_region)]
+# A name that must say something (a label, a tag key, a path, a workgroup): empty is never "off" for these; the
+# keys where empty means off say so where they are declared.
+Name = Annotated[str, Field(min_length=1)]
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A channel as chat.postMessage takes it: #name (lower-case, as Slack makes every name) or an id (C…, G…, D…).
+_SLACK_CHANNEL = re.compile(r"#?[a-z0-9][a-z0-9._-]{0,79}|[CDGUW][A-Z0-9]{1,20}")
+_DAY = r"(?:mon|tue|wed|thu|fri|sat|sun|[0-6])"
+_CRON_DAYS = re.compile(rf"{_DAY}(?:-{_DAY})?(?:,{_DAY}(?:-{_DAY})?)*")
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
+
+
+def prometheus_label(v: str) -> str:
+    if not _PROMETHEUS_LABEL.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not a Prometheus label name (letters, digits and _, not first a digit)")
+    return v
+
+
+def slack_channel(v: str) -> str:
+    if not _SLACK_CHANNEL.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not a Slack channel (#name in lower case, or a channel id like C0123ABCD)")
+    return v
+
+
+PrometheusLabel = Annotated[str, AfterValidator(prometheus_label)]
+SlackChannel = Annotated[str, AfterValidator(slack_channel)]
 
 
 def http_url(v: str) -> str:
@@ -162,9 +187,9 @@ class PrometheusSettings(StrictModel):
     basic_auth_password: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_PASSWORD")
     verify_tls: bool = True
     # Label that carries the EC2 instance id (set by ec2_sd_configs relabelling).
-    instance_label: str = "instance_id"
+    instance_label: PrometheusLabel = "instance_id"
     # Fallback: hostname labels matched to the instance's private DNS name or IP.
-    hostname_labels: tuple[str, ...] = ("Hostname", "hostname")
+    hostname_labels: tuple[PrometheusLabel, ...] = ("Hostname", "hostname")
     scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
@@ -227,9 +252,9 @@ class AwsSettings(StrictModel):
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         return None if v is None else http_url(v)
-    profile: str | None = None
+    profile: Name | None = None
     # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
-    gpu_families: tuple[str, ...] = (
+    gpu_families: tuple[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")], ...] = (
         "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200",
         "g4dn", "g4ad", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "g7e",
     )
@@ -237,10 +262,10 @@ class AwsSettings(StrictModel):
 
 class SlackSettings(StrictModel):
     token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
-    default_channel: str = "#gpu-finops"
+    default_channel: SlackChannel = "#gpu-finops"
     base_url: str | None = None  # slack-sdk default when None
     max_retries: int = Field(3, ge=0, le=20)
-    outbox_path: str = "gpufinops-outbox.jsonl"
+    outbox_path: Name = "gpufinops-outbox.jsonl"
     # A message Slack did not accept is sent again on later ticks, waiting this long after the first
     # failure and doubling up to retry_max_backoff_s. Until a warning is delivered, no stop happens.
     retry_backoff_s: int = Field(60, ge=1, le=86400)
@@ -261,7 +286,7 @@ class SlackSettings(StrictModel):
     # Routing: an instance's messages go to its team's channel (team tag value -> channel) unless its rule names
     # one; `default_channel` gets the rest and the daily summary. dm_owners: the owner (owner tag = a Slack user id,
     # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
-    team_channels: dict[str, str] = Field(default_factory=dict)
+    team_channels: dict[Name, SlackChannel] = Field(default_factory=dict)
     dm_owners: bool = False
     # Hysteresis of the "No usable GPU metrics" alert: an instance's outage episode closes only after its metrics
     # have been usable this long without a break; a relapse before that is the same episode (no second alert).
@@ -335,6 +360,13 @@ class EmailSettings(StrictModel):
     password: SecretRef = SecretRef(env="GPUFINOPS_SMTP_PASSWORD")
     # A CA bundle to verify the server with (a private CA); default: the system's.
     ca_file: str | None = None
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{printable(v)!r} is not a file (a PEM bundle the service can read)")
+        return v
     sender: str = "gpufinops@localhost.localdomain"
     finance: tuple[str, ...] = ()
     timeout_s: float = Field(10.0, gt=0, le=300)
@@ -380,7 +412,7 @@ class ActSettings(StrictModel):
     dry_run: bool = True
     max_stops_per_run: int = Field(5, ge=0, le=100_000)
     max_stops_fraction: float = Field(0.1, ge=0.0, le=1.0)
-    actor: str = "gpufinops"
+    actor: str = Field("gpufinops", min_length=1, max_length=256)
     # A snooze tag further ahead than this is capped to it (and reported); unreadable ones count as this long.
     max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
     # The opt-in: only an instance carrying this tag with this value is ever warned "will be stopped" or
@@ -397,6 +429,14 @@ class ScheduleSettings(StrictModel):
     budget_check_every_s: int = Field(3600, ge=0, le=7 * 86400)
     # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
     recommend_digest_day: str = "mon"
+
+    @field_validator("recommend_digest_day")
+    @classmethod
+    def _digest_day(cls, v: str) -> str:
+        if v and not _CRON_DAYS.fullmatch(v.lower()):
+            raise ValueError(f"{printable(v)!r} is not a day of the week (mon ... sun, a range mon-fri, a list mon,thu); "
+                             f"empty turns the digest off")
+        return v
     recommend_digest_hour: int = Field(9, ge=0, le=23)
     # The platform channel's daily summary (stops, marks, snoozes, budget alerts) at this UTC hour; null = off.
     daily_summary_hour: int | None = Field(8, ge=0, le=23)
@@ -473,14 +513,17 @@ class TagKeys(StrictModel):
     def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise ValueError("needs at least one tag key")
+        for key in v:
+            if not _TAG_KEY.match(key.replace("-", "_")):
+                raise ValueError(f"tag key {printable(key)!r}: letters, digits, _ and - only")
         return v
 
 
 class CeSettings(StrictModel):
     region: AwsRegion = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
     metric: Literal["UnblendedCost", "AmortizedCost", "NetUnblendedCost", "BlendedCost"] = "UnblendedCost"
-    group_tag: str = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
-    service: str = "Amazon Elastic Compute Cloud - Compute"
+    group_tag: Name = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
+    service: Name = "Amazon Elastic Compute Cloud - Compute"
     # One query per CE PURCHASE_TYPE value, so every row knows its pricing model.
     purchase_types: dict[str, Literal["on-demand", "spot", "reserved", "savings-plan"]] = {
         "On Demand Instances": "on-demand",
@@ -495,8 +538,8 @@ class CeSettings(StrictModel):
 class AthenaSettings(StrictModel):
     database: str = "cur"
     table: str = "cur2"
-    workgroup: str = "primary"
-    output_location: str | None = None  # s3://bucket/prefix/ for query results
+    workgroup: Name = "primary"
+    output_location: Annotated[str, Field(pattern=_S3_URI.pattern)] | None = None  # s3://bucket/prefix/ for results
     region: AwsRegion = "us-east-1"
     poll_interval_s: float = Field(1.0, gt=0, le=60)
     timeout_s: float = Field(600.0, gt=0, le=3600)  # Athena queries over a month of CUR take minutes
@@ -512,10 +555,10 @@ class AthenaSettings(StrictModel):
 class BillingSettings(StrictModel):
     source: Literal["ce", "cur", "focus", "athena"] = "ce"
     path: str | None = None
-    currency: str = "USD"
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")  # ISO 4217, as the budgets file
     gpu_families: tuple[str, ...] | None = None  # None: settings.aws.gpu_families
     # Other providers' GPU instance names (FOCUS): regexes matched on the charge text.
-    gpu_patterns: tuple[str, ...] = (
+    gpu_patterns: tuple[Name, ...] = (  # an empty one would match every charge
         r"Standard_N[CDV][A-Za-z0-9_]*",  # Azure N-series
         r"\b(?:a2|a3|a4|g2|g4)-(?:highgpu|megagpu|ultragpu|edgegpu|standard)-[0-9a-z]+\b",  # GCP
         r"\bVM\.GPU[0-9A-Za-z.]*\b|\bBM\.GPU[0-9A-Za-z.]*\b",  # OCI
@@ -523,7 +566,7 @@ class BillingSettings(StrictModel):
     focus_cost_column: Literal["BilledCost", "EffectiveCost", "ListCost", "ContractedCost"] = "BilledCost"
     # A single line item above this many currency units is refused as absurd.
     max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
-    budgets_path: str = str(DEFAULT_RULES_DIR / "budgets.yaml")
+    budgets_path: Name = str(DEFAULT_RULES_DIR / "budgets.yaml")
     price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
     tag_keys: TagKeys = TagKeys()
     ce: CeSettings = CeSettings()
@@ -550,13 +593,6 @@ class BillingSettings(StrictModel):
                 raise ValueError(f"bad regex {p!r}: {exc}") from None
         return v
 
-    @field_validator("tag_keys")
-    @classmethod
-    def _tag_keys(cls, v: TagKeys) -> TagKeys:
-        for key in (*v.team, *v.project, *v.owner):
-            if not _TAG_KEY.match(key.replace("-", "_")):
-                raise ValueError(f"tag key {key!r}: letters, digits, _ and - only")
-        return v
 
 
 # --------------------------------------------------------------------------- recommend:
@@ -564,8 +600,8 @@ class BillingSettings(StrictModel):
 
 
 class InterruptionOverride(StrictModel):
-    instance_type: str = "*"  # glob, e.g. "p5.*"
-    region: str = "*"
+    instance_type: Name = "*"  # glob, e.g. "p5.*"
+    region: Name = "*"
     interruption_rate_per_hour: float = Field(ge=0, le=100)
 
 
@@ -604,17 +640,17 @@ class RecommendSettings(StrictModel):
     usable_memory_fraction: float = Field(0.93, gt=0, le=1)  # nominal GB a process really gets
     worked_activity_pct: float = Field(5.0, ge=0, le=100)  # a GPU "did work" if its max activity reached this
     hours_per_month: float = Field(730.0, gt=0, le=745)  # 745: a 31-day month plus the DST hour
-    providers: tuple[str, ...] = ()  # candidates from these providers; empty = the instance's own
+    providers: tuple[Name, ...] = ()  # candidates from these providers; empty = the instance's own
     same_region: bool = True
-    workload_tag: str = "workload"
-    interruptible_values: tuple[str, ...] = ("batch", "training", "train", "etl")
-    non_interruptible_values: tuple[str, ...] = ("inference", "interactive", "serving", "notebook")
+    workload_tag: Name = "workload"
+    interruptible_values: tuple[Name, ...] = ("batch", "training", "train", "etl")
+    non_interruptible_values: tuple[Name, ...] = ("inference", "interactive", "serving", "notebook")
     spot: SpotPolicy = SpotPolicy()
     commitment: CommitmentPolicy = CommitmentPolicy()
     catalog_dir: str | None = None  # default: the bundled catalog
-    price_cache_path: str = "gpufinops-aws-prices.json"
+    price_cache_path: Name = "gpufinops-aws-prices.json"
     price_max_age_days: int = Field(90, ge=1, le=3660)  # older prices are flagged in the reason
-    digest_channel: str | None = None  # default: slack.default_channel
+    digest_channel: SlackChannel | None = None  # default: slack.default_channel
     digest_top: int = Field(10, ge=1, le=1000)
 
 
@@ -628,6 +664,11 @@ class ReportDeliverySettings(StrictModel):
 
     # Slack channel (e.g. "#finops"): one message with the finance page's figures and where the files are.
     slack_channel: str = Field("", max_length=80)
+
+    @field_validator("slack_channel")
+    @classmethod
+    def _channel(cls, v: str) -> str:
+        return v and slack_channel(v)  # empty: no Slack delivery
     # "s3://bucket/prefix": the HTML, its PDF rendition, the JSON and the CSVs are uploaded under prefix/YYYY-MM/.
     s3_uri: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?)?$")
     # Email the report (its PDF attached) to `email.finance` through the email delivery (`email:` section).
@@ -668,14 +709,14 @@ class StoreSettings(StrictModel):
 
 class KubernetesSettings(StrictModel):
     in_cluster: bool = False  # the pod's service account (deploy/kubernetes/workloads/); else the kubeconfig
-    kubeconfig: str | None = None  # None: $KUBECONFIG or ~/.kube/config
-    context: str | None = None  # None: the kubeconfig's current context
+    kubeconfig: Name | None = None  # None: $KUBECONFIG or ~/.kube/config
+    context: Name | None = None  # None: the kubeconfig's current context
     timeout_s: float = Field(10.0, gt=0, le=600)
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    exclude_namespaces: tuple[str, ...] = ("kube-system",)
+    namespaces: tuple[Name, ...] = ()  # empty: every namespace
+    exclude_namespaces: tuple[Name, ...] = ("kube-system",)
     namespace_selector: dict[str, str] = Field(default_factory=dict)  # namespace labels that must all match
     # A workload (annotation) or namespace (label) carrying this key, any value but "false", is never scaled.
-    protect_key: str = "gpufinops.io/protect"
+    protect_key: Name = "gpufinops.io/protect"
     # Off: workloads are judged, warned about and reported, never scaled (stop rules written for EC2 instances
     # must not start scaling Deployments when a cluster is added). On: idle Deployments/StatefulSets are scaled
     # to zero through the act stage (dry-run, cap, audit as for instances).
@@ -993,6 +1034,8 @@ def text_problem(s: str) -> str | None:
     No setting is free text: names, paths, URLs, channels, domains are all one printable line."""
     if "\x00" in s:
         return "holds a NUL character"
+    if s and not s.strip():
+        return "is only blanks (write nothing, or a value)"
     for c in s:
         if c in _BIDI:
             return f"holds a bidirectional control character (U+{ord(c):04X})"
