@@ -34,7 +34,7 @@ from gpufinops.config import ConfigError, SecretRef, Settings, load_settings
 from gpufinops.recommend.policy import policy_from_settings
 from gpufinops.report.options import report_settings
 
-FUZZ = settings(max_examples=int(os.environ.get("GPUFINOPS_CONFIG_FUZZ_EXAMPLES", "150")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("GPUFINOPS_CONFIG_FUZZ_EXAMPLES", "300")), deadline=None,
                 derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
@@ -107,7 +107,7 @@ def section(model: type[BaseModel], depth: int = 0) -> st.SearchStrategy:
     key = st.sampled_from(sorted(fields))
     entry = key.flatmap(lambda name: st.tuples(st.just(name), values_of(fields[name].annotation, depth)))
     unknown = st.tuples(st.sampled_from(["nonsense", "\u202ekey", "port "]), SCALARS)
-    return st.lists(st.one_of(entry, entry, entry, entry, entry, entry, entry, unknown), max_size=3).map(dict)
+    return st.lists(st.one_of(entry, entry, entry, entry, entry, entry, entry, unknown), max_size=2).map(dict)
 
 
 CONFIG = section(Settings)
@@ -260,7 +260,7 @@ def test_every_section_loads_into_sense_or_names_the_key(folder, doc):
 
 
 @pytest.mark.parametrize("doc", [
-    {"aws": {"regions": ["\u202e\u202e"]}},
+    {"aws": {"regions": ("\u202e\u202e",)}},
     {"email": {"retry_backoff_s": 600, "retry_max_backoff_s": 60}},
     {"email": {"message_id_domain": "a\r\nb"}},
     {"email": {"message_id_domain": ""}},
@@ -269,9 +269,8 @@ def test_every_section_loads_into_sense_or_names_the_key(folder, doc):
 ])
 def test_the_sense_checks_catch_what_the_issue_found(doc):
     """The checks above are not vacuous: each nonsense value of issue 35, built without the loader, fails them."""
-    s = Settings.model_construct(**{**{name: getattr(Settings(), name) for name in Settings.model_fields},
-                                    **{k: type(getattr(Settings(), k)).model_construct(
-                                        **{**getattr(Settings(), k).__dict__, **v}) for k, v in doc.items()}})
+    base = Settings()
+    s = base.model_copy(update={k: getattr(base, k).model_copy(update=v) for k, v in doc.items()})  # not validated
     with pytest.raises(AssertionError):
         assert_makes_sense(s)
 
