@@ -454,6 +454,13 @@ class ServiceSettings(StrictModel):
     # `serve --port 0` still asks for one, for tests).
     port: int = Field(9108, ge=1, le=65535)
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_any_port(cls, v: Any) -> Any:
+        if v == 0 and not isinstance(v, bool):
+            raise ValueError("0 would be a random port that no scrape config can name: give a fixed one (e.g. 9108)")
+        return v
+
 
 class ApiTlsSettings(StrictModel):
     """The idleness API over mutual TLS on a port of its own: the client must present a certificate signed by
