@@ -8,15 +8,26 @@ mounted file that holds them.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import os
 import re
 import sys
 import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .model import FALSE_STOP_WITHIN_S
 
@@ -66,8 +77,8 @@ class SecretRef(StrictModel):
             return value.strip()
         if self.file and Path(self.file).is_file():
             try:
-                return Path(self.file).read_text(encoding="utf-8").strip()
-            except (OSError, ValueError):  # unreadable or not text: never a secret, never an open door
+                return _secret_file_text(self.file).strip()
+            except (OSError, ValueError):  # unreadable, not text, too long: never a secret, never an open door
                 return ""
         return None
 
@@ -77,11 +88,23 @@ class SecretRef(StrictModel):
             return f"the environment variable {self.env} is set but blank: give the secret, or unset it"
         if self.file and Path(self.file).is_file():
             try:
-                if not Path(self.file).read_text(encoding="utf-8").strip():
+                if not _secret_file_text(self.file).strip():
                     return f"the file {self.file} is blank: give the secret, or remove file:"
             except (OSError, ValueError) as exc:
                 return f"the file {self.file} cannot be read: {getattr(exc, 'strerror', None) or exc}"
         return None
+
+
+MAX_SECRET_BYTES = 64 * 1024  # a token, a password, a key: far less; more is the wrong file, never read whole
+
+
+def _secret_file_text(path: str) -> str:
+    """A secret file's text (UTF-8); ValueError when it is longer than MAX_SECRET_BYTES or not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SECRET_BYTES + 1)
+    if len(data) > MAX_SECRET_BYTES:
+        raise ValueError(f"longer than {MAX_SECRET_BYTES // 1024} KiB: not a secret")
+    return data.decode("utf-8")
 
 
 def secret_refs(model: BaseModel, loc: tuple = ()) -> list[tuple[tuple, SecretRef]]:
@@ -137,6 +160,7 @@ _SLACK_CHANNEL = re.compile(r"#?[a-z0-9][a-z0-9._-]{0,79}|[CDGUW][A-Z0-9]{1,20}"
 _DAY = r"(?:mon|tue|wed|thu|fri|sat|sun|[0-6])"
 _CRON_DAYS = re.compile(rf"{_DAY}(?:-{_DAY})?(?:,{_DAY}(?:-{_DAY})?)*")
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
+_FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")  # an instance family: g5, p6-b200
 
 
 def prometheus_label(v: str) -> str:
@@ -157,8 +181,6 @@ SlackChannel = Annotated[str, AfterValidator(slack_channel)]
 
 def http_url(v: str) -> str:
     """An http(s) URL with a host: anything else is a peer no request can reach."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(v)
         parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
@@ -247,17 +269,17 @@ class AwsSettings(StrictModel):
     # Govern the account of gpufinops' own credentials too (with assume_roles).
     include_own_account: bool = True
     endpoint_url: str | None = None  # moto / VPC endpoint
+    profile: Name | None = None
+    # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
+    gpu_families: tuple[Annotated[str, Field(pattern=_FAMILY.pattern)], ...] = (
+        "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200",
+        "g4dn", "g4ad", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "g7e",
+    )
 
     @field_validator("endpoint_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         return None if v is None else http_url(v)
-    profile: Name | None = None
-    # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
-    gpu_families: tuple[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")], ...] = (
-        "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200",
-        "g4dn", "g4ad", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "g7e",
-    )
 
 
 class SlackSettings(StrictModel):
@@ -325,8 +347,6 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
 def _is_ip(v: str) -> bool:
-    import ipaddress
-
     try:
         ipaddress.ip_address(v)
         return True
@@ -360,13 +380,6 @@ class EmailSettings(StrictModel):
     password: SecretRef = SecretRef(env="GPUFINOPS_SMTP_PASSWORD")
     # A CA bundle to verify the server with (a private CA); default: the system's.
     ca_file: str | None = None
-
-    @field_validator("ca_file")
-    @classmethod
-    def _ca_file(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"{printable(v)!r} is not a file (a PEM bundle the service can read)")
-        return v
     sender: str = "gpufinops@localhost.localdomain"
     finance: tuple[str, ...] = ()
     timeout_s: float = Field(10.0, gt=0, le=300)
@@ -376,6 +389,13 @@ class EmailSettings(StrictModel):
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
 
     _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{printable(v)!r} is not a file (a PEM bundle the service can read)")
+        return v
 
     @field_validator("message_id_domain", "host")
     @classmethod
@@ -429,14 +449,6 @@ class ScheduleSettings(StrictModel):
     budget_check_every_s: int = Field(3600, ge=0, le=7 * 86400)
     # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
     recommend_digest_day: str = "mon"
-
-    @field_validator("recommend_digest_day")
-    @classmethod
-    def _digest_day(cls, v: str) -> str:
-        if v and not _CRON_DAYS.fullmatch(v.lower()):
-            raise ValueError(f"{printable(v)!r} is not a day of the week (mon ... sun, a range mon-fri, a list mon,thu); "
-                             f"empty turns the digest off")
-        return v
     recommend_digest_hour: int = Field(9, ge=0, le=23)
     # The platform channel's daily summary (stops, marks, snoozes, budget alerts) at this UTC hour; null = off.
     daily_summary_hour: int | None = Field(8, ge=0, le=23)
@@ -445,6 +457,14 @@ class ScheduleSettings(StrictModel):
     # What stopping saved this month, net, by team (the monthly report's own count, month to date) for /metrics
     # (`gpufinops_net_saving_month_to_date`); recounted this often, 0 turns it off.
     savings_every_s: int = Field(3600, ge=0, le=7 * 86400)
+
+    @field_validator("recommend_digest_day")
+    @classmethod
+    def _digest_day(cls, v: str) -> str:
+        if v and not _CRON_DAYS.fullmatch(v.lower()):
+            raise ValueError(f"{printable(v)!r} is not a day of the week (mon ... sun, a range mon-fri, a list mon,thu); "
+                             f"empty turns the digest off")
+        return v
 
 
 class ServiceSettings(StrictModel):
@@ -503,7 +523,6 @@ class LeaseSettings(StrictModel):
 # --------------------------------------------------------------------------- billing:
 # Read by gpufinops.collect.billing (settings.billing_settings fills in what depends on other sections).
 
-_FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")
 # Tag keys end up inside JSON paths in the Athena SQL: keep them to safe characters.
 _TAG_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 

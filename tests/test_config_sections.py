@@ -17,6 +17,7 @@ from gpufinops.config import (
     ConfigError,
     RecommendSettings,
     ReportSettings,
+    SecretRef,
     Settings,
     StrictModel,
     load_settings,
@@ -159,3 +160,15 @@ def test_a_blank_slack_token_in_the_agents_autostop_settings_is_refused_too(tmp_
     p = write(tmp_path, "slack:\n  token: {env: GPUFINOPS_TEST_AGENT_SLACK}\n")
     msg = str(pytest.raises(ConfigError, load_autostop_settings, p).value)
     assert f"{p}:2: key 'slack.token': the environment variable GPUFINOPS_TEST_AGENT_SLACK is set but blank" in msg
+
+
+@pytest.mark.parametrize("data,says", [(b"\xff\xfetoken", "cannot be read: 'utf-8' codec"),
+                                       (b"x" * (64 * 1024 + 1), "cannot be read: longer than 64 KiB")])
+def test_a_secret_file_that_is_no_text_or_far_too_long_is_a_load_error_and_resolves_to_nothing_usable(
+        tmp_path, data, says):
+    secret = tmp_path / "token"
+    secret.write_bytes(data)
+    p = write(tmp_path, f"api: {{bearer_token: {{file: {secret}}}}}\n")
+    assert f"{p}:1: key 'api.bearer_token': the file {secret} {says}" in str(pytest.raises(ConfigError, load_settings,
+                                                                                           p).value)
+    assert SecretRef(file=str(secret)).resolve() == ""  # blank: refused by every bearer check (run/httpd.authorize)
