@@ -8,14 +8,26 @@ mounted file that holds them.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .model import FALSE_STOP_WITHIN_S
 
@@ -49,17 +61,143 @@ class StrictModel(BaseModel):
 
 
 class SecretRef(StrictModel):
-    """Where a secret lives: an environment variable or a mounted file."""
+    """Where a secret lives: an environment variable or a mounted file.
 
-    env: str | None = None
-    file: str | None = None
+    Unset (no such variable, no such file) is "not configured": an optional secret's feature is off. Set but blank
+    (a variable holding only whitespace, a mounted file holding only a newline, as an empty Kubernetes Secret key
+    mounts) is never a secret: `load_settings` refuses it naming the key (`blank_secrets`), and `resolve()` hands
+    back "" for it, which no bearer check accepts (run/httpd.authorize)."""
+
+    env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None  # a variable's name
+    file: Annotated[str, Field(min_length=1)] | None = None
 
     def resolve(self) -> str | None:
-        if self.env and os.environ.get(self.env):
-            return os.environ[self.env].strip()
+        """The secret, stripped; None when not configured; "" when set but blank or unreadable."""
+        if self.env and (value := os.environ.get(self.env)) is not None:
+            return value.strip()
         if self.file and Path(self.file).is_file():
-            return Path(self.file).read_text().strip()
+            try:
+                return _secret_file_text(self.file).strip()
+            except (OSError, ValueError):  # unreadable, not text, too long: never a secret, never an open door
+                return ""
         return None
+
+    def blank(self) -> str | None:
+        """Why this secret is set but unusable (blank, unreadable), or None when it is usable or not configured."""
+        if self.env and (value := os.environ.get(self.env)) is not None and not value.strip():
+            return f"the environment variable {self.env} is set but blank: give the secret, or unset it"
+        if self.file and Path(self.file).is_file():
+            try:
+                if not _secret_file_text(self.file).strip():
+                    return f"the file {self.file} is blank: give the secret, or remove file:"
+            except (OSError, ValueError) as exc:
+                return f"the file {self.file} cannot be read: {getattr(exc, 'strerror', None) or exc}"
+        return None
+
+
+MAX_SECRET_BYTES = 64 * 1024  # a token, a password, a key: far less; more is the wrong file, never read whole
+
+
+def _secret_file_text(path: str) -> str:
+    """A secret file's text (UTF-8); ValueError when it is longer than MAX_SECRET_BYTES or not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SECRET_BYTES + 1)
+    if len(data) > MAX_SECRET_BYTES:
+        raise ValueError(f"longer than {MAX_SECRET_BYTES // 1024} KiB: not a secret")
+    return data.decode("utf-8")
+
+
+def secret_refs(model: BaseModel, loc: tuple = ()) -> list[tuple[tuple, SecretRef]]:
+    """Every SecretRef of a settings tree with its dotted location, sections nested at any depth."""
+    if isinstance(model, SecretRef):
+        return [(loc, model)]
+    out: list[tuple[tuple, SecretRef]] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out.extend(secret_refs(value, (*loc, name)))
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    out.extend(secret_refs(item, (*loc, name, i)))
+    return out
+
+
+def blank_secrets(settings: BaseModel, where: str, text: str) -> None:
+    """A ConfigError naming each secret of `settings` that is set but blank or unreadable (file, line, key)."""
+    root = compose_yaml(text) if text else None
+    errors = []
+    for loc, ref in secret_refs(settings):
+        why = ref.blank()
+        if why is not None:
+            line = line_of(where, loc, text, root) if root is not None else None
+            key = ".".join(str(p) for p in loc)
+            errors.append(f"{where}:{line}: key '{key}': {why}" if line else f"{where}: key '{key}': {why}")
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+# An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, eusc-de-east-1. Anything else (a typo, an RTL
+# override pasted from a chat) would be a region no API call can reach, every instance of it silently never read.
+AWS_REGION = re.compile(r"[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}")
+# A DNS name (RFC 1123 labels): the right-hand side of a Message-ID, a mail server's name.
+_DOMAIN = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def aws_region(v: str) -> str:
+    if not AWS_REGION.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not an AWS region name (like us-east-1 or eu-central-1)")
+    return v
+
+
+AwsRegion = Annotated[str, AfterValidator(aws_region)]
+# A name that must say something (a label, a tag key, a path, a workgroup): empty is never "off" for these; the
+# keys where empty means off say so where they are declared.
+Name = Annotated[str, Field(min_length=1)]
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A channel as chat.postMessage takes it: #name (lower-case, as Slack makes every name) or an id (C…, G…, D…).
+_SLACK_CHANNEL = re.compile(r"#?[a-z0-9][a-z0-9._-]{0,79}|[CDGUW][A-Z0-9]{1,20}")
+_DAY = r"(?:mon|tue|wed|thu|fri|sat|sun|[0-6])"
+_CRON_DAYS = re.compile(rf"{_DAY}(?:-{_DAY})?(?:,{_DAY}(?:-{_DAY})?)*")
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?")
+_FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")  # an instance family: g5, p6-b200
+
+
+def prometheus_label(v: str) -> str:
+    if not _PROMETHEUS_LABEL.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not a Prometheus label name (letters, digits and _, not first a digit)")
+    return v
+
+
+def slack_channel(v: str) -> str:
+    if not _SLACK_CHANNEL.fullmatch(v):
+        raise ValueError(f"{printable(v)!r} is not a Slack channel (#name in lower case, or a channel id like C0123ABCD)")
+    return v
+
+
+PrometheusLabel = Annotated[str, AfterValidator(prometheus_label)]
+SlackChannel = Annotated[str, AfterValidator(slack_channel)]
+
+
+def http_url(v: str) -> str:
+    """An http(s) URL with a host: anything else is a peer no request can reach."""
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{printable(v)!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in v):
+        raise ValueError(f"{printable(v)!r} is not an http:// or https:// URL with a host")
+    return v
+
+
+def backoff_in_order(v: int, info: ValidationInfo) -> int:
+    """retry_max_backoff_s (`v`) is where the doubling of retry_backoff_s stops: below it, it would mean nothing."""
+    first = info.data.get("retry_backoff_s")  # absent when it failed itself (reported under its own key)
+    if first is not None and v < first:
+        raise ValueError(f"{v} is below retry_backoff_s ({first}): the longest wait between two tries cannot be "
+                         f"shorter than the first")
+    return v
 
 
 class PrometheusSettings(StrictModel):
@@ -71,9 +209,9 @@ class PrometheusSettings(StrictModel):
     basic_auth_password: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_PASSWORD")
     verify_tls: bool = True
     # Label that carries the EC2 instance id (set by ec2_sd_configs relabelling).
-    instance_label: str = "instance_id"
+    instance_label: PrometheusLabel = "instance_id"
     # Fallback: hostname labels matched to the instance's private DNS name or IP.
-    hostname_labels: tuple[str, ...] = ("Hostname", "hostname")
+    hostname_labels: tuple[PrometheusLabel, ...] = ("Hostname", "hostname")
     scrape_interval_s: int = Field(30, ge=1, le=3600)
     # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
     selector: str = ""
@@ -92,6 +230,8 @@ class PrometheusSettings(StrictModel):
     # The shards this process owns (0-based), for replicas on disjoint shards; empty = all of them. Each
     # replica needs its own database (`database_url`): the one-scheduler lease lives there (docs/scale.md).
     owned_shards: tuple[int, ...] = ()
+
+    _url = field_validator("url")(http_url)
 
     @field_validator("shards")
     @classmethod
@@ -116,7 +256,7 @@ class AssumeRole(StrictModel):
 
 class AwsSettings(StrictModel):
     # At least one: the first is the default region of S3, pricing and unpriced instances.
-    regions: tuple[str, ...] = Field(("us-east-1",), min_length=1)
+    regions: tuple[AwsRegion, ...] = Field(("us-east-1",), min_length=1)
     # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json), as an
     # ARN string or {arn: ..., external_id: ...}.
     assume_roles: tuple[AssumeRole, ...] = ()
@@ -129,20 +269,25 @@ class AwsSettings(StrictModel):
     # Govern the account of gpufinops' own credentials too (with assume_roles).
     include_own_account: bool = True
     endpoint_url: str | None = None  # moto / VPC endpoint
-    profile: str | None = None
+    profile: Name | None = None
     # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
-    gpu_families: tuple[str, ...] = (
+    gpu_families: tuple[Annotated[str, Field(pattern=_FAMILY.pattern)], ...] = (
         "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200",
         "g4dn", "g4ad", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "g7e",
     )
 
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
 
 class SlackSettings(StrictModel):
     token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
-    default_channel: str = "#gpu-finops"
+    default_channel: SlackChannel = "#gpu-finops"
     base_url: str | None = None  # slack-sdk default when None
     max_retries: int = Field(3, ge=0, le=20)
-    outbox_path: str = "gpufinops-outbox.jsonl"
+    outbox_path: Name = "gpufinops-outbox.jsonl"
     # A message Slack did not accept is sent again on later ticks, waiting this long after the first
     # failure and doubling up to retry_max_backoff_s. Until a warning is delivered, no stop happens.
     retry_backoff_s: int = Field(60, ge=1, le=86400)
@@ -163,11 +308,18 @@ class SlackSettings(StrictModel):
     # Routing: an instance's messages go to its team's channel (team tag value -> channel) unless its rule names
     # one; `default_channel` gets the rest and the daily summary. dm_owners: the owner (owner tag = a Slack user id,
     # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
-    team_channels: dict[str, str] = Field(default_factory=dict)
+    team_channels: dict[Name, SlackChannel] = Field(default_factory=dict)
     dm_owners: bool = False
     # Hysteresis of the "No usable GPU metrics" alert: an instance's outage episode closes only after its metrics
     # have been usable this long without a break; a relapse before that is the same episode (no second alert).
     metrics_recovered_after_s: int = Field(1800, ge=0, le=7 * 86400)
+
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
 
     def interactive(self) -> bool:
         """Whether clicks can reach the service (a signing secret for POST /slack/actions, or Socket Mode with its
@@ -192,6 +344,14 @@ class SlackSettings(StrictModel):
 
 
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _is_ip(v: str) -> bool:
+    try:
+        ipaddress.ip_address(v)
+        return True
+    except ValueError:
+        return False
 
 
 def _slack_person(entry: str) -> str:
@@ -228,6 +388,23 @@ class EmailSettings(StrictModel):
     retry_backoff_s: int = Field(60, ge=1, le=86400)
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
 
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{printable(v)!r} is not a file (a PEM bundle the service can read)")
+        return v
+
+    @field_validator("message_id_domain", "host")
+    @classmethod
+    def _a_domain(cls, v: str) -> str:
+        # A CR/LF or an empty name would make every message's headers invalid: every email would fail.
+        if not _DOMAIN.fullmatch(v) and not _is_ip(v):
+            raise ValueError(f"{printable(v)!r} is not a domain name (letters, digits, '-' and '.', e.g. gpufinops.invalid)")
+        return v
+
     @field_validator("sender")
     @classmethod
     def _sender_is_an_address(cls, v: str) -> str:
@@ -255,7 +432,7 @@ class ActSettings(StrictModel):
     dry_run: bool = True
     max_stops_per_run: int = Field(5, ge=0, le=100_000)
     max_stops_fraction: float = Field(0.1, ge=0.0, le=1.0)
-    actor: str = "gpufinops"
+    actor: str = Field("gpufinops", min_length=1, max_length=256)
     # A snooze tag further ahead than this is capped to it (and reported); unreadable ones count as this long.
     max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
     # The opt-in: only an instance carrying this tag with this value is ever warned "will be stopped" or
@@ -281,11 +458,28 @@ class ScheduleSettings(StrictModel):
     # (`gpufinops_net_saving_month_to_date`); recounted this often, 0 turns it off.
     savings_every_s: int = Field(3600, ge=0, le=7 * 86400)
 
+    @field_validator("recommend_digest_day")
+    @classmethod
+    def _digest_day(cls, v: str) -> str:
+        if v and not _CRON_DAYS.fullmatch(v.lower()):
+            raise ValueError(f"{printable(v)!r} is not a day of the week (mon ... sun, a range mon-fri, a list mon,thu); "
+                             f"empty turns the digest off")
+        return v
+
 
 class ServiceSettings(StrictModel):
-    host: str = "127.0.0.1"
-    # 0 = any free port (the tests bind one that way).
-    port: int = Field(9108, ge=0, le=65535)
+    # The address to listen on; 0.0.0.0 for every interface (an empty one would mean that too, unsaid: refused).
+    host: str = Field("127.0.0.1", min_length=1)
+    # Where Prometheus scrapes /metrics: a fixed port (0, "any free port", is nothing a scrape config can name;
+    # `serve --port 0` still asks for one, for tests).
+    port: int = Field(9108, ge=1, le=65535)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_any_port(cls, v: Any) -> Any:
+        if v == 0 and not isinstance(v, bool):
+            raise ValueError("0 would be a random port that no scrape config can name: give a fixed one (e.g. 9108)")
+        return v
 
 
 class ApiTlsSettings(StrictModel):
@@ -329,7 +523,6 @@ class LeaseSettings(StrictModel):
 # --------------------------------------------------------------------------- billing:
 # Read by gpufinops.collect.billing (settings.billing_settings fills in what depends on other sections).
 
-_FAMILY = re.compile(r"^[a-z][a-z0-9-]*$")
 # Tag keys end up inside JSON paths in the Athena SQL: keep them to safe characters.
 _TAG_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
@@ -346,14 +539,17 @@ class TagKeys(StrictModel):
     def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise ValueError("needs at least one tag key")
+        for key in v:
+            if not _TAG_KEY.match(key.replace("-", "_")):
+                raise ValueError(f"tag key {printable(key)!r}: letters, digits, _ and - only")
         return v
 
 
 class CeSettings(StrictModel):
-    region: str = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
+    region: AwsRegion = "us-east-1"  # Cost Explorer has one endpoint, in us-east-1
     metric: Literal["UnblendedCost", "AmortizedCost", "NetUnblendedCost", "BlendedCost"] = "UnblendedCost"
-    group_tag: str = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
-    service: str = "Amazon Elastic Compute Cloud - Compute"
+    group_tag: Name = "team"  # second GroupBy of the query (the first is INSTANCE_TYPE)
+    service: Name = "Amazon Elastic Compute Cloud - Compute"
     # One query per CE PURCHASE_TYPE value, so every row knows its pricing model.
     purchase_types: dict[str, Literal["on-demand", "spot", "reserved", "savings-plan"]] = {
         "On Demand Instances": "on-demand",
@@ -368,9 +564,9 @@ class CeSettings(StrictModel):
 class AthenaSettings(StrictModel):
     database: str = "cur"
     table: str = "cur2"
-    workgroup: str = "primary"
-    output_location: str | None = None  # s3://bucket/prefix/ for query results
-    region: str = "us-east-1"
+    workgroup: Name = "primary"
+    output_location: Annotated[str, Field(pattern=_S3_URI.pattern)] | None = None  # s3://bucket/prefix/ for results
+    region: AwsRegion = "us-east-1"
     poll_interval_s: float = Field(1.0, gt=0, le=60)
     timeout_s: float = Field(600.0, gt=0, le=3600)  # Athena queries over a month of CUR take minutes
 
@@ -385,10 +581,10 @@ class AthenaSettings(StrictModel):
 class BillingSettings(StrictModel):
     source: Literal["ce", "cur", "focus", "athena"] = "ce"
     path: str | None = None
-    currency: str = "USD"
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")  # ISO 4217, as the budgets file
     gpu_families: tuple[str, ...] | None = None  # None: settings.aws.gpu_families
     # Other providers' GPU instance names (FOCUS): regexes matched on the charge text.
-    gpu_patterns: tuple[str, ...] = (
+    gpu_patterns: tuple[Name, ...] = (  # an empty one would match every charge
         r"Standard_N[CDV][A-Za-z0-9_]*",  # Azure N-series
         r"\b(?:a2|a3|a4|g2|g4)-(?:highgpu|megagpu|ultragpu|edgegpu|standard)-[0-9a-z]+\b",  # GCP
         r"\bVM\.GPU[0-9A-Za-z.]*\b|\bBM\.GPU[0-9A-Za-z.]*\b",  # OCI
@@ -396,7 +592,7 @@ class BillingSettings(StrictModel):
     focus_cost_column: Literal["BilledCost", "EffectiveCost", "ListCost", "ContractedCost"] = "BilledCost"
     # A single line item above this many currency units is refused as absurd.
     max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
-    budgets_path: str = str(DEFAULT_RULES_DIR / "budgets.yaml")
+    budgets_path: Name = str(DEFAULT_RULES_DIR / "budgets.yaml")
     price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
     tag_keys: TagKeys = TagKeys()
     ce: CeSettings = CeSettings()
@@ -423,13 +619,6 @@ class BillingSettings(StrictModel):
                 raise ValueError(f"bad regex {p!r}: {exc}") from None
         return v
 
-    @field_validator("tag_keys")
-    @classmethod
-    def _tag_keys(cls, v: TagKeys) -> TagKeys:
-        for key in (*v.team, *v.project, *v.owner):
-            if not _TAG_KEY.match(key.replace("-", "_")):
-                raise ValueError(f"tag key {key!r}: letters, digits, _ and - only")
-        return v
 
 
 # --------------------------------------------------------------------------- recommend:
@@ -437,8 +626,8 @@ class BillingSettings(StrictModel):
 
 
 class InterruptionOverride(StrictModel):
-    instance_type: str = "*"  # glob, e.g. "p5.*"
-    region: str = "*"
+    instance_type: Name = "*"  # glob, e.g. "p5.*"
+    region: Name = "*"
     interruption_rate_per_hour: float = Field(ge=0, le=100)
 
 
@@ -477,17 +666,17 @@ class RecommendSettings(StrictModel):
     usable_memory_fraction: float = Field(0.93, gt=0, le=1)  # nominal GB a process really gets
     worked_activity_pct: float = Field(5.0, ge=0, le=100)  # a GPU "did work" if its max activity reached this
     hours_per_month: float = Field(730.0, gt=0, le=745)  # 745: a 31-day month plus the DST hour
-    providers: tuple[str, ...] = ()  # candidates from these providers; empty = the instance's own
+    providers: tuple[Name, ...] = ()  # candidates from these providers; empty = the instance's own
     same_region: bool = True
-    workload_tag: str = "workload"
-    interruptible_values: tuple[str, ...] = ("batch", "training", "train", "etl")
-    non_interruptible_values: tuple[str, ...] = ("inference", "interactive", "serving", "notebook")
+    workload_tag: Name = "workload"
+    interruptible_values: tuple[Name, ...] = ("batch", "training", "train", "etl")
+    non_interruptible_values: tuple[Name, ...] = ("inference", "interactive", "serving", "notebook")
     spot: SpotPolicy = SpotPolicy()
     commitment: CommitmentPolicy = CommitmentPolicy()
     catalog_dir: str | None = None  # default: the bundled catalog
-    price_cache_path: str = "gpufinops-aws-prices.json"
+    price_cache_path: Name = "gpufinops-aws-prices.json"
     price_max_age_days: int = Field(90, ge=1, le=3660)  # older prices are flagged in the reason
-    digest_channel: str | None = None  # default: slack.default_channel
+    digest_channel: SlackChannel | None = None  # default: slack.default_channel
     digest_top: int = Field(10, ge=1, le=1000)
 
 
@@ -501,6 +690,11 @@ class ReportDeliverySettings(StrictModel):
 
     # Slack channel (e.g. "#finops"): one message with the finance page's figures and where the files are.
     slack_channel: str = Field("", max_length=80)
+
+    @field_validator("slack_channel")
+    @classmethod
+    def _channel(cls, v: str) -> str:
+        return v and slack_channel(v)  # empty: no Slack delivery
     # "s3://bucket/prefix": the HTML, its PDF rendition, the JSON and the CSVs are uploaded under prefix/YYYY-MM/.
     s3_uri: str = Field("", pattern=r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?)?$")
     # Email the report (its PDF attached) to `email.finance` through the email delivery (`email:` section).
@@ -541,14 +735,14 @@ class StoreSettings(StrictModel):
 
 class KubernetesSettings(StrictModel):
     in_cluster: bool = False  # the pod's service account (deploy/kubernetes/workloads/); else the kubeconfig
-    kubeconfig: str | None = None  # None: $KUBECONFIG or ~/.kube/config
-    context: str | None = None  # None: the kubeconfig's current context
+    kubeconfig: Name | None = None  # None: $KUBECONFIG or ~/.kube/config
+    context: Name | None = None  # None: the kubeconfig's current context
     timeout_s: float = Field(10.0, gt=0, le=600)
-    namespaces: tuple[str, ...] = ()  # empty: every namespace
-    exclude_namespaces: tuple[str, ...] = ("kube-system",)
+    namespaces: tuple[Name, ...] = ()  # empty: every namespace
+    exclude_namespaces: tuple[Name, ...] = ("kube-system",)
     namespace_selector: dict[str, str] = Field(default_factory=dict)  # namespace labels that must all match
     # A workload (annotation) or namespace (label) carrying this key, any value but "false", is never scaled.
-    protect_key: str = "gpufinops.io/protect"
+    protect_key: Name = "gpufinops.io/protect"
     # Off: workloads are judged, warned about and reported, never scaled (stop rules written for EC2 instances
     # must not start scaling Deployments when a cluster is added). On: idle Deployments/StatefulSets are scaled
     # to zero through the act stage (dry-run, cap, audit as for instances).
@@ -856,19 +1050,40 @@ def load_yaml(path: str | Path) -> tuple[Any, str]:
     return parse_yaml(p, text), text
 
 
-def nul_locations(node: Any, loc: tuple = ()) -> list[tuple]:
-    """Where a YAML document holds a string (key or value) with a NUL character."""
-    out: list[tuple] = []
+# Bidirectional controls (U+061C, U+200E/F, U+202A-E, U+2066-9): they make a value read differently from what it
+# holds ("Trojan Source"); no setting needs one.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def text_problem(s: str) -> str | None:
+    """Why a string cannot be a setting (a NUL, a control character, a bidirectional override), or None.
+    No setting is free text: names, paths, URLs, channels, domains are all one printable line."""
+    if "\x00" in s:
+        return "holds a NUL character"
+    if s and not s.strip():
+        return "is only blanks (write nothing, or a value)"
+    for c in s:
+        if c in _BIDI:
+            return f"holds a bidirectional control character (U+{ord(c):04X})"
+        if unicodedata.category(c) == "Cc":
+            return f"holds a control character (U+{ord(c):04X})"
+    return None
+
+
+def unsafe_text_locations(node: Any, loc: tuple = ()) -> list[tuple[tuple, str]]:
+    """Where a YAML document holds a string (key or value) that `text_problem` refuses, and why."""
+    out: list[tuple[tuple, str]] = []
     if isinstance(node, str):
-        return [loc] if "\x00" in node else []
+        why = text_problem(node)
+        return [(loc, why)] if why else []
     if isinstance(node, dict):
         for k, v in node.items():
-            if isinstance(k, str) and "\x00" in k:
-                out.append((*loc, k))
-            out.extend(nul_locations(v, (*loc, k)))
+            if isinstance(k, str) and (why := text_problem(k)):
+                out.append(((*loc, k), why))
+            out.extend(unsafe_text_locations(v, (*loc, k)))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            out.extend(nul_locations(v, (*loc, i)))
+            out.extend(unsafe_text_locations(v, (*loc, i)))
     return out
 
 
@@ -885,19 +1100,20 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         try:
-            nul = nul_locations(raw)
+            unsafe = unsafe_text_locations(raw)
         except RecursionError:
             raise ConfigError(f"{path}: nested too deeply") from None
-        if nul:  # a NUL in a path would fail deep in os.path, far from the key that holds it
+        if unsafe:  # a NUL in a path would fail deep in os.path, an RTL override reads as another name
             raise ConfigError("\n".join(
                 f"{path}:{line_of(str(path), loc, text) or 1}: key '{'.'.join(printable(str(p)) for p in loc)}': "
-                f"holds a NUL character" for loc in nul[:20]))
+                f"{why}" for loc, why in unsafe[:20]))
         data = raw
     data = {**data, **overrides, "source_path": source}
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source or "<defaults>", text, exc)) from None
+    blank_secrets(settings, source or "<defaults>", text)
     if path is not None:
         # One rule for every path in a config file, defaults included: a relative path is relative to the
         # config file, not the working directory, so running from another folder finds the same database,

@@ -149,7 +149,7 @@ def test_config_and_its_sections_load_or_raise_config_error_naming_the_file(fold
     except ConfigError as exc:
         assert_names_file(exc, path)
         return
-    assert 0 <= s.service.port <= 65535 and 0 < s.prometheus.timeout_s <= 600
+    assert 1 <= s.service.port <= 65535 and 0 < s.prometheus.timeout_s <= 600
     assert 1 <= s.prometheus.scrape_interval_s <= 3600
 
 
@@ -360,8 +360,31 @@ def test_nul_character_in_a_path_names_its_key(tmp_path):
                                 f"{p}:3: key 'recommend.catalog_dir': holds a NUL character"]
 
 
-def test_port_zero_is_an_ephemeral_port(tmp_path):
-    assert load_settings(write(tmp_path, "gpufinops.yaml", "service: {port: 0}\n")).service.port == 0
+def test_port_zero_is_refused_in_the_file_and_serve_port_0_still_binds_any_free_port(tmp_path):
+    # In a file, 0 is a random port no scrape config can name; `serve --port 0` (tests) sets it after the load.
+    p = write(tmp_path, "gpufinops.yaml", "service: {port: 0}\n")
+    assert f"{p}:1: key 'service.port'" in str(pytest.raises(ConfigError, load_settings, p).value)
+
+
+@pytest.mark.parametrize("doc,line,key,says", [
+    ("aws:\n  regions: [us-east-1, \"\\u202e\\u202e\"]", 2, "aws.regions.1", "holds a bidirectional control character"),
+    ("aws: {regions: [us-east-1, Frankfurt]}", 1, "aws.regions.1", "not an AWS region name"),
+    ("billing: {athena: {region: us_east_1}}", 1, "billing.athena.region", "not an AWS region name"),
+    ("email:\n  retry_backoff_s: 600\n  retry_max_backoff_s: 60", 3, "email.retry_max_backoff_s",
+     "below retry_backoff_s (600)"),
+    ("slack: {retry_backoff_s: 600, retry_max_backoff_s: 60}", 1, "slack.retry_max_backoff_s", "below retry_backoff_s"),
+    ("email: {message_id_domain: \"gpufinops.invalid\\r\\nBcc: x@y.z\"}", 1, "email.message_id_domain",
+     "holds a control character (U+000D)"),
+    ("email: {message_id_domain: ''}", 1, "email.message_id_domain", "not a domain name"),
+    ("email: {message_id_domain: 'a b.example'}", 1, "email.message_id_domain", "not a domain name"),
+    ("prometheus: {url: 'prometheus:9090'}", 1, "prometheus.url", "not an http:// or https:// URL"),
+    ("service: {host: ''}", 1, "service.host", "at least 1 character"),
+    ("slack: {default_channel: \"#gpu\\tfinops\"}", 1, "slack.default_channel", "holds a control character (U+0009)"),
+])
+def test_values_that_mean_nothing_are_refused_naming_file_line_and_key(tmp_path, doc, line, key, says):
+    p = write(tmp_path, "gpufinops.yaml", doc + "\n")
+    msg = str(pytest.raises(ConfigError, load_settings, p).value)
+    assert f"{p}:{line}: key '{key}'" in msg and says in msg, msg
 
 
 @pytest.mark.parametrize("section,doc,key", [

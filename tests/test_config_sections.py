@@ -17,9 +17,11 @@ from gpufinops.config import (
     ConfigError,
     RecommendSettings,
     ReportSettings,
+    SecretRef,
     Settings,
     StrictModel,
     load_settings,
+    secret_refs,
 )
 from gpufinops.run.jobs import scheduled_jobs
 from gpufinops.model import FALSE_STOP_WITHIN_S
@@ -114,3 +116,59 @@ def test_every_false_stop_threshold_defaults_to_the_one_constant():
     assert FALSE_STOP_WITHIN_S == 1800
     assert (ReportSettings().false_stop_s, BacktestSettings().break_even_s) == (FALSE_STOP_WITHIN_S,) * 2
     assert args.break_even is None  # the CLI resolves it to the same constant when the replay starts
+
+
+# --------------------------------------------------------------------------- secrets: unset is off, blank is an error
+
+@pytest.mark.parametrize("loc", [".".join(map(str, loc)) for loc, _ in secret_refs(Settings())])
+def test_every_secret_set_but_blank_in_its_variable_is_a_load_error_naming_its_key(loc, monkeypatch):
+    ref = dict(secret_refs(Settings()))[tuple(loc.split("."))]
+    for var in {r.env for _, r in secret_refs(Settings()) if r.env}:
+        monkeypatch.delenv(var, raising=False)
+    assert load_settings() is not None  # unset: the feature is off, as before
+    monkeypatch.setenv(ref.env, " \t")
+    msg = str(pytest.raises(ConfigError, load_settings).value)
+    assert msg == f"<defaults>: key '{loc}': the environment variable {ref.env} is set but blank: give the secret, " \
+                  f"or unset it"
+
+
+def test_every_secret_section_is_covered():
+    # A new secret is checked without a new line of code; this list says which ones exist today.
+    assert {".".join(map(str, loc)) for loc, _ in secret_refs(Settings())} == {
+        "prometheus.bearer_token", "prometheus.basic_auth_password", "slack.token", "slack.signing_secret",
+        "slack.app_token", "email.password", "api.bearer_token"}
+
+
+@pytest.mark.parametrize("content", ["\n", "", "  \r\n\t"])
+def test_a_secret_file_holding_only_blanks_is_a_load_error_naming_file_line_and_key(tmp_path, content):
+    secret = tmp_path / "slack-token"
+    secret.write_text(content)
+    p = write(tmp_path, f"slack:\n  default_channel: '#x'\n  token: {{file: {secret}}}\n")
+    msg = str(pytest.raises(ConfigError, load_settings, p).value)
+    assert msg == f"{p}:3: key 'slack.token': the file {secret} is blank: give the secret, or remove file:"
+    secret.write_text("xoxb-real\n")
+    assert load_settings(p).slack.token.resolve() == "xoxb-real"
+    (tmp_path / "gone").mkdir()
+    p = write(tmp_path, f"email: {{password: {{file: {tmp_path / 'gone' / 'missing'}}}}}\n")
+    assert load_settings(p).email.password.resolve() is None  # not mounted: not configured, as before
+
+
+def test_a_blank_slack_token_in_the_agents_autostop_settings_is_refused_too(tmp_path, monkeypatch):
+    from gpufinops.agent.autostop.settings import load_autostop_settings
+
+    monkeypatch.setenv("GPUFINOPS_TEST_AGENT_SLACK", "  ")
+    p = write(tmp_path, "slack:\n  token: {env: GPUFINOPS_TEST_AGENT_SLACK}\n")
+    msg = str(pytest.raises(ConfigError, load_autostop_settings, p).value)
+    assert f"{p}:2: key 'slack.token': the environment variable GPUFINOPS_TEST_AGENT_SLACK is set but blank" in msg
+
+
+@pytest.mark.parametrize("data,says", [(b"\xff\xfetoken", "cannot be read: 'utf-8' codec"),
+                                       (b"x" * (64 * 1024 + 1), "cannot be read: longer than 64 KiB")])
+def test_a_secret_file_that_is_no_text_or_far_too_long_is_a_load_error_and_resolves_to_nothing_usable(
+        tmp_path, data, says):
+    secret = tmp_path / "token"
+    secret.write_bytes(data)
+    p = write(tmp_path, f"api: {{bearer_token: {{file: {secret}}}}}\n")
+    assert f"{p}:1: key 'api.bearer_token': the file {secret} {says}" in str(pytest.raises(ConfigError, load_settings,
+                                                                                           p).value)
+    assert SecretRef(file=str(secret)).resolve() == ""  # blank: refused by every bearer check (run/httpd.authorize)

@@ -102,10 +102,7 @@ def verdict_handler(loop: "AutostopLoop | None", token: Callable[[], str | None]
     """The GET handler for /v1/verdict: the loop's verdict, or 404 when the agent runs without autostop."""
 
     def handle(headers: Mapping[str, str], query: str, client: str) -> tuple[int, str, bytes]:
-        secret = token()
-        if secret == "":
-            return Answer(503, {"error": f"the token file ({TOKEN_FILE_ENV}) cannot be read or is empty"}).encoded()
-        refused = authorize(headers, client, secret)
+        refused = authorize(headers, client, token(), token_name=f"{TOKEN_ENV} / {TOKEN_FILE_ENV}")
         if refused is not None:
             log.info("verdict api: refused %s (%d)", client, refused.status)
             return refused.encoded()

@@ -13,7 +13,8 @@ liveness limit is UNKNOWN with the reason (`not_evaluated`, `no_evaluation_yet`,
 
 Access: with `api.bearer_token` set (env GPUFINOPS_API_TOKEN by default, or a file) every request needs
 `Authorization: Bearer <token>` (compared in constant time, never logged); without one, only loopback clients
-are answered. With `api.tls` the same answers are also served over mutual TLS on `api.tls.port` (httpd.mutual_tls_server):
+are answered. A blank token (set but empty) is refused at load; one that turns blank later answers nobody (503).
+At most MAX_INSTANCES_PER_QUERY values per query and instances per answer (400 beyond). With `api.tls` the same answers are also served over mutual TLS on `api.tls.port` (httpd.mutual_tls_server):
 a client certificate signed by `api.tls.client_ca_file` is required, plus the bearer token when one is set.
 """
 
@@ -39,6 +40,8 @@ log = logging.getLogger("gpufinops.api")
 
 VERDICTS_PATH = "/v1/verdicts"
 NAMESPACE_TAG = "k8s:namespace"  # collect.kubernetes_cloud.TAG_NAMESPACE
+# One query answers at most this many instances, and asks by at most this many values (ids, hosts, namespaces):
+# 3,000 unknown ids would otherwise be a 1 MB answer of UNKNOWN entries.
 MAX_INSTANCES_PER_QUERY = 500
 
 
@@ -78,6 +81,10 @@ class VerdictApi:
         if unknown_keys or not any(wanted.values()):
             return Answer(400, {"error": "ask by instance=, host= or namespace= (repeatable)",
                                 "unknown_parameters": unknown_keys})
+        asked_count = sum(len(values) for values in wanted.values())
+        if asked_count > MAX_INSTANCES_PER_QUERY:  # each unknown id is an entry too: bound the answer by the ask
+            return Answer(400, {"error": f"{asked_count} values asked; at most {MAX_INSTANCES_PER_QUERY} instance=, "
+                                         f"host= and namespace= values per query"})
         report, tick_end = self.last()
         now = self.clock()
         why_unknown = None

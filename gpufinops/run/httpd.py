@@ -55,15 +55,22 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def authorize(headers: Mapping[str, str], client: str, token: str | None) -> Answer | None:
-    """None when the request may be answered; else the refusal. The token itself is never echoed or logged."""
+def authorize(headers: Mapping[str, str], client: str, token: str | None,
+              token_name: str = "api.bearer_token") -> Answer | None:
+    """None when the request may be answered; else the refusal. The token itself is never echoed or logged.
+
+    `token`: None when none is configured (loopback clients only); a blank one ("": a variable or file set but
+    empty, or a file that cannot be read) answers nobody, 503: it is a broken secret, never an open door (an empty
+    `Authorization: Bearer` would match it)."""
     if token is None:
         if is_loopback(client):
             return None
-        return Answer(403, {"error": "no api.bearer_token is configured: only loopback clients are answered"})
+        return Answer(403, {"error": f"no {token_name} is configured: only loopback clients are answered"})
+    if not token.strip():
+        return Answer(503, {"error": f"{token_name} is set but blank or cannot be read: nobody is answered"})
     sent = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
     scheme, _, value = sent.partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+    if scheme.lower() == "bearer" and value.strip() and hmac.compare_digest(value.strip().encode(), token.encode()):
         return None
     return Answer(401, {"error": "missing or wrong bearer token"})
 

@@ -68,7 +68,7 @@ class ServeWorld:
                       "outbox_path": str(folder / "outbox.jsonl")},
             "act": {"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
             "schedule": {"evaluate_every_s": 2, "budget_check_every_s": 0, "recommend_digest_day": ""},
-            "service": {"host": "127.0.0.1", "port": 0},
+            "service": {"host": "127.0.0.1", "port": 9108},  # each replica binds any free port: serve --port 0
             "lease": {"ttl_s": LEASE_TTL_S},
         }))
         self.procs: list[subprocess.Popen] = []
@@ -86,7 +86,7 @@ class ServeWorld:
 
     def start_serve(self) -> subprocess.Popen:
         with open(self.folder / f"serve-{len(self.procs)}.log", "wb") as log:
-            proc = subprocess.Popen([GPUFINOPS, "--config", str(self.config), "serve"], stdout=log,
+            proc = subprocess.Popen([GPUFINOPS, "--config", str(self.config), "serve", "--port", "0"], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
                                     cwd=self.folder)
         self.procs.append(proc)

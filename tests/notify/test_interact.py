@@ -24,6 +24,7 @@ from gpufinops.run.service import Service, make_http_server
 from gpufinops.notify.routing import Deliveries
 from tests.act.test_act import T0
 from tests.act.test_act_trust import SlackWorld
+from tests.promserver import free_port
 
 SECRET_ENV = "GPUFINOPS_TEST_SLACK_SIGNING_SECRET"
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -113,7 +114,7 @@ class ClickWorld(SlackWorld, ClickEndpoints):
             act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
             slack={"signing_secret": {"env": SECRET_ENV}, "snooze_admins": ["U0ADMIN001"],
                    "team_members": {"ml": ["U0TEAM0001"]}, **(slack or {})},
-            service={"host": "127.0.0.1", "port": 0})
+            service={"host": "127.0.0.1", "port": free_port()})
         # The notifier as the live service composes it (run/compose.live_notifier): behind the router.
         self.serve(self.settings, Peers(self.cloud, self.metrics, self.store, Deliveries(self.notifier, self.settings)),
                    ws)

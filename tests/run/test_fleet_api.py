@@ -12,12 +12,14 @@ import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
 from gpufinops.cli.core import decision_row
-from gpufinops.config import load_settings
+from gpufinops.config import ConfigError, load_settings
 from gpufinops.demo.sim import ConsoleNotifier, SimCloud
 from gpufinops.model import GpuInstance, GpuWindowStats, InstanceUsage, RunContext
 from gpufinops.rules import load_rules
-from gpufinops.run.api import authorize
+from gpufinops.run.api import MAX_INSTANCES_PER_QUERY, authorize
 from gpufinops.run.pipeline import Peers, run_once
 from gpufinops.run.service import Service, make_http_server
 from gpufinops.store.schema import MarkRow
@@ -239,3 +241,61 @@ def test_token_from_a_file_and_loopback_only_without_one(tmp_path):
     assert authorize({}, "127.0.0.1", None) is None and authorize({}, "::1", None) is None
     assert authorize({"X-Forwarded-For": "127.0.0.1"}, "10.0.0.5", None).status == 403
     assert authorize({"Authorization": f"Bearer {TOKEN}"}, "10.0.0.5", TOKEN) is None
+
+
+def get_with_header(url, authorization):
+    req = urllib.request.Request(url, headers={"Authorization": authorization})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_blank_token_is_a_load_error_naming_the_key_never_an_open_api(tmp_path, monkeypatch):
+    # An empty Kubernetes Secret key mounts as a file holding only a newline; an env var can be set to blanks.
+    (tmp_path / "token").write_text("\n")
+    config = tmp_path / "gpufinops.yaml"
+    config.write_text(f"api:\n  bearer_token: {{file: {tmp_path / 'token'}}}\n")
+    msg = str(pytest.raises(ConfigError, load_settings, config).value)
+    assert f"{config}:2: key 'api.bearer_token': the file {tmp_path / 'token'} is blank" in msg
+    monkeypatch.setenv("GPUFINOPS_API_TOKEN", " ")
+    msg = str(pytest.raises(ConfigError, make, tmp_path).value)
+    assert "key 'api.bearer_token': the environment variable GPUFINOPS_API_TOKEN is set but blank" in msg
+
+
+def test_an_empty_bearer_never_authorises_even_when_the_token_turns_blank(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    service, _clock, http, base = make(tmp_path, bearer_token={"file": str(token_file)})
+    try:
+        service.evaluate_job()
+        url = f"{base}/v1/verdicts?instance=i-idle1"
+        for sent in ("Bearer ", "Bearer", "Bearer  \t", "bearer"):
+            assert get_with_header(url, sent)[0] == 401, sent
+        assert get_json(url, token=TOKEN)[0] == 200
+        token_file.write_text("\n")  # the mounted Secret rotated to an empty key while the service runs
+        for sent in ("Bearer ", "Bearer", f"Bearer {TOKEN}"):
+            status, body = get_with_header(url, sent)
+            assert status == 503 and "blank" in body["error"], sent
+    finally:
+        http.shutdown()
+    assert authorize({"Authorization": "Bearer "}, "10.0.0.5", "").status == 503
+    assert authorize({"Authorization": "Bearer "}, "127.0.0.1", " ").status == 503  # loopback too: it is broken
+
+
+def test_ids_per_query_are_capped_unknown_ones_included(tmp_path):
+    service, _clock, http, base = make(tmp_path)
+    try:
+        service.evaluate_job()
+        ids = "&".join(f"instance=i-unknown{n:05d}" for n in range(MAX_INSTANCES_PER_QUERY + 1))
+        status, body = get_json(f"{base}/v1/verdicts?{ids}")
+        assert status == 400 and f"at most {MAX_INSTANCES_PER_QUERY}" in body["error"]
+        mixed = "&".join([*(f"instance=i-unknown{n:05d}" for n in range(MAX_INSTANCES_PER_QUERY - 2)),
+                          "host=no-such-host", "namespace=ml"])
+        status, body = get_json(f"{base}/v1/verdicts?{mixed}")
+        assert status == 200 and len(body["instances"]) == MAX_INSTANCES_PER_QUERY  # 498 ids, a host, a namespace
+        status, body = get_json(f"{base}/v1/verdicts?{mixed}&host=another")
+        assert status == 400
+    finally:
+        http.shutdown()

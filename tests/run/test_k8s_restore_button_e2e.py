@@ -27,6 +27,7 @@ from gpufinops.store.store import Store
 from tests.act.test_act import ScriptedMetrics
 from tests.kubestub import kueue_workload, node_obj, owned, start_kube_stub
 from tests.notify.test_interact import APP_TOKEN, APP_TOKEN_ENV, SECRET, SECRET_ENV, ClickEndpoints, click_body, signed
+from tests.promserver import free_port
 from tests.run.test_k8s_scale_e2e import BUSY, IDLE, JOB, LOCKED, NOW, QUEUED, fill_cluster
 
 pytestmark = pytest.mark.integration
@@ -88,7 +89,7 @@ class RestoreWorld(ClickEndpoints):
             kubernetes={"kubeconfig": str(kubeconfig), "scale_to_zero": True, "suspend_kueue": kueue,
                         "drain_nodes": nodes},
             schedule={"evaluate_every_s": 300}, rules_paths=[str(rules)],
-            service={"host": "127.0.0.1", "port": 0},
+            service={"host": "127.0.0.1", "port": free_port()},
             database_url=f"sqlite:///{tmp_path / 'gpufinops.db'}")
         self.store = Store(self.settings.database_url)
         self.cloud = WorkloadCloud(KubernetesCluster(api_client(str(kubeconfig)), timeout_s=2.0), lambda *_: 32.77,

@@ -31,6 +31,7 @@ from ...config import (
     ConfigError,
     SlackSettings,
     StrictModel,
+    blank_secrets,
     format_validation_error,
     load_yaml,
     usd_only,
@@ -195,9 +196,11 @@ def load_autostop_settings(path: str | Path | None) -> AutostopSettings:
         raise ConfigError(f"{path}: expected a mapping at the top level (dry_run:, stop_command:, pre_stop_hook: ...)")
     raw = _deprecated_live(raw, path, text)
     try:
-        return AutostopSettings.model_validate(raw)
+        settings = AutostopSettings.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), text, exc)) from None
+    blank_secrets(settings, str(path), text)  # a blank Slack token is an error, as in the service's config
+    return settings
 
 
 def _deprecated_live(raw: dict, path, text: str) -> dict:
