@@ -86,6 +86,7 @@ def redact(text: str, token: str | None = None) -> str:
 # more people than the log, and an address inside a cluster or a VPC is a map for an attacker: replies say what
 # failed in words, the log keeps the full text.
 _KUBE_API_AT = re.compile(r"\bkubernetes API at \S+: ", re.IGNORECASE)
+_PROMETHEUS_AT = re.compile(r"\bprometheus at \S+: ", re.IGNORECASE)  # collect/prometheus.py's QueryFailed
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+", re.IGNORECASE)
 _HOST_ARG = re.compile(r"\bhost='[^']*'(?:, port=\d+)?")  # urllib3's HTTPConnectionPool(host='…', port=…)
 _HOST_PORT = re.compile(r"(?<![\w.-])(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:.]+\]|localhost"
@@ -96,8 +97,9 @@ ADDRESS_WITHHELD = "[address withheld]"
 
 def without_endpoints(text: str) -> str:
     """An error text bound for chat without the addresses it names: "kubernetes API at HOST:PORT: " becomes "the
-    Kubernetes API: ", any other URL, host:port or IP address ADDRESS_WITHHELD. Log the full text alongside."""
+    Kubernetes API: ", "prometheus at HOST:PORT: " "Prometheus: ", any other URL, host:port or IP address ADDRESS_WITHHELD. Log the full text alongside."""
     text = _KUBE_API_AT.sub("the Kubernetes API: ", text)
+    text = _PROMETHEUS_AT.sub("Prometheus: ", text)
     text = _URL.sub(ADDRESS_WITHHELD, text)
     text = _HOST_ARG.sub(f"host='{ADDRESS_WITHHELD}'", text)
     text = _HOST_PORT.sub(ADDRESS_WITHHELD, text)

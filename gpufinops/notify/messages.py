@@ -584,7 +584,7 @@ def metrics_unavailable(
     lines = [
         f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
         + (f" · {_v(inst.owner(), 60)}" if inst.owner() else "")
-        + f": {_v(d.reason, 200)}"
+        + f": {_v(without_endpoints(d.reason), 200)}"
         for inst, d in ordered[:MAX_LISTED]
     ]
     more = n - len(lines)
@@ -592,7 +592,7 @@ def metrics_unavailable(
     text_lines = [
         f"• {_v(inst.instance_id, 40)} {_v(inst.instance_type, 40)}"
         + (f" · {_v(inst.owner(), 30)}" if inst.owner() else "")
-        + f": {_v(d.reason, 60)}"
+        + f": {_v(without_endpoints(d.reason), 60)}"
         for inst, d in ordered[:MAX_LISTED]
     ]
 

@@ -367,3 +367,14 @@ def test_metrics_unavailable_names_the_marked_and_never_says_none_is_marked():
         promise = words.split("not idle: ", 1)[1].split("full lead.", 1)[0]
         assert a.instance_id not in promise and "i-elsewhere" not in words  # only the affected that are marked
     assert held.key == plain_alert.key  # the same event: its words change, not its identity
+
+
+def test_metrics_unavailable_names_no_address_of_the_prometheus_it_could_not_reach():
+    """The collector's reason names where Prometheus is (for the log); the alert says it in words (issue 35)."""
+    i = inst()
+    d = decision(i.instance_id, verdict=Verdict.UNKNOWN, code=ReasonCode.QUERY_ERROR,
+                 reason="prometheus at 10.20.30.40:9090: cannot connect")
+    msg = m.metrics_unavailable([(i, d)], episode_start=T0, channel="#ops")
+    for text in (msg.text, json.dumps(B(msg))):
+        assert "10.20.30.40" not in text and ":9090" not in text
+        assert "Prometheus: cannot connect" in text
