@@ -191,12 +191,12 @@ def _idle_for(decision: Decision, idle_since: datetime | None, now: datetime) ->
 
 
 def _is_workload(inst: GpuInstance) -> bool:
-    """A Kubernetes Deployment/StatefulSet (collect.kubernetes_cloud): scaled to zero, kept by annotations."""
+    """A Kubernetes Deployment/StatefulSet (places.kubernetes.cloud): scaled to zero, kept by annotations."""
     return inst.provider == "kubernetes"
 
 
 def _is_node(inst: GpuInstance) -> bool:
-    """A Kubernetes GPU node (collect.kubernetes_cloud.node_instance): cordoned, kept by annotations."""
+    """A Kubernetes GPU node (places.kubernetes.cloud.node_instance): cordoned, kept by annotations."""
     return inst.provider == "kubernetes" and inst.instance_id.startswith(NODE_ID_PREFIX)
 
 

@@ -3,7 +3,7 @@
 Reads what the service stored (decisions, actions, costs, budgets) and renders it; changes nothing. May import:
 model, config, store, costs, collect.billing, budgets (read and evaluated, never changed), act.plan (pure: the
 advice uses its policy functions), and
-collect.kubernetes_cloud's workload-id parsers (pure). Templates autoescape:
+places.kubernetes.cloud's workload-id parsers (pure). Templates autoescape:
 tag values are untrusted.
 """
 

@@ -23,7 +23,7 @@ import pandas as pd
 from ..model import UNTAGGED
 from ..words import REPORT_HINTS
 from ..collect.billing.schema import single_currency
-from ..collect.kubernetes_cloud import ID_PREFIX
+from ..places.kubernetes.cloud import ID_PREFIX
 from ..cost.costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
-from ..collect.kubernetes_cloud import ID_PREFIX, node_id, parse_target, parse_workload_id
+from ..places.kubernetes.cloud import ID_PREFIX, node_id, parse_target, parse_workload_id
 from .words import words
 
 NO_OWNER = "no owner tag"
@@ -151,7 +151,7 @@ def breakdown(iv: pd.DataFrame, attrs: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def workload_parts(instance_id: str) -> tuple[str, str, str]:
-    """(namespace, kind, name) of a workload id (collect.kubernetes_cloud's own parsers). An id cut to the store's
+    """(namespace, kind, name) of a workload id (places.kubernetes.cloud's own parsers). An id cut to the store's
     64 characters keeps what survived the cut: a cut name ends in `~` and its hash; a cut in the kind leaves the
     name unknown (CUT_NAME); a cut in the namespace leaves the cut text as the namespace, one group of its own."""
     ref = parse_workload_id(instance_id)
@@ -272,8 +272,8 @@ def cordon_savings(node_hours: pd.DataFrame, cordons: list[tuple[str, pd.Timesta
 def node_pool_table(node_hours: pd.DataFrame, actions: list, obs_end) -> pd.DataFrame:
     """Per GPU node pool (Karpenter NodePool, EKS node group, ...; "(no node pool)"), from the month's hourly node
     rollup (Store.node_hours_frame): nodes seen, node-hours, GPU-hours, the sharing modes seen, the nodes' cost split
-    into what the pods' shares carried and the idle capacity no pod held (prices.costs_k8s.attribute's split, summed
-    in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
+    into what the pods' shares carried and the idle capacity no pod held (places.kubernetes.costs.attribute's split,
+    summed in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
     pod at all, and the nodes gpufinops cordoned (`action: drain`: stop audit rows of `k8s:node/<name>` ids) with
     what that saved (cordon_savings). A pool's node is counted in the pool it was last seen in. Largest node cost
     first; empty without cluster data."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufinops.api")
 
 VERDICTS_PATH = "/v1/verdicts"
-NAMESPACE_TAG = "k8s:namespace"  # collect.kubernetes_cloud.TAG_NAMESPACE
+NAMESPACE_TAG = "k8s:namespace"  # places.kubernetes.cloud.TAG_NAMESPACE
 MAX_INSTANCES_PER_QUERY = 500
 
 

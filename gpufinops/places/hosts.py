@@ -20,8 +20,8 @@ from ..prices.catalog import Catalog, CatalogError, load_catalog
 from ..config import HostsSettings, RentedHost, Settings
 from ..prices.host_prices import HostPrice, HostPriceTable, host_price
 from ..model import GpuInstance
-from .inventory import CloudError
-from .routed import RoutedCloud
+from .ec2.cloud import CloudError
+from .fleet import RoutedCloud
 
 log = logging.getLogger(__name__)
 
