@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
-from ..places.kubernetes.cloud import ID_PREFIX, node_id, parse_target, parse_workload_id
+from ..places.kubernetes.cloud import node_id, parse_target, parse_workload_id
+from ..places.registry import KUBERNETES_ID_PREFIX
 from .words import words
 
 NO_OWNER = "no owner tag"
@@ -160,7 +161,7 @@ def workload_parts(instance_id: str) -> tuple[str, str, str]:
     try:
         namespace, kind, name = parse_target(instance_id)
     except ValueError:
-        return instance_id[len(ID_PREFIX):], "", CUT_NAME
+        return instance_id[len(KUBERNETES_ID_PREFIX):], "", CUT_NAME
     return (namespace, kind, name) if kind is not None else (namespace, "", CUT_NAME)
 
 
@@ -176,7 +177,7 @@ def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
     stops table). Stops not done (failed, unconfirmed) count neither."""
     if stops is None or stops.empty:
         return {}
-    done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(ID_PREFIX)]
+    done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)]
     out: dict[str, tuple[str, float]] = {}
     for iid, g in done.groupby("instance_id", sort=True):
         verb = "suspended" if workload_parts(str(iid))[1] in KUEUE_SUSPEND_KINDS else "scaled to zero"
@@ -196,7 +197,7 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
     spend. Money is rounded to the cent per workload and each namespace is the sum of its workloads' cents, so the
     two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first. `stops` (the
     month's stop audit) adds what was suspended or scaled to zero and what that saved (`workload_acts`)."""
-    wl = iv[iv["instance_id"].str.startswith(ID_PREFIX)] if not iv.empty else iv
+    wl = iv[iv["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)] if not iv.empty else iv
     if wl.empty:
         return _empty(K8S_NAMESPACE_COLUMNS), _empty(K8S_WORKLOAD_COLUMNS)
     d = wl.assign(idle_part=wl["cost"].where(wl["verdict"] == "IDLE", 0.0),

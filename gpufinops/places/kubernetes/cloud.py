@@ -49,6 +49,7 @@ from gpufinops.collect.errors import QueryFailed
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
 from gpufinops.decide.workloads import drain_refusal
 from gpufinops.places.kubernetes.costs import attribute, node_hourly_costs, pod_hourly_costs
+from gpufinops.places.registry import KUBERNETES_ID_PREFIX
 from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
     CORDONED_ANNOTATION,
     DEFAULT_PROTECT_KEY,
@@ -78,7 +79,7 @@ from gpufinops.model import (
 
 log = logging.getLogger("gpufinops.kubernetes")
 
-ID_PREFIX = "k8s:"
+ID_PREFIX = KUBERNETES_ID_PREFIX  # a workload id begins so (the registry says which place an id is)
 MAX_ID_LEN = 64  # the store's instance_id columns
 ANNOTATION_PREFIX = "gpufinops.io/"
 # gpufinops' tag keys (model.TAG_*) -> the annotation each is kept in; the protect key is the setting's.
