@@ -730,7 +730,8 @@ class StoreSettings(StrictModel):
 
 
 # --------------------------------------------------------------------------- kubernetes:
-# Read by gpufinops.collect.kubernetes (the cluster reader) and `costs --by namespace|workload`; docs/kubernetes.md.
+# Read by gpufinops.places.kubernetes.cluster (the cluster reader) and `costs --by namespace|workload`;
+# docs/kubernetes.md.
 
 
 class KubernetesSettings(StrictModel):
@@ -759,7 +760,7 @@ class KubernetesSettings(StrictModel):
 
 
 # --------------------------------------------------------------------------- hosts:
-# Read by gpufinops.collect.static_hosts (rented hosts watched by `gpufinops agent`, no cloud API, no bill) and
+# Read by gpufinops.places.hosts (rented hosts watched by `gpufinops agent`, no cloud API, no bill) and
 # priced by gpufinops.host_prices; docs/billing.md, "Hosts without a cloud bill".
 
 # Above these a price is a typo (a 72-GPU rack rents for a few hundred $/h).

@@ -58,10 +58,10 @@ class Action(str, enum.Enum):
     STOP = "stop"
     TERMINATE = "terminate"
     # Kueue-managed Kubernetes workloads only: deactivate their Kueue Workload (spec.active: false), never kill
-    # them (collect.kubernetes_cloud, docs/kubernetes.md "Kueue: suspend, don't kill").
+    # them (places.kubernetes.cloud, docs/kubernetes.md "Kueue: suspend, don't kill").
     SUSPEND = "suspend"
     # Kubernetes GPU nodes whose GPU work is gone only: cordon the node (spec.unschedulable) so that Karpenter or
-    # cluster-autoscaler removes it; never evict, never delete (collect.kubernetes_cloud, docs/kubernetes.md).
+    # cluster-autoscaler removes it; never evict, never delete (places.kubernetes.cloud, docs/kubernetes.md).
     DRAIN = "drain"
 
 
@@ -422,7 +422,7 @@ Clock = Callable[[], datetime]
 class Cloud(Protocol):
     """Inventory and the few mutating calls the act stage needs.
 
-    Implemented by collect.inventory.Ec2Cloud (real boto3) and sim.SimCloud
+    Implemented by places.ec2.cloud.Ec2Cloud (real boto3) and sim.SimCloud
     (demo/backtest). Only act.py may call the mutating methods.
     """
 

@@ -16,10 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .config import ConfigError, StrictModel, format_validation_error, load_yaml
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
-from .k8s.model import KUEUE_QUEUE_LABEL, TAG_KUEUE_WORKLOAD, TAG_NODE
-
-# The tags a rule with `action: suspend` selects Kueue-managed jobs by (any value, '*' included).
-SUSPEND_SELECTORS = (KUEUE_QUEUE_LABEL, TAG_KUEUE_WORKLOAD)
+from .places.registry import rule_subjects
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -156,7 +153,7 @@ class _RuleModel(StrictModel):
         # Suspending (a Kueue job's Workload deactivated) and draining (a GPU node cordoned) apply to one kind of
         # subject each: a rule that does not say it selects them would warn everything else it matches "notify
         # only". Neither deletes anything, so confirm_terminate has no place on them.
-        subjects = _ACTION_SUBJECTS.get(self.action)
+        subjects = rule_subjects(self.action)  # the one place that takes the action says what selects it
         if subjects is None:
             return self
         selectors, needs = subjects
@@ -166,18 +163,6 @@ class _RuleModel(StrictModel):
             raise ValueError(f"'confirm_terminate' is for action 'terminate'; action '{self.action.value}' never "
                              f"deletes anything")
         return self
-
-
-# The subjects `suspend` and `drain` act on: the select.tags keys that name them, and the error when none does.
-_ACTION_SUBJECTS = {
-    Action.SUSPEND: (SUSPEND_SELECTORS,
-                     f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with select.tags "
-                     f"naming {' or '.join(SUSPEND_SELECTORS)} (e.g. `tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set "
-                     f"kubernetes.suspend_kueue: true"),
-    Action.DRAIN: ((TAG_NODE,),
-                   f"action 'drain' applies to Kubernetes GPU nodes only: select them with select.tags naming "
-                   f"{TAG_NODE} (e.g. `tags: {{\"{TAG_NODE}\": '*'}}`), and set kubernetes.drain_nodes: true"),
-}
 
 
 class _RuleFile(StrictModel):

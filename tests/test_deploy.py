@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 PROM = DEPLOY / "prometheus"
 K8S = DEPLOY / "kubernetes"
-INVENTORY = ROOT / "gpufinops" / "collect" / "inventory.py"
+INVENTORY = ROOT / "gpufinops" / "places" / "ec2" / "cloud.py"
 
 
 def _tool(name: str) -> str:
@@ -89,7 +89,7 @@ def model_default_families() -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------- IAM
 
-ACCOUNTS = ROOT / "gpufinops" / "collect" / "accounts.py"
+ACCOUNTS = ROOT / "gpufinops" / "places" / "ec2" / "accounts.py"
 TERMINATE_POLICY = DEPLOY / "iam-policy-terminate.json"
 OPT_IN = "gpufinops:allow-stop"  # the operator's opt-in tag of the shipped policy (docs/deploy.md)
 

@@ -4,8 +4,8 @@ Intent(kind, reason). No I/O; table-tested. `Actuator.apply()` (act/actuator.py)
 Also the snooze rules (`snooze_of`: capped at act.max_snooze_s from when the value was first seen, an unreadable
 value snoozes for the cap), the opt-in gap, what blocks a stop (`stop_blocker`) and the per-run cap (`stop_cap`).
 `snooze_value` is the one snooze parser and cap: the service reads it from a tag, a workload annotation or a Slack
-click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model only at run time, so the
-agent's command line stays light.
+click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model and places.registry (pure:
+what each place takes) only at run time, so the agent's command line stays light.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Sequence
 
 # No I/O, no third-party import: the agent's import stays light.
-from ..k8s.model import NODE_CORDONED_BY_OTHERS, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD
+from ..k8s.model import NODE_CORDONED_BY_OTHERS
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
+from ..places.registry import KUBERNETES_NODE, place_of, refusal, strength
 
 if TYPE_CHECKING:
     from ..config import Settings
     from ..store.schema import MarkRow, StateRow
-
-
-_ACTION_STRENGTH = {Action.NOTIFY: 0, Action.SUSPEND: 1, Action.DRAIN: 1, Action.STOP: 1, Action.TERMINATE: 2}
 
 
 @dataclass(frozen=True)
@@ -140,24 +138,9 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     if inst.managed_by:
         advice = f"; instead: {inst.managed_advice}" if inst.managed_advice else ""
         return f"managed by {inst.managed_by}: never stopped by gpufinops{advice}"
-    node = inst.provider == "kubernetes" and inst.instance_id.startswith(NODE_ID_PREFIX)
-    if action == Action.DRAIN and not node:
-        return ("action drain applies to Kubernetes GPU nodes only (selected by tag k8s:node, with "
-                "kubernetes.drain_nodes: true): notify only")
-    if node and action != Action.DRAIN:
-        return ("a Kubernetes node is cordoned for Karpenter / cluster-autoscaler to remove, never stopped or "
-                "deleted by gpufinops: notify only; give the rule action: drain")
-    kueue = inst.provider == "kubernetes" and bool(inst.tags.get(TAG_KUEUE_WORKLOAD))
-    if action == Action.SUSPEND and not kueue:
-        return ("action suspend applies to Kueue-managed Kubernetes jobs only (a Job, JobSet, Kubeflow training "
-                "job or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with "
-                "kubernetes.suspend_kueue: true): notify only")
-    if kueue and action != Action.SUSPEND:
-        return ("a Kueue-managed job is suspended through Kueue, never scaled or deleted: notify only; give the "
-                "rule action: suspend")
-    if inst.provider == "kubernetes" and action == Action.TERMINATE:
-        return ("a Kubernetes workload is scaled to zero, never deleted: notify only; give the rule "
-                "action: stop to scale it to zero")
+    refused = refusal(inst, action)  # the subject's place does not take this action (places.registry)
+    if refused:
+        return refused
     if inst.lifecycle == "spot" and action == Action.STOP:
         if inst.spot_request_type == "persistent":
             return ""
@@ -184,7 +167,7 @@ def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
         return unknown[0]
     if idle:
         # max() keeps the first of equals, i.e. rule-file order breaks ties.
-        return max(idle, key=lambda d: _ACTION_STRENGTH[d.action])
+        return max(idle, key=lambda d: strength(d.action))
     return decisions[0]
 
 
@@ -205,7 +188,7 @@ def plan(
     it is opted in. `metrics_missing_since_mark`: some rule of the instance had no usable metrics since it was
     marked (the "No usable GPU metrics" alert named it): its stop is held, and once metrics return it is warned
     again with a full lead, as that alert says, even when the marking rule's own verdict never broke."""
-    if inst.instance_id.startswith(NODE_ID_PREFIX) and inst.state == NODE_CORDONED_BY_OTHERS:
+    if place_of(inst.instance_id) is KUBERNETES_NODE and inst.state == NODE_CORDONED_BY_OTHERS:
         # Someone else cordoned the node: theirs to undo, never gpufinops' to act on. A mark of ours on it is
         # withdrawn and its warning told so (as when a person removes the mark), never left to outlive its time.
         if mark:

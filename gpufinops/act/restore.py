@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..collect.kubernetes_cloud import (
+from ..places.kubernetes.cloud import (
     KubeReadFailed,
     Restored,
     WorkloadCloud,

@@ -18,8 +18,8 @@ HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's 
 
 def cmd_k8s_costs(args: argparse.Namespace) -> int:
     from ..collect.billing.schema import BillingDataError, month_bounds
-    from ..collect.kubernetes import ClusterReadFailed
-    from ..prices.costs_k8s import cluster_cents, cost_by
+    from ..places.kubernetes.cluster import ClusterReadFailed
+    from ..places.kubernetes.costs import cluster_cents, cost_by
     from ..run.compose import live_cluster_costs
     from ..prices.prices import PriceCatalogError
     from .common import load_settings_from_args

@@ -84,7 +84,7 @@ def _rules_or_none(settings):
 def cmd_recommend(args: argparse.Namespace) -> int:
     from .common import EXIT_PROBLEM_FOUND, load_settings_from_args
     from ..prices.catalog import CatalogError
-    from ..collect.inventory import InventoryError
+    from ..places.ec2.cloud import InventoryError
     from ..run.compose import live_cloud, live_store, live_usage
     from ..recommend.engine import recommend_fleet, stale_prices_warning, store_recommendations
     from ..recommend.policy import policy_from_settings

@@ -56,7 +56,7 @@ class SimCloud:
         current = self._instances[inst.instance_id]
         if current.lifecycle == "spot" and current.spot_request_type == "one-time":
             # As EC2: a one-time spot instance cannot be stopped (400 UnsupportedOperation, nothing done).
-            from ..collect.inventory import CloudError  # boto3 only when this happens
+            from ..places.ec2.cloud import CloudError  # boto3 only when this happens
 
             raise CloudError("StopInstances", inst.instance_id, inst.region,
                              "You can't stop a Spot Instance associated with a one-time Spot Instance request",

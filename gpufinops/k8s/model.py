@@ -14,7 +14,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Mapping
 
-# The annotations gpufinops writes on a workload it marks and scales (collect.kubernetes_cloud), and the ones a
+# The annotations gpufinops writes on a workload it marks and scales (places.kubernetes.cloud), and the ones a
 # person sets to keep it (named in the Slack warning, notify.messages).
 MARK_ANNOTATION = "gpufinops.io/marked-for-scale-down"
 SNOOZE_ANNOTATION = "gpufinops.io/snooze-until"
@@ -68,7 +68,7 @@ KUEUE_JOB_KINDS = {k.kind: k for k in (
     ApiKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs"),
     ApiKind("RayJob", "ray.io", "v1", "rayjobs"),
 )}
-# Followed upwards from a pod (collect.kubernetes.resolve_workload), never judged for itself when its owner is
+# Followed upwards from a pod (places.kubernetes.cluster.resolve_workload), never judged for itself when its owner is
 # listed: a RayJob's pods are owned by the RayCluster KubeRay made for it (its controller ownerReference the RayJob).
 RAY_CLUSTER = ApiKind("RayCluster", "ray.io", "v1", "rayclusters")
 # Every kind gpufinops may suspend through its Kueue Workload (kubernetes.suspend_kueue, a rule's action: suspend).
@@ -244,7 +244,7 @@ class ClusterSnapshot:
     # count in their nodes' cost shares (they are not idle capacity), but their workloads are not judged.
     out_of_scope: frozenset[str] = frozenset()
     # Owner kinds whose list failed (a 403, a 5xx; a 404 is "none of that kind"), and why: their workloads are
-    # reported with that reason and never changed this tick (collect.kubernetes.KubernetesCluster.snapshot).
+    # reported with that reason and never changed this tick (places.kubernetes.cluster.KubernetesCluster.snapshot).
     unread: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property

@@ -21,6 +21,7 @@ A third transport (a Teams webhook): one module here with `send(notice) -> bool`
 same notifications table, its settings section in config.py, and a line in run/compose.live_notifier (plus
 routing.Deliveries where it is a destination); nothing in act/, decide/ or cost/.
 
-May import: model, config, store, words, k8s.model.
+May import: model, config, store, words, k8s.model, places.registry (nouns and verbs per place),
+places.kubernetes.cloud (a workload id's prefix and length).
 Never imports act, run, cost, report, recommend, backtest, demo, agent or cli.
 """

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Collection, Sequence
 
 from ..config import SLACK_USER_ID
-from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, NODE_ID_PREFIX, PRE_SUSPEND_ANNOTATION,
+from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION,
                          REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, TAG_KUEUE_WORKLOAD)
 from ..model import (
     TAG_PROTECT,
@@ -32,6 +32,7 @@ from ..model import (
     ReasonCode,
     format_duration,
 )
+from ..places.registry import ACTION_VERBS, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -44,14 +45,6 @@ MAX_VALUE = 120
 MAX_REASON = 300
 # Instances listed one by one in a metrics-unavailable alert.
 MAX_LISTED = 20
-
-_VERBS = {
-    Action.STOP: ("stop", "stopped"),
-    Action.TERMINATE: ("terminate", "terminated"),
-    Action.SUSPEND: ("suspend", "suspended"),
-    Action.DRAIN: ("cordon", "cordoned"),
-}
-
 
 
 # --------------------------------------------------------------------------- formatting
@@ -191,31 +184,25 @@ def _idle_for(decision: Decision, idle_since: datetime | None, now: datetime) ->
 
 
 def _is_workload(inst: GpuInstance) -> bool:
-    """A Kubernetes Deployment/StatefulSet (collect.kubernetes_cloud): scaled to zero, kept by annotations."""
+    """A Kubernetes Deployment/StatefulSet (places.kubernetes.cloud): scaled to zero, kept by annotations."""
     return inst.provider == "kubernetes"
 
 
 def _is_node(inst: GpuInstance) -> bool:
-    """A Kubernetes GPU node (collect.kubernetes_cloud.node_instance): cordoned, kept by annotations."""
-    return inst.provider == "kubernetes" and inst.instance_id.startswith(NODE_ID_PREFIX)
+    """A Kubernetes GPU node (places.kubernetes.cloud.node_instance): cordoned, kept by annotations."""
+    return place_of_instance(inst) is KUBERNETES_NODE
 
 
 def _noun(inst: GpuInstance) -> str:
-    return "GPU node" if _is_node(inst) else "GPU workload" if _is_workload(inst) else "GPU instance"
+    return place_of_instance(inst).noun
 
 
 def _verbs(action: Action, fn: str, inst: GpuInstance | None = None) -> tuple[str, str]:
-    if action not in _VERBS:
+    if action not in ACTION_VERBS:
         raise ValueError(f"{fn}() is for stop/terminate rules, got action {action.value!r}; use idle_notice()")
-    if inst is not None and _kueue_workload(inst):
-        # The one change gpufinops makes to a Kueue-managed job, whatever the rule's verb (plan/stop_blocker let
-        # only action: suspend through): its Kueue Workload deactivated.
-        return "suspend", "suspended"
-    if inst is not None and _is_node(inst):
-        return "cordon", "cordoned"  # the one change gpufinops makes to a node (stop_blocker: action drain only)
-    if inst is not None and _is_workload(inst) and action is Action.STOP:
-        return "scale to zero", "scaled to zero"
-    return _VERBS[action]
+    # The change the subject's place makes for this action, in its words: a Kueue job is suspended and a node
+    # cordoned whatever the rule's verb (stop_blocker lets only their own action through), a workload scaled to zero.
+    return place_of_instance(inst).verbs_for(action) if inst is not None else ACTION_VERBS[action]
 
 
 def _kueue_workload(inst: GpuInstance) -> str:

@@ -23,7 +23,7 @@ import pandas as pd
 from ..model import UNTAGGED
 from ..words import REPORT_HINTS
 from ..collect.billing.schema import single_currency
-from ..collect.kubernetes_cloud import ID_PREFIX
+from ..places.registry import KUBERNETES_ID_PREFIX
 from ..cost.costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
                      verdict_costs)
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
@@ -189,7 +189,7 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
         limit = pd.concat([limit, cut], axis=1).min(axis=1)
     room = ((limit - iv["at"]).dt.total_seconds() / 3600.0).clip(lower=0.0)
     iv["hours"] = iv["hours"].where(iv["hours"] <= room, room)
-    workload = iv["instance_id"].str.startswith(ID_PREFIX)
+    workload = iv["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)
     # A workload's rate is its pods' share of their nodes (stored with its verdicts); the catalog price of its
     # node's type would be the whole node, so without a stored share its time is unpriced, never the node's price.
     iv["rate"] = iv["rate"].astype("float64").where(~workload | iv["hourly_cost"].notna())
@@ -198,7 +198,7 @@ def intervals(inp: AuditInputs, period_s: float, obs_end: datetime) -> pd.DataFr
     iv["gpus"] = pd.to_numeric(iv["instance_type"].map(per_type), errors="coerce")
     if workload.any():
         # A workload holds its pods' GPUs (as the service last listed them), not all of its node type's.
-        held = {i: lab.get("gpu_count") or None for i, lab in inp.labels.items() if i.startswith(ID_PREFIX)}
+        held = {i: lab.get("gpu_count") or None for i, lab in inp.labels.items() if i.startswith(KUBERNETES_ID_PREFIX)}
         iv.loc[workload, "gpus"] = pd.to_numeric(iv.loc[workload, "instance_id"].map(held), errors="coerce")
     iv["gpu_hours"] = iv["hours"] * iv["gpus"]
     iv["team"] = iv["team"].fillna("").replace("", UNTAGGED)
@@ -611,7 +611,8 @@ def rate_sources(inp: AuditInputs, iv: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = {}
     for inst, grp in iv.groupby("instance_id"):
         a = attrs.get(inst, {})
-        catalog = None if inst.startswith(ID_PREFIX) else inp.catalog  # a workload is never priced as its node
+        # A workload is never priced as its node.
+        catalog = None if inst.startswith(KUBERNETES_ID_PREFIX) else inp.catalog
         src = hourly_rate(inst, grp["instance_type"].iloc[-1], a.get("region") or inp.default_region, rates,
                           catalog, stored.get(inst)).source
         out[src] = out.get(src, 0.0) + float(grp["hours"].sum())

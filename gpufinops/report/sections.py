@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
-from ..collect.kubernetes_cloud import ID_PREFIX, node_id, parse_target, parse_workload_id
+from ..places.kubernetes.cloud import node_id, parse_target, parse_workload_id
+from ..places.registry import KUBERNETES_ID_PREFIX
 from .words import words
 
 NO_OWNER = "no owner tag"
@@ -151,7 +152,7 @@ def breakdown(iv: pd.DataFrame, attrs: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def workload_parts(instance_id: str) -> tuple[str, str, str]:
-    """(namespace, kind, name) of a workload id (collect.kubernetes_cloud's own parsers). An id cut to the store's
+    """(namespace, kind, name) of a workload id (places.kubernetes.cloud's own parsers). An id cut to the store's
     64 characters keeps what survived the cut: a cut name ends in `~` and its hash; a cut in the kind leaves the
     name unknown (CUT_NAME); a cut in the namespace leaves the cut text as the namespace, one group of its own."""
     ref = parse_workload_id(instance_id)
@@ -160,7 +161,7 @@ def workload_parts(instance_id: str) -> tuple[str, str, str]:
     try:
         namespace, kind, name = parse_target(instance_id)
     except ValueError:
-        return instance_id[len(ID_PREFIX):], "", CUT_NAME
+        return instance_id[len(KUBERNETES_ID_PREFIX):], "", CUT_NAME
     return (namespace, kind, name) if kind is not None else (namespace, "", CUT_NAME)
 
 
@@ -176,7 +177,7 @@ def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
     stops table). Stops not done (failed, unconfirmed) count neither."""
     if stops is None or stops.empty:
         return {}
-    done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(ID_PREFIX)]
+    done = stops[(stops["status"] == "done") & stops["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)]
     out: dict[str, tuple[str, float]] = {}
     for iid, g in done.groupby("instance_id", sort=True):
         verb = "suspended" if workload_parts(str(iid))[1] in KUEUE_SUSPEND_KINDS else "scaled to zero"
@@ -196,7 +197,7 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
     spend. Money is rounded to the cent per workload and each namespace is the sum of its workloads' cents, so the
     two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first. `stops` (the
     month's stop audit) adds what was suspended or scaled to zero and what that saved (`workload_acts`)."""
-    wl = iv[iv["instance_id"].str.startswith(ID_PREFIX)] if not iv.empty else iv
+    wl = iv[iv["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)] if not iv.empty else iv
     if wl.empty:
         return _empty(K8S_NAMESPACE_COLUMNS), _empty(K8S_WORKLOAD_COLUMNS)
     d = wl.assign(idle_part=wl["cost"].where(wl["verdict"] == "IDLE", 0.0),
@@ -272,8 +273,8 @@ def cordon_savings(node_hours: pd.DataFrame, cordons: list[tuple[str, pd.Timesta
 def node_pool_table(node_hours: pd.DataFrame, actions: list, obs_end) -> pd.DataFrame:
     """Per GPU node pool (Karpenter NodePool, EKS node group, ...; "(no node pool)"), from the month's hourly node
     rollup (Store.node_hours_frame): nodes seen, node-hours, GPU-hours, the sharing modes seen, the nodes' cost split
-    into what the pods' shares carried and the idle capacity no pod held (prices.costs_k8s.attribute's split, summed
-    in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
+    into what the pods' shares carried and the idle capacity no pod held (places.kubernetes.costs.attribute's split,
+    summed in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
     pod at all, and the nodes gpufinops cordoned (`action: drain`: stop audit rows of `k8s:node/<name>` ids) with
     what that saved (cordon_savings). A pool's node is counted in the pool it was last seen in. Largest node cost
     first; empty without cluster data."""

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..collect.kubernetes_cloud import WorkloadCloud
-from ..prices.costs_k8s import CostShare, attribute, node_hourly_costs
-from ..collect.fleet import FleetCloud, FleetMetrics, WorkloadMetrics
+from ..places.kubernetes.cloud import WorkloadCloud
+from ..places.kubernetes.costs import CostShare, attribute, node_hourly_costs
+from ..places.fleet import FleetCloud, FleetMetrics, WorkloadMetrics
 from ..k8s.model import ClusterSnapshot
 from ..model import MetricsSource
 
@@ -36,7 +36,7 @@ def live_store(settings: Settings) -> "Store":
 
 def live_cloud(settings: Settings, with_prices: bool = True) -> "Cloud":
     """EC2 across the configured regions and accounts; with_prices: on-demand prices fill in an hourly rate."""
-    from ..collect.accounts import build_cloud
+    from ..places.ec2.accounts import build_cloud
     from ..prices.prices import OnDemandPrices
 
     return build_cloud(settings.aws, prices=OnDemandPrices.load_default()) if with_prices else build_cloud(settings.aws)
@@ -45,7 +45,7 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> "Cloud":
 def live_inventory(settings: Settings) -> "Cloud":
     """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
     hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
-    from ..collect.static_hosts import WithRentedHosts, static_hosts_cloud
+    from ..places.hosts import WithRentedHosts, static_hosts_cloud
 
     hosts = static_hosts_cloud(settings)
     if hosts is None:
@@ -88,7 +88,7 @@ def live_peers(settings: Settings) -> "Peers":
 
 def live_workload_cloud(settings, clock=None) -> WorkloadCloud:
     """The cluster named by `settings.kubernetes` as a Cloud (nothing is read until it is listed)."""
-    from ..collect.kubernetes import KubernetesCluster
+    from ..places.kubernetes.cluster import KubernetesCluster
     from ..model import utcnow
     cluster = KubernetesCluster.from_settings(settings.kubernetes, settings.source_path)
     return WorkloadCloud(cluster, price_lookup(settings), protect_key=settings.kubernetes.protect_key,
@@ -99,7 +99,7 @@ def live_workload_cloud(settings, clock=None) -> WorkloadCloud:
 
 def live_fleet(settings, ec2: Cloud, ec2_metrics: MetricsSource, clock=None) -> tuple[FleetCloud, FleetMetrics]:
     """EC2 and the cluster side by side (compose.live_peers, when the config has a `kubernetes:` section)."""
-    from ..collect.k8s_usage import PodMetrics
+    from ..places.kubernetes.usage import PodMetrics
 
     workloads = live_workload_cloud(settings, clock)
     return FleetCloud(ec2, workloads), FleetMetrics(ec2_metrics, WorkloadMetrics(PodMetrics(settings.prometheus),
@@ -123,8 +123,8 @@ def price_lookup(settings):
 
 def live_cluster_costs(settings, now: datetime, hours: float = 1.0) -> ClusterCosts:
     """Read the cluster named by `settings.kubernetes` now and split its GPU nodes' cost over `hours`
-    (collect.kubernetes.ClusterReadFailed when the API does not answer: never an empty cluster)."""
-    from ..collect.kubernetes import KubernetesCluster
+    (places.kubernetes.cluster.ClusterReadFailed when the API does not answer: never an empty cluster)."""
+    from ..places.kubernetes.cluster import KubernetesCluster
 
     snapshot = KubernetesCluster.from_settings(settings.kubernetes, settings.source_path).snapshot(now)
     costs = node_hourly_costs(snapshot.nodes, price_lookup(settings))

@@ -1,8 +1,8 @@
 """Each tick's Kubernetes GPU nodes into the hourly node rollup (store k8s_node_hours) that the monthly report's node
 pool table reads (report.sections.node_pool_table; docs/report.md, "GPU node pools").
 
-The tick has already listed the cluster (collect.kubernetes_cloud.WorkloadCloud: its snapshot and the USD/h of
-each node); the cost split is prices.costs_k8s.attribute's, recomputed here for the hours the tick covers (the
+The tick has already listed the cluster (places.kubernetes.cloud.WorkloadCloud: its snapshot and the USD/h of
+each node); the cost split is places.kubernetes.costs.attribute's, recomputed here for the hours the tick covers (the
 listing computes it for one hour and keeps only the pods' rates). A tick whose listing failed records nothing: the
 time until the next good read is covered by that read, at most two tick intervals (Store.record_node_hours).
 """
@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Mapping
 
 from ..k8s.model import ClusterSnapshot, node_sharing
-from ..prices.costs_k8s import attribute, node_pool_of
+from ..places.kubernetes.costs import attribute, node_pool_of
 from ..store.episodes import HOUR, floor_hour
 from .nodes import workload_cloud_of
 

@@ -1,7 +1,7 @@
 """GPU nodes whose GPU work is gone, judged once per tick after the act stage's main pass (docs/kubernetes.md,
 "GPU nodes without GPU work").
 
-The cluster's GPU nodes come from the listing this tick already made (collect.kubernetes_cloud.WorkloadCloud);
+The cluster's GPU nodes come from the listing this tick already made (places.kubernetes.cloud.WorkloadCloud);
 the watch of GPU-pod-free time (decide.workloads.watch_gpu_free) is kept in the store's key-value table and
 stepped only by a tick that read the cluster (a failed read steps nothing, and every node is then UNKNOWN, never
 empty). Rules that select nodes (`select.tags` naming `k8s:node`) judge them; the Actuator then notifies, or under
@@ -15,8 +15,8 @@ import logging
 from typing import Sequence
 
 from ..act.actuator import Actuator
-from ..collect.kubernetes import ClusterReadFailed
-from ..collect.kubernetes_cloud import WorkloadCloud
+from ..places.kubernetes.cluster import ClusterReadFailed
+from ..places.kubernetes.cloud import WorkloadCloud
 from ..decide.workloads import (
     empty_gpu_nodes, node_decision, still_free, watch_from_json, watch_gpu_free, watch_to_json,
 )

@@ -3,5 +3,5 @@ types), `store` (the `Store` facade), `migrate` (engine, schema build and Alembi
 `rollups` (verdict episodes and hourly rollups written with each tick), `episodes` (the pure fold they use).
 
 SQLite (WAL) or Postgres. Nothing registers a table by being imported: schema.py defines them all.
-May import: model. Never imports collect, decide, act, notify, run or anything above.
+May import: model. Never imports collect, places, decide, act, notify, run or anything above.
 """

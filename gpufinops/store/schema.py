@@ -137,7 +137,7 @@ service_runs = Table(
 
 
 # Per hour and Kubernetes GPU node, what the ticks that read the cluster saw of it (store.record_node_hours, fed
-# by run/node_hours.py): its cost split as prices.costs_k8s.attribute splits it, in whole cents, so that
+# by run/node_hours.py): its cost split as places.kubernetes.costs.attribute splits it, in whole cents, so that
 # pods_cents + idle_cents == node_cents in every row (idle capacity: the GPUs no pod held). Each tick covers the
 # time since the previous tick that read the cluster, at most max_gap_s (the verdict rollups' cap); `hours` is
 # that time. The monthly report's node pool table is read from here (report.sections.node_pool_table).
@@ -147,7 +147,7 @@ k8s_node_hours = Table(
     Column("hour", DateTime, primary_key=True),
     Column("node", String(253), primary_key=True),  # a Kubernetes node name (a DNS subdomain: 253 at most)
     Column("instance_id", String(64), nullable=False),  # the machine's own id (spec.providerID), else the name
-    Column("node_pool", String(128), nullable=False),  # prices.costs_k8s.node_pool_of, at the latest tick
+    Column("node_pool", String(128), nullable=False),  # places.kubernetes.costs.node_pool_of, at the latest tick
     Column("sharing", String(16), nullable=False),  # k8s.model.SHARING_MODES, at the latest tick
     Column("gpus", Integer, nullable=False),  # physical GPUs, at the latest tick
     Column("hours", Float, nullable=False),

@@ -19,7 +19,7 @@ from botocore.exceptions import (
 )
 from botocore.parsers import ResponseParserError
 
-from gpufinops.collect.inventory import (
+from gpufinops.places.ec2.cloud import (
     ADVICE_ASG,
     ADVICE_BATCH,
     ADVICE_KARPENTER,
@@ -147,7 +147,7 @@ def test_throttled_reads_are_logged_at_each_attempt_and_counted_per_run(aws, fau
     cloud = make_cloud(fault_proxy.endpoint_url, max_attempts=3)
     fault_proxy.fail("DescribeInstances", Fault.error(503, "RequestLimitExceeded"), times=2)
 
-    with caplog.at_level(logging.WARNING, logger="gpufinops.collect.inventory"):
+    with caplog.at_level(logging.WARNING, logger="gpufinops.places.ec2.cloud"):
         assert list(listed(cloud)) == [iid]
 
     assert fault_proxy.requests["DescribeInstances"] == 3  # reads keep their retries
@@ -226,7 +226,7 @@ def test_a_failing_auto_scaling_api_makes_untagged_instances_managed_unknown_and
     cloud = make_cloud(fault_proxy.endpoint_url)
     fault_proxy.fail("DescribeAutoScalingInstances", Fault.error(403, "AccessDenied"), times=2)
 
-    with caplog.at_level(logging.ERROR, logger="gpufinops.collect.inventory"):
+    with caplog.at_level(logging.ERROR, logger="gpufinops.places.ec2.cloud"):
         first, second = listed(cloud), listed(cloud)
 
     for by_id in (first, second):  # the inventory itself did not fail
@@ -262,7 +262,7 @@ def test_a_failing_spot_request_lookup_leaves_the_type_unknown(aws, fault_proxy,
     cloud = make_cloud(fault_proxy.endpoint_url)
     fault_proxy.fail("DescribeSpotInstanceRequests", Fault.error(403, "UnauthorizedOperation"))
 
-    with caplog.at_level(logging.ERROR, logger="gpufinops.collect.inventory"):
+    with caplog.at_level(logging.ERROR, logger="gpufinops.places.ec2.cloud"):
         inst = listed(cloud)[persistent]
 
     assert (inst.lifecycle, inst.spot_request_type) == ("spot", "")

@@ -10,8 +10,8 @@ import pytest
 
 from gpufinops.act.actuator import Actuator
 from gpufinops.act.restore import restore_workload
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
-from gpufinops.collect.kubernetes_cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, workload_id
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, workload_id
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import ActionKind
 from gpufinops.store.store import Store

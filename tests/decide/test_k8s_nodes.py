@@ -154,7 +154,7 @@ def test_drain_is_off_by_default():
 
 def test_only_nodes_are_drained_and_nodes_only_drained():
     from gpufinops.act.plan import stop_blocker
-    from gpufinops.collect.kubernetes_cloud import node_instance
+    from gpufinops.places.kubernetes.cloud import node_instance
     from gpufinops.model import Action, GpuInstance
 
     n = node_instance(node("gpu-a", KARPENTER), 32.77, drain_nodes=True)
@@ -228,7 +228,7 @@ def test_a_gpu_pod_that_ran_between_two_reads_moves_the_free_time_to_its_end():
 
 
 def test_the_end_of_a_finished_pods_gpu_work_is_its_last_container_to_finish():
-    from gpufinops.collect.kubernetes import gpu_work_ended
+    from gpufinops.places.kubernetes.cluster import gpu_work_ended
     from tests.kubestub import pod_obj
 
     finished = pod_obj("ml", "job-x", "gpu-a", phase="Succeeded")

@@ -10,11 +10,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpufinops.collect.k8s_usage import PodMetrics
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client, node_group_of
+from gpufinops.places.kubernetes.usage import PodMetrics
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client, node_group_of
 from gpufinops.collect.prometheus import FB_USED, GPU_UTIL, GR_ENGINE_ACTIVE
 from gpufinops.config import PrometheusSettings
-from gpufinops.prices.costs_k8s import IDLE_CAPACITY, attribute, cents_of, cluster_cents, cost_by
+from gpufinops.places.kubernetes.costs import IDLE_CAPACITY, attribute, cents_of, cluster_cents, cost_by
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import Rule
 from tests.kubestub import node_obj, owned, pod_obj, start_kube_stub

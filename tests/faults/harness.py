@@ -23,7 +23,7 @@ from slack_sdk.http_retry.builtin_interval_calculators import (
     FixedValueRetryIntervalCalculator,
 )
 
-from gpufinops.collect.inventory import Ec2Cloud
+from gpufinops.places.ec2.cloud import Ec2Cloud
 from gpufinops.collect.prometheus import PrometheusMetrics
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, ActionKind

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpufinops.collect.kubernetes_cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, workload_id
+from gpufinops.places.kubernetes.cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, workload_id
 from gpufinops.k8s.model import SUSPENDED_ANNOTATION, WorkloadRef
 from gpufinops.model import Action, ActionKind, Rule, Selector
-from tests.collect.test_k8s_kueue import JOB, WEB, World, fill
+from tests.places.kubernetes.test_kueue import JOB, WEB, World, fill
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_an_hpa_appearing_between_the_plan_and_the_patch_refuses_it(world, monke
 
 @pytest.fixture
 def kinds_world(kube_stub, tmp_path):
-    from tests.collect.test_k8s_kueue_kinds import fill_kinds
+    from tests.places.kubernetes.test_kueue_kinds import fill_kinds
 
     fill_kinds(kube_stub)
     return World(kube_stub, tmp_path)
@@ -154,7 +154,7 @@ def kinds_world(kube_stub, tmp_path):
 
 @pytest.mark.parametrize("lost", [500, 0], ids=["jobset_suspend_lost_answer_500", "jobset_suspend_lost_answer_reset"])
 def test_a_jobset_suspension_whose_answer_is_lost_is_one_patch_read_back_done(kinds_world, lost):
-    from tests.collect.test_k8s_kueue_kinds import JS, suspensions, workload
+    from tests.places.kubernetes.test_kueue_kinds import JS, suspensions, workload
 
     world = kinds_world
     iid = workload_id(JS)
@@ -174,7 +174,7 @@ def test_a_jobset_suspension_whose_answer_is_lost_is_one_patch_read_back_done(ki
 
 
 def test_a_jobset_unreadable_just_before_its_suspension_is_not_suspended_that_tick(kinds_world):
-    from tests.collect.test_k8s_kueue_kinds import JS, suspensions, workload
+    from tests.places.kubernetes.test_kueue_kinds import JS, suspensions, workload
 
     world = kinds_world
     iid = workload_id(JS)

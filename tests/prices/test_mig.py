@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from gpufinops.k8s.model import NodeSharing
-from gpufinops.prices.costs_k8s import request_share
+from gpufinops.places.kubernetes.costs import request_share
 from gpufinops.prices.mig import MIG_PROFILES, GpuNeed, compute_share, gpu_key_of_product, smallest_fit
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufinops.collect.inventory import Ec2Cloud
+from gpufinops.places.ec2.cloud import Ec2Cloud
 from gpufinops.collect.prometheus import PrometheusMetrics
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOPPED_BY, ActionKind, RunContext, Verdict

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
-from gpufinops.collect.kubernetes_cloud import REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, node_id, workload_id
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cloud import REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, node_id, workload_id
 from gpufinops.config import load_settings
 from gpufinops.k8s.model import CORDONED_ANNOTATION, SUSPENDED_ANNOTATION
 from gpufinops.model import ActionKind

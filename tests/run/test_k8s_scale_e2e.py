@@ -10,15 +10,15 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpufinops.collect.k8s_usage import PodMetrics
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
-from gpufinops.collect.kubernetes_cloud import (
+from gpufinops.places.kubernetes.usage import PodMetrics
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cloud import (
     EVENT_MARKED, EVENT_RESTORED, EVENT_SCALED_DOWN, MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud,
     parse_workload_id, workload_id,
 )
 from gpufinops.collect.prometheus import FB_USED, GPU_UTIL
 from gpufinops.config import load_settings
-from gpufinops.collect.fleet import WorkloadMetrics
+from gpufinops.places.fleet import WorkloadMetrics
 from gpufinops.act.restore import restore_workload
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, Action, ActionKind, GpuInstance, Rule, RunContext, Verdict
@@ -26,7 +26,7 @@ from gpufinops.notify.delivery import build_notifier
 from gpufinops.run.pipeline import Peers, run_once
 from gpufinops.store.store import Store
 from tests.kubestub import RESOURCES, node_obj, owned, pod_obj, start_kube_stub
-from tests.collect.test_k8s_deploy import granted
+from tests.places.kubernetes.test_rbac import granted
 from tests.promserver import Series, binaries_missing, dcgm_labels, start_prometheus
 
 pytestmark = pytest.mark.integration
@@ -348,7 +348,7 @@ def test_compose_puts_ec2_instances_and_workloads_side_by_side(tmp_path, prom_ur
     """compose.live_peers with a `kubernetes:` section: one inventory, one metrics source, ids dispatched by the
     `k8s:` prefix, EC2 listed as before."""
     from gpufinops.run.compose import live_peers
-    from gpufinops.collect.fleet import FleetCloud, FleetMetrics
+    from gpufinops.places.fleet import FleetCloud, FleetMetrics
 
     c = Cluster(tmp_path, prom_url, slack_stub, monkeypatch)
     try:
@@ -380,7 +380,7 @@ def test_a_5xx_on_the_scale_leaves_it_unconfirmed_until_read_back(cluster):
 
 
 def test_annotations_and_namespace_labels_map_to_gpufinops_tags():
-    from gpufinops.collect.kubernetes_cloud import workload_tags
+    from gpufinops.places.kubernetes.cloud import workload_tags
     from gpufinops.model import TAG_SNOOZE
 
     tags = workload_tags({"team": "ml", "gpufinops.io/protect": "false"},
@@ -395,8 +395,8 @@ def test_annotations_and_namespace_labels_map_to_gpufinops_tags():
 
 def test_rules_select_workloads_by_priority_class(tmp_path):
     """A rule selects by PriorityClass through the workload's `k8s:priority-class` tag, read from its pods."""
-    from gpufinops.collect.kubernetes import parse_pod
-    from gpufinops.collect.kubernetes_cloud import workload_instance
+    from gpufinops.places.kubernetes.cluster import parse_pod
+    from gpufinops.places.kubernetes.cloud import workload_instance
     from gpufinops.rules import load_rule_file
 
     low = parse_pod(pod_obj("ml", "train-0", "n1", owner=("StatefulSet", "train"), priority_class="batch-low"), {})
@@ -414,7 +414,7 @@ def test_rules_select_workloads_by_priority_class(tmp_path):
 def test_a_node_and_its_workloads_add_up_to_the_node_cost_never_twice(cluster):
     """With a cluster configured, an EKS node is both an EC2 instance and the home of workloads: its inventory row
     carries only what its workloads do not (idle capacity), so the evaluated spend counts the node once."""
-    from gpufinops.collect.fleet import FleetCloud
+    from gpufinops.places.fleet import FleetCloud
 
     node_rate = 32.7726
 

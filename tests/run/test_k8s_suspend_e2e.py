@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import pytest
 
-from gpufinops.collect.fleet import WorkloadMetrics
-from gpufinops.collect.k8s_usage import PodMetrics
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
-from gpufinops.collect.kubernetes_cloud import EVENT_SUSPENDED, WorkloadCloud, workload_id
+from gpufinops.places.fleet import WorkloadMetrics
+from gpufinops.places.kubernetes.usage import PodMetrics
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cloud import EVENT_SUSPENDED, WorkloadCloud, workload_id
 from gpufinops.k8s.model import MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, SUSPENDED_ANNOTATION, WorkloadRef
 from gpufinops.model import ActionKind, RunContext, Verdict
 from gpufinops.notify.delivery import build_notifier
@@ -96,7 +96,7 @@ def test_an_idle_kueue_job_is_warned_suspended_through_kueue_and_resumed(kueue_c
     assert "spec.active: true" in capsys.readouterr().out
     assert c.stub.get("workloads", JOB.namespace, WL)["spec"]["active"] is True
     # Every call of the whole cycle is one the shipped ClusterRole grants.
-    from tests.collect.test_k8s_deploy import granted
+    from tests.places.kubernetes.test_rbac import granted
     from tests.kubestub import RESOURCES
 
     rights = granted()
@@ -138,7 +138,7 @@ def kind_cluster(request, tmp_path, prom_url, slack_stub, monkeypatch):  # noqa:
 def test_an_idle_jobset_or_rayjob_is_warned_suspended_through_kueue_and_resumed(kind_cluster, slack_stub, tmp_path,
                                                                                 capsys):
     from gpufinops.cli.app import main
-    from tests.collect.test_k8s_kueue_kinds import assert_every_call_granted
+    from tests.places.kubernetes.test_kueue_kinds import assert_every_call_granted
 
     c = kind_cluster
     iid = workload_id(c.ref)

@@ -1,7 +1,7 @@
 """The hourly Kubernetes GPU node rollup (k8s_node_hours, issue 28 item 5) on SQLite and PostgreSQL: each tick adds
 the time since the tick before (at most two tick intervals) cut at the hours it crosses, its cost split as
-prices.costs_k8s.attribute splits it, in one statement batch; a replayed tick adds nothing; the latest tick's pool
-and sharing win."""
+places.kubernetes.costs.attribute splits it, in one statement batch; a replayed tick adds nothing; the latest tick's
+pool and sharing win."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 from sqlalchemy import event
 
-from gpufinops.collect.kubernetes import snapshot_from
+from gpufinops.places.kubernetes.cluster import snapshot_from
 from gpufinops.run.node_hours import hour_chunks, node_hour_rows
 from gpufinops.store.store import Store
 from tests.kubestub import node_obj, pod_obj

@@ -218,7 +218,7 @@ def test_a_database_at_0003_is_upgraded_to_node_hours_keeping_its_rows(db_url):
     from alembic import command
     from alembic.config import Config
 
-    from gpufinops.collect.kubernetes import snapshot_from
+    from gpufinops.places.kubernetes.cluster import snapshot_from
     from gpufinops.run.node_hours import node_hour_rows
     from tests.kubestub import node_obj
 

@@ -4,7 +4,7 @@ Who am I: IMDSv2 (PUT /latest/api/token with a TTL header, then GET instance-id,
 instance-type with that token), short timeouts, base URL injectable. No answer means "not on EC2" (a rented
 bare-metal server, another cloud): the host is named by its hostname and stopped by the command.
 
-The EC2 stop is the service's own client, `collect.inventory.Ec2Cloud` (one EC2 stop client): retries off, one
+The EC2 stop is the service's own client, `places.ec2.cloud.Ec2Cloud` (one EC2 stop client): retries off, one
 HTTP request per intent (a retried StopInstances whose first answer was lost would be a second stop), never Force
 (the OS shuts down cleanly, jobs get their chance to checkpoint), never hibernate; after an error whose outcome is
 unknown (a 5xx, a timeout, a lost connection) the instance is read back (`Ec2Cloud.describe`) before anything is
@@ -83,7 +83,7 @@ class Ec2Stopper:
     def __init__(self, identity: Ec2Identity, *, endpoint_url: str | None = None, session=None,
                  timeout_s: float = 10.0):
         from ...config import AwsSettings
-        from ...collect.inventory import Ec2Cloud
+        from ...places.ec2.cloud import Ec2Cloud
 
         self.identity = identity
         self.cloud = Ec2Cloud(AwsSettings(regions=(identity.region,), endpoint_url=endpoint_url), session=session,

@@ -8,12 +8,12 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpufinops.collect import kubernetes as kube
-from gpufinops.collect.k8s_usage import pod_of
-from gpufinops.collect.kubernetes import (
+from gpufinops.places.kubernetes import cluster as kube
+from gpufinops.places.kubernetes.usage import pod_of
+from gpufinops.places.kubernetes.cluster import (
     ClusterReadFailed, KubernetesCluster, api_client, instance_id_of, pod_gpu_requests, snapshot_from,
 )
-from gpufinops.prices.costs_k8s import IDLE_CAPACITY, apportion, attribute, cents_of, cost_by
+from gpufinops.places.kubernetes.costs import IDLE_CAPACITY, apportion, attribute, cents_of, cost_by
 from tests.kubestub import node_obj, owned, pod_obj
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -78,7 +78,7 @@ def test_an_unreadable_kubeconfig_is_a_typed_error(tmp_path):
 
 
 def test_a_relative_kubeconfig_path_is_relative_to_the_config_file(tmp_path):
-    from gpufinops.collect.kubernetes import kubeconfig_path
+    from gpufinops.places.kubernetes.cluster import kubeconfig_path
 
     assert kubeconfig_path("kube/config", str(tmp_path / "gpufinops.yaml")) == str(tmp_path / "kube" / "config")
     assert kubeconfig_path("/etc/kube", str(tmp_path / "gpufinops.yaml")) == "/etc/kube"
@@ -199,7 +199,7 @@ def test_unpriced_nodes_are_counted_as_unpriced_not_free():
 
 
 def test_an_excluded_namespace_is_not_judged_but_its_gpus_are_not_idle_capacity():
-    from gpufinops.collect.kubernetes import namespace_filter
+    from gpufinops.places.kubernetes.cluster import namespace_filter
 
     pods = [pod_obj("kube-system", "driver-check", "n"), pod_obj("ml", "p", "n")]
     snap = snapshot_from(NOW, [node_obj("n", "i-1", gpus=2)], pods, {}, [],

@@ -20,14 +20,15 @@ from ..prices.catalog import Catalog, CatalogError, load_catalog
 from ..config import HostsSettings, RentedHost, Settings
 from ..prices.host_prices import HostPrice, HostPriceTable, host_price
 from ..model import GpuInstance
-from .inventory import CloudError
-from .routed import RoutedCloud
+from .ec2.cloud import CloudError
+from .fleet import RoutedCloud
+from .registry import HOST_ID_PREFIX
 
 log = logging.getLogger(__name__)
 
 PROVIDER = "rented"
 INSTANCE_TYPE = "rented"  # selectors: instance_families: [rented] or instance_types: [rented]
-ID_PREFIX = "host:"
+ID_PREFIX = HOST_ID_PREFIX
 MANAGED_BY = "a rented host (no cloud API)"
 MANAGED_ADVICE = "stop it from the host: gpufinops agent --autostop (docs/agent.md)"
 # Central inventory cannot know when a rented host booted: it is judged on its metrics alone (a host that just came

@@ -18,9 +18,9 @@ from gpufinops.act.plan import plan, stop_blocker
 from gpufinops.agent.autostop.loop import LocalHost, host_instance as autostop_host_instance, local_host_price
 from gpufinops.agent.autostop.settings import PriceSettings
 from gpufinops.prices.catalog import load_catalog
-from gpufinops.collect.inventory import CloudError
+from gpufinops.places.ec2.cloud import CloudError
 from gpufinops.collect.prometheus import PrometheusMetrics
-from gpufinops.collect.static_hosts import MANAGED_ADVICE, MANAGED_BY, StaticHostsCloud, static_hosts_cloud
+from gpufinops.places.hosts import MANAGED_ADVICE, MANAGED_BY, StaticHostsCloud, static_hosts_cloud
 from gpufinops.config import PrometheusSettings, load_settings
 from gpufinops.prices.host_prices import KIND_ESTIMATE, KIND_HOST, host_price
 from gpufinops.notify.messages import idle_notice, idle_warning, stopped

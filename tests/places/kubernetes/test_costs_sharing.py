@@ -19,10 +19,10 @@ from fractions import Fraction
 
 import pytest
 
-from gpufinops.collect.k8s_usage import shared_gpu_reason
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client, snapshot_from
+from gpufinops.places.kubernetes.usage import shared_gpu_reason
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client, snapshot_from
 from gpufinops.k8s.model import node_sharing
-from gpufinops.prices.costs_k8s import IDLE_CAPACITY, attribute, cents_of, cluster_cents, cost_by, request_share
+from gpufinops.places.kubernetes.costs import IDLE_CAPACITY, attribute, cents_of, cluster_cents, cost_by, request_share
 from tests.kubestub import node_obj, pod_obj
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -31,9 +31,9 @@ from gpufinops.k8s.model import (
     GPU_RESOURCE, GPU_SHARED_RESOURCE, HAMI_CORES, HAMI_MEMORY, MIG_RESOURCE_PREFIX, ClusterSnapshot, NodeInfo,
     NodeSharing, node_sharing,
 )
-from .mig import compute_share, gpu_key_of_product
+from ...prices.mig import compute_share, gpu_key_of_product
 
-# Node labels naming a node's pool, first found (the same as collect.kubernetes.NODE_GROUP_LABELS' first ones).
+# Node labels naming a node's pool, first found (the same as places.kubernetes.cluster.NODE_GROUP_LABELS' first ones).
 NODE_POOL_LABELS = ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "cloud.google.com/gke-nodepool",
                     "kubernetes.azure.com/agentpool")
 NO_NODE_POOL = "(no node pool)"

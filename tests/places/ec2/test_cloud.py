@@ -10,7 +10,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from gpufinops.collect.inventory import CloudError, Ec2Cloud, InventoryError, TypeInfoCache
+from gpufinops.places.ec2.cloud import CloudError, Ec2Cloud, InventoryError, TypeInfoCache
 from gpufinops.config import AwsSettings
 from gpufinops.model import TAG_MARKED, TAG_PROTECT
 from gpufinops.prices.prices import (
@@ -25,7 +25,7 @@ from gpufinops.prices.prices import (
 
 pytestmark = pytest.mark.integration
 
-SHARED_PRICES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpu_prices"
+SHARED_PRICES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "gpu_prices"
 
 
 @pytest.fixture(scope="module")

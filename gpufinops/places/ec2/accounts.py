@@ -15,11 +15,11 @@ import boto3
 import botocore.session
 from botocore.credentials import DeferredRefreshableCredentials
 
-from ..config import AwsSettings
-from ..model import GpuInstance
-from .aws_config import read_config
-from .inventory import Ec2Cloud, InventoryError, RegionError
-from .routed import RoutedCloud
+from ...collect.aws_config import read_config
+from ...config import AwsSettings
+from ...model import GpuInstance
+from ..fleet import RoutedCloud
+from .cloud import Ec2Cloud, InventoryError, RegionError
 
 log = logging.getLogger(__name__)
 

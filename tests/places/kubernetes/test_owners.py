@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from gpufinops.act.plan import stop_blocker
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client, autoscaler_targets
-from gpufinops.collect.kubernetes_cloud import (
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client, autoscaler_targets
+from gpufinops.places.kubernetes.cloud import (
     KEDA_PAUSED_REPLICAS, KubeChangeError, WorkloadCloud, gitops_owner, manager_of, workload_id,
 )
 from gpufinops.k8s.model import WorkloadRef
@@ -83,7 +83,7 @@ def test_helms_instance_label_alone_is_not_gitops():
 
 
 def test_an_autoscaled_workload_is_a_stop_blocker_with_the_owners_way():
-    from gpufinops.collect.kubernetes_cloud import workload_instance
+    from gpufinops.places.kubernetes.cloud import workload_instance
 
     inst = workload_instance(WEB, None, [], {}, {}, 1.0, autoscaler=("ScaledObject", "ml/web"))
     blocker = stop_blocker(inst, Action.STOP)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
 from tests.kubestub import RESOURCES, node_obj, pod_obj
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS = ROOT / "deploy" / "kubernetes" / "workloads"
 # The documented least verbs (issue 16): read; patch annotations and the scale subresource; create events.
 EXPECTED = {

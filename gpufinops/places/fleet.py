@@ -1,7 +1,13 @@
-"""EC2 instances and Kubernetes workloads side by side for the tick (docs/kubernetes.md, "Scale to zero").
+"""One Cloud over every place: EC2 instances and Kubernetes workloads side by side for the tick (docs/kubernetes.md,
+"Scale to zero"), and the routing of a change to the place that listed the subject.
+
+`RoutedCloud`: a Cloud made of several, each mutating call going to the one cloud that listed the instance. Every
+composite inventory is one (ec2.accounts.MultiAccountCloud: one EC2 per account; hosts.WithRentedHosts: EC2 beside
+the rented hosts; FleetCloud: instances beside Kubernetes workloads), so that the routing of a change, the one thing
+that must never guess, is written once. A subclass says which cloud owns an instance.
 
 `FleetCloud` and `FleetMetrics` are one Cloud and one MetricsSource over both: an id starting with `k8s:` is a
-workload (collect.kubernetes_cloud.WorkloadCloud, usage per pod from collect.k8s_usage combined per workload by
+workload (places.kubernetes.cloud.WorkloadCloud, usage per pod from places.kubernetes.usage combined per workload by
 decide.workloads.workload_usage), anything else an EC2 instance. The act stage, its dry-run, cap, audit rows,
 read-back and reconcile then hold for workloads unchanged. Built by run/compose.py (`live_fleet`).
 """
@@ -13,8 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Mapping, Sequence
 
-from .kubernetes_cloud import WorkloadCloud, is_workload_id
-from .routed import RoutedCloud
+from .kubernetes.cloud import WorkloadCloud, is_workload_id
 from ..model import Cloud, GpuInstance, InstanceUsage, MetricsSource
 
 log = logging.getLogger("gpufinops.kubernetes")
@@ -25,7 +30,7 @@ class WorkloadMetrics:
     snapshot the workloads were last listed from."""
 
     def __init__(self, pod_metrics, cloud: WorkloadCloud):
-        self.pod_metrics = pod_metrics  # collect.k8s_usage.PodMetrics
+        self.pod_metrics = pod_metrics  # places.kubernetes.usage.PodMetrics
         self.cloud = cloud
 
     def window_usage(self, instances: Sequence[GpuInstance], window_s: int, now: datetime) -> dict[str, InstanceUsage]:
@@ -65,6 +70,33 @@ def as_node_remainder(inst: GpuInstance, remainders: Mapping[str, float | None])
     return replace(inst, hourly_cost=remainders[inst.instance_id],
                    price_source="node remainder: its cost less its workloads' shares (they are priced on the "
                                 "workloads); mostly idle capacity")
+
+
+class RoutedCloud:
+    def member_clouds(self) -> Sequence[object]:
+        """The clouds this one routes to (for what holds for all of them)."""
+        return [c for c in vars(self).values() if hasattr(c, "describe") and c is not self]
+
+    @property
+    def max_request_s(self) -> float:
+        """The longest a mutating request may be in flight on any member (act's reconcile waits that long)."""
+        return max((float(getattr(c, "max_request_s", 0.0)) for c in self.member_clouds()), default=0.0) or 120.0
+
+    def cloud_of(self, inst: GpuInstance) -> Cloud:
+        """The cloud that owns `inst`; raise rather than guess (a change must never go to the wrong place)."""
+        raise NotImplementedError
+
+    def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
+        self.cloud_of(inst).set_tags(inst, tags)
+
+    def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
+        self.cloud_of(inst).remove_tags(inst, keys)
+
+    def stop(self, inst: GpuInstance) -> None:
+        self.cloud_of(inst).stop(inst)
+
+    def terminate(self, inst: GpuInstance) -> None:
+        self.cloud_of(inst).terminate(inst)
 
 
 class FleetCloud(RoutedCloud):

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpufinops.collect.k8s_usage import PodMetrics
-from gpufinops.collect.kubernetes import snapshot_from
+from gpufinops.places.kubernetes.usage import PodMetrics
+from gpufinops.places.kubernetes.cluster import snapshot_from
 from gpufinops.collect.prometheus import FB_USED, GPU_UTIL
 from gpufinops.config import PrometheusSettings
 from tests.kubestub import node_obj, pod_obj

@@ -13,8 +13,8 @@ import pytest
 from gpufinops.act.actuator import Actuator
 from gpufinops.act.plan import stop_blocker
 from gpufinops.act.restore import restore_workload
-from gpufinops.collect.kubernetes import KubernetesCluster, api_client
-from gpufinops.collect.kubernetes_cloud import (
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
+from gpufinops.places.kubernetes.cloud import (
     EVENT_MARKED, EVENT_RESUMED, EVENT_SUSPENDED, KubeChangeError, WorkloadCloud, workload_id,
 )
 from gpufinops.config import load_settings
@@ -293,7 +293,7 @@ def test_someone_else_deactivating_the_workload_is_left_alone(world):
 
 
 def test_the_rbac_role_grants_the_suspension_calls(world):
-    from tests.collect.test_k8s_deploy import granted
+    from tests.places.kubernetes.test_rbac import granted
 
     world.tick(0)
     world.tick(16)

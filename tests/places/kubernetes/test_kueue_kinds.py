@@ -12,16 +12,16 @@ import pytest
 
 from gpufinops.act.plan import stop_blocker
 from gpufinops.act.restore import restore_workload
-from gpufinops.collect.kubernetes import pointed_kinds
-from gpufinops.collect.kubernetes_cloud import (
+from gpufinops.places.kubernetes.cluster import pointed_kinds
+from gpufinops.places.kubernetes.cloud import (
     EVENT_MARKED, EVENT_RESUMED, EVENT_SUSPENDED, TAG_KIND, parse_target, workload_id,
 )
 from gpufinops.k8s.model import (
     MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, SNOOZE_ANNOTATION, SUSPENDED_ANNOTATION, TAG_KUEUE_WORKLOAD, WorkloadRef,
 )
 from gpufinops.model import Action, ActionKind
-from tests.collect.test_k8s_deploy import granted
-from tests.collect.test_k8s_kueue import NODE, RULE, T0, World, listed
+from tests.places.kubernetes.test_rbac import granted
+from tests.places.kubernetes.test_kueue import NODE, RULE, T0, World, listed
 from tests.kubestub import RESOURCES, add_all, jobset, kueue_workload, node_obj, pytorchjob, rayjob
 
 NS = "research"
@@ -103,7 +103,7 @@ def test_each_kind_is_one_workload_under_its_top_object_with_all_its_pods(world)
 
 
 def test_a_cluster_without_such_pods_lists_none_of_those_kinds(kube_stub, tmp_path):
-    from tests.collect.test_k8s_kueue import fill
+    from tests.places.kubernetes.test_kueue import fill
 
     fill(kube_stub)
     world = World(kube_stub, tmp_path)

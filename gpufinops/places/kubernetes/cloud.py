@@ -1,11 +1,11 @@
 """Kubernetes workloads behind the `Cloud` protocol, so the act stage scales idle ones to zero (docs/kubernetes.md,
 "Scale to zero").
 
-Each workload holding GPUs (collect.kubernetes' snapshot) is one GpuInstance:
+Each workload holding GPUs (places.kubernetes.cluster' snapshot) is one GpuInstance:
 - `instance_id` = `k8s:<namespace>/<Kind>/<name>` (`workload_id`); a longer one than the store's 64 characters is
   cut and ends in `~` + 10 hex digits of its full name's SHA-1, resolved back through a listing;
 - instance type, region, GPU model and count from its pods and their nodes; `hourly_cost` = its pods' cost shares
-  (costs_k8s, node prices from billing or the catalog, EC2's own rate of the node when the fleet gives it);
+  (kubernetes.costs, node prices from billing or the catalog, EC2's own rate of the node when the fleet gives it);
 - `tags` = the object's labels and annotations, its gpufinops annotations (`gpufinops.io/...`) under gpufinops'
   tag keys (`ANNOTATION_OF`), the namespace's protect / snooze labels, and `k8s:namespace` / `k8s:kind` for rules;
 - Jobs, CronJobs, bare pods, custom resources (a Kubeflow Notebook) and anything labelled for Kueue carry
@@ -46,9 +46,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpufinops.collect.errors import QueryFailed
-from gpufinops.collect.kubernetes import KubernetesCluster, controller_of, parse_time, server_of
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
 from gpufinops.decide.workloads import drain_refusal
-from gpufinops.prices.costs_k8s import attribute, node_hourly_costs, pod_hourly_costs
+from gpufinops.places.kubernetes.costs import attribute, node_hourly_costs, pod_hourly_costs
+from gpufinops.places.registry import KUBERNETES_ID_PREFIX
 from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
     CORDONED_ANNOTATION,
     DEFAULT_PROTECT_KEY,
@@ -79,7 +80,7 @@ from gpufinops.model import (
 
 log = logging.getLogger("gpufinops.kubernetes")
 
-ID_PREFIX = "k8s:"
+ID_PREFIX = KUBERNETES_ID_PREFIX  # a workload id begins so (the registry says which place an id is)
 MAX_ID_LEN = 64  # the store's instance_id columns
 ANNOTATION_PREFIX = "gpufinops.io/"
 # gpufinops' tag keys (model.TAG_*) -> the annotation each is kept in; the protect key is the setting's.
@@ -576,7 +577,7 @@ def node_instance(node: NodeInfo, hourly_cost: float | None, *, drain_nodes: boo
 
 def gpu_pods_on(pods: Iterable[Mapping[str, Any]]) -> list[str]:
     """namespace/name of the listed pods that hold GPUs (requested, not finished)."""
-    from gpufinops.collect.kubernetes import pod_gpu_requests
+    from gpufinops.places.kubernetes.cluster import pod_gpu_requests
     from gpufinops.k8s.model import devices
 
     out = []
@@ -625,7 +626,7 @@ class NodeCloudMixin:
 
     def describe_node(self, instance_id: str) -> GpuInstance | None:
         """The node read fresh (None: gone). KubeReadFailed when it cannot be read (never taken for gone)."""
-        from gpufinops.collect.kubernetes import parse_node
+        from gpufinops.places.kubernetes.cluster import parse_node
 
         name = self.node_name_of(instance_id)
         if name is None:
@@ -692,7 +693,7 @@ class NodeCloudMixin:
         (drain_refusal), no cordon by someone else, and no GPU pod on it (listed after that read). A person who
         removes the mark, or a GPU pod scheduled onto it, wins; a change to the node in between is a 409 and a
         re-read that checks all of it again."""
-        from gpufinops.collect.kubernetes import parse_node
+        from gpufinops.places.kubernetes.cluster import parse_node
 
         name = self.node_name_of(inst.instance_id)
         if name is None:

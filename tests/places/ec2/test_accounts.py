@@ -5,8 +5,8 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from gpufinops.collect.accounts import MultiAccountCloud, assumed_role_session, build_cloud
-from gpufinops.collect.inventory import InventoryError
+from gpufinops.places.ec2.accounts import MultiAccountCloud, assumed_role_session, build_cloud
+from gpufinops.places.ec2.cloud import InventoryError
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED
 
@@ -120,7 +120,7 @@ def test_the_external_id_goes_to_sts_assume_role(aws):
 
 
 def test_assume_role_request_sends_external_id_only_when_set():
-    from gpufinops.collect.accounts import assume_role_request
+    from gpufinops.places.ec2.accounts import assume_role_request
 
     assert assume_role_request(ROLE, "ext-1", 900) == {"RoleArn": ROLE, "RoleSessionName": "gpufinops",
                                                        "DurationSeconds": 900, "ExternalId": "ext-1"}

@@ -1,0 +1,1 @@
+"""Tests of gpufinops.places.ec2."""

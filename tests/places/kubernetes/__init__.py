@@ -1,0 +1,1 @@
+"""Tests of gpufinops.places.kubernetes (the Kubernetes API stand-in: tests/kubestub.py)."""
