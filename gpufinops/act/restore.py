@@ -16,15 +16,9 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..places.kubernetes.cloud import (
-    KubeReadFailed,
-    Restored,
-    WorkloadCloud,
-    is_node_id,
-    node_id,
-    parse_target,
-    workload_id,
-)
+from ..places.kubernetes.cloud import WorkloadCloud
+from ..places.kubernetes.names import KubeReadFailed, Restored, parse_target, workload_id
+from ..places.kubernetes.nodes import is_node_id, node_id
 from ..k8s.model import KUEUE_JOB_KINDS, KUEUE_SUSPEND_KINDS, WorkloadRef
 from ..model import ActionKind, GpuInstance, LeaseCheck, RunContext
 from ..notify import interact, messages

@@ -19,7 +19,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Mapping, Sequence
 
-from .kubernetes.cloud import WorkloadCloud, is_workload_id
+from .kubernetes.cloud import WorkloadCloud
+from .kubernetes.names import is_workload_id
 from ..model import Cloud, GpuInstance, InstanceUsage, MetricsSource
 
 log = logging.getLogger("gpufinops.kubernetes")

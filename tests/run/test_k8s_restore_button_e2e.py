@@ -16,9 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, node_id, workload_id
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import workload_id
+from gpufinops.places.kubernetes.nodes import node_id
 from gpufinops.config import load_settings
-from gpufinops.k8s.model import CORDONED_ANNOTATION, SUSPENDED_ANNOTATION
+from gpufinops.k8s.model import CORDONED_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SUSPENDED_ANNOTATION
 from gpufinops.model import ActionKind
 from gpufinops.notify.delivery import build_notifier
 from gpufinops.notify.routing import Deliveries
