@@ -1,4 +1,4 @@
-"""`gpufinops k8s restore` through the act stage's one door (`Actuator._change`), against the kube stand-in
+"""`gpufinops k8s restore` through the act stage's one door (`Actuator.change`), against the kube stand-in
 (tests/kubestub.py) and the official client: the intent row before the PATCH, one PATCH per intent, the object
 read back after an ambiguous answer, an open row settled by reconcile, dry-run by the same flag."""
 

@@ -2,7 +2,7 @@
 suspends an idle Kueue job or cordons an empty GPU node through the API stand-in (tests/kubestub.py, the official
 client); the stop notice reaches the Slack stub with a Restore button; a click, signed as Slack signs it, comes in
 over POST /slack/actions or over Slack Socket Mode (a local WebSocket stub), is authorised and recorded, and the
-leader's next tick restores through `Actuator._change` (act/restore.py, as `gpufinops k8s restore` does), edits the
+leader's next tick restores through `Actuator.change` (act/restore.py, as `gpufinops k8s restore` does), edits the
 notice once and replies once with the result."""
 
 from __future__ import annotations
