@@ -61,7 +61,7 @@ class Action(str, enum.Enum):
     # them (places.kubernetes.cloud, docs/kubernetes.md "Kueue: suspend, don't kill").
     SUSPEND = "suspend"
     # Kubernetes GPU nodes whose GPU work is gone only: cordon the node (spec.unschedulable) so that Karpenter or
-    # cluster-autoscaler removes it; never evict, never delete (places.kubernetes.cloud, docs/kubernetes.md).
+    # cluster-autoscaler removes it; never evict, never delete (places.kubernetes.nodes, docs/kubernetes.md).
     DRAIN = "drain"
 
 

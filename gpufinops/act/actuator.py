@@ -4,7 +4,7 @@ Two halves:
 - `plan()` is pure: (instance, its primary decision, its mark, its stored state,
   now) -> Intent(kind, reason). Table-tested.
 - `Actuator.apply()` carries intents out. Every cloud mutation goes through
-  `Actuator._change()`, which enforces dry-run and the per-run stop cap, writes
+  `Actuator.change()`, which enforces dry-run and the per-run stop cap, writes
   the intent to the database before the call and the result after it.
 
 Stopping is two-phase: the first IDLE verdict marks the instance (tag + Slack
@@ -50,7 +50,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..k8s.model import NODE_ID_PREFIX
+from ..places.registry import place_of
 from ..store.schema import MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -300,8 +300,8 @@ class Actuator:
 
         call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
-        outcome = self._change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
-                               keep_open=True)
+        outcome = self.change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
+                              keep_open=True)
         if not outcome.ok:
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
                                 error=outcome.error)
@@ -347,9 +347,9 @@ class Actuator:
         rule_name = rule.name
         stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
         value = _stamp(stop_at)
-        outcome = self._change(ctx, inst, ActionKind.MARK, rule_name, intent.reason,
-                               lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
-                               verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
+        outcome = self.change(ctx, inst, ActionKind.MARK, rule_name, intent.reason,
+                              lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                              verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
         if not outcome.ok:
             # No mark without its tag: the next tick tries again if the instance is still idle.
             return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, False, intent.reason, rule_name,
@@ -378,17 +378,17 @@ class Actuator:
         if not ctx.dry_run and stop_at - mark.stop_at >= timedelta(minutes=1):
             # Delivered late: the tag people read says the real time. A cloud change, so it has its audit row.
             value = _stamp(stop_at)
-            self._change(ctx, inst, ActionKind.TAG, rule_name, f"{TAG_MOVED}: {value} (warning delivered late)",
-                         lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
-                         verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
+            self.change(ctx, inst, ActionKind.TAG, rule_name, f"{TAG_MOVED}: {value} (warning delivered late)",
+                        lambda: self.cloud.set_tags(inst, {TAG_MARKED: value}),
+                        verify=lambda i: i is not None and i.tags.get(TAG_MARKED) == value)
         return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
     def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, channel) -> ActionResult:
         if not mark.dry_run and TAG_MARKED in inst.tags:
-            outcome = self._change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
-                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
-                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
+            outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
+                                  lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                                  verify=lambda i: i is None or TAG_MARKED not in i.tags)
             if not outcome.ok:
                 return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, False, intent.reason,
                                     rule_name, ctx.now, error=outcome.error)
@@ -435,15 +435,15 @@ class Actuator:
         """Bookkeeping after a stop, each call through the chokepoint with its own audit row, so one failing
         does not leave the other undone. Removing the mark also closes the IAM fence: a stale StopInstances
         still in flight (another replica's) is refused by AWS once the instance no longer carries it."""
-        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
-                               lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
-                               verify=lambda i: i is None or TAG_MARKED not in i.tags)
+        outcome = self.change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
+                              lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                              verify=lambda i: i is None or TAG_MARKED not in i.tags)
         if outcome.ok is not True:
             log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, outcome.error)
-        outcome = self._change(ctx, inst, ActionKind.TAG, rule_name, TAG_STOPPED_BY_SET,
-                               lambda: self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
-                                                                  TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]}),
-                               verify=lambda i: i is None or TAG_STOPPED_BY in i.tags)
+        outcome = self.change(ctx, inst, ActionKind.TAG, rule_name, TAG_STOPPED_BY_SET,
+                              lambda: self.cloud.set_tags(inst, {TAG_STOPPED_BY: self.settings.act.actor,
+                                                                 TAG_STOPPED_REASON: f"{rule_name}: {reason}"[:255]}),
+                              verify=lambda i: i is None or TAG_STOPPED_BY in i.tags)
         if outcome.ok is not True:
             log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, outcome.error)
 
@@ -487,7 +487,7 @@ class Actuator:
             reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
             if ctx.dry_run:
                 if not req.recorded:
-                    self._change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
+                    self.change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
                     self._update_warning(req, until, dry_run=True)
                     interact.keep_request(self.store, replace(req, recorded=True))
             elif inst.tags.get(TAG_SNOOZE) != req.until:
@@ -498,10 +498,10 @@ class Actuator:
                     self._hold_snooze_from_record(ctx, inst, req, until, reason)
                     by_id[req.instance_id] = held
                     continue
-                outcome = self._change(ctx, inst, ActionKind.SNOOZE, "", reason,
-                                       lambda inst=inst, req=req: self.cloud.set_tags(inst, {TAG_SNOOZE: req.until}),
-                                       verify=lambda found, req=req: found is not None
-                                       and found.tags.get(TAG_SNOOZE) == req.until)
+                outcome = self.change(ctx, inst, ActionKind.SNOOZE, "", reason,
+                                      lambda inst=inst, req=req: self.cloud.set_tags(inst, {TAG_SNOOZE: req.until}),
+                                      verify=lambda found, req=req: found is not None
+                                      and found.tags.get(TAG_SNOOZE) == req.until)
                 if not outcome.ok:
                     # Our failure to write a tag never overrides a person's request: it holds from our record.
                     by_id[req.instance_id] = held
@@ -557,9 +557,9 @@ class Actuator:
             log.warning("could not update the Slack message of %s: %s", req.instance_id, exc)
 
     # ------------------------------------------------------------------ THE chokepoint
-    def _change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
-                call: Callable[[], None], *, verify: Callable[[GpuInstance | None], bool] | None = None,
-                record: bool = True, keep_open: bool = False) -> Outcome:
+    def change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
+               call: Callable[[], None], *, verify: Callable[[GpuInstance | None], bool] | None = None,
+               record: bool = True, keep_open: bool = False) -> Outcome:
         """The only place a cloud mutation is made. Dry-run makes none; a process that lost the scheduler
         lease makes none; the intent is written before the one call and its outcome after it.
 
@@ -642,10 +642,12 @@ class Actuator:
                 if done:
                     # Bookkeeping first, the record last: a crash in between is reconciled again.
                     if inst is not None:
+                        # The stop of a place that has an action of its own (a node's cordon: drain) was that
+                        # action; the registry tells the place from the id (places.registry.place_of).
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
                                             action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
-                                            Action.DRAIN if p.instance_id.startswith(NODE_ID_PREFIX) else Action.STOP,
+                                            place_of(p.instance_id).own_action or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._channel(None, inst))
                     else:

@@ -1,5 +1,5 @@
 """`gpufinops k8s restore`: scale a workload gpufinops scaled to zero back to its replica count, through the act
-stage's one door, `Actuator._change`: the same dry-run flag (`act.dry_run`, or `--dry-run`), the intent row
+stage's one door, `Actuator.change`: the same dry-run flag (`act.dry_run`, or `--dry-run`), the intent row
 (kind `restore`) written before the one preconditioned PATCH, the object read back after an ambiguous answer (a
 5xx, a timeout), and a row left open ("unconfirmed") settled by `Actuator.reconcile` from the workload's state
 once no request can still be in flight: by the service's next tick, or by the next `gpufinops k8s restore`.
@@ -16,15 +16,9 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ..places.kubernetes.cloud import (
-    KubeReadFailed,
-    Restored,
-    WorkloadCloud,
-    is_node_id,
-    node_id,
-    parse_target,
-    workload_id,
-)
+from ..places.kubernetes.cloud import WorkloadCloud
+from ..places.kubernetes.names import KubeReadFailed, Restored, parse_target, workload_id
+from ..places.kubernetes.nodes import is_node_id, node_id
 from ..k8s.model import KUEUE_JOB_KINDS, KUEUE_SUSPEND_KINDS, WorkloadRef
 from ..model import ActionKind, GpuInstance, LeaseCheck, RunContext
 from ..notify import interact, messages
@@ -93,7 +87,7 @@ def is_restored(inst: GpuInstance | None) -> bool:
 
 def restore_workload(cloud: WorkloadCloud, store, text: str, now: datetime, *, dry_run: bool, who: str = "",
                      lease: LeaseCheck | None = None, via: str = CLI) -> RestoreOutcome:
-    """Scale a workload gpufinops scaled to zero back to its kept count, through `Actuator._change`.
+    """Scale a workload gpufinops scaled to zero back to its kept count, through `Actuator.change`.
 
     Dry-run reads, records "dry-run: would restore ..." and changes nothing. Live: an earlier restore of it still
     open is settled first (reconcile); any other unsettled change of it makes this wait (nothing is done to a
@@ -132,8 +126,8 @@ def restore_workload(cloud: WorkloadCloud, store, text: str, now: datetime, *, d
     done: list[Restored] = []
     ctx = RunContext(now=now, dry_run=dry_run, lease=lease)
     try:
-        outcome = actuator._change(ctx, inst, ActionKind.RESTORE, "", reason,
-                                   lambda: done.append(cloud.restore(ref, who)), verify=is_restored)
+        outcome = actuator.change(ctx, inst, ActionKind.RESTORE, "", reason,
+                                  lambda: done.append(cloud.restore(ref, who)), verify=is_restored)
     except NotLeader as exc:
         return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run, NOT_LEADER)
     if dry_run:
@@ -169,7 +163,7 @@ def _unsettled(actuator: Actuator, iid: str, now: datetime, lease: LeaseCheck | 
 def _uncordon(cloud: WorkloadCloud, store, name: str, now: datetime, *, dry_run: bool, who: str,
               lease: LeaseCheck | None, via: str) -> RestoreOutcome:
     """Uncordon a node gpufinops cordoned: `spec.unschedulable: false` and its annotations removed, through
-    `Actuator._change` (intent row, one preconditioned PATCH, read-back). A node cordoned by someone else, or not
+    `Actuator.change` (intent row, one preconditioned PATCH, read-back). A node cordoned by someone else, or not
     cordoned, is left alone and nothing is recorded."""
     iid = node_id(name)
     actuator = Actuator(cloud, store, notifier=None, settings=None)  # type: ignore[arg-type]
@@ -191,8 +185,8 @@ def _uncordon(cloud: WorkloadCloud, store, name: str, now: datetime, *, dry_run:
     reason = f"uncordon node {name}{by} ({via})"
     ctx = RunContext(now=now, dry_run=dry_run, lease=lease)
     try:
-        outcome = actuator._change(ctx, inst, ActionKind.RESTORE, "", reason, lambda: cloud.uncordon(name, who),
-                                   verify=is_restored)
+        outcome = actuator.change(ctx, inst, ActionKind.RESTORE, "", reason, lambda: cloud.uncordon(name, who),
+                                  verify=is_restored)
     except NotLeader as exc:
         return RestoreOutcome(False, iid, f"{reason}: not done: {exc}", dry_run, NOT_LEADER)
     if dry_run:

@@ -48,7 +48,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..config import Settings
 from ..config import SLACK_USER_ID
-from ..places.kubernetes.cloud import ID_PREFIX, MAX_ID_LEN
+from ..places.kubernetes.names import ID_PREFIX, MAX_ID_LEN
 from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
 from .slack_blocks import notice_key_of
 from ..model import TAG_SNOOZE, ActionKind, ActionResult, Cloud, GpuInstance

@@ -1,10 +1,15 @@
-"""One Cloud over every place: EC2 instances and Kubernetes workloads side by side for the tick (docs/kubernetes.md,
-"Scale to zero"), and the routing of a change to the place that listed the subject.
+"""One Cloud over every place: EC2 instances, rented hosts and Kubernetes workloads side by side for the tick
+(docs/kubernetes.md, "Scale to zero"), the routing of a change to the place that listed the subject, and the merge
+of their listings.
 
 `RoutedCloud`: a Cloud made of several, each mutating call going to the one cloud that listed the instance. Every
-composite inventory is one (ec2.accounts.MultiAccountCloud: one EC2 per account; hosts.WithRentedHosts: EC2 beside
+composite inventory is one (ec2.accounts.MultiAccountCloud: one EC2 per account; WithRentedHosts: a cloud beside
 the rented hosts; FleetCloud: instances beside Kubernetes workloads), so that the routing of a change, the one thing
 that must never guess, is written once. A subclass says which cloud owns an instance.
+
+`merge_listings`: how each of them lists its parts, written once: each part in order, one that cannot be listed
+makes the listing partial (its error in `last_errors`, the others still judged), never empty; every part failing
+raises, where the composite says so (a fleet with no answer at all is a failed listing, not an empty one).
 
 `FleetCloud` and `FleetMetrics` are one Cloud and one MetricsSource over both: an id starting with `k8s:` is a
 workload (places.kubernetes.cloud.WorkloadCloud, usage per pod from places.kubernetes.usage combined per workload by
@@ -15,14 +20,20 @@ read-back and reconcile then hold for workloads unchanged. Built by run/compose.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from .kubernetes.cloud import WorkloadCloud, is_workload_id
+from .kubernetes.cloud import WorkloadCloud
+from .kubernetes.names import is_workload_id
+from .registry import HOST_ID_PREFIX
 from ..model import Cloud, GpuInstance, InstanceUsage, MetricsSource
 
+if TYPE_CHECKING:
+    from .hosts import StaticHostsCloud
+
 log = logging.getLogger("gpufinops.kubernetes")
+log_hosts = logging.getLogger("gpufinops.places.hosts")  # WithRentedHosts' lines, under the name they always had
 
 
 class WorkloadMetrics:
@@ -72,6 +83,49 @@ def as_node_remainder(inst: GpuInstance, remainders: Mapping[str, float | None])
                                 "workloads); mostly idle capacity")
 
 
+@dataclass(frozen=True)
+class Listing:
+    """One part of a merged listing. `list` is called with what the parts before it listed (the cluster prices its
+    nodes at EC2's own rates); `partial`, once it answered, gives its own partial errors (a region, an account) as
+    entries of `last_errors`; `failed(exc)`, when it did not answer, gives its entry (and logs it). A part without
+    `failed` cannot fail partially: its error is the listing's (the configured hosts are read from the config)."""
+
+    list: Callable[[list[GpuInstance]], list[GpuInstance]]
+    failed: Callable[[Exception], Any] | None = None
+    partial: Callable[[], Sequence[Any]] = tuple
+
+
+def merge_listings(parts: Sequence[Listing], *,
+                   every_failed: Callable[[list[Any], Exception], Exception] | None = None,
+                   ) -> tuple[list[GpuInstance], list[Any]]:
+    """(every instance listed, in the parts' order; the errors: each part's partial errors and failures, in order).
+    A part that cannot be listed never hides the others. When every part failed, `every_failed(errors, the last
+    failure)` is raised; without it the listing is just empty, with the errors."""
+    listed: list[GpuInstance] = []
+    errors: list[Any] = []
+    failures = 0
+    last: Exception | None = None
+    for part in parts:
+        try:
+            found = part.list(list(listed))
+        except Exception as exc:  # noqa: BLE001 - the other parts are still listed; the tick reports the gap
+            if part.failed is None:
+                raise
+            errors.append(part.failed(exc))
+            failures, last = failures + 1, exc
+            continue
+        errors.extend(part.partial())
+        listed.extend(found)
+    if parts and failures == len(parts) and every_failed is not None and last is not None:
+        raise every_failed(errors, last)
+    return listed, errors
+
+
+def errors_of(cloud: object) -> list[str]:
+    """A cloud's own partial errors of its last listing (its regions that failed), as text."""
+    return [str(e) for e in getattr(cloud, "last_errors", []) or []]
+
+
 class RoutedCloud:
     def member_clouds(self) -> Sequence[object]:
         """The clouds this one routes to (for what holds for all of them)."""
@@ -112,25 +166,32 @@ class FleetCloud(RoutedCloud):
         return self.workloads if is_workload_id(inst.instance_id) else self.ec2
 
     def list_gpu_instances(self) -> list[GpuInstance]:
-        errors: list[str] = []
         ec2: list[GpuInstance] = []
-        ec2_failed: Exception | None = None
-        try:
-            ec2 = self.ec2.list_gpu_instances()
-            errors.extend(str(e) for e in getattr(self.ec2, "last_errors", []) or [])
-        except Exception as exc:  # noqa: BLE001 - the cluster is still listed; the tick reports the gap
-            ec2_failed = exc
-            errors.append(f"EC2: {exc}")
-        try:
+        workloads: list[GpuInstance] = []
+        ec2_failed: list[Exception] = []
+
+        def list_ec2(_before: list[GpuInstance]) -> list[GpuInstance]:
+            ec2.extend(self.ec2.list_gpu_instances())
+            return ec2
+
+        def list_workloads(before: list[GpuInstance]) -> list[GpuInstance]:
             # The node's own EC2 rate (spot included) prices its pods' shares where the inventory has it.
-            workloads = self.workloads.list_workloads({i.instance_id: i.hourly_cost for i in ec2})
-        except Exception as exc:  # noqa: BLE001
-            if ec2_failed is not None:
-                raise
-            log.error("kubernetes workloads not listed: %s", exc)
-            errors.append(f"kubernetes: {exc}")
-            workloads = []
-        self.last_errors = errors
+            workloads.extend(self.workloads.list_workloads({i.instance_id: i.hourly_cost for i in before}))
+            return workloads
+
+        def ec2_not_listed(exc: Exception) -> str:
+            ec2_failed.append(exc)
+            return f"EC2: {exc}"
+
+        def workloads_not_listed(exc: Exception) -> str:
+            if not ec2_failed:  # both failing raises the cluster's error: said there, not logged as well
+                log.error("kubernetes workloads not listed: %s", exc)
+            return f"kubernetes: {exc}"
+
+        _, self.last_errors = merge_listings(
+            [Listing(list_ec2, failed=ec2_not_listed, partial=lambda: errors_of(self.ec2)),
+             Listing(list_workloads, failed=workloads_not_listed)],
+            every_failed=lambda _errors, last: last)
         if workloads:
             ec2 = [as_node_remainder(i, self.workloads.node_remainders) for i in ec2]
         return ec2 + workloads
@@ -160,3 +221,37 @@ class FleetMetrics:
                 out.update({i.instance_id: InstanceUsage(i.instance_id, window_s, 0, error=f"workload usage: {exc}")
                             for i in k8s})
         return out
+
+
+class WithRentedHosts(RoutedCloud):
+    """One Cloud over a cloud's inventory (EC2; None when no cloud is configured) and the rented hosts: ids starting
+    with "host:" are the hosts'. A cloud that cannot be listed makes the listing partial (`last_errors`), never
+    empty: the hosts are still judged."""
+
+    def __init__(self, cloud, hosts: StaticHostsCloud):
+        self.cloud = cloud
+        self.hosts = hosts
+        self.last_errors: list[str] = []
+
+    def cloud_of(self, inst: GpuInstance):
+        if inst.instance_id.startswith(HOST_ID_PREFIX) or self.cloud is None:
+            return self.hosts
+        return self.cloud
+
+    def list_gpu_instances(self) -> list[GpuInstance]:
+        def cloud_failed(exc: Exception) -> str:
+            log_hosts.error("cloud inventory not listed: %s", exc)
+            return f"cloud inventory: {exc}"
+
+        parts = [Listing(lambda _: self.cloud.list_gpu_instances(), failed=cloud_failed,
+                         partial=lambda: errors_of(self.cloud))] if self.cloud is not None else []
+        listed, self.last_errors = merge_listings([*parts, Listing(lambda _: self.hosts.list_gpu_instances())])
+        return listed
+
+    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
+        ours = [i for i in instance_ids if i.startswith(HOST_ID_PREFIX)]
+        theirs = [i for i in instance_ids if not i.startswith(HOST_ID_PREFIX)]
+        found = {i.instance_id: i for i in self.hosts.describe(ours)}
+        if theirs and self.cloud is not None:
+            found.update({i.instance_id: i for i in self.cloud.describe(theirs)})
+        return [found[i] for i in instance_ids if i in found]

@@ -21,7 +21,6 @@ from ..config import HostsSettings, RentedHost, Settings
 from ..prices.host_prices import HostPrice, HostPriceTable, host_price
 from ..model import GpuInstance
 from .ec2.cloud import CloudError
-from .fleet import RoutedCloud
 from .registry import HOST_ID_PREFIX
 
 log = logging.getLogger(__name__)
@@ -113,37 +112,3 @@ def static_hosts_cloud(settings: Settings) -> StaticHostsCloud | None:
 __all__ = ["MANAGED_ADVICE", "MANAGED_BY", "PROVIDER", "StaticHostsCloud", "host_instance", "instance_id",
            "price_table", "static_hosts_cloud"]
 
-
-class WithRentedHosts(RoutedCloud):
-    """One Cloud over a cloud's inventory (EC2; None when no cloud is configured) and the rented hosts: ids starting
-    with "host:" are the hosts'. A cloud that cannot be listed makes the listing partial (`last_errors`), never
-    empty: the hosts are still judged."""
-
-    def __init__(self, cloud, hosts: StaticHostsCloud):
-        self.cloud = cloud
-        self.hosts = hosts
-        self.last_errors: list[str] = []
-
-    def cloud_of(self, inst: GpuInstance):
-        if inst.instance_id.startswith(ID_PREFIX) or self.cloud is None:
-            return self.hosts
-        return self.cloud
-
-    def list_gpu_instances(self) -> list[GpuInstance]:
-        listed, self.last_errors = [], []
-        if self.cloud is not None:
-            try:
-                listed = self.cloud.list_gpu_instances()
-                self.last_errors = [str(e) for e in getattr(self.cloud, "last_errors", []) or []]
-            except Exception as exc:  # noqa: BLE001 - the hosts are still judged; the tick reports the gap
-                log.error("cloud inventory not listed: %s", exc)
-                self.last_errors = [f"cloud inventory: {exc}"]
-        return listed + self.hosts.list_gpu_instances()
-
-    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
-        ours = [i for i in instance_ids if i.startswith(ID_PREFIX)]
-        theirs = [i for i in instance_ids if not i.startswith(ID_PREFIX)]
-        found = {i.instance_id: i for i in self.hosts.describe(ours)}
-        if theirs and self.cloud is not None:
-            found.update({i.instance_id: i for i in self.cloud.describe(theirs)})
-        return [found[i] for i in instance_ids if i in found]

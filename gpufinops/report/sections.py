@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
-from ..places.kubernetes.cloud import node_id, parse_target, parse_workload_id
+from ..places.kubernetes.names import parse_target, parse_workload_id
+from ..places.kubernetes.nodes import node_id
 from ..places.registry import KUBERNETES_ID_PREFIX
 from .words import words
 
@@ -152,7 +153,7 @@ def breakdown(iv: pd.DataFrame, attrs: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def workload_parts(instance_id: str) -> tuple[str, str, str]:
-    """(namespace, kind, name) of a workload id (places.kubernetes.cloud's own parsers). An id cut to the store's
+    """(namespace, kind, name) of a workload id (places.kubernetes.names' own parsers). An id cut to the store's
     64 characters keeps what survived the cut: a cut name ends in `~` and its hash; a cut in the kind leaves the
     name unknown (CUT_NAME); a cut in the namespace leaves the cut text as the namespace, one group of its own."""
     ref = parse_workload_id(instance_id)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufinops.api")
 
 VERDICTS_PATH = "/v1/verdicts"
-NAMESPACE_TAG = "k8s:namespace"  # places.kubernetes.cloud.TAG_NAMESPACE
+NAMESPACE_TAG = "k8s:namespace"  # places.kubernetes.names.TAG_NAMESPACE
 # One query answers at most this many instances, and asks by at most this many values (ids, hosts, namespaces):
 # 3,000 unknown ids would otherwise be a 1 MB answer of UNKNOWN entries.
 MAX_INSTANCES_PER_QUERY = 500

@@ -45,7 +45,8 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> "Cloud":
 def live_inventory(settings: Settings) -> "Cloud":
     """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
     hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
-    from ..places.hosts import WithRentedHosts, static_hosts_cloud
+    from ..places.fleet import WithRentedHosts
+    from ..places.hosts import static_hosts_cloud
 
     hosts = static_hosts_cloud(settings)
     if hosts is None:

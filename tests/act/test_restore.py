@@ -1,4 +1,4 @@
-"""`gpufinops k8s restore` through the act stage's one door (`Actuator._change`), against the kube stand-in
+"""`gpufinops k8s restore` through the act stage's one door (`Actuator.change`), against the kube stand-in
 (tests/kubestub.py) and the official client: the intent row before the PATCH, one PATCH per intent, the object
 read back after an ambiguous answer, an open row settled by reconcile, dry-run by the same flag."""
 
@@ -11,8 +11,9 @@ import pytest
 from gpufinops.act.actuator import Actuator
 from gpufinops.act.restore import restore_workload
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, workload_id
-from gpufinops.k8s.model import WorkloadRef
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import workload_id
+from gpufinops.k8s.model import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadRef
 from gpufinops.model import ActionKind
 from gpufinops.store.store import Store
 from tests.kubestub import kube_stub, owned  # noqa: F401 - kube_stub is a fixture

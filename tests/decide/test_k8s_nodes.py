@@ -154,7 +154,7 @@ def test_drain_is_off_by_default():
 
 def test_only_nodes_are_drained_and_nodes_only_drained():
     from gpufinops.act.plan import stop_blocker
-    from gpufinops.places.kubernetes.cloud import node_instance
+    from gpufinops.places.kubernetes.nodes import node_instance
     from gpufinops.model import Action, GpuInstance
 
     n = node_instance(node("gpu-a", KARPENTER), 32.77, drain_nodes=True)

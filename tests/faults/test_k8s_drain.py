@@ -19,7 +19,8 @@ import pytest
 from gpufinops.act.actuator import Actuator
 from gpufinops.act.restore import restore_workload
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import WorkloadCloud, node_id
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.nodes import node_id
 from gpufinops.config import load_settings
 from gpufinops.decide.workloads import empty_gpu_nodes, node_decision, watch_gpu_free
 from gpufinops.demo.sim import ConsoleNotifier

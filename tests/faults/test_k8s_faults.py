@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpufinops.places.kubernetes.cloud import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, workload_id
-from gpufinops.k8s.model import SUSPENDED_ANNOTATION, WorkloadRef
+from gpufinops.places.kubernetes.names import workload_id
+from gpufinops.k8s.model import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SUSPENDED_ANNOTATION, WorkloadRef
 from gpufinops.model import Action, ActionKind, Rule, Selector
 from tests.places.kubernetes.test_kueue import JOB, WEB, World, fill
 

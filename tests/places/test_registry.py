@@ -15,7 +15,8 @@ from gpufinops.k8s.model import TAG_KUEUE_WORKLOAD, TAG_NODE, WorkloadRef
 from gpufinops.model import Action, Decision, GpuInstance, ReasonCode, Verdict
 from gpufinops.notify import messages
 from gpufinops.places import hosts
-from gpufinops.places.kubernetes.cloud import node_id, workload_id
+from gpufinops.places.kubernetes.names import workload_id
+from gpufinops.places.kubernetes.nodes import node_id
 from gpufinops.places.registry import (
     EC2,
     KUBERNETES_NODE,

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpufinops.places.kubernetes.cloud import workload_id
+from gpufinops.places.kubernetes.names import workload_id
 from gpufinops.config import load_settings
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import Decision, GpuInstance, ReasonCode, Verdict

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from gpufinops.places.kubernetes.cloud import workload_id
+from gpufinops.places.kubernetes.names import workload_id
 from gpufinops.config import load_settings
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import ActionKind, ActionResult, Decision, ReasonCode, Verdict

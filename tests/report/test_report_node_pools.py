@@ -15,7 +15,8 @@ from fractions import Fraction
 import pytest
 
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import WorkloadCloud, node_id
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.nodes import node_id
 from gpufinops.config import load_settings
 from gpufinops.demo.sim import ConsoleNotifier
 from gpufinops.k8s.model import TAG_NODE

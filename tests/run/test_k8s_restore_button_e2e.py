@@ -2,7 +2,7 @@
 suspends an idle Kueue job or cordons an empty GPU node through the API stand-in (tests/kubestub.py, the official
 client); the stop notice reaches the Slack stub with a Restore button; a click, signed as Slack signs it, comes in
 over POST /slack/actions or over Slack Socket Mode (a local WebSocket stub), is authorised and recorded, and the
-leader's next tick restores through `Actuator._change` (act/restore.py, as `gpufinops k8s restore` does), edits the
+leader's next tick restores through `Actuator.change` (act/restore.py, as `gpufinops k8s restore` does), edits the
 notice once and replies once with the result."""
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import REPLICAS_BEFORE_ANNOTATION, WorkloadCloud, node_id, workload_id
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import workload_id
+from gpufinops.places.kubernetes.nodes import node_id
 from gpufinops.config import load_settings
-from gpufinops.k8s.model import CORDONED_ANNOTATION, SUSPENDED_ANNOTATION
+from gpufinops.k8s.model import CORDONED_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SUSPENDED_ANNOTATION
 from gpufinops.model import ActionKind
 from gpufinops.notify.delivery import build_notifier
 from gpufinops.notify.routing import Deliveries

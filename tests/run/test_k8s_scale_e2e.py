@@ -12,15 +12,15 @@ import pytest
 
 from gpufinops.places.kubernetes.usage import PodMetrics
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import (
-    EVENT_MARKED, EVENT_RESTORED, EVENT_SCALED_DOWN, MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadCloud,
-    parse_workload_id, workload_id,
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import (
+    EVENT_MARKED, EVENT_RESTORED, EVENT_SCALED_DOWN, parse_workload_id, workload_id,
 )
 from gpufinops.collect.prometheus import FB_USED, GPU_UTIL
 from gpufinops.config import load_settings
 from gpufinops.places.fleet import WorkloadMetrics
 from gpufinops.act.restore import restore_workload
-from gpufinops.k8s.model import WorkloadRef
+from gpufinops.k8s.model import MARK_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, WorkloadRef
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, Action, ActionKind, GpuInstance, Rule, RunContext, Verdict
 from gpufinops.notify.delivery import build_notifier
 from gpufinops.run.pipeline import Peers, run_once

@@ -14,7 +14,8 @@ import pytest
 from gpufinops.places.fleet import WorkloadMetrics
 from gpufinops.places.kubernetes.usage import PodMetrics
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import EVENT_SUSPENDED, WorkloadCloud, workload_id
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import EVENT_SUSPENDED, workload_id
 from gpufinops.k8s.model import MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, SUSPENDED_ANNOTATION, WorkloadRef
 from gpufinops.model import ActionKind, RunContext, Verdict
 from gpufinops.notify.delivery import build_notifier

@@ -18,7 +18,7 @@ from botocore.credentials import DeferredRefreshableCredentials
 from ...collect.aws_config import read_config
 from ...config import AwsSettings
 from ...model import GpuInstance
-from ..fleet import RoutedCloud
+from ..fleet import Listing, RoutedCloud, merge_listings
 from .cloud import Ec2Cloud, InventoryError, RegionError
 
 log = logging.getLogger(__name__)
@@ -68,25 +68,29 @@ class MultiAccountCloud(RoutedCloud):
         return list(self._clouds.values())
 
     def list_gpu_instances(self) -> list[GpuInstance]:
-        found: list[GpuInstance] = []
-        errors: list[RegionError] = []
-        failed = 0
-        for label, cloud in self._clouds.items():
-            try:
+        """Account by account (fleet.merge_listings): an account whose role cannot be assumed must not hide the
+        others; every account failing raises InventoryError."""
+
+        def account(label: str, cloud: Ec2Cloud) -> Listing:
+            def listed(_before: list[GpuInstance]) -> list[GpuInstance]:
                 instances = cloud.list_gpu_instances()
-            except Exception as exc:  # an account whose role cannot be assumed must not hide the others
+                for inst in instances:
+                    self._owner[inst.instance_id] = cloud
+                return instances
+
+            def failed(exc: Exception) -> RegionError:
                 log.error("EC2 inventory of account %s failed: %s", label, exc)
-                errors.append(RegionError(f"account {label}", "DescribeInstances", str(exc)))
-                failed += 1
-                continue
-            errors.extend(RegionError(f"account {label}: {e.region}", e.operation, e.message)
-                          for e in cloud.last_errors)
-            for inst in instances:
-                self._owner[inst.instance_id] = cloud
-            found.extend(instances)
-        self.last_errors = errors
-        if failed == len(self._clouds):
-            raise InventoryError("EC2 inventory failed in every account: " + "; ".join(e.message for e in errors))
+                return RegionError(f"account {label}", "DescribeInstances", str(exc))
+
+            return Listing(listed, failed=failed, partial=lambda: [
+                RegionError(f"account {label}: {e.region}", e.operation, e.message) for e in cloud.last_errors])
+
+        def every_failed(errors: list[RegionError], _last: Exception) -> InventoryError:
+            self.last_errors = errors
+            return InventoryError("EC2 inventory failed in every account: " + "; ".join(e.message for e in errors))
+
+        found, self.last_errors = merge_listings([account(label, cloud) for label, cloud in self._clouds.items()],
+                                                 every_failed=every_failed)
         return found
 
     @property

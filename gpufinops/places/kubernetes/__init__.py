@@ -2,7 +2,9 @@
 one ClusterSnapshot; a failed call raises, never "no pods"), `usage` (per-pod GPU usage from dcgm-exporter's
 Kubernetes labels, through collect.prometheus), `costs` (a node's cost split over its pods by the GPUs they hold,
 the rest idle capacity), `cloud` (WorkloadCloud: each GPU workload and node as a GpuInstance; scale to zero,
-Kueue suspend, cordon, and restore, each one preconditioned patch). The types every stage shares stay in
+Kueue suspend, cordon, and restore, each one preconditioned patch), and beneath it `names` (ids, annotations,
+Events, patches, errors: pure), `owners` (who else owns a workload: HPA, KEDA, Argo CD, Flux, Kueue: pure) and
+`nodes` (GPU nodes as subjects, cordon / uncordon: the cloud's node half, which never imports `cloud`). The types every stage shares stay in
 gpufinops.k8s.model (a floor of its own: decide and rules read them, and they stand below places).
 
 May import: model, config, k8s.model, prices (mig), collect (errors, prometheus), decide.workloads.

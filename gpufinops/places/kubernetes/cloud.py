@@ -1,5 +1,6 @@
 """Kubernetes workloads behind the `Cloud` protocol, so the act stage scales idle ones to zero (docs/kubernetes.md,
-"Scale to zero").
+"Scale to zero"). Its names (ids, annotations, Events, patches, errors) are `names`, who else owns a workload
+`owners`, the GPU nodes (cordon / uncordon) `nodes`: this module is the WorkloadCloud, its listing and its calls.
 
 Each workload holding GPUs (places.kubernetes.cluster' snapshot) is one GpuInstance:
 - `instance_id` = `k8s:<namespace>/<Kind>/<name>` (`workload_id`); a longer one than the store's 64 characters is
@@ -38,142 +39,37 @@ connection leaves the outcome unknown, for the act stage's read-back.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpufinops.collect.errors import QueryFailed
-from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
-from gpufinops.decide.workloads import drain_refusal
-from gpufinops.places.kubernetes.costs import attribute, node_hourly_costs, pod_hourly_costs
-from gpufinops.places.registry import KUBERNETES_ID_PREFIX
-from gpufinops.k8s.model import (  # noqa: F401 - the annotation keys are this module's API too
-    CORDONED_ANNOTATION,
-    DEFAULT_PROTECT_KEY,
-    KUEUE_JOB_KINDS,
-    KUEUE_PRIORITY_LABEL,
-    KUEUE_QUEUE_LABEL,
-    KUEUE_SUSPEND_KINDS,
-    MARK_ANNOTATION,
-    NODE_CORDONED_BY_OTHERS,
-    NODE_ID_PREFIX,
-    PRE_SUSPEND_ANNOTATION,
-    REPLICAS_BEFORE_ANNOTATION,
-    SNOOZE_ANNOTATION,
-    SUSPENDED_ANNOTATION,
-    TAG_KUEUE_WORKLOAD,
-    TAG_NODE,
-    TAG_WORKLOAD_PRIORITY_CLASS,
-    ClusterSnapshot,
-    NodeInfo,
-    PodInfo,
-    WorkloadInfo,
-    WorkloadRef,
+from gpufinops.k8s.model import (
+    DEFAULT_PROTECT_KEY, KUEUE_JOB_KINDS, KUEUE_QUEUE_LABEL, KUEUE_SUSPEND_KINDS, MARK_ANNOTATION,
+    PRE_SUSPEND_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, SUSPENDED_ANNOTATION, TAG_KUEUE_WORKLOAD,
+    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef,
 )
-from gpufinops.model import (
-    TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_REQUESTED, TAG_STOPPED_BY, TAG_STOPPED_REASON, GpuInstance,
-    utcnow,
+from gpufinops.model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, GpuInstance, utcnow
+from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
+from gpufinops.places.kubernetes.costs import attribute, node_hourly_costs, pod_hourly_costs
+from gpufinops.places.kubernetes.names import (
+    _EPOCH, _RESOURCE, ANNOTATION_OF, ANY_WORKLOAD, EVENT_MARKED, EVENT_RESTORED, EVENT_RESUMED, EVENT_SCALED_DOWN,
+    EVENT_SUSPENDED, KUEUE_GROUP, KUEUE_RESTORE_REMOVES, KUEUE_VERSION, KUEUE_WORKLOADS, RESTORE_REMOVES, TAG_KIND,
+    TAG_NAMESPACE, TAG_PRIORITY_CLASS, KubeChangeError, KubeReadFailed, Restored, annotation_patch, event_body,
+    is_workload_id, not_truthy, parse_workload_id, restore_check, scaled_down, workload_id,
+)
+from gpufinops.places.kubernetes.nodes import NodeCloudMixin, is_node_id, node_gpu_fields, node_remainders
+from gpufinops.places.kubernetes.owners import (
+    autoscaler_owner, gitops_owner, kueue_annotations, kueue_name, kueue_suspended, kueue_workloads_by_owner,
+    manager_of, workload_priority_class,
 )
 
 log = logging.getLogger("gpufinops.kubernetes")
 
-ID_PREFIX = KUBERNETES_ID_PREFIX  # a workload id begins so (the registry says which place an id is)
-MAX_ID_LEN = 64  # the store's instance_id columns
-ANNOTATION_PREFIX = "gpufinops.io/"
-# gpufinops' tag keys (model.TAG_*) -> the annotation each is kept in; the protect key is the setting's.
-ANNOTATION_OF = {
-    TAG_MARKED: MARK_ANNOTATION,
-    TAG_SNOOZE: SNOOZE_ANNOTATION,
-    TAG_STOPPED_BY: "gpufinops.io/scaled-down-by",
-    TAG_STOPPED_REASON: "gpufinops.io/scaled-down-reason",
-    TAG_STOP_REQUESTED: "gpufinops.io/scale-down-requested",
-}
-# Tags that say where a workload is, for rules' `tags:` selectors (a label key cannot hold ':', so none collides).
-TAG_NAMESPACE = "k8s:namespace"
-TAG_KIND = "k8s:kind"
-# Its pods' PriorityClass (comma-separated when replicas differ), so that a rule selects by it:
-# `tags: {"k8s:priority-class": [batch-low]}`.
-TAG_PRIORITY_CLASS = "k8s:priority-class"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
-EVENT_MARKED = "GpuIdleMarked"
-EVENT_SCALED_DOWN = "GpuIdleScaledDown"
-EVENT_RESTORED = "GpuScaleRestored"
-EVENT_SUSPENDED = "GpuIdleSuspended"
-EVENT_RESUMED = "GpuSuspendRestored"
-EVENT_CORDONED = "GpuNodeCordoned"
-EVENT_UNCORDONED = "GpuNodeUncordoned"
-# Kueue's Workload custom resource (kueue.x-k8s.io/v1beta1, served by Kueue 0.6 and later; its list answers 404 in
-# a cluster without Kueue).
-KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"
-KUEUE_WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
-_EPOCH = datetime.min.replace(tzinfo=timezone.utc)
-_RESOURCE = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
-ANY_WORKLOAD = WorkloadRef("*", "*", "*")  # a key of WorkloadCloud._autoscaled: the autoscalers were not read
-
-
-class KubeChangeError(RuntimeError):
-    """A change to a workload failed. `definite`: the API server certainly did not make it (a 4xx refusal, or
-    gpufinops refused to ask); False: its fate is unknown (5xx, timeout): read the object back."""
-
-    def __init__(self, message: str, *, definite: bool, status: int | None = None):
-        super().__init__(message + (" [not done]" if definite else " [outcome unknown]"))
-        self.definite = definite
-        self.status = status
-
-
-class KubeReadFailed(QueryFailed):
-    """The API server did not answer a read of a workload (never taken for "gone")."""
-
-
-# --------------------------------------------------------------------------- ids (pure)
-
-
-def workload_id(ref: WorkloadRef) -> str:
-    """`k8s:<namespace>/<Kind>/<name>`; cut to 64 characters ending in `~<sha1 10>` when longer."""
-    full = f"{ID_PREFIX}{ref.namespace}/{ref.kind}/{ref.name}"
-    if len(full) <= MAX_ID_LEN:
-        return full
-    digest = hashlib.sha1(full.encode()).hexdigest()[:10]
-    return f"{full[:MAX_ID_LEN - 11]}~{digest}"
-
-
-def is_workload_id(instance_id: str) -> bool:
-    return instance_id.startswith(ID_PREFIX)
-
-
-def parse_workload_id(instance_id: str) -> WorkloadRef | None:
-    """The ref of a full (uncut) workload id; None for a cut one or anything else."""
-    if not is_workload_id(instance_id):
-        return None
-    parts = instance_id[len(ID_PREFIX):].split("/")
-    if len(parts) != 3 or not all(parts):
-        return None
-    ref = WorkloadRef(*parts)
-    return ref if workload_id(ref) == instance_id else None
-
-
-def parse_target(text: str) -> tuple[str, str | None, str]:
-    """`NS/NAME`, `NS/Kind/NAME` or a workload id -> (namespace, kind or None, name); ValueError when neither."""
-    raw = text[len(ID_PREFIX):] if is_workload_id(text) else text
-    parts = raw.strip().split("/")
-    if len(parts) == 2 and all(parts):
-        return parts[0], None, parts[1]
-    if len(parts) == 3 and all(parts):
-        kind = {k.lower(): k for k in (*_RESOURCE, *KUEUE_SUSPEND_KINDS)}.get(parts[1].lower(), parts[1])
-        return parts[0], kind, parts[2]
-    raise ValueError(f"{text!r}: expected NAMESPACE/NAME or NAMESPACE/KIND/NAME (Deployment, StatefulSet, or a Kueue "
-                     f"job: {', '.join(KUEUE_SUSPEND_KINDS)})")
-
 
 # --------------------------------------------------------------------------- what a workload is (pure)
-
-
-def not_truthy(value: str | None) -> bool:
-    return value is None or value.strip().lower() == "false"
 
 
 def workload_tags(labels: Mapping[str, str], annotations: Mapping[str, str], ref: WorkloadRef,
@@ -201,175 +97,10 @@ def workload_tags(labels: Mapping[str, str], annotations: Mapping[str, str], ref
     return tags
 
 
-def node_remainders(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None],
-                    pod_costs: Mapping[tuple[str, str], float | None]) -> dict[str, float | None]:
-    """USD/h of each GPU node not carried by a listed workload's pods (None when the node or a share is unpriced):
-    a node's inventory row at this rate and its workloads at theirs add up to the node's cost, never twice it."""
-    listed = {p.key for ref in snapshot.workload_refs() for p in snapshot.pods_of(ref)}
-    out: dict[str, float | None] = {}
-    for node in snapshot.nodes:
-        cost = node_costs.get(node.name)
-        carried = [pod_costs.get(p.key) for p in snapshot.pods_on(node.name) if p.key in listed]
-        if cost is None or any(c is None for c in carried):
-            out[node.instance_id] = None
-        else:
-            out[node.instance_id] = round(max(cost - sum(carried), 0.0), 4)
-    return out
-
-
 def priority_tag(pods: Sequence[PodInfo]) -> dict[str, str]:
     """{TAG_PRIORITY_CLASS: its pods' PriorityClass names}, or {} when none sets one."""
     names = sorted({p.priority_class for p in pods if p.priority_class})
     return {TAG_PRIORITY_CLASS: ",".join(names)} if names else {}
-
-
-ARGOCD_TRACKING_ANNOTATION = "argocd.argoproj.io/tracking-id"
-ARGOCD_INSTANCE_LABELS = ("argocd.argoproj.io/instance", "app.kubernetes.io/instance")
-FLUX_OWNER_LABELS = (("kustomize.toolkit.fluxcd.io", "Kustomization"), ("helm.toolkit.fluxcd.io", "HelmRelease"))
-KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"
-
-
-def gitops_owner(ref: WorkloadRef, labels: Mapping[str, str], annotations: Mapping[str, str]) -> tuple[str, str]:
-    """(managed_by, managed_advice) when a GitOps controller syncs this object from Git (it would put spec.replicas
-    back at its next sync), ("", "") otherwise. Argo CD: its tracking annotation (`<app>:<group>/<kind>:<ns>/<name>`;
-    the `app.kubernetes.io/instance` label alone is Helm's too, so it only names the app); Flux: the
-    `kustomize.toolkit.fluxcd.io/name` / `helm.toolkit.fluxcd.io/name` labels."""
-    what = f"{ref.kind} {ref.namespace}/{ref.name}"
-    tracking = annotations.get(ARGOCD_TRACKING_ANNOTATION, "")
-    argo_label = labels.get(ARGOCD_INSTANCE_LABELS[0], "")
-    if tracking or argo_label:
-        app = tracking.split(":", 1)[0] if tracking else argo_label
-        app = app or labels.get(ARGOCD_INSTANCE_LABELS[1], "") or "?"
-        return (f"Argo CD (application '{app}')",
-                f"notify only: Argo CD would undo a scale-down at its next sync; set `spec.replicas: 0` on {what} in "
-                f"the Git source of Argo CD application '{app}' (or remove it there)")
-    for group, kind in FLUX_OWNER_LABELS:
-        name = labels.get(f"{group}/name")
-        if name:
-            owner = f"{labels.get(f'{group}/namespace', ref.namespace)}/{name}"
-            return (f"Flux ({kind} '{owner}')",
-                    f"notify only: Flux would undo a scale-down at its next reconcile; set `spec.replicas: 0` on "
-                    f"{what} in the source of Flux {kind} '{owner}' (or remove it there)")
-    return "", ""
-
-
-def autoscaler_owner(ref: WorkloadRef, autoscaler: tuple[str, str] | None) -> tuple[str, str]:
-    """(managed_by, managed_advice) for a workload an HPA or a KEDA ScaledObject scales; ("", "") for none."""
-    if autoscaler is None:
-        return "", ""
-    kind, name = autoscaler
-    if kind == "unreadable":
-        return (f"an autoscaler gpufinops could not check ({name})",
-                "reported only until the HPAs and KEDA ScaledObjects can be listed (deploy/kubernetes/workloads/"
-                "rbac-clusterrole.yaml)")
-    ns, _, short = name.partition("/")
-    if kind == "ScaledObject":
-        return (f"KEDA ScaledObject '{name}'",
-                f"notify only: KEDA owns spec.replicas and would undo a scale-down; pause it at zero through KEDA: "
-                f"`kubectl annotate scaledobject -n {ns} {short} {KEDA_PAUSED_REPLICAS}=0` (remove the annotation "
-                f"to resume)")
-    return (f"HorizontalPodAutoscaler '{name}'",
-            f"reported only: the HPA owns spec.replicas (a scale to zero would switch autoscaling off, or be "
-            f"undone); lower its minReplicas, or delete HPA {name} if {ref.kind} {ref.name} is not needed")
-
-
-def manager_of(ref: WorkloadRef, labels: Mapping[str, str], scale_to_zero: bool = True,
-               annotations: Mapping[str, str] | None = None,
-               autoscaler: tuple[str, str] | None = None, kueue_workload: str = "",
-               kueue_note: str = "", unread: str = "") -> tuple[str, str]:
-    """(managed_by, managed_advice): what else owns this workload's fate, ("", "") for a Deployment/StatefulSet
-    gpufinops may scale. With `kubernetes.scale_to_zero` off (the default) no workload may be scaled: adding a
-    `kubernetes:` section must not let rules written for EC2 instances start scaling Deployments. An HPA or KEDA
-    ScaledObject targeting it (`autoscaler`, from KubernetesCluster.autoscalers) or a GitOps controller syncing it
-    owns spec.replicas: never patched, the owner's way is named instead. A Kueue-managed job (KUEUE_SUSPEND_KINDS)
-    whose Kueue Workload was read (`kueue_workload`, with kubernetes.suspend_kueue on) is gpufinops' to suspend
-    under a rule with `action: suspend` (act.plan.stop_blocker refuses any other action); `kueue_note` says why one
-    is not. `unread`: why the object itself could not be read this tick (unread_reason): judged on its pods' labels,
-    never changed."""
-    if unread:
-        return (f"its {ref.kind} '{ref.name}' (not read this tick)", f"notify only this tick: {unread}")
-    queue = labels.get(KUEUE_QUEUE_LABEL)
-    if queue:
-        if kueue_workload and ref.kind in KUEUE_SUSPEND_KINDS:
-            return "", ""
-        return (f"Kueue (queue '{queue}')",
-                kueue_note or ("notify only: gpufinops suspends a Kueue-managed job (a Job, JobSet, Kubeflow "
-                               "training job or RayJob) through Kueue only with kubernetes.suspend_kueue: true and "
-                               "a rule with action: suspend; suspend or delete it in its queue"))
-    if ref.kind == "Job":
-        return (f"Kubernetes Job '{ref.name}'",
-                "reported only: gpufinops never stops Jobs; lower its parallelism or delete it")
-    if ref.kind == "CronJob":
-        return (f"Kubernetes CronJob '{ref.name}'",
-                "reported only: gpufinops never stops CronJobs; suspend it (spec.suspend: true) or fix its schedule")
-    if ref.kind == "Pod":
-        return ("no controller (a bare Kubernetes Pod)",
-                "reported only: gpufinops never deletes pods; delete it if nobody needs it")
-    if not ref.scalable:
-        return (f"its {ref.kind} '{ref.name}' (a custom resource's controller)",
-                f"reported only: stop or scale the {ref.kind} itself (scaling what it owns would be undone)")
-    owner = autoscaler_owner(ref, autoscaler)
-    if not owner[0]:
-        owner = gitops_owner(ref, labels, annotations or {})
-    if owner[0]:
-        return owner
-    if not scale_to_zero:
-        return ("Kubernetes (gpufinops' scale-to-zero is off)",
-                "warned and reported only; set kubernetes.scale_to_zero: true to let gpufinops scale idle "
-                "Deployments and StatefulSets to zero")
-    return "", ""
-
-
-def scaled_down(replicas: Any, annotations: Mapping[str, str]) -> bool:
-    """Scaled to zero by gpufinops: no replicas *and* the count it replaced kept in the annotation."""
-    return replicas == 0 and REPLICAS_BEFORE_ANNOTATION in annotations
-
-
-def kueue_workloads_by_owner(objs: Iterable[Mapping[str, Any]]) -> dict[WorkloadRef, dict]:
-    """Pure: Kueue Workloads by the object that owns them (Kueue makes one per job, for its top object: a Job, a
-    JobSet, a PyTorchJob, a RayJob; its controller ownerReference names that object)."""
-    out: dict[WorkloadRef, dict] = {}
-    for obj in objs:
-        meta = obj.get("metadata") or {}
-        up = controller_of(meta)
-        if up is not None:
-            out[WorkloadRef(str(meta.get("namespace", "")), up[0], up[1])] = dict(obj)
-    return out
-
-
-def kueue_suspended(obj: Mapping[str, Any] | None) -> bool:
-    """Suspended by gpufinops: the Kueue Workload deactivated (spec.active: false) *and* gpufinops' annotation,
-    written in the same patch. Deactivated by someone else is not gpufinops' to resume."""
-    if not obj:
-        return False
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return (obj.get("spec") or {}).get("active") is False and SUSPENDED_ANNOTATION in annotations
-
-
-def kueue_name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def workload_priority_class(labels: Mapping[str, str], kueue_workload: Mapping[str, Any] | None) -> dict[str, str]:
-    """{TAG_WORKLOAD_PRIORITY_CLASS: name} from the Job's kueue.x-k8s.io/priority-class label, else its Kueue
-    Workload's priorityClassName when that is a WorkloadPriorityClass (not a pod PriorityClass); {} when none."""
-    name = labels.get(KUEUE_PRIORITY_LABEL, "")
-    spec = (kueue_workload or {}).get("spec") or {}
-    if not name and spec.get("priorityClassSource") == KUEUE_WORKLOAD_PRIORITY_SOURCE:
-        name = str(spec.get("priorityClassName") or "")
-    return {TAG_WORKLOAD_PRIORITY_CLASS: name} if name else {}
-
-
-def kueue_annotations(job_annotations: Mapping[str, str], kueue_workload: Mapping[str, Any],
-                      protect_key: str = DEFAULT_PROTECT_KEY) -> dict[str, str]:
-    """The annotations a Kueue-managed Job is judged by: its own, with gpufinops' (mark, snooze, protect, stopped-by)
-    read from its Kueue Workload winning. The mark lives on the Workload only, the object whose patch it fences;
-    a person's snooze or protect counts on either object."""
-    out = {k: v for k, v in job_annotations.items() if k not in (MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION)}
-    theirs = (kueue_workload.get("metadata") or {}).get("annotations") or {}
-    out.update({k: str(v) for k, v in theirs.items() if k.startswith(ANNOTATION_PREFIX) or k == protect_key})
-    return out
 
 
 def workload_state(ref: WorkloadRef, replicas: Any, annotations: Mapping[str, str], pods: Sequence[PodInfo]) -> str:
@@ -381,16 +112,6 @@ def workload_state(ref: WorkloadRef, replicas: Any, annotations: Mapping[str, st
     if not pods:
         return "running"
     return "running" if phases == ["Running"] else "/".join(phases).lower()
-
-
-def node_gpu_fields(node: NodeInfo | None) -> tuple[str, float]:
-    """(GPU model, GiB per GPU) from GPU feature discovery's node labels; ("", 0.0) when absent."""
-    labels = node.labels if node else {}
-    try:
-        memory = float(labels.get(GPU_MEMORY_LABEL, "0")) / 1024
-    except ValueError:
-        memory = 0.0
-    return labels.get(GPU_PRODUCT_LABEL, ""), memory
 
 
 def unread_reason(ref: WorkloadRef, info: WorkloadInfo | None, unread: Mapping[str, str]) -> str:
@@ -449,324 +170,7 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
     )
 
 
-def annotation_patch(tags: Mapping[str, str | None], protect_key: str = DEFAULT_PROTECT_KEY) -> dict[str, str | None]:
-    """gpufinops' tag keys -> annotation keys (None removes one); other keys are kept as written."""
-    keys = {**ANNOTATION_OF, TAG_PROTECT: protect_key}
-    return {keys.get(k, k): (None if v is None else str(v)) for k, v in tags.items()}
-
-
-def event_body(obj: Mapping[str, Any], reason: str, message: str, now: datetime, kind: str) -> dict:
-    """A core/v1 Event on the object, as `kubectl describe` shows it."""
-    meta = obj.get("metadata") or {}
-    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name', 'workload')}.gpufinops-", "namespace": meta.get("namespace")},
-        "involvedObject": {"apiVersion": obj.get("apiVersion", "apps/v1"), "kind": kind, "name": meta.get("name"),
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion")},
-        "reason": reason, "message": message[:1024], "type": "Warning" if reason == EVENT_MARKED else "Normal",
-        "source": {"component": "gpufinops"}, "reportingComponent": "gpufinops", "reportingInstance": "gpufinops",
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-    }
-
-
-def saved_replicas(annotations: Mapping[str, str]) -> int | None:
-    """The replica count gpufinops replaced, None when absent or unreadable."""
-    try:
-        value = int(str(annotations.get(REPLICAS_BEFORE_ANNOTATION, "")).strip())
-    except ValueError:
-        return None
-    return value if value > 0 else None
-
-
-# What a restore removes: the scale-down's own annotations (never a person's snooze or protect).
-RESTORE_REMOVES = (REPLICAS_BEFORE_ANNOTATION, MARK_ANNOTATION, ANNOTATION_OF[TAG_STOPPED_BY],
-                   ANNOTATION_OF[TAG_STOPPED_REASON])
-
-
-# What an uncordon removes: the cordon's own annotations (never a person's snooze or protect).
-NODE_RESTORE_REMOVES = (CORDONED_ANNOTATION, MARK_ANNOTATION, ANNOTATION_OF[TAG_STOPPED_BY],
-                        ANNOTATION_OF[TAG_STOPPED_REASON])
-
-
-# What a Kueue resume removes: the suspension's own annotations (never a person's snooze or protect).
-KUEUE_RESTORE_REMOVES = (SUSPENDED_ANNOTATION, MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION, ANNOTATION_OF[TAG_STOPPED_BY],
-                         ANNOTATION_OF[TAG_STOPPED_REASON])
-
-
-def restore_check(obj: Mapping[str, Any], target: str) -> tuple[int | None, str]:
-    """(the count to scale back to, "") when gpufinops scaled this object to zero, else (None, why not)."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    replicas = spec.get("replicas", 1)
-    if REPLICAS_BEFORE_ANNOTATION not in annotations:
-        return None, (f"kubernetes: {target} was not scaled down by gpufinops (no {REPLICAS_BEFORE_ANNOTATION} "
-                      "annotation): left alone")
-    if replicas != 0:
-        return None, f"kubernetes: {target} runs {replicas} replica(s) already: nothing to restore"
-    count = saved_replicas(annotations)
-    if count is None:
-        return None, (f"kubernetes: {target}: annotation {REPLICAS_BEFORE_ANNOTATION}="
-                      f"{annotations[REPLICAS_BEFORE_ANNOTATION]!r} is not a positive count: scale it by hand")
-    return count, ""
-
-
-# --------------------------------------------------------------------------- GPU nodes (action: drain)
-#
-# A GPU node whose GPU work is gone (decide.workloads.empty_gpu_nodes) is a GpuInstance `k8s:node/<name>` tagged
-# `k8s:node` = its name, so that a rule selects nodes and the act stage marks, warns and, after the lead, "stops" it
-# like anything else: here a stop is a cordon (`spec.unschedulable: true` and CORDONED_ANNOTATION in one PATCH
-# preconditioned on the resourceVersion of the read that still found the mark, no GPU pod on it and nothing that
-# forbids it). Karpenter or cluster-autoscaler then removes the node, honouring PodDisruptionBudgets as they always
-# do: gpufinops never evicts a pod and never deletes a node.
-
-
-def node_id(name: str) -> str:
-    """`k8s:node/<name>`; cut to 64 characters ending in `~<sha1 10>` when longer (resolved through a listing)."""
-    full = f"{NODE_ID_PREFIX}{name}"
-    if len(full) <= MAX_ID_LEN:
-        return full
-    return f"{full[:MAX_ID_LEN - 11]}~{hashlib.sha1(full.encode()).hexdigest()[:10]}"
-
-
-def is_node_id(instance_id: str) -> bool:
-    return instance_id.startswith(NODE_ID_PREFIX)
-
-
-def cordoned_by_gpufinops(node: NodeInfo) -> bool:
-    """Cordoned *and* gpufinops' annotation, written in the same patch: a cordon someone else made is theirs."""
-    return node.unschedulable and CORDONED_ANNOTATION in node.annotations
-
-
-def node_instance(node: NodeInfo, hourly_cost: float | None, *, drain_nodes: bool = False,
-                  protect_key: str = DEFAULT_PROTECT_KEY) -> GpuInstance:
-    """The node as a GpuInstance for the act stage. `managed_by` says why it may not be cordoned (drain off,
-    karpenter.sh/do-not-disrupt, an EKS managed node group, no autoscaler), so stop_blocker keeps it notify-only
-    with that advice. State: "stopped" once gpufinops cordoned it, "cordoned" when someone else did (not judged:
-    not gpufinops' to act on), else "running"."""
-    tags = {**node.labels, **node.annotations}
-    for tag, annotation in ANNOTATION_OF.items():
-        tags.pop(annotation, None)
-        if annotation in node.annotations:
-            tags[tag] = node.annotations[annotation]
-    tags.pop(protect_key, None)
-    protect = node.annotations.get(protect_key, node.labels.get(protect_key))
-    if not not_truthy(protect):
-        tags[TAG_PROTECT] = str(protect)
-    tags[TAG_NODE] = node.name
-    refusal = drain_refusal(node)
-    # The advice on what to change is in the verdict's reason (decide.workloads.node_decision): said once.
-    if refusal:
-        managed_by, advice = "Kubernetes (a node gpufinops may not cordon)", refusal
-    elif not drain_nodes:
-        managed_by, advice = ("Kubernetes (gpufinops' node drain is off)",
-                              "warned and reported only; set kubernetes.drain_nodes: true to let gpufinops cordon it")
-    else:
-        managed_by, advice = "", ""
-    model, memory = node_gpu_fields(node)
-    state = ("stopped" if cordoned_by_gpufinops(node) else NODE_CORDONED_BY_OTHERS if node.unschedulable
-             else "running")
-    return GpuInstance(
-        instance_id=node_id(node.name), instance_type=node.instance_type, region=node.region, state=state,
-        launch_time=node.created, lifecycle=node.lifecycle, tags=tags, private_dns=node.name,
-        gpu_count=node.gpu_devices, gpu_model=model, gpu_memory_gib=memory, hourly_cost=hourly_cost,
-        provider="kubernetes", managed_by=managed_by, managed_advice=advice,
-    )
-
-
-def gpu_pods_on(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """namespace/name of the listed pods that hold GPUs (requested, not finished)."""
-    from gpufinops.places.kubernetes.cluster import pod_gpu_requests
-    from gpufinops.k8s.model import devices
-
-    out = []
-    for obj in pods:
-        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        if devices(pod_gpu_requests(obj.get("spec") or {})) and status.get("phase") not in ("Succeeded", "Failed"):
-            out.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-    return out
-
-
-class NodeCloudMixin:
-    """WorkloadCloud's GPU-node half: listing nodes as instances, and the mark / cordon / uncordon calls."""
-
-    drain_nodes: bool = False
-
-    def list_nodes(self) -> list[GpuInstance]:
-        """The GPU nodes of the last listing (list_workloads) as instances, priced at their full node cost."""
-        snap = self.last_snapshot
-        if snap is None:
-            return []
-        out = [node_instance(n, self.node_costs.get(n.name), drain_nodes=self.drain_nodes,
-                             protect_key=self.protect_key) for n in snap.nodes]
-        self._node_names.update({node_id(n.name): n.name for n in snap.nodes})
-        return out
-
-    def node_name_of(self, instance_id: str) -> str | None:
-        if not is_node_id(instance_id):
-            return None
-        name = instance_id[len(NODE_ID_PREFIX):]
-        return self._node_names.get(instance_id) or (name if "~" not in name else None)
-
-    def _node_get(self, name: str) -> dict | None:
-        from kubernetes import client
-
-        core = client.CoreV1Api(self.api)
-        return self._request("get", f"nodes/{name}", lambda **kw: core.read_node(name, **kw), read=True)
-
-    def _pods_on_node(self, name: str) -> list[str]:
-        """The GPU pods on a node now (one list, server-side field selector). KubeReadFailed when not answered."""
-        from kubernetes import client
-
-        core = client.CoreV1Api(self.api)
-        answer = self._request("list", f"pods on node {name}", lambda **kw: core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={name}", **kw), read=True)
-        return gpu_pods_on((answer or {}).get("items") or [])
-
-    def describe_node(self, instance_id: str) -> GpuInstance | None:
-        """The node read fresh (None: gone). KubeReadFailed when it cannot be read (never taken for gone)."""
-        from gpufinops.places.kubernetes.cluster import parse_node
-
-        name = self.node_name_of(instance_id)
-        if name is None:
-            raise KubeReadFailed(f"kubernetes: {instance_id!r} names no node gpufinops can read")
-        obj = self._node_get(name)
-        if obj is None:
-            return None
-        node = parse_node(obj)
-        return node_instance(node, self.node_costs.get(name), drain_nodes=self.drain_nodes,
-                             protect_key=self.protect_key)
-
-    def _patch_node(self, name: str, build: Callable[[dict], dict | None]) -> dict:
-        """Read the node, PATCH what `build(obj)` returns (None: nothing to do), once more after a re-read on a
-        409 Conflict (a resourceVersion precondition that failed)."""
-        from kubernetes import client
-
-        core = client.CoreV1Api(self.api)
-        return self._read_build_patch(f"nodes/{name}", lambda: self._node_get(name), build,
-                                      lambda body, **kw: core.patch_node(name, body, **kw))
-
-    def _node_event(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
-        """An Event on the node (`kubectl describe node` shows it; node Events live in namespace default)."""
-        from kubernetes import client
-
-        body = event_body({**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": "default"}}, reason,
-                          message, self.clock(), "Node")
-        body["involvedObject"]["namespace"] = ""
-        try:
-            self._request("create", "events in default", lambda **kw: client.CoreV1Api(
-                self.api).create_namespaced_event("default", body, **kw))
-        except KubeChangeError as exc:
-            log.warning("node %s: the %s Event was not created: %s", (obj.get("metadata") or {}).get("name"),
-                        reason, exc)
-
-    def annotate_node(self, inst: GpuInstance, tags: Mapping[str, str | None]) -> None:
-        name = self.node_name_of(inst.instance_id)
-        if name is None:
-            raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no node", definite=True)
-        patch = annotation_patch(tags, self.protect_key)
-        wrote: list[bool] = []
-
-        def build(obj: dict) -> dict | None:
-            # Preconditioned on the resourceVersion read, like every other node write: a node changed in between
-            # (a person's cordon, another replica's write) is re-read once. Nothing to write (an annotation to
-            # remove that is gone already: a retry after a lost answer) is no PATCH at all.
-            meta = obj.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            if all(annotations.get(k) == v for k, v in patch.items()):
-                return None
-            wrote.append(True)
-            return {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": patch}}
-
-        obj = self._patch_node(name, build)
-        if wrote and tags.get(TAG_MARKED):
-            self._node_event(obj, EVENT_MARKED,
-                             f"gpufinops: no GPU pod has run on this GPU node for the rule's window; it will be "
-                             f"cordoned at {tags[TAG_MARKED]} (Karpenter / cluster-autoscaler then remove it) unless "
-                             f"a GPU pod lands on it. To keep it: annotate {SNOOZE_ANNOTATION}=<ISO time> or "
-                             f"{self.protect_key}=true, or remove its {MARK_ANNOTATION}.")
-
-    def cordon(self, inst: GpuInstance) -> None:
-        """`spec.unschedulable: true` and CORDONED_ANNOTATION in one patch preconditioned on the resourceVersion of
-        the read that found, right before it: gpufinops' mark still on the node, nothing forbidding a cordon
-        (drain_refusal), no cordon by someone else, and no GPU pod on it (listed after that read). A person who
-        removes the mark, or a GPU pod scheduled onto it, wins; a change to the node in between is a 409 and a
-        re-read that checks all of it again."""
-        from gpufinops.places.kubernetes.cluster import parse_node
-
-        name = self.node_name_of(inst.instance_id)
-        if name is None:
-            raise KubeChangeError(f"kubernetes: {inst.instance_id!r} names no node", definite=True)
-        if not self.drain_nodes:
-            raise KubeChangeError(f"kubernetes: node {name}: kubernetes.drain_nodes is off: not cordoned",
-                                  definite=True)
-        done: list[bool] = []
-
-        def build(obj: dict) -> dict | None:
-            node = parse_node(obj)
-            if cordoned_by_gpufinops(node):
-                return None  # already done (a retry after a lost answer)
-            if node.unschedulable:
-                raise KubeChangeError(f"kubernetes: node {name} was cordoned by someone else: left alone",
-                                      definite=True)
-            if MARK_ANNOTATION not in node.annotations:
-                raise KubeChangeError(f"kubernetes: node {name}: its {MARK_ANNOTATION} was removed since the "
-                                      "warning: not cordoned", definite=True)
-            refusal = drain_refusal(node)
-            if refusal:
-                raise KubeChangeError(f"kubernetes: node {name}: not cordoned: {refusal}", definite=True)
-            try:
-                pods = self._pods_on_node(name)
-            except KubeReadFailed as exc:
-                raise KubeChangeError(f"kubernetes: node {name}: its pods could not be read just before the cordon "
-                                      f"({exc}): not cordoned", definite=True) from None
-            if pods:
-                raise KubeChangeError(f"kubernetes: node {name}: a GPU pod was scheduled onto it since the warning "
-                                      f"({', '.join(pods[:3])}): not cordoned", definite=True)
-            done.append(True)
-            stamp = self.clock().astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            return {"metadata": {"resourceVersion": node.resource_version,
-                                 "annotations": {CORDONED_ANNOTATION: stamp}},
-                    "spec": {"unschedulable": True}}
-
-        obj = self._patch_node(name, build)
-        if done:
-            log.info("node %s cordoned: no GPU pod for the rule's window", name)
-            self._node_event(obj, EVENT_CORDONED,
-                             "gpufinops cordoned it: no GPU pod ran on it for the rule's window. Karpenter / "
-                             "cluster-autoscaler can remove it by their own rules, honouring PodDisruptionBudgets. "
-                             "`gpufinops k8s restore "
-                             f"node/{name}` uncordons it.")
-
-    def uncordon(self, name: str, who: str = "") -> Restored:
-        """Undo gpufinops' cordon: `spec.unschedulable: false` and its annotations removed, in one preconditioned
-        patch; a node cordoned by someone else (no CORDONED_ANNOTATION) is left alone."""
-
-        def build(obj: dict) -> dict | None:
-            meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-            annotations = meta.get("annotations") or {}
-            if spec.get("unschedulable") is not True or CORDONED_ANNOTATION not in annotations:
-                raise KubeChangeError(f"kubernetes: node {name} is not cordoned by gpufinops (no "
-                                      f"{CORDONED_ANNOTATION} on a cordoned node): left alone", definite=True)
-            return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
-                                 "annotations": {k: None for k in NODE_RESTORE_REMOVES if k in annotations}},
-                    "spec": {"unschedulable": False}}
-
-        obj = self._patch_node(name, build)
-        by = f" for {who}" if who else ""
-        self._node_event(obj, EVENT_UNCORDONED, f"gpufinops uncordoned it{by}.")
-        return Restored(WorkloadRef("", "Node", name), 0, f"node {name} uncordoned{by}")
-
-
 # --------------------------------------------------------------------------- the cloud
-
-
-@dataclass(frozen=True)
-class Restored:
-    ref: WorkloadRef
-    replicas: int
-    reason: str
 
 
 class WorkloadCloud(NodeCloudMixin):

@@ -14,8 +14,9 @@ from gpufinops.act.actuator import Actuator
 from gpufinops.act.plan import stop_blocker
 from gpufinops.act.restore import restore_workload
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from gpufinops.places.kubernetes.cloud import (
-    EVENT_MARKED, EVENT_RESUMED, EVENT_SUSPENDED, KubeChangeError, WorkloadCloud, workload_id,
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import (
+    EVENT_MARKED, EVENT_RESUMED, EVENT_SUSPENDED, KubeChangeError, workload_id,
 )
 from gpufinops.config import load_settings
 from gpufinops.demo.sim import ConsoleNotifier

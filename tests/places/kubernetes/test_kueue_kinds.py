@@ -13,7 +13,7 @@ import pytest
 from gpufinops.act.plan import stop_blocker
 from gpufinops.act.restore import restore_workload
 from gpufinops.places.kubernetes.cluster import pointed_kinds
-from gpufinops.places.kubernetes.cloud import (
+from gpufinops.places.kubernetes.names import (
     EVENT_MARKED, EVENT_RESUMED, EVENT_SUSPENDED, TAG_KIND, parse_target, workload_id,
 )
 from gpufinops.k8s.model import (

@@ -10,9 +10,9 @@ import pytest
 
 from gpufinops.act.plan import stop_blocker
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client, autoscaler_targets
-from gpufinops.places.kubernetes.cloud import (
-    KEDA_PAUSED_REPLICAS, KubeChangeError, WorkloadCloud, gitops_owner, manager_of, workload_id,
-)
+from gpufinops.places.kubernetes.cloud import WorkloadCloud
+from gpufinops.places.kubernetes.names import KubeChangeError, workload_id
+from gpufinops.places.kubernetes.owners import KEDA_PAUSED_REPLICAS, gitops_owner, manager_of
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import Action
 from tests.kubestub import node_obj, owned, pod_obj
