@@ -21,6 +21,9 @@ from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, 
 from .places.registry import rule_subjects
 
 log = logging.getLogger("gpufinops.rules")
+# (file, rule name) whose deprecated `slack_channel` was already warned of: the service re-reads its rules every tick,
+# and one warning per process says it (a log line every tick would bury the rest).
+_DEPRECATION_SAID: set[tuple[str, str]] = set()
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -219,7 +222,8 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     out = []
     for i, r in enumerate(parsed.rules):
         line = _rule_line(text, i)
-        if r.slack_channel is not None:
+        if r.slack_channel is not None and (str(path), r.name) not in _DEPRECATION_SAID:
+            _DEPRECATION_SAID.add((str(path), r.name))
             at = line_of(str(path), ("rules", i, "slack_channel"), text) or line
             log.warning("%s: key 'rules.%d.slack_channel' is deprecated: write notify_to: [%s] instead",
                         f"{path}:{at}" if at else path, i,

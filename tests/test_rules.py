@@ -209,6 +209,10 @@ def test_slack_channel_is_a_deprecated_alias_of_notify_to(tmp_path, caplog):
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
     assert f"{p}:5" in warning.getMessage() and "rules.0.slack_channel" in warning.getMessage()
     assert "notify_to: [slack:#ml-gpus]" in warning.getMessage()
+    caplog.clear()  # the service reads its rules every tick: the warning is said once, not every tick
+    with caplog.at_level("WARNING", logger="gpufinops.rules"):
+        assert load_rules([p])[0].notify_to == ("slack:#ml-gpus",)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_slack_channel_and_notify_to_both_given_is_an_error_and_a_bad_old_channel_is_refused(tmp_path):
