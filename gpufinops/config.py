@@ -178,6 +178,31 @@ def slack_channel(v: str) -> str:
 PrometheusLabel = Annotated[str, AfterValidator(prometheus_label)]
 SlackChannel = Annotated[str, AfterValidator(slack_channel)]
 
+# An email address a notice can be sent to (an owner tag that is one, a rule's `email:` destination).
+EMAIL_ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
+# The audiences a rule's `notify_to` may name (notify/routing.py turns each into destinations): the subject's owner
+# (a mention, a DM, an email), its team's channel (else the default), the default channel.
+RULE_AUDIENCES = ("owner", "team", "default")
+# The transports a destination may name, each with what it is sent to: `slack:#ml-gpus`, `email:finance@example.com`.
+TRANSPORTS = ("slack", "email")
+
+
+def destination(v: str) -> str:
+    """A rule's destination, as written: an audience (RULE_AUDIENCES) or `transport:target` (a Slack channel, an
+    email address); anything else is refused (a typo would silently send a warning nowhere)."""
+    v = v.strip()
+    if v in RULE_AUDIENCES:
+        return v
+    transport, sep, target = v.partition(":")
+    if not sep or transport not in TRANSPORTS:
+        raise ValueError(f"{printable(v)!r} is not a destination: write one of {', '.join(RULE_AUDIENCES)}, "
+                         f"'slack:#channel' or 'email:name@example.com'")
+    if transport == "slack":
+        return f"slack:{slack_channel(target.strip())}"
+    if not EMAIL_ADDRESS.fullmatch(target.strip()):
+        raise ValueError(f"{printable(target)!r} is not an email address (email:name@example.com)")
+    return f"email:{target.strip()}"
+
 
 def http_url(v: str) -> str:
     """An http(s) URL with a host: anything else is a peer no request can reach."""

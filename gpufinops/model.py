@@ -314,7 +314,9 @@ class Rule:
     warning_lead_s: int = 900  # time between the warning (mark) and the stop
     action: Action = Action.NOTIFY
     selector: Selector = field(default_factory=Selector)
-    slack_channel: str = ""
+    # Where its notices go: destinations, each `transport:target` or an audience (config.destination validated
+    # them at load); () = by the notice's audience (notify/routing.py).
+    notify_to: tuple[str, ...] = ()
     description: str = ""
     # Below this mean activity a non-idle instance is reported UNDERUTILIZED.
     underutilized_below_pct: float = 60.0
@@ -450,22 +452,26 @@ class MetricsSource(Protocol):
 @dataclass(frozen=True)
 class Notice:
     """What gpufinops tells whom, not how: built by the decide/act/cost stages, rendered and sent by a delivery
-    (notify/: Slack Block Kit, email, the outbox), routed by notify/routing.py from its audience.
+    (notify/: chat, email, the outbox), routed by notify/routing.py from its audience.
 
     Text parts (`text`, `lead`, fact values, `lines`, `notes`) are a small markup every delivery renders:
     user-controlled values are entity-escaped (`&amp;`, `&lt;`, `&gt;`, so no value can carry markup of its
-    own), `*bold*`, `` `code` `` and `<t:EPOCH>` (a time: Slack shows it in the reader's zone, email in UTC).
+    own), `*bold*`, `` `code` `` and `<t:EPOCH>` (a time: chat shows it in the reader's zone, email in UTC).
     `text` is the whole message in one paragraph (notifications, the outbox, the email text part)."""
 
     key: str  # the idempotency key: one event, delivered once per destination however many runs see it
-    # A destination the configuration names for this subject (a rule's or a budget's channel, a person's Slack
-    # id); "" = routed by `audience` (notify/routing.py).
+    # The chat channel (or person) a chat delivery sends it to: notify/routing.py fills it from `to` and
+    # `audience`; a caller that sends through a bare chat delivery (the agent) names it.
     channel: str = ""
+    # Destinations the configuration names for this subject (a rule's notify_to, a budget's or the report's
+    # channel), each `transport:target` or an audience (config.destination); () = routed by `audience`
+    # (notify/routing.py).
+    to: tuple[str, ...] = ()
     text: str = ""
     kind: str = ""  # warning, stopped, cancelled, idle, metrics_unavailable, summary, snooze, budget, digest
     subject: str = ""  # the instance or workload id, budget or period it is about
     audience: tuple[str, ...] = ()  # of AUDIENCES
-    owner: str = ""  # the subject's owner tag (a Slack user id or an email address reach the owner)
+    owner: str = ""  # the subject's owner tag (a chat user id or an email address reach the owner)
     team: str = ""
     title: str = ""
     lead: str = ""
@@ -474,10 +480,10 @@ class Notice:
     notes: tuple[str, ...] = ()  # small print after the facts
     actions: tuple[str, ...] = ()  # ids of notify.messages.SNOOZE_ACTIONS offered on the subject
     dry_run: bool = False
-    # The key of the notice this one follows up (a cancellation or a stop under its warning): a Slack reply
-    # in that thread when Slack holds the parent, an email In-Reply-To its Message-ID.
+    # The key of the notice this one follows up (a cancellation or a stop under its warning): a chat reply
+    # in that thread when the chat holds the parent, an email In-Reply-To its Message-ID.
     thread_key: str = ""
-    # Slack blocks: filled by the chat delivery when it renders the notice (what is stored and sent); a builder
+    # The chat's blocks: filled by the chat delivery when it renders the notice (what is stored and sent); a builder
     # leaves it empty and gives title, lead, facts and lines instead.
     blocks: tuple[dict, ...] = ()
 
@@ -490,20 +496,15 @@ Message = Notice
 
 
 class Notifier(Protocol):
+    """What every stage sends through (notify/routing.Deliveries in the service). What a chat transport does beyond
+    this (an in-place edit, a user lookup) is notify/chat.ChatDelivery's, inside notify/."""
+
     def send(self, msg: Notice) -> bool:
         """True when the notice is delivered (now or earlier); False when it is not (yet)."""
         ...
 
     def retry_due(self, now: datetime) -> int:
         """Send again the failed notices whose backoff is over; how many were delivered."""
-        ...
-
-    def update(self, channel_id: str, ts: str, text: str, blocks: Sequence[dict]) -> bool:
-        """Edit a delivered Slack message in place (a snooze shown on its warning); False when it was not edited."""
-        ...
-
-    def user_id_for_email(self, email: str) -> str | None:
-        """The Slack user id with this email (users.lookupByEmail), None when unknown or not Slack."""
         ...
 
 

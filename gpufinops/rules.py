@@ -7,16 +7,23 @@ duration like 10m, 1h30m or 600`.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .config import ConfigError, StrictModel, format_validation_error, load_yaml
+from .config import (ConfigError, StrictModel, destination, format_validation_error, line_of, load_yaml,
+                     slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_subjects
+
+log = logging.getLogger("gpufinops.rules")
+# (file, rule name) whose deprecated `slack_channel` was already warned of: the service re-reads its rules every tick,
+# and one warning per process says it (a log line every tick would bury the rest).
+_DEPRECATION_SAID: set[tuple[str, str]] = set()
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -115,7 +122,11 @@ class _RuleModel(StrictModel):
     action: Action = Action.NOTIFY
     # Terminating destroys the instance and its local disks: the rule must say so twice.
     confirm_terminate: bool = False
-    slack_channel: str = ""
+    # Where the rule's notices go, each destination with its transport ('slack:#ml-gpus', 'email:a@example.com')
+    # or an audience ('owner', 'team', 'default'); notify/routing.py sends them. Empty: the team's channel.
+    notify_to: list[Annotated[str, AfterValidator(destination)]] | None = None
+    # Deprecated alias of `notify_to: [slack:<channel>]` (a warning at load names the file and key).
+    slack_channel: str | None = None
     underutilized_below_pct: float = Field(60.0, ge=0, le=100)
     max_memory_mib: float | None = Field(None, ge=0, le=16 * 2**20)  # 16 TiB: more than any GPU holds
     # GPUs without an activity counter (MIG instances read by gpufinops agent): "never" idle (UNKNOWN unless
@@ -141,6 +152,24 @@ class _RuleModel(StrictModel):
     @classmethod
     def _warning_lead(cls, v: Any) -> int:
         return parse_duration(v, min_s=MIN_WARNING_LEAD_S, max_s=MAX_WARNING_LEAD_S)
+
+    @field_validator("slack_channel")
+    @classmethod
+    def _old_channel(cls, v: str | None) -> str | None:
+        return v and slack_channel(v)  # "" (as before): no channel named
+
+    @model_validator(mode="after")
+    def _one_way_to_say_where(self) -> "_RuleModel":
+        if self.slack_channel is not None and self.notify_to is not None:
+            raise ValueError("'slack_channel' and 'notify_to' both given: 'slack_channel' is the deprecated spelling "
+                             f"of notify_to: [slack:{self.slack_channel}]; keep notify_to only")
+        return self
+
+    def destinations(self) -> tuple[str, ...]:
+        """notify_to in order, each once (the deprecated `slack_channel: X` is notify_to: [slack:X])."""
+        if self.slack_channel:
+            return (f"slack:{self.slack_channel}",)
+        return tuple(dict.fromkeys(self.notify_to or ()))
 
     @model_validator(mode="after")
     def _terminate_needs_confirmation(self) -> "_RuleModel":
@@ -193,6 +222,12 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     out = []
     for i, r in enumerate(parsed.rules):
         line = _rule_line(text, i)
+        if r.slack_channel is not None and (str(path), r.name) not in _DEPRECATION_SAID:
+            _DEPRECATION_SAID.add((str(path), r.name))
+            at = line_of(str(path), ("rules", i, "slack_channel"), text) or line
+            log.warning("%s: key 'rules.%d.slack_channel' is deprecated: write notify_to: [%s] instead",
+                        f"{path}:{at}" if at else path, i,
+                        r.destinations()[0] if r.slack_channel else "")
         out.append(
             Rule(
                 name=r.name,
@@ -204,7 +239,7 @@ def load_rule_file(path: str | Path) -> list[Rule]:
                 min_coverage=r.min_coverage,
                 warning_lead_s=r.warning_lead,
                 action=r.action,
-                slack_channel=r.slack_channel,
+                notify_to=r.destinations(),
                 underutilized_below_pct=r.underutilized_below_pct,
                 max_memory_mib=r.max_memory_mib,
                 idle_without_activity_counter=r.idle_without_activity_counter,

@@ -172,3 +172,54 @@ def test_rules_check_shows_the_no_counter_option_when_on(tmp_path, capsys):
     mig, plain = capsys.readouterr().out.splitlines()[:2]
     assert "no counter: idle if no_processes_and_idle_memory (floor 1024 MiB)" in mig
     assert "no counter" not in plain
+
+
+def test_notify_to_names_destinations_with_their_transport_and_rules_check_shows_them(tmp_path, capsys):
+    p = write(tmp_path, "rules:\n  - name: ml\n    threshold_pct: 10\n    window: 2h\n"
+                        "    notify_to: ['slack:#ml-gpus', 'email:finance@example.com', owner, team, 'slack:#ml-gpus']\n"
+                        "  - name: plain\n    threshold_pct: 10\n    window: 2h\n")
+    ml, plain = load_rules([p])
+    assert ml.notify_to == ("slack:#ml-gpus", "email:finance@example.com", "owner", "team")  # each once, in order
+    assert plain.notify_to == ()
+    assert main(["rules", "check", str(p)]) == 0
+    shown_ml, shown_plain = capsys.readouterr().out.splitlines()[:2]
+    assert "to slack:#ml-gpus, email:finance@example.com, owner, team" in shown_ml
+    assert "to by audience (team channel, else default)" in shown_plain
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("['slack:ML GPUs']", "is not a Slack channel"),
+    ("['email:finance']", "is not an email address"),
+    ("['teams:#ml']", "is not a destination"),
+    ("[owners]", "is not a destination"),
+    ("['#ml-gpus']", "is not a destination"),  # the transport must be said
+    ("'slack:#ml-gpus'", "valid list"),
+])
+def test_bad_destinations_name_file_line_and_key(tmp_path, bad, why):
+    p = write(tmp_path, f"rules:\n  - name: ml\n    threshold_pct: 10\n    window: 2h\n    notify_to: {bad}\n")
+    msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
+    assert f"{p}:5" in msg and "rules.0.notify_to" in msg and why in msg, msg
+
+
+def test_slack_channel_is_a_deprecated_alias_of_notify_to(tmp_path, caplog):
+    p = write(tmp_path, "rules:\n  - name: old\n    threshold_pct: 10\n    window: 2h\n    slack_channel: '#ml-gpus'\n")
+    with caplog.at_level("WARNING", logger="gpufinops.rules"):
+        (rule,) = load_rules([p])
+    assert rule.notify_to == ("slack:#ml-gpus",)
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert f"{p}:5" in warning.getMessage() and "rules.0.slack_channel" in warning.getMessage()
+    assert "notify_to: [slack:#ml-gpus]" in warning.getMessage()
+    caplog.clear()  # the service reads its rules every tick: the warning is said once, not every tick
+    with caplog.at_level("WARNING", logger="gpufinops.rules"):
+        assert load_rules([p])[0].notify_to == ("slack:#ml-gpus",)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_slack_channel_and_notify_to_both_given_is_an_error_and_a_bad_old_channel_is_refused(tmp_path):
+    p = write(tmp_path, "rules:\n  - name: both\n    threshold_pct: 10\n    window: 2h\n    slack_channel: '#a'\n"
+                        "    notify_to: ['slack:#b']\n")
+    msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
+    assert f"{p}:2" in msg and "rules.0" in msg and "both given" in msg, msg
+    p = write(tmp_path, "rules:\n  - name: bad\n    threshold_pct: 10\n    window: 2h\n    slack_channel: 'ML GPUs'\n")
+    msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
+    assert f"{p}:5" in msg and "rules.0.slack_channel" in msg and "is not a Slack channel" in msg, msg

@@ -7,9 +7,9 @@ Two halves:
   `Actuator.change()`, which enforces dry-run and the per-run stop cap, writes
   the intent to the database before the call and the result after it.
 
-Stopping is two-phase: the first IDLE verdict marks the instance (tag + Slack
+Stopping is two-phase: the first IDLE verdict marks the instance (tag + chat
 warning with the time it will be stopped); at that time, if it is still IDLE, it
-is stopped. Activity, a snooze tag, a protect tag, a Slack snooze click or a person
+is stopped. Activity, a snooze tag, a protect tag, a snooze button click or a person
 removing the mark tag cancels the mark. UNKNOWN (under any rule) never stops anything.
 
 A person's cancel wins up to the last second: right before StopInstances the instance
@@ -83,7 +83,7 @@ class Outcome:
     action_id: int | None = None  # the action row, when one was written and may still be open
 
 
-# A Slack snooze whose tag write failed this many times is not tried again; the request still holds.
+# A button's snooze whose tag write failed this many times is not tried again; the request still holds.
 MAX_SNOOZE_TAG_ATTEMPTS = 3
 SNOOZE_TAG_FAILURES = "snooze_tag_failures:"
 
@@ -170,7 +170,7 @@ class Actuator:
         except Exception as exc:  # the cloud cannot be read: those instances wait (below), the others go on
             log.error("could not settle earlier changes yet: %s", exc)
         try:
-            # Before planning: a snooze a person asked for in Slack holds on this very tick.
+            # Before planning: a snooze a person asked for with a button holds on this very tick.
             instances = self.apply_snooze_requests(ctx, instances)
         except NotLeader as exc:
             log.error("not acting: %s", exc)
@@ -240,17 +240,18 @@ class Actuator:
     def _opt_in_gap(self, inst: GpuInstance) -> str:
         return opt_in_gap(inst, self.settings.act.opt_in_tag, self.settings.act.opt_in_value)
 
-    def _channel(self, rule: Rule | None, inst: GpuInstance | None = None) -> str:
-        """The channel the configuration names for an instance's rule, or "" (notify/routing.py routes it)."""
-        return rule.slack_channel if rule and rule.slack_channel else ""
+    def _destinations(self, rule: Rule | None, inst: GpuInstance | None = None) -> tuple[str, ...]:
+        """Where the configuration sends an instance's notices (its rule's notify_to), or () (notify/routing.py
+        routes them by audience)."""
+        return rule.notify_to if rule else ()
 
     def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult | None:
         kind, decision = intent.kind, intent.decision
         rule_name = rule.name if rule else (mark.rule if mark else "")
-        channel = self._channel(rule, inst)
+        to = self._destinations(rule, inst)
 
         if intent.deliver_warning:
-            return self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+            return self._deliver_warning(ctx, inst, mark, decision, rule, to)
 
         # A skip repeats every tick while its state lasts: logged at INFO once per state change, else at DEBUG.
         changed = kind != ActionKind.SKIP or (states.get((inst.instance_id, rule_name)) is not None
@@ -265,7 +266,7 @@ class Actuator:
             state = states[(inst.instance_id, rule_name)]
             why_not = "" if decision.action == Action.NOTIFY else (
                 stop_blocker(inst, decision.action) or self._opt_in_gap(inst))
-            self.notifier.send(messages.idle_notice(inst, decision, since=state.since, channel=channel,
+            self.notifier.send(messages.idle_notice(inst, decision, since=state.since, to=to,
                                                     not_stopped_because=why_not))
             return self._record(ctx, ActionResult(inst.instance_id, kind, ctx.dry_run, True, intent.reason, rule_name, ctx.now))
 
@@ -274,16 +275,16 @@ class Actuator:
                 # A dry-run mark carried over to a real one: its dry-run warning, never delivered, is not sent any more.
                 self.store.abandon_notification(messages.warning_key(inst.instance_id, mark.marked_at), ctx.now,
                                                 "dry-run mark carried over to a real one")
-            return self._mark(ctx, inst, intent, decision, rule, channel)
+            return self._mark(ctx, inst, intent, decision, rule, to)
 
         if kind == ActionKind.UNMARK:
-            return self._unmark(ctx, inst, intent, mark, rule_name, channel)
+            return self._unmark(ctx, inst, intent, mark, rule_name, to)
 
         # STOP / TERMINATE
         failures = self.store.action_rows(status="failed", kinds=[ActionKind.STOP, ActionKind.TERMINATE],
                                           start=mark.marked_at, instance_id=inst.instance_id)
         if len(failures) >= MAX_STOP_ATTEMPTS:
-            return self._give_up(ctx, inst, mark, rule_name, channel, failures[-1].error or "")
+            return self._give_up(ctx, inst, mark, rule_name, to, failures[-1].error or "")
         if self._stops_left <= 0:
             reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
@@ -305,7 +306,7 @@ class Actuator:
         if not outcome.ok:
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
                                 error=outcome.error)
-        self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, channel)
+        self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, to)
         if outcome.action_id is not None:
             self.store.finish_action(outcome.action_id, True, ctx.now, status="done")
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
@@ -339,11 +340,11 @@ class Actuator:
         if self._opt_in_gap(fresh):
             return f"tag {self.settings.act.opt_in_tag} was removed or changed"
         if self.store.get_kv(interact.REQUEST_PREFIX + inst.instance_id) is not None:
-            return "a person asked to snooze it in Slack"
+            return f"a person asked to snooze it in {interact.CHAT}"
         return ""
 
     # ------------------------------------------------------------------ the phases
-    def _mark(self, ctx, inst, intent, decision, rule, channel) -> ActionResult:
+    def _mark(self, ctx, inst, intent, decision, rule, to: tuple[str, ...]) -> ActionResult:
         rule_name = rule.name
         stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
         value = _stamp(stop_at)
@@ -356,15 +357,15 @@ class Actuator:
                                 ctx.now, error=outcome.error)
         mark = MarkRow(inst.instance_id, rule_name, ctx.now, stop_at, decision.reason, ctx.dry_run)
         self.store.put_mark(mark)
-        result = self._deliver_warning(ctx, inst, mark, decision, rule, channel)
+        result = self._deliver_warning(ctx, inst, mark, decision, rule, to)
         return replace(result, kind=ActionKind.MARK, reason=f"{intent.reason}; {result.reason}")
 
-    def _deliver_warning(self, ctx, inst, mark: MarkRow, decision, rule, channel) -> ActionResult:
+    def _deliver_warning(self, ctx, inst, mark: MarkRow, decision, rule, to: tuple[str, ...]) -> ActionResult:
         """Send (or send again) the mark's warning; once delivered, the stop is due a full lead after delivery."""
         lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
         msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
-                                    channel=channel, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now,
-                                    buttons=self.settings.slack.interactive(),
+                                    to=to, dry_run=ctx.dry_run, action=decision.action, sent_at=ctx.now,
+                                    buttons=self.notifier.offers_buttons(),
                                     idle_since=idle_since(self.store.get_state(inst.instance_id, mark.rule), decision))
         rule_name = mark.rule
         if not self.notifier.send(msg):
@@ -384,7 +385,7 @@ class Actuator:
         return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
-    def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, channel) -> ActionResult:
+    def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, to: tuple[str, ...]) -> ActionResult:
         if not mark.dry_run and TAG_MARKED in inst.tags:
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
@@ -402,20 +403,20 @@ class Actuator:
             self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
         else:
             self.notifier.send(replace(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
-                                                               channel=channel), thread_key=warning_key))
+                                                               to=to), thread_key=warning_key))
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
-    def _give_up(self, ctx, inst, mark: MarkRow, rule_name, channel, last_error: str) -> ActionResult:
+    def _give_up(self, ctx, inst, mark: MarkRow, rule_name, to: tuple[str, ...], last_error: str) -> ActionResult:
         reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
                   f"given up for this idle episode")
         log.error("%s: %s", inst.instance_id, reason)
-        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, channel)
+        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to)
         state = self.store.get_state(inst.instance_id, rule_name)
         if state is not None:  # acted on: not marked again before the instance is active and idle again
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
         return replace(result, ok=False, error=reason)
 
-    def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, channel) -> None:
+    def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, to: tuple[str, ...]) -> None:
         """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
         self._tag_stopped(ctx, inst, rule_name, decision.reason)
         mark = self.store.get_mark(inst.instance_id)
@@ -423,7 +424,7 @@ class Actuator:
         state = self.store.get_state(inst.instance_id, rule_name)
         if state is not None:
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, at, dry_run)
-        notice = messages.stopped(inst, decision, at=at, channel=channel, dry_run=dry_run, action=decision.action,
+        notice = messages.stopped(inst, decision, at=at, to=to, dry_run=dry_run, action=decision.action,
                                   idle_since=idle_since(state, decision))
         # Under its warning, so the owner reads warning and outcome in one place.
         self.notifier.send(replace(notice, thread_key=messages.warning_key(inst.instance_id, mark.marked_at))
@@ -452,7 +453,7 @@ class Actuator:
             self.store.record_action(ctx.run_id, result)
         return result
 
-    # ------------------------------------------------------------------ people's snoozes (Slack buttons)
+    # ------------------------------------------------------------------ people's snoozes (notify/interact's buttons)
     def apply_snooze_requests(self, ctx: RunContext, instances: Sequence[GpuInstance]) -> list[GpuInstance]:
         """Set the snooze tag people asked for with a button (gpufinops.interact), through the chokepoint; the
         instances come back with the tag as the cloud now has it, so the plan below sees the snooze.
@@ -484,7 +485,7 @@ class Actuator:
             if existing.active and existing.until is not None and existing.until >= until:
                 interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
                 continue
-            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a Slack button"
+            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a {interact.CHAT} button"
             if ctx.dry_run:
                 if not req.recorded:
                     self.change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
@@ -540,8 +541,8 @@ class Actuator:
         failures = int(self.store.get_kv(key) or 0) + 1
         self.store.set_kv(key, str(failures))
         if failures == 1:
-            log.error("%s: snooze from Slack by %s could not be written as a tag (%s); it holds from gpufinops's "
-                      "own record until %s", req.instance_id, req.user_id, error[:200], req.until)
+            log.error("%s: snooze from %s by %s could not be written as a tag (%s); it holds from gpufinops's "
+                      "own record until %s", req.instance_id, interact.CHAT, req.user_id, error[:200], req.until)
             if req.user_id:
                 self.notifier.send(messages.snooze_not_applied(
                     req.instance_id, user_id=req.user_id, until=until, error=error,
@@ -554,7 +555,7 @@ class Actuator:
         try:
             self.notifier.show_snoozed(req, until, dry_run)
         except Exception as exc:  # noqa: BLE001 - the snooze is set; the message edit is not worth a failure
-            log.warning("could not update the Slack message of %s: %s", req.instance_id, exc)
+            log.warning("could not update the %s message of %s: %s", interact.CHAT, req.instance_id, exc)
 
     # ------------------------------------------------------------------ THE chokepoint
     def change(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule: str, reason: str,
@@ -649,7 +650,7 @@ class Actuator:
                                             action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
                                             place_of(p.instance_id).own_action or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
-                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._channel(None, inst))
+                        self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._destinations(None, inst))
                     else:
                         self.store.clear_mark(p.instance_id)
                     self.store.finish_action(p.id, True, now, status="done",

@@ -38,7 +38,7 @@ UNKNOWN = "unknown"  # ambiguous answer: its row stays open until reconcile sett
 SETTLED_RESTORED = "settled_restored"  # an UNKNOWN one, found restored by reconcile (by this click or by anyone)
 NOT_LEADER = "not_leader"  # the scheduler lease was lost before the call: nothing done
 CLI = "gpufinops k8s restore"
-BUTTON = "Slack Restore button"
+BUTTON = f"{interact.CHAT} Restore button"
 # How long a Restore click waits for an earlier change of its subject to settle before it is answered "not done".
 CLICK_PATIENCE = timedelta(minutes=10)
 
@@ -94,7 +94,7 @@ def restore_workload(cloud: WorkloadCloud, store, text: str, now: datetime, *, d
     workload whose last change is not settled); then the intent row, one preconditioned patch (a 409 is re-read
     and retried once by the cloud), and on an error the read-back: done, failed (a 4xx and not restored), or
     unconfirmed (the row stays open and is reconciled). The row is kind `restore`, its reason naming who asked
-    and `via` what (the command, or the Slack button). `node/NAME`: uncordon a GPU node gpufinops cordoned
+    and `via` what (the command, or the chat's button). `node/NAME`: uncordon a GPU node gpufinops cordoned
     (action: drain), the same way."""
     if text.startswith("node/"):
         return _uncordon(cloud, store, text[len("node/"):], now, dry_run=dry_run, who=who, lease=lease, via=via)
@@ -234,7 +234,7 @@ def apply_restore_requests(ctx: RunContext, cloud: WorkloadCloud | None, store, 
             break
         interact.forget_restore(store, req.instance_id)
         target = restore_target(cloud, req.instance_id)
-        who = f"{req.user_name} (Slack user {req.user_id})"
+        who = f"{req.user_name} ({interact.CHAT} user {req.user_id})"
         outcome = restore_workload(cloud, store, target, ctx.now, dry_run=ctx.dry_run, who=who, lease=ctx.lease,
                                    via=BUTTON) if target else \
             RestoreOutcome(False, req.instance_id, f"kubernetes: {req.instance_id} names nothing gpufinops can read "

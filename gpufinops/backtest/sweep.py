@@ -96,7 +96,7 @@ def rule_doc(rule: Rule, description: str) -> dict:
         "warning_lead": duration_text(rule.warning_lead_s),
         "action": "stop",
         "underutilized_below_pct": rule.underutilized_below_pct,
-        **({"slack_channel": rule.slack_channel} if rule.slack_channel else {}),
+        **({"notify_to": list(rule.notify_to)} if rule.notify_to else {}),
     }
 
 

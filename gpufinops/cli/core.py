@@ -205,8 +205,10 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         no_counter = (f"  no counter: idle if {r.idle_without_activity_counter.value} "
                       f"(floor {r.idle_memory_floor_mib:g} MiB)" if r.idle_without_activity_counter.value != "never"
                       else "")
+        # Where its notices go (notify_to), or who routing picks when the rule names no one.
+        to = ", ".join(r.notify_to) or "by audience (team channel, else default)"
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
-              f"for {r.window_s}s (lead {r.warning_lead_s}s){no_counter}  [{r.source}]")
+              f"for {r.window_s}s (lead {r.warning_lead_s}s){no_counter}  to {to}  [{r.source}]")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 

@@ -41,6 +41,7 @@ from ..config import DEFAULT_RULES_DIR, ConfigError, Settings, StrictModel, form
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
 from ..model import Message, Notifier, hours
 from ..notify.markup import escape
+from ..notify.routing import deliveries
 from ..store.store import Store
 from . import escalations
 
@@ -241,10 +242,11 @@ def _money(x: float, cur: str) -> str:
     return f"{x:,.2f} {cur}"
 
 
-def alert_messages(status: BudgetStatus, budget: Budget, default_channel: str = "") -> list[Message]:
+def alert_messages(status: BudgetStatus, budget: Budget) -> list[Message]:
     """The notice of the highest crossed threshold, per kind (pure). Rendered by each delivery like every other
     notice (title, lead, facts): Slack blocks, an email, the outbox. Team and instance names come from tags:
-    escaped, never markup. To the budget's channel, else the default channel (notify/routing.py)."""
+    escaped, never markup. To the budget's channel, else the default channel, a team's budget too (notify/routing.py
+    picks the channel)."""
     out = []
     cur = status.currency
     for kind, th in status.crossed.items():
@@ -268,7 +270,7 @@ def alert_messages(status: BudgetStatus, budget: Budget, default_channel: str = 
         key = f"budget:{status.budget}:{status.scope}:{status.period}:{kind}:{th.pct:g}"
         team = budget.scope.value if budget.scope.kind == "team" and budget.scope.value != UNTAGGED else ""
         out.append(Message(
-            key=key, channel=budget.channel or default_channel,
+            key=key, to=(f"slack:{budget.channel}",) if budget.channel else ("default",),
             text=text + "\n" + "\n".join(f"*{k}* {v}" for k, v in facts), kind="budget",
             subject=f"{status.budget} {status.period}", audience=("team",) if team else ("default",), team=team,
             title=f"GPU budget {th.level}: {escape(status.budget)} {pct:.0f}% ({kind})"[:150], lead=text,
@@ -364,13 +366,13 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
             if escalations.record(store, esc):
                 log.warning("budget %s at %.0f%%: idle instances in %s escalated to stop", b.name,
                             status.pct_actual, b.scope.label())
-        for msg in alert_messages(status, b, settings.slack.default_channel):
+        for msg in alert_messages(status, b):
             if store.notification_sent(msg.key):
                 continue
             if not acting:
                 status.alerts_due.append(msg.text.splitlines()[0])
                 continue
-            if notifier.send(msg):
+            if deliveries(notifier, settings).send(msg):  # routed: `to` (the budget's channel, else "default")
                 status.alerts_sent.append(msg.key)
         out.append(status)
     return out

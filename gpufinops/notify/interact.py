@@ -57,6 +57,9 @@ from ..store.store import Store
 
 log = logging.getLogger("gpufinops.interact")
 
+# The chat the buttons are clicked in, as the audit's reasons and the replies name it ("with a Slack button"): the
+# one place outside the Slack modules that says which chat it is, so act/ words a click without naming it.
+CHAT = "Slack"
 REQUEST_PREFIX = "snooze_request:"
 RESTORE_PREFIX = "restore_request:"
 # A click whose restore got no clear answer: told again once reconcile settles its row (act/restore.py).

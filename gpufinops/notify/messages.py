@@ -265,7 +265,8 @@ def idle_warning(
     *,
     marked_at: datetime,
     stop_at: datetime,
-    channel: str,
+    channel: str = "",
+    to: tuple[str, ...] = (),
     dry_run: bool,
     action: Action,
     sent_at: datetime | None = None,
@@ -290,7 +291,7 @@ def idle_warning(
         f"active. Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {_keep_hint(inst)}"
     )
     return _notice(
-        warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run,
+        warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run, to=to,
         title=f"Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: {_clip_raw(inst.instance_id, 40)}",
         lead=(f"*{_v(inst.instance_id, 40)}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
               f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"),
@@ -356,8 +357,8 @@ def mention_owner(notice: Notice, user_id: str) -> Notice:
 
 
 def stopped(
-    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str, dry_run: bool, action: Action,
-    idle_since: datetime | None = None,
+    inst: GpuInstance, decision: Decision, *, at: datetime, channel: str = "", to: tuple[str, ...] = (),
+    dry_run: bool, action: Action, idle_since: datetime | None = None,
 ) -> Notice:
     """Phase two: the instance was stopped (or, in dry-run, would have been)."""
     verb, done = _verbs(action, "stopped", inst)
@@ -395,7 +396,7 @@ def stopped(
     else:
         after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
     return _notice(
-        stop_key(inst.instance_id, at), channel, text, inst=inst, kind="stopped", dry_run=dry_run,
+        stop_key(inst.instance_id, at), channel, text, inst=inst, kind="stopped", dry_run=dry_run, to=to,
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
             *_who_and_where(inst),
@@ -483,7 +484,8 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
                    title="Your snooze holds", lead=text)
 
 
-def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str) -> Notice:
+def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str = "",
+                   to: tuple[str, ...] = ()) -> Notice:
     """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
     cordon: also when someone else cordoned it)."""
     why = _v(reason, MAX_REASON)
@@ -492,7 +494,7 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
             f"new warning first.")
     return _notice(
-        f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled",
+        f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled", to=to,
         title=f"{stop.capitalize()} cancelled: {_clip_raw(inst.instance_id, 40)}",
         lead=f"The {stop} planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
         facts=(
@@ -502,8 +504,8 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
     )
 
 
-def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str,
-                not_stopped_because: str = "") -> Notice:
+def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, channel: str = "",
+                to: tuple[str, ...] = (), not_stopped_because: str = "") -> Notice:
     """Notify-only rule (or a stop rule that may not stop this instance, `not_stopped_because`): tell the owner,
     change nothing."""
     cost = _cost(inst, decision)
@@ -521,7 +523,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} {nothing}")
     return _notice(
-        f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle",
+        f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle", to=to,
         title=f"Idle {noun}: {_clip_raw(inst.instance_id, 40)}",
         lead=(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
               f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
@@ -537,7 +539,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
 
 
 def metrics_unavailable(
-    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str,
+    affected: Sequence[tuple[GpuInstance, Decision]], *, episode_start: datetime, channel: str = "",
     key: str | None = None, marked: Collection[str] = (),
 ) -> Notice:
     """One alert per outage episode; the instances are UNKNOWN, which is never idle.
@@ -619,10 +621,11 @@ __all__ = ["idle_warning", "stopped", "mark_cancelled", "metrics_unavailable", "
 
 def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]], dry_run_stops: int,
                   warnings: int, cancelled: int, snoozed_by_people: Sequence[str],
-                  pending: Sequence[tuple[str, datetime]], budget_alerts: Sequence[str], channel: str,
+                  pending: Sequence[tuple[str, datetime]], budget_alerts: Sequence[str], channel: str = "",
                   metrics_outages: Sequence[tuple[str, datetime]] = ()) -> Notice:
-    """The platform channel's daily summary (slack.default_channel, once a day): what was stopped, what is marked,
-    who snoozed what, and the budget alerts sent, instead of every message of every team."""
+    """The platform channel's daily summary (the "default" audience, once a day): what was stopped, what is marked,
+    who snoozed what, and the budget alerts sent, instead of every message of every team. `channel`: a chat channel
+    instead of the default one's (notify/routing.py picks that)."""
     saved = sum(c for _, c in stopped if c)
     unpriced = sum(1 for _, c in stopped if c is None)
     lines = [
@@ -652,5 +655,5 @@ def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]],
             + (" …" if len(per) > 10 else ""))
     title = f"GPU FinOps daily summary, {day:%Y-%m-%d}"
     text = title + "\n" + "\n".join(lines)
-    return _notice(f"daily:{day:%Y-%m-%d}:{channel}", channel, text, kind="summary", audience=("default",),
+    return _notice(f"daily:{day:%Y-%m-%d}:{channel or 'default'}", channel, text, kind="summary", audience=("default",),
                    title=title, lead="\n".join(lines))

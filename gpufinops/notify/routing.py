@@ -10,15 +10,22 @@
   owner gets it by email (`email:` settings). So an owner who got a warning by email also gets its "Stop
   cancelled" or "Stopped". Without a Slack token, an owner with an address gets every notice about their instance
   by email *instead* of the outbox, and that email is the delivery a stop waits for (the SMTP server accepted it).
-- default: `slack.default_channel` (metrics alerts, the daily summary). finance: `email.finance` (the monthly
-  report; see notify/__init__.py).
+- default: `slack.default_channel` (metrics alerts, the daily summary, the weekly digest, a budget without a
+  channel). finance: `email.finance` (the monthly report; see notify/__init__.py). No stage outside notify/ names a
+  channel for an audience: they send the audience, and this module picks the channel.
+- `to` (a rule's `notify_to`, a budget's or the report's channel): destinations with their transport, in order.
+  `slack:<channel>` is a chat channel, `email:<address>` an email, `team` the team's channel (else the default),
+  `default` the default channel, `owner` the owner's routes (always taken for a notice about an instance with an
+  owner: a warning must reach its owner, so naming `owner` only says so). The first chat channel (else the first
+  address) is the notice's delivery; every other destination gets a copy. Without a chat channel or address in
+  `to`, the notice goes to its channel as above (the team's, else the default).
 
 `Deliveries.send()` answers for the notice's first destination (its key is the notice's own, so
-`Store.delivered_at(notice.key)` is that delivery); copies (a DM, an owner's email) are best effort, each
-exactly once under its own key (`dm:`, `email:` before the notice's key), a follow-up's copy threaded under its
-warning's copy. A warning's copy goes once the channel has it (its words say a stop time counted from that
-delivery); any other notice's copy goes whether or not the channel took it this time (the channel's retry
-resends the channel message alone, so a copy that waited for it would never go).
+`Store.delivered_at(notice.key)` is that delivery); copies (a DM, an owner's email, a rule's further destinations)
+are best effort, each exactly once under its own key (`dm:`, `email:`, `to:<destination>:` before the notice's
+key), a follow-up's copy threaded under its warning's copy. A warning's copy goes once the channel has it (its
+words say a stop time counted from that delivery); any other notice's copy goes whether or not the channel took
+it this time (the channel's retry resends the channel message alone, so a copy that waited for it would never go).
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..config import SLACK_USER_ID, Settings, SlackSettings
+from ..config import EMAIL_ADDRESS, SLACK_USER_ID, Settings, SlackSettings
 from ..model import Notice, Notifier
+from .chat import ChatDelivery
 from .messages import SLACK_ID_ANSWERED, mention_owner
 
 if TYPE_CHECKING:
@@ -40,13 +48,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufinops.notify")
 
 _DM_CONVERSATION = re.compile(r"D[A-Z0-9]{6,}")  # Slack's id of a direct-message conversation
-_ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[^@\s<>\"',;]+\.[^@\s<>\"',;]+$")
 
 
 def email_address(owner: str) -> str | None:
     """The owner tag as an email address, or None when it is not one."""
     owner = (owner or "").strip()
-    return owner if _ADDRESS.fullmatch(owner) else None
+    return owner if EMAIL_ADDRESS.fullmatch(owner) else None
 
 
 def chat_channel(notice: Notice, slack: SlackSettings) -> str:
@@ -58,20 +65,31 @@ def chat_channel(notice: Notice, slack: SlackSettings) -> str:
     return slack.default_channel
 
 
+def destinations(notice: Notice, slack: SlackSettings) -> tuple[list[str], list[str]]:
+    """(chat channels, email addresses) a notice's `to` names, in order, each once (pure; see the module's doc).
+    `owner` adds none here: the owner's routes are taken for every notice about an owned instance."""
+    channels: list[str] = []
+    addresses: list[str] = []
+    for where in notice.to:
+        transport, _, target = where.partition(":")
+        if transport == "slack":
+            channels.append(target)
+        elif transport == "email":
+            addresses.append(target)
+        elif where == "team":
+            channels.append(chat_channel(replace(notice, channel=""), slack))
+        elif where == "default":
+            channels.append(slack.default_channel)
+    return list(dict.fromkeys(channels)), list(dict.fromkeys(addresses))
+
+
 class Deliveries:
     """The Notifier of every stage: routes each notice (above) to chat (Slack or the outbox) and email."""
 
-    def __init__(self, chat: Notifier, settings: Settings, email: "EmailDelivery | None" = None):
+    def __init__(self, chat: ChatDelivery, settings: Settings, email: "EmailDelivery | None" = None):
         self.chat = chat
         self.settings = settings
         self.email = email
-
-    # the Notifier protocol, as the chat delivery offers it
-    def update(self, channel_id: str, ts: str, text: str, blocks) -> bool:
-        return self.chat.update(channel_id, ts, text, blocks)
-
-    def user_id_for_email(self, email: str) -> str | None:
-        return self.chat.user_id_for_email(email)
 
     def user_info(self, user_id: str) -> dict:
         """users.info of a clicking user (Slack only; {} without a Slack delivery): what authorises an email owner."""
@@ -83,23 +101,58 @@ class Deliveries:
         tell = getattr(self.chat, "tell_privately", None)
         return bool(tell(channel_id, user_id, text)) if tell is not None else False
 
+    def offers_buttons(self) -> bool:
+        """Whether a click on a notice's buttons reaches the service (verified): else none is offered."""
+        return self.settings.slack.interactive()
+
     def _chat_reaches_people(self) -> bool:
         return bool(self.settings.slack.token.resolve())
 
     def send(self, notice: Notice) -> bool:
-        if notice.actions and not self.settings.slack.interactive():
+        if notice.actions and not self.offers_buttons():
             notice = replace(notice, actions=())  # a button nobody's click can reach would promise nothing true
         address = email_address(notice.owner) if _about_owner(notice) else None
+        channels, addresses = destinations(notice, self.settings.slack)
+        if self.email is None and addresses:
+            log.warning("%s: email destinations %s need the email delivery (email.enabled): not sent",
+                        notice.key, ", ".join(addresses))
+            addresses = []
         if address and self.email is not None and not self._chat_reaches_people():
-            return self.email.send(notice, to=address)
+            delivered = self.email.send(notice, to=address)
+            self._copy_to(notice, notice, [], [a for a in addresses if a != address], delivered)
+            return delivered
         if "finance" in notice.audience and self.email is not None and self.settings.email.finance:
             return self.email.send(notice, to=self.settings.email.finance)
         owner_id = self.owner_slack_id(notice, address) if _about_owner(notice) else None
         chat_notice = mention_owner(notice, owner_id) if owner_id else notice
-        delivered = self.chat.send(replace(chat_notice, channel=chat_channel(notice, self.settings.slack)))
+        if address and not owner_id and self.email is not None:
+            addresses = [a for a in addresses if a != address]  # the owner's own email route (below) has it
+        if not channels and not addresses:
+            channels = [chat_channel(notice, self.settings.slack)]
+        if channels:
+            delivered = self.chat.send(replace(chat_notice, channel=channels[0]))
+        else:
+            delivered = self.email.send(notice, to=addresses[0])  # type: ignore[union-attr]  # addresses need email
+        self._copy_to(notice, chat_notice, channels[1:], addresses[0 if channels else 1:], delivered)
         if _about_owner(notice) and (delivered or notice.kind != "warning"):
             self._copy_to_owner(notice, chat_notice, owner_id, address)
         return delivered
+
+    def _copy_to(self, notice: Notice, chat_notice: Notice, channels: list[str], addresses: list[str],
+                 delivered: bool) -> None:
+        """The further destinations of a notice's `to`, each a copy under its own key (`to:<destination>:`), a
+        follow-up's under its warning's copy; a warning's once it is delivered (its words count the lead from
+        then), as the owner's copies."""
+        if not delivered and notice.kind == "warning":
+            return
+        for channel in channels:
+            route = f"to:slack:{channel}"
+            self.chat.send(replace(chat_notice, key=f"{route}:{notice.key}", channel=channel,
+                                   thread_key=_copy_key(route, notice.thread_key)))
+        for to in addresses:
+            route = f"to:email:{to}"
+            copy = replace(notice, key=f"{route}:{notice.key}", thread_key=_copy_key(route, notice.thread_key))
+            self.email.send(copy, to=to)  # type: ignore[union-attr]  # send() keeps addresses only with email on
 
     def owner_slack_id(self, notice: Notice, address: str | None) -> str | None:
         """The owner's Slack user id: the owner tag when it is one, else the user Slack finds by the tag's email

@@ -219,7 +219,7 @@ def latest_recommendations(store: Store, since: datetime | None = None) -> list[
 # --------------------------------------------------------------------------- weekly digest
 
 
-def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel: str = "#gpu-finops",
+def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel: str = "",
                           top: int = 10) -> Message:
     """The digest of the largest savings, one per ISO week (the key makes it exactly-once); a notice every
     delivery renders (Slack blocks, email, outbox). Instance ids, teams and types are escaped: tags are not markup."""
@@ -238,6 +238,6 @@ def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel
         lines.append(f"• {who}{team} {escape(r.instance_type)} → {escape(r.recommended)}: save "
                      f"${r.monthly_savings:,.0f}/mo, risk {escape(r.risk)}")
     text = head + ("\n" + "\n".join(lines) if lines else "\nNothing to change this week.")
-    return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel}", channel=channel, text=text, kind="digest",
+    return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel or 'default'}", channel=channel, text=text, kind="digest",
                    subject=f"{year}-W{week:02d}", audience=("default",), title=f"GPU recommendations {year}-W{week:02d}",
                    lead=head if lines else head + "\nNothing to change this week.", lines=tuple(lines))

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Callable
 
 from ..config import Settings
+from ..notify.routing import deliveries
 from .pipeline import Peers, folded_outages
 
 log = logging.getLogger("gpufinops.jobs")
@@ -53,7 +54,7 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
     recs = recommend_fleet(instances, usage, catalog, policy, now, rules=load_rules(settings.rules_paths),
                            opt_in=(settings.act.opt_in_tag, settings.act.opt_in_value))
     store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)
-    peers.notifier.send(weekly_digest_message(recs, now, channel=settings.slack.default_channel))
+    deliveries(peers.notifier, settings).send(weekly_digest_message(recs, now))  # to "default": routing picks
     return recs
 
 
@@ -81,9 +82,9 @@ def daily_summary(settings: Settings, peers: Peers, now: datetime):
         snoozed_by_people=[f"{r.instance_id}: {r.reason}" for r in rows
                            if r.kind == ActionKind.SNOOZE and r.status == "done"],
         pending=[(m.instance_id, m.stop_at) for m in peers.store.all_marks()],
-        budget_alerts=budget_alerts, channel=settings.slack.default_channel,
+        budget_alerts=budget_alerts,
         metrics_outages=[(e["instance_id"], e["since"]) for e in folded_outages(peers.store, since)])
-    peers.notifier.send(msg)
+    deliveries(peers.notifier, settings).send(msg)  # to the "default" audience: routing picks its channel
     return msg
 
 

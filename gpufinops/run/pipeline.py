@@ -301,8 +301,7 @@ def alert_missing_data(ctx: RunContext, settings: Settings, decisions: Sequence[
         since = min(datetime.fromisoformat(episodes[i]["since"]) for i in iids)
         # Those already warned of a stop are named: their stop is held and comes only after a new warning.
         marked = [inst.instance_id for inst, _d in affected if store.get_mark(inst.instance_id) is not None]
-        msg = messages.metrics_unavailable(affected, episode_start=since, channel=settings.slack.default_channel,
-                                           key=key, marked=marked)
+        msg = messages.metrics_unavailable(affected, episode_start=since, key=key, marked=marked)  # to "default"
         if notifier.send(msg):
             for iid in iids:
                 episodes[iid]["alerted"] = True
@@ -400,7 +399,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     except Exception as exc:  # noqa: BLE001 - the tick's other work stands; the click is logged, not repeated
         log.exception("Restore clicks not carried out this tick")
         report.errors.append(f"restore clicks: {exc}")
-    alert_missing_data(ctx, settings, decisions, by_id, peers.store, peers.notifier)
+    alert_missing_data(ctx, settings, decisions, by_id, peers.store, deliveries(peers.notifier, settings))
     return with_store_status(report, peers.store)
 
 

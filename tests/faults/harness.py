@@ -84,7 +84,7 @@ def write_rules(folder: Path, *, window_s: int, lead_s: int) -> Path:
         "    min_coverage: 0.5\n"
         f"    warning_lead: {lead_s}s\n"
         "    action: stop\n"
-        "    slack_channel: '#gpu-finops'\n"
+        "    notify_to: ['slack:#gpu-finops']\n"
     )
     return folder
 

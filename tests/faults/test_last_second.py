@@ -211,9 +211,9 @@ def test_missing_data_under_one_rule_holds_the_stop_of_another(world, tmp_path):
     (rules / "faults.yaml").write_text(
         "rules:\n"
         "  - {name: short, threshold_pct: 40, window: 60s, aggregation: stays_below, min_coverage: 0.5,\n"
-        "     warning_lead: 300s, action: stop, slack_channel: '#gpu-finops'}\n"
+        "     warning_lead: 300s, action: stop, notify_to: ['slack:#gpu-finops']}\n"
         "  - {name: longer, threshold_pct: 40, window: 120s, aggregation: stays_below, min_coverage: 0.5,\n"
-        "     warning_lead: 300s, action: stop, slack_channel: '#gpu-finops'}\n")
+        "     warning_lead: 300s, action: stop, notify_to: ['slack:#gpu-finops']}\n")
     w = world(rules_dir=rules)
     w.prom.arm("status", prom_query_contains("[119999ms]"), status=500)
     w.run(2, 3, 8, 9)

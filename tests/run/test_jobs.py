@@ -98,7 +98,9 @@ def test_daily_summary_counts_the_audit_log_and_is_sent_once_a_day(tmp_path):
         w.tick()
     now = w.clock.now
     msg = daily_summary(w.settings, Peers(w.cloud, w.metrics, w.store, w.notifier), now)
-    assert msg.channel == w.settings.slack.default_channel and msg.key == f"daily:{now:%Y-%m-%d}:{msg.channel}"
+    # The job sends the "default" audience; routing (notify/routing.py) picks slack.default_channel for it.
+    assert msg.channel == "" and msg.audience == ("default",) and msg.key == f"daily:{now:%Y-%m-%d}:default"
+    assert w.notifier.sent[-1].key == msg.key and w.notifier.sent[-1].channel == w.settings.slack.default_channel
     assert "2 stopped (saving $2.01/h while they stay stopped)" in msg.text  # 2 x g5.xlarge at $1.006/h
     assert "2 warning(s) sent" in msg.text and "Marked for stop now:* none" in msg.text
     assert "Budget alerts sent:* none" in msg.text
