@@ -23,6 +23,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from ..collect.billing.settings import billing_settings
 from ..config import ActSettings, Settings, load_settings
 from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
 from ..run.pipeline import Peers, run_once
@@ -172,7 +173,7 @@ def simulate(trace: pd.DataFrame, rules, settings: Settings, t_start: datetime, 
     metrics = TraceMetrics(trace, scrape_interval_s=TRACE_STEP_S)
     store = Store(f"sqlite:///{db_path}")
     notifier = DemoConsole(store, clock, printer)
-    peers = Peers(cloud, metrics, store, notifier)
+    peers = Peers(cloud, metrics, store, notifier, scope_tag_keys=billing_settings(settings).tag_keys)
     stopped_since: dict[str, datetime] = {}
     gpu_h = restart_gpu_h = dollars = restart_dollars = 0.0
     restarts = stops = ticks = false_stops = 0

@@ -1,6 +1,8 @@
-"""The tiny HTTP endpoint both long-running processes expose: /metrics, liveness and readiness, the service's
-read-only GET routes (the idleness API at /v1/verdicts, run/api.py) and its POST routes (Slack button clicks at
-/slack/actions, gpufinops.interact).
+"""The tiny HTTP endpoint both long-running processes expose, the service (run/service.py) and the host agent
+(agent/exporter.py): /metrics, liveness and readiness, the service's read-only GET routes (the idleness API at
+/v1/verdicts, run/api.py; the agent's /v1/verdict, agent/verdict_api.py) and its POST routes (Slack button clicks
+at /slack/actions, notify/interact.py). It stands on the ground floor, beside procs.py, so that the agent does not
+import the service's run/: it imports only the standard library, prometheus_client, and config/model for types.
 
 /livez (and /healthz, its old name, kept for existing probes) answers liveness: the process works and
 a restart could help if not. /readyz answers readiness: every data source answered the last tick.
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from ..config import ApiTlsSettings
-    from ..model import Decision
+    from .config import ApiTlsSettings
+    from .model import Decision
 
 log = logging.getLogger("gpufinops.httpd")
 
