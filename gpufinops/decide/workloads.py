@@ -16,6 +16,7 @@ gpufinops never evicts a pod or deletes a node (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Mapping, Sequence
@@ -104,16 +105,12 @@ def watch_gpu_free(prev: Mapping[str, NodeWatch], snapshot: ClusterSnapshot, max
 
 
 def watch_to_json(watch: Mapping[str, NodeWatch]) -> str:
-    import json
-
     return json.dumps({name: [w.free_since.isoformat() if w.free_since else None, w.last_seen.isoformat()]
                        for name, w in sorted(watch.items())})
 
 
 def watch_from_json(text: str | None) -> dict[str, NodeWatch]:
     """The stored watch; {} when absent or unreadable (every node then counts as free from the next read only)."""
-    import json
-
     try:
         raw = json.loads(text or "{}")
         return {str(name): NodeWatch(datetime.fromisoformat(free) if free else None, datetime.fromisoformat(seen))

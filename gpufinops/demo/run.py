@@ -24,7 +24,9 @@ from typing import TextIO
 import pandas as pd
 
 from ..collect.billing.settings import billing_settings
-from ..config import ActSettings, Settings, load_settings
+from ..backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
+from ..backtest.traces import load_trace
+from ..config import DEFAULT_RULES_DIR, ActSettings, Settings, load_settings
 from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
 from ..run.pipeline import Peers, run_once
 from ..prices.prices import OnDemandPrices
@@ -91,8 +93,6 @@ PRINTED_LINES_PER_MESSAGE = 6  # a metrics alert lists its instances on the line
 
 def common_rule_path() -> Path:
     """rules/examples/common-40pct-10min.yaml in a checkout, or where a wheel installs the shipped rules."""
-    from ..config import DEFAULT_RULES_DIR
-
     installed = Path(DEFAULT_RULES_DIR) / "examples" / COMMON_RULE_PATH.name
     return COMMON_RULE_PATH if COMMON_RULE_PATH.is_file() else installed
 
@@ -271,9 +271,6 @@ def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
 
 def print_backtest(out: TextIO, rules, tick_s: int) -> None:
     """What `gpufinops backtest` says about the same history, and why its counts are not the demo's."""
-    from ..backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
-    from ..backtest.traces import load_trace
-
     trace = load_trace(TRACE_PATH, id_column="container_ip", time_column="timestamp_anon", util_column="duty_cycle")
     prep = Prepared(trace, BacktestSettings(tick_s=float(tick_s)))
     oracle = oracle_net_seconds(prep)

@@ -411,7 +411,7 @@ class Service:
         if tls is None:
             return None
         return mutual_tls_server(self.settings.service.host, tls.port, {VERDICTS_PATH: self.verdict_api.handle_mutual_tls},
-                                 mutual_tls_context(tls))
+                                 mutual_tls_context(tls.cert_file, tls.key_file, tls.client_ca_file))
 
     def serve_forever(self) -> None:
         api = self.verdict_api.handle if self.settings.api.enabled else None
