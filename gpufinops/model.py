@@ -535,9 +535,9 @@ def format_money(amount: float | None, *, digits: int = 2, per: str = "", curren
     per="h": '$32.77/h', and '$31.92/h (estimate)' for a guessed price (a rented host priced from the catalog).
     None and NaN stay unknown, never $0: 'unknown $/h' for a rate, else 'unknown', or what `unknown` says ('–' in
     a report's table)."""
-    if amount is None or (isinstance(amount, float) and math.isnan(amount)):
+    amount = None if amount is None else float(amount)  # numpy figures too
+    if amount is None or math.isnan(amount):
         return unknown if unknown is not None else f"unknown $/{per}" if per else "unknown"
-    amount = float(amount)
     if currency != "USD":
         text = f"{amount:,.{digits}f} {currency}"
     else:
