@@ -66,7 +66,7 @@ class SecretRef(StrictModel):
     Unset (no such variable, no such file) is "not configured": an optional secret's feature is off. Set but blank
     (a variable holding only whitespace, a mounted file holding only a newline, as an empty Kubernetes Secret key
     mounts) is never a secret: `load_settings` refuses it naming the key (`blank_secrets`), and `resolve()` hands
-    back "" for it, which no bearer check accepts (run/httpd.authorize)."""
+    back "" for it, which no bearer check accepts (httpd.authorize)."""
 
     env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None  # a variable's name
     file: Annotated[str, Field(min_length=1)] | None = None

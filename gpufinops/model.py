@@ -529,6 +529,24 @@ def format_duration(seconds: float | None) -> str:
     return f"{d} d" if h == 0 else f"{d} d {h} h"
 
 
+def format_money(amount: float | None, *, digits: int = 2, per: str = "", currency: str = "USD",
+                 estimate: bool = False, unknown: str | None = None) -> str:
+    """The one spelling of an amount of money for people (messages, reports, the CLI): '$1,234.50', '-$6.17' (the
+    sign before the $, never '-$0.00'), '$1,234' with digits=0, '1,234.00 EUR' in another currency, a rate with
+    per="h": '$32.77/h', and '$31.92/h (estimate)' for a guessed price (a rented host priced from the catalog).
+    None and NaN stay unknown, never $0: 'unknown $/h' for a rate, else 'unknown', or what `unknown` says ('–' in
+    a report's table)."""
+    amount = None if amount is None else float(amount)  # numpy figures too
+    if amount is None or math.isnan(amount):
+        return unknown if unknown is not None else f"unknown $/{per}" if per else "unknown"
+    if currency != "USD":
+        text = f"{amount:,.{digits}f} {currency}"
+    else:
+        sign = "-" if round(amount, digits) < 0 else ""  # -$6.17, not $-6.17
+        text = f"{sign}${abs(amount):,.{digits}f}"
+    return (f"{text}/{per}" if per else text) + (" (estimate)" if estimate else "")
+
+
 def hours(delta: timedelta) -> float:
     return delta.total_seconds() / 3600.0
 

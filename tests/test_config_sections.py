@@ -171,4 +171,4 @@ def test_a_secret_file_that_is_no_text_or_far_too_long_is_a_load_error_and_resol
     p = write(tmp_path, f"api: {{bearer_token: {{file: {secret}}}}}\n")
     assert f"{p}:1: key 'api.bearer_token': the file {secret} {says}" in str(pytest.raises(ConfigError, load_settings,
                                                                                            p).value)
-    assert SecretRef(file=str(secret)).resolve() == ""  # blank: refused by every bearer check (run/httpd.authorize)
+    assert SecretRef(file=str(secret)).resolve() == ""  # blank: refused by every bearer check (httpd.authorize)

@@ -51,7 +51,7 @@ from ..model import (
     Verdict,
 )
 from ..places.registry import place_of
-from ..store.schema import MarkRow, StateRow
+from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
     STOPPED_STATES,
@@ -245,7 +245,8 @@ class Actuator:
         routes them by audience)."""
         return rule.notify_to if rule else ()
 
-    def _carry_out(self, ctx, inst, intent: Intent, mark, rule, states) -> ActionResult | None:
+    def _carry_out(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow | None, rule: Rule | None,
+                   states: dict[tuple[str, str], StateRow]) -> ActionResult | None:
         kind, decision = intent.kind, intent.decision
         rule_name = rule.name if rule else (mark.rule if mark else "")
         to = self._destinations(rule, inst)
@@ -344,7 +345,8 @@ class Actuator:
         return ""
 
     # ------------------------------------------------------------------ the phases
-    def _mark(self, ctx, inst, intent, decision, rule, to: tuple[str, ...]) -> ActionResult:
+    def _mark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, decision: Decision, rule: Rule,
+              to: tuple[str, ...]) -> ActionResult:
         rule_name = rule.name
         stop_at = ctx.now + timedelta(seconds=rule.warning_lead_s)
         value = _stamp(stop_at)
@@ -360,7 +362,8 @@ class Actuator:
         result = self._deliver_warning(ctx, inst, mark, decision, rule, to)
         return replace(result, kind=ActionKind.MARK, reason=f"{intent.reason}; {result.reason}")
 
-    def _deliver_warning(self, ctx, inst, mark: MarkRow, decision, rule, to: tuple[str, ...]) -> ActionResult:
+    def _deliver_warning(self, ctx: RunContext, inst: GpuInstance, mark: MarkRow, decision: Decision, rule: Rule | None,
+                         to: tuple[str, ...]) -> ActionResult:
         """Send (or send again) the mark's warning; once delivered, the stop is due a full lead after delivery."""
         lead = timedelta(seconds=rule.warning_lead_s if rule else (mark.stop_at - mark.marked_at).total_seconds())
         msg = messages.idle_warning(inst, decision, marked_at=mark.marked_at, stop_at=ctx.now + lead,
@@ -385,7 +388,8 @@ class Actuator:
         return ActionResult(inst.instance_id, ActionKind.MARK, ctx.dry_run, True,
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
-    def _unmark(self, ctx, inst, intent, mark: MarkRow, rule_name, to: tuple[str, ...]) -> ActionResult:
+    def _unmark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow, rule_name: str,
+                to: tuple[str, ...]) -> ActionResult:
         if not mark.dry_run and TAG_MARKED in inst.tags:
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
@@ -406,7 +410,8 @@ class Actuator:
                                                                to=to), thread_key=warning_key))
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
-    def _give_up(self, ctx, inst, mark: MarkRow, rule_name, to: tuple[str, ...], last_error: str) -> ActionResult:
+    def _give_up(self, ctx: RunContext, inst: GpuInstance, mark: MarkRow, rule_name: str, to: tuple[str, ...],
+                 last_error: str) -> ActionResult:
         reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
                   f"given up for this idle episode")
         log.error("%s: %s", inst.instance_id, reason)
@@ -416,7 +421,8 @@ class Actuator:
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
         return replace(result, ok=False, error=reason)
 
-    def _after_stop(self, ctx, inst, kind, rule_name, decision, at, dry_run, to: tuple[str, ...]) -> None:
+    def _after_stop(self, ctx: RunContext, inst: GpuInstance, kind: ActionKind, rule_name: str, decision: Decision,
+                    at: datetime, dry_run: bool, to: tuple[str, ...]) -> None:
         """After a stop went through (now or found by reconcile): bookkeeping tags, mark, state, the notice."""
         self._tag_stopped(ctx, inst, rule_name, decision.reason)
         mark = self.store.get_mark(inst.instance_id)
@@ -430,7 +436,7 @@ class Actuator:
         self.notifier.send(replace(notice, thread_key=messages.warning_key(inst.instance_id, mark.marked_at))
                            if mark is not None else notice)
 
-    def _tag_stopped(self, ctx, inst, rule_name: str, reason: str) -> None:
+    def _tag_stopped(self, ctx: RunContext, inst: GpuInstance, rule_name: str, reason: str) -> None:
         if ctx.dry_run:
             return
         """Bookkeeping after a stop, each call through the chokepoint with its own audit row, so one failing
@@ -448,7 +454,7 @@ class Actuator:
         if outcome.ok is not True:
             log.warning("stopped %s but could not tag it %s: %s", inst.instance_id, TAG_STOPPED_BY, outcome.error)
 
-    def _record(self, ctx, result: ActionResult, persist: bool = True) -> ActionResult:
+    def _record(self, ctx: RunContext, result: ActionResult, persist: bool = True) -> ActionResult:
         if persist:
             self.store.record_action(ctx.run_id, result)
         return result
@@ -670,7 +676,7 @@ class Actuator:
         return notes
 
 
-def _tag_change_seen(row, inst: GpuInstance | None) -> tuple[bool, str]:
+def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, str]:
     """Whether a tag change an action row intended is on the instance now, and what was found, in words."""
     tags = inst.tags if inst is not None else {}
     if row.kind == ActionKind.RESTORE:  # scaled back up: no longer "stopped" (0 replicas + the kept count)

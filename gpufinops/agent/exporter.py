@@ -50,7 +50,9 @@ from gpufinops.collect.gpu_snapshot import (
 )
 from gpufinops.collect.nvidia_smi import NvidiaSmiReader, measured
 from gpufinops.collect.nvml import NvmlReader
-from gpufinops.run.httpd import metrics_and_health_server
+from gpufinops.httpd import metrics_and_health_server
+
+from .verdict_api import VERDICT_PATH, verdict_handler
 
 log = logging.getLogger("gpufinops.agent")
 
@@ -311,8 +313,6 @@ class Agent:
 
 def make_http_server(agent: Agent, address: str, port: int) -> ThreadingHTTPServer:
     """/metrics, the probes, and GET /v1/verdict (agent/verdict_api.py: this host's verdict under local autostop)."""
-    from .verdict_api import VERDICT_PATH, verdict_handler
-
     return metrics_and_health_server(address, port, agent.metrics_text, agent.healthy,
                                      get={VERDICT_PATH: verdict_handler(agent.autostop)})
 

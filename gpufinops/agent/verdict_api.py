@@ -10,7 +10,7 @@ intervals plus a minute (`stale`), or when no stop rule selects this host (`no_r
 rule whose window lacks samples is UNKNOWN by `decide.evaluate` itself. Without --autostop the agent judges
 nothing: 404 with a JSON error (the ring buffer and the rules only exist with autostop).
 
-Access as the service's /v1/verdicts (run/httpd.authorize): with a token in $GPUFINOPS_AGENT_API_TOKEN (or in
+Access as the service's /v1/verdicts (gpufinops/httpd.authorize): with a token in $GPUFINOPS_AGENT_API_TOKEN (or in
 the file named by $GPUFINOPS_AGENT_API_TOKEN_FILE) every request needs `Authorization: Bearer <token>`; without
 one only loopback clients are answered. The token is read per request and never logged.
 """
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..act.plan import primary_decision
 from ..model import Verdict
-from ..run.httpd import Answer, authorize, figures
+from ..httpd import Answer, authorize, figures
+from .autostop.machine import Phase
 
 if TYPE_CHECKING:
     from .autostop.loop import AutostopLoop
@@ -60,8 +61,6 @@ def _iso(t: float | None) -> str | None:
 
 def local_verdict(loop: "AutostopLoop", now: float) -> dict:
     """What the autostop loop thinks of this host now, as JSON (a snapshot of the loop's last tick)."""
-    from .autostop.machine import Phase
-
     state, decisions, since, tick_at = loop.state, loop.decisions, loop.verdict_since, loop.last_tick_at
     stale_after_s = 3 * loop.interval_s + 60
     primary = primary_decision(decisions)

@@ -16,6 +16,7 @@ gpufinops never evicts a pod or deletes a node (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Mapping, Sequence
 from ..k8s.model import (
     DO_NOT_DISRUPT_ANNOTATION, EKS_NODEGROUP_LABEL, ClusterSnapshot, NodeInfo, PodInfo, WorkloadRef, node_group_of,
 )
-from ..model import Decision, InstanceUsage, ReasonCode, Rule, Verdict
+from ..model import Decision, InstanceUsage, ReasonCode, Rule, Verdict, format_duration, format_money
 
 PodKey = tuple[str, str]
 _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
@@ -104,16 +105,12 @@ def watch_gpu_free(prev: Mapping[str, NodeWatch], snapshot: ClusterSnapshot, max
 
 
 def watch_to_json(watch: Mapping[str, NodeWatch]) -> str:
-    import json
-
     return json.dumps({name: [w.free_since.isoformat() if w.free_since else None, w.last_seen.isoformat()]
                        for name, w in sorted(watch.items())})
 
 
 def watch_from_json(text: str | None) -> dict[str, NodeWatch]:
     """The stored watch; {} when absent or unreadable (every node then counts as free from the next read only)."""
-    import json
-
     try:
         raw = json.loads(text or "{}")
         return {str(name): NodeWatch(datetime.fromisoformat(free) if free else None, datetime.fromisoformat(seen))
@@ -181,11 +178,6 @@ def node_advice(node: NodeInfo) -> str:
     return "no node group label: drain it and delete the node and its instance if nobody needs it"
 
 
-def _minutes(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    return f"{minutes // 60}h {minutes % 60:02d}min" if minutes >= 60 else f"{minutes} min"
-
-
 def empty_gpu_nodes(snapshot: ClusterSnapshot | None, watch: Mapping[str, NodeWatch], window_s: int,
                     node_costs: Mapping[str, float | None], read_error: str = "") -> tuple[NodeVerdict, ...]:
     """Pure: every GPU node judged for GPU work over `window_s`, by name. `snapshot` None (the cluster could not
@@ -214,18 +206,18 @@ def empty_gpu_nodes(snapshot: ClusterSnapshot | None, watch: Mapping[str, NodeWa
                                    "watched before: not judged yet", **base))
             continue
         free_s = (snapshot.read_at - free_since).total_seconds()
-        price = "unknown $/h" if cost is None else f"${cost:,.2f}/h"
+        price = format_money(cost, per="h")
         where = f"{kind} '{group}'" if kind else "no node group"
         if free_s < window_s:
             out.append(NodeVerdict(node.name, Verdict.UNKNOWN,
-                                   f"node {node.name}: no GPU pod for {_minutes(free_s)} (seen since "
-                                   f"{free_since:%Y-%m-%d %H:%M} UTC), under the rule's {_minutes(window_s)}",
+                                   f"node {node.name}: no GPU pod for {format_duration(free_s)} (seen since "
+                                   f"{free_since:%Y-%m-%d %H:%M} UTC), under the rule's {format_duration(window_s)}",
                                    free_since=free_since, **base))
             continue
         # Short: notices clip a reason at 300 characters, and the advice follows it (node_decision).
         out.append(NodeVerdict(node.name, Verdict.IDLE,
                                f"node {node.name} ({node.gpu_devices} GPUs, {where}, {price}) has run no GPU pod for "
-                               f"{_minutes(free_s)} (since {free_since:%H:%M} UTC)",
+                               f"{format_duration(free_s)} (since {free_since:%H:%M} UTC)",
                                node_advice(node), free_since=free_since, **base))
     return tuple(out)
 

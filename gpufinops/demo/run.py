@@ -23,7 +23,10 @@ from typing import TextIO
 
 import pandas as pd
 
-from ..config import ActSettings, Settings, load_settings
+from ..collect.billing.settings import billing_settings
+from ..backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
+from ..backtest.traces import load_trace
+from ..config import DEFAULT_RULES_DIR, ActSettings, Settings, load_settings
 from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
 from ..run.pipeline import Peers, run_once
 from ..prices.prices import OnDemandPrices
@@ -90,8 +93,6 @@ PRINTED_LINES_PER_MESSAGE = 6  # a metrics alert lists its instances on the line
 
 def common_rule_path() -> Path:
     """rules/examples/common-40pct-10min.yaml in a checkout, or where a wheel installs the shipped rules."""
-    from ..config import DEFAULT_RULES_DIR
-
     installed = Path(DEFAULT_RULES_DIR) / "examples" / COMMON_RULE_PATH.name
     return COMMON_RULE_PATH if COMMON_RULE_PATH.is_file() else installed
 
@@ -172,7 +173,7 @@ def simulate(trace: pd.DataFrame, rules, settings: Settings, t_start: datetime, 
     metrics = TraceMetrics(trace, scrape_interval_s=TRACE_STEP_S)
     store = Store(f"sqlite:///{db_path}")
     notifier = DemoConsole(store, clock, printer)
-    peers = Peers(cloud, metrics, store, notifier)
+    peers = Peers(cloud, metrics, store, notifier, scope_tag_keys=billing_settings(settings).tag_keys)
     stopped_since: dict[str, datetime] = {}
     gpu_h = restart_gpu_h = dollars = restart_dollars = 0.0
     restarts = stops = ticks = false_stops = 0
@@ -270,9 +271,6 @@ def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
 
 def print_backtest(out: TextIO, rules, tick_s: int) -> None:
     """What `gpufinops backtest` says about the same history, and why its counts are not the demo's."""
-    from ..backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
-    from ..backtest.traces import load_trace
-
     trace = load_trace(TRACE_PATH, id_column="container_ip", time_column="timestamp_anon", util_column="duty_cycle")
     prep = Prepared(trace, BacktestSettings(tick_s=float(tick_s)))
     oracle = oracle_net_seconds(prep)

@@ -31,6 +31,7 @@ from ..model import (
     Notice,
     ReasonCode,
     format_duration,
+    format_money,
 )
 from ..places.registry import ACTION_VERBS, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
@@ -62,18 +63,11 @@ def _v(value: object, limit: int = MAX_VALUE, empty: str = "—") -> str:
     return escape(_clip_raw(value, limit))
 
 
-def format_money(usd_per_hour: float | None, *, estimate: bool = False) -> str:
-    """'$32.77/h', '$1,234.50/h', '$31.92/h (estimate)' for a guessed price (a rented host priced from the
-    catalog); unknown prices stay unknown, never $0."""
-    if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
-        return "unknown $/h"
-    return f"${usd_per_hour:,.2f}/h" + (" (estimate)" if estimate else "")
-
-
 def _money_and_day(usd_per_hour: float | None, *, estimate: bool = False) -> str:
     if usd_per_hour is None or (isinstance(usd_per_hour, float) and math.isnan(usd_per_hour)):
-        return format_money(None)
-    return f"{format_money(usd_per_hour)} ({'estimate, ' if estimate else ''}≈ ${usd_per_hour * 24:,.0f}/day)"
+        return format_money(None, per="h")
+    return (f"{format_money(usd_per_hour, per='h')} ({'estimate, ' if estimate else ''}"
+            f"≈ {format_money(usd_per_hour * 24, digits=0, per='day')})")
 
 
 def _utc(dt: datetime) -> datetime:
@@ -288,7 +282,7 @@ def idle_warning(
     text = (
         ("[DRY-RUN] " if dry_run else "")
         + f"Idle {_noun(inst)} {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
-        f"active. Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {_keep_hint(inst)}"
+        f"active. Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {_keep_hint(inst)}"
     )
     return _notice(
         warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run, to=to,
@@ -366,12 +360,12 @@ def stopped(
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
     # A cordon saves nothing by itself: the node's cost ends when Karpenter / cluster-autoscaler remove it.
-    saves = (f"Once its autoscaler removes it, that saves {format_money(cost, estimate=_estimated(inst))}."
+    saves = (f"Once its autoscaler removes it, that saves {format_money(cost, per='h', estimate=_estimated(inst))}."
              if _is_node(inst) else
-             f"Saves {format_money(cost, estimate=_estimated(inst))} for every hour it stays {done}.")
+             f"Saves {format_money(cost, per='h', estimate=_estimated(inst))} for every hour it stays {done}.")
     if dry_run:
         text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
-                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, estimate=_estimated(inst))}"
+                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, per='h', estimate=_estimated(inst))}"
                 + (" once its autoscaler removes it." if _is_node(inst) else "."))
         title = f"Would {verb} idle {noun}: {_clip_raw(inst.instance_id, 40)}"
         lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
@@ -401,7 +395,7 @@ def stopped(
         facts=(
             *_who_and_where(inst),
             ("Would save" if dry_run else "Saves once removed" if _is_node(inst) else "Saves while stopped",
-             format_money(cost, estimate=_estimated(inst))),
+             format_money(cost, per="h", estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
@@ -521,7 +515,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     noun = "GPU node" if _is_node(inst) else "GPU instance"
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
-            f"Why: {reason}. Cost {format_money(cost, estimate=_estimated(inst))}. {hint} {nothing}")
+            f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")
     return _notice(
         f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle", to=to,
         title=f"Idle {noun}: {_clip_raw(inst.instance_id, 40)}",
@@ -629,7 +623,7 @@ def daily_summary(day: datetime, *, stopped: Sequence[tuple[str, float | None]],
     saved = sum(c for _, c in stopped if c)
     unpriced = sum(1 for _, c in stopped if c is None)
     lines = [
-        f"*Last 24 h:* {len(stopped)} stopped" + (f" (saving {format_money(saved)} while they stay stopped"
+        f"*Last 24 h:* {len(stopped)} stopped" + (f" (saving {format_money(saved, per='h')} while they stay stopped"
                                                   + (f", {unpriced} unpriced" if unpriced else "") + ")" if stopped else "")
         + (f", {dry_run_stops} would have been stopped (dry-run)" if dry_run_stops else "")
         + f"; {warnings} warning(s) sent; {cancelled} stop(s) cancelled; {len(snoozed_by_people)} snoozed from Slack.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..model import format_money
 from .catalog import Catalog, InstanceOffer, UnknownGpuError, canonical_gpu
 
 CURRENCY = "USD"
@@ -95,8 +96,8 @@ def host_price(hostname: str, gpu_model_name: str, gpu_count: int, table: HostPr
                     f"host's price in {table.origin}")
     per_gpu = table.per_gpu.get(gpu)
     if per_gpu is not None:
-        return HostPrice(per_gpu * gpu_count, source=f"{_gpus(gpu_count, gpu)} at ${per_gpu:,.2f}/GPU-h from "
-                         f"{table.origin}", kind=KIND_GPU_MODEL)
+        return HostPrice(per_gpu * gpu_count, kind=KIND_GPU_MODEL, source=(
+            f"{_gpus(gpu_count, gpu)} at {format_money(per_gpu, per='GPU-h')} from {table.origin}"))
     if catalog is None:
         return no_price(f"no price for {_gpus(gpu_count, gpu)} in {table.origin}, and no catalog estimate"
                     + (f": {catalog_problem}" if catalog_problem else ""))
@@ -108,8 +109,8 @@ def host_price(hostname: str, gpu_model_name: str, gpu_count: int, table: HostPr
     as_of = f", prices of {offer.prices_as_of.isoformat()}" if offer.prices_as_of else ""
     return HostPrice(
         unit * gpu_count, kind=KIND_ESTIMATE,
-        source=(f"{ESTIMATE}: {_gpus(gpu_count, gpu)} at ${unit:,.2f}/GPU-h, the lowest on-demand price per "
-                f"{gpu} in the GPU catalog ({offer.provider} {offer.instance_type}, {offer.region}{as_of})"))
+        source=(f"{ESTIMATE}: {_gpus(gpu_count, gpu)} at {format_money(unit, per='GPU-h')}, the lowest on-demand "
+                f"price per {gpu} in the GPU catalog ({offer.provider} {offer.instance_type}, {offer.region}{as_of})"))
 
 
 __all__ = ["CURRENCY", "ESTIMATE", "HostPrice", "HostPriceTable", "KIND_ESTIMATE", "KIND_GPU_MODEL", "KIND_HOST",

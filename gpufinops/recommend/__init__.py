@@ -2,5 +2,5 @@
 
 Reads days of fleet usage through `usage.PrometheusUsage` (collect's PromReader underneath) and the price catalog;
 returns recommendations as values (`engine.recommend_fleet`), stored and posted by the caller. Never changes a
-cloud resource. May import: model, config, catalog, prices, collect.
+cloud resource. May import: model, config, words (the one text table), catalog, prices, collect.
 """

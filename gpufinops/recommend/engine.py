@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 from sqlalchemy import insert, select
 
 from gpufinops.prices.catalog import Catalog
-from gpufinops.model import GpuInstance, Message, Rule
+from gpufinops.model import GpuInstance, Message, Rule, format_money
 from gpufinops.recommend.idle import DEFAULT_OPT_IN, MIN_IDLE_HISTORY_H, history, never_worked, seen_so_far, stop_advice
 from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.purchase import classify, commitment, spot_vs_on_demand
@@ -119,7 +119,8 @@ def recommend_instance(inst: GpuInstance, fleet: FleetUsage, catalog: Catalog, p
         per_gpu = (current_hourly if current_hourly is not None else cur.on_demand_usd_h) / cur.gpu_count
         hourly = sized.mig.share * per_gpu
         return rec("rightsize", sized.mig.label(), hourly * hpm, sized.risk,
-                   f"{sized.reason}; ${hourly:,.2f}/h of the ${per_gpu:,.2f}/h one of its GPUs costs now "
+                   f"{sized.reason}; {format_money(hourly, per='h')} of the {format_money(per_gpu, per='h')} "
+                   f"one of its GPUs costs now "
                    f"(spot not considered for a share of a GPU)", cur.prices_as_of)
     target = sized.candidate or cur
     label = f"{target.instance_type} ({target.gpu_count}x {target.gpu})"
@@ -230,13 +231,14 @@ def weekly_digest_message(recs: Sequence[Recommendation], now: datetime, channel
     total = sum(r.monthly_savings for r in actionable)
     waiting = sum(1 for r in recs if r.action == "insufficient_data")
     head = (f"GPU recommendations, week {year}-W{week:02d}: {len(actionable)} with savings, "
-            f"${total:,.0f}/month in total" + (f"; {waiting} instance(s) with insufficient data" if waiting else ""))
+            f"{format_money(total, digits=0, per='month')} in total"
+            + (f"; {waiting} instance(s) with insufficient data" if waiting else ""))
     lines = []
     for r in sorted(actionable, key=lambda r: -r.monthly_savings)[:top]:
         who = escape(r.instance_id or "fleet")
         team = f" [{escape(r.team)}]" if r.team else ""
         lines.append(f"• {who}{team} {escape(r.instance_type)} → {escape(r.recommended)}: save "
-                     f"${r.monthly_savings:,.0f}/mo, risk {escape(r.risk)}")
+                     f"{format_money(r.monthly_savings, digits=0, per='mo')}, risk {escape(r.risk)}")
     text = head + ("\n" + "\n".join(lines) if lines else "\nNothing to change this week.")
     return Message(key=f"recommend-digest:{year}-W{week:02d}:{channel or 'default'}", channel=channel, text=text, kind="digest",
                    subject=f"{year}-W{week:02d}", audience=("default",), title=f"GPU recommendations {year}-W{week:02d}",

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from gpufinops.model import GpuInstance
+from gpufinops.model import GpuInstance, format_money
 from gpufinops.recommend.policy import CommitmentPolicy, RecommendPolicy, SpotPolicy
 
 
@@ -64,8 +64,9 @@ def spot_vs_on_demand(on_demand: float, spot_price: float | None, instance_type:
     expected, rework = spot_expected_cost(spot_price, rate, spot)
     break_even = on_demand / spot_price - 1.0
     wins = expected < on_demand * (1.0 - spot.min_saving_fraction)
-    detail = (f"spot ${spot_price:.3f}/h x (1 + {rework:.1%} rework at {rate:g} interruptions/h, "
-              f"{spot.checkpoint_interval_h:g} h checkpoints) = ${expected:.3f}/h vs on-demand ${on_demand:.3f}/h; "
+    detail = (f"spot {format_money(spot_price, digits=3, per='h')} x (1 + {rework:.1%} rework at {rate:g} "
+              f"interruptions/h, {spot.checkpoint_interval_h:g} h checkpoints) = "
+              f"{format_money(expected, digits=3, per='h')} vs on-demand {format_money(on_demand, digits=3, per='h')}; "
               f"break-even rework {break_even:.0%}")
     return SpotVerdict(wins, expected, rework, break_even, detail)
 
@@ -105,6 +106,7 @@ def commitment(instance_type: str, region: str, hourly_counts: Sequence[int], on
     break_even = priced / on_demand
     savings = baseline * (on_demand - priced) * hours_per_month
     reason = (f"p{policy.baseline_percentile:g} of hourly count over {policy.window_days} days = {baseline}; "
-              f"{policy.term} at ${priced:.3f}/h ({src}) vs on-demand ${on_demand:.3f}/h; "
+              f"{policy.term} at {format_money(priced, digits=3, per='h')} ({src}) vs on-demand "
+              f"{format_money(on_demand, digits=3, per='h')}; "
               f"pays off if those {baseline} instance(s) run at least {break_even:.0%} of hours")
     return Commitment(instance_type, region, baseline, on_demand, priced, break_even, savings, reason)

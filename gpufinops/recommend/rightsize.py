@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from gpufinops.prices.catalog import Catalog, InstanceOffer
 from gpufinops.collect.prometheus import SM_ACTIVE
-from gpufinops.model import GpuInstance
+from gpufinops.model import GpuInstance, format_money
 from gpufinops.prices.mig import MIG_PROFILES, GpuNeed, MigProfile, smallest_fit
 from gpufinops.recommend.policy import RecommendPolicy
 from gpufinops.recommend.usage import LongUsage
@@ -225,7 +225,8 @@ def rightsize(inst: GpuInstance, usage: LongUsage | None, catalog: Catalog, poli
     mig = fit_mig(current, obs, policy)
     if mig is not None and mig.usd_h < (best.on_demand_usd_h if best is not None else current.on_demand_usd_h):
         risk, risk_why = _mig_risk(mig, obs, policy)
-        other = (f"; or {best.instance_type} ({best.gpu_count}x {best.gpu}) at ${best.on_demand_usd_h:,.2f}/h"
+        other = (f"; or {best.instance_type} ({best.gpu_count}x {best.gpu}) at "
+                 f"{format_money(best.on_demand_usd_h, per='h')}"
                  if best is not None else "")
         reason = (f"{summary}{alone}; fits MIG {' + '.join(p.name for p in mig.profiles)} of a {mig.gpu}: "
                   f"{mig.share:.2f} of a GPU, saved once the GPU's other slices carry other work (pack jobs onto "

@@ -7,14 +7,12 @@ import io
 import json
 from typing import Sequence
 
+from gpufinops.model import format_money
 from gpufinops.recommend.engine import Recommendation
+from gpufinops.words import render_table
 
 COLUMNS = ("instance_id", "team", "instance_type", "region", "action", "current_monthly", "recommended",
            "recommended_monthly", "monthly_savings", "risk", "reason", "prices_as_of")
-
-
-def _money(v: float | None) -> str:
-    return "unknown" if v is None else f"${v:,.0f}"
 
 
 def render(recs: Sequence[Recommendation], fmt: str = "table") -> str:
@@ -29,15 +27,14 @@ def render(recs: Sequence[Recommendation], fmt: str = "table") -> str:
         return buf.getvalue()
     if fmt != "table":
         raise ValueError(f"format must be table, json or csv, not {fmt!r}")
-    from gpufinops.words import render_table
-
     rows = [{"instance_id": r.instance_id or "(fleet)", "team": r.team or "-", "instance_type": r.instance_type,
-             "current_monthly": _money(r.current_monthly), "recommended": r.recommended,
-             "recommended_monthly": _money(r.recommended_monthly), "monthly_savings": _money(r.monthly_savings),
+             "current_monthly": format_money(r.current_monthly, digits=0), "recommended": r.recommended,
+             "recommended_monthly": format_money(r.recommended_monthly, digits=0),
+             "monthly_savings": format_money(r.monthly_savings, digits=0),
              "risk": r.risk, "reason": r.reason} for r in recs]
     lines = [render_table(rows, ("instance_id", "team", "instance_type", "current_monthly", "recommended",
                                  "recommended_monthly", "monthly_savings", "risk", "reason"),
                           right=("current_monthly", "recommended_monthly", "monthly_savings"))]
     total = sum(r.monthly_savings for r in recs)
-    lines.append(f"\n{len(recs)} recommendation(s), ${total:,.0f}/month potential savings")
+    lines.append(f"\n{len(recs)} recommendation(s), {format_money(total, digits=0, per='month')} potential savings")
     return "\n".join(lines)

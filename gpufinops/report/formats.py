@@ -9,6 +9,8 @@ from datetime import date, datetime
 import numpy as np
 import pandas as pd
 
+from ..model import format_money
+
 
 def plain_value(v):
     """A JSON/CSV-ready Python value: NaN/NaT -> None, timestamps -> ISO 8601, numpy -> Python."""
@@ -37,13 +39,9 @@ def num(v, digits: int = 1) -> str:
 
 
 def money(v, currency: str = "USD", digits: int = 2) -> str:
-    v = plain_value(v)
-    if v is None:
-        return "–"
-    if currency != "USD":
-        return f"{v:,.{digits}f} {currency}"
-    sign = "-" if round(v, digits) < 0 else ""  # -$6.17, not $-6.17
-    return f"{sign}${abs(v):,.{digits}f}"
+    """A report value (numpy, NaN, NaT: plain_value) in the one money spelling (model.format_money), '–' when
+    unknown: also the templates' `money` filter."""
+    return format_money(plain_value(v), digits=digits, currency=currency, unknown="–")
 
 
 def share(v) -> str:

@@ -9,6 +9,7 @@ from typing import Iterable
 from ..config import Settings
 from ..store.store import Store
 from .audit import MonthlyAudit, build_audit
+from .deliver import configured, deliver_report
 from .inputs import read_inputs
 from .options import report_settings
 from .period import previous_month, report_period
@@ -46,8 +47,6 @@ def write_and_deliver(store: Store, month: str | None, out_dir: str | Path, now:
     dry_run nothing is sent and the Delivery rows say what would have been. Returns (paths, deliveries).
     Slack and email go once per report (a delivered one is said, not sent again); `again` sends another copy.
     A PDF that cannot be made (no Chromium) raises PdfError before anything is sent."""
-    from .deliver import configured, deliver_report
-
     d = report_settings(settings).delivery
     formats = list(dict.fromkeys([*formats, "pdf"])) if configured(d) else list(formats)
     audit = monthly_audit(store, month, now, settings)

@@ -12,6 +12,9 @@ import io
 import json
 import math
 import re
+import shutil
+import subprocess
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterable
@@ -217,17 +220,12 @@ class PdfError(RuntimeError):
 
 
 def chromium_path() -> str | None:
-    import shutil
-
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def render_pdf(html_path: Path, pdf_path: Path, chromium: str | None = None) -> Path:
     """Print the HTML page to PDF with headless Chromium (the flags the browser tests use): the page's print
     stylesheet puts the finance page on a page of its own, first. Written aside and renamed."""
-    import subprocess
-    import tempfile
-
     exe = chromium or chromium_path()
     if exe is None:
         raise PdfError("the PDF rendition needs Chromium (Debian: apt-get install chromium); none found on PATH")

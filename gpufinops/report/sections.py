@@ -12,6 +12,7 @@ from datetime import datetime
 
 import pandas as pd
 
+from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
 from ..k8s.model import KUEUE_SUSPEND_KINDS
 from ..model import UNTAGGED
 from ..places.kubernetes.names import parse_target, parse_workload_id
@@ -412,7 +413,6 @@ def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, pe
     month has billing rows, else the estimate from evaluated time x hourly price (said in `basis`)."""
     if not budgets:
         return pd.DataFrame({c: [] for c in BUDGET_COLUMNS})
-    from ..cost.budgets import evaluate_budget
 
     use_billing = len(billed) > 0
     table = billed if use_billing else estimate
@@ -439,7 +439,6 @@ def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: d
     """The whole fleet's month-end forecast, by the sums of every budget (budgets.evaluate_budget over scope
     `all`): spend so far + the $/h of what runs at the end of what was observed x hours left. A BudgetStatus
     (`forecast`, and the sums it adds: `spent`, `running_rate`, `hours_left`, `data_through`); None without data."""
-    from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
 
     use_billing = len(billed) > 0
     table = billed if use_billing else estimate

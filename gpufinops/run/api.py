@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..act.plan import primary_decision
 from ..model import Decision, GpuInstance, Verdict
-from .httpd import JSON, Answer, authorize, figures, is_loopback  # noqa: F401 - shared with the agent's /v1/verdict
+from ..httpd import Answer, authorize, figures
 
 if TYPE_CHECKING:
     from ..config import ApiSettings

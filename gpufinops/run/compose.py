@@ -8,46 +8,44 @@ peers from here, so a setting means the same thing to each. The demo builds its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..config import Settings
-from ..model import utcnow
-
-if TYPE_CHECKING:
-    from ..model import Cloud, Notifier
-    from .pipeline import Peers
-    from ..recommend.usage import PrometheusUsage
-    from ..store.store import Store
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Callable
 
-from ..places.kubernetes.cloud import WorkloadCloud
-from ..places.kubernetes.costs import CostShare, attribute, node_hourly_costs
-from ..places.fleet import FleetCloud, FleetMetrics, WorkloadMetrics
+from ..collect.billing.settings import billing_settings
+from ..collect.prometheus import PrometheusMetrics
+from ..config import Settings
 from ..k8s.model import ClusterSnapshot
-from ..model import MetricsSource
+from ..model import Cloud, MetricsSource, Notifier, utcnow
+from ..notify.delivery import build_notifier
+from ..notify.email import EmailDelivery
+from ..notify.routing import Deliveries
+from ..places.ec2.accounts import build_cloud
+from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WorkloadMetrics
+from ..places.hosts import static_hosts_cloud
+from ..places.kubernetes.cloud import WorkloadCloud
+from ..places.kubernetes.cluster import KubernetesCluster
+from ..places.kubernetes.costs import CostShare, attribute, node_hourly_costs
+from ..places.kubernetes.usage import PodMetrics
+from ..prices.prices import OnDemandPrices
+from ..recommend.usage import PrometheusUsage
+from ..store.store import Store
+from .pipeline import Peers
+from .shards import owned_only
 
 
-def live_store(settings: Settings) -> "Store":
-    from ..store.store import Store
-
+def live_store(settings: Settings) -> Store:
     return Store(settings.database_url)
 
 
-def live_cloud(settings: Settings, with_prices: bool = True) -> "Cloud":
+def live_cloud(settings: Settings, with_prices: bool = True) -> Cloud:
     """EC2 across the configured regions and accounts; with_prices: on-demand prices fill in an hourly rate."""
-    from ..places.ec2.accounts import build_cloud
-    from ..prices.prices import OnDemandPrices
-
     return build_cloud(settings.aws, prices=OnDemandPrices.load_default()) if with_prices else build_cloud(settings.aws)
 
 
-def live_inventory(settings: Settings) -> "Cloud":
+def live_inventory(settings: Settings) -> Cloud:
     """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
     hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
-    from ..places.fleet import WithRentedHosts
-    from ..places.hosts import static_hosts_cloud
-
     hosts = static_hosts_cloud(settings)
     if hosts is None:
         return live_cloud(settings)
@@ -55,42 +53,30 @@ def live_inventory(settings: Settings) -> "Cloud":
     return WithRentedHosts(ec2, hosts)
 
 
-def live_notifier(settings: Settings, store: "Store") -> "Notifier":
+def live_notifier(settings: Settings, store: Store) -> Notifier:
     """Every delivery behind the router (notify/routing.py): Slack or the outbox, and email when enabled."""
-    from ..notify.delivery import build_notifier
-    from ..notify.email import EmailDelivery
-    from ..notify.routing import Deliveries
-
     email = EmailDelivery(settings.email, store, utcnow) if settings.email.enabled else None
     return Deliveries(build_notifier(settings.slack, store, utcnow), settings, email)
 
 
-def live_usage(settings: Settings) -> "PrometheusUsage":
+def live_usage(settings: Settings) -> PrometheusUsage:
     """Days of fleet usage for right-sizing, read with the collector's auth, TLS, labels and errors."""
-    from ..recommend.usage import PrometheusUsage
-
     return PrometheusUsage(settings.prometheus)
 
 
-def live_peers(settings: Settings) -> "Peers":
+def live_peers(settings: Settings) -> Peers:
     """Everything a tick and the scheduled jobs talk to."""
-    from ..collect.prometheus import PrometheusMetrics
-    from .pipeline import Peers
-    from .shards import owned_only
-
     store = live_store(settings)
     # A replica with `prometheus.owned_shards` lists (so judges and acts on) its own shards' instances only.
     cloud, metrics = owned_only(live_inventory(settings), settings), PrometheusMetrics(settings.prometheus)
     if settings.kubernetes is not None:  # GPU workloads judged (and scaled to zero) beside the instances
-
         cloud, metrics = live_fleet(settings, cloud, metrics)
-    return Peers(cloud, metrics, store, live_notifier(settings, store), usage=live_usage(settings))
+    return Peers(cloud, metrics, store, live_notifier(settings, store), usage=live_usage(settings),
+                 scope_tag_keys=billing_settings(settings).tag_keys)
 
 
-def live_workload_cloud(settings, clock=None) -> WorkloadCloud:
+def live_workload_cloud(settings: Settings, clock: Callable[[], datetime] | None = None) -> WorkloadCloud:
     """The cluster named by `settings.kubernetes` as a Cloud (nothing is read until it is listed)."""
-    from ..places.kubernetes.cluster import KubernetesCluster
-    from ..model import utcnow
     cluster = KubernetesCluster.from_settings(settings.kubernetes, settings.source_path)
     return WorkloadCloud(cluster, price_lookup(settings), protect_key=settings.kubernetes.protect_key,
                          scale_to_zero=settings.kubernetes.scale_to_zero,
@@ -98,10 +84,9 @@ def live_workload_cloud(settings, clock=None) -> WorkloadCloud:
                          drain_nodes=settings.kubernetes.drain_nodes, clock=clock or utcnow)
 
 
-def live_fleet(settings, ec2: Cloud, ec2_metrics: MetricsSource, clock=None) -> tuple[FleetCloud, FleetMetrics]:
+def live_fleet(settings: Settings, ec2: Cloud, ec2_metrics: MetricsSource,
+               clock: Callable[[], datetime] | None = None) -> tuple[FleetCloud, FleetMetrics]:
     """EC2 and the cluster side by side (compose.live_peers, when the config has a `kubernetes:` section)."""
-    from ..places.kubernetes.usage import PodMetrics
-
     workloads = live_workload_cloud(settings, clock)
     return FleetCloud(ec2, workloads), FleetMetrics(ec2_metrics, WorkloadMetrics(PodMetrics(settings.prometheus),
                                                                                  workloads))
@@ -114,19 +99,15 @@ class ClusterCosts:
     shares: list[CostShare]
 
 
-def price_lookup(settings):
+def price_lookup(settings: Settings) -> OnDemandPrices:
     """`price(instance_type, region, lifecycle) -> USD/h | None`: billing.price_catalog, else the bundled one."""
-    from ..prices.prices import OnDemandPrices
-
     path = settings.billing.price_catalog if settings.billing is not None else None
     return OnDemandPrices.load(path) if path else OnDemandPrices.load_default()
 
 
-def live_cluster_costs(settings, now: datetime, hours: float = 1.0) -> ClusterCosts:
+def live_cluster_costs(settings: Settings, now: datetime, hours: float = 1.0) -> ClusterCosts:
     """Read the cluster named by `settings.kubernetes` now and split its GPU nodes' cost over `hours`
     (places.kubernetes.cluster.ClusterReadFailed when the API does not answer: never an empty cluster)."""
-    from ..places.kubernetes.cluster import KubernetesCluster
-
     snapshot = KubernetesCluster.from_settings(settings.kubernetes, settings.source_path).snapshot(now)
     costs = node_hourly_costs(snapshot.nodes, price_lookup(settings))
     return ClusterCosts(snapshot, costs, attribute(snapshot, costs, hours))

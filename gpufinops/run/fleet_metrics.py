@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..act.plan import primary_decision
+from ..cost.costs import verdict_costs
 from ..model import TAG_STOPPED_BY, ActionKind, Decision, GpuInstance, Verdict
 
 if TYPE_CHECKING:
@@ -82,8 +83,6 @@ class FleetFigures:
     def read_store(self, store: "Store", now: datetime, teams: dict[str, str], max_gap_s: float) -> None:
         """Idle $ accrued this month (the hourly rollups, as reports and budgets read them) and this month's
         stops by team (the audit log). A database error leaves them out of this scrape and is logged."""
-        from ..cost.costs import verdict_costs
-
         start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         try:
             frame = store.verdict_hours_frame(start, now + timedelta(microseconds=1), grain="period")

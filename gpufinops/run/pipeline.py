@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..notify import messages
 from ..decide import escalation
 from ..act.actuator import Actuator
-from ..config import Settings
+from ..config import Settings, TagKeys
 from ..decide.evaluate import evaluate_all
 from ..model import (
     ActionResult,
@@ -81,6 +81,10 @@ class Peers:
     # Fleet usage over days for right-sizing (recommend.usage.PrometheusUsage); None where nothing right-sizes.
     usage: "PrometheusUsage | None" = None
     decision_log: DecisionLog = field(default_factory=DecisionLog)
+    # The tag keys that say an instance's team and project (`billing.tag_keys`): a budget escalation's scope is
+    # matched on them. The composition root hands the configured ones (compose.live_peers), so the tick reads no
+    # billing settings itself; the default is the config's own default.
+    scope_tag_keys: TagKeys = field(default_factory=TagKeys)
 
 
 @dataclass
@@ -338,9 +342,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     except SQLAlchemyError as exc:
         return database_failed(report, "reading escalations", exc)
     if escalations:
-        from ..collect.billing.settings import billing_settings
-
-        keys = billing_settings(settings).tag_keys
+        keys = peers.scope_tag_keys
         decisions = escalation.promote(decisions, by_id, escalations, {"team": keys.team, "project": keys.project})
     report.decisions = decisions
     peers.decision_log.write(ctx.run_id, decisions)

@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.server import ThreadingHTTPServer
-from typing import Callable, Sequence
+from types import FrameType
+from typing import Any, Callable, Mapping, Sequence
 
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,10 +36,12 @@ from ..act.actuator import Actuator
 from ..config import Settings
 from .api import VERDICTS_PATH, VerdictApi
 from .fleet_metrics import FleetExposition, FleetFigures
-from .httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
+from ..httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
 from ..model import RunContext, utcnow
+from ..notify.interact import Answer, handle_click, handle_socket_envelope
 from ..notify.routing import deliveries
+from ..notify.socket_mode import SocketModeActions
 from .pipeline import SOURCES, Peers, RunReport, run_once, sources_of
 from ..rules import load_rules
 
@@ -332,7 +335,7 @@ class Service:
         token = self.lease.token
         return f"leader (lease token {token})" if token is not None else "standby (read-only)"
 
-    def _on_job_event(self, event) -> None:
+    def _on_job_event(self, event: JobExecutionEvent) -> None:
         if event.exception is not None:
             if event.job_id != EVALUATE_JOB:  # evaluate_job counts its own failures
                 self.metrics.errors.inc()
@@ -357,8 +360,6 @@ class Service:
         POST /slack/actions answers them; no public URL needed."""
         if not self.settings.slack.socket_mode or self.socket_mode is not None:
             return
-        from ..notify.socket_mode import SocketModeActions
-
         self.socket_mode = SocketModeActions(self.settings.slack, self.slack_socket_click)
         if not self.socket_mode.start():
             self.socket_mode = None
@@ -378,22 +379,18 @@ class Service:
             except SQLAlchemyError as exc:
                 log.error("could not release the lease (it expires in %ss): %s", self.settings.lease.ttl_s, exc)
 
-    def slack_actions(self, headers, body: bytes) -> tuple[int, str]:
+    def slack_actions(self, headers: Mapping[str, str], body: bytes) -> tuple[int, str]:
         """POST /slack/actions: a button click, verified and stored as a request (gpufinops.interact); the
         leader's next tick applies it. Any replica answers it: no cloud change is made here."""
-        from ..notify.interact import handle_click
-
         chat = deliveries(self.peers.notifier, self.settings)
         answer = handle_click(headers, body, settings=self.settings, store=self.peers.store, cloud=self.peers.cloud,
                               users=chat.user_info, now=self.clock())
         self._tell_clicker(chat, answer)
         return answer.status, answer.text
 
-    def slack_socket_click(self, envelope_id, payload):
+    def slack_socket_click(self, envelope_id: Any, payload: Any) -> Answer:
         """An `interactive` envelope of Slack Socket Mode: the same parse, claim, authorisation and stored request
         as slack_actions (gpufinops.interact.handle_verified), and the same private answer to a refused click."""
-        from ..notify.interact import handle_socket_envelope
-
         chat = deliveries(self.peers.notifier, self.settings)
         answer = handle_socket_envelope(envelope_id, payload, settings=self.settings, store=self.peers.store,
                                         cloud=self.peers.cloud, users=chat.user_info, now=self.clock())
@@ -414,7 +411,7 @@ class Service:
         if tls is None:
             return None
         return mutual_tls_server(self.settings.service.host, tls.port, {VERDICTS_PATH: self.verdict_api.handle_mutual_tls},
-                                 mutual_tls_context(tls))
+                                 mutual_tls_context(tls.cert_file, tls.key_file, tls.client_ca_file))
 
     def serve_forever(self) -> None:
         api = self.verdict_api.handle if self.settings.api.enabled else None
@@ -430,7 +427,7 @@ class Service:
             log.info("serving %s over mutual TLS on %s:%d (client certificates of %s)", VERDICTS_PATH,
                      self.settings.service.host, https.server_address[1], self.settings.api.tls.client_ca_file)
 
-        def on_signal(signum, _frame) -> None:
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("signal %d: stopping after the current job", signum)
             self._stop.set()
 

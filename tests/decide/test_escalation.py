@@ -77,3 +77,30 @@ def test_over_budget_scope_is_marked_then_stopped_through_the_safe_path(tmp_path
     assert "budget 'gpu'" in r.decisions[0].reason
     tick()
     assert cloud.get("i-a").state == "stopped" and cloud.get("i-p").state == "running"
+
+
+def test_the_tick_matches_a_budget_scope_on_the_tag_keys_the_composition_root_hands_it(tmp_path):
+    """`billing.tag_keys` reach the tick through compose.live_peers (issue 36: the tick reads no billing settings
+    itself): an instance whose team is in a `squad` tag is escalated under a team budget, and the tick's own
+    settings (here without a billing section) play no part in it."""
+    from dataclasses import replace
+
+    from gpufinops.config import TagKeys
+    from gpufinops.cost.escalations import record
+    from gpufinops.run.compose import live_peers
+
+    settings = load_settings(database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+                             hosts={"inventory": [{"hostname": "gpu-box-1", "gpu_model": "H100", "gpu_count": 8,
+                                                   "usd_per_hour": 19.9}]},
+                             billing={"tag_keys": {"team": ["squad"], "project": ["project"], "owner": ["owner"]}})
+    composed = live_peers(settings)
+    assert composed.scope_tag_keys == TagKeys(team=("squad",), project=("project",), owner=("owner",))
+    clock = [NOW]
+    cloud = SimCloud([inst("i-s", squad="ml"), inst("i-t", team="ml")], lambda: clock[0])
+    peers = replace(composed, cloud=cloud, metrics=IdleMetrics(),
+                    notifier=ConsoleNotifier(composed.store, lambda: clock[0], lambda s: None))
+    record(peers.store, Escalation("gpu", f"{NOW:%Y-%m}", "team", "ml", 93.0))
+    notify_only = Rule(name="zero", threshold_pct=1, window_s=600, action=Action.NOTIFY, warning_lead_s=600)
+    report = run_once(RunContext(now=NOW, dry_run=True), load_settings(), [notify_only], peers, act=False)
+    promoted = {d.instance_id for d in report.decisions if d.action == Action.STOP}
+    assert promoted == {"i-s"}  # the `team` tag is not one of the configured keys: i-t stays notify-only

@@ -118,9 +118,22 @@ def test_format_duration(seconds, expected):
 
 @pytest.mark.parametrize("value,expected", [
     (32.77, "$32.77/h"), (0.5, "$0.50/h"), (1234.5, "$1,234.50/h"), (0.0, "$0.00/h"), (None, "unknown $/h"),
+    (float("nan"), "unknown $/h"),
 ])
 def test_format_money(value, expected):
-    assert m.format_money(value) == expected
+    assert m.format_money(value, per="h") == expected
+
+
+@pytest.mark.parametrize("value,kwargs,expected", [
+    # One function, each spelling a parameter (issue 36): a price in a message, a report's cell, a monthly figure
+    # in the recommendations, another currency, a guessed price.
+    (31.92, {"per": "h", "estimate": True}, "$31.92/h (estimate)"),
+    (-6.17, {}, "-$6.17"), (-0.001, {}, "$0.00"), (1234.5, {"digits": 0}, "$1,234"),
+    (1234.5, {"digits": 0, "per": "month"}, "$1,234/month"), (1234.5, {"currency": "EUR"}, "1,234.50 EUR"),
+    (None, {}, "unknown"), (None, {"unknown": "–"}, "–"), (0.125, {"digits": 3, "per": "h"}, "$0.125/h"),
+])
+def test_one_money_spelling_with_parameters(value, kwargs, expected):
+    assert m.format_money(value, **kwargs) == expected
 
 
 # ------------------------------------------------------------------ keys

@@ -19,7 +19,8 @@ from gpufinops.config import ConfigError, load_settings
 from gpufinops.demo.sim import ConsoleNotifier, SimCloud
 from gpufinops.model import GpuInstance, GpuWindowStats, InstanceUsage, RunContext
 from gpufinops.rules import load_rules
-from gpufinops.run.api import MAX_INSTANCES_PER_QUERY, authorize
+from gpufinops.httpd import authorize
+from gpufinops.run.api import MAX_INSTANCES_PER_QUERY
 from gpufinops.run.pipeline import Peers, run_once
 from gpufinops.run.service import Service, make_http_server
 from gpufinops.store.schema import MarkRow

@@ -20,8 +20,8 @@ from ...prices.catalog import Catalog
 from ...collect.gpu_snapshot import HostSnapshot
 from ...decide.evaluate import evaluate
 from ...prices.host_prices import HostPrice, HostPriceTable, host_price, is_estimate, no_price
-from ...notify.messages import escape, format_money, idle_warning, mark_cancelled, stopped, warning_key
-from ...model import Action, Decision, GpuInstance, Message, Notifier, ReasonCode, Rule, Verdict
+from ...notify.messages import escape, idle_warning, mark_cancelled, stopped, warning_key
+from ...model import Action, Decision, GpuInstance, Message, Notifier, ReasonCode, Rule, Verdict, format_money
 from .buffer import RingBuffer, physical_gpus, rows_from_snapshot, window_usage
 from .guards import boot_time, recent_input_sessions, running_allowlisted
 from .hook import run_command
@@ -324,7 +324,7 @@ class AutostopLoop:
         deadline = move.next_state.deadline or now
         will = "will be stopped" if self.live else "would be stopped (dry-run: it will NOT be)"
         cost = "" if inst.hourly_cost is None else \
-            f", costs {format_money(inst.hourly_cost, estimate=is_estimate(inst.price_source))},"
+            f", costs {format_money(inst.hourly_cost, per='h', estimate=is_estimate(inst.price_source))},"
         text = (f"{self._prefix()}: this GPU server {inst.instance_id} is idle ({move.decision.reason}){cost} and "
                 f"{will} at {when(deadline)} (in {(deadline - now) / 60:.0f} min) unless it becomes active; "
                 f"{SNOOZE_HINT}")

@@ -1,6 +1,8 @@
-"""The tiny HTTP endpoint both long-running processes expose: /metrics, liveness and readiness, the service's
-read-only GET routes (the idleness API at /v1/verdicts, run/api.py) and its POST routes (Slack button clicks at
-/slack/actions, gpufinops.interact).
+"""The tiny HTTP endpoint both long-running processes expose, the service (run/service.py) and the host agent
+(agent/exporter.py): /metrics, liveness and readiness, the service's read-only GET routes (the idleness API at
+/v1/verdicts, run/api.py; the agent's /v1/verdict, agent/verdict_api.py) and its POST routes (Slack button clicks
+at /slack/actions, notify/interact.py). It stands on the ground floor, beside procs.py, so that the agent does not
+import the service's run/: it imports only the standard library, prometheus_client, and model for a type.
 
 /livez (and /healthz, its old name, kept for existing probes) answers liveness: the process works and
 a restart could help if not. /readyz answers readiness: every data source answered the last tick.
@@ -21,8 +23,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from ..config import ApiTlsSettings
-    from ..model import Decision
+    from .model import Decision
 
 log = logging.getLogger("gpufinops.httpd")
 
@@ -148,12 +149,13 @@ def metrics_and_health_server(address: str, port: int, metrics_body: Callable[[]
     return server
 
 
-def mutual_tls_context(tls: "ApiTlsSettings") -> ssl.SSLContext:
-    """A server context that requires a client certificate signed by `tls.client_ca_file` (TLS 1.2 or newer)."""
+def mutual_tls_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+    """A server context that requires a client certificate signed by `client_ca_file` (TLS 1.2 or newer); the
+    files of `api.tls` (config.ApiTlsSettings), PEM."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(tls.cert_file, tls.key_file)
-    context.load_verify_locations(cafile=tls.client_ca_file)
+    context.load_cert_chain(cert_file, key_file)
+    context.load_verify_locations(cafile=client_ca_file)
     context.verify_mode = ssl.CERT_REQUIRED
     return context
 
