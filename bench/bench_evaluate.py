@@ -8,10 +8,11 @@ with ~5% of its samples blank; `--sentinel-gpus 1` puts them on every GPU).
 
 With `--profiling` every GPU also exports the DCGM profiling ratios a dcgm-exporter with profiling on writes
 (GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE and DRAM_ACTIVE of its default CSV, plus SM_ACTIVE and SM_OCCUPANCY
-switched on as docs/metrics.md shows), with figures shaped like the measured H200 phases. `--before FILE`
-also measures the tick of another version of gpufinops/collect/prometheus.py (e.g. `git show
-HEAD:gpufinops/collect/prometheus.py > /tmp/before.py`) against the same engine in the same run: the
-machine is shared, so only same-run figures compare.
+switched on as docs/metrics.md shows), with figures shaped like the measured H200 phases. `--before PATH`
+also measures the tick of another version of the collector against the same engine in the same run: a copy of
+the gpufinops/collect/prometheus/ package (e.g. `mkdir /tmp/before && git archive HEAD
+gpufinops/collect/prometheus | tar -x --strip-components=3 -C /tmp/before`), or the single file
+collect/prometheus.py of versions before the split. The machine is shared, so only same-run figures compare.
 
 Two tables:
 
@@ -159,10 +160,16 @@ def one_pass_query(settings: PrometheusSettings, window_s: int) -> str:
 
 
 def load_before(path: str):
-    """The PrometheusMetrics class of another version of collect/prometheus.py, for a same-run comparison."""
+    """The PrometheusMetrics class of another version of the collector, for a same-run comparison: a copy of the
+    collect/prometheus/ package (a folder) or the single collect/prometheus.py of versions before the split."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpufinops_collect_prometheus_before", path)
+    name = "gpufinops_collect_prometheus_before"
+    if os.path.isdir(path):  # the package: its modules import each other relatively, under this name
+        spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -458,7 +465,8 @@ def main() -> int:
                     help="every GPU also exports gpufinops_gpu_processes, as hosts read by `gpufinops agent` do")
     ap.add_argument("--profiling", action="store_true",
                     help="every GPU also exports the DCGM profiling ratios (GR engine, SM, occupancy, tensor, DRAM)")
-    ap.add_argument("--before", default="", help="another collect/prometheus.py to measure in the same run")
+    ap.add_argument("--before", default="",
+                    help="another collect/prometheus/ (a folder) or collect/prometheus.py to measure in the same run")
     ap.add_argument("--shards", default="",
                     help="e.g. 1,4: sharded ticks against their raw PromQL, each in a fresh process: wall, client "
                          "CPU, peak RSS (skips the engine CPU table)")

@@ -10,6 +10,9 @@ How time and money are counted (the same model as gpufinops.costs, which does th
 - a stop saved the time from the stop until the instance was seen running again (its owner started
   it) or until the end of what the month observed; a dry-run stop "would have saved" the IDLE time
   that followed it under the rule that stopped it, up to that rule's first verdict that was not IDLE.
+
+`build_audit` runs in named stages (observed_span, instances_seen, headline_figures, data_quality, add_sections,
+add_underused_causes, add_kubernetes); the tables' builders and columns are report.tables.
 """
 
 from __future__ import annotations
@@ -21,54 +24,25 @@ from datetime import datetime, timedelta
 import pandas as pd
 
 from ..model import UNTAGGED
-from ..words import REPORT_HINTS
 from ..collect.billing.schema import single_currency
 from ..places.registry import KUBERNETES_ID_PREFIX
-from ..cost.costs import (VERDICTS, billing_rates, hourly_rate, idle_cost_report, idle_share, resource_attrs, summarize,
-                     verdict_costs)
-from ..model import FALSE_STOP_COST_H, RESTART_COST_S, TAG_SNOOZE, ReasonCode
+from ..cost.costs import billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
+from ..model import FALSE_STOP_COST_H, RESTART_COST_S
 from . import sections
 from .advice import NONE, Advice, advise
 from .inputs import AuditInputs
 from .observed import finance_caveats
 from .options import ReportSettings
 from .period import ReportPeriod
+from .tables import (
+    HINTS, INSTANCE_COLUMNS, MANAGED_COLUMNS, MISSING_DATA_CODES, SNOOZE_COLUMNS, STOP_COLUMNS, action_summary,
+    daily_table, instance_table, managed_table, recommendation_table, snooze_table, team_table, underutilized_table,
+    unknown_table,
+)
 from .words import words
 
-MISSING_DATA_CODES = tuple(c.value for c in ReasonCode if c.is_missing_data)
 STOP_KINDS = ("stop", "terminate")
 DEMAND_VERDICTS = ("ACTIVE", "UNDERUTILIZED")  # some real activity: the workload wanted the GPU
-
-HINTS = REPORT_HINTS  # the one table of reason-code words: gpufinops/words.py
-
-TEAM_COLUMNS = ["team", "instances", "hours", "gpu_hours", "cost", "billed_cost", "idle_hours", "idle_cost",
-                "idle_share", "underutilized_cost", "unknown_hours", "active_pct", "underutilized_pct", "idle_pct",
-                "unknown_pct", "stops", "dry_run_stops", "unpriced_hours"]
-INSTANCE_COLUMNS = ["instance_id", "name", "team", "owner", "account", "region", "gpu_model", "instance_type", "gpus", "hourly_rate", "hours", "gpu_hours", "cost",
-                    "billed_cost", "idle_hours", "idle_cost", "idle_share", "underutilized_cost", "unknown_hours",
-                    "active_pct", "underutilized_pct", "idle_pct", "unknown_pct", "mean_activity_pct",
-                    "max_activity_pct", "max_memory_gib", "stops", "dry_run_stops", "unpriced_hours", "price_source",
-                    "advice", "advice_reason"]
-UNDERUTILIZED_COLUMNS = ["instance_id", "name", "team", "instance_type", "mean_activity_pct", "max_activity_pct",
-                         "max_memory_gib", "measured_hours", "cost", "idle_cost", "main_code", "hint"]
-STOP_COLUMNS = ["at", "instance_id", "team", "instance_type", "kind", "rule", "dry_run", "status", "reason", "error",
-                "back_at", "back_after_min", "false_stop", "saved_hours", "saved_gpu_hours", "saved_cost", "savings",
-                "restarted", "restart_cost", "false_stop_cost", "net_gpu_hours", "net_cost"]
-UNKNOWN_COLUMNS = ["instance_id", "team", "instance_type", "hours", "unknown_hours", "unknown_share",
-                   "missing_data_hours", *[f"{c}_hours" for c in MISSING_DATA_CODES], "other_unknown_hours",
-                   "unknown_cost", "missing_data_cost"]
-RECOMMENDATION_COLUMNS = ["instance_id", "team", "instance_type", "region", "action", "current_monthly",
-                          "recommended", "recommended_monthly", "monthly_savings", "risk", "reason", "prices_as_of",
-                          "created_at"]
-DAILY_COLUMNS = ["date", *[f"{v.lower()}_cost" for v in VERDICTS], "evaluated_cost", "billed_cost", "hours",
-                 "idle_hours"]
-ACTION_COLUMNS = ["kind", "dry_run", "status", "count"]
-SNOOZE_COLUMNS = ["team", "instance_id", "snoozes", "capped", "unreadable"]
-MANAGED_COLUMNS = ["team", "instance_id", "idle_episodes", "managed_by", "instead"]
-# The words act.stop_blocker puts in the reason of an instance that is judged but never stopped.
-_MANAGED = " managed by "
-_MANAGED_END = ": never stopped by gpufinops"
-_INSTEAD = "; instead: "
 
 
 @dataclass
@@ -339,231 +313,7 @@ def net_of_stop(saved_hours: float, restarted: bool, false_stop: bool, gpus: flo
             "net_gpu_hours": net_gpu_h, "net_cost": net_cost}
 
 
-# --------------------------------------------------------------------------- per instance / team
-
-
-def _verdict_hours(iv: pd.DataFrame, key: str) -> pd.DataFrame:
-    p = iv.pivot_table(index=key, columns="verdict", values="hours", aggfunc="sum", fill_value=0.0)
-    out = pd.DataFrame(index=p.index)
-    for v in VERDICTS:
-        out[f"{v.lower()}_hours"] = p[v] if v in p.columns else 0.0
-    total = out.sum(axis=1)
-    for v in VERDICTS:
-        out[f"{v.lower()}_pct"] = 100.0 * out[f"{v.lower()}_hours"] / total.where(total > 0)
-    return out
-
-
-def _weighted_mean(values: pd.Series, weights: pd.Series) -> float:
-    ok = values.notna() & weights.notna()
-    w = weights[ok].sum()
-    return float((values[ok] * weights[ok]).sum() / w) if w > 0 else float("nan")
-
-
-def instance_table(iv: pd.DataFrame, stops: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
-    if iv.empty:
-        return pd.DataFrame({c: [] for c in INSTANCE_COLUMNS})
-    money = idle_cost_report(iv, by="instance").set_index("instance")
-    vh = _verdict_hours(iv, "instance_id")
-    g = iv.groupby("instance_id", sort=True)
-    rows = []
-    for inst, grp in g:
-        priced = grp["rate"].dropna()
-        rows.append({
-            "instance_id": inst, "team": grp["team"].iloc[-1], "instance_type": grp["instance_type"].iloc[-1],
-            "gpus": grp["gpus"].iloc[-1], "hourly_rate": float(priced.iloc[-1]) if len(priced) else float("nan"),
-            "hours": grp["hours"].sum(), "gpu_hours": grp["gpu_hours"].sum(min_count=1),
-            "mean_activity_pct": _weighted_mean(grp["activity_mean"].astype(float), grp["hours"]),
-            "max_activity_pct": grp["activity_max"].astype(float).max(),
-            "max_memory_gib": grp["memory_max_mib"].astype(float).max() / 1024.0,
-            "idle_gpu_hours": grp.loc[grp["verdict"] == "IDLE", "gpu_hours"].sum(min_count=1),
-        })
-    out = pd.DataFrame(rows).set_index("instance_id")
-    out["cost"] = money["total_cost"]
-    out["idle_cost"] = money["idle_cost"]
-    out["idle_share"] = money["idle_share"]
-    out["underutilized_cost"] = money["underutilized_cost"]
-    out["unpriced_hours"] = money["unpriced_hours"]
-    out["idle_hours"] = vh["idle_hours"]
-    out["unknown_hours"] = vh["unknown_hours"]
-    for v in VERDICTS:
-        out[f"{v.lower()}_pct"] = vh[f"{v.lower()}_pct"]
-    real = stops[(~stops["dry_run"]) & (stops["status"] == "done")] if len(stops) else stops
-    dry = stops[stops["dry_run"] & (stops["status"] == "done")] if len(stops) else stops
-    out["stops"] = real.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(real) else 0
-    out["dry_run_stops"] = dry.groupby("instance_id").size().reindex(out.index).fillna(0).astype(int) if len(dry) else 0
-    billed = (summarize(cost_table, "instance").groupby("instance")["cost"].sum() if len(cost_table)
-              else pd.Series(dtype=float))
-    out["billed_cost"] = billed.reindex(out.index)
-    out = out.reset_index()
-    return out.sort_values(["idle_cost", "cost", "instance_id"], ascending=[False, False, True],
-                           kind="stable").reset_index(drop=True).reindex(columns=INSTANCE_COLUMNS)
-
-
-def team_table(iv: pd.DataFrame, instances: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
-    """One row per team; instances without a team tag are the '(untagged)' row. Billing-only teams appear too."""
-    billed = summarize(cost_table, "team").groupby("team")["cost"].sum() if len(cost_table) else pd.Series(dtype=float)
-    if iv.empty and billed.empty:
-        return pd.DataFrame({c: [] for c in TEAM_COLUMNS})
-    if iv.empty:
-        out = pd.DataFrame({"team": billed.index, "billed_cost": billed.values})
-        return out.reindex(columns=TEAM_COLUMNS).assign(instances=0, stops=0, dry_run_stops=0)
-    money = idle_cost_report(iv, by="team").set_index("team")
-    vh = _verdict_hours(iv, "team")
-    inst = instances.groupby("team")
-    out = pd.DataFrame(index=sorted(set(money.index) | set(billed.index)))
-    out["instances"] = inst.size().reindex(out.index).fillna(0).astype(int)
-    out["hours"] = iv.groupby("team")["hours"].sum().reindex(out.index)
-    out["gpu_hours"] = iv.groupby("team")["gpu_hours"].sum(min_count=1).reindex(out.index)
-    out["cost"] = money["total_cost"].reindex(out.index)
-    out["billed_cost"] = billed.reindex(out.index)
-    out["idle_hours"] = vh["idle_hours"].reindex(out.index)
-    out["idle_cost"] = money["idle_cost"].reindex(out.index)
-    out["idle_share"] = money["idle_share"].reindex(out.index)
-    out["underutilized_cost"] = money["underutilized_cost"].reindex(out.index)
-    out["unknown_hours"] = vh["unknown_hours"].reindex(out.index)
-    for v in VERDICTS:
-        out[f"{v.lower()}_pct"] = vh[f"{v.lower()}_pct"].reindex(out.index)
-    out["stops"] = inst["stops"].sum().reindex(out.index).fillna(0).astype(int)
-    out["dry_run_stops"] = inst["dry_run_stops"].sum().reindex(out.index).fillna(0).astype(int)
-    out["unpriced_hours"] = money["unpriced_hours"].reindex(out.index)
-    out = out.rename_axis("team").reset_index()
-    return out.sort_values(["idle_cost", "cost", "team"], ascending=[False, False, True], kind="stable",
-                           na_position="last").reset_index(drop=True)[TEAM_COLUMNS]
-
-
-def underutilized_table(iv: pd.DataFrame, instances: pd.DataFrame, below_pct: float) -> pd.DataFrame:
-    """Instances whose time-weighted mean activity over the month is under `below_pct`."""
-    if instances.empty:
-        return pd.DataFrame({c: [] for c in UNDERUTILIZED_COLUMNS})
-    low = instances[instances["mean_activity_pct"] < below_pct]
-    measured = iv[iv["activity_mean"].notna()]
-    main = (measured[measured["verdict"] != "UNKNOWN"].groupby(["instance_id", "code"])["hours"].sum()
-            .reset_index().sort_values(["instance_id", "hours"], ascending=[True, False], kind="stable")
-            .drop_duplicates("instance_id").set_index("instance_id")["code"])
-    out = low.assign(
-        measured_hours=measured.groupby("instance_id")["hours"].sum().reindex(low["instance_id"]).values,
-        main_code=main.reindex(low["instance_id"]).fillna("").values,
-    )
-    out["hint"] = out["main_code"].map(lambda c: HINTS.get(c, ""))
-    return out.sort_values(["cost", "instance_id"], ascending=[False, True], kind="stable",
-                           na_position="last").reset_index(drop=True)[UNDERUTILIZED_COLUMNS]
-
-
-def unknown_table(iv: pd.DataFrame) -> pd.DataFrame:
-    """Per instance: time with an UNKNOWN verdict, split into missing data (by cause) and other reasons."""
-    unk = iv[iv["verdict"] == "UNKNOWN"]
-    if unk.empty:
-        return pd.DataFrame({c: [] for c in UNKNOWN_COLUMNS})
-    by = unk.pivot_table(index="instance_id", columns="code", values="hours", aggfunc="sum", fill_value=0.0)
-    g = iv.groupby("instance_id")
-    out = pd.DataFrame(index=by.index)
-    out["team"] = g["team"].last().reindex(out.index)
-    out["instance_type"] = g["instance_type"].last().reindex(out.index)
-    out["hours"] = g["hours"].sum().reindex(out.index)
-    out["unknown_hours"] = by.sum(axis=1)
-    out["unknown_share"] = out["unknown_hours"] / out["hours"].where(out["hours"] > 0)
-    for c in MISSING_DATA_CODES:
-        out[f"{c}_hours"] = by[c] if c in by.columns else 0.0
-    out["missing_data_hours"] = out[[f"{c}_hours" for c in MISSING_DATA_CODES]].sum(axis=1)
-    out["other_unknown_hours"] = out["unknown_hours"] - out["missing_data_hours"]
-    out["unknown_cost"] = unk.groupby("instance_id")["cost"].sum(min_count=1).reindex(out.index)
-    missing = unk[unk["code"].isin(MISSING_DATA_CODES)]
-    out["missing_data_cost"] = missing.groupby("instance_id")["cost"].sum(min_count=1).reindex(out.index)
-    out = out.rename_axis("instance_id").reset_index()
-    return out.sort_values(["missing_data_hours", "unknown_hours", "instance_id"], ascending=[False, False, True],
-                           kind="stable").reset_index(drop=True)[UNKNOWN_COLUMNS]
-
-
-def recommendation_table(recs: list) -> pd.DataFrame:
-    rows = [r.to_dict() for r in recs if (r.monthly_savings or 0) > 0]
-    if not rows:
-        return pd.DataFrame({c: [] for c in RECOMMENDATION_COLUMNS})
-    out = pd.DataFrame(rows)
-    out["instance_id"] = out["instance_id"].replace("", "(fleet)")
-    out["team"] = out["team"].fillna("").replace("", UNTAGGED)
-    return out.sort_values(["monthly_savings", "instance_id"], ascending=[False, True],
-                           kind="stable").reset_index(drop=True)[RECOMMENDATION_COLUMNS]
-
-
-def daily_table(iv: pd.DataFrame, cost_table: pd.DataFrame) -> pd.DataFrame:
-    frames = []
-    if not iv.empty:
-        day = iv["at"].dt.tz_convert("UTC").dt.tz_localize(None).dt.floor("D")
-        p = iv.assign(date=day).pivot_table(index="date", columns="verdict", values="cost", aggfunc="sum",
-                                            fill_value=0.0)
-        d = pd.DataFrame(index=p.index)
-        for v in VERDICTS:
-            d[f"{v.lower()}_cost"] = p[v] if v in p.columns else 0.0
-        d["evaluated_cost"] = d.sum(axis=1)
-        d["hours"] = iv.assign(date=day).groupby("date")["hours"].sum()
-        d["idle_hours"] = iv[iv["verdict"] == "IDLE"].assign(date=day).groupby("date")["hours"].sum()
-        frames.append(d)
-    if len(cost_table):
-        billed = cost_table.groupby(cost_table["date"].dt.floor("D"))["cost"].sum()
-        frames.append(billed.rename("billed_cost").to_frame())
-    if not frames:
-        return pd.DataFrame({c: [] for c in DAILY_COLUMNS})
-    out = pd.concat(frames, axis=1, sort=True).sort_index().rename_axis("date").reset_index().reindex(columns=DAILY_COLUMNS)
-    out["date"] = pd.to_datetime(out["date"]).dt.date
-    out["idle_hours"] = out["idle_hours"].where(out["hours"].isna(), out["idle_hours"].fillna(0.0))
-    return out
-
-
-def action_summary(inp: AuditInputs) -> pd.DataFrame:
-    if not inp.actions:
-        return pd.DataFrame({c: [] for c in ACTION_COLUMNS})
-    d = pd.DataFrame([{"kind": a.kind.value, "dry_run": bool(a.dry_run), "status": a.status} for a in inp.actions])
-    return d.groupby(["kind", "dry_run", "status"]).size().rename("count").reset_index()[ACTION_COLUMNS]
-
-
-def snooze_table(inp: AuditInputs) -> pd.DataFrame:
-    """Idle episodes a snooze tag held back from a stop, per team and instance, with how many of them asked
-    for longer than the cap (`act.max_snooze_s`) or could not be read: a snooze renewed every week, or one
-    set to 2099, is a stop someone keeps avoiding."""
-    rows = [a for a in inp.actions
-            if a.kind.value in ("skip", "unmark") and TAG_SNOOZE in (a.reason or "")]
-    if not rows:
-        return pd.DataFrame({c: [] for c in SNOOZE_COLUMNS})
-    teams = instance_teams(inp)
-    d = pd.DataFrame([{"team": teams.get(a.instance_id) or "", "instance_id": a.instance_id,
-                       "capped": "capped" in a.reason or "not an ISO time" in a.reason,
-                       "unreadable": "not an ISO time" in a.reason} for a in rows])
-    out = (d.groupby(["team", "instance_id"])
-           .agg(snoozes=("capped", "size"), capped=("capped", "sum"), unreadable=("unreadable", "sum"))
-           .reset_index().sort_values(["snoozes", "team", "instance_id"], ascending=[False, True, True]))
-    return out.astype({"snoozes": int, "capped": int, "unreadable": int})[SNOOZE_COLUMNS]
-
-
-def managed_table(inp: AuditInputs) -> pd.DataFrame:
-    """Idle instances that something else manages (an Auto Scaling group, a node group, Karpenter...): never
-    stopped, their owners told what to do instead. Per instance: idle episodes, who manages it, the advice."""
-    rows = []
-    for a in inp.actions:
-        reason = a.reason or ""
-        if a.kind.value != "notify" or _MANAGED not in reason or _MANAGED_END not in reason:
-            continue
-        who = reason.split(_MANAGED, 1)[1].split(_MANAGED_END, 1)[0]
-        instead = reason.split(_INSTEAD, 1)[1] if _INSTEAD in reason else ""
-        rows.append({"instance_id": a.instance_id, "managed_by": who, "instead": instead})
-    if not rows:
-        return pd.DataFrame({c: [] for c in MANAGED_COLUMNS})
-    teams = instance_teams(inp)
-    d = pd.DataFrame(rows)
-    out = (d.groupby("instance_id").agg(idle_episodes=("managed_by", "size"), managed_by=("managed_by", "last"),
-                                        instead=("instead", "last")).reset_index())
-    out["team"] = out["instance_id"].map(lambda i: teams.get(i) or "")
-    return out.sort_values(["idle_episodes", "instance_id"], ascending=[False, True])[MANAGED_COLUMNS]
-
-
 # --------------------------------------------------------------------------- data quality
-
-
-def instance_teams(inp: AuditInputs) -> dict[str, str]:
-    """The latest team tag seen per instance in the month's stored verdicts."""
-    v = inp.verdicts
-    if v.empty:
-        return {}
-    return v.sort_values("at", kind="stable").groupby("instance_id")["team"].last().fillna("").to_dict()
 
 
 def service_coverage(period: ReportPeriod, runs: pd.DataFrame, period_s: float) -> dict:
@@ -682,8 +432,20 @@ def seen_attrs(bill_owners: dict[str, str], bill_attrs: dict[str, dict[str, str]
     return owners, attrs
 
 
-def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
-    opts = opts or ReportSettings()
+@dataclass(frozen=True)
+class ObservedSpan:
+    """How often the service looked and what part of the month it observed (`observed_span`)."""
+
+    period_s: float  # seconds between two evaluations
+    has_evaluations: bool
+    first_eval: pd.Timestamp | None  # the month's first evaluation, None when nothing was evaluated
+    last_eval: pd.Timestamp | None  # and its last
+    obs_end: pd.Timestamp  # what the month observed ends here
+
+
+def observed_span(inp: AuditInputs, opts: ReportSettings, fallback_period_s: float) -> ObservedSpan:
+    """Stage 1 of `build_audit`: the evaluation period (the settings', else measured from the service runs) and the
+    span the month observed, from its first evaluation to one evaluation period after its last."""
     p = inp.period
     runs = inp.runs
     period_s = (float(opts.evaluate_every_s) if opts.evaluate_every_s
@@ -695,9 +457,16 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     # What the month observed ends one evaluation period after the last evaluation.
     obs_end = (min(pd.Timestamp(p.as_of), last_eval + timedelta(seconds=period_s)) if last_eval is not None
                else pd.Timestamp(p.start))
+    return ObservedSpan(period_s, has_evaluations, first_eval, last_eval, obs_end)
 
-    iv = intervals(inp, period_s, obs_end)
-    stops = stop_audit(inp, iv, obs_end, opts, period_s)
+
+def instances_seen(inp: AuditInputs, iv: pd.DataFrame, stops: pd.DataFrame
+                   ) -> tuple[pd.DataFrame, dict[str, str], pd.DataFrame]:
+    """Stage 2 of `build_audit`: the per-instance table (tables.instance_table) with what billing and the service
+    saw of each instance added: owner, account, region, GPU model, Name tag, price source and the advice. Returns
+    the table, the owner per instance and the attributes per instance (sections.instance_attrs) the later stages
+    break the month down by."""
+    p = inp.period
     instances = instance_table(iv, stops, inp.cost_table)
     owner_of, bill_attrs = seen_attrs(sections.owners(inp.cost_table),
                                       resource_attrs(inp.cost_table) if len(inp.cost_table) else {}, inp.labels)
@@ -717,13 +486,15 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         instances["advice"] = instances["instance_id"].map(lambda i: advice[i].advice)
         instances["advice_reason"] = instances["instance_id"].map(lambda i: advice[i].why)
         instances = instances[INSTANCE_COLUMNS]
-    teams = team_table(iv, instances, inp.cost_table)
-    under = underutilized_table(iv, instances, opts.underutilized_below_pct)
-    unknown = unknown_table(iv)
-    recs = recommendation_table(inp.recommendations)
-    daily = daily_table(iv, inp.cost_table)
-    actions = action_summary(inp)
+    return instances, owner_of, attrs
 
+
+def headline_figures(inp: AuditInputs, opts: ReportSettings, iv: pd.DataFrame, stops: pd.DataFrame,
+                     teams: pd.DataFrame, under: pd.DataFrame, recs: pd.DataFrame, has_evaluations: bool) -> dict:
+    """Stage 3 of `build_audit`: the headline card's figures: spend (billed, else evaluated), idle, under-used and
+    unjudged time and money, real and dry-run stops with what they saved net of restarts and false stops, and the
+    recommendations' savings. Not measured is None, never 0 (nothing evaluated: the cost of running time is
+    unknown). The later stages add the forecast, the profiling causes and the Kubernetes figures."""
     billed_currency = single_currency(inp.cost_table, "stored billing") if len(inp.cost_table) else None
     currency = billed_currency or "USD"
     billed = _sum(inp.cost_table["cost"]) if len(inp.cost_table) else None
@@ -791,13 +562,23 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     headline["cost_per_used_gpu_hour"] = (headline["evaluated_cost"] / headline["used_gpu_hours"]
                                           if headline["evaluated_cost"] is not None and headline["used_gpu_hours"]
                                           else None)
-    coverage = service_coverage(p, runs, period_s)
+    return headline
+
+
+def data_quality(inp: AuditInputs, opts: ReportSettings, iv: pd.DataFrame, headline: dict, span: ObservedSpan,
+                 coverage: dict) -> dict:
+    """Stage 4 of `build_audit`: what the figures rest on (the report's data-quality table and `quality_notes`):
+    the period and how much of it the service watched (`coverage`: service_coverage), the share of time measured,
+    where the hourly rates came from, billing's days and imports, notifications, the catalog prices' age, and the
+    inputs' warnings."""
+    p = inp.period
+    period_s = span.period_s
     measured = _sum(iv.loc[iv["verdict"] != "UNKNOWN", "hours"]) if not iv.empty else 0.0
     quality = {
         "period_hours": p.hours,
         "partial_month": p.partial,
-        "first_evaluation": first_eval,
-        "last_evaluation": last_eval,
+        "first_evaluation": span.first_eval,
+        "last_evaluation": span.last_eval,
         "evaluation_period_s": period_s,
         "max_gap_s": 2 * period_s,
         **{f"service_{k}": v for k, v in coverage.items()},
@@ -815,9 +596,17 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
         **price_age(inp, iv, opts),
         "warnings": list(inp.warnings),
     }
-    rules = sorted(inp.episodes["rule"].unique().tolist()) if len(inp.episodes) else []
-    audit = MonthlyAudit(p, opts, currency, headline, quality, [], teams, instances, under, stops, unknown, recs,
-                         daily, actions, rules, snooze_table(inp), managed_table(inp))
+    return quality
+
+
+def add_sections(audit: MonthlyAudit, inp: AuditInputs, iv: pd.DataFrame, stops: pd.DataFrame,
+                 owner_of: dict[str, str], attrs: pd.DataFrame, span: ObservedSpan, coverage: dict) -> None:
+    """Stage 5 of `build_audit`: the report's sections built on the tables: coverage of the month, fleet and
+    billing, stops by instance, the breakdowns by account, region and GPU model, budgets and the fleet's forecast
+    (the headline's `forecast`), the finance page with its caveats, the Name tags, the executive summary and the
+    trend."""
+    p, headline, quality, currency = audit.period, audit.headline, audit.data_quality, audit.currency
+    period_s, obs_end = span.period_s, span.obs_end
     period_days = math.ceil(p.hours / 24) if p.hours > 0 else 0
     audit.coverage = sections.coverage(p.hours, coverage["covered_hours"], iv, inp.cost_table,
                                        {a.instance_id for a in inp.actions},
@@ -840,24 +629,40 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     fleet = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
                                     pd.Timestamp(obs_end), running, estimate)
     headline["forecast"] = fleet.forecast if fleet is not None else None
-    audit.finance = sections.finance_page(headline, teams, audit.budgets, inp.budgets_path, headline["forecast"],
+    audit.finance = sections.finance_page(headline, audit.teams, audit.budgets, inp.budgets_path, headline["forecast"],
                                           inp.rules)
     # Page 1 and every delivery say how much of the month was seen and what the forecast adds up.
     audit.finance.update(finance_caveats(p, coverage["covered_hours"], audit.finance["basis"] == "billed",
                                          quality["billing_days"], fleet, currency))
     audit.names = {i: lab.get("name") or "" for i, lab in inp.labels.items() if lab.get("name")}
-    audit.summary = sections.executive_summary(instances, recs, bool(inp.recommendations), top=3)
+    audit.summary = sections.executive_summary(audit.instances, audit.recommendations, bool(inp.recommendations),
+                                               top=3)
     audit.trend = sections.trend_table(headline, None)
+
+
+def add_underused_causes(audit: MonthlyAudit, iv: pd.DataFrame) -> None:
+    """Stage 6 of `build_audit`: why use stayed low, by cause and by team and cause, and the headline's cost of the
+    causes only the profiling counters show."""
+    headline = audit.headline
+    audit.underused_causes, audit.underused_by_team = sections.underused_causes(iv)
+    # Only a profiling cause proves the counters were read: nothing in the store says they were not.
+    causes = audit.underused_causes
+    headline["profiling_causes_cost"] = (None if headline["evaluated_cost"] is None else _sum(causes.loc[
+        causes["profiling"], "cost"].dropna()) if len(causes) else 0.0)
+
+
+def add_kubernetes(audit: MonthlyAudit, inp: AuditInputs, iv: pd.DataFrame, stops: pd.DataFrame,
+                   owner_of: dict[str, str], span: ObservedSpan) -> None:
+    """Stage 7 of `build_audit`: the Kubernetes tables (namespaces and workloads, for a month with workload ids; node
+    pools, for one with GPU node hours) and their headline figures, None for a month without them."""
+    p, headline = audit.period, audit.headline
+    period_s, obs_end = span.period_s, span.obs_end
     audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of, stops)
     # A cluster judged by node rules only has no decision rows: what the month observed of it ends one evaluation
     # period after the latest tick that read it.
     cluster_end = (min(pd.Timestamp(p.as_of), inp.node_hours["last_seen"].max() + timedelta(seconds=period_s))
                    if len(inp.node_hours) else obs_end)
     audit.k8s_node_pools = sections.node_pool_table(inp.node_hours, inp.actions, max(obs_end, cluster_end))
-    audit.underused_causes, audit.underused_by_team = sections.underused_causes(iv)
-    # Only a profiling cause proves the counters were read: nothing in the store says they were not.
-    headline["profiling_causes_cost"] = (None if evaluated is None else _sum(audit.underused_causes.loc[
-        audit.underused_causes["profiling"], "cost"].dropna()) if len(audit.underused_causes) else 0.0)
     headline["k8s_workloads"] = int(len(audit.k8s_workloads))
     headline["k8s_cost"] = _f(audit.k8s_namespaces["cost"].sum(min_count=1)) if audit.has_workloads else None
     headline["k8s_idle_cost"] = (_f(audit.k8s_namespaces["idle_cost"].sum(min_count=1)) if audit.has_workloads
@@ -871,6 +676,32 @@ def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_p
     headline["k8s_idle_capacity_cost"] = _f(pools["idle_capacity_cost"].sum()) if audit.has_node_pools else None
     headline["k8s_cordon_saved_cost"] = (_f(pools["saved_cost"].sum(min_count=0)) if audit.has_node_pools
                                          else None)
+
+
+def build_audit(inp: AuditInputs, opts: ReportSettings | None = None, fallback_period_s: float = 60.0) -> MonthlyAudit:
+    """The month's audit from its stored inputs, in stages: the observed span, the priced intervals and stops, the
+    tables, the headline, the data quality, then the sections, causes and Kubernetes parts that read them."""
+    opts = opts or ReportSettings()
+    p = inp.period
+    span = observed_span(inp, opts, fallback_period_s)
+    iv = intervals(inp, span.period_s, span.obs_end)
+    stops = stop_audit(inp, iv, span.obs_end, opts, span.period_s)
+    instances, owner_of, attrs = instances_seen(inp, iv, stops)
+    teams = team_table(iv, instances, inp.cost_table)
+    under = underutilized_table(iv, instances, opts.underutilized_below_pct)
+    unknown = unknown_table(iv)
+    recs = recommendation_table(inp.recommendations)
+    daily = daily_table(iv, inp.cost_table)
+    actions = action_summary(inp)
+    headline = headline_figures(inp, opts, iv, stops, teams, under, recs, span.has_evaluations)
+    coverage = service_coverage(p, inp.runs, span.period_s)
+    quality = data_quality(inp, opts, iv, headline, span, coverage)
+    rules = sorted(inp.episodes["rule"].unique().tolist()) if len(inp.episodes) else []
+    audit = MonthlyAudit(p, opts, headline["currency"], headline, quality, [], teams, instances, under, stops, unknown,
+                         recs, daily, actions, rules, snooze_table(inp), managed_table(inp))
+    add_sections(audit, inp, iv, stops, owner_of, attrs, span, coverage)
+    add_underused_causes(audit, iv)
+    add_kubernetes(audit, inp, iv, stops, owner_of, span)
     audit.notes = quality_notes(audit)
     return audit
 

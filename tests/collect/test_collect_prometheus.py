@@ -240,7 +240,7 @@ def test_sentinel_and_negative_samples_are_not_measurements(usage):
 def test_too_many_gpus_with_sentinels_are_filtered_server_side(fleet_prom, usage, monkeypatch):
     # A field blank on most of the fleet: the whole-fleet subquery filters the samples instead of reading
     # them all back. It works at scrape-interval steps: never more samples than the raw ones, same figures.
-    monkeypatch.setattr("gpufinops.collect.prometheus.MAX_DETAIL_POINTS", 1)
+    monkeypatch.setattr("gpufinops.collect.prometheus.detail.MAX_DETAIL_POINTS", 1)
     source = PrometheusMetrics(PrometheusSettings(url=fleet_prom.url, scrape_interval_s=SCRAPE))
     server_side = by_gpu(source.window_usage(FLEET, WINDOW, NOW), I_SENTINEL)
     assert source.queries_made == N_QUERIES + 3
