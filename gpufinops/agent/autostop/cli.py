@@ -92,7 +92,18 @@ def add_autostop_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_snooze(args: argparse.Namespace) -> int:
+    from ...config import not_a_regular_file, printable
+
     path = args.snooze_file
+    if not str(path).strip():
+        print("error: --snooze-file is empty: name the snooze file", file=sys.stderr)
+        return 2
+    why = not_a_regular_file(path)
+    if why and why != "does not exist":
+        # Clearing removes the file and writing replaces it: never a device (run as root, `--snooze-file
+        # /dev/null --clear` would delete /dev/null) or a folder.
+        print(f"error: --snooze-file {printable(str(path))}: {why}, not a snooze file", file=sys.stderr)
+        return 2
     if args.clear:
         if args.duration is not None:
             print("error: give a duration or --clear, not both", file=sys.stderr)
