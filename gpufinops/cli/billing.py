@@ -63,8 +63,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
         first = _now().replace(day=1)
         args.month = f"{first - timedelta(days=1):%Y-%m}"
     settings = load_settings_from_args(args, uses_database=bool(args.save or args.idle))
-    if getattr(args, "db", None):
-        settings = settings.model_copy(update={"database_url": args.db if "://" in args.db else f"sqlite:///{args.db}"})
+    if args.db is not None:
+        from .common import database_url
+
+        settings = settings.model_copy(update={"database_url": database_url(args.db)})
     if not (args.save or args.idle or args.output == "focus"):  # a CUR / FOCUS total: DuckDB, no pandas imported
         from ..collect.billing.totals import print_file_totals
 

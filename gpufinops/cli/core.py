@@ -264,6 +264,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo.run import run_demo
+    from .common import database_url
+
+    if args.db is not None:
+        database_url(args.db)  # a folder, a device or an empty path is refused before the simulation starts
 
     package_log = logging.getLogger("gpufinops")
     level = package_log.level

@@ -229,3 +229,30 @@ def test_report_out_dir_that_is_a_file_or_empty_is_a_usage_error(state, capsys):
 def test_agent_snooze_of_an_empty_path_is_a_usage_error(state, capsys):
     code, _, err = run(capsys, "agent", "snooze", "--clear", "--snooze-file", "")
     assert code == 2 and error_lines(err) == ["error: --snooze-file is empty: name the snooze file"]
+
+
+def test_database_paths_that_are_devices_are_refused_before_sqlite_opens_them(state, capsys, monkeypatch):
+    """SQLite opening a device writes its journal beside it (as root: /dev/null-journal). Here links to /dev/null
+    stand for the device: the link's target is what SQLite would have used."""
+    link = state / "null"
+    link.symlink_to("/dev/null")
+    for argv in (["costs", "--idle", "--month", "2026-11", "--db", str(link)], ["demo", "--quick", "--db", str(link)]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and error_lines(err) == [f"error: --db {link}: not a database file (not a regular file)"]
+    # The agent's sample buffer (`--autostop-db`), with rules that turn autostop on; it never gets to serving.
+    from gpufinops.agent import exporter
+
+    def not_serving(*_a, **_k):
+        raise OSError("test: not serving")
+
+    monkeypatch.setattr(exporter, "start", not_serving)
+    rules = state / "rules.yaml"
+    rules.write_text("rules:\n  - name: idle-10pct-1h\n    threshold_pct: 10\n    window: 1h\n    action: stop\n")
+    (state / "autostop.yaml").write_text("imds_url: http://127.0.0.1:9\nstop_method: command\n"
+                                         "stop_command: [/bin/false]\n")
+    code, _, err = run(capsys, "agent", "--address", "127.0.0.1", "--hostname", "gpu-1", "--nvidia-smi",
+                       str(state / "no-nvidia-smi"), "--autostop", str(rules), "--autostop-config",
+                       str(state / "autostop.yaml"), "--autostop-db", str(link), "--snooze-file",
+                       str(state / "snooze-until"))
+    assert code == 2 and error_lines(err) == [f"error: --autostop-db '{link}': not a regular file, not a database "
+                                              "file"], err

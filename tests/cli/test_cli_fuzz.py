@@ -220,8 +220,12 @@ class NotServing(OSError):
     """What the agent's `start` raises here: the agent got as far as serving (it would run until a signal)."""
 
 
+SQLITE_BESIDE_DEVICES = [f"/dev/{d}-{s}" for d in ("null", "zero") for s in ("journal", "wal", "shm")]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
+    existed = {p for p in SQLITE_BESIDE_DEVICES if os.path.lexists(p)}
     root = tmp_path_factory.mktemp("cli-fuzz")
     closed = f"http://127.0.0.1:{free_port()}"
     (root / "a-folder").mkdir()
@@ -285,9 +289,27 @@ def world(tmp_path_factory):
             raise NotServing("test: the agent does not serve here")
 
         mp.setattr(exporter, "start", not_serving)
+        # The agent's autostop loop, when the flags start it, is stopped at once: its setup is exercised, and no
+        # thread ticks on into the next examples.
+        from gpufinops.agent.autostop import cli as autostop_cli
+
+        real_start = autostop_cli.maybe_start_autostop
+
+        def started_then_stopped(args, agent):
+            running = real_start(args, agent)
+            if running is not None:
+                running.close()
+            return running
+
+        mp.setattr(autostop_cli, "maybe_start_autostop", started_then_stopped)
         yield root, guard
-    # What the values stand for is still there: no command removed or replaced the devices behind the links.
+    # What the values stand for is still there: no command removed or replaced the devices behind the links, and
+    # none opened one as a SQLite database (SQLite writes its journal beside the device: /dev/null-journal).
     assert Path("/dev/zero").is_char_device() and Path("/dev/null").is_char_device()
+    beside = [p for p in SQLITE_BESIDE_DEVICES if os.path.lexists(p) and p not in existed]
+    for p in beside:
+        os.unlink(p)  # this test's own mess, removed before it is reported
+    assert not beside, beside
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=lambda p: " ".join(p))

@@ -175,6 +175,11 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
         instance_type=identity.instance_type if identity else "", on_ec2=identity is not None,
         tags=settings.host_tags)
     catalog, catalog_problem = estimate_catalog(settings)
+    from ...config import not_a_regular_file
+
+    why = not_a_regular_file(args.autostop_db) if str(args.autostop_db).strip() else "empty"
+    if why and why != "does not exist":  # SQLite on a device would write its journal beside it (/dev/null-journal)
+        raise ValueError(f"--autostop-db {args.autostop_db!r}: {why}, not a database file")
     buffer = RingBuffer(args.autostop_db)
     slack = _slack_notifier(settings, Path(args.autostop_db).with_name("agent-slack.db"))
     loop = AutostopLoop(rules=rules, settings=settings, buffer=buffer, host=host, stopper=stopper,
