@@ -1039,15 +1039,46 @@ def not_utf8_error(path: str | Path, chunk_size: int = 1 << 20) -> ConfigError:
     return ConfigError(f"{path}: not UTF-8 text")
 
 
-def read_text(path: str | Path) -> str:
-    """A config, rule or budget file's text; every failure is a ConfigError naming the file."""
-    p = Path(path)
+# A config, rule or budget file is a few KiB. A bigger one is the wrong file (a log, a dump, /dev/zero, which
+# never ends): refused before it is read into memory.
+MAX_TEXT_FILE_BYTES = 4 * 2**20
+
+
+def not_a_regular_file(path: str | Path) -> str:
+    """Why `path` is not a regular file to read ("does not exist", "a folder", "not a regular file", the OS's
+    words for a name too long...), or "" when it is one. Never raises."""
+    import stat
+
     try:
-        data = p.read_bytes()
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+        return exc.strerror or str(exc)
+    except ValueError:  # a NUL byte in the path
+        return "not a valid path (NUL character)"
+    if stat.S_ISREG(mode):
+        return ""
+    return "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+
+
+def read_text(path: str | Path) -> str:
+    """A config, rule or budget file's text; every failure is a ConfigError naming the file. Only a regular file
+    is read (a device or a pipe may never end), and at most MAX_TEXT_FILE_BYTES of it."""
+    p = Path(path)
+    why = not_a_regular_file(p)  # stat first: opening a pipe would wait for a writer
+    if why:
+        raise ConfigError(f"{printable(str(path))}: cannot read: {why}")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_TEXT_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{printable(str(p))}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:  # a NUL byte in the path
         raise ConfigError(f"{path!r}: cannot read: {exc}") from None
+    if len(data) > MAX_TEXT_FILE_BYTES:
+        raise ConfigError(f"{printable(str(p))}: larger than {MAX_TEXT_FILE_BYTES // 2**20} MiB: not a config, "
+                          "rule or budget file")
     return decode_text(p, data)
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Iterable, Literal
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from .config import (ConfigError, StrictModel, destination, format_validation_error, line_of, load_yaml,
-                     slack_channel)
+                     not_a_regular_file, printable, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_subjects
 
@@ -253,15 +253,19 @@ def load_rule_file(path: str | Path) -> list[Rule]:
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand directories to their idle-rule YAML files (budgets.yaml is not an idle rule file)."""
     files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
+    for given in paths:
+        if not str(given).strip():  # Path("") is ".": an empty path would read every YAML file of the folder
+            raise ConfigError(f"rule path {str(given)!r} is empty: name a rule file or folder")
+        p = Path(given)
+        why = not_a_regular_file(p)
+        if why == "a folder":
             files.extend(
                 f for f in sorted(p.glob("*.y*ml")) if f.suffix in (".yaml", ".yml") and not f.stem.startswith("budget")
             )
-        elif p.exists():
+        elif why == "does not exist":
+            raise ConfigError(f"{printable(str(p))}: rule path does not exist")
+        else:  # a file, or something load_rule_file refuses naming it (a device, a name too long)
             files.append(p)
-        else:
-            raise ConfigError(f"{p}: rule path does not exist")
     return files
 
 

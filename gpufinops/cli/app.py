@@ -90,10 +90,34 @@ def quiet_third_party_logs(level: int) -> None:
         logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else logging.WARNING)
 
 
+def lost_value(action: argparse.Action, value) -> bool:
+    """Whether a one-value option holds the empty list argparse makes of `--flag=--` (`append`: as one item)."""
+    if isinstance(action, argparse._StoreAction):
+        return value == [] and action.default != []
+    if isinstance(action, argparse._AppendAction):
+        return isinstance(value, list) and [] in value
+    return False
+
+
+def refuse_lost_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse (before Python 3.12.?) turns `--db=--` into an empty list instead of a value or an error: the
+    command would then fail on a list where it expects text. Every one-value option of the parsers this command
+    went through must hold a value (or its default), else a usage error naming the flag (exit 2)."""
+    while parser is not None:
+        sub = None
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(args, action.dest, None) or "")
+            elif action.nargs is None and lost_value(action, getattr(args, action.dest, None)):
+                parser.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected one argument")
+        parser = sub
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     enable_shell_completion(parser)
     args = parser.parse_args(argv)
+    refuse_lost_values(parser, args)
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_third_party_logs(level)
@@ -112,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except QueryFailed as exc:  # a data source failed (Prometheus down, a timeout): one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
+    except Exception as exc:
+        # The database is a data source like Prometheus: one that cannot be opened or answered (a database_url
+        # naming a folder or a file that is not a database, a lost server) is one line and exit 1. SQLAlchemy
+        # is looked up, not imported: a command that never loaded it cannot fail in it.
+        database = sys.modules.get("sqlalchemy.exc")
+        if database is None or not isinstance(exc, database.SQLAlchemyError):
+            raise
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        print(f"error: database: {reason}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND
 
 

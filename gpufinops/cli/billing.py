@@ -12,7 +12,8 @@ from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
-    p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`)")
+    p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`; "
+                                                    "--by namespace|workload|nodepool: this month)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
                                       "nodepool"],
                    default="team", help="namespace / workload / nodepool: a Kubernetes cluster's GPU cost now, idle "
@@ -54,14 +55,18 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     if args.by in K8S_GROUPINGS:  # the cluster as it is now, not billing
         return cmd_k8s_costs(args)
-    from .common import load_settings_from_args
+    from .common import check_input_path, load_settings_from_args
+
+    check_input_path(args.path, "--path")
 
     if args.month is None:
         first = _now().replace(day=1)
         args.month = f"{first - timedelta(days=1):%Y-%m}"
     settings = load_settings_from_args(args, uses_database=bool(args.save or args.idle))
-    if getattr(args, "db", None):
-        settings = settings.model_copy(update={"database_url": args.db if "://" in args.db else f"sqlite:///{args.db}"})
+    if args.db is not None:
+        from .common import database_url
+
+        settings = settings.model_copy(update={"database_url": database_url(args.db)})
     if not (args.save or args.idle or args.output == "focus"):  # a CUR / FOCUS total: DuckDB, no pandas imported
         from ..collect.billing.totals import print_file_totals
 
@@ -192,10 +197,11 @@ def _print(df, fmt: str) -> None:
 def cmd_budgets_check(args: argparse.Namespace) -> int:
     from ..collect.billing.schema import BillingDataError, month_bounds
     from ..cost.budgets import run_budget_check
-    from .common import load_settings_from_args
+    from .common import check_input_path, load_settings_from_args
     from ..run.compose import live_notifier
     from ..run.compose import live_store
 
+    check_input_path(args.path, "--path")
     settings = load_settings_from_args(args)
     now = _now()
     try:

@@ -87,6 +87,91 @@ def duration_arg(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def int_in(low: int, high: int):
+    """argparse `type=` for a whole number within [low, high]: anything else (text, inf, nan, 1e400, a negative
+    count) is a usage error naming the flag (exit 2), never a traceback or a nonsense run."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low:,} to {high:,}, got {text!r}")
+        return value
+
+    parse.__name__ = "whole number"  # what argparse names in "invalid whole number value"
+    return parse
+
+
+def float_in(low: float, high: float, *, low_open: bool = False):
+    """argparse `type=` for a finite number within [low, high] (or (low, high] with low_open); inf and nan are
+    refused (exit 2)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {low:g}"
+                                             f"{' up' if low_open else ''} to {high:g}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def check_input_path(value: str | None, flag: str) -> None:
+    """A data path given on the command line (--path, --trace) that names something other than a file or a folder
+    (a device such as /dev/zero, a pipe: reading either may never end), or is empty, is a ConfigError naming the
+    flag (exit 2). s3:// URIs, globs and missing paths are left to the reader, which names them."""
+    from ..config import ConfigError, not_a_regular_file, printable
+
+    if value is None:
+        return
+    if not value.strip():
+        raise ConfigError(f"{flag} is empty: name a file or folder")
+    if "://" in value or any(c in value for c in "*?["):
+        return
+    why = not_a_regular_file(value)
+    if why and why not in ("a folder", "does not exist"):
+        raise ConfigError(f"{flag} {printable(value)}: cannot read: {why}")
+
+
+def database_url(db: str, flag: str = "--db") -> str:
+    """The SQLAlchemy URL of a --db value (a SQLite file path or a URL). A value that cannot name a database (empty,
+    a NUL, a folder, a device) is a ConfigError naming the flag (exit 2), before anything opens or creates it."""
+    from ..config import ConfigError, not_a_regular_file, printable
+
+    shown = printable(db)
+    if not db.strip() or "\x00" in db:
+        raise ConfigError(f"{flag} {shown!r}: not a database file or URL")
+    if "://" in db:
+        return db
+    why = not_a_regular_file(db)
+    if why and why != "does not exist":  # SQLite creates a missing file; a folder or a device is no database
+        raise ConfigError(f"{flag} {shown}: not a database file ({why})")
+    return f"sqlite:///{db}"
+
+
+def open_store(url: str, what: str = ""):
+    """The Store at `url`; a file that is not a database, or one that cannot be opened or created there, is a
+    ConfigError naming it (`what`, e.g. "--db x.db"; default the URL) with exit 2, never a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..config import ConfigError, printable
+    from ..store.store import Store
+
+    try:
+        return Store(url)
+    except (SQLAlchemyError, ValueError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        shown = what or f"database {url.split('@')[-1]}"  # never the password of a database URL
+        raise ConfigError(f"{printable(shown)}: cannot open the database: {printable(reason)}") from None
+
+
 SHARE_COLUMNS = ("idle_share",)  # fractions 0..1, printed as %
 
 

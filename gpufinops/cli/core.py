@@ -186,8 +186,10 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, erro
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from ..rules import load_rules
-    from .common import load_settings_from_args
+    from .common import load_settings_from_args, usage_error
 
+    if any(not p.strip() for p in args.paths):
+        return usage_error("rules check: an empty path: name a rule file or folder")
     if args.paths:
         paths, where = args.paths, "the paths given"
     else:
@@ -218,15 +220,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from ..model import utcnow
-    from ..store.store import Store
-    from .common import load_settings_from_args
+    from .common import database_url, load_settings_from_args, open_store
 
     settings = load_settings_from_args(args)
     if args.db is None:
-        url = settings.database_url
+        url, what = settings.database_url, ""
     else:
-        url = args.db if "://" in args.db else f"sqlite:///{args.db}"
-    store = Store(url)
+        url, what = database_url(args.db), f"--db {args.db}"
+    store = open_store(url, what)
     start = utcnow() - timedelta(seconds=args.since) if args.since else None
     kinds = [ActionKind(k) for k in args.kind] if args.kind else None
     # Filtered in the query: a month of decisions for a whole fleet is large.
@@ -265,6 +266,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo.run import run_demo
+    from .common import database_url
+
+    if args.db is not None:
+        database_url(args.db)  # a folder, a device or an empty path is refused before the simulation starts
 
     package_log = logging.getLogger("gpufinops")
     level = package_log.level
@@ -280,11 +285,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .common import add_output_option, duration_arg
+    from .common import add_output_option, duration_arg, float_in, int_in
 
     dry_run_help = "dry-run whatever the config says (act.dry_run: true): nothing is tagged or stopped"
     p = sub.add_parser("serve", help="run the scheduled service (evaluation every minute, /metrics, /healthz)")
-    p.add_argument("--port", type=int, default=None, help="port for /metrics and /healthz (default from config)")
+    p.add_argument("--port", type=int_in(1, 65535), default=None,
+                   help="port for /metrics and /healthz (default from config)")
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
     p.set_defaults(func=cmd_serve)
 
@@ -310,14 +316,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--since", type=duration_arg, default=None, help="only the last DURATION, e.g. 24h, 7d")
     p.add_argument("--kind", nargs="*", choices=[k.value for k in ActionKind], help="only these action kinds")
     p.add_argument("--decisions", action="store_true", help="also list every verdict with its reason")
-    p.add_argument("--limit", type=int, default=200, help="at most this many rows, newest (0: all)")
+    p.add_argument("--limit", type=int_in(0, 10**9), default=200, help="at most this many rows, newest (0: all)")
     p.add_argument("--db", default=None, help="database file or URL (default: database_url from the config)")
     add_output_option(p)
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("demo", help="the whole pipeline on a simulated fleet replaying a real trace (no cloud)")
-    p.add_argument("--tick", type=int, default=120, help="simulated seconds between evaluations")
-    p.add_argument("--hours", type=float, default=None, help="simulate only this many hours")
+    # A tick from 1 s to a day, at most ten years simulated: anything else is a typo (0 would never advance).
+    p.add_argument("--tick", type=int_in(1, 86400), default=120, help="simulated seconds between evaluations")
+    p.add_argument("--hours", type=float_in(0, 10 * 366 * 24, low_open=True), default=None,
+                   help="simulate only this many hours")
     p.add_argument("--db", default=None, help="keep the demo's audit database at this path")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--quick", action="store_true",

@@ -31,8 +31,9 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
     if args.output not in ("table", "json", "csv"):
         return usage_error(f"--by {args.by} prints table, json or csv, not {args.output}")
     now = datetime.now(timezone.utc)
+    month = args.month if args.month is not None else f"{now:%Y-%m}"  # the cluster is read as it is now
     try:
-        start, end = month_bounds(args.month)
+        start, end = month_bounds(month)
     except BillingDataError as exc:
         return usage_error(str(exc))
     if not start <= now < end:

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import uuid
 from datetime import datetime, timezone
 
 
 
+# No model is near a quadrillion parameters: a bigger --params is a typo, and inf would overflow the estimate.
+MAX_PARAMS = 1e15
+
+
 def _parse_params(text: str) -> float:
     t = text.strip().upper()
     mult = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(t[-1:], 1.0)
     try:
-        value = float(t[:-1] if t[-1:] in "KMBT" else t) * mult
+        value = float(t[:-1] if t[-1:] and t[-1:] in "KMBT" else t) * mult
     except ValueError:
         raise argparse.ArgumentTypeError(f"--params: {text!r} is not a number (e.g. 70e9 or 70B)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("--params must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--params must be a positive number, got {text!r}")
+    if value > MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"--params {text!r} is more than {MAX_PARAMS:.0e} parameters")
     return value
 
 
@@ -190,7 +197,7 @@ def cmd_size(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .common import add_output_option
+    from .common import add_output_option, int_in
 
     p = sub.add_parser("recommend", help="right-size GPU instances and recommend spot/on-demand/commitment, with savings")
     add_output_option(p)
@@ -203,11 +210,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--params", type=_parse_params, required=True, help="parameter count, e.g. 70e9 or 70B")
     s.add_argument("--mode", choices=("inference", "peft", "full-finetune", "pretrain"), required=True)
     s.add_argument("--precision", choices=("fp32", "bf16", "fp16", "fp8", "int8", "int4"), default="bf16")
-    s.add_argument("--context", type=int, default=4096, help="sequence length in tokens (default 4096)")
-    s.add_argument("--batch", type=int, default=1, help="sequences per step / concurrent requests (default 1)")
-    s.add_argument("--layers", type=int, default=None, help="model layers (default: estimated from --params)")
-    s.add_argument("--hidden", type=int, default=None, help="hidden size (default: estimated from --params)")
+    # Bounds far beyond any real model: they only refuse nonsense (a negative count, a typo of 1e20).
+    s.add_argument("--context", type=int_in(1, 10**9), default=4096, help="sequence length in tokens (default 4096)")
+    s.add_argument("--batch", type=int_in(1, 10**7), default=1,
+                   help="sequences per step / concurrent requests (default 1)")
+    s.add_argument("--layers", type=int_in(1, 10**5), default=None,
+                   help="model layers (default: estimated from --params)")
+    s.add_argument("--hidden", type=int_in(1, 10**7), default=None,
+                   help="hidden size (default: estimated from --params)")
     s.add_argument("--provider", action="append", help="limit to a provider (repeatable): aws gcp azure lambda runpod")
-    s.add_argument("--limit", type=int, default=10)
+    s.add_argument("--limit", type=int_in(1, 10**4), default=10,
+                   help="at most this many configurations (default 10)")
     add_output_option(s)
     s.set_defaults(func=cmd_size)

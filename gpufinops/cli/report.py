@@ -75,6 +75,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         return usage_error("--deliver: no destination configured (report.delivery.s3_uri, "
                            "report.delivery.slack_channel or report.delivery.email_finance in the config; "
                            "docs/report.md)")
+    if not args.out_dir.strip():
+        return usage_error("--out-dir is empty: name the folder to write into")
+    try:  # a folder that cannot be made (a file is there, a name too long) is a bad --out-dir, said before any work
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        return usage_error(f"--out-dir {args.out_dir!r}: cannot create the folder: {why}")
     now = datetime.now(timezone.utc)
     try:
         store = Store(_database_url(args.db, settings.database_url))

@@ -92,7 +92,18 @@ def add_autostop_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_snooze(args: argparse.Namespace) -> int:
+    from ...config import not_a_regular_file, printable
+
     path = args.snooze_file
+    if not str(path).strip():
+        print("error: --snooze-file is empty: name the snooze file", file=sys.stderr)
+        return 2
+    why = not_a_regular_file(path)
+    if why and why != "does not exist":
+        # Clearing removes the file and writing replaces it: never a device (run as root, `--snooze-file
+        # /dev/null --clear` would delete /dev/null) or a folder.
+        print(f"error: --snooze-file {printable(str(path))}: {why}, not a snooze file", file=sys.stderr)
+        return 2
     if args.clear:
         if args.duration is not None:
             print("error: give a duration or --clear, not both", file=sys.stderr)
@@ -175,6 +186,11 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
         instance_type=identity.instance_type if identity else "", on_ec2=identity is not None,
         tags=settings.host_tags)
     catalog, catalog_problem = estimate_catalog(settings)
+    from ...config import not_a_regular_file
+
+    why = not_a_regular_file(args.autostop_db) if str(args.autostop_db).strip() else "empty"
+    if why and why != "does not exist":  # SQLite on a device would write its journal beside it (/dev/null-journal)
+        raise ValueError(f"--autostop-db {args.autostop_db!r}: {why}, not a database file")
     buffer = RingBuffer(args.autostop_db)
     host_paths = paths or HostPaths(snooze=args.snooze_file)
     if isinstance(stopper, Ec2Stopper) and settings.unmark_at_boot:
