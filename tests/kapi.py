@@ -451,16 +451,24 @@ class KapiCluster:
 
     def fail_next(self, status: int, verb: str | None = None, resource: str | None = None) -> None:
         """The proxy answers `status` (a Kubernetes Status body) without forwarding: what a real server cannot
-        be made to answer on demand (a 500, a 503)."""
+        be made to answer on demand (a 500, a 503); 0: the connection is closed unanswered, nothing forwarded."""
+        if status == 0:
+            self.proxy.arm("refuse", call_matches(verb, resource), times=1)
+            return
         reason = {500: "InternalError", 503: "ServiceUnavailable", 422: "Invalid", 429: "TooManyRequests"}.get(
             status, "Unknown")
         self.proxy.arm("status", call_matches(verb, resource), times=1, status=status,
                        body=_k8s_status(status, reason, f"injected {status} by the fault proxy"),
                        headers={"Content-Type": "application/json"})
 
-    def lose_answer_next(self, verb: str | None = None, resource: str | None = None, *, reset: bool = False) -> None:
-        """The server makes the change; its answer is lost (a 500 from the proxy, or the connection reset)."""
-        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=reset)
+    def lose_answer_next(self, status: int = 500, verb: str | None = None, resource: str | None = None) -> None:
+        """The server makes the change; its answer is lost: a 500 from the proxy, or (0) the connection reset."""
+        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=(status == 0))
+
+    @property
+    def url(self) -> str:
+        """Where the service reaches the API server (the proxy's address)."""
+        return self.proxy.url
 
     def forbid(self, verb: str, resource: str) -> None:
         """A real 403: the test's identity is rebound to the shipped ClusterRole less `verb` on `resource`

@@ -43,7 +43,7 @@ RULE = Rule(name="k8s-idle", threshold_pct=5.0, window_s=WINDOW, warning_lead_s=
 # Namespaces (and the node) are the test's own on the session's server: a namespace never finishes terminating there,
 # so each test takes one suffix of this module's (`ml` -> `ml-sc3`), and the module's Prometheus holds the DCGM
 # series of every suffix. The refs below are per suffix: `refs(suffix)`.
-SUFFIXES = [f"sc{i}" for i in range(20)]
+SUFFIXES = [f"sc{i}" for i in range(32)]  # also used by test_k8s_suspend_e2e.py, which imports this module
 IDLE, BUSY, JOB, LOCKED, QUEUED = (("ml", "Deployment", "idle-infer"), ("ml", "Deployment", "busy-train"),
                                    ("research", "Job", "batch-eval"), ("locked", "Deployment", "idle-locked"),
                                    ("research", "Deployment", "kueue-infer"))
@@ -122,6 +122,7 @@ class Cluster:
     def __init__(self, kapi, tmp_path, prom_url, slack_stub, monkeypatch, *, dry_run=False):
         suffix = next(_SUFFIXES)  # StopIteration: add suffixes to SUFFIXES
         self.kube = KapiCluster(kapi, suffix)
+        self.node = node_name(suffix)
         self.idle, self.busy, self.job, self.locked, self.queued = (ref(s, suffix)
                                                                     for s in (IDLE, BUSY, JOB, LOCKED, QUEUED))
         try:
