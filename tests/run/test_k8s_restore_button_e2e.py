@@ -1,9 +1,10 @@
 """The Restore button end to end: the service's tick (Service.tick, the leader) scales an idle Deployment to zero,
 suspends an idle Kueue job or cordons an empty GPU node on a real kube-apiserver (tests/kapi.py, through the
-official client, the service's token bound to the shipped ClusterRole; faults through the fault proxy in front); the stop notice reaches the Slack stub with a Restore button; a click, signed as Slack signs it, comes in
-over POST /slack/actions or over Slack Socket Mode (a local WebSocket stub), is authorised and recorded, and the
-leader's next tick restores through `Actuator._change` (act/restore.py, as `gpufinops k8s restore` does), edits the
-notice once and replies once with the result."""
+official client, the service's token bound to the shipped ClusterRole; faults through the fault proxy in front);
+the stop notice reaches the Slack stub with a Restore button; a click, signed as Slack signs it, comes in over POST
+/slack/actions or over Slack Socket Mode (a local WebSocket stub), is authorised and recorded, and the leader's next
+tick restores through `Actuator._change` (act/restore.py, as `gpufinops k8s restore` does), edits the notice once
+and replies once with the result."""
 
 from __future__ import annotations
 
@@ -270,7 +271,8 @@ def test_in_dry_run_the_click_says_would_restore_and_nothing_changes(make_world)
     [row] = w.restore_rows()
     assert row.dry_run and row.reason.startswith("dry-run: would restore")
     [reply] = [m for m in w.slack.posted() if m["text"].startswith("[DRY-RUN] Restore clicked")]
-    assert f"would restore `{workload_id(w.idle)}` to 2 replicas" in reply["text"] and "nothing was changed" in reply["text"]
+    assert f"would restore `{workload_id(w.idle)}` to 2 replicas" in reply["text"]
+    assert "nothing was changed" in reply["text"]
     assert len(w.slack.calls_for("chat.update")) == 1
 
 
@@ -463,7 +465,8 @@ def test_a_failed_restores_reply_says_what_failed_in_words_and_keeps_the_api_ser
     [reply] = [m["text"] for m in w.slack.posted() if m["text"].startswith("Restore of")]
     assert "restored to" not in reply
     if fault == "patch_refused_403":
-        assert "was not done" in reply and f"the Kubernetes API: patch deployments {w.idle.namespace}/idle-infer: 403 Forbidden" in reply
+        assert "was not done" in reply
+        assert f"the Kubernetes API: patch deployments {w.idle.namespace}/idle-infer: 403 Forbidden" in reply
     elif fault == "patch_unanswered":
         assert "no clear answer" in reply and "the Kubernetes API" in reply
     else:

@@ -263,7 +263,8 @@ def test_jobs_kueue_and_protected_namespaces_are_reported_never_touched(cluster)
     patched = {r.name for r in cluster.patches()}
     assert patched == {cluster.idle.name}  # only the idle, unmanaged, unprotected Deployment
     assert not cluster.patches("jobs") and not cluster.kube.calls(verb="create", resource="jobs")
-    assert cluster.deployment(cluster.locked)["spec"]["replicas"] == 1 and cluster.deployment(cluster.queued)["spec"]["replicas"] == 1
+    assert cluster.deployment(cluster.locked)["spec"]["replicas"] == 1
+    assert cluster.deployment(cluster.queued)["spec"]["replicas"] == 1
     # The cloud itself refuses to change what it reports only, whatever asks.
     job = next(i for i in cluster.cloud.list_gpu_instances() if i.instance_id == workload_id(cluster.job))
     with pytest.raises(Exception, match="never changes") as err:
@@ -317,7 +318,8 @@ def test_a_403_is_recorded_failed_with_the_state_read_back(cluster):
     [row] = cluster.store.action_rows(kinds=[ActionKind.STOP])
     assert row.status == "failed"
     assert "403 Forbidden" in row.error and "rbac-clusterrole.yaml" in row.error and "[not done]" in row.error
-    assert cluster.deployment(cluster.idle)["spec"]["replicas"] == 2  # read back: still running, so failed (not unconfirmed)
+    # read back: still running, so failed (not unconfirmed)
+    assert cluster.deployment(cluster.idle)["spec"]["replicas"] == 2
     assert cluster.kube.calls(verb="get", resource="deployments")  # the read-back
     [refused] = cluster.kube.forbidden()  # the server's own 403, naming the service's account
     assert refused.verb == "patch" and refused.resource == "deployments" and refused.name == cluster.idle.name
@@ -421,7 +423,8 @@ def test_annotations_and_namespace_labels_map_to_gpufinops_tags():
     assert tags[TAG_MARKED] == "2026-12-01T10:00:00Z" and MARK_ANNOTATION not in tags
     assert tags[TAG_PROTECT] == "false" and tags[TAG_SNOOZE] == "20261224T1800Z"
     assert tags["owner"] == "alice" and tags["team"] == "ml" and tags["k8s:namespace"] == "ml"
-    protected = workload_tags({}, {"gpufinops.io/protect": "false"}, WorkloadRef(*IDLE), {"gpufinops.io/protect": "yes"})
+    protected = workload_tags({}, {"gpufinops.io/protect": "false"}, WorkloadRef(*IDLE),
+                              {"gpufinops.io/protect": "yes"})
     assert protected[TAG_PROTECT].startswith("yes (label gpufinops.io/protect of namespace ml")
 
 
@@ -475,7 +478,8 @@ def test_an_hpa_appearing_after_the_mark_cancels_the_scale_down_and_says_what_to
                  "minReplicas": 1, "maxReplicas": 4}})
     report = cluster.tick(16)
     [unmark] = [a for a in report.actions if a.instance_id == workload_id(cluster.idle)]
-    assert unmark.kind == ActionKind.UNMARK and f"managed by HorizontalPodAutoscaler '{cluster.idle.namespace}/idle-infer'" in unmark.reason
+    assert unmark.kind == ActionKind.UNMARK
+    assert f"managed by HorizontalPodAutoscaler '{cluster.idle.namespace}/idle-infer'" in unmark.reason
     assert "lower its minReplicas" in unmark.reason
     dep = cluster.deployment(cluster.idle)
     assert dep["spec"]["replicas"] == 2 and MARK_ANNOTATION not in dep["metadata"]["annotations"]
