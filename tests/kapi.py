@@ -241,6 +241,7 @@ class KubeCall:
     resource: str  # pods, deployments/scale, workloads, ...
     namespace: str
     name: str
+    token: str = ""  # the bearer token it carried
 
 
 def parse_call(req: Request, status: int | None) -> KubeCall:
@@ -271,7 +272,9 @@ def parse_call(req: Request, status: int | None) -> KubeCall:
         body = json.loads(req.body) if req.body else None
     except ValueError:
         body = req.body.decode(errors="replace")
-    return KubeCall(req.seq, req.method, parts.path, query, body, status, verb, group, resource, namespace, name)
+    auth = next((v for k, v in req.headers.items() if k.lower() == "authorization"), "")
+    return KubeCall(req.seq, req.method, parts.path, query, body, status, verb, group, resource, namespace, name,
+                    auth.removeprefix("Bearer "))
 
 
 def _k8s_status(code: int, reason: str, message: str) -> bytes:
