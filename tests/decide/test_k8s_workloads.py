@@ -1,6 +1,7 @@
 """Kubernetes GPU workloads end to end: the cluster read through the official client from a kubeconfig pointing
-at a real kube-apiserver (tests/kapi.py: the service's token bound to the shipped ClusterRole), per-pod DCGM usage from a real Prometheus backfilled with pod-labelled
-series, cost shares with idle capacity, and verdicts per workload by the same evaluate()."""
+at a real kube-apiserver (tests/kapi.py: the service's token bound to the shipped ClusterRole), per-pod DCGM usage
+from a real Prometheus backfilled with pod-labelled series, cost shares with idle capacity, and verdicts per
+workload by the same evaluate()."""
 
 from __future__ import annotations
 
