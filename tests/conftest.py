@@ -1,9 +1,9 @@
-"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL)."""
+"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL, kube-apiserver)."""
 
 import pytest
 
 pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver",
-                  "tests.kubestub"]
+                  "tests.kubestub", "tests.kapi"]
 
 
 @pytest.fixture(autouse=True)

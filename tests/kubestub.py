@@ -532,7 +532,9 @@ def kueue_workload(namespace: str, job: str, *, queue: str = "gpu-queue", active
     """A Kueue Workload as Kueue makes it for a job (`<kind, lower case>-<name>-<hash>`, its controller
     ownerReference the job's top object: a batch Job, a JobSet, a PyTorchJob, a RayJob; spec.active defaulted to
     true, admitted to a ClusterQueue)."""
-    spec: dict[str, Any] = {"active": active, "queueName": queue, "podSets": [{"name": "main", "count": 1}]}
+    # podSets[].template is required by Kueue's CRD (the real API server refuses a Workload without it, 422).
+    spec: dict[str, Any] = {"active": active, "queueName": queue, "podSets": [{"name": "main", "count": 1, "template": {
+        "spec": {"containers": [{"name": "main", "image": "img"}], "restartPolicy": "Never"}}}]}
     if priority_class:
         spec.update(priorityClassName=priority_class, priorityClassSource="kueue.x-k8s.io/workloadpriorityclass",
                     priority=100)
@@ -541,8 +543,12 @@ def kueue_workload(namespace: str, job: str, *, queue: str = "gpu-queue", active
                          "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": job,
                                               "uid": f"uid-{job}", "controller": True, "blockOwnerDeletion": True}]},
             "spec": spec,
-            "status": {"admission": {"clusterQueue": "cluster-gpu"},
-                       "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}]}}
+            # podSetAssignments and each condition's lastTransitionTime and message: required by Kueue's CRD
+            "status": {"admission": {"clusterQueue": "cluster-gpu", "podSetAssignments": [
+                           {"name": "main", "count": 1, "flavors": {"nvidia.com/gpu": "default-flavor"}}]},
+                       "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted",
+                                       "message": "The workload is admitted",
+                                       "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
 
 
 # The Kueue-integrated kinds, each with what its controller makes (its objects and GPU pods), as the real API holds
@@ -578,7 +584,9 @@ def jobset(namespace: str, name: str, node: str, *, replicas: int = 2, gpus: int
                         "annotations": annotations or {}},
            "spec": {"suspend": False, "replicatedJobs": [{"name": "workers", "replicas": replicas, "template": {
                "spec": {"parallelism": 1, "completions": 1, "template": _pod_template(gpus)}}}]},
-           "status": {"replicatedJobsStatus": [{"name": "workers", "active": replicas, "ready": replicas}]}}
+           # failed / succeeded / suspended are required by JobSet's CRD (the real server refuses the status without)
+           "status": {"replicatedJobsStatus": [{"name": "workers", "active": replicas, "ready": replicas, "failed": 0,
+                                                "succeeded": 0, "suspended": 0}]}}
     jobs, pods = [], []
     for i in range(replicas):
         job_name = f"{name}-workers-{i}"

@@ -174,30 +174,34 @@ def test_only_nodes_are_drained_and_nodes_only_drained():
 # --------------------------------------------------------------------------- surfaced: costs --by nodepool
 
 
-def test_costs_by_nodepool_lists_gpu_nodes_without_gpu_pods_with_cost_and_what_to_do(kube_stub, tmp_path, capsys):
+def test_costs_by_nodepool_lists_gpu_nodes_without_gpu_pods_with_cost_and_what_to_do(kapi_cluster, tmp_path,
+                                                                                       capsys):
+    """Against a real kube-apiserver (tests/kapi.py): the finished pod is left out by the server's field selector."""
     import json
 
     from gpufinops.cli.app import main
     from tests.kubestub import node_obj, pod_obj
 
-    kube_stub.add("nodes", node_obj("gpu-a", "i-0aaa0000000000001", labels=KARPENTER))
-    kube_stub.add("nodes", node_obj("gpu-b", "i-0aaa0000000000002", labels={"eks.amazonaws.com/nodegroup": "ml"}))
-    kube_stub.add("pods", pod_obj("ml", "train-0", "gpu-b"))
-    kube_stub.add("pods", pod_obj("ml", "done-0", "gpu-b", phase="Succeeded"))
-    kubeconfig = kube_stub.write_kubeconfig(tmp_path / "kubeconfig")
+    kube = kapi_cluster
+    gpu_a, gpu_b = kube.name("gpu-a"), kube.name("gpu-b")
+    kube.add("nodes", node_obj(gpu_a, "i-0aaa0000000000001", labels=KARPENTER))
+    kube.add("nodes", node_obj(gpu_b, "i-0aaa0000000000002", labels={"eks.amazonaws.com/nodegroup": "ml"}))
+    kube.add("pods", pod_obj(kube.ns("ml"), "train-0", gpu_b))
+    kube.add("pods", pod_obj(kube.ns("ml"), "done-0", gpu_b, phase="Succeeded"))
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
     cfg = tmp_path / "gpufinops.yaml"
     cfg.write_text(f"kubernetes:\n  kubeconfig: {kubeconfig}\ndatabase_url: sqlite:///{tmp_path}/db.sqlite\n")
     month = f"{datetime.now(timezone.utc):%Y-%m}"
     assert main(["--config", str(cfg), "costs", "--month", month, "--by", "nodepool", "--output", "json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     [empty] = answer["gpu_nodes_without_gpu_pods"]
-    assert empty["node"] == "gpu-a" and empty["node_group"] == "Karpenter NodePool 'gpu-pool'"
+    assert empty["node"] == gpu_a and empty["node_group"] == "Karpenter NodePool 'gpu-pool'"
     assert empty["usd_per_hour"] and empty["usd_per_hour"] > 0  # the catalog's p4d.24xlarge rate
     assert empty["what_to_do"].startswith("Karpenter NodePool 'gpu-pool' removes an empty node")
     assert main(["--config", str(cfg), "costs", "--month", month, "--by", "nodepool"]) == 0
     out = capsys.readouterr().out
     assert "GPU nodes with no GPU pod at this read (1; one read cannot say for how long" in out
-    assert "gpu-a" in out.split("GPU nodes with no GPU pod")[1] and "gpu-b" not in out.split("at this read")[1]
+    assert gpu_a in out.split("GPU nodes with no GPU pod")[1] and gpu_b not in out.split("at this read")[1]
     # Any other grouping is unchanged.
     assert main(["--config", str(cfg), "costs", "--month", month, "--by", "namespace", "--output", "json"]) == 0
     assert "gpu_nodes_without_gpu_pods" not in json.loads(capsys.readouterr().out)

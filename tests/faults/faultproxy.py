@@ -39,6 +39,7 @@ import http.client
 import json
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -220,7 +221,10 @@ class FaultProxy:
         parts = urlsplit(upstream)
         self.name = name or upstream
         self.upstream_host = parts.hostname or "127.0.0.1"
-        self.upstream_port = parts.port or 80
+        # An https upstream (the real kube-apiserver, tests/kapi.py) is reached over TLS without verifying its
+        # self-signed certificate: the proxy itself listens in plain http on 127.0.0.1.
+        self.upstream_tls = parts.scheme == "https"
+        self.upstream_port = parts.port or (443 if self.upstream_tls else 80)
         self.upstream_prefix = parts.path.rstrip("/")
         self.faults: list[Fault] = []
         self.seen: list[Request] = []
@@ -324,7 +328,11 @@ class FaultProxy:
         return req, fault
 
     def _forward(self, req: Request) -> tuple[int, list[tuple[str, str]], bytes]:
-        conn = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=120)
+        if self.upstream_tls:
+            conn = http.client.HTTPSConnection(self.upstream_host, self.upstream_port, timeout=120,
+                                               context=ssl._create_unverified_context())
+        else:
+            conn = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=120)
         try:
             headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP_BY_HOP}
             headers["Content-Length"] = str(len(req.body))
@@ -409,6 +417,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self._handle()
 
     def do_PUT(self) -> None:
+        self._handle()
+
+    def do_PATCH(self) -> None:
         self._handle()
 
     def do_DELETE(self) -> None:

@@ -1,4 +1,5 @@
-"""The cluster reader's failures (typed, never "no pods"), the stand-in's write subset through the official client,
+"""The cluster reader's failures (typed, never "no pods") and paging on a real kube-apiserver (tests/kapi.py: a real
+403 from RBAC, a 503 from the fault proxy in front of it), the stand-in's write subset through the official client,
 and the pure parts: provider ids, GPU requests, pod labels of DCGM series, MIG-weighted cost shares."""
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from tests.kubestub import node_obj, owned, pod_obj
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 
-def small_cluster(stub) -> None:
-    stub.add("nodes", node_obj("n1", "i-0123456789abcdef0", gpus=2))
-    stub.add("namespaces", {"metadata": {"name": "ml"}})
-    stub.add("deployments", owned("ml", "web", replicas=3))
-    stub.add("replicasets", owned("ml", "web-1", owner=("Deployment", "web")))
+def small_cluster(kube) -> None:
+    """On the real server (a KapiCluster: names of the test's own) or the stand-in."""
+    ns = kube.ns("ml") if hasattr(kube, "ns") else "ml"
+    node = kube.name("n1") if hasattr(kube, "name") else "n1"
+    kube.add("nodes", node_obj(node, "i-0123456789abcdef0", gpus=2))
+    kube.add("namespaces", {"metadata": {"name": ns}})
+    kube.add("deployments", owned(ns, "web", replicas=3))
+    kube.add("replicasets", owned(ns, "web-1", owner=("Deployment", "web")))
     for i in range(5):
-        stub.add("pods", pod_obj("ml", f"web-1-{i}", "n1", owner=("ReplicaSet", "web-1")))
+        kube.add("pods", pod_obj(ns, f"web-1-{i}", node, owner=("ReplicaSet", "web-1")))
 
 
 def cluster(stub, tmp_path, timeout_s: float = 5.0) -> KubernetesCluster:
@@ -35,22 +39,22 @@ def cluster(stub, tmp_path, timeout_s: float = 5.0) -> KubernetesCluster:
 # ------------------------------------------------------------------------ failures are typed
 
 
-def test_403_on_list_is_a_typed_error_naming_verb_resource_and_the_rbac_file(kube_stub, tmp_path):
-    small_cluster(kube_stub)
-    kube_stub.forbid("list", "pods")
+def test_403_on_list_is_a_typed_error_naming_verb_resource_and_the_rbac_file(kapi_cluster, tmp_path):
+    small_cluster(kapi_cluster)
+    kapi_cluster.forbid("list", "pods")  # the server's own RBAC refuses it
     with pytest.raises(ClusterReadFailed) as err:
-        cluster(kube_stub, tmp_path).snapshot(NOW)
+        cluster(kapi_cluster, tmp_path).snapshot(NOW)
     msg = str(err.value)
     assert err.value.status == 403 and err.value.verb == "list" and err.value.resource == "pods"
-    assert msg.startswith(f"kubernetes API at 127.0.0.1:{kube_stub.url.rsplit(':', 1)[1]}: list pods: 403 Forbidden")
-    assert "rbac-clusterrole.yaml" in msg and "stub-token" not in msg
+    assert msg.startswith(f"kubernetes API at 127.0.0.1:{kapi_cluster.url.rsplit(':', 1)[1]}: list pods: 403 Forbidden")
+    assert "rbac-clusterrole.yaml" in msg and kapi_cluster.token not in msg
 
 
-def test_a_server_error_is_never_an_empty_cluster(kube_stub, tmp_path):
-    small_cluster(kube_stub)
-    kube_stub.fail_next(503, verb="list", resource="replicasets")
+def test_a_server_error_is_never_an_empty_cluster(kapi_cluster, tmp_path):
+    small_cluster(kapi_cluster)
+    kapi_cluster.fail_next(503, verb="list", resource="replicasets")
     with pytest.raises(ClusterReadFailed, match="list replicasets: 503"):
-        cluster(kube_stub, tmp_path).snapshot(NOW)
+        cluster(kapi_cluster, tmp_path).snapshot(NOW)
 
 
 def test_an_api_server_that_does_not_answer_times_out_as_a_typed_error(tmp_path):
@@ -85,13 +89,13 @@ def test_a_relative_kubeconfig_path_is_relative_to_the_config_file(tmp_path):
     assert kubeconfig_path(None, "x.yaml") is None
 
 
-def test_costs_command_prints_one_line_on_403(kube_stub, tmp_path, capsys):
+def test_costs_command_prints_one_line_on_403(kapi_cluster, tmp_path, capsys):
     from gpufinops.cli.app import main
 
-    small_cluster(kube_stub)
-    kube_stub.forbid("list", "nodes")
+    small_cluster(kapi_cluster)
+    kapi_cluster.forbid("list", "nodes")
     cfg = tmp_path / "gpufinops.yaml"
-    kube_stub.write_kubeconfig(tmp_path / "kc")
+    kapi_cluster.write_kubeconfig(tmp_path / "kc")
     cfg.write_text("kubernetes:\n  kubeconfig: kc\n")  # relative to the config file, not the working directory
     code = main(["--config", str(cfg), "costs", "--month", f"{datetime.now(timezone.utc):%Y-%m}", "--by",
                  "workload"])
@@ -100,14 +104,17 @@ def test_costs_command_prints_one_line_on_403(kube_stub, tmp_path, capsys):
     assert "error: kubernetes API at 127.0.0.1" in err and "list nodes: 403 Forbidden" in err
 
 
-def test_lists_are_paged_until_the_last_continue(kube_stub, tmp_path, monkeypatch):
-    small_cluster(kube_stub)
+def test_lists_are_paged_until_the_last_continue(kapi_cluster, tmp_path, monkeypatch):
+    small_cluster(kapi_cluster)
     monkeypatch.setattr(kube, "PAGE_SIZE", 2)
-    snap = cluster(kube_stub, tmp_path).snapshot(NOW)
+    snap = cluster(kapi_cluster, tmp_path).snapshot(NOW)
     assert len(snap.gpu_pods) == 5
-    pages = kube_stub.calls(verb="list", resource="pods")
-    assert [r.query.get("continue") for r in pages] == [None, "2", "4"]
-    assert all(r.query["limit"] == "2" for r in pages)
+    pages = kapi_cluster.calls(verb="list", resource="pods")
+    # The real server's continue tokens are opaque (the stand-in's were offsets "2", "4"): three pages, each after
+    # the first asked with the token the one before answered.
+    tokens = [r.query.get("continue") for r in pages]
+    assert len(pages) == 3 and tokens[0] is None and all(tokens[1:]) and len(set(tokens[1:])) == 2
+    assert all(r.query["limit"] == "2" and r.status == 200 for r in pages)
 
 
 # ------------------------------------------------------------------------ the stand-in's write subset

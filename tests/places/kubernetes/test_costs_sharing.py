@@ -119,26 +119,29 @@ def test_mps_replicas_share_like_time_slicing_and_say_per_pod_activity_does_not_
     assert reason.startswith("per-pod GPU activity does not exist") and "mps (10 replicas per GPU)" in reason
 
 
-def test_hami_share_is_the_larger_of_memory_and_cores(kube_stub, tmp_path):
-    """Read through the official client from the stand-in: the pods' gpumem / gpucores survive the reader."""
-    kube_stub.add("nodes", node_obj("h", "i-6", gpus=10, labels=gfd("NVIDIA-A100-SXM4-80GB", 1, 81920)))
-    kube_stub.add("namespaces", {"metadata": {"name": "ml"}})
-    kube_stub.add("pods", hami_pod("ml", "mem", "h", gpumem="20480", gpucores="10"))  # 1/4 of memory > 10%
-    kube_stub.add("pods", hami_pod("ml", "cores", "h", gpumem="8192", gpucores="50"))  # 50% of cores > 1/10
-    cluster = KubernetesCluster(api_client(str(kube_stub.write_kubeconfig(tmp_path / "kc"))))
+def test_hami_share_is_the_larger_of_memory_and_cores(kapi_cluster, tmp_path):
+    """Read through the official client from a real kube-apiserver (tests/kapi.py, the service's token bound to the
+    shipped ClusterRole): the pods' gpumem / gpucores survive the server's validation and the reader."""
+    kube = kapi_cluster
+    h = kube.name("h")
+    kube.add("nodes", node_obj(h, "i-6", gpus=10, labels=gfd("NVIDIA-A100-SXM4-80GB", 1, 81920)))
+    kube.add("pods", hami_pod(kube.ns("ml"), "mem", h, gpumem="20480", gpucores="10"))  # 1/4 of memory > 10%
+    kube.add("pods", hami_pod(kube.ns("ml"), "cores", h, gpumem="8192", gpucores="50"))  # 50% of cores > 1/10
+    cluster = KubernetesCluster(api_client(str(kube.write_kubeconfig(tmp_path / "kc"))))
     snap = cluster.snapshot(NOW)
-    assert [c.query.get("fieldSelector") for c in kube_stub.calls("list", "pods")] == [
-        "status.phase!=Succeeded,status.phase!=Failed"]
-    assert snap.pods_on("h")[0].gpu_requests == {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192,
+    # The field selector is the real server's to evaluate (pods' status.phase is a selectable field).
+    assert [(c.query.get("fieldSelector"), c.status) for c in kube.calls("list", "pods")] == [
+        ("status.phase!=Succeeded,status.phase!=Failed", 200)]
+    assert snap.pods_on(h)[0].gpu_requests == {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192,
                                                  "nvidia.com/gpucores": 50}
-    assert snap.pods_on("h")[0].gpu_devices == 1  # MiB and percent are never counted as devices
-    shares = attribute(snap, {"h": 4.10})
+    assert snap.pods_on(h)[0].gpu_devices == 1  # MiB and percent are never counted as devices
+    shares = attribute(snap, {h: 4.10})
     assert {s.pod: s.gpus for s in shares} == {"cores": Fraction(1, 2), "mem": Fraction(1, 4), "": Fraction(1, 4)}
     # 410 cents: 205, 102.5, 102.5 -> the tie goes to the earlier row (mem).
     assert per_pod(shares) == {"cores": 205, "mem": 103, IDLE_CAPACITY: 102}
     assert {s.sharing for s in shares} == {"hami"} and shared_gpu_reason(snap.nodes[0], snap) is None
     # No gpumem: HAMi gives the vGPU the whole memory, so the pod holds the whole GPU whatever its cores.
-    sharing = node_sharing(snap.nodes[0], snap.pods_on("h"))
+    sharing = node_sharing(snap.nodes[0], snap.pods_on(h))
     assert request_share({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30}, sharing) == 1
 
 
@@ -170,18 +173,19 @@ def test_idle_capacity_per_node_pool_with_the_sharing_modes():
     assert sum(r["cents"] for r in rows.values()) == cluster_cents(shares) == 3277 + 391 + 101
 
 
-def test_costs_by_nodepool_command_shows_sharing_and_idle_capacity(kube_stub, tmp_path, capsys):
+def test_costs_by_nodepool_command_shows_sharing_and_idle_capacity(kapi_cluster, tmp_path, capsys):
+    """`gpufinops costs` against a real kube-apiserver (tests/kapi.py), as the shipped ClusterRole lets it read."""
     from gpufinops.cli.app import main
 
-    kube_stub.add("nodes", node_obj("a", "i-1", gpus=8, labels={**gfd("NVIDIA-A100-SXM4-40GB", 8, 40960),
-                                                                "karpenter.sh/nodepool": "train"}))
-    kube_stub.add("nodes", node_obj("t", "i-4", gpus=16, instance_type="g5.12xlarge",
-                                    labels={**gfd("NVIDIA-A10G-SHARED", 4, 23028, {"gpu.replicas": "4"}),
-                                            "eks.amazonaws.com/nodegroup": "infer"}))
-    kube_stub.add("namespaces", {"metadata": {"name": "ml"}})
+    kube = kapi_cluster
+    kube.add("nodes", node_obj(kube.name("a"), "i-1", gpus=8, labels={**gfd("NVIDIA-A100-SXM4-40GB", 8, 40960),
+                                                                      "karpenter.sh/nodepool": "train"}))
+    kube.add("nodes", node_obj(kube.name("t"), "i-4", gpus=16, instance_type="g5.12xlarge",
+                               labels={**gfd("NVIDIA-A10G-SHARED", 4, 23028, {"gpu.replicas": "4"}),
+                                       "eks.amazonaws.com/nodegroup": "infer"}))
     for name, node, n in (("big", "a", 4), ("small", "t", 2)):
-        kube_stub.add("pods", pod_obj("ml", name, node, gpus=n))
-    kube_stub.write_kubeconfig(tmp_path / "kc")
+        kube.add("pods", pod_obj(kube.ns("ml"), name, kube.name(node), gpus=n))
+    kube.write_kubeconfig(tmp_path / "kc")
     cfg = tmp_path / "gpufinops.yaml"
     cfg.write_text("kubernetes:\n  kubeconfig: kc\n")
     code = main(["--config", str(cfg), "costs", "--month", f"{datetime.now(timezone.utc):%Y-%m}", "--by",
@@ -194,4 +198,4 @@ def test_costs_by_nodepool_command_shows_sharing_and_idle_capacity(kube_stub, tm
     assert {k: (r["usd_per_hour"], r["idle_usd_per_hour"], r["idle_gpus"], r["sharing"], r["pods"])
             for k, r in rows.items()} == {"train": (21.96, 10.98, 4.0, "whole", 1),
                                           "infer": (5.67, 4.96, 3.5, "time-slicing", 1)}
-    assert [c.resource for c in kube_stub.calls("list")][:3] == ["nodes", "namespaces", "pods"]
+    assert [c.resource for c in kube.calls("list")][:3] == ["nodes", "namespaces", "pods"]

@@ -1,6 +1,6 @@
-"""deploy/kubernetes/workloads: the RBAC for reading GPU workloads grants every call the reader makes (as recorded
-by the API stand-in) and nothing beyond the documented least verbs; it renders with kustomize and binds the
-base's ServiceAccount."""
+"""deploy/kubernetes/workloads: the RBAC for reading GPU workloads grants every call the reader makes (judged by a
+real kube-apiserver's RBAC, tests/kapi.py) and nothing beyond the documented least verbs; it renders with kustomize
+and binds the base's ServiceAccount, which the real server then lets read GPU workloads and nothing else."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, api_client
-from tests.kubestub import RESOURCES, node_obj, pod_obj
+from tests.kubestub import node_obj, pod_obj
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOADS = ROOT / "deploy" / "kubernetes" / "workloads"
@@ -50,18 +50,55 @@ def test_the_cluster_role_grants_exactly_the_least_verbs():
     assert granted() == EXPECTED
 
 
-def test_every_call_the_reader_makes_is_granted(kube_stub, tmp_path):
-    kube_stub.add("nodes", node_obj("n1", "i-0abc", gpus=1))
-    kube_stub.add("pods", pod_obj("ml", "p", "n1"))
-    api = api_client(str(kube_stub.write_kubeconfig(tmp_path / "kc")))
+def test_every_call_the_reader_makes_is_granted(kapi_cluster, tmp_path):
+    """The service's token is bound to the shipped ClusterRole: the real server refuses anything it does not grant
+    (the fixture fails the test on any 403)."""
+    kube = kapi_cluster
+    kube.add("nodes", node_obj(kube.name("n1"), "i-0abc", gpus=1))
+    kube.add("pods", pod_obj(kube.ns("ml"), "p", kube.name("n1")))
+    api = api_client(str(kube.write_kubeconfig(tmp_path / "kc")))
     KubernetesCluster(api).snapshot(datetime.now(timezone.utc))
+    made = {(c.group, c.resource, c.verb, c.status) for c in kube.calls()}
+    assert made and {status for *_, status in made} == {200}, made
     rights = granted()
-    made = set()
-    for call in kube_stub.requests:
-        prefix = RESOURCES[call.resource.split("/")[0]][0]
-        group = "" if prefix == "/api/v1" else prefix.split("/")[2]
-        made.add((group, call.resource, call.verb))
-    assert made and all(verb in rights.get((group, resource), set()) for group, resource, verb in made), made
+    assert all(verb in rights.get((group, resource), set()) for group, resource, verb, _ in made), made
+
+
+def test_the_rendered_binding_lets_the_base_service_account_read_gpu_workloads_and_nothing_else(kapi):
+    """The ClusterRoleBinding as kustomize renders it, applied to the real server: the base's ServiceAccount
+    (gpufinops/gpufinops) may do what the ClusterRole grants, and the server refuses it the rest."""
+    import requests
+
+    out = subprocess.run(["kubectl", "kustomize", str(WORKLOADS)], capture_output=True, text=True, check=True)
+    [binding] = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "ClusterRoleBinding"]
+    [subject] = binding["subjects"]
+    admin = kapi.admin
+    admin.create("/api/v1/namespaces", {"metadata": {"name": subject["namespace"]}})
+    admin.create(f"/api/v1/namespaces/{subject['namespace']}/serviceaccounts", {"metadata": {"name": subject["name"]}})
+    admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    try:
+        token = admin.create(f"/api/v1/namespaces/{subject['namespace']}/serviceaccounts/{subject['name']}/token",
+                             {"spec": {"expirationSeconds": 600}})["status"]["token"]
+        session = requests.Session()
+        session.headers["Authorization"] = f"Bearer {token}"
+        assert session.get(kapi.server + "/api/v1/pods", verify=admin.ca_cert).status_code == 200
+        refused = session.get(kapi.server + "/api/v1/secrets", verify=admin.ca_cert)
+        assert refused.status_code == 403 and 'cannot list resource "secrets"' in refused.json()["message"]
+        user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+
+        def allowed(verb: str, group: str, resource: str, sub: str = "") -> bool:
+            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
+                "user": user, "groups": ["system:serviceaccounts"], "resourceAttributes": {
+                    "verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": "ml"}}}
+            return admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"]["allowed"]
+
+        for (group, resource), verbs in EXPECTED.items():
+            base, _, sub = resource.partition("/")
+            for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+                assert allowed(verb, group, base, sub) is (verb in verbs), (verb, group, resource)
+        assert not allowed("get", "", "secrets") and not allowed("create", "", "pods", "eviction")
+    finally:
+        admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding['metadata']['name']}")
 
 
 def test_the_binding_names_the_base_service_account_and_kustomize_renders_it():
