@@ -138,9 +138,12 @@ def run_backtest(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S
     from ..rules import load_rules
-    from .common import check_input_path, load_settings_from_args
+    from .common import check_input_path, check_output_path, load_settings_from_args
 
     check_input_path(args.trace, "--trace")
+    for path, flag in ((args.suggest_out, "--suggest-out"), (args.chart, "--chart"),
+                       (None if args.json_out == "-" else args.json_out, "--json")):
+        check_output_path(path, flag)  # before the replay, not after minutes of it
     settings = load_settings_from_args(args, uses_database=False)  # the backtest reads traces, not the store
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
     say = _printer(args)

@@ -140,6 +140,23 @@ def check_input_path(value: str | None, flag: str) -> None:
         raise ConfigError(f"{flag} {printable(value)}: cannot read: {why}")
 
 
+def check_output_path(value: str | None, flag: str) -> None:
+    """A file a command will write (--json, --suggest-out, --chart): refused up front, naming the flag (exit 2),
+    when it is empty, holds a NUL, is a folder, or its folder does not exist, instead of failing after the work."""
+    from ..config import ConfigError, not_a_regular_file, printable
+
+    if value is None:
+        return
+    if not value.strip() or "\x00" in value:
+        raise ConfigError(f"{flag} {printable(value)!r}: not a file path")
+    why = not_a_regular_file(value)
+    if why not in ("", "does not exist", "not a regular file"):  # a device such as /dev/null takes writes
+        raise ConfigError(f"{flag} {printable(value)}: cannot write: {why}")
+    folder = os.path.dirname(value) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {printable(value)}: cannot write: the folder {printable(folder)} does not exist")
+
+
 def database_url(db: str, flag: str = "--db") -> str:
     """The SQLAlchemy URL of a --db value (a SQLite file path or a URL). A value that cannot name a database (empty,
     a NUL, a folder, a device) is a ConfigError naming the flag (exit 2), before anything opens or creates it."""

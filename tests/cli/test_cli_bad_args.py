@@ -256,3 +256,18 @@ def test_database_paths_that_are_devices_are_refused_before_sqlite_opens_them(st
                        str(state / "snooze-until"))
     assert code == 2 and error_lines(err) == [f"error: --autostop-db '{link}': not a regular file, not a database "
                                               "file"], err
+
+
+def test_backtest_output_paths_that_cannot_be_written_are_refused_before_the_replay(state, capsys):
+    trace = state / "trace.csv"
+    trace.write_text("instance_id,timestamp,gpu_util\n" + "".join(
+        f"i-{i},{1_700_000_000 + 300 * s},{50}\n" for i in range(2) for s in range(24)))
+    folder = state / "a-folder"
+    folder.mkdir()
+    for flag, value, says in (("--json", "\x00", "not a file path"), ("--json", str(folder), "cannot write: a folder"),
+                              ("--suggest-out", str(state / "missing" / "r.yaml"), "the folder"),
+                              ("--chart", "", "not a file path")):
+        code, _, err = run(capsys, "backtest", "--trace", str(trace), flag, value)
+        [line] = error_lines(err)
+        assert code == 2 and line.startswith(f"error: {flag} ") and says in line, err
+        assert "replaying" not in err  # refused before the work
