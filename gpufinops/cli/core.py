@@ -289,8 +289,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     dry_run_help = "dry-run whatever the config says (act.dry_run: true): nothing is tagged or stopped"
     p = sub.add_parser("serve", help="run the scheduled service (evaluation every minute, /metrics, /healthz)")
-    p.add_argument("--port", type=int_in(1, 65535), default=None,
-                   help="port for /metrics and /healthz (default from config)")
+    # 0 is allowed here, not in the config: a person (or a test running several replicas) asks for any free port
+    # once, and the start line names the port taken; a config's port is what Prometheus is told to scrape.
+    p.add_argument("--port", type=int_in(0, 65535), default=None,
+                   help="port for /metrics and /healthz (default from config; 0: any free port, named at start)")
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
     p.set_defaults(func=cmd_serve)
 
