@@ -22,7 +22,7 @@ accepted is never sent again by the service's `retry_due` (it has only the text)
 
 A third transport (a Teams webhook): one module here implementing `chat.ChatDelivery` (`send(notice) -> bool`,
 `retry_due(now)` over the same notifications table; `update` and `user_id_for_email` where Teams can, else
-False/None), its settings section in config.py, a line in run/compose.live_notifier, and in routing.Deliveries
+False/None), its settings section in config/sections.py, a line in run/compose.live_notifier, and in routing.Deliveries
 its transport name in `destinations` (`teams:<channel>`, accepted by config.destination's TRANSPORTS); its
 buttons: interact.py and a route in run/service.py. Nothing in model.py, rules.py, act/, decide/, cost/ or run/'s
 jobs: they name audiences and destinations, not a transport.

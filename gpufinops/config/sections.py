@@ -1,0 +1,447 @@
+"""The sections of the service and of the places it reads: prometheus, aws, slack, email, act, schedule,
+service, api, lease, kubernetes, hosts. Each a StrictModel of validated values with its defaults.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .loading import printable
+from .secrets import SecretRef
+from .values import (_CRON_DAYS, _DOMAIN, _FAMILY, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, SLACK_USER_ID,
+                     AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel, backoff_in_order, http_url,
+                     known_gpu, usd_only, usd_price)
+
+class PrometheusSettings(StrictModel):
+    url: str = "http://127.0.0.1:9090"
+    # Seconds one query may take; past it the usage is UNKNOWN (never idle). Bounded: a tick is a minute.
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    bearer_token: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_TOKEN")
+    basic_auth_user: str | None = None
+    basic_auth_password: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_PASSWORD")
+    verify_tls: bool = True
+    # Label that carries the EC2 instance id (set by ec2_sd_configs relabelling).
+    instance_label: PrometheusLabel = "instance_id"
+    # Fallback: hostname labels matched to the instance's private DNS name or IP.
+    hostname_labels: tuple[PrometheusLabel, ...] = ("Hostname", "hostname")
+    scrape_interval_s: int = Field(30, ge=1, le=3600)
+    # Extra PromQL label matchers added to every selector, e.g. 'job="dcgm"'.
+    selector: str = ""
+    # Seconds between two reads of each GPU's profiling ratios that only say why use is low (SM occupancy,
+    # tensor and FP pipes): a fifth of the instances is read per tick, the others keep their last figures, their
+    # age stated. SM activity and every figure a verdict uses are read every tick. 0 = all of them every tick.
+    # It saves the engine 0.5-0.9 CPU-s per 10k profiled GPUs and tick (BENCHMARKS.md, "Occupancy, tensor and
+    # FP pipes read in turns").
+    profiling_reasons_every_s: int = Field(300, ge=0, le=3600)
+    # The tick split by instance into shards, each its own query set, run `shard_parallelism` at a time and
+    # folded into usage as it lands: client memory follows the shard, not the fleet (docs/scale.md). 1 = one
+    # query set for the whole fleet; "auto" = one shard per ~10k GPUs (1, 2, 4, 8 or 16). A shard is picked
+    # by the last character of the instance label's value, so series must carry `instance_label`.
+    shards: int | Literal["auto"] = Field(1)
+    shard_parallelism: int = Field(2, ge=1, le=16)
+    # The shards this process owns (0-based), for replicas on disjoint shards; empty = all of them. Each
+    # replica needs its own database (`database_url`): the one-scheduler lease lives there (docs/scale.md).
+    owned_shards: tuple[int, ...] = ()
+
+    _url = field_validator("url")(http_url)
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, v):
+        if v != "auto" and not 1 <= v <= 16:  # one shard per last character of a hex instance id, at most
+            raise ValueError("shards must be 1 to 16, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _owned(self):
+        if self.owned_shards and (self.shards == "auto" or any(not 0 <= s < self.shards for s in self.owned_shards)):
+            raise ValueError("owned_shards needs a number of shards, and each between 0 and shards - 1")
+        return self
+
+
+class AssumeRole(StrictModel):
+    """A role gpufinops assumes in another account; external_id when the role's trust policy requires one
+    (sts:ExternalId, AWS's guard against the confused deputy)."""
+    arn: str = Field(min_length=1)
+    external_id: str | None = Field(None, min_length=2, max_length=1224)
+
+
+class AwsSettings(StrictModel):
+    # At least one: the first is the default region of S3, pricing and unpriced instances.
+    regions: tuple[AwsRegion, ...] = Field(("us-east-1",), min_length=1)
+    # Other accounts to govern: the IAM role gpufinops assumes in each (see deploy/iam-policy.json), as an
+    # ARN string or {arn: ..., external_id: ...}.
+    assume_roles: tuple[AssumeRole, ...] = ()
+
+    @field_validator("assume_roles", mode="before")
+    @classmethod
+    def _roles(cls, v):
+        return tuple({"arn": r} if isinstance(r, str) else r for r in v) if isinstance(v, (list, tuple)) else v
+
+    # Govern the account of gpufinops' own credentials too (with assume_roles).
+    include_own_account: bool = True
+    endpoint_url: str | None = None  # moto / VPC endpoint
+    profile: Name | None = None
+    # Instance families treated as GPU instances (describe_instance_types GpuInfo also counts).
+    gpu_families: tuple[Annotated[str, Field(pattern=_FAMILY.pattern)], ...] = (
+        "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200",
+        "g4dn", "g4ad", "g5", "g5g", "g6", "g6e", "g6f", "gr6", "g7e",
+    )
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
+
+class SlackSettings(StrictModel):
+    token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
+    default_channel: SlackChannel = "#gpu-finops"
+    base_url: str | None = None  # slack-sdk default when None
+    max_retries: int = Field(3, ge=0, le=20)
+    outbox_path: Name = "gpufinops-outbox.jsonl"
+    # A message Slack did not accept is sent again on later ticks, waiting this long after the first
+    # failure and doubling up to retry_max_backoff_s. Until a warning is delivered, no stop happens.
+    retry_backoff_s: int = Field(60, ge=1, le=86400)
+    retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
+    # Buttons on warnings (Snooze 2 h / until tomorrow 09:00 / Keep running 7 days), handled at POST
+    # /slack/actions. Shown only when this secret resolves: every click is checked against it (docs/notifications.md).
+    signing_secret: SecretRef = SecretRef(env="SLACK_SIGNING_SECRET")
+    # The same buttons without a public URL (a VPC with no inbound HTTPS): Slack Socket Mode. Each replica opens a
+    # WebSocket with the app-level token (xapp-…, scope connections:write; never the token itself here: where to
+    # read it) and receives clicks over it; same authorisation and audit as POST /slack/actions.
+    socket_mode: bool = False
+    app_token: SecretRef = SecretRef(env="SLACK_APP_TOKEN")
+    # Who may snooze: the instance's owner (its owner tag: a Slack user id, or an email), the people of its team
+    # here (team tag value -> people), and these admins, anything. A person is a Slack user id or an email (matched
+    # against the email users.info gives for the clicking id); never a name, which anyone can choose.
+    snooze_admins: tuple[str, ...] = ()
+    team_members: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # Routing: an instance's messages go to its team's channel (team tag value -> channel) unless its rule names
+    # one; `default_channel` gets the rest and the daily summary. dm_owners: the owner (owner tag = a Slack user id,
+    # or an email looked up with users.lookupByEmail) also gets each warning as a direct message.
+    team_channels: dict[Name, SlackChannel] = Field(default_factory=dict)
+    dm_owners: bool = False
+    # Hysteresis of the "No usable GPU metrics" alert: an instance's outage episode closes only after its metrics
+    # have been usable this long without a break; a relapse before that is the same episode (no second alert).
+    metrics_recovered_after_s: int = Field(1800, ge=0, le=7 * 86400)
+
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
+    def interactive(self) -> bool:
+        """Whether clicks can reach the service (a signing secret for POST /slack/actions, or Socket Mode with its
+        app-level token): buttons are offered only then."""
+        return bool(self.signing_secret.resolve() or (self.socket_mode and self.app_token.resolve()))
+
+    @field_validator("snooze_admins")
+    @classmethod
+    def _admins_are_people(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_slack_person(entry) for entry in v)
+
+    @field_validator("team_members")
+    @classmethod
+    def _members_are_people(cls, v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for team, people in v.items():
+            try:
+                out[team] = tuple(_slack_person(entry) for entry in people)
+            except ValueError as exc:
+                raise ValueError(f"team {team!r}: {exc}") from None
+        return out
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def _is_ip(v: str) -> bool:
+    try:
+        ipaddress.ip_address(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _slack_person(entry: str) -> str:
+    """A Slack user id or an email, as written; a name is refused because a click's user name is not proof of
+    who clicked (anyone can take any display name)."""
+
+    entry = entry.strip()
+    if SLACK_USER_ID.fullmatch(entry) or _EMAIL.fullmatch(entry):
+        return entry
+    raise ValueError(f"{entry!r} must be a Slack user id (U… or W…, e.g. U012AB3CDE) or an email; "
+                     f"names are not accepted: a button click is authorised by the clicking user's id only")
+
+
+class EmailSettings(StrictModel):
+    """The email delivery (notify/email.py): off unless `enabled`. Owners whose owner tag is an address get
+    their notices by email when Slack cannot reach them; `finance` gets the monthly report. The password comes
+    from the environment or a mounted file, never from this file."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(587, ge=1, le=65535)
+    # starttls: plain connect then STARTTLS (port 587); ssl: TLS from the first byte (465); none: no TLS,
+    # refused with a username unless the server is on this machine (a password is never sent in the clear).
+    security: Literal["starttls", "ssl", "none"] = "starttls"
+    username: str | None = None
+    password: SecretRef = SecretRef(env="GPUFINOPS_SMTP_PASSWORD")
+    # A CA bundle to verify the server with (a private CA); default: the system's.
+    ca_file: str | None = None
+    sender: str = "gpufinops@localhost.localdomain"
+    finance: tuple[str, ...] = ()
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    # The right-hand side of every Message-ID (<key hash@message_id_domain>).
+    message_id_domain: str = "gpufinops.invalid"
+    retry_backoff_s: int = Field(60, ge=1, le=86400)
+    retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
+
+    _backoff = field_validator("retry_max_backoff_s")(backoff_in_order)
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"{printable(v)!r} is not a file (a PEM bundle the service can read)")
+        return v
+
+    @field_validator("message_id_domain", "host")
+    @classmethod
+    def _a_domain(cls, v: str) -> str:
+        # A CR/LF or an empty name would make every message's headers invalid: every email would fail.
+        if not _DOMAIN.fullmatch(v) and not _is_ip(v):
+            raise ValueError(f"{printable(v)!r} is not a domain name (letters, digits, '-' and '.', e.g. gpufinops.invalid)")
+        return v
+
+    @field_validator("sender")
+    @classmethod
+    def _sender_is_an_address(cls, v: str) -> str:
+        if not _EMAIL.fullmatch(v.strip()):
+            raise ValueError(f"{v!r} is not an email address")
+        return v.strip()
+
+    @field_validator("finance")
+    @classmethod
+    def _finance_are_addresses(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [a for a in v if not _EMAIL.fullmatch(a.strip())]
+        if bad:
+            raise ValueError(f"not email addresses: {bad}")
+        return tuple(a.strip() for a in v)
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.username and self.security == "none" and self.host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError(f"email.security: none with a username would send the password in the clear to "
+                             f"{self.host}; use starttls or ssl")
+        if self.username and not (self.password.env or self.password.file):
+            raise ValueError("email.password: say where the password lives (env: or file:)")
+
+
+class ActSettings(StrictModel):
+    dry_run: bool = True
+    max_stops_per_run: int = Field(5, ge=0, le=100_000)
+    max_stops_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    actor: str = Field("gpufinops", min_length=1, max_length=256)
+    # A snooze tag further ahead than this is capped to it (and reported); unreadable ones count as this long.
+    max_snooze_s: int = Field(7 * 86400, ge=60, le=366 * 86400)
+    # The opt-in: only an instance carrying this tag with this value is ever warned "will be stopped" or
+    # stopped. The shipped IAM policy (deploy/iam-policy.json) allows StopInstances on exactly this tag and
+    # value, so code and policy say the same; change both together.
+    opt_in_tag: str = Field("gpufinops:allow-stop", min_length=1, max_length=128)
+    opt_in_value: str = Field("true", min_length=1, max_length=256)
+
+
+class ScheduleSettings(StrictModel):
+    evaluate_every_s: int = Field(60, ge=1, le=86400)
+    misfire_grace_s: int = Field(30, ge=0, le=86400)
+    # Budget alerts, when a `billing:` section is configured; 0 turns the job off.
+    budget_check_every_s: int = Field(3600, ge=0, le=7 * 86400)
+    # Right-sizing run + Slack digest, weekly (UTC); empty day turns it off.
+    recommend_digest_day: str = "mon"
+    recommend_digest_hour: int = Field(9, ge=0, le=23)
+    # The platform channel's daily summary (stops, marks, snoozes, budget alerts) at this UTC hour; null = off.
+    daily_summary_hour: int | None = Field(8, ge=0, le=23)
+    # Monthly audit report for the month just ended, written here on the 1st at 06:00 UTC; empty = off.
+    monthly_report_dir: str = ""
+    # What stopping saved this month, net, by team (the monthly report's own count, month to date) for /metrics
+    # (`gpufinops_net_saving_month_to_date`); recounted this often, 0 turns it off.
+    savings_every_s: int = Field(3600, ge=0, le=7 * 86400)
+
+    @field_validator("recommend_digest_day")
+    @classmethod
+    def _digest_day(cls, v: str) -> str:
+        if v and not _CRON_DAYS.fullmatch(v.lower()):
+            raise ValueError(f"{printable(v)!r} is not a day of the week (mon ... sun, a range mon-fri, a list mon,thu); "
+                             f"empty turns the digest off")
+        return v
+
+
+class ServiceSettings(StrictModel):
+    # The address to listen on; 0.0.0.0 for every interface (an empty one would mean that too, unsaid: refused).
+    host: str = Field("127.0.0.1", min_length=1)
+    # Where Prometheus scrapes /metrics: a fixed port (0, "any free port", is nothing a scrape config can name;
+    # `serve --port 0` still asks for one, for tests).
+    port: int = Field(9108, ge=1, le=65535)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_any_port(cls, v: Any) -> Any:
+        if v == 0 and not isinstance(v, bool):
+            raise ValueError("0 would be a random port that no scrape config can name: give a fixed one (e.g. 9108)")
+        return v
+
+
+class ApiTlsSettings(StrictModel):
+    """The idleness API over mutual TLS on a port of its own: the client must present a certificate signed by
+    `client_ca_file` (no certificate, or another CA's: the handshake fails, nothing is answered). Files are PEM,
+    mounted (a Kubernetes Secret, cert-manager); they are read at start. /metrics and /slack/actions stay on the
+    plain port: Prometheus and Slack do not present client certificates."""
+
+    port: int = Field(ge=1, le=65535)
+    cert_file: str  # the server's certificate chain
+    key_file: str  # its private key (never logged)
+    client_ca_file: str  # the CA(s) whose client certificates are accepted
+
+    @field_validator("cert_file", "key_file", "client_ca_file")
+    @classmethod
+    def _readable_file(cls, v: str) -> str:
+        if not Path(v).is_file():
+            raise ValueError(f"{v!r} is not a file (a PEM file the service can read)")
+        return v
+
+
+class ApiSettings(StrictModel):
+    """The read-only idleness API on the service's port (GET /v1/verdicts, gpufinops/run/api.py). With a bearer
+    token every request must carry it; without one only loopback clients are answered. With `tls:` it is also
+    served over mutual TLS on its own port, where a verified client certificate is the access (and the bearer
+    token too, when one is set)."""
+
+    enabled: bool = True
+    bearer_token: SecretRef = SecretRef(env="GPUFINOPS_API_TOKEN")
+    tls: ApiTlsSettings | None = None
+
+
+class LeaseSettings(StrictModel):
+    """The scheduler lease in the database (gpufinops/lease.py): of several `serve` processes on one
+    database only the holder acts. A leader that dies is replaced by a standby after ttl_s; the leader
+    renews every ttl_s/3, so a renewal may fail twice before the lease is lost."""
+
+    ttl_s: int = Field(90, ge=3, le=3600)
+
+
+# --------------------------------------------------------------------------- kubernetes:
+# Read by gpufinops.places.kubernetes.cluster (the cluster reader) and `costs --by namespace|workload`;
+# docs/kubernetes.md.
+
+
+class KubernetesSettings(StrictModel):
+    in_cluster: bool = False  # the pod's service account (deploy/kubernetes/workloads/); else the kubeconfig
+    kubeconfig: Name | None = None  # None: $KUBECONFIG or ~/.kube/config
+    context: Name | None = None  # None: the kubeconfig's current context
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    namespaces: tuple[Name, ...] = ()  # empty: every namespace
+    exclude_namespaces: tuple[Name, ...] = ("kube-system",)
+    namespace_selector: dict[str, str] = Field(default_factory=dict)  # namespace labels that must all match
+    # A workload (annotation) or namespace (label) carrying this key, any value but "false", is never scaled.
+    protect_key: Name = "gpufinops.io/protect"
+    # Off: workloads are judged, warned about and reported, never scaled (stop rules written for EC2 instances
+    # must not start scaling Deployments when a cluster is added). On: idle Deployments/StatefulSets are scaled
+    # to zero through the act stage (dry-run, cap, audit as for instances).
+    scale_to_zero: bool = False
+    # Off: Kueue-managed jobs are judged, warned about and reported, never suspended. On: a rule with
+    # `action: suspend` suspends an idle one through Kueue (its Workload's spec.active: false, after the warning and
+    # its lead; `gpufinops k8s restore` resumes it). Needs RBAC get/list/patch on workloads.kueue.x-k8s.io.
+    suspend_kueue: bool = False
+    # Off: GPU nodes without GPU work are reported (and warned about by rules selecting them), never cordoned. On:
+    # a rule with `action: drain` cordons one after the warning and its lead, so that Karpenter / cluster-autoscaler
+    # removes it (never a node with karpenter.sh/do-not-disrupt=true or in an EKS managed node group; gpufinops
+    # never evicts a pod). Needs RBAC patch on nodes.
+    drain_nodes: bool = False
+
+
+# --------------------------------------------------------------------------- hosts:
+# Read by gpufinops.places.hosts (rented hosts watched by `gpufinops agent`, no cloud API, no bill) and
+# priced by gpufinops.host_prices; docs/billing.md, "Hosts without a cloud bill".
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?$")
+
+class RentedHost(StrictModel):
+    """One rented GPU host: judged from its agent's metrics (matched on its hostname label), never stopped
+    centrally (`gpufinops agent --autostop` stops it from the host)."""
+
+    hostname: str  # as the agent's Hostname/hostname label says it
+    gpu_count: int = Field(ge=1, le=1024)
+    # The whole host, USD/h (what the rental contract says); none: the GPU model's price below, else an estimate.
+    # Before gpu_model, so that gpu_model's check sees it.
+    usd_per_hour: float | None = None
+    gpu_model: str = Field(min_length=1)  # any spelling: "H100", "NVIDIA H100 80GB HBM3"
+    region: str = ""  # where it is, in words ("hetzner fsn1"): shown in messages
+    tags: dict[str, str] = Field(default_factory=dict)  # owner, team, workload...: what rules and messages see
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, v: str) -> str:
+        if not _HOSTNAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a hostname (letters, digits, '.', '-', '_')")
+        return v
+
+    @field_validator("usd_per_hour", mode="before")
+    @classmethod
+    def _host_price(cls, v: Any) -> float | None:
+        return None if v is None else usd_price(v, MAX_USD_PER_HOST_HOUR)
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _model(cls, v: str, info) -> str:
+        # A model gpufinops cannot name has no price but the host's own: refuse it only when none is given.
+        if "usd_per_hour" in info.data and info.data["usd_per_hour"] is None:  # absent: it failed, said above
+            try:
+                known_gpu(v)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; or give the host's usd_per_hour") from None
+        return v.strip()
+
+
+class HostsSettings(StrictModel):
+    currency: str = "USD"
+    # GPU model -> USD/h of ONE GPU of it; a host listed without usd_per_hour costs this x its gpu_count.
+    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
+    inventory: tuple[RentedHost, ...] = ()
+
+    @field_validator("currency")
+    @classmethod
+    def _currency(cls, v: str) -> str:
+        return usd_only(v)
+
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _per_gpu(cls, v: Any) -> dict[str, float]:
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping GPU model -> USD per GPU-hour, e.g. {H100: 2.49, A100-80GB: 1.6}")
+        out: dict[str, float] = {}
+        for name, price in v.items():
+            key = known_gpu(str(name))
+            if key in out:
+                raise ValueError(f"{name!r} is {key}, which is priced twice")
+            try:
+                out[key] = usd_price(price, MAX_USD_PER_GPU_HOUR)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return out
+
+    @field_validator("inventory")
+    @classmethod
+    def _unique(cls, v: tuple[RentedHost, ...]) -> tuple[RentedHost, ...]:
+        seen: set[str] = set()
+        for h in v:
+            if h.hostname.lower() in seen:
+                raise ValueError(f"host {h.hostname!r} is listed twice")
+            seen.add(h.hostname.lower())
+        return v
