@@ -133,10 +133,11 @@ def _progress(msg: str) -> None:
 
 
 def run_backtest(args: argparse.Namespace) -> int:
-    from ..backtest.engine import BacktestSettings, DEFAULT_PRICE_PER_GPU_HOUR, Prepared, backtest_rule, oracle_net_seconds
-    from ..backtest.traces import load_trace
+    """`gpufinops backtest`: load the history, replay each rule, then the sweep and the held-out tuning if asked;
+    one stage a function, each adding its part of the report (printed) and of the JSON document (`out`)."""
+    from ..backtest.engine import Prepared, oracle_net_seconds
+    from ..backtest.sweep import DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates
     from ..config import ConfigError
-    from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S
     from ..rules import load_rules
     from .common import check_input_path, check_output_path, load_settings_from_args
 
@@ -147,32 +148,71 @@ def run_backtest(args: argparse.Namespace) -> int:
     settings = load_settings_from_args(args, uses_database=False)  # the backtest reads traces, not the store
     now = datetime.now(timezone.utc)  # the CLI edge: the only place that reads the clock
     say = _printer(args)
-    _progress(f"loading history from {args.trace or 'Prometheus'} ...")
-    if args.trace:
-        trace = load_trace(args.trace, id_column=args.id_column, time_column=args.time_column,
-                           util_column=args.util_column, memory_column=args.memory_column,
-                           gpu_column=args.gpu_column, step_s=args.trace_step)
-    else:
-        from ..backtest.prometheus import load_prometheus
-
-        prom = settings.prometheus  # its auth, TLS, timeout, labels and selector (unless --selector)
-        trace = load_prometheus(prom.model_copy(update={"url": args.prometheus or prom.url}), _time(args.start, now),
-                                _time(args.end, now), args.step, selector=args.selector)
+    trace = _load_history(args, settings, now)
     if args.tune and trace.n_instances < 4:  # before any replay: fail fast
         raise ConfigError(f"--tune holds half the instances out: it needs at least 4 instances, the history has "
                           f"{trace.n_instances}")
     rules = load_rules(args.rules or settings.rules_paths)
     if not rules:
         raise ConfigError("no rules to backtest (empty rule files)")
-    bt = BacktestSettings(
+    bt = _backtest_settings(args, settings)
+    _progress(f"{trace.n_instances} instances, {len(trace.gpu_names)} GPUs; preparing windows ...")
+    prep = Prepared(trace, bt)
+    oracle = oracle_net_seconds(prep)
+    out = _replay_rules(prep, rules, oracle, say)
+
+    base = next((r for r in rules if r.action.value == "stop"), rules[0])
+    cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
+                       args.aggregations or DEFAULT_AGGREGATIONS)
+    rc = 0
+    if args.sweep:
+        rc = max(rc, _sweep(args, prep, base, cands, out, say))
+    elif args.chart:
+        print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
+    if args.tune:
+        rc = max(rc, _tune_stage(args, prep.trace, bt, base, cands, out, say))
+    text = json.dumps(out, indent=2, default=str)
+    if args.output == "json" or args.json_out == "-":
+        print(text)
+    elif args.json_out:
+        Path(args.json_out).write_text(text)
+    return rc
+
+
+def _load_history(args: argparse.Namespace, settings, now: datetime):
+    """The history to replay: a trace file (--trace) or Prometheus over [--start, --end]."""
+    from ..backtest.traces import load_trace
+
+    _progress(f"loading history from {args.trace or 'Prometheus'} ...")
+    if args.trace:
+        return load_trace(args.trace, id_column=args.id_column, time_column=args.time_column,
+                          util_column=args.util_column, memory_column=args.memory_column,
+                          gpu_column=args.gpu_column, step_s=args.trace_step)
+    from ..backtest.prometheus import load_prometheus
+
+    prom = settings.prometheus  # its auth, TLS, timeout, labels and selector (unless --selector)
+    return load_prometheus(prom.model_copy(update={"url": args.prometheus or prom.url}), _time(args.start, now),
+                           _time(args.end, now), args.step, selector=args.selector)
+
+
+def _backtest_settings(args: argparse.Namespace, settings):
+    """The replay's settings: the flags, else the service's tick and the project's one false-stop definition."""
+    from ..backtest.engine import DEFAULT_PRICE_PER_GPU_HOUR, BacktestSettings
+    from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S
+
+    return BacktestSettings(
         tick_s=float(args.tick or settings.schedule.evaluate_every_s), restart_cost_s=float(args.restart_cost),
         break_even_s=float(FALSE_STOP_WITHIN_S if args.break_even is None else args.break_even), demand_pct=args.demand_pct,
         price_per_gpu_hour=args.price if args.price is not None else DEFAULT_PRICE_PER_GPU_HOUR,
         false_stop_cost_h=FALSE_STOP_COST_H if args.false_stop_cost is None else args.false_stop_cost,
     )
-    _progress(f"{trace.n_instances} instances, {len(trace.gpu_names)} GPUs; preparing windows ...")
-    prep = Prepared(trace, bt)
-    oracle = oracle_net_seconds(prep)
+
+
+def _replay_rules(prep, rules, oracle, say) -> dict:
+    """Each rule replayed, beside the clairvoyant ceiling for its lead: the table printed, the JSON document begun."""
+    from ..backtest.engine import backtest_rule
+
+    trace, bt = prep.trace, prep.settings
     results, examples = [], {}
     for n, rule in enumerate(rules, 1):
         _progress(f"replaying rule {n}/{len(rules)}: {rule.name}")
@@ -191,82 +231,79 @@ def run_backtest(args: argparse.Namespace) -> int:
     say(f"score = net GPU-h - {bt.false_stop_cost_h:g} x false stops (--false-stop-cost); pct_of_ceiling = score / the "
         f"ceiling for the rule's lead. Old yardstick, JSON only: oracle (no lead) {oracle.sum() / 3600:.1f} net GPU-h")
     say(_table(results))
-    out = {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
-                       "hours": span_h, "step_s": trace.step_s, "instance_days": prep.instance_days},
-           "false_stop_cost_h": bt.false_stop_cost_h,
-           "ceiling": [{"warning_lead_s": lead, "stops": len(c.stop_at), "false_stops": c.false_stops,
-                        "net_gpu_hours": c.net_gpu_hours, "score": c.score} for lead, c in ceilings.items()],
-           "oracle_net_gpu_hours": oracle.sum() / 3600,
-           "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
-           "results": [s.to_dict() for s in results], "example_stops": examples}
+    return {"history": {"source": trace.source, "instances": trace.n_instances, "gpus": len(trace.gpu_names),
+                        "hours": span_h, "step_s": trace.step_s, "instance_days": prep.instance_days},
+            "false_stop_cost_h": bt.false_stop_cost_h,
+            "ceiling": [{"warning_lead_s": lead, "stops": len(c.stop_at), "false_stops": c.false_stops,
+                         "net_gpu_hours": c.net_gpu_hours, "score": c.score} for lead, c in ceilings.items()],
+            "oracle_net_gpu_hours": oracle.sum() / 3600,
+            "settings": {k: v for k, v in bt.__dict__.items() if k != "snoozes"},
+            "results": [s.to_dict() for s in results], "example_stops": examples}
 
-    from ..backtest.sweep import DEFAULT_AGGREGATIONS, DEFAULT_THRESHOLDS, DEFAULT_WINDOWS_S, candidates
 
-    base = next((r for r in rules if r.action.value == "stop"), rules[0])
-    cands = candidates(base, args.thresholds or DEFAULT_THRESHOLDS, args.windows or DEFAULT_WINDOWS_S,
-                       args.aggregations or DEFAULT_AGGREGATIONS)
+def _sweep(args: argparse.Namespace, prep, base, cands, out: dict, say) -> int:
+    """--sweep: every candidate rule replayed, the Pareto front, the suggestion (and its file, its chart); adds
+    out["sweep"]; the exit code (a problem when --suggest-out cannot be written on too short a history)."""
+    from ..backtest.sweep import best_by_score, history_too_short, pareto_front, rule_yaml, run_sweep, suggest
+
+    trace = prep.trace
+    _progress(f"sweeping {len(cands)} rules ...")
+    swept = run_sweep(prep, cands)
+    front = pareto_front(swept)
+    best = suggest(front, args.max_false_stop_rate)
+    say(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
+    say(_table(front))
+    top = best_by_score(swept)
+    if top is not None:
+        say(f"\nbest swept rule by score: {top.policy}: score {top.score:.1f} = {top.pct_of_ceiling:.0f}% of the "
+            f"ceiling's {top.ceiling_score:.1f}, {top.false_stops} false stops, "
+            f"{top.restarts_per_instance_day:.2f} restarts per instance-day")
+    out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
+                    "suggested": best.policy if best else None,
+                    "best_by_score": top.policy if top else None}
     rc = 0
-    if args.sweep:
-        from ..backtest.sweep import best_by_score, history_too_short, pareto_front, rule_yaml, run_sweep, suggest
-
-        _progress(f"sweeping {len(cands)} rules ...")
-        swept = run_sweep(prep, cands)
-        front = pareto_front(swept)
-        best = suggest(front, args.max_false_stop_rate)
-        say(f"\nsweep: {len(swept)} rules (based on {base.name}); Pareto front (net saving vs false-stop rate):")
-        say(_table(front))
-        top = best_by_score(swept)
-        if top is not None:
-            say(f"\nbest swept rule by score: {top.policy}: score {top.score:.1f} = {top.pct_of_ceiling:.0f}% of the "
-                f"ceiling's {top.ceiling_score:.1f}, {top.false_stops} false stops, "
-                f"{top.restarts_per_instance_day:.2f} restarts per instance-day")
-        out["sweep"] = {"results": [s.to_dict() for s in swept], "front": [s.policy for s in front],
-                        "suggested": best.policy if best else None,
-                        "best_by_score": top.policy if top else None}
-        too_short = history_too_short(trace.n_steps * trace.step_s)
-        if too_short:
-            out["sweep"].update(suggested=None, too_short=too_short)
-            print(f"warning: {too_short}", file=sys.stderr)
-            if args.suggest_out:
-                print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
-                rc = EXIT_PROBLEM_FOUND
-        elif best is None:
-            say("\nno swept rule saves anything on this history: keep notify-only rules")
+    too_short = history_too_short(trace.n_steps * trace.step_s)
+    if too_short:
+        out["sweep"].update(suggested=None, too_short=too_short)
+        print(f"warning: {too_short}", file=sys.stderr)
+        if args.suggest_out:
+            print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
+            rc = EXIT_PROBLEM_FOUND
+    elif best is None:
+        say("\nno swept rule saves anything on this history: keep notify-only rules")
+    else:
+        text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
+        out["sweep"]["suggested_yaml"] = text
+        if best.false_stop_rate > args.max_false_stop_rate:
+            say(f"\nno swept rule stays within the false-stop budget of {args.max_false_stop_rate:.0%}; "
+                  f"the safest rule that still saves is ({best.false_stop_rate:.0%} false stops):\n{text}")
         else:
-            text = rule_yaml(best, comment=f"suggested by gpufinops backtest on {trace.source}")
-            out["sweep"]["suggested_yaml"] = text
-            if best.false_stop_rate > args.max_false_stop_rate:
-                say(f"\nno swept rule stays within the false-stop budget of {args.max_false_stop_rate:.0%}; "
-                      f"the safest rule that still saves is ({best.false_stop_rate:.0%} false stops):\n{text}")
-            else:
-                say(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
-            if args.suggest_out:
-                Path(args.suggest_out).write_text(text)
-        if args.chart:
-            from ..backtest.chart import front_png
+            say(f"\nsuggested rule (false-stop budget {args.max_false_stop_rate:.0%}):\n{text}")
+        if args.suggest_out:
+            Path(args.suggest_out).write_text(text)
+    if args.chart:
+        from ..backtest.chart import front_png
 
-            front_png(args.chart, swept, front, best, [], title=f"Backtest sweep: {Path(trace.source).name}")
-            say(f"chart: {args.chart}")
-    elif args.chart:
-        print("--chart draws the sweep's front: add --sweep", file=sys.stderr)
-    if args.tune:
-        from ..backtest.sweep import history_too_short
-
-        too_short = history_too_short(trace.n_steps * trace.step_s)
-        if too_short:  # no held-out pick, no rule file, on less than a day
-            out["tune"] = {"suggested": None, "too_short": too_short}
-            print(f"warning: --tune: {too_short}", file=sys.stderr)
-            if args.suggest_out:
-                print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
-                rc = EXIT_PROBLEM_FOUND
-        else:
-            out["tune"] = _tune(trace, bt, base, cands, args, say)
-    text = json.dumps(out, indent=2, default=str)
-    if args.output == "json" or args.json_out == "-":
-        print(text)
-    elif args.json_out:
-        Path(args.json_out).write_text(text)
+        front_png(args.chart, swept, front, best, [], title=f"Backtest sweep: {Path(trace.source).name}")
+        say(f"chart: {args.chart}")
     return rc
+
+
+def _tune_stage(args: argparse.Namespace, trace, bt, base, cands, out: dict, say) -> int:
+    """--tune: the held-out pick (`_tune`) unless the history is under a day; adds out["tune"]; the exit code."""
+    from ..backtest.sweep import history_too_short
+
+    too_short = history_too_short(trace.n_steps * trace.step_s)
+    if not too_short:
+        out["tune"] = _tune(trace, bt, base, cands, args, say)
+        return 0
+    # No held-out pick, no rule file, on less than a day.
+    out["tune"] = {"suggested": None, "too_short": too_short}
+    print(f"warning: --tune: {too_short}", file=sys.stderr)
+    if args.suggest_out:
+        print(f"error: --suggest-out {args.suggest_out} not written", file=sys.stderr)
+        return EXIT_PROBLEM_FOUND
+    return 0
 
 
 def _printer(args: argparse.Namespace):
