@@ -29,7 +29,7 @@ from gpufinops.run.pipeline import SOURCES, Peers
 from gpufinops.run.service import Service
 from gpufinops.store.store import Store
 from tests.act.test_act import RULE, World
-from tests.notify.test_email import T0, Clock, Inbox, _free_port, inst, plain_settings, smtp, warning  # noqa: F401
+from tests.notify.test_email import T0, Clock, Inbox, _free_port, inst, plain_settings, smtp, store, warning  # noqa: F401
 from tests.run.test_service import REPO, IdleMetrics, get, samples, serve_http
 
 PASSWORD_ENV = "GPUFINOPS_TEST_SMTP_PASSWORD"
@@ -76,13 +76,6 @@ def serve_smtp():
     yield start
     for controller in started:
         controller.stop()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path}/s.db")
-    yield s
-    s.close()
 
 
 def report_notice(month: str = "2026-11") -> Notice:
