@@ -105,7 +105,8 @@ class Progress:
 
     def close(self) -> float:
         took = time.monotonic() - self.began
-        sys.stderr.write(f"\r[fill] {self.label:<15} {self.total:>6} in {took:6.1f} s ({self.total / max(took, 1e-9):.0f}/s)"
+        rate = self.total / max(took, 1e-9)
+        sys.stderr.write(f"\r[fill] {self.label:<15} {self.total:>6} in {took:6.1f} s ({rate:.0f}/s)"
                          + " " * 60 + "\n")
         return took
 
@@ -447,7 +448,7 @@ def run(args, kapi_mod, cluster_mod, kapi, workdir: Path, began: float) -> int:
           f"{filled['requests'] / filled['fill_s']:.0f}/s, {args.threads} threads); median of {args.repeat}, "
           f"interleaved; {os.cpu_count()} cores")
     print(f"service lists ({len(lists)}): " + ", ".join(p for p, _q in lists))
-    print(f"\n| | wall s | requests | bytes from the server | peak Python MiB |")
+    print("\n| | wall s | requests | bytes from the server | peak Python MiB |")
     print("|---|---:|---:|---:|---:|")
     print(f"| gpufinops `KubernetesCluster.snapshot` | {median(svc_s):.2f} | {median(svc_req):.0f} | "
           f"{median(svc_bytes):,.0f} | {peak / mib:.0f} |")
@@ -455,8 +456,8 @@ def run(args, kapi_mod, cluster_mod, kapi, workdir: Path, began: float) -> int:
           f"{median(kc_bytes):,.0f} | - |")
     print(f"| (kubectl's floor: one process, `get --raw /version`) | {median(floor_s):.2f} | 1 | - | - |")
     if not reads_dra:
-        print(f"| not read by this code: resourceclaims + resourceslices, `kubectl get --raw` (admin) | {median(dra_s):.2f} | "
-              f"{median(dra_pages):.0f} | {median(dra_bytes):,.0f} | - |")
+        print(f"| not read by this code: resourceclaims + resourceslices, `kubectl get --raw` (admin) | "
+              f"{median(dra_s):.2f} | {median(dra_pages):.0f} | {median(dra_bytes):,.0f} | - |")
     print(f"\nservice: GPU nodes {len(snap.nodes)}, GPU pods {len(snap.gpu_pods)}, GPUs {gpus_seen}; "
           f"DRA lists read: {'yes' if reads_dra else 'no'}; runs: service {', '.join(f'{s:.2f}' for s in svc_s)} s, "
           f"kubectl {', '.join(f'{s:.2f}' for s in kc_s)} s; whole run {time.monotonic() - began:.0f} s")
