@@ -13,6 +13,7 @@ from a failed call would look like idle GPUs; missing data is never idle.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from gpufinops.k8s.model import (  # noqa: F401 - NODE_GROUP_LABELS, node_group_
     WorkloadRef, devices, is_gpu_resource, is_share_resource, node_group_of,
 )
 
+log = logging.getLogger("gpufinops.kubernetes")
 PAGE_SIZE = 500
 # Controllers followed upwards from a pod; an owner of another kind (a custom resource) is the workload itself.
 _LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job", RAY_CLUSTER.kind)
@@ -544,6 +546,8 @@ class KubernetesCluster:
         except ClusterReadFailed as exc:
             if exc.status != 404:
                 unread[dra.RESOURCE_GROUP] = str(exc)
+                log.warning("DRA not read this tick (GPUs allocated through ResourceClaims are not seen, priced "
+                            "or judged): %s", exc)
             return (), ()
 
     def custom_objects(self, kind: ApiKind) -> tuple[tuple[dict, ...], str]:

@@ -327,6 +327,22 @@ def test_what_cannot_be_joined_is_unknown_with_the_reason(snapshot, pod_usage, n
     assert decision.verdict is Verdict.UNKNOWN and reason in decision.reason
 
 
+def test_a_refused_dra_list_is_said_and_no_dra_gpu_is_taken_for_idle(cluster, kapi, tmp_path, caplog):
+    """The role without `list resourceclaims` (a real 403): slices without claims would make every DRA GPU idle
+    capacity, so neither is used this tick and the reason is kept (snapshot.unread) and logged."""
+    own = KapiCluster(kapi)
+    try:
+        own.forbid("list", "resourceclaims")
+        snap = KubernetesCluster(api_client(str(own.write_kubeconfig(tmp_path / "kc")))).snapshot(NOW)
+    finally:
+        own.close()
+    assert "403" in snap.unread["resource.k8s.io"] and "resourceclaims" in snap.unread["resource.k8s.io"]
+    assert "DRA not read this tick" in caplog.text
+    names = {n.name for n in snap.nodes}
+    assert PLUGIN_NODE in names and DRA_NODE not in names and MIG_NODE not in names
+    assert all(s.node != DRA_NODE for s in attribute(snap, NODE_COSTS))
+
+
 def test_a_device_without_uuid_or_index_is_unknown_and_a_missing_dra_api_is_no_dra():
     """Pure: the same reading without a server (the slice shape as above, its identity attributes left out)."""
     from gpufinops.places.kubernetes.usage import dra_reason
