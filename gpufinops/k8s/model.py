@@ -260,8 +260,13 @@ class NodeInfo:
         return len({d.physical_gpu for d in self.dra_devices if d.is_gpu})
 
     @property
+    def gpu_count(self) -> int:
+        """GPUs as the inventory and node verdicts name them: device-plugin devices plus DRA's physical GPUs."""
+        return self.gpu_devices + self.dra_gpus
+
+    @property
     def is_gpu_node(self) -> bool:
-        return self.gpu_devices > 0 or self.dra_gpus > 0
+        return self.gpu_count > 0
 
     def dra_device(self, driver: str, pool: str, name: str) -> DraDevice | None:
         return next((d for d in self.dra_devices if d.key == (driver, pool, name)), None)

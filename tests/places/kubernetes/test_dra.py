@@ -312,6 +312,19 @@ def test_dra_workloads_are_judged_by_their_devices_series(snapshot, pod_usage):
     assert snapshot.node(DRA_NODE).instance_id in pod_usage.nodes_with_pod_series
 
 
+def test_a_dra_node_with_dra_pods_is_a_gpu_node_at_work_and_never_cordoned_under_them(cluster, snapshot):
+    from gpufinops.decide.workloads import empty_gpu_nodes
+    from gpufinops.places.kubernetes.nodes import gpu_pods_on
+
+    verdicts = {v.node: v for v in empty_gpu_nodes(snapshot, {}, WINDOW, NODE_COSTS)}
+    assert (verdicts[DRA_NODE].verdict, verdicts[DRA_NODE].gpus) == (Verdict.ACTIVE, 8)
+    assert (verdicts[MIG_NODE].verdict, verdicts[MIG_NODE].gpus) == (Verdict.ACTIVE, 2)
+    # The cordon's last check (the pods on the node, read again): a pod using claims holds GPUs.
+    kube, _ = cluster
+    on_node = [p for ns in (ML, RESEARCH) for p in kube.list("pods", ns) if p["spec"].get("nodeName") == DRA_NODE]
+    assert f"{RESEARCH}/train-0" in gpu_pods_on(on_node) and f"{ML}/infer" in gpu_pods_on(on_node)
+
+
 @pytest.mark.parametrize("name, reason", [
     ("ghost", f"claim {ML}/ghost-gpu's device gpu.nvidia.com/{DRA_NODE}/gpu-9 is published by no ResourceSlice of "
               f"node {DRA_NODE}: which GPU it is cannot be told"),
