@@ -104,7 +104,8 @@ def dra_pod(namespace: str, name: str, node: str, claims: dict[str, str], *, tem
                                      for c, claim in claims.items()]
     obj["spec"]["containers"][0]["resources"] = {"claims": [{"name": c} for c in claims]}
     if template:
-        obj["status"]["resourceClaimStatuses"] = [{"name": c, "resourceClaimName": claim} for c, claim in claims.items()]
+        obj["status"]["resourceClaimStatuses"] = [{"name": c, "resourceClaimName": claim}
+                                                  for c, claim in claims.items()]
     return obj
 
 
