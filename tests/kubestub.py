@@ -60,13 +60,17 @@ RESOURCES = {
     "mpijobs": ("/apis/kubeflow.org/v2beta1", "MPIJob", True),
     "rayjobs": ("/apis/ray.io/v1", "RayJob", True),
     "rayclusters": ("/apis/ray.io/v1", "RayCluster", True),
+    # DRA (resource.k8s.io/v1): the reader lists both every tick; the stand-in answers what it holds (none).
+    "resourceslices": ("/apis/resource.k8s.io/v1", "ResourceSlice", False),
+    "resourceclaims": ("/apis/resource.k8s.io/v1", "ResourceClaim", True),
 }
 _PREFIX_RESOURCES = {(p, r if r != "events.k8s.io" else "events"): r for r, (p, _, _) in RESOURCES.items()}
 _API_VERSION = {"/api/v1": "v1", "/apis/apps/v1": "apps/v1", "/apis/batch/v1": "batch/v1",
                 "/apis/events.k8s.io/v1": "events.k8s.io/v1", "/apis/autoscaling/v2": "autoscaling/v2",
                 "/apis/keda.sh/v1alpha1": "keda.sh/v1alpha1", "/apis/kueue.x-k8s.io/v1beta1": "kueue.x-k8s.io/v1beta1",
                 "/apis/jobset.x-k8s.io/v1alpha2": "jobset.x-k8s.io/v1alpha2",
-                "/apis/kubeflow.org/v1": "kubeflow.org/v1", "/apis/kubeflow.org/v2beta1": "kubeflow.org/v2beta1", "/apis/ray.io/v1": "ray.io/v1"}
+                "/apis/kubeflow.org/v1": "kubeflow.org/v1", "/apis/kubeflow.org/v2beta1": "kubeflow.org/v2beta1", "/apis/ray.io/v1": "ray.io/v1",
+                "/apis/resource.k8s.io/v1": "resource.k8s.io/v1"}
 _VERB_OF = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
 

@@ -47,7 +47,7 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
     rows = [{args.by: r[args.by], "usd_per_hour": r["usd"], "usd_per_month_at_this_rate":
              round(r["usd"] * HOURS_PER_MONTH, 2), "gpus": r["gpus"], "pods": r["pods"],
              "unpriced_pods": r["unpriced"], "sharing": r["sharing"], "idle_usd_per_hour": r["idle_cents"] / 100,
-             "idle_gpus": r["idle_gpus"]} for r in cost_by(live.shares, args.by)]
+             "idle_gpus": r["idle_gpus"], "allocation": r["allocation"]} for r in cost_by(live.shares, args.by)]
     unpriced = sorted(n for n, c in live.node_costs.items() if c is None)
     if unpriced:
         print(f"warning: no price for node {', '.join(unpriced[:5])} (spot or not in the catalog): counted as 0",
@@ -71,10 +71,10 @@ def cmd_k8s_costs(args: argparse.Namespace) -> int:
 
         shown = [{args.by: r[args.by], "usd_per_hour": f"{r['usd_per_hour']:,.2f}",
                   "usd_per_month_at_this_rate": f"{r['usd_per_month_at_this_rate']:,.2f}", "gpus": f"{r['gpus']:g}",
-                  "pods": r["pods"], "idle_usd_per_hour": f"{r['idle_usd_per_hour']:,.2f}", "sharing": r["sharing"]}
-                 for r in rows]
+                  "pods": r["pods"], "idle_usd_per_hour": f"{r['idle_usd_per_hour']:,.2f}", "sharing": r["sharing"],
+                  "allocation": r["allocation"]} for r in rows]
         if shown:
-            print(render_table(shown, list(shown[0]), right=list(shown[0])[1:-1]))
+            print(render_table(shown, list(shown[0]), right=list(shown[0])[1:-2]))
         print(f"total {total:,.2f} $/h across {len(live.snapshot.nodes)} GPU nodes (idle capacity included; "
               f"read {now:%Y-%m-%d %H:%M} UTC from {live.snapshot.server})")
         if empty:

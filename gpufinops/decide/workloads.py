@@ -191,7 +191,7 @@ def empty_gpu_nodes(snapshot: ClusterSnapshot | None, watch: Mapping[str, NodeWa
     for node in snapshot.nodes:
         kind, group = node_group(node)
         cost = node_costs.get(node.name)
-        base = dict(instance_id=node.instance_id, instance_type=node.instance_type, gpus=node.gpu_devices,
+        base = dict(instance_id=node.instance_id, instance_type=node.instance_type, gpus=node.gpu_count,
                     group_kind=kind, group=group, usd_per_hour=cost, drain_refusal=drain_refusal(node))
         pods = snapshot.pods_on(node.name)
         if pods:
@@ -216,7 +216,7 @@ def empty_gpu_nodes(snapshot: ClusterSnapshot | None, watch: Mapping[str, NodeWa
             continue
         # Short: notices clip a reason at 300 characters, and the advice follows it (node_decision).
         out.append(NodeVerdict(node.name, Verdict.IDLE,
-                               f"node {node.name} ({node.gpu_devices} GPUs, {where}, {price}) has run no GPU pod for "
+                               f"node {node.name} ({node.gpu_count} GPUs, {where}, {price}) has run no GPU pod for "
                                f"{format_duration(free_s)} (since {free_since:%H:%M} UTC)",
                                node_advice(node), free_since=free_since, **base))
     return tuple(out)

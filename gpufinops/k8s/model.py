@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 from functools import cached_property
 from typing import Mapping
 
@@ -128,6 +129,74 @@ def slices(resources: Mapping[str, int]) -> int:
     return sum(gpu_slices(name, n) for name, n in resources.items() if is_gpu_resource(name))
 
 
+# --------------------------------------------------------------------------- DRA (resource.k8s.io/v1)
+#
+# Dynamic Resource Allocation: a driver publishes each node's devices in ResourceSlices, a ResourceClaim's
+# status.allocation names the devices it got (driver, pool, device), a pod uses its claims (spec.resourceClaims).
+# NVIDIA's DRA driver is `gpu.nvidia.com`; its devices carry the attribute `type` (gpu | mig), `uuid`, `index`,
+# `productName`, and for MIG `profile`, `parentUUID`, `parentIndex` (github.com/NVIDIA/k8s-dra-driver-gpu).
+# A device of any other driver (or of another type) is "other devices": never a GPU, never priced as one.
+DRA_GPU_DRIVERS = ("gpu.nvidia.com",)
+DRA_GPU_TYPES = ("gpu", "mig")
+ALLOCATED_BY_DEVICE_PLUGIN = "device-plugin"
+ALLOCATED_BY_DRA = "dra"
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One device a ResourceSlice publishes for a node."""
+
+    driver: str
+    pool: str
+    name: str
+    node: str
+    kind: str  # "gpu" | "mig" | "other" (DRA_GPU_TYPES of a DRA_GPU_DRIVERS driver, else other)
+    uuid: str = ""
+    index: str = ""  # the GPU's index (nvidia-smi's), as a string; a MIG device's own index
+    product: str = ""  # productName ("NVIDIA A100-SXM4-80GB")
+    profile: str = ""  # MIG profile ("3g.40gb")
+    parent_uuid: str = ""  # MIG: the GPU it is a slice of
+    parent_index: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in DRA_GPU_TYPES
+
+    @property
+    def physical_gpu(self) -> str:
+        """Names the physical GPU it is (or is a slice of): MIG devices of one GPU name the same one."""
+        if self.kind == "mig":
+            if self.parent_uuid:
+                return self.parent_uuid
+            return f"index:{self.parent_index}" if self.parent_index else f"device:{self.name}"
+        return self.uuid or (f"index:{self.index}" if self.index else f"device:{self.name}")
+
+
+@dataclass(frozen=True)
+class DraHold:
+    """A pod's part of one device a ResourceClaim of it was allocated."""
+
+    claim: str  # namespace/name of the ResourceClaim
+    driver: str
+    pool: str
+    device: str
+    share: Fraction  # 1 / the pods the claim is reserved for (split among them)
+    found: DraDevice | None  # the device as the pod's node's ResourceSlices publish it; None: none does
+    node: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU driver's device: a device nobody's slice publishes counts as a GPU when its driver is one (its
+        workload is then UNKNOWN: which GPU it is cannot be told)."""
+        if self.found is not None:
+            return self.found.is_gpu
+        return self.driver in DRA_GPU_DRIVERS
+
+
 # Node labels that name the group a node belongs to, in the order tried: (label, how reasons name it).
 NODE_GROUP_LABELS = (
     ("karpenter.sh/nodepool", "Karpenter NodePool"),
@@ -178,14 +247,29 @@ class NodeInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False  # spec.unschedulable (cordoned, by anyone)
     resource_version: str = ""
+    dra_devices: tuple[DraDevice, ...] = ()  # what the ResourceSlices of this node publish (every driver)
 
     @property
     def gpu_devices(self) -> int:
+        """Device-plugin GPU devices (whole GPUs plus MIG slices) the node advertises."""
         return devices(self.capacity)
 
     @property
+    def dra_gpus(self) -> int:
+        """Physical GPUs the node's ResourceSlices publish (a GPU's MIG devices count it once)."""
+        return len({d.physical_gpu for d in self.dra_devices if d.is_gpu})
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs as the inventory and node verdicts name them: device-plugin devices plus DRA's physical GPUs."""
+        return self.gpu_devices + self.dra_gpus
+
+    @property
     def is_gpu_node(self) -> bool:
-        return self.gpu_devices > 0
+        return self.gpu_count > 0
+
+    def dra_device(self, driver: str, pool: str, name: str) -> DraDevice | None:
+        return next((d for d in self.dra_devices if d.key == (driver, pool, name)), None)
 
 
 @dataclass(frozen=True)
@@ -200,14 +284,27 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     priority_class: str = ""  # spec.priorityClassName ("" = none: the cluster's default priority)
+    dra: tuple[DraHold, ...] = ()  # the devices its ResourceClaims were allocated (every driver)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
     @property
+    def dra_gpus(self) -> tuple[DraHold, ...]:
+        return tuple(h for h in self.dra if h.is_gpu)
+
+    @property
     def gpu_devices(self) -> int:
-        return devices(self.gpu_requests)
+        """GPU devices held: device-plugin requests plus GPU devices allocated through DRA claims."""
+        return devices(self.gpu_requests) + len(self.dra_gpus)
+
+    @property
+    def allocation(self) -> str:
+        """How its GPUs were allocated: "device-plugin", "dra", or both comma-joined."""
+        ways = [w for w, held in ((ALLOCATED_BY_DEVICE_PLUGIN, devices(self.gpu_requests)),
+                                  (ALLOCATED_BY_DRA, self.dra_gpus)) if held]
+        return ",".join(ways)
 
     @property
     def holds_gpus(self) -> bool:

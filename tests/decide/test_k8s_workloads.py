@@ -186,7 +186,7 @@ def test_kubeconfig_path_reaches_the_cluster_with_its_token(stub, snapshot):
     lists = stub.calls(verb="list")
     assert lists and {r.token for r in lists} == {stub.token} and {r.status for r in lists} == {200}
     assert {r.resource for r in lists} == {"nodes", "namespaces", "pods", "replicasets", "deployments",
-                                           "statefulsets", "jobs"}
+                                           "statefulsets", "jobs", "resourceslices", "resourceclaims"}
 
 
 def test_pods_resolve_to_their_workloads(snapshot):
@@ -259,7 +259,7 @@ def test_costs_command_by_namespace_table_goes_through_the_one_renderer(kubeconf
     assert main(["--config", str(cfg), "costs", "--month", f"{NOW:%Y-%m}", "--by", "namespace"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["namespace", "usd_per_hour", "usd_per_month_at_this_rate", "gpus", "pods",
-                                "idle_usd_per_hour", "sharing"]
+                                "idle_usd_per_hour", "sharing", "allocation"]
     assert set(lines[1].replace(" ", "")) == {"-"}
     assert any(line.startswith(f"{RESEARCH} ") for line in lines[2:])
     assert lines[-1].startswith("total ") and "GPU nodes" in lines[-1]

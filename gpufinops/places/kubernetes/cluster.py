@@ -13,18 +13,21 @@ from a failed call would look like idle GPUs; missing data is never idle.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from gpufinops.collect.errors import QueryFailed
+from gpufinops.places.kubernetes import dra
 from gpufinops.k8s.model import (  # noqa: F401 - NODE_GROUP_LABELS, node_group_of: this module's API too
     KUEUE_JOB_KINDS, NODE_GROUP_LABELS, RAY_CLUSTER, ApiKind, ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo,
     WorkloadRef, devices, is_gpu_resource, is_share_resource, node_group_of,
 )
 
+log = logging.getLogger("gpufinops.kubernetes")
 PAGE_SIZE = 500
 # Controllers followed upwards from a pod; an owner of another kind (a custom resource) is the workload itself.
 _LISTED_OWNER_KINDS = ("ReplicaSet", "Deployment", "StatefulSet", "Job", RAY_CLUSTER.kind)
@@ -263,10 +266,12 @@ def resolve_workload(namespace: str, pod_meta: Mapping[str, Any],
     return WorkloadRef(namespace, kind, name)
 
 
-def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> PodInfo:
+def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapping[str, Any]],
+              holds: tuple = ()) -> PodInfo:
+    """`holds`: the DRA devices its claims were allocated (dra.pod_holds)."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     namespace = str(meta.get("namespace", ""))
-    return PodInfo(
+    return PodInfo(dra=holds, 
         namespace=namespace, name=str(meta.get("name", "")), node_name=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Unknown"), started=parse_time(status.get("startTime")),
         gpu_requests=pod_gpu_requests(spec), workload=resolve_workload(namespace, meta, owners),
@@ -278,8 +283,8 @@ def parse_pod(obj: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapp
 def gpu_work_ended(obj: Mapping[str, Any]) -> tuple[bool, datetime | None]:
     """Pure: (requests GPUs, when its last container finished) of a finished pod; the time is None when no
     container status says (the caller then cannot tell when its GPU work ended)."""
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    if not devices(pod_gpu_requests(spec)):
+    status = obj.get("status") or {}
+    if not may_hold_gpus(obj):  # a DRA pod's claims may be gone with it: its claims are enough to count
         return False, None
     ends = [parse_time(((c.get("state") or {}).get("terminated") or {}).get("finishedAt"))
             for key in ("initContainerStatuses", "containerStatuses") for c in status.get(key) or []
@@ -320,7 +325,7 @@ def pointed_kinds(pods: Iterable[Mapping[str, Any]], owners_by_kind: Mapping[str
     done = set(owners_by_kind)
     wanted: dict[str, ApiKind] = {}
     for obj in pods:
-        if not devices(pod_gpu_requests(obj.get("spec") or {})):
+        if not may_hold_gpus(obj):
             continue
         meta = obj.get("metadata") or {}
         kind = resolve_workload(str(meta.get("namespace", "")), meta, owners).kind
@@ -329,26 +334,39 @@ def pointed_kinds(pods: Iterable[Mapping[str, Any]], owners_by_kind: Mapping[str
     return [wanted[k] for k in sorted(wanted)]
 
 
+def may_hold_gpus(obj: Mapping[str, Any]) -> bool:
+    """Pure: requests device-plugin GPUs, or uses DRA ResourceClaims (which devices, the claims tell)."""
+    return bool(devices(pod_gpu_requests(obj.get("spec") or {}))) or dra.uses_claims(obj)
+
+
 def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict],
                   owners_by_kind: Mapping[str, Iterable[dict]], namespaces: Iterable[dict], *,
                   namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True,
-                  server: str = "", unread: Mapping[str, str] | None = None) -> ClusterSnapshot:
-    """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod requesting GPUs (for cost shares) with
+                  server: str = "", unread: Mapping[str, str] | None = None,
+                  resource_slices: Iterable[dict] = (), resource_claims: Iterable[dict] = ()) -> ClusterSnapshot:
+    """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod holding GPUs (for cost shares) with
     the namespaces `namespace_allowed` leaves out of verdicts, their workloads. `unread`: owner kinds whose list
-    failed, and why."""
+    failed, and why. `resource_slices` / `resource_claims`: DRA's (module dra): a node's published GPUs make it a
+    GPU node, a pod's allocated claims its GPUs."""
     owners = owner_index(owners_by_kind)
     ns_labels = {str((o.get("metadata") or {}).get("name", "")): dict((o.get("metadata") or {}).get("labels") or {})
                  for o in namespaces}
+    pods = list(pods)
+    by_node = dra.slices_by_node(resource_slices)
+    claims = dra.claim_index(resource_claims)
+    users = dra.claim_users(p for p in pods if dra.uses_claims(p))
     gpu_pods, others, out_of_scope = [], set(), set()
     for obj in pods:
-        pod = parse_pod(obj, owners)
+        holds = dra.pod_holds(obj, claims, by_node, users) if dra.uses_claims(obj) else ()
+        pod = parse_pod(obj, owners, holds)
         if not pod.gpu_devices:
             others.add(pod.key)
             continue
         gpu_pods.append(pod)
         if not namespace_allowed(pod.namespace, ns_labels.get(pod.namespace, {})):
             out_of_scope.add(pod.namespace)
-    gpu_nodes = tuple(sorted((n for n in map(parse_node, nodes) if n.is_gpu_node), key=lambda n: n.name))
+    parsed = (replace(n, dra_devices=by_node.get(n.name, ())) for n in map(parse_node, nodes))
+    gpu_nodes = tuple(sorted((n for n in parsed if n.is_gpu_node), key=lambda n: n.name))
     refs = sorted({p.workload for p in gpu_pods})
     return ClusterSnapshot(
         read_at=read_at, nodes=gpu_nodes, gpu_pods=tuple(sorted(gpu_pods, key=lambda p: p.key)),
@@ -493,7 +511,8 @@ class KubernetesCluster:
             "Job": r.list("jobs", batch.list_job_for_all_namespaces).items,
         }
         unread: dict[str, str] = {}
-        gpu_pods = [p for p in pods.items if devices(pod_gpu_requests(p.get("spec") or {}))]
+        slices, claims = self.dra_objects(unread)
+        gpu_pods = [p for p in pods.items if may_hold_gpus(p)]
         # Round one finds RayClusters, JobSets and Kubeflow jobs; round two the RayJobs above the RayClusters.
         for _ in range(2):
             for kind in pointed_kinds(gpu_pods, owners):
@@ -501,7 +520,35 @@ class KubernetesCluster:
                 if problem:
                     unread[kind.kind] = problem
         return snapshot_from(now, nodes.items, pods.items, owners, namespaces.items,
-                             namespace_allowed=self.namespace_allowed, server=r.server, unread=unread)
+                             namespace_allowed=self.namespace_allowed, server=r.server, unread=unread,
+                             resource_slices=slices, resource_claims=claims)
+
+    def dra_objects(self, unread: dict[str, str]) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+        """DRA's ResourceSlices and ResourceClaims, cluster-wide (two paged lists). The official client 33.x has no
+        resource.k8s.io/v1 models, so they are read as raw REST through its ApiClient (`call_api`), with the same
+        paging, timeouts and errors as every other list. A 404 (a server before 1.34, or the API switched off) is
+        none. Any other failure of either is neither, the reason in `unread`: claims without their slices, or
+        slices without their claims, would price every DRA GPU as idle capacity."""
+        r = self.reader
+
+        def raw(plural: str):
+            def call(_preload_content=False, _request_timeout=None, limit=None, _continue=None):
+                query = [("limit", limit)] + ([("continue", _continue)] if _continue else [])
+                return r.api.call_api(f"/apis/{dra.RESOURCE_GROUP}/{dra.RESOURCE_VERSION}/{plural}", "GET",
+                                      query_params=query, header_params={"Accept": "application/json"},
+                                      auth_settings=["BearerToken"], _return_http_data_only=True,
+                                      _preload_content=_preload_content, _request_timeout=_request_timeout)
+            return call
+
+        try:
+            return (r.list(f"{dra.SLICES}.{dra.RESOURCE_GROUP}", raw(dra.SLICES)).items,
+                    r.list(f"{dra.CLAIMS}.{dra.RESOURCE_GROUP}", raw(dra.CLAIMS)).items)
+        except ClusterReadFailed as exc:
+            if exc.status != 404:
+                unread[dra.RESOURCE_GROUP] = str(exc)
+                log.warning("DRA not read this tick (GPUs allocated through ResourceClaims are not seen, priced "
+                            "or judged): %s", exc)
+            return (), ()
 
     def custom_objects(self, kind: ApiKind) -> tuple[tuple[dict, ...], str]:
         """Every object of a custom resource kind, cluster-wide (one paged list), and "" ; a 404 (its CRD is not

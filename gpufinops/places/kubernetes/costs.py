@@ -14,6 +14,13 @@ node shares them (k8s.model.node_sharing, from GFD labels and advertised devices
   memory and its cores fit): a pod holding 80% of the memory and 10% of the cores takes 80% of the GPU from
   everyone else. No gpumem means the whole memory (HAMi's default), so such a pod holds a whole GPU.
 
+- DRA (resource.k8s.io/v1 ResourceClaims, places.kubernetes.dra): a whole GPU device is 1 GPU, a MIG device its
+  profile's compute slices over the GPU's (the same table), times the pod's part of the claim (1/n for a claim
+  reserved for n pods). The node's physical GPUs are then its device-plugin GPUs plus the GPUs its ResourceSlices
+  publish (a GPU's MIG devices count it once); a device of another driver is never a GPU and never priced as one,
+  and a GPU device no slice of the node publishes is weighed 0 (which GPU it is cannot be told: its cost stays the
+  node's idle capacity, its workload UNKNOWN). `allocation` says how each share's GPUs were allocated.
+
 What no pod holds is the node's **idle capacity**: a row of its own, never spread over the pods. Shares are exact
 fractions; amounts are whole cents, apportioned per node by largest remainder, so a node's pods plus its idle
 capacity equal its cost to the cent for any number of hours, and every grouping adds up to the cluster
@@ -28,8 +35,8 @@ from fractions import Fraction
 from typing import Callable, Iterable, Mapping, Sequence
 
 from gpufinops.k8s.model import (
-    GPU_RESOURCE, GPU_SHARED_RESOURCE, HAMI_CORES, HAMI_MEMORY, MIG_RESOURCE_PREFIX, ClusterSnapshot, NodeInfo,
-    NodeSharing, node_sharing,
+    ALLOCATED_BY_DEVICE_PLUGIN, ALLOCATED_BY_DRA, GPU_RESOURCE, GPU_SHARED_RESOURCE, HAMI_CORES, HAMI_MEMORY,
+    MIG_RESOURCE_PREFIX, ClusterSnapshot, DraHold, NodeInfo, NodeSharing, node_sharing,
 )
 from ...prices.mig import compute_share, gpu_key_of_product
 
@@ -56,6 +63,9 @@ class CostShare:
     hours: float
     sharing: str = "whole"  # k8s.model.SHARING_MODES
     node_pool: str = NO_NODE_POOL
+    # How the GPUs were allocated: "device-plugin", "dra" or both comma-joined; for idle capacity, how the node's
+    # GPUs are handed out.
+    allocation: str = ALLOCATED_BY_DEVICE_PLUGIN
 
     @property
     def is_idle_capacity(self) -> bool:
@@ -117,6 +127,30 @@ def request_share(requests: Mapping[str, int], sharing: NodeSharing) -> Fraction
     return share
 
 
+def dra_share(holds: Sequence[DraHold]) -> Fraction:
+    """The physical GPUs a pod's DRA devices hold (exact): whole GPU 1, MIG its compute slices over the GPU's,
+    each times the pod's part of its claim. Other drivers' devices and unpublished ones weigh nothing."""
+    share = Fraction(0)
+    for h in holds:
+        if h.found is None or not h.found.is_gpu:
+            continue
+        if h.found.kind == "mig":
+            slices, of = compute_share(gpu_key_of_product(h.found.product), h.found.profile)
+            share += h.share * Fraction(slices, of)
+        else:
+            share += h.share
+    return share
+
+
+def node_allocation(node: NodeInfo) -> str:
+    return ",".join(w for w, n in ((ALLOCATED_BY_DEVICE_PLUGIN, node.gpu_devices), (ALLOCATED_BY_DRA, node.dra_gpus))
+                    if n)
+
+
+def node_dra_mode(node: NodeInfo) -> str:
+    return "mig" if any(d.kind == "mig" for d in node.dra_devices) else "whole"
+
+
 def attribute(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None], hours: float = 1.0) -> list[CostShare]:
     """Pure: every GPU node's cost over `hours`, split over the pods holding its GPUs, plus its idle capacity.
     Requests above the physical GPUs (a node shrinking under its pods, labels that undercount) share the whole
@@ -126,17 +160,21 @@ def attribute(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None],
         pods = snapshot.pods_on(node.name)
         sharing = node_sharing(node, pods)
         pool = node_pool_of(node)
-        weights = [request_share(p.gpu_requests, sharing) for p in pods]
-        idle = max(Fraction(sharing.physical_gpus) - sum(weights, Fraction(0)), Fraction(0))
+        # A DRA-only node may still carry GFD's labels (gpu.count): its device-plugin GPUs are what it advertises.
+        plugin_gpus = sharing.physical_gpus if node.gpu_devices else 0
+        physical = plugin_gpus + node.dra_gpus
+        mode = sharing.mode if node.gpu_devices else node_dra_mode(node)
+        weights = [request_share(p.gpu_requests, sharing) + dra_share(p.dra) for p in pods]
+        idle = max(Fraction(physical) - sum(weights, Fraction(0)), Fraction(0))
         cost = node_costs.get(node.name)
         total = None if cost is None else cents_of(cost * hours)
         parts = apportion(total, [*weights, idle]) if total is not None else [None] * (len(pods) + 1)
         for pod, w, cents in zip(pods, weights, parts):
             out.append(CostShare(node.name, node.instance_id, pod.namespace, str(pod.workload), pod.name, w,
-                                 sharing.physical_gpus, cents, hours, sharing.mode, pool))
+                                 physical, cents, hours, mode, pool, pod.allocation or ALLOCATED_BY_DEVICE_PLUGIN))
         if idle:
             out.append(CostShare(node.name, node.instance_id, IDLE_CAPACITY, f"node {node.name}", "", idle,
-                                 sharing.physical_gpus, parts[-1], hours, sharing.mode, pool))
+                                 physical, parts[-1], hours, mode, pool, node_allocation(node)))
     return out
 
 
@@ -146,7 +184,8 @@ def cluster_cents(shares: Iterable[CostShare]) -> int:
 
 def cost_by(shares: Iterable[CostShare], by: str) -> list[dict]:
     """Rows per namespace / workload / node / pod / nodepool: cents, dollars, physical GPUs held, pods, `unpriced`
-    pods whose node has no known price, `sharing` (the modes of the GPUs, comma-joined) and the row's idle
+    pods whose node has no known price, `sharing` (the modes of the GPUs, comma-joined), `allocation` (device-plugin,
+    dra: how they were allocated, comma-joined) and the row's idle
     capacity (`idle_cents`, `idle_gpus`: all of an idle capacity row, a node pool's idle part). Idle capacity
     stays its own row(s) except per node and node pool; largest cost first."""
     if by not in GROUPINGS:
@@ -157,12 +196,14 @@ def cost_by(shares: Iterable[CostShare], by: str) -> list[dict]:
                "pod": f"{s.namespace}/{s.pod}" if s.pod else s.workload}[by]
         row = groups.setdefault(key, {by: key, "cents": 0, "gpus": Fraction(0), "pods": 0, "unpriced": 0,
                                       "idle_capacity": s.is_idle_capacity and by not in ("node", "nodepool"),
-                                      "sharing": set(), "idle_cents": 0, "idle_gpus": Fraction(0)})
+                                      "sharing": set(), "allocation": set(), "idle_cents": 0,
+                                      "idle_gpus": Fraction(0)})
         row["cents"] += s.cents or 0
         row["gpus"] += s.gpus
         row["pods"] += 0 if s.is_idle_capacity else 1
         row["unpriced"] += s.cents is None
         row["sharing"].add(s.sharing)
+        row["allocation"].update(s.allocation.split(","))
         if s.is_idle_capacity:
             row["idle_cents"] += s.cents or 0
             row["idle_gpus"] += s.gpus
@@ -172,6 +213,7 @@ def cost_by(shares: Iterable[CostShare], by: str) -> list[dict]:
         r["gpus"] = round(float(r["gpus"]), 3)
         r["idle_gpus"] = round(float(r["idle_gpus"]), 3)
         r["sharing"] = ",".join(sorted(r["sharing"]))
+        r["allocation"] = ",".join(sorted(r["allocation"]))
     return rows
 
 

@@ -127,20 +127,20 @@ def node_instance(node: NodeInfo, hourly_cost: float | None, *, drain_nodes: boo
     return GpuInstance(
         instance_id=node_id(node.name), instance_type=node.instance_type, region=node.region, state=state,
         launch_time=node.created, lifecycle=node.lifecycle, tags=tags, private_dns=node.name,
-        gpu_count=node.gpu_devices, gpu_model=model, gpu_memory_gib=memory, hourly_cost=hourly_cost,
+        gpu_count=node.gpu_count, gpu_model=model, gpu_memory_gib=memory, hourly_cost=hourly_cost,
         provider="kubernetes", managed_by=managed_by, managed_advice=advice,
     )
 
 
 def gpu_pods_on(pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """namespace/name of the listed pods that hold GPUs (requested, not finished)."""
-    from gpufinops.places.kubernetes.cluster import pod_gpu_requests
-    from gpufinops.k8s.model import devices
+    """namespace/name of the listed pods that hold GPUs (requested, or DRA claims used: any claim may hold a GPU,
+    and a node is never cordoned under one; not finished)."""
+    from gpufinops.places.kubernetes.cluster import may_hold_gpus
 
     out = []
     for obj in pods:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        if devices(pod_gpu_requests(obj.get("spec") or {})) and status.get("phase") not in ("Succeeded", "Failed"):
+        if may_hold_gpus(obj) and status.get("phase") not in ("Succeeded", "Failed"):
             out.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     return out
 

@@ -202,7 +202,8 @@ def test_unpriced_nodes_are_counted_as_unpriced_not_free():
     snap = snapshot_from(NOW, [node_obj("n", "i-1", gpus=1)], [pod_obj("a", "p", "n")], {}, [])
     rows = cost_by(attribute(snap, {"n": None}), "namespace")
     assert rows == [{"namespace": "a", "cents": 0, "gpus": 1.0, "pods": 1, "unpriced": 1, "idle_capacity": False,
-                     "sharing": "whole", "idle_cents": 0, "idle_gpus": 0.0, "usd": 0.0}]
+                     "sharing": "whole", "allocation": "device-plugin", "idle_cents": 0, "idle_gpus": 0.0,
+                     "usd": 0.0}]
 
 
 def test_an_excluded_namespace_is_not_judged_but_its_gpus_are_not_idle_capacity():

@@ -33,6 +33,9 @@ EXPECTED = {
     ("kubeflow.org", "tfjobs"): {"get", "list"}, ("kubeflow.org", "xgboostjobs"): {"get", "list"},
     ("kubeflow.org", "paddlejobs"): {"get", "list"}, ("kubeflow.org", "mpijobs"): {"get", "list"},
     ("ray.io", "rayjobs"): {"get", "list"}, ("ray.io", "rayclusters"): {"list"},
+    # DRA (resource.k8s.io/v1): read only.
+    ("resource.k8s.io", "deviceclasses"): {"get", "list"}, ("resource.k8s.io", "resourceslices"): {"get", "list"},
+    ("resource.k8s.io", "resourceclaims"): {"get", "list"},
 }
 
 
