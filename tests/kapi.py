@@ -470,8 +470,9 @@ class KapiCluster:
                        headers={"Content-Type": "application/json"})
 
     def lose_answer_next(self, status: int = 500, verb: str | None = None, resource: str | None = None) -> None:
-        """The server makes the change; its answer is lost: a 500 from the proxy, or (0) the connection reset."""
-        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=(status == 0))
+        """The server makes the change; its answer is lost: `status` (a 500, a 503) from the proxy, or (0) the
+        connection reset."""
+        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=(status == 0), status=status or 500)
 
     @property
     def url(self) -> str:
