@@ -121,7 +121,8 @@ def test_an_hpa_appearing_after_the_mark_refuses_the_scale_down_and_names_it(wor
         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": world.web.name},
                  "minReplicas": 1, "maxReplicas": 4}})
     result = world.tick(16, rule)[workload_id(world.web)]
-    assert result.kind == ActionKind.UNMARK and f"HorizontalPodAutoscaler '{world.web.namespace}/infer'" in result.reason
+    hpa = f"HorizontalPodAutoscaler '{world.web.namespace}/infer'"
+    assert result.kind == ActionKind.UNMARK and hpa in result.reason
     dep = world.kube.get("deployments", world.web.namespace, world.web.name)
     annotations = dep["metadata"].get("annotations") or {}  # the real server drops an emptied map
     assert dep["spec"]["replicas"] == 1 and MARK_ANNOTATION not in annotations
@@ -149,7 +150,8 @@ def test_an_hpa_appearing_between_the_plan_and_the_patch_refuses_it(world, monke
 
     monkeypatch.setattr(world.cloud, "list_gpu_instances", listed_then_hpa)
     result = world.tick(16, rule)[workload_id(world.web)]
-    assert not result.ok and f"managed by HorizontalPodAutoscaler '{world.web.namespace}/infer' now" in (result.error or "")
+    hpa = f"HorizontalPodAutoscaler '{world.web.namespace}/infer'"
+    assert not result.ok and f"managed by {hpa} now" in (result.error or "")
     [row] = world.rows(ActionKind.STOP)
     assert row.status == "failed"
     assert world.kube.get("deployments", world.web.namespace, world.web.name)["spec"]["replicas"] == 1

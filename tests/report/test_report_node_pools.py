@@ -32,8 +32,8 @@ from tests.report.test_report_browser import CHROMIUM, PROBE, measure
 
 UTC = timezone.utc
 EVERY_S = 300
-# Ticks (minutes after the start, t0): every five minutes, and the one that cordons the empty node a minute late (76), as the
-# warning's lead runs out; the empty node is gone (Karpenter removed it) before minute 90.
+# Ticks (minutes after the start, t0): every five minutes, and the one that cordons the empty node a minute late (76),
+# as the warning's lead runs out; the empty node is gone (Karpenter removed it) before minute 90.
 MINUTES = [*range(0, 75, 5), 76, *range(80, 125, 5)]
 CORDON_MINUTE, REMOVED_BEFORE = 76, 90
 PRICES = {"p4d.24xlarge": 32.7726, "p4de.24xlarge": 40.966, "g4dn.12xlarge": 3.912}

@@ -97,7 +97,7 @@ def assert_every_call_granted(kube: KapiCluster) -> None:
 def test_each_kind_is_one_workload_under_its_top_object_with_all_its_pods(world):
     found = listed(world)
     assert {i for i in found if "/Job/" in i or "/RayCluster/" in i or "/Pod/" in i} == set()
-    js, pt, rj = found[workload_id(own(world.kube, JS))], found[workload_id(own(world.kube, PT))], found[workload_id(own(world.kube, RJ))]
+    js, pt, rj = (found[workload_id(own(world.kube, ref))] for ref in (JS, PT, RJ))
     # Every GPU pod counted: 2 Jobs x 2 GPUs; master + 2 workers; head + 2 workers (the submitter holds none).
     assert (js.gpu_count, pt.gpu_count, rj.gpu_count) == (4, 3, 3)
     # Their cost shares together: the node's cost split by GPU, so a JobSet of 4 GPUs costs 4/3 of a RayJob's 3.
@@ -237,10 +237,11 @@ def test_a_mark_removed_between_the_plan_and_the_patch_is_a_409_and_no_suspensio
     # The person's removal lands after the read that still showed the mark, before the PATCH reaches the server.
     world.kube.proxy.arm("hook", call_matches("patch", "workloads"), times=1, hook=remove_mark, forward=True)
     results = world.tick(16, rule=RULE)
-    assert not results[workload_id(own(world.kube, JS))].ok and "was removed since the warning" in results[workload_id(own(world.kube, JS))].error
+    iid = workload_id(own(world.kube, JS))
+    assert not results[iid].ok and "was removed since the warning" in results[iid].error
     assert [r.status for r in suspensions(world, JS)] == [409]  # one PATCH, refused by its precondition
     assert workload(world, JS)["spec"]["active"] is True
-    assert [r.status for r in world.rows(ActionKind.STOP) if r.instance_id == workload_id(own(world.kube, JS))] == ["failed"]
+    assert [r.status for r in world.rows(ActionKind.STOP) if r.instance_id == iid] == ["failed"]
 
 
 def test_a_snooze_on_the_top_object_cancels_the_suspension(world):
