@@ -242,9 +242,12 @@ class KubeCall:
     namespace: str
     name: str
     token: str = ""  # the bearer token it carried
+    content_type: str = ""  # of the request's body (a PATCH's patch type)
+    fault: str = ""  # the fault proxy's mode applied to it after forwarding ("lost": the server acted, the answer
+    # never reached the service), "" if none
 
 
-def parse_call(req: Request, status: int | None) -> KubeCall:
+def parse_call(req: Request, status: int | None, fault: str = "") -> KubeCall:
     parts = urlsplit(req.path)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     segs = [p for p in parts.path.split("/") if p]
@@ -273,8 +276,9 @@ def parse_call(req: Request, status: int | None) -> KubeCall:
     except ValueError:
         body = req.body.decode(errors="replace")
     auth = next((v for k, v in req.headers.items() if k.lower() == "authorization"), "")
+    ctype = next((v for k, v in req.headers.items() if k.lower() == "content-type"), "")
     return KubeCall(req.seq, req.method, parts.path, query, body, status, verb, group, resource, namespace, name,
-                    auth.removeprefix("Bearer "))
+                    auth.removeprefix("Bearer "), ctype.split(";")[0].strip(), fault)
 
 
 def _k8s_status(code: int, reason: str, message: str) -> bytes:
@@ -327,6 +331,7 @@ class KapiCluster:
             f"/api/v1/namespaces/{self.home}/serviceaccounts/{self.account}/token",
             {"spec": {"expirationSeconds": 7200}})["status"]["token"]
         self.extra_roles: list[str] = []
+        self.forbidden_rights: list[tuple[str, str]] = []  # (verb, resource) taken away by `forbid`
 
     # ------------------------------------------------------------------ names
     def ns(self, name: str) -> str:
@@ -422,10 +427,10 @@ class KapiCluster:
     def calls(self, verb: str | None = None, resource: str | None = None) -> list[KubeCall]:
         with self.proxy._lock:
             seen = list(self.proxy.seen)
-            answered = {f.request.seq: f.status for f in self.proxy.forwarded}
+            answered = {f.request.seq: (f.status, f.fault) for f in self.proxy.forwarded}
         out = []
         for req in seen:
-            call = parse_call(req, answered.get(req.seq))
+            call = parse_call(req, *answered.get(req.seq, (None, "")))
             if (verb is None or call.verb == verb) and (resource is None or call.resource == resource):
                 out.append(call)
         return out
@@ -465,18 +470,24 @@ class KapiCluster:
                        headers={"Content-Type": "application/json"})
 
     def lose_answer_next(self, status: int = 500, verb: str | None = None, resource: str | None = None) -> None:
-        """The server makes the change; its answer is lost: a 500 from the proxy, or (0) the connection reset."""
-        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=(status == 0))
+        """The server makes the change; its answer is lost: `status` (a 500, a 503) from the proxy, or (0) the
+        connection reset."""
+        self.proxy.arm("lost", call_matches(verb, resource), times=1, as_reset=(status == 0), status=status or 500)
 
     @property
     def url(self) -> str:
         """Where the service reaches the API server (the proxy's address)."""
         return self.proxy.url
 
-    def forbid(self, verb: str, resource: str) -> None:
+    def forbid(self, verb: str, resource: str, once: bool = False) -> None:
         """A real 403: the test's identity is rebound to the shipped ClusterRole less `verb` on `resource`
-        (e.g. "patch", "deployments"); waits until the server's authorizer says so."""
+        (e.g. "patch", "deployments"); waits until the server's authorizer says so. `once`: the right comes back
+        (the shipped ClusterRole rebound) as soon as the server has answered the next such request, before that
+        answer reaches the service."""
         self.expect_forbidden = True
+        if once:
+            self.proxy.arm("hook", call_matches(verb, resource), times=1, after=True, forward=True,
+                           hook=lambda _req: self.restore_rights())
         role = self.admin.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{SHIPPED_ROLE}")
         rules = []
         for rule in role["rules"]:
@@ -494,6 +505,21 @@ class KapiCluster:
         old = self.binding
         self.binding = self._bind(name)
         self.admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{old}")
+        self.forbidden_rights.append((verb, resource))
+        self._wait_until_allowed(verb, resource, False)
+
+    def restore_rights(self) -> None:
+        """The test's identity bound to the shipped ClusterRole again (after `forbid`); waits until the server's
+        authorizer allows what was forbidden."""
+        old = self.binding
+        self.binding = self._bind(SHIPPED_ROLE)
+        self.admin.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{old}")
+        for verb, resource in self.forbidden_rights:
+            self._wait_until_allowed(verb, resource, True)
+        self.forbidden_rights.clear()
+
+    def _wait_until_allowed(self, verb: str, resource: str, allowed: bool) -> None:
+        role = self.admin.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{SHIPPED_ROLE}")
         group = next((r["apiGroups"][0] for r in role["rules"] if resource in r.get("resources", [])), "")
         base, _, sub = resource.partition("/")
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
@@ -501,8 +527,8 @@ class KapiCluster:
                            "resourceAttributes": {"verb": verb, "group": group, "resource": base,
                                                   "subresource": sub, "namespace": "any"}}}
         deadline = time.monotonic() + 10
-        while self.admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get(
-                "allowed"):
+        while bool(self.admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get(
+                "allowed")) != allowed:
             assert time.monotonic() < deadline, "RBAC change not seen by the authorizer after 10 s"
             time.sleep(0.05)
 

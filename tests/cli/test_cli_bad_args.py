@@ -159,18 +159,19 @@ def test_data_paths_that_are_devices_are_refused_naming_the_flag(state, capsys):
 # --------------------------------------------------------------------------- costs --by namespace (docs/kubernetes.md)
 
 
-def test_costs_by_namespace_without_month_reads_this_month_as_docs_kubernetes_says(kube_stub, state, capsys):
+def test_costs_by_namespace_without_month_reads_this_month_as_docs_kubernetes_says(kapi_cluster, state, capsys):
     from tests.kubestub import node_obj, pod_obj
 
-    kube_stub.add("nodes", node_obj("gpu-a", "i-0aaa0000000000001"))
-    kube_stub.add("pods", pod_obj("ml", "train-0", "gpu-a"))
-    kubeconfig = kube_stub.write_kubeconfig(state / "kubeconfig")
+    kube = kapi_cluster  # the real kube-apiserver, the service's token bound to the shipped ClusterRole
+    kube.add("nodes", node_obj(kube.name("gpu-a"), "i-0aaa0000000000001"))
+    kube.add("pods", pod_obj(kube.ns("ml"), "train-0", kube.name("gpu-a")))
+    kubeconfig = kube.write_kubeconfig(state / "kubeconfig")
     cfg = state / "gpufinops.yaml"
     cfg.write_text(f"kubernetes:\n  kubeconfig: {kubeconfig}\ndatabase_url: sqlite:///{state}/db.sqlite\n")
     code, out, err = run(capsys, "--config", str(cfg), "costs", "--by", "namespace", "-o", "json")
     assert code == 0, err
     rows = json.loads(out)["rows"]
-    assert [r["namespace"] for r in rows] == ["ml", "(idle capacity)"] and rows[0]["usd_per_hour"] > 0
+    assert [r["namespace"] for r in rows] == [kube.ns("ml"), "(idle capacity)"] and rows[0]["usd_per_hour"] > 0
     # The same as naming this month; any other month is refused, as the docs say.
     month = f"{datetime.now(timezone.utc):%Y-%m}"
     code, out, _ = run(capsys, "--config", str(cfg), "costs", "--by", "namespace", "--month", month, "-o", "json")

@@ -9,7 +9,8 @@ that has uses left) decides what happens:
     delay         wait `seconds`, then forward and answer normally (client read timeouts)
     status        answer `status` (5xx, 429 + Retry-After, ...) with `body`, without forwarding
     aws_error     answer an AWS XML error (RequestLimitExceeded, UnsupportedOperation, InternalError ...)
-    lost          forward (the peer ACTS), then answer 500 (`as_reset=False`) or reset the connection
+    lost          forward (the peer ACTS), then answer `status` (500 by default; `as_reset=False`) or reset the
+                  connection
     late          forward, then answer only after `seconds` (the peer acted; the client has given up)
     cut           forward, then send the headers and only half the body, and close
     rewrite       forward, then answer `transform(body)` (e.g. DCGM sentinels in a Prometheus answer)
@@ -517,8 +518,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if mode == "lost":
             if fault.as_reset:
                 self._reset()
-            else:
-                self._answer(500, [("Content-Type", "text/html; charset=utf-8")],
+            else:  # `status`: 500 unless armed otherwise (a 503 from a load balancer in front)
+                self._answer(fault.status, [("Content-Type", "text/html; charset=utf-8")],
                              b"<html><body>internal error (the answer was lost)</body></html>")
             return
         if mode == "late":

@@ -1,8 +1,10 @@
 """The monthly report's GPU node pools (issue 28, item 5): a month recorded through the real tick (pipeline.run_once
-with the cluster read from the API stand-in, the node hours written by run/node_hours.py, the empty node cordoned
+with the cluster read from a real kube-apiserver (tests/kapi.py, the service's token bound to the shipped
+ClusterRole), the node hours written by run/node_hours.py, the empty node cordoned
 by a drain rule through the act chokepoint) with three pools and three ways of sharing GPUs: whole GPUs and a GPU
 node left empty in a Karpenter pool, a MIG node in an EKS node group, a time-sliced T4 node in no pool. The figures
-are checked against the ticks' own times and prices, worked out here in plain decimal arithmetic."""
+are checked against the ticks' own times and prices, worked out here in plain decimal arithmetic. The month is the
+one after the server stamped the nodes' creationTimestamp (a node's GPU-free time cannot start before it)."""
 
 from __future__ import annotations
 
@@ -24,16 +26,14 @@ from gpufinops.model import Action, ActionKind, Rule, RunContext, Selector
 from gpufinops.report import write_monthly_report
 from gpufinops.run.pipeline import Peers, run_once
 from gpufinops.store.store import Store
+from tests.kapi import KapiCluster
 from tests.kubestub import node_obj, pod_obj
 from tests.report.test_report_browser import CHROMIUM, PROBE, measure
 
 UTC = timezone.utc
-T0 = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
-NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
-MONTH = "2026-11"
 EVERY_S = 300
-# Ticks (minutes after T0): every five minutes, and the one that cordons the empty node a minute late (76), as the
-# warning's lead runs out; the empty node is gone (Karpenter removed it) before minute 90.
+# Ticks (minutes after the start, t0): every five minutes, and the one that cordons the empty node a minute late (76),
+# as the warning's lead runs out; the empty node is gone (Karpenter removed it) before minute 90.
 MINUTES = [*range(0, 75, 5), 76, *range(80, 125, 5)]
 CORDON_MINUTE, REMOVED_BEFORE = 76, 90
 PRICES = {"p4d.24xlarge": 32.7726, "p4de.24xlarge": 40.966, "g4dn.12xlarge": 3.912}
@@ -57,23 +57,34 @@ NODES = {
 }
 
 
-def cluster(stub) -> None:
+def cluster(kube: KapiCluster) -> None:
     karpenter, eks = {"karpenter.sh/nodepool": TRAIN}, {"eks.amazonaws.com/nodegroup": INFER}
     a100 = gfd("NVIDIA-A100-SXM4-40GB", 8, 40960)
-    stub.add("nodes", node_obj("train-a", "i-0aaa0000000000001", labels={**a100, **karpenter}))
-    stub.add("nodes", node_obj("train-empty", "i-0aaa0000000000002", labels={**a100, **karpenter}))
-    stub.add("nodes", node_obj("infer-mig", "i-0aaa0000000000003", gpus=6, instance_type="p4de.24xlarge",
+    n = kube.name
+    kube.add("nodes", node_obj(n("train-a"), "i-0aaa0000000000001", labels={**a100, **karpenter}))
+    kube.add("nodes", node_obj(n("train-empty"), "i-0aaa0000000000002", labels={**a100, **karpenter}))
+    kube.add("nodes", node_obj(n("infer-mig"), "i-0aaa0000000000003", gpus=6, instance_type="p4de.24xlarge",
                                mig={"nvidia.com/mig-3g.40gb": 2, "nvidia.com/mig-1g.10gb": 7},
                                labels={**eks, **gfd("NVIDIA-A100-SXM4-80GB", 8, 81920, {
                                    "mig.strategy": "mixed", "mig-3g.40gb.count": "2", "mig-1g.10gb.count": "7"})}))
-    stub.add("nodes", node_obj("ts-t4", "i-0aaa0000000000004", gpus=16, instance_type="g4dn.12xlarge",
+    kube.add("nodes", node_obj(n("ts-t4"), "i-0aaa0000000000004", gpus=16, instance_type="g4dn.12xlarge",
                                labels=gfd("Tesla-T4-SHARED", 4, 15360, {"gpu.replicas": "4",
                                                                        "sharing-strategy": "time-slicing"})))
-    stub.add("pods", pod_obj("ml", "p1", "train-a", gpus=1))
-    stub.add("pods", pod_obj("ml", "p2", "train-a", gpus=2))
-    stub.add("pods", pod_obj("serve", "s3", "infer-mig", resource="nvidia.com/mig-3g.40gb"))
-    stub.add("pods", pod_obj("serve", "w4", "infer-mig", gpus=4))
-    stub.add("pods", pod_obj("notebooks", "t1", "ts-t4", gpus=1))
+    kube.add("pods", pod_obj(kube.ns("ml"), "p1", n("train-a"), gpus=1))
+    kube.add("pods", pod_obj(kube.ns("ml"), "p2", n("train-a"), gpus=2))
+    kube.add("pods", pod_obj(kube.ns("serve"), "s3", n("infer-mig"), resource="nvidia.com/mig-3g.40gb"))
+    kube.add("pods", pod_obj(kube.ns("serve"), "w4", n("infer-mig"), gpus=4))
+    kube.add("pods", pod_obj(kube.ns("notebooks"), "t1", n("ts-t4"), gpus=1))
+
+
+def month_start_after(kube: KapiCluster) -> datetime:
+    """The ticks' start: the next whole hour after the server stamped the nodes (so no tick spans an hour), moved
+    to the next month's first hour when the ticks (about two hours) would cross a month's end."""
+    created = max(datetime.fromisoformat(n["metadata"]["creationTimestamp"]) for n in kube.list("nodes")
+                  if n["metadata"]["name"].endswith(kube.suffix))
+    t0 = (created + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+    end = t0 + timedelta(minutes=MINUTES[-1] + 60)
+    return t0 if end.month == t0.month else end.replace(day=1, hour=0)
 
 
 def cents(usd: Decimal) -> int:
@@ -98,20 +109,21 @@ def node_cents(node: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def month(tmp_path_factory):
-    from tests.kubestub import start_kube_stub
-
+def month(kapi, tmp_path_factory):
     root = tmp_path_factory.mktemp("pools")
-    stub, server = start_kube_stub()
+    kube = KapiCluster(kapi)
     try:
-        cluster(stub)
-        kubeconfig = stub.write_kubeconfig(root / "kubeconfig")
+        cluster(kube)
+        t0 = month_start_after(kube)
+        month_name = t0.strftime("%Y-%m")
+        now = (t0.replace(day=28) + timedelta(days=5)).replace(day=2, hour=9)  # the next month's 2nd, 09:00
+        kubeconfig = kube.write_kubeconfig(root / "kubeconfig")
         settings = load_settings(act={"dry_run": False, "max_stops_per_run": 5, "max_stops_fraction": 1.0},
                                  schedule={"evaluate_every_s": EVERY_S}, report={"evaluate_every_s": EVERY_S},
                                  kubernetes={"kubeconfig": str(kubeconfig), "drain_nodes": True},
                                  database_url=f"sqlite:///{root / 'gpufinops.db'}")
         store = Store(settings.database_url)
-        clock = {"now": T0}
+        clock = {"now": t0}
         cloud = WorkloadCloud(KubernetesCluster(api_client(str(kubeconfig)), timeout_s=2.0),
                               lambda itype, region, lifecycle: PRICES.get(itype), drain_nodes=True,
                               clock=lambda: clock["now"])
@@ -120,21 +132,21 @@ def month(tmp_path_factory):
         actions = []
         for m in MINUTES:
             if m >= REMOVED_BEFORE:
-                with stub.lock:
-                    stub.objects["nodes"].pop(("", "train-empty"), None)
-            clock["now"] = T0 + timedelta(minutes=m)
+                kube.delete("nodes", "", kube.name("train-empty"))  # Karpenter removed it (404 once gone)
+            clock["now"] = t0 + timedelta(minutes=m)
             report = run_once(RunContext(now=clock["now"], dry_run=False), settings, [DRAIN], peers)
             assert not report.degraded(), report.errors
             actions += report.actions
-        paths = write_monthly_report(store, MONTH, root / "out", NOW, settings)
-        frame = store.node_hours_frame(T0 - timedelta(hours=1), NOW)
+        paths = write_monthly_report(store, month_name, root / "out", now, settings)
+        frame = store.node_hours_frame(t0 - timedelta(hours=1), now)
         store.close()
+        kube.check_rbac()  # every request the tick made was granted by the shipped ClusterRole
     finally:
-        server.shutdown()
-        server.server_close()
+        kube.close()
     doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
     html = next(p for p in paths if p.suffix == ".html").read_text()
-    return {"actions": actions, "paths": paths, "doc": doc, "html": html, "frame": frame, "root": root}
+    return {"actions": actions, "paths": paths, "doc": doc, "html": html, "frame": frame, "root": root,
+            "t0": t0, "now": now, "month": month_name, "name": kube.name}
 
 
 class NoUsage:
@@ -174,8 +186,9 @@ def test_the_empty_nodes_hours_and_its_cordon_with_what_it_saved(month):
     empty_hours = sum(s for _, s in seen_ticks("train-empty")) / 3600
     assert got[TRAIN]["empty_hours"] == pytest.approx(empty_hours)  # train-a always had its pods
     assert got[INFER]["empty_hours"] == 0 and got[NO_POOL]["empty_hours"] == 0
-    [cordon] = [a for a in month["actions"] if a.instance_id == node_id("train-empty") and a.kind == ActionKind.STOP]
-    assert cordon.ok and cordon.at == T0 + timedelta(minutes=CORDON_MINUTE)
+    empty = node_id(month["name"]("train-empty"))
+    [cordon] = [a for a in month["actions"] if a.instance_id == empty and a.kind == ActionKind.STOP]
+    assert cordon.ok and cordon.at == month["t0"] + timedelta(minutes=CORDON_MINUTE)
     assert got[TRAIN]["cordoned"] == 1 and got[INFER]["cordoned"] == 0 and got[INFER]["saved_cost"] is None
     # Saved: from the cordon to the end of what the month observed (the last tick + a tick interval), less the time
     # the node was still there (the ticks at 80 and 85 saw it: 4 + 5 minutes).
@@ -195,13 +208,13 @@ def test_the_store_keeps_one_row_per_hour_and_node(month):
     assert not frame.duplicated(["hour", "node"]).any()
     assert (frame["pods_cents"] + frame["idle_cents"] == frame["node_cents"]).all()
     assert frame["ticks"].sum() == sum(len(seen_ticks(n)) for n in NODES)
-    assert set(frame.loc[frame["node"] == "infer-mig", "node_pool"]) == {INFER}
+    assert set(frame.loc[frame["node"] == month["name"]("infer-mig"), "node_pool"]) == {INFER}
 
 
 def test_the_page_csv_and_json_show_the_pools(month):
     html, paths = month["html"], month["paths"]
     assert 'id="k8s-node-pools"' in html and "GPU node pools" in html and "1 node(s)" in html
-    [path] = [p for p in paths if p.name == f"gpu-audit-{MONTH}-k8s-node-pools.csv"]
+    [path] = [p for p in paths if p.name == f"gpu-audit-{month['month']}-k8s-node-pools.csv"]
     with path.open() as f:
         rows = list(csv.DictReader(f))
     assert {r["node_pool"] for r in rows} == {TRAIN, INFER, NO_POOL}
@@ -210,7 +223,9 @@ def test_the_page_csv_and_json_show_the_pools(month):
 def test_a_month_without_cluster_data_has_no_node_pool_table(month, tmp_path):
     store = Store(f"sqlite:///{month['root'] / 'gpufinops.db'}")
     try:
-        paths = write_monthly_report(store, "2026-10", tmp_path, NOW, load_settings(), formats=["html", "csv", "json"])
+        before = (month["t0"].replace(day=1) - timedelta(days=1)).strftime("%Y-%m")  # the month before: no ticks
+        paths = write_monthly_report(store, before, tmp_path, month["now"], load_settings(),
+                                     formats=["html", "csv", "json"])
     finally:
         store.close()
     doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())

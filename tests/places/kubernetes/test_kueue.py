@@ -1,8 +1,9 @@
 """Kueue: suspend, don't kill. A Kueue-managed Job idle under a rule with `action: suspend` is marked (the mark and
 the pre-suspend hook on its Kueue Workload, an Event on the Job), warned, and at the end of the lead suspended
 through Kueue (its Workload's spec.active: false, one preconditioned patch through the act chokepoint); `gpufinops
-k8s restore` resumes it. The official client against the API stand-in (tests/kubestub.py), every request
-recorded; the act stage is the real Actuator over a real store."""
+k8s restore` resumes it. The official client against a real kube-apiserver (tests/kapi.py: the published Kueue
+Workload CRD, the service's token bound to the shipped ClusterRole, every request recorded by the fault proxy in front
+of it); the act stage is the real Actuator over a real store."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ from gpufinops.model import (
     TAG_MARKED, Action, ActionKind, Decision, GpuInstance, ReasonCode, Rule, RunContext, Selector, Verdict,
 )
 from gpufinops.store.store import Store
+from tests.kapi import KapiCluster, call_matches
 from tests.kubestub import kueue_workload, node_obj, owned, pod_obj
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
-NODE = "ip-10-0-2-1.ec2.internal"
+# The refs name the namespace as written; each test's own is `kube.ns("research")` (World.job / .plain_job / .web):
+# a namespace never finishes terminating on the session's server, so none is reused.
 JOB = WorkloadRef("research", "Job", "train-llm")
 PLAIN_JOB = WorkloadRef("research", "Job", "eval-nightly")
 WEB = WorkloadRef("research", "Deployment", "infer")
@@ -41,34 +44,49 @@ RULE = Rule(name="kueue-idle", threshold_pct=5.0, window_s=600, warning_lead_s=9
             selector=Selector(tags=QUEUED))
 
 
-def fill(stub, *, workload: bool = True) -> None:
-    stub.add("nodes", node_obj(NODE, "i-0bbb0000000000001", gpus=8, labels={
+def node_name(kube: KapiCluster) -> str:
+    """The test's own node (the stand-in's, for the one case in test_kueue_kinds.py left on it: as written)."""
+    return (kube.name("ip-10-0-2-1") if isinstance(kube, KapiCluster) else "ip-10-0-2-1") + ".ec2.internal"
+
+
+def own(kube: KapiCluster, ref: WorkloadRef) -> WorkloadRef:
+    """`ref` in the test's own namespace (the stand-in's: as written)."""
+    return WorkloadRef(kube.ns(ref.namespace), ref.kind, ref.name) if isinstance(kube, KapiCluster) else ref
+
+
+def fill(kube: KapiCluster, *, workload: bool = True) -> None:
+    node = node_name(kube)
+    job_ref, plain, web = own(kube, JOB), own(kube, PLAIN_JOB), own(kube, WEB)
+    kube.add("nodes", node_obj(node, "i-0bbb0000000000001", gpus=8, labels={
         "karpenter.sh/nodepool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}))
-    stub.add("namespaces", {"metadata": {"name": "research", "labels": {}}})
-    job = owned(JOB.namespace, JOB.name, labels={"kueue.x-k8s.io/queue-name": "gpu-queue",
-                                                 "kueue.x-k8s.io/priority-class": "batch-low", "team": "research"},
+    kube.add("namespaces", {"metadata": {"name": job_ref.namespace, "labels": {}}})
+    job = owned(job_ref.namespace, job_ref.name, labels={"kueue.x-k8s.io/queue-name": "gpu-queue",
+                                                         "kueue.x-k8s.io/priority-class": "batch-low",
+                                                         "team": "research"},
                 annotations={"owner": "bob@example.com"})
     job["spec"]["suspend"] = False
-    stub.add("jobs", job)
-    stub.add("jobs", owned(PLAIN_JOB.namespace, PLAIN_JOB.name))
-    stub.add("deployments", owned(WEB.namespace, WEB.name, replicas=1))
-    stub.add("replicasets", owned(WEB.namespace, "infer-6c", owner=("Deployment", WEB.name)))
+    kube.add("jobs", job)
+    kube.add("jobs", owned(plain.namespace, plain.name))
+    kube.add("deployments", owned(web.namespace, web.name, replicas=1))
+    kube.add("replicasets", owned(web.namespace, "infer-6c", owner=("Deployment", web.name)))
     if workload:
-        stub.add("workloads", kueue_workload(JOB.namespace, JOB.name, priority_class="batch-low"))
-    stub.add("pods", pod_obj(JOB.namespace, "train-llm-0-abcde", NODE, gpus=2, owner=("Job", JOB.name),
+        kube.add("workloads", kueue_workload(job_ref.namespace, job_ref.name, priority_class="batch-low"))
+    kube.add("pods", pod_obj(job_ref.namespace, "train-llm-0-abcde", node, gpus=2, owner=("Job", job_ref.name),
                              labels={"kueue.x-k8s.io/queue-name": "gpu-queue"}))
-    stub.add("pods", pod_obj(PLAIN_JOB.namespace, "eval-nightly-xyz12", NODE, owner=("Job", PLAIN_JOB.name)))
-    stub.add("pods", pod_obj(WEB.namespace, "infer-6c-qqqqq", NODE, owner=("ReplicaSet", "infer-6c")))
+    kube.add("pods", pod_obj(plain.namespace, "eval-nightly-xyz12", node, owner=("Job", plain.name)))
+    kube.add("pods", pod_obj(web.namespace, "infer-6c-qqqqq", node, owner=("ReplicaSet", "infer-6c")))
 
 
 class World:
-    """The stand-in, the cloud over it, a real store and the Actuator, on a simulated clock. Every GPU workload is
-    judged IDLE under RULE (the verdict is not what is tested here)."""
+    """The test's part of the real API server, the cloud over it, a real store and the Actuator, on a simulated
+    clock. Every GPU workload is judged IDLE under RULE (the verdict is not what is tested here)."""
 
-    def __init__(self, stub, tmp_path, *, suspend_kueue: bool = True, dry_run: bool = False):
-        self.stub = stub
+    def __init__(self, kube: KapiCluster, tmp_path, *, suspend_kueue: bool = True, dry_run: bool = False):
+        self.kube = kube
+        self.job, self.plain_job, self.web = own(kube, JOB), own(kube, PLAIN_JOB), own(kube, WEB)
+        self.ns = self.job.namespace
         self.now = T0
-        kubeconfig = stub.write_kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         self.cloud = WorkloadCloud(KubernetesCluster(api_client(str(kubeconfig)), timeout_s=2.0),
                                    lambda *_: 40.0, scale_to_zero=True, suspend_kueue=suspend_kueue,
                                    clock=lambda: self.now)
@@ -90,25 +108,25 @@ class World:
         return {r.instance_id: r for r in results}
 
     def workload(self) -> dict:
-        return self.stub.get("workloads", JOB.namespace, WL_NAME)
+        return self.kube.get("workloads", self.ns, WL_NAME)
 
     def workload_patches(self) -> list:
-        return self.stub.calls(verb="patch", resource="workloads")
+        return self.kube.calls(verb="patch", resource="workloads")
 
     def suspensions(self) -> list:
         return [r for r in self.workload_patches() if (r.body or {}).get("spec", {}).get("active") is False]
 
     def events(self, reason: str) -> list[dict]:
-        return [e for e in self.stub.objects["events"].values() if e.get("reason") == reason]
+        return self.kube.events(reason)
 
     def rows(self, kind: ActionKind | None = None):
         return [a for a in self.store.action_rows() if kind is None or a.kind == kind]
 
 
 @pytest.fixture
-def world(kube_stub, tmp_path):
-    fill(kube_stub)
-    return World(kube_stub, tmp_path)
+def world(kapi_cluster, tmp_path):
+    fill(kapi_cluster)
+    return World(kapi_cluster, tmp_path)
 
 
 def listed(world: World) -> dict[str, GpuInstance]:
@@ -120,8 +138,8 @@ def listed(world: World) -> dict[str, GpuInstance]:
 
 def test_a_kueue_job_with_its_workload_is_suspendable_and_selectable_by_its_priority_classes(world):
     found = listed(world)
-    job = found[workload_id(JOB)]
-    assert job.managed_by == "" and job.tags[TAG_KUEUE_WORKLOAD] == f"research/{WL_NAME}"
+    job = found[workload_id(world.job)]
+    assert job.managed_by == "" and job.tags[TAG_KUEUE_WORKLOAD] == f"{world.ns}/{WL_NAME}"
     assert job.tags[TAG_WORKLOAD_PRIORITY_CLASS] == "batch-low"
     assert Selector(tags={TAG_WORKLOAD_PRIORITY_CLASS: ("batch-low",)}).matches(job)
     assert not Selector(tags={TAG_WORKLOAD_PRIORITY_CLASS: ("prod-high",)}).matches(job)
@@ -130,40 +148,40 @@ def test_a_kueue_job_with_its_workload_is_suspendable_and_selectable_by_its_prio
     assert "give the rule action: suspend" in stop_blocker(job, Action.STOP)
     assert "give the rule action: suspend" in stop_blocker(job, Action.TERMINATE)
     # A Job Kueue does not manage stays reported only; a Deployment is never "suspended".
-    assert "never stops Jobs" in stop_blocker(found[workload_id(PLAIN_JOB)], Action.SUSPEND)
-    assert "Kueue-managed Kubernetes jobs only" in stop_blocker(found[workload_id(WEB)], Action.SUSPEND)
+    assert "never stops Jobs" in stop_blocker(found[workload_id(world.plain_job)], Action.SUSPEND)
+    assert "Kueue-managed Kubernetes jobs only" in stop_blocker(found[workload_id(world.web)], Action.SUSPEND)
     ec2 = GpuInstance("i-0abc", "p5.48xlarge", "us-east-1", "running", T0, provider="aws")
     assert "Kueue-managed Kubernetes jobs only" in stop_blocker(ec2, Action.SUSPEND)
     # One cluster-wide list of Kueue Workloads per listing.
-    assert [r.path for r in world.stub.calls(verb="list", resource="workloads")] == [
+    assert [r.path for r in world.kube.calls(verb="list", resource="workloads")] == [
         "/apis/kueue.x-k8s.io/v1beta1/workloads"]
 
 
-def test_with_suspend_kueue_off_a_kueue_job_is_notify_only_and_no_workload_is_listed(kube_stub, tmp_path):
-    fill(kube_stub)
-    world = World(kube_stub, tmp_path, suspend_kueue=False)
-    job = listed(world)[workload_id(JOB)]
+def test_with_suspend_kueue_off_a_kueue_job_is_notify_only_and_no_workload_is_listed(kapi_cluster, tmp_path):
+    fill(kapi_cluster)
+    world = World(kapi_cluster, tmp_path, suspend_kueue=False)
+    job = listed(world)[workload_id(world.job)]
     assert job.managed_by == "Kueue (queue 'gpu-queue')" and "kubernetes.suspend_kueue: true" in job.managed_advice
     assert TAG_KUEUE_WORKLOAD not in job.tags
     assert job.tags[TAG_WORKLOAD_PRIORITY_CLASS] == "batch-low"  # selectable all the same (the Job's label)
-    assert kube_stub.calls(resource="workloads") == []
+    assert kapi_cluster.calls(resource="workloads") == []
     world.tick(0)
     world.tick(20)
-    assert world.workload_patches() == [] and kube_stub.calls(verb="patch") == []
+    assert world.workload_patches() == [] and kapi_cluster.calls(verb="patch") == []
 
 
 def test_an_unreadable_workload_list_leaves_kueue_jobs_reported_only_this_tick(world):
-    world.stub.forbid("list", "workloads", once=True)
-    job = listed(world)[workload_id(JOB)]
+    world.kube.forbid("list", "workloads", once=True)  # a real 403, then the right back
+    job = listed(world)[workload_id(world.job)]
     assert job.managed_by.startswith("Kueue") and "could not be read" in job.managed_advice
     assert "403" in job.managed_advice
-    assert listed(world)[workload_id(JOB)].managed_by == ""  # read again next tick
+    assert listed(world)[workload_id(world.job)].managed_by == ""  # read again next tick
 
 
-def test_a_kueue_job_without_its_workload_is_not_suspendable(kube_stub, tmp_path):
-    fill(kube_stub, workload=False)
-    world = World(kube_stub, tmp_path)
-    job = listed(world)[workload_id(JOB)]
+def test_a_kueue_job_without_its_workload_is_not_suspendable(kapi_cluster, tmp_path):
+    fill(kapi_cluster, workload=False)
+    world = World(kapi_cluster, tmp_path)
+    job = listed(world)[workload_id(world.job)]
     assert job.managed_by.startswith("Kueue") and TAG_KUEUE_WORKLOAD not in job.tags
 
 
@@ -178,19 +196,20 @@ def test_an_idle_kueue_job_is_marked_warned_suspended_at_the_end_of_the_lead_and
     assert wl["metadata"]["annotations"][PRE_SUSPEND_ANNOTATION] == stop_at  # the hook, with the mark
     assert wl["spec"]["active"] is True
     # The Job itself is not touched: Kueue owns its spec.suspend.
-    assert world.stub.calls(verb="patch", resource="jobs") == []
-    assert world.stub.get("jobs", JOB.namespace, JOB.name)["spec"]["suspend"] is False
+    assert world.kube.calls(verb="patch", resource="jobs") == []
+    assert world.kube.get("jobs", world.ns, JOB.name)["spec"]["suspend"] is False
     [event] = world.events(EVENT_MARKED)
-    assert event["involvedObject"]["kind"] == "Job" and event["involvedObject"]["uid"] == f"uid-{JOB.name}"
+    assert event["involvedObject"]["kind"] == "Job"
+    assert event["involvedObject"]["uid"] == world.kube.uids[(world.ns, "Job", JOB.name)]  # the server's uid
     assert PRE_SUSPEND_ANNOTATION in event["message"]
-    [warning] = [m for m in world.notifier.sent if m.key.startswith(f"warn:{workload_id(JOB)}")]
+    [warning] = [m for m in world.notifier.sent if m.key.startswith(f"warn:{workload_id(world.job)}")]
     assert "will be suspended" in warning.text and WL_NAME in warning.text
 
     world.tick(10)  # within the lead: nothing
     assert world.suspensions() == []
 
     results = world.tick(16)
-    assert results[workload_id(JOB)].ok and results[workload_id(JOB)].kind == ActionKind.STOP
+    assert results[workload_id(world.job)].ok and results[workload_id(world.job)].kind == ActionKind.STOP
     [patch] = world.suspensions()
     assert patch.content_type == "application/merge-patch+json"
     # Preconditioned on the resourceVersion of the read that found the mark.
@@ -204,44 +223,43 @@ def test_an_idle_kueue_job_is_marked_warned_suspended_at_the_end_of_the_lead_and
     assert len(world.events(EVENT_SUSPENDED)) == 1
     [stop_row] = world.rows(ActionKind.STOP)
     assert stop_row.status == "done"
-    [notice] = [m for m in world.notifier.sent if m.key.startswith(f"stop:{workload_id(JOB)}")]
+    [notice] = [m for m in world.notifier.sent if m.key.startswith(f"stop:{workload_id(world.job)}")]
     assert "Suspended idle GPU workload" in notice.text
-    assert world.cloud.describe([workload_id(JOB)])[0].state == "stopped"
+    assert world.cloud.describe([workload_id(world.job)])[0].state == "stopped"
     # Only the Kueue job was changed: the Job Kueue does not manage and the Deployment (not selected) were not.
-    assert world.stub.calls(verb="patch", resource="deployments") == []
+    assert world.kube.calls(verb="patch", resource="deployments") == []
 
-    out = restore_workload(world.cloud, world.store, "research/Job/train-llm", world.now, dry_run=False,
+    out = restore_workload(world.cloud, world.store, f"{world.ns}/Job/train-llm", world.now, dry_run=False,
                            who="bob")
     assert out.ok, out.message
     assert "spec.active: true" in out.message
     wl = world.workload()
     assert wl["spec"]["active"] is True
-    assert SUSPENDED_ANNOTATION not in wl["metadata"]["annotations"]
-    assert "gpufinops.io/scaled-down-by" not in wl["metadata"]["annotations"]
+    # Every annotation removed: the real server drops the empty map (the stand-in kept `{}`).
+    annotations = wl["metadata"].get("annotations") or {}
+    assert SUSPENDED_ANNOTATION not in annotations and "gpufinops.io/scaled-down-by" not in annotations
     assert len(world.events(EVENT_RESUMED)) == 1
     [restore_row] = world.rows(ActionKind.RESTORE)
     assert restore_row.status == "done"
-    again = restore_workload(world.cloud, world.store, "research/train-llm", world.now, dry_run=False)
+    again = restore_workload(world.cloud, world.store, f"{world.ns}/train-llm", world.now, dry_run=False)
     assert not again.ok and "not suspended by gpufinops" in again.message
 
 
-def test_dry_run_writes_nothing_and_a_dry_run_restore_changes_nothing(kube_stub, tmp_path):
-    fill(kube_stub)
-    world = World(kube_stub, tmp_path, dry_run=True)
+def test_dry_run_writes_nothing_and_a_dry_run_restore_changes_nothing(kapi_cluster, tmp_path):
+    fill(kapi_cluster)
+    world = World(kapi_cluster, tmp_path, dry_run=True)
     world.tick(0)
     world.tick(16)
-    assert kube_stub.calls(verb="patch") == [] and kube_stub.calls(verb="create") == []
+    assert kapi_cluster.calls(verb="patch") == [] and kapi_cluster.calls(verb="create") == []
     assert any("Would suspend" in m.text or "would be suspended" in m.text for m in world.notifier.sent)
 
 
 def test_a_person_removing_the_mark_in_the_last_second_wins(world):
     world.tick(0)
-    inst = listed(world)[workload_id(JOB)]
+    inst = listed(world)[workload_id(world.job)]
     assert inst.tags[TAG_MARKED]
     # The mark is removed between the last read and the patch: the read inside the suspension sees it gone.
-    wl = world.workload()
-    del wl["metadata"]["annotations"][MARK_ANNOTATION]
-    world.stub.add("workloads", wl)
+    world.kube.merge("workloads", world.ns, WL_NAME, {"metadata": {"annotations": {MARK_ANNOTATION: None}}})
     with pytest.raises(KubeChangeError) as refused:
         world.cloud.stop(inst)
     assert refused.value.definite and "was removed since the warning" in str(refused.value)
@@ -250,18 +268,13 @@ def test_a_person_removing_the_mark_in_the_last_second_wins(world):
 
 def test_a_mark_removed_while_the_patch_is_built_is_a_409_then_a_refusal(world):
     world.tick(0)
-    inst = listed(world)[workload_id(JOB)]
-    real_get = world.stub.take_injected
+    inst = listed(world)[workload_id(world.job)]
 
-    def remove_mark_on_the_patch(verb, resource, after=False):
-        if verb == "patch" and resource == "workloads" and not after and not world.stub.calls(verb="patch",
-                                                                                               resource="workloads")[1:]:
-            wl = world.workload()
-            wl["metadata"]["annotations"].pop(MARK_ANNOTATION, None)
-            world.stub.add("workloads", wl)  # a new resourceVersion: the patch's precondition fails
-        return real_get(verb, resource, after)
+    def remove_mark(_request):  # a new resourceVersion: the patch's precondition fails, for real
+        world.kube.merge("workloads", world.ns, WL_NAME, {"metadata": {"annotations": {MARK_ANNOTATION: None}}})
 
-    world.stub.take_injected = remove_mark_on_the_patch
+    # Just before the first suspension patch reaches the server (the proxy holds it), a person removes the mark.
+    world.kube.proxy.arm("hook", call_matches("patch", "workloads"), times=1, hook=remove_mark, forward=True)
     with pytest.raises(KubeChangeError) as refused:
         world.cloud.stop(inst)
     assert "was removed since the warning" in str(refused.value)
@@ -272,21 +285,18 @@ def test_a_mark_removed_while_the_patch_is_built_is_a_409_then_a_refusal(world):
 
 def test_a_snooze_on_the_job_or_the_workload_cancels_the_suspension(world):
     world.tick(0)
-    job = world.stub.get("jobs", JOB.namespace, JOB.name)
-    job["metadata"]["annotations"][SNOOZE_ANNOTATION] = "2026-12-02T09:00:00Z"
-    world.stub.add("jobs", job)
+    world.kube.merge("jobs", world.ns, JOB.name,
+                     {"metadata": {"annotations": {SNOOZE_ANNOTATION: "2026-12-02T09:00:00Z"}}})
     results = world.tick(16)
-    assert results[workload_id(JOB)].kind == ActionKind.UNMARK
+    assert results[workload_id(world.job)].kind == ActionKind.UNMARK
     assert world.suspensions() == []
-    assert MARK_ANNOTATION not in world.workload()["metadata"]["annotations"]
+    assert MARK_ANNOTATION not in (world.workload()["metadata"].get("annotations") or {})  # an empty map: dropped
 
 
 def test_someone_else_deactivating_the_workload_is_left_alone(world):
     world.tick(0)
-    wl = world.workload()
-    wl["spec"]["active"] = False
-    world.stub.add("workloads", wl)
-    inst = listed(world)[workload_id(JOB)]
+    world.kube.merge("workloads", world.ns, WL_NAME, {"spec": {"active": False}})
+    inst = listed(world)[workload_id(world.job)]
     with pytest.raises(KubeChangeError) as refused:
         world.cloud.stop(inst)
     assert "deactivated by someone else" in str(refused.value)
@@ -298,9 +308,10 @@ def test_the_rbac_role_grants_the_suspension_calls(world):
 
     world.tick(0)
     world.tick(16)
-    restore_workload(world.cloud, world.store, "research/Job/train-llm", world.now, dry_run=False)
+    restore_workload(world.cloud, world.store, f"{world.ns}/Job/train-llm", world.now, dry_run=False)
     rights = granted()
-    made = {(call.resource, call.verb) for call in world.stub.requests if call.resource == "workloads"}
+    made = {(call.resource, call.verb) for call in world.kube.calls() if call.resource == "workloads"}
+    assert not world.kube.forbidden()  # and the server's own RBAC, the shipped ClusterRole bound, allowed each
     assert made == {("workloads", "list"), ("workloads", "get"), ("workloads", "patch")}
     assert all(verb in rights[("kueue.x-k8s.io", "workloads")] for _, verb in made)
     assert "get" in rights[("batch", "jobs")]

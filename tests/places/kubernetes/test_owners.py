@@ -1,6 +1,8 @@
 """Who owns spec.replicas (issue 28, item 3): an HPA or a KEDA ScaledObject targeting a workload, Argo CD or Flux
 syncing it. Such a workload is judged and reported with the owner's way, never patched; `stop` checks again just
-before its PATCH. The reader lists HPAs and ScaledObjects from the API stand-in (tests/kubestub.py)."""
+before its PATCH. The reader lists HPAs and ScaledObjects (KEDA's published CRD) from a real kube-apiserver
+(tests/kapi.py: the service's token bound to the shipped ClusterRole, the fault proxy in front recording every
+request and answering the 404 of a cluster without KEDA and the 503 the server cannot give on demand)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gpufinops.places.kubernetes.names import KubeChangeError, workload_id
 from gpufinops.places.kubernetes.owners import KEDA_PAUSED_REPLICAS, gitops_owner, manager_of
 from gpufinops.k8s.model import WorkloadRef
 from gpufinops.model import Action
+from tests.kapi import KapiCluster, call_matches
 from tests.kubestub import node_obj, owned, pod_obj
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -29,19 +32,27 @@ def hpa(namespace: str, name: str, target: str, kind: str = "Deployment") -> dic
 
 def scaled_object(namespace: str, name: str, target: str) -> dict:
     return {"metadata": {"name": name, "namespace": namespace},
-            "spec": {"scaleTargetRef": {"name": target}, "triggers": [{"type": "prometheus"}]}}
+            # a trigger's metadata is required by KEDA's CRD (the real server answers 422 without it)
+            "spec": {"scaleTargetRef": {"name": target}, "triggers": [{"type": "prometheus", "metadata": {
+                "serverAddress": "http://prometheus:9090", "query": "sum(rate(requests[1m]))", "threshold": "10"}}]}}
 
 
-def fill(stub, labels=None, annotations=None) -> None:
-    stub.add("nodes", node_obj("n1", "i-0123456789abcdef0", gpus=2))
-    stub.add("namespaces", {"metadata": {"name": "ml"}})
-    stub.add("deployments", owned("ml", "web", replicas=2, labels=labels, annotations=annotations))
-    stub.add("replicasets", owned("ml", "web-1", owner=("Deployment", "web")))
-    stub.add("pods", pod_obj("ml", "web-1-a", "n1", owner=("ReplicaSet", "web-1")))
+def fill(kube: KapiCluster, labels=None, annotations=None) -> None:
+    ns, node = kube.ns("ml"), kube.name("n1")
+    kube.add("nodes", node_obj(node, "i-0123456789abcdef0", gpus=2))
+    kube.add("namespaces", {"metadata": {"name": ns}})
+    kube.add("deployments", owned(ns, "web", replicas=2, labels=labels, annotations=annotations))
+    kube.add("replicasets", owned(ns, "web-1", owner=("Deployment", "web")))
+    kube.add("pods", pod_obj(ns, "web-1-a", node, owner=("ReplicaSet", "web-1")))
 
 
-def cloud_of(stub, tmp_path) -> WorkloadCloud:
-    api = api_client(str(stub.write_kubeconfig(tmp_path / "kubeconfig")))
+def web(kube: KapiCluster) -> WorkloadRef:
+    """WEB in the test's own namespace."""
+    return WorkloadRef(kube.ns("ml"), "Deployment", "web")
+
+
+def cloud_of(kube: KapiCluster, tmp_path) -> WorkloadCloud:
+    api = api_client(str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
     return WorkloadCloud(KubernetesCluster(api, timeout_s=5.0), lambda *_: 10.0, clock=lambda: NOW)
 
 
@@ -97,67 +108,78 @@ def test_an_autoscaled_workload_is_a_stop_blocker_with_the_owners_way():
     assert off.managed_by == "HorizontalPodAutoscaler 'ml/web-hpa'"
 
 
-# ------------------------------------------------------------------------ through the stand-in
+# ------------------------------------------------------------------------ through the real API server
 
 
-def test_the_listing_reads_hpas_and_scaled_objects(kube_stub, tmp_path):
-    fill(kube_stub)
-    cloud = cloud_of(kube_stub, tmp_path)
-    assert listed(cloud).managed_by == ""
-    kube_stub.add("horizontalpodautoscalers", hpa("ml", "web-hpa", "web"))
-    assert listed(cloud).managed_by == "HorizontalPodAutoscaler 'ml/web-hpa'"
-    kube_stub.add("scaledobjects", scaled_object("ml", "web", "web"))
-    inst = listed(cloud)
-    assert inst.managed_by == "KEDA ScaledObject 'ml/web'" and KEDA_PAUSED_REPLICAS in inst.managed_advice
-    assert {c.resource for c in kube_stub.calls("list")} >= {"horizontalpodautoscalers", "scaledobjects"}
+def test_the_listing_reads_hpas_and_scaled_objects(kapi_cluster, tmp_path):
+    kube = kapi_cluster
+    fill(kube)
+    ns, cloud = kube.ns("ml"), cloud_of(kube, tmp_path)
+    assert listed(cloud, web(kube)).managed_by == ""
+    kube.add("horizontalpodautoscalers", hpa(ns, "web-hpa", "web"))
+    assert listed(cloud, web(kube)).managed_by == f"HorizontalPodAutoscaler '{ns}/web-hpa'"
+    kube.add("scaledobjects", scaled_object(ns, "web", "web"))
+    inst = listed(cloud, web(kube))
+    assert inst.managed_by == f"KEDA ScaledObject '{ns}/web'" and KEDA_PAUSED_REPLICAS in inst.managed_advice
+    assert {c.resource for c in kube.calls("list")} >= {"horizontalpodautoscalers", "scaledobjects"}
 
 
-def test_a_cluster_without_keda_answers_404_and_that_is_no_scaled_object(kube_stub, tmp_path):
-    fill(kube_stub)
-    kube_stub.fail_next(404, "list", "scaledobjects")
-    assert listed(cloud_of(kube_stub, tmp_path)).managed_by == ""
+def test_a_cluster_without_keda_answers_404_and_that_is_no_scaled_object(kapi_cluster, tmp_path):
+    kube = kapi_cluster
+    fill(kube)
+    # The session's server has KEDA's CRD (other tests need it), so the proxy answers the list as this very
+    # server answers a path of a group it does not serve: its own 404, status, body and content type replayed.
+    absent = kube.admin.session.get(kube.kapi.server + "/apis/keda-absent.example.com/v1alpha1/scaledobjects",
+                                    verify=kube.admin.ca_cert, timeout=30)
+    assert absent.status_code == 404
+    kube.proxy.arm("status", call_matches("list", "scaledobjects"), times=1, status=404, body=absent.content,
+                   headers={"Content-Type": absent.headers.get("Content-Type", "text/plain")})
+    assert listed(cloud_of(kube, tmp_path), web(kube)).managed_by == ""
+    assert [c.status for c in kube.calls("list", "scaledobjects")] == [None]  # answered by the proxy
 
 
-def test_unreadable_autoscalers_leave_every_workload_reported_only(kube_stub, tmp_path):
-    fill(kube_stub)
-    kube_stub.forbid("list", "horizontalpodautoscalers", once=True)
-    cloud = cloud_of(kube_stub, tmp_path)
-    inst = listed(cloud)
+def test_unreadable_autoscalers_leave_every_workload_reported_only(kapi_cluster, tmp_path):
+    kube = kapi_cluster
+    fill(kube)
+    kube.forbid("list", "horizontalpodautoscalers", once=True)  # the server's own 403, then the right back
+    cloud = cloud_of(kube, tmp_path)
+    inst = listed(cloud, web(kube))
     assert inst.managed_by.startswith("an autoscaler gpufinops could not check") and "403" in inst.managed_by
-    assert listed(cloud).managed_by == ""  # readable again on the next listing
+    assert listed(cloud, web(kube)).managed_by == ""  # readable again on the next listing
 
 
 @pytest.mark.parametrize("late_owner", ["hpa", "keda", "argocd"])
-def test_an_owner_appearing_after_the_listing_refuses_the_scale_down(kube_stub, tmp_path, late_owner):
+def test_an_owner_appearing_after_the_listing_refuses_the_scale_down(kapi_cluster, tmp_path, late_owner):
     """The mark was made on a workload nobody else scaled; an HPA (KEDA, Argo CD) appears before the scale-down:
     `stop` checks again just before its PATCH and refuses, definitely, with nothing changed."""
-    fill(kube_stub)
-    cloud = cloud_of(kube_stub, tmp_path)
-    inst = listed(cloud)
+    kube = kapi_cluster
+    fill(kube)
+    ns, cloud = kube.ns("ml"), cloud_of(kube, tmp_path)
+    inst = listed(cloud, web(kube))
     assert inst.managed_by == ""
     if late_owner == "hpa":
-        kube_stub.add("horizontalpodautoscalers", hpa("ml", "web-hpa", "web"))
+        kube.add("horizontalpodautoscalers", hpa(ns, "web-hpa", "web"))
     elif late_owner == "keda":
-        kube_stub.add("scaledobjects", scaled_object("ml", "web", "web"))
+        kube.add("scaledobjects", scaled_object(ns, "web", "web"))
     else:
-        obj = kube_stub.get("deployments", "ml", "web")
-        obj["metadata"]["annotations"]["argocd.argoproj.io/tracking-id"] = "ml-apps:apps/Deployment:ml/web"
-        kube_stub.add("deployments", obj)
+        kube.merge("deployments", ns, "web", {"metadata": {"annotations": {
+            "argocd.argoproj.io/tracking-id": f"ml-apps:apps/Deployment:{ns}/web"}}})
     with pytest.raises(KubeChangeError, match="is managed by .* now") as err:
         cloud.stop(inst)
-    assert err.value.definite and not kube_stub.calls("patch")
-    assert kube_stub.get("deployments", "ml", "web")["spec"]["replicas"] == 2
+    assert err.value.definite and not kube.calls("patch")
+    assert kube.get("deployments", ns, "web")["spec"]["replicas"] == 2
     if late_owner != "argocd":  # the namespaced lists, just before the PATCH
-        assert any(c.path.startswith("/apis/") and "/namespaces/ml/" in c.path for c in kube_stub.calls("list"))
+        assert any(c.path.startswith("/apis/") and f"/namespaces/{ns}/" in c.path for c in kube.calls("list"))
 
 
-def test_an_unreadable_autoscaler_list_just_before_the_patch_refuses_it(kube_stub, tmp_path):
-    fill(kube_stub)
-    cloud = cloud_of(kube_stub, tmp_path)
-    inst = listed(cloud)
-    kube_stub.fail_next(503, "list", "horizontalpodautoscalers")
+def test_an_unreadable_autoscaler_list_just_before_the_patch_refuses_it(kapi_cluster, tmp_path):
+    kube = kapi_cluster
+    fill(kube)
+    cloud = cloud_of(kube, tmp_path)
+    inst = listed(cloud, web(kube))
+    kube.fail_next(503, "list", "horizontalpodautoscalers")  # from the proxy: the server never sees it
     with pytest.raises(KubeChangeError, match="could not check") as err:
         cloud.stop(inst)
-    assert err.value.definite and not kube_stub.calls("patch")
+    assert err.value.definite and not kube.calls("patch")
     cloud.stop(inst)  # readable, nobody else owns it: scaled
-    assert kube_stub.get("deployments", "ml", "web")["spec"]["replicas"] == 0
+    assert kube.get("deployments", kube.ns("ml"), "web")["spec"]["replicas"] == 0
