@@ -1,8 +1,9 @@
-"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL, kube-apiserver)."""
+"""Shared fixtures: real peers on 127.0.0.1 (Prometheus, VictoriaMetrics, moto server, Slack stub, PostgreSQL, kube-apiserver,
+Slurm)."""
 
 import pytest
 
-pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver",
+pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver", "tests.slurm",
                   "tests.kubestub", "tests.kapi"]
 
 

@@ -33,6 +33,7 @@ from .loading import (DEFAULT_RULES_DIR, MAX_TEXT_FILE_BYTES, PACKAGE_DIR, REPOR
 from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
 from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, EmailSettings,
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
+                       SlurmClusterSettings, SlurmSettings,
                        ScheduleSettings, ServiceSettings, SlackSettings)
 from .values import (AWS_REGION, EMAIL_ADDRESS, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, RULE_AUDIENCES,
                      SLACK_USER_ID, TRANSPORTS, AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel,
@@ -47,7 +48,7 @@ __all__ = [
     "BillingSettings", "CeSettings", "CommitmentPolicy", "ConfigError", "EmailSettings", "HostsSettings",
     "InterruptionOverride", "KubernetesSettings", "LeaseSettings", "Name", "PrometheusLabel", "PrometheusSettings",
     "RecommendSettings", "RentedHost", "ReportDeliverySettings", "ReportSettings", "ScheduleSettings", "SecretRef",
-    "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SpotPolicy", "StoreSettings", "StrictModel",
+    "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SlurmClusterSettings", "SlurmSettings", "SpotPolicy", "StoreSettings", "StrictModel",
     "TagKeys",
     "aws_region", "backoff_in_order", "blank_secrets", "compose_yaml", "decode_text", "destination",
     "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
@@ -61,6 +62,8 @@ class Settings(StrictModel):
     hosts: HostsSettings | None = None
     # No `kubernetes:` section: no cluster is read.
     kubernetes: KubernetesSettings | None = None
+    # No `slurm:` section: no Slurm cluster is read (docs/slurm.md).
+    slurm: SlurmSettings | None = None
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()

@@ -1,5 +1,5 @@
 """The sections of the service and of the places it reads: prometheus, aws, slack, email, act, schedule,
-service, api, lease, kubernetes, hosts. Each a StrictModel of validated values with its defaults.
+service, api, lease, kubernetes, hosts, slurm. Each a StrictModel of validated values with its defaults.
 """
 
 from __future__ import annotations
@@ -445,3 +445,72 @@ class HostsSettings(StrictModel):
                 raise ValueError(f"host {h.hostname!r} is listed twice")
             seen.add(h.hostname.lower())
         return v
+
+
+# --------------------------------------------------------------------------- slurm:
+# Read by gpufinops.places.slurm (the jobs that hold GPUs, judged, warned about and requeued / held / cancelled
+# through the actuator) and gpufinops.cost's Slurm accounting (sacct: GPU-hours per account, user, partition);
+# docs/slurm.md. One mapping for one cluster, a list for several.
+
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class SlurmClusterSettings(StrictModel):
+    """One Slurm cluster: reached through its client commands (`conf`: the slurm.conf they read, as SLURM_CONF)
+    and/or slurmrestd (`rest_url`, a JWT for `rest_user`)."""
+
+    cluster: str  # its ClusterName: in every subject id, `slurm:<cluster>/<jobid>`
+    enabled: bool = True
+    conf: str | None = None  # a slurm.conf path; None with no rest_url: the commands' own default
+    rest_url: str | None = None  # slurmrestd, e.g. http://127.0.0.1:6820
+    rest_user: Name = "gpufinops"  # X-SLURM-USER-NAME: the operator identity the token was issued for
+    rest_token: SecretRef = SecretRef(env="GPUFINOPS_SLURM_JWT")  # X-SLURM-USER-TOKEN (`scontrol token`)
+    timeout_s: float = Field(30.0, gt=0, le=600)  # one command or request; a timeout is UNKNOWN, never idle
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, v: str) -> str:
+        if not _SLURM_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a Slurm ClusterName (letters, digits, '_', '.', '-'; 63 at most)")
+        return v
+
+    @field_validator("conf")
+    @classmethod
+    def _conf(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "\x00" in v):
+            raise ValueError("expected the path of the cluster's slurm.conf")
+        return v
+
+    @field_validator("rest_url")
+    @classmethod
+    def _rest_url(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
+
+class SlurmSettings(StrictModel):
+    clusters: tuple[SlurmClusterSettings, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        # `slurm: {cluster: ci, conf: ...}` is one cluster; `slurm: [{...}, {...}]` several;
+        # `slurm: {clusters: [...]}` as stored.
+        if isinstance(v, list):
+            return {"clusters": v}
+        if isinstance(v, dict) and "clusters" not in v:
+            return {"clusters": [v]}
+        return v
+
+    @field_validator("clusters")
+    @classmethod
+    def _unique(cls, v: tuple[SlurmClusterSettings, ...]) -> tuple[SlurmClusterSettings, ...]:
+        seen: set[str] = set()
+        for c in v:
+            if c.cluster in seen:
+                raise ValueError(f"cluster {c.cluster!r} is listed twice")
+            seen.add(c.cluster)
+        return v
+
+    @property
+    def enabled(self) -> tuple[SlurmClusterSettings, ...]:
+        return tuple(c for c in self.clusters if c.enabled)
