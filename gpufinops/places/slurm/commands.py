@@ -1,0 +1,94 @@
+"""Slurm's client commands, run against one cluster: its slurm.conf as SLURM_CONF, a timeout, no shell.
+
+Every failure is one SlurmUnavailable naming the command (never the environment): a missing binary, a timeout, a
+non-zero exit (slurmctld down: "Unable to contact slurm controller"), an answer that is not the JSON asked for. The
+caller turns it into UNKNOWN for every job of the cluster, one alert, no action — never into "no jobs".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ...collect.errors import QueryFailed
+
+
+class SlurmUnavailable(QueryFailed):
+    """A Slurm command could not answer (controller down, timeout, refused, unreadable answer)."""
+
+
+def _run_subprocess(argv: Sequence[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+
+
+# Slurm's messages can be long (a whole usage text); one line of them is enough to say why.
+_MAX_ERROR_CHARS = 300
+
+
+@dataclass
+class SlurmCommands:
+    """One cluster's client commands. `conf`: its slurm.conf (None: the commands' own default, /etc/slurm)."""
+
+    cluster: str
+    conf: str | None = None
+    timeout_s: float = 30.0
+    # The process runner (tests hand a recording one that still runs the real command).
+    runner: Callable[[Sequence[str], dict[str, str], float], subprocess.CompletedProcess] = field(
+        default=_run_subprocess, repr=False)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.conf:
+            env["SLURM_CONF"] = self.conf
+        # Slurm's clients read these too; a value left in the service's environment would change what they show.
+        for key in ("SQUEUE_FORMAT", "SQUEUE_FORMAT2", "SQUEUE_SORT", "SLURM_TIME_FORMAT", "SACCT_FORMAT"):
+            env.pop(key, None)
+        return env
+
+    def run(self, *argv: str) -> str:
+        """The command's standard output; SlurmUnavailable when it did not succeed."""
+        what = " ".join(argv[:2])
+        try:
+            res = self.runner(argv, self.env(), self.timeout_s)
+        except FileNotFoundError:
+            raise SlurmUnavailable(f"slurm {self.cluster}: {argv[0]} is not installed on this host") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"slurm {self.cluster}: {what} gave no answer in {self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise SlurmUnavailable(f"slurm {self.cluster}: {what} could not run: {exc.strerror}") from None
+        if res.returncode != 0:
+            why = " ".join((res.stderr or res.stdout or "").split())[:_MAX_ERROR_CHARS] or "no message"
+            raise SlurmUnavailable(f"slurm {self.cluster}: {what} failed (exit {res.returncode}): {why}")
+        return res.stdout
+
+    def run_json(self, *argv: str) -> dict[str, Any]:
+        out = self.run(*argv)
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            raise SlurmUnavailable(f"slurm {self.cluster}: {' '.join(argv[:2])} did not answer JSON") from None
+        if not isinstance(doc, dict):
+            raise SlurmUnavailable(f"slurm {self.cluster}: {' '.join(argv[:2])} answered JSON that is not an object")
+        # 22.05's `squeue --json` with slurmctld down exits 0 with `"jobs": []` and the failure only in `errors`
+        # ("Failed while looking for jobs", source slurm_load_jobs): an empty list there is an outage, not "no jobs".
+        errors = doc.get("errors")
+        if errors:
+            first = errors[0] if isinstance(errors, list) and isinstance(errors[0], dict) else {}
+            why = " ".join(str(first.get(k) or "") for k in ("source", "description", "error")).strip()
+            raise SlurmUnavailable(f"slurm {self.cluster}: {' '.join(argv[:2])} reported an error: "
+                                   f"{why[:_MAX_ERROR_CHARS] or errors!r}")
+        return doc
+
+    def squeue(self, job_ids: Sequence[str] = ()) -> dict[str, Any]:
+        """`squeue --json` (every state Slurm still shows: a job that ended shows as such for MinJobAge)."""
+        argv = ["squeue", "--json", "--states=all"]
+        if job_ids:
+            argv.append("--jobs=" + ",".join(job_ids))
+        doc = self.run_json(*argv)
+        if not isinstance(doc.get("jobs"), list):
+            raise SlurmUnavailable(f"slurm {self.cluster}: squeue --json answered no job list")
+        return doc
