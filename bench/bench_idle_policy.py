@@ -245,6 +245,74 @@ def cross_check(tuned: dict[str, list[Point]], ceiling: np.ndarray, cap: float, 
     return out
 
 
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+    """Mann-Whitney AUC (ties count half): P(score of a positive > score of a negative)."""
+    pos, neg = int(label.sum()), int((~label).sum())
+    ranks = pd.Series(score).rank(method="average").to_numpy()
+    return float((ranks[label].sum() - pos * (pos + 1) / 2) / (pos * neg)) if pos and neg else float("nan")
+
+
+def lull_features(trace, memory: np.ndarray | None, lead_s: float, break_even_s: float) -> pd.DataFrame:
+    """The tuning pods' lulls (samples at or under the 5 % demand level), seen r = 5/10/20/30 min in: label = the
+    lull lasts lead + break-even more (a warning now would not end in a false stop), and what a policy could know
+    then. Lulls cut short by the end of a pod's history before the label is known are left out."""
+    step, need = trace.step_s, lead_s + break_even_s
+    activity = trace.instance_activity_max()  # by instance (trace.util's rows are GPUs, in the file's order)
+    rows = []
+    for i in range(trace.n_instances):  # per pod and lull: a few thousand lulls
+        a = activity[i]
+        valid = np.flatnonzero(~np.isnan(a))
+        if len(valid) < 10:
+            continue
+        lo, hi = valid[0], valid[-1]
+        busy = np.nan_to_num(a, nan=0.0) > QUIET_THRESHOLD
+        edges = np.flatnonzero(np.diff(np.concatenate([[True], busy[lo:hi + 1], [True]]).astype(np.int8))) + lo
+        past: list[float] = []
+        span = int(3 * 3600 / step)
+        for s, e in zip(edges[0::2], edges[1::2]):  # lull = samples s .. e-1
+            length, ended = (e - s) * step, e <= hi
+            before = a[max(lo, s - span):s]
+            busy_share = float(np.mean(before[~np.isnan(before)] > QUIET_THRESHOLD)) if np.sum(~np.isnan(before)) >= 0.8 * span else np.nan
+            for r in (5, 10, 20, 30):
+                k = int(round(r * 60 / step))
+                rest = length - k * step
+                if rest < 0 or (not ended and rest < need):
+                    continue
+                rows.append({"r": r, "label": rest >= need, "busy_share_3h": busy_share,
+                             "mean_before": float(np.nanmean(a[max(lo, s - 30):s])) if s > lo else np.nan,
+                             "longest_earlier_lull": max(past, default=0.0),
+                             "earlier_long_share": float(np.mean(np.array(past) >= r * 60 + need)) if past else np.nan,
+                             "memory_mib": memory[i, s + k - 1] if memory is not None else np.nan})
+            past.append(length)
+    return pd.DataFrame(rows)
+
+
+def print_feature_aucs(trace, settings: BacktestSettings, lead_s: float) -> None:
+    mem = None
+    mem_path = DATA / "alibaba_gentd26_pod_gpu_memory_used_bytes.csv"
+    if mem_path.exists():
+        m = pd.read_csv(mem_path)
+        m = m[m["container_ip"].astype(str).isin(set(trace.instance_ids))]
+        col = np.rint((m["timestamp_anon"].to_numpy() - trace.t0) / trace.step_s).astype(np.int64)
+        row = pd.Index(trace.instance_ids).get_indexer(m["container_ip"].astype(str))
+        ok = (col >= 0) & (col < trace.n_steps) & (row >= 0)
+        mem = np.full((trace.n_instances, trace.n_steps), np.nan)  # by instance, as lull_features reads it
+        mem[row[ok], col[ok]] = m["value"].to_numpy()[ok] / 2**20
+        idle = (trace.instance_activity_max() == 0) & ~np.isnan(mem)
+        print(f"[idle policy] tuning pods: {100 * np.mean(mem[idle] > 1024):.1f}% of zero-activity samples hold more "
+              f"than 1 GiB of GPU memory (median {np.median(mem[idle]) / 1024:.1f} GiB)")
+    df = lull_features(trace, mem, lead_s, settings.break_even_s)
+    signs = {"busy_share_3h": -1, "mean_before": -1, "longest_earlier_lull": 1, "earlier_long_share": 1,
+             "memory_mib": -1}
+    print("[idle policy] tuning pods: AUC for \"the lull lasts lead + break-even more\", r min into it:")
+    for r, g in df.groupby("r"):
+        parts = []
+        for f, sign in signs.items():
+            known = g[f].notna().to_numpy()
+            parts.append(f"{f} {auc(sign * g[f].to_numpy()[known], g['label'].to_numpy()[known]):.2f}")
+        print(f"  r {r:2d} min: {len(g)} lulls, {100 * g['label'].mean():.0f}% long; " + ", ".join(parts))
+
+
 def score_fixed_by_cli(held_csv: Path, rules: list[Rule], workdir: Path) -> dict[str, dict]:
     """The fixed picks and the shipped rule on the held-out pods, by the project's own CLI."""
     rule_path = workdir / "picks.yaml"
@@ -317,6 +385,7 @@ def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chart", default=str(ROOT / "docs" / "img" / "idle_policy_frontier.png"))
+    ap.add_argument("--features", action="store_true", help="also the lull features' AUC on the tuning pods")
     args = ap.parse_args()
     t_all = time.perf_counter()
     rng = np.random.default_rng(41)
@@ -326,6 +395,8 @@ def main() -> None:
     settings = BacktestSettings(tick_s=60.0)
     lead = float(base_rule().warning_lead_s)
     prep = Prepared(trace.select(tune_idx), settings)
+    if args.features:
+        print_feature_aucs(prep.trace, settings, lead)
     families = {"fixed": fixed_policies(), "quiet window": quiet_policies()}
     tuned = {fam: replay_all(prep, policies) for fam, policies in families.items()}
     tune_ceiling = ceiling_per_pod(prep, lead)
