@@ -1,18 +1,21 @@
 """Issue 41 item 3: an idle policy that catches more idle time than a fixed window, held out by pod.
 
     python bench/bench_idle_policy.py [--chart docs/img/idle_policy_frontier.png]   # about 10 s on 2 cores
+    python bench/bench_idle_policy.py --features   # also the lull features' AUC on the tuning pods (+15 s)
 
 Data: the shared GenTD26 serving trace (95 pods, 22.8 h, 57 s step, `../shared/data/gpu_util_traces/`), the
 only shared trace with per-workload activity (Helios and Philly are pool allocation counts). The pods are split
 once, by pod, before anything is tuned: a pod whose id's SHA-256 is divisible by 3 is held out (37 pods), the
 other 58 tune. Nothing of the held-out pods is read until the picks are frozen; they are then scored once, by the
-project's own CLI (`gpufinops backtest --trace <held-out pods> --rules <picks> -o json`, tick 60 s, 15-min
-warning, restart cost 10 min, false stop = demand within 30 min of the stop, restart at demand > 5%).
+engine's own replay (`engine.replay` + `summarise`: tick 60 s, 15-min warning, restart cost 10 min, false stop =
+demand within 30 min of the stop, restart at demand > 5%), the fixed picks also by the project's CLI
+(`gpufinops backtest --trace <held-out pods> --rules <picks> -o json`), whose figures the script checks equal.
 
 Families, each replayed by the engine on the tuning pods:
 - fixed: thresholds 1/5/10/20 % x windows 10 min .. 4 h (13) x stays_below/mean (104 rules);
-- quiet window (`quiet:` in a rule, `model.QuietWindow`): below 5 % for the window W, or, on an instance whose
-  mean activity over the lookback H is at most m %, below 5 % for the shorter quiet window Q. W 90 min/2 h/3 h/4 h,
+- quiet window (built here only; not a rule option, see the verdict in docs/backtest.md): below 5 % for the window
+  W, or, on an instance whose every GPU averaged at most m % over the lookback H, below 5 % for the shorter quiet
+  window Q (only where W judges the instance busy: UNKNOWN stays UNKNOWN). W 90 min/2 h/3 h/4 h,
   Q 15/30/45/60/90 min, m 0.5/1/2/3/5 %, H 3 h/6 h (190 rules).
 Picks, per family: the rule with the most net GPU-h on the tuning pods among those with a false-stop rate at or
 under a cap; caps 5/10/15/20 %, the 15 % pick being the goal's. What was tried before settling on these two
