@@ -2,6 +2,7 @@
 
     python bench/bench_idle_policy.py [--chart docs/img/idle_policy_frontier.png]   # about 10 s on 2 cores
     python bench/bench_idle_policy.py --features   # also the lull features' AUC on the tuning pods (+15 s)
+    python bench/bench_idle_policy.py --held-out-trace PODS.csv   # the same frozen picks on other pods too
 
 Data: the shared GenTD26 serving trace (95 pods, 22.8 h, 57 s step, `../shared/data/gpu_util_traces/`), the
 only shared trace with per-workload activity (Helios and Philly are pool allocation counts). The pods are split
@@ -389,6 +390,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chart", default=str(ROOT / "docs" / "img" / "idle_policy_frontier.png"))
     ap.add_argument("--features", action="store_true", help="also the lull features' AUC on the tuning pods")
+    ap.add_argument("--held-out-trace", default=None,
+                    help="also score the same frozen picks on this trace's instances (e.g. pods never shared)")
     args = ap.parse_args()
     t_all = time.perf_counter()
     rng = np.random.default_rng(41)
@@ -459,6 +462,19 @@ def main() -> None:
             print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops, held "
                   f"out), {fam} pick {p.policy.name}: {p.pct:.1f}% at {100 * p.false_rate:.1f}% -> "
                   f"{'met' if met else 'not met'}")
+    if args.held_out_trace:
+        other = Prepared(load_trace(args.held_out_trace), settings)
+        other_ceiling = ceiling_per_pod(other, lead)
+        other_pts = {pt.policy.name: pt for pt in replay_all(other, list(chosen.values()))}
+        print(f"\n[idle policy] the same picks on {args.held_out_trace} ({other.trace.n_instances} instances, ceiling "
+              f"{other_ceiling.sum():,.1f} net GPU-h):")
+        print("| family, pick | rule | stops | false | false rate | net GPU-h | % of ceiling | score | "
+              "on the tuning pods: false rate / % |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for fam, ps in picks.items():
+            for cap, p in ps:
+                print(line(f"{fam}, cap {100 * cap:g}%", other_pts[p.policy.name], other_ceiling, rng, p))
+        print(line("shipped default", other_pts[shipped.name], other_ceiling, rng))
     intervals = {name: interval(pt, held_ceiling, np.random.default_rng(41)) for name, pt in held_pts.items()}
     chart(Path(args.chart), held_fronts, held_picks, intervals, held_pts[shipped.name], len(tune_idx), len(held_idx))
     print(f"[idle policy] chart: {args.chart}; wall time {time.perf_counter() - t_all:.0f} s")
