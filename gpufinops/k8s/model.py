@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
 from functools import cached_property
-from typing import Mapping
+from typing import Iterable, Mapping
 
 # The annotations gpufinops writes on a workload it marks and scales (places.kubernetes.cloud), and the ones a
 # person sets to keep it (named in the Slack warning, notify.messages).
@@ -140,6 +140,11 @@ DRA_GPU_DRIVERS = ("gpu.nvidia.com",)
 DRA_GPU_TYPES = ("gpu", "mig")
 ALLOCATED_BY_DEVICE_PLUGIN = "device-plugin"
 ALLOCATED_BY_DRA = "dra"
+
+
+def allocations(ways: Iterable[str]) -> str:
+    """Allocation words (each may itself be comma-joined) as one sorted, comma-joined text: "device-plugin,dra"."""
+    return ",".join(sorted({w for way in ways for w in way.split(",") if w}))
 
 
 @dataclass(frozen=True)
@@ -302,9 +307,8 @@ class PodInfo:
     @property
     def allocation(self) -> str:
         """How its GPUs were allocated: "device-plugin", "dra", or both comma-joined."""
-        ways = [w for w, held in ((ALLOCATED_BY_DEVICE_PLUGIN, devices(self.gpu_requests)),
-                                  (ALLOCATED_BY_DRA, self.dra_gpus)) if held]
-        return ",".join(ways)
+        return allocations(w for w, held in ((ALLOCATED_BY_DEVICE_PLUGIN, devices(self.gpu_requests)),
+                                             (ALLOCATED_BY_DRA, self.dra_gpus)) if held)
 
     @property
     def holds_gpus(self) -> bool:

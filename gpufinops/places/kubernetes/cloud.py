@@ -49,7 +49,7 @@ from gpufinops.collect.errors import QueryFailed
 from gpufinops.k8s.model import (
     DEFAULT_PROTECT_KEY, KUEUE_JOB_KINDS, KUEUE_QUEUE_LABEL, KUEUE_SUSPEND_KINDS, MARK_ANNOTATION,
     PRE_SUSPEND_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, SUSPENDED_ANNOTATION, TAG_KUEUE_WORKLOAD,
-    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef,
+    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, allocations,
 )
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, GpuInstance, utcnow
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
@@ -167,6 +167,7 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
         private_dns=node.name if node else "", gpu_count=sum(p.gpu_devices for p in pods), gpu_model=model,
         gpu_memory_gib=memory, hourly_cost=hourly_cost, provider="kubernetes", managed_by=managed_by,
         managed_advice=advice, tags_unread=tags_unread,
+        gpu_allocation=allocations(p.allocation for p in pods),
     )
 
 
