@@ -192,6 +192,9 @@ class DraHold:
     share: Fraction  # 1 / the pods the claim is reserved for (split among them)
     found: DraDevice | None  # the device as the pod's node's ResourceSlices publish it; None: none does
     node: str = ""
+    template: str = ""  # namespace/name of the ResourceClaimTemplate the claim was generated from ("" none)
+    device_class: str = ""  # the DeviceClass its request asked for ("" when neither the claim nor template says)
+    containers: tuple[str, ...] = ()  # the pod's containers whose resources.claims name it (none: held all the same)
 
     @property
     def is_gpu(self) -> bool:
@@ -347,6 +350,8 @@ class ClusterSnapshot:
     # Owner kinds whose list failed (a 403, a 5xx; a 404 is "none of that kind"), and why: their workloads are
     # reported with that reason and never changed this tick (places.kubernetes.cluster.KubernetesCluster.snapshot).
     unread: Mapping[str, str] = field(default_factory=dict)
+    # DRA DeviceClasses listed: name -> the drivers their selectors name (places.kubernetes.dra.device_classes).
+    device_classes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @cached_property
     def _nodes_by_name(self) -> dict[str, NodeInfo]:

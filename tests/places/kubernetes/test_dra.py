@@ -233,7 +233,8 @@ def per_pod(shares, node: str) -> dict[str, int]:
 def test_the_reader_lists_slices_and_claims_through_raw_rest_with_the_shipped_role(cluster, snapshot):
     kube, _ = cluster
     listed = [(c.resource, c.status) for c in kube.calls("list") if c.group == "resource.k8s.io"]
-    assert listed == [("resourceslices", 200), ("resourceclaims", 200)]
+    assert listed == [("resourceslices", 200), ("resourceclaims", 200), ("deviceclasses", 200),
+                      ("resourceclaimtemplates", 200)]
     assert not snapshot.unread
     nodes = {n.name: n for n in snapshot.nodes}
     assert (nodes[DRA_NODE].gpu_devices, nodes[DRA_NODE].dra_gpus) == (0, 8)  # no nvidia.com/gpu: DRA only
