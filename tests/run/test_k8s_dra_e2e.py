@@ -434,3 +434,38 @@ def test_an_idle_dra_job_or_jobset_is_suspended_through_kueue_and_resumed(kueue_
                  "bob"]) == 0, capsys.readouterr().err
     assert "spec.active: true" in capsys.readouterr().out
     assert c.kube.get("workloads", c.research, c.wl)["spec"]["active"] is True
+
+
+def test_the_monthly_report_says_how_each_gpu_was_allocated(cluster, tmp_path):
+    """The month so far, written by three ticks: the node pool table's allocation and DRA part of the pods' cost (the
+    stored node hours' sums, to the cent), the workloads table's allocation, in the JSON, the CSV and the page."""
+    import csv
+    import json
+
+    from gpufinops.report import write_monthly_report
+
+    first = 0 if (NOW.minute, NOW.second) >= (3, 0) else 3.5  # the three ticks within one hour
+    for m in (first, first + 1, first + 2):
+        cluster.tick(m)
+    frame = cluster.store.node_hours_frame(NOW - timedelta(hours=1), NOW + timedelta(hours=1))
+    assert len(frame) == 1 and frame["ticks"].sum() == 3
+    month = NOW.strftime("%Y-%m")
+    paths = write_monthly_report(cluster.store, month, tmp_path / "out", cluster.now + timedelta(minutes=1),
+                                 cluster.settings)
+    doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    [pool] = doc["tables"]["k8s_node_pools"]
+    assert (pool["node_pool"], pool["allocation"], pool["sharing"]) == ("mixed", "device-plugin, dra", "whole")
+    assert round(pool["dra_pods_cost"] * 100) == int(frame["dra_cents"].sum()) > 0
+    assert round(pool["pods_cost"] * 100) == int(frame["pods_cents"].sum()) > round(pool["dra_pods_cost"] * 100)
+    # Each tick's 55 cents: 41 DRA, 7 device plugin, 7 idle capacity.
+    assert (int(frame["dra_cents"].sum()), int(frame["pods_cents"].sum()), int(frame["idle_cents"].sum())) == (
+        3 * 41, 3 * 48, 3 * 7)
+    workloads = {r["instance_id"]: r["allocation"] for r in doc["tables"]["k8s_workloads"]}
+    assert workloads[workload_id(cluster.infer)] == "dra"
+    assert workloads[workload_id(cluster.busy)] == "device-plugin"
+    [pools_csv] = [p for p in paths if p.name.endswith("-k8s-node-pools.csv")]
+    with pools_csv.open() as f:
+        [row] = list(csv.DictReader(f))
+    assert row["allocation"] == "device-plugin, dra" and float(row["dra_pods_cost_usd"]) == pool["dra_pods_cost"]
+    html = next(p for p in paths if p.suffix == ".html").read_text()
+    assert "GPUs allocated by" in html and "of which DRA" in html and "device-plugin, dra" in html
