@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..act.plan import primary_decision
 from ..cost.costs import verdict_costs
 from ..model import TAG_STOPPED_BY, ActionKind, Decision, GpuInstance, Verdict
-from ..places.kubernetes.costs import allocation_split, attribute, node_pool_of
+from ..places.kubernetes.costs import allocation_split, node_pool_of
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -86,12 +86,12 @@ class FleetFigures:
             figures.read_store(store, report.now, {i.instance_id: team_of(i) for i in report.instances}, max_gap_s)
         return figures
 
-    def note_cluster(self, snapshot, node_costs) -> None:
-        """This tick's cluster listing (a ClusterSnapshot and USD/h per node): per node, the GPUs and the hourly cost
-        carried by device-plugin GPUs, by DRA GPUs and by no pod (places.kubernetes.costs.allocation_split of one
-        hour: whole cents, adding up to the node's rate to the cent)."""
+    def note_cluster(self, snapshot, hourly_shares) -> None:
+        """This tick's cluster listing (a ClusterSnapshot and its costs.attribute for one hour, as the listing
+        computed it): per node, the GPUs and the hourly cost carried by device-plugin GPUs, by DRA GPUs and by no pod
+        (places.kubernetes.costs.allocation_split: whole cents, adding up to the node's rate to the cent)."""
         pools = {n.name: node_pool_of(n) for n in snapshot.nodes}
-        for node, parts in allocation_split(attribute(snapshot, node_costs, 1.0)).items():
+        for node, parts in allocation_split(hourly_shares).items():
             for way, (gpus, cents) in parts.items():
                 self.k8s_allocation[(node, pools[node], way)] = (float(gpus), None if cents is None else cents / 100)
 

@@ -270,7 +270,7 @@ class Service:
                                            max_gap_s=2 * self.settings.schedule.evaluate_every_s)
         cluster = workload_cloud_of(self.peers.cloud)
         if cluster is not None and cluster.listed_ok and cluster.last_snapshot is not None:  # a failed read: none
-            figures.note_cluster(cluster.last_snapshot, cluster.node_costs)
+            figures.note_cluster(cluster.last_snapshot, cluster.hourly_shares)
         self.metrics.observe(report, seconds, figures)
         role = f"leader token {self.lease.token}" if leader else "standby, read-only"
         log.info("run %s [%s]: %d instances, verdicts %s, %d actions%s%s", ctx.run_id, role, len(report.instances),

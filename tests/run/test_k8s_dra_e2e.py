@@ -282,11 +282,12 @@ def test_one_node_with_device_plugin_and_dra_gpus_is_priced_to_the_cent(cluster)
 def test_the_tick_records_and_exports_how_each_gpu_was_allocated(cluster):
     """Through the tick: the node-hour row carries the node's allocation and the DRA part of its pods' cents, the
     workloads' labels their allocation, and /metrics each node's cost and GPUs per allocation."""
-    from gpufinops.run.fleet_metrics import FleetFigures, render
+    from gpufinops.run.service import Service
 
-    # The tick covers the one interval before it (60 s): within one hour, so one row.
-    first = 0 if (NOW.minute, NOW.second) >= (1, 0) else 1.5
-    report = cluster.tick(first)
+    # The service's own tick (as `serve` runs it), covering the one interval before it (60 s): within one hour.
+    service = Service(cluster.settings, cluster.peers, clock=lambda: cluster.now)
+    cluster.now = NOW + timedelta(minutes=0 if (NOW.minute, NOW.second) >= (1, 0) else 1.5)
+    report = service.tick()
     # Only the shared claim's pods go without metrics (UNKNOWN, said): the cluster was read.
     assert not report.errors and set(report.degraded()) == {"prometheus"}
     assert "shared by 2 pods" in report.degraded()["prometheus"]
@@ -302,9 +303,7 @@ def test_the_tick_records_and_exports_how_each_gpu_was_allocated(cluster):
     assert labels[workload_id(cluster.busy)]["allocation"] == "device-plugin"
     assert labels[workload_id(cluster.train)]["allocation"] == "dra"
 
-    figures = FleetFigures.from_report(report)
-    figures.note_cluster(cluster.cloud.last_snapshot, cluster.cloud.node_costs)
-    text = render(figures.families()).decode()
+    text = service.metrics.body().decode()  # /metrics
     for way, gpus, usd in (("device-plugin", 1.0, 4.1), ("dra", 6.0, 24.58), ("unallocated", 1.0, 4.09)):
         labels_ = f'node="{cluster.node}",node_pool="mixed",allocation="{way}"'
         assert f"gpufinops_k8s_node_gpus{{{labels_}}} {gpus!r}" in text

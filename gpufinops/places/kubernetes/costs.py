@@ -78,6 +78,10 @@ class CostShare:
         its cents split by GPUs (largest remainder, so the parts add up to its cents)."""
         if self.is_idle_capacity:
             return [(UNALLOCATED, self.gpus, self.cents)]
+        if not self.dra_gpus:  # the common cases first: one way only (no Fraction arithmetic, no apportioning)
+            return [(ALLOCATED_BY_DEVICE_PLUGIN if self.gpus else self.allocation.split(",")[0], self.gpus, self.cents)]
+        if self.dra_gpus == self.gpus:
+            return [(ALLOCATED_BY_DRA, self.gpus, self.cents)]
         plugin = self.gpus - self.dra_gpus
         parts = [(w, g) for w, g in ((ALLOCATED_BY_DEVICE_PLUGIN, plugin), (ALLOCATED_BY_DRA, self.dra_gpus)) if g]
         if not parts:  # holds no weighed GPU (a DRA device no slice publishes): named as the pod's GPUs were
@@ -215,8 +219,11 @@ def allocation_split(shares: Iterable[CostShare]) -> dict[str, dict[str, tuple[F
     for s in shares:
         node = out.setdefault(s.node, {})
         for way, gpus, cents in s.by_allocation():
-            had_gpus, had_cents = node.get(way, (Fraction(0), 0))
-            node[way] = (had_gpus + gpus, None if cents is None or had_cents is None else had_cents + cents)
+            if way not in node:
+                node[way] = (gpus, cents)
+            else:
+                had_gpus, had_cents = node[way]
+                node[way] = (had_gpus + gpus, None if cents is None or had_cents is None else had_cents + cents)
     return out
 
 
