@@ -358,6 +358,23 @@ def test_a_refused_dra_list_is_said_and_no_dra_gpu_is_taken_for_idle(cluster, ka
     assert all(s.node != DRA_NODE for s in attribute(snap, NODE_COSTS))
 
 
+def test_a_refused_template_list_is_said_and_changes_no_figure(cluster, snapshot, kapi, tmp_path, caplog):
+    """An older ClusterRole without `list resourceclaimtemplates` (a real 403): templates only name what the claims
+    say, so DRA is read and priced all the same, the refusal logged."""
+    own = KapiCluster(kapi)
+    try:
+        own.forbid("list", "resourceclaimtemplates")
+        snap = KubernetesCluster(api_client(str(own.write_kubeconfig(tmp_path / "kc")))).snapshot(NOW)
+    finally:
+        own.close()
+    assert "DRA resourceclaimtemplates not read this tick" in caplog.text and "403" in caplog.text
+    assert "resource.k8s.io" not in snap.unread
+    mine = [s for s in attribute(snap, NODE_COSTS) if s.node in NODE_COSTS]
+    assert mine == [s for s in attribute(snapshot, NODE_COSTS) if s.node in NODE_COSTS]
+    train = next(p for p in snap.gpu_pods if p.name == "train-0")
+    assert [h.template for h in train.dra] == [f"{RESEARCH}/train-0-template"] * 2  # named by the pod's own spec
+
+
 def test_a_device_without_uuid_or_index_is_unknown_and_a_missing_dra_api_is_no_dra():
     """Pure: the same reading without a server (the slice shape as above, its identity attributes left out)."""
     from gpufinops.places.kubernetes.usage import dra_reason
