@@ -30,12 +30,12 @@ BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "id
 TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
 K8S_NAMESPACE_COLUMNS = ["namespace", "workloads", "hours", "gpu_hours", "cost", "idle_cost", "unknown_cost",
                          "idle_share", "unpriced_hours", "acted", "saved_cost"]
-K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "allocation", "hours", "gpu_hours",
-                        "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
+K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "allocation", "hours",
+                        "gpu_hours", "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
                         "idle_hours", "unknown_hours", "unpriced_hours", "acted", "saved_cost"]
 K8S_NODE_POOL_COLUMNS = ["node_pool", "nodes", "sharing", "allocation", "node_hours", "gpu_hours", "node_cost",
-                         "pods_cost", "dra_pods_cost", "idle_capacity_cost", "idle_share", "unpriced_hours", "empty_hours", "cordoned",
-                         "dry_run_cordons", "saved_hours", "saved_cost"]
+                         "pods_cost", "dra_pods_cost", "idle_capacity_cost", "idle_share", "unpriced_hours",
+                         "empty_hours", "cordoned", "dry_run_cordons", "saved_hours", "saved_cost"]
 CUT_NAME = "(cut: see the instance id)"
 BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
                   "data_through", "status"]

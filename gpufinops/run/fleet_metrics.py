@@ -178,7 +178,8 @@ class FleetFigures:
             saved.add_metric([team], usd)
         k8s_labels = ["node", "node_pool", "allocation"]
         k8s_gpus = GaugeMetricFamily("gpufinops_k8s_node_gpus",
-                                     "Physical GPUs of a Kubernetes GPU node by how they were allocated: device-plugin, "
+                                     "Physical GPUs of a Kubernetes GPU node by how they were allocated: "
+                                     "device-plugin, "
                                      "dra (ResourceClaims) or unallocated (held by no pod); a MIG slice or a shared "
                                      "GPU counts its part", labels=k8s_labels)
         k8s_cost = GaugeMetricFamily("gpufinops_k8s_node_hourly_cost",

@@ -45,7 +45,8 @@ NODE_POOL_LABELS = ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "clo
                     "kubernetes.azure.com/agentpool")
 NO_NODE_POOL = "(no node pool)"
 IDLE_CAPACITY = "(idle capacity)"
-UNALLOCATED = "unallocated"  # the part of a node's GPUs no pod holds, beside "device-plugin" and "dra" (allocation_split)
+# The part of a node's GPUs no pod holds, beside "device-plugin" and "dra" (allocation_split).
+UNALLOCATED = "unallocated"
 GROUPINGS = ("namespace", "workload", "node", "pod", "nodepool")
 
 
