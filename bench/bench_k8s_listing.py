@@ -22,8 +22,9 @@ Then, in the same run, interleaved, `--repeat` times each (medians reported):
   yardstick  `kubectl get --raw` of exactly the paths the service requested (same query, same page size,
              following `continue`), one kubectl process per page, `--disable-compression` so the server sends the
              same uncompressed JSON the Python client receives: wall time and bytes.
-The DRA lists (resourceclaims, resourceslices) are fetched with kubectl as well, for what a tick that read them
-would add; whether the service reads them shows in its request list.
+The DRA lists (resourceclaims, resourceslices; deviceclasses and resourceclaimtemplates where DRA is in use) are
+fetched with kubectl as well, for what a tick that read them would add; whether the service reads them shows in its
+request list.
 `--src DIR` imports gpufinops from another worktree (e.g. a branch that reads ResourceClaims).
 """
 

@@ -147,6 +147,9 @@ class GpuInstance:
     # mark lives on its Kueue Workload, whose list can fail while the job is listed. The act stage then keeps an
     # earlier mark as it is, never taking a tag it did not read for one a person removed.
     tags_unread: str = ""
+    # A Kubernetes workload's: how its GPUs were allocated, "device-plugin", "dra" (ResourceClaims) or both
+    # comma-joined (k8s.model.PodInfo.allocation); "" for every other place.
+    gpu_allocation: str = ""
 
     @property
     def family(self) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
 from functools import cached_property
-from typing import Mapping
+from typing import Iterable, Mapping
 
 # The annotations gpufinops writes on a workload it marks and scales (places.kubernetes.cloud), and the ones a
 # person sets to keep it (named in the Slack warning, notify.messages).
@@ -142,6 +142,11 @@ ALLOCATED_BY_DEVICE_PLUGIN = "device-plugin"
 ALLOCATED_BY_DRA = "dra"
 
 
+def allocations(ways: Iterable[str]) -> str:
+    """Allocation words (each may itself be comma-joined) as one sorted, comma-joined text: "device-plugin,dra"."""
+    return ",".join(sorted({w for way in ways for w in way.split(",") if w}))
+
+
 @dataclass(frozen=True)
 class DraDevice:
     """One device a ResourceSlice publishes for a node."""
@@ -187,6 +192,9 @@ class DraHold:
     share: Fraction  # 1 / the pods the claim is reserved for (split among them)
     found: DraDevice | None  # the device as the pod's node's ResourceSlices publish it; None: none does
     node: str = ""
+    template: str = ""  # namespace/name of the ResourceClaimTemplate the claim was generated from ("" none)
+    device_class: str = ""  # the DeviceClass its request asked for ("" when neither the claim nor template says)
+    containers: tuple[str, ...] = ()  # the pod's containers whose resources.claims name it (none: held all the same)
 
     @property
     def is_gpu(self) -> bool:
@@ -302,9 +310,8 @@ class PodInfo:
     @property
     def allocation(self) -> str:
         """How its GPUs were allocated: "device-plugin", "dra", or both comma-joined."""
-        ways = [w for w, held in ((ALLOCATED_BY_DEVICE_PLUGIN, devices(self.gpu_requests)),
-                                  (ALLOCATED_BY_DRA, self.dra_gpus)) if held]
-        return ",".join(ways)
+        return allocations(w for w, held in ((ALLOCATED_BY_DEVICE_PLUGIN, devices(self.gpu_requests)),
+                                             (ALLOCATED_BY_DRA, self.dra_gpus)) if held)
 
     @property
     def holds_gpus(self) -> bool:
@@ -343,6 +350,8 @@ class ClusterSnapshot:
     # Owner kinds whose list failed (a 403, a 5xx; a 404 is "none of that kind"), and why: their workloads are
     # reported with that reason and never changed this tick (places.kubernetes.cluster.KubernetesCluster.snapshot).
     unread: Mapping[str, str] = field(default_factory=dict)
+    # DRA DeviceClasses listed: name -> the drivers their selectors name (places.kubernetes.dra.device_classes).
+    device_classes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @cached_property
     def _nodes_by_name(self) -> dict[str, NodeInfo]:

@@ -657,7 +657,8 @@ def add_kubernetes(audit: MonthlyAudit, inp: AuditInputs, iv: pd.DataFrame, stop
     pools, for one with GPU node hours) and their headline figures, None for a month without them."""
     p, headline = audit.period, audit.headline
     period_s, obs_end = span.period_s, span.obs_end
-    audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(iv, owner_of, stops)
+    audit.k8s_namespaces, audit.k8s_workloads = sections.kubernetes_tables(
+        iv, owner_of, stops, {i: lab.get("allocation") or "" for i, lab in inp.labels.items()})
     # A cluster judged by node rules only has no decision rows: what the month observed of it ends one evaluation
     # period after the latest tick that read it.
     cluster_end = (min(pd.Timestamp(p.as_of), inp.node_hours["last_seen"].max() + timedelta(seconds=period_s))

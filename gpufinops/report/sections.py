@@ -13,7 +13,7 @@ from datetime import datetime
 import pandas as pd
 
 from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
-from ..k8s.model import KUEUE_SUSPEND_KINDS
+from ..k8s.model import ALLOCATED_BY_DEVICE_PLUGIN, KUEUE_SUSPEND_KINDS, allocations
 from ..model import UNTAGGED
 from ..places.kubernetes.names import parse_target, parse_workload_id
 from ..places.kubernetes.nodes import node_id
@@ -30,12 +30,12 @@ BREAKDOWN_COLUMNS = ["instances", "hours", "gpu_hours", "cost", "idle_cost", "id
 TREND_COLUMNS = ["metric", "this_month", "previous_month", "change", "change_share"]
 K8S_NAMESPACE_COLUMNS = ["namespace", "workloads", "hours", "gpu_hours", "cost", "idle_cost", "unknown_cost",
                          "idle_share", "unpriced_hours", "acted", "saved_cost"]
-K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "hours", "gpu_hours",
-                        "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
+K8S_WORKLOAD_COLUMNS = ["instance_id", "namespace", "kind", "name", "owner", "team", "gpus", "allocation", "hours",
+                        "gpu_hours", "cost", "idle_cost", "unknown_cost", "idle_share", "active_hours", "underutilized_hours",
                         "idle_hours", "unknown_hours", "unpriced_hours", "acted", "saved_cost"]
-K8S_NODE_POOL_COLUMNS = ["node_pool", "nodes", "sharing", "node_hours", "gpu_hours", "node_cost", "pods_cost",
-                         "idle_capacity_cost", "idle_share", "unpriced_hours", "empty_hours", "cordoned",
-                         "dry_run_cordons", "saved_hours", "saved_cost"]
+K8S_NODE_POOL_COLUMNS = ["node_pool", "nodes", "sharing", "allocation", "node_hours", "gpu_hours", "node_cost",
+                         "pods_cost", "dra_pods_cost", "idle_capacity_cost", "idle_share", "unpriced_hours",
+                         "empty_hours", "cordoned", "dry_run_cordons", "saved_hours", "saved_cost"]
 CUT_NAME = "(cut: see the instance id)"
 BUDGET_COLUMNS = ["budget", "scope", "amount", "basis", "actual", "actual_pct", "forecast", "forecast_pct",
                   "data_through", "status"]
@@ -193,12 +193,15 @@ def workload_acts(stops: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
 
 
 def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
-                      stops: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                      stops: pd.DataFrame | None = None,
+                      allocation_of: dict[str, str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(namespaces, workloads) from the report's own priced verdict rows (audit.intervals) of the `k8s:` ids:
     the same hours, rates and costs as every other table, so the workloads' cost is part of the month's evaluated
     spend. Money is rounded to the cent per workload and each namespace is the sum of its workloads' cents, so the
     two tables add up to the cent. Namespaces largest cost first; workloads largest idle cost first. `stops` (the
-    month's stop audit) adds what was suspended or scaled to zero and what that saved (`workload_acts`)."""
+    month's stop audit) adds what was suspended or scaled to zero and what that saved (`workload_acts`).
+    `allocation_of`: how each workload's GPUs were allocated, as the service last saw it (instance_labels); a
+    workload seen before that was recorded reads "device-plugin", the only way gpufinops counted GPUs then."""
     wl = iv[iv["instance_id"].str.startswith(KUBERNETES_ID_PREFIX)] if not iv.empty else iv
     if wl.empty:
         return _empty(K8S_NAMESPACE_COLUMNS), _empty(K8S_WORKLOAD_COLUMNS)
@@ -220,6 +223,7 @@ def kubernetes_tables(iv: pd.DataFrame, owner_of: dict[str, str],
                          columns=["namespace", "kind", "name"])  # one parse per workload, not per row
     out = out.join(parts)
     out["owner"] = [owner_of.get(i) or NO_OWNER for i in out.index]
+    out["allocation"] = [(allocation_of or {}).get(i) or ALLOCATED_BY_DEVICE_PLUGIN for i in out.index]
     acts = workload_acts(stops)
     out["acted"] = [acts.get(i, ("", 0.0))[0] for i in out.index]
     out["saved_cost"] = [acts[i][1] if i in acts else float("nan") for i in out.index]
@@ -274,8 +278,9 @@ def cordon_savings(node_hours: pd.DataFrame, cordons: list[tuple[str, pd.Timesta
 
 def node_pool_table(node_hours: pd.DataFrame, actions: list, obs_end) -> pd.DataFrame:
     """Per GPU node pool (Karpenter NodePool, EKS node group, ...; "(no node pool)"), from the month's hourly node
-    rollup (Store.node_hours_frame): nodes seen, node-hours, GPU-hours, the sharing modes seen, the nodes' cost split
-    into what the pods' shares carried and the idle capacity no pod held (places.kubernetes.costs.attribute's split,
+    rollup (Store.node_hours_frame): nodes seen, node-hours, GPU-hours, the sharing modes and the ways GPUs were
+    allocated (device plugin, DRA) seen, the nodes' cost split into what the pods' shares carried (and of it, what
+    their DRA GPUs carried: dra_pods_cost) and the idle capacity no pod held (places.kubernetes.costs.attribute's split,
     summed in whole cents, so pods + idle capacity == node cost to the cent in every pool), the hours a node had no GPU
     pod at all, and the nodes gpufinops cordoned (`action: drain`: stop audit rows of `k8s:node/<name>` ids) with
     what that saved (cordon_savings). A pool's node is counted in the pool it was last seen in. Largest node cost
@@ -296,11 +301,13 @@ def node_pool_table(node_hours: pd.DataFrame, actions: list, obs_end) -> pd.Data
             real.append((name, pd.Timestamp(a.at)))
     saved = cordon_savings(nh, sorted(real, key=lambda c: c[1]), pd.Timestamp(obs_end))
     g = nh.groupby("node_pool")
-    cents = {c: g[c].sum() for c in ("node_cents", "pods_cents", "idle_cents")}
+    cents = {c: g[c].sum() for c in ("node_cents", "pods_cents", "dra_cents", "idle_cents")}
     out = pd.DataFrame({
         "nodes": g["node"].nunique(), "sharing": g["sharing"].agg(lambda m: ", ".join(sorted(set(m)))),
+        "allocation": g["allocation"].agg(lambda m: ", ".join(allocations(m).split(","))),
         "node_hours": g["hours"].sum(), "gpu_hours": g["gpu_hours"].sum(),
         "node_cost": cents["node_cents"] / 100, "pods_cost": cents["pods_cents"] / 100,
+        "dra_pods_cost": cents["dra_cents"] / 100,
         "idle_capacity_cost": cents["idle_cents"] / 100, "unpriced_hours": g["unpriced_hours"].sum(),
         "empty_hours": g["empty_hours"].sum(),
     })

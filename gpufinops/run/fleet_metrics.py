@@ -4,14 +4,16 @@
 numbers; `FleetCollector` hands them to prometheus_client at each scrape, so a scrape does no work beyond
 formatting. Labels are bounded: `instance_id` (the fleet), `team` (the team allocation key's value),
 `gpu_model`, `instance_type`, `verdict`, `rule` (configured rule names), `code` (ReasonCode), `budget`
-(configured budget names), `dry_run`. No other tag value becomes a label.
+(configured budget names), `dry_run`, and for Kubernetes GPU nodes `node`, `node_pool` (the cluster's nodes and
+pools) and `allocation` (device-plugin, dra, unallocated). No other tag value becomes a label.
 
 The instance label is `instance_id`, as on the DCGM series after the ec2_sd relabelling (docs/metrics.md), not
 `instance`: Prometheus sets `instance` to the scrape target and would rename ours to `exported_instance`.
 
 Series count per scrape: 3 per running judged instance (hourly cost, GPU count, verdict) + 2 per (verdict,
 team) with instances + 1 per UNKNOWN code + up to 3 per team (idle $ this month, stops by dry_run) + 2 per
-budget + the service's own health series: about 3 x instances (BENCHMARKS.md, "Service /metrics at 10,000 GPUs").
+budget + the service's own health series: about 3 x instances (BENCHMARKS.md, "Service /metrics at 10,000 GPUs"),
++ 2 per (Kubernetes GPU node, allocation): at most 6 per node (device-plugin, dra, unallocated).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..act.plan import primary_decision
 from ..cost.costs import verdict_costs
 from ..model import TAG_STOPPED_BY, ActionKind, Decision, GpuInstance, Verdict
+from ..places.kubernetes.costs import allocation_split, node_pool_of
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -57,6 +60,9 @@ class FleetFigures:
     idle_cost_month: dict[str, float] = field(default_factory=dict)  # team -> USD of IDLE time this month
     stops_month: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, dry_run) -> done stops
     stopped_cost: dict[str, float] = field(default_factory=dict)  # team -> USD/h of instances gpufinops stopped
+    # (node, node pool, allocation) -> (physical GPUs, USD/h or None unpriced): each Kubernetes GPU node's cost split
+    # by how its GPUs were allocated (device-plugin, dra, unallocated = idle capacity), as the cost rows split it.
+    k8s_allocation: dict[tuple[str, str, str], tuple[float, float | None]] = field(default_factory=dict)
 
     @classmethod
     def from_report(cls, report: "RunReport", store: "Store | None" = None, max_gap_s: float = 120.0) -> "FleetFigures":
@@ -79,6 +85,15 @@ class FleetFigures:
         if store is not None:
             figures.read_store(store, report.now, {i.instance_id: team_of(i) for i in report.instances}, max_gap_s)
         return figures
+
+    def note_cluster(self, snapshot, hourly_shares) -> None:
+        """This tick's cluster listing (a ClusterSnapshot and its costs.attribute for one hour, as the listing
+        computed it): per node, the GPUs and the hourly cost carried by device-plugin GPUs, by DRA GPUs and by no pod
+        (places.kubernetes.costs.allocation_split: whole cents, adding up to the node's rate to the cent)."""
+        pools = {n.name: node_pool_of(n) for n in snapshot.nodes}
+        for node, parts in allocation_split(hourly_shares).items():
+            for way, (gpus, cents) in parts.items():
+                self.k8s_allocation[(node, pools[node], way)] = (float(gpus), None if cents is None else cents / 100)
 
     def read_store(self, store: "Store", now: datetime, teams: dict[str, str], max_gap_s: float) -> None:
         """Idle $ accrued this month (the hourly rollups, as reports and budgets read them) and this month's
@@ -161,9 +176,24 @@ class FleetFigures:
                                   labels=["team"])
         for team, usd in sorted(self.stopped_cost.items()):
             saved.add_metric([team], usd)
+        k8s_labels = ["node", "node_pool", "allocation"]
+        k8s_gpus = GaugeMetricFamily("gpufinops_k8s_node_gpus",
+                                     "Physical GPUs of a Kubernetes GPU node by how they were allocated: "
+                                     "device-plugin, "
+                                     "dra (ResourceClaims) or unallocated (held by no pod); a MIG slice or a shared "
+                                     "GPU counts its part", labels=k8s_labels)
+        k8s_cost = GaugeMetricFamily("gpufinops_k8s_node_hourly_cost",
+                                     "USD per hour of a Kubernetes GPU node carried by its device-plugin GPUs, its DRA "
+                                     "GPUs and its unallocated ones (idle capacity); the allocations of a node add up "
+                                     "to its cost to the cent; absent when unpriced", labels=k8s_labels)
+        for (node, pool, way), (n, usd) in sorted(self.k8s_allocation.items()):
+            k8s_gpus.add_metric([node, pool, way], n)
+            if usd is not None:
+                k8s_cost.add_metric([node, pool, way], usd)
         at = GaugeMetricFamily("gpufinops_fleet_figures_timestamp_seconds",
                                "Unix time of the tick these fleet figures come from", value=self.at.timestamp())
-        return [cost, gpus, verdict, gpus_by, cost_by, counts, unknown_by, idle_month, stops, saved, at]
+        return [cost, gpus, verdict, gpus_by, cost_by, counts, unknown_by, idle_month, stops, saved, k8s_gpus, k8s_cost,
+                at]
 
 
 def budget_families(budgets: dict[str, tuple[float, float]]) -> list[GaugeMetricFamily]:

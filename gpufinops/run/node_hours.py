@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Mapping
 
-from ..k8s.model import ClusterSnapshot, node_sharing
-from ..places.kubernetes.costs import attribute, node_pool_of
+from ..k8s.model import ALLOCATED_BY_DRA, ClusterSnapshot
+from ..places.kubernetes.costs import allocation_split, attribute, node_allocation, node_gpus, node_pool_of
 from ..store.episodes import HOUR, floor_hour
 from .nodes import workload_cloud_of
 
@@ -33,27 +33,33 @@ def node_hour_rows(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | N
                    seconds: float) -> list[dict]:
     """Pure: the k8s_node_hours rows of the span [start, start + seconds) seen as `snapshot` shows the cluster, one
     per GPU node and hour. Cents are attribute()'s for that part of the hour (whole cents apportioned per node), so
-    pods_cents + idle_cents == node_cents in each row; an unpriced node has 0 cents and its time in unpriced_hours.
+    pods_cents + idle_cents == node_cents in each row, and dra_cents is the part of pods_cents its pods' DRA GPUs
+    carried; an unpriced node has 0 cents and its time in unpriced_hours. `gpus` counts device-plugin and DRA GPUs
+    alike (costs.node_gpus), as the split does.
     The tick itself (ticks, empty_ticks) counts in the span's last hour, the one it was made in."""
     chunks = hour_chunks(start, seconds)
     end = start + timedelta(seconds=seconds)  # the tick's own time
     out = []
     for n, (hour, hours) in enumerate(chunks):
         by_node: dict[str, list] = {}
-        for share in attribute(snapshot, node_costs, hours):
+        shares = attribute(snapshot, node_costs, hours)
+        for share in shares:
             by_node.setdefault(share.node, []).append(share)
+        split = allocation_split(shares)
         tick = int(n == len(chunks) - 1)
         for node in snapshot.nodes:
             pods = snapshot.pods_on(node.name)
-            sharing = node_sharing(node, pods)
-            shares = by_node.get(node.name, [])
-            node_cents = sum(s.cents or 0 for s in shares)
-            idle_cents = sum(s.cents or 0 for s in shares if s.is_idle_capacity)
+            gpus = node_gpus(node, pods)
+            mine = by_node.get(node.name, [])
+            node_cents = sum(s.cents or 0 for s in mine)
+            idle_cents = sum(s.cents or 0 for s in mine if s.is_idle_capacity)
+            dra_cents = split.get(node.name, {}).get(ALLOCATED_BY_DRA, (0, 0))[1] or 0
             empty = not pods
             out.append({"hour": hour, "node": node.name, "instance_id": node.instance_id[:64],
-                        "node_pool": node_pool_of(node)[:128], "sharing": sharing.mode, "gpus": sharing.physical_gpus,
-                        "hours": hours, "gpu_hours": hours * sharing.physical_gpus, "node_cents": node_cents,
-                        "pods_cents": node_cents - idle_cents, "idle_cents": idle_cents,
+                        "node_pool": node_pool_of(node)[:128], "sharing": gpus.mode,
+                        "allocation": node_allocation(node)[:32], "gpus": gpus.physical,
+                        "hours": hours, "gpu_hours": hours * gpus.physical, "node_cents": node_cents,
+                        "pods_cents": node_cents - idle_cents, "idle_cents": idle_cents, "dra_cents": dra_cents,
                         "unpriced_hours": hours if node_costs.get(node.name) is None else 0.0, "ticks": tick,
                         "empty_ticks": tick if empty else 0, "empty_hours": hours if empty else 0.0,
                         "last_seen": end})

@@ -36,6 +36,7 @@ from ..act.actuator import Actuator
 from ..config import Settings
 from .api import VERDICTS_PATH, VerdictApi
 from .fleet_metrics import FleetExposition, FleetFigures
+from .nodes import workload_cloud_of
 from ..httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
 from ..model import RunContext, utcnow
@@ -267,6 +268,9 @@ class Service:
         # Month figures read the store: on a database that failed this tick they are left out (logged).
         figures = FleetFigures.from_report(report, None if report.sources.get("database") else self.peers.store,
                                            max_gap_s=2 * self.settings.schedule.evaluate_every_s)
+        cluster = workload_cloud_of(self.peers.cloud)
+        if cluster is not None and cluster.listed_ok and cluster.last_snapshot is not None:  # a failed read: none
+            figures.note_cluster(cluster.last_snapshot, cluster.hourly_shares)
         self.metrics.observe(report, seconds, figures)
         role = f"leader token {self.lease.token}" if leader else "standby, read-only"
         log.info("run %s [%s]: %d instances, verdicts %s, %d actions%s%s", ctx.run_id, role, len(report.instances),

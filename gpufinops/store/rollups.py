@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from .episodes import Episode, Heads, HourAgg, Run, Tail, fold_ticks
 from ..model import GpuInstance
 from .schema import (
+    LABEL_KEPT_WHEN_NULL,
     LABEL_SIZES,
     LABEL_UPDATED,
     NODE_HOUR_LATEST,
@@ -221,7 +222,8 @@ def label_row(inst: GpuInstance, now: datetime) -> dict:
             "gpu_model": clip("gpu_model", inst.gpu_model), "gpu_count": int(inst.gpu_count or 0),
             "provider": clip("provider", inst.provider), "price_source": clip("price_source", inst.price_source),
             "name": clip("name", inst.tags.get("Name")), "policy": policy_json(inst),
-            "first_seen": seen, "last_seen": seen}
+            # None (not "") when the listing saw no GPU of it (a workload scaled to zero): the stored one is kept.
+            "allocation": clip("allocation", inst.gpu_allocation) or None, "first_seen": seen, "last_seen": seen}
 
 
 POLICY_TAGS_MAX = 64  # EC2 allows 50 tags; a Kubernetes workload's labels and annotations are kept to this many
@@ -268,7 +270,12 @@ def upsert_statement(dialect: str, table: Table, updated: tuple[str, ...]):
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
     stmt = dialect_insert(table)
     return stmt.on_conflict_do_update(index_elements=list(table.primary_key.columns),
-                                      set_={f: stmt.excluded[f] for f in updated})
+                                      set_={f: _kept_when_null(table, f, stmt.excluded[f]) for f in updated})
+
+
+def _kept_when_null(table: Table, column: str, new):
+    """The new value of `column`, or for LABEL_KEPT_WHEN_NULL the stored one when the new one is NULL."""
+    return func.coalesce(new, table.c[column]) if table is instance_labels and column in LABEL_KEPT_WHEN_NULL else new
 
 
 def upsert_labels(conn: Connection, rows: Sequence[dict]) -> None:
@@ -287,7 +294,8 @@ def upsert_labels(conn: Connection, rows: Sequence[dict]) -> None:
                for r in rows if r["instance_id"] in known]
     if updates:
         conn.execute(update(instance_labels).where(instance_labels.c.instance_id == bindparam("label_id"))
-                     .values(**{f: bindparam(f"v_{f}") for f in LABEL_UPDATED}), updates)
+                     .values(**{f: _kept_when_null(instance_labels, f, bindparam(f"v_{f}")) for f in LABEL_UPDATED}),
+                     updates)
     inserts = [r for r in rows if r["instance_id"] not in known]
     if inserts:
         conn.execute(insert(instance_labels), inserts)

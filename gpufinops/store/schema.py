@@ -149,12 +149,18 @@ k8s_node_hours = Table(
     Column("instance_id", String(64), nullable=False),  # the machine's own id (spec.providerID), else the name
     Column("node_pool", String(128), nullable=False),  # places.kubernetes.costs.node_pool_of, at the latest tick
     Column("sharing", String(16), nullable=False),  # k8s.model.SHARING_MODES, at the latest tick
+    # How the node hands out its GPUs at the latest tick: "device-plugin", "dra" or both comma-joined
+    # (places.kubernetes.costs.node_allocation). Rows from before migration 0005 read "device-plugin": every GPU
+    # gpufinops counted then was a device plugin's.
+    Column("allocation", String(32), nullable=False, server_default="device-plugin"),
     Column("gpus", Integer, nullable=False),  # physical GPUs, at the latest tick
     Column("hours", Float, nullable=False),
     Column("gpu_hours", Float, nullable=False),
     Column("node_cents", Integer, nullable=False),
     Column("pods_cents", Integer, nullable=False),
     Column("idle_cents", Integer, nullable=False),
+    # Of pods_cents, what the pods' DRA-allocated GPUs carried (the rest: device-plugin GPUs); 0 before 0005.
+    Column("dra_cents", Integer, nullable=False, server_default="0"),
     Column("unpriced_hours", Float, nullable=False),  # of `hours`, with no known price (in no cents column)
     Column("ticks", Integer, nullable=False),
     Column("empty_ticks", Integer, nullable=False),  # ticks that saw no pod holding any of its GPUs
@@ -165,9 +171,9 @@ k8s_node_hours = Table(
 
 # Summed into by each tick (INSERT ... ON CONFLICT DO UPDATE SET column = column + excluded.column); the rest are
 # the latest tick's.
-NODE_HOUR_SUMS = ("hours", "gpu_hours", "node_cents", "pods_cents", "idle_cents", "unpriced_hours", "ticks",
-                  "empty_ticks", "empty_hours")
-NODE_HOUR_LATEST = ("instance_id", "node_pool", "sharing", "gpus", "last_seen")
+NODE_HOUR_SUMS = ("hours", "gpu_hours", "node_cents", "pods_cents", "idle_cents", "dra_cents", "unpriced_hours",
+                  "ticks", "empty_ticks", "empty_hours")
+NODE_HOUR_LATEST = ("instance_id", "node_pool", "sharing", "allocation", "gpus", "last_seen")
 
 
 ROLLUP_TABLES = ("verdict_episodes", "verdict_hours", "verdict_tails", "service_runs")
@@ -197,6 +203,10 @@ instance_labels = Table(
     # databases (store.migrate.add_missing_columns); rows from before stay NULL ("tags not recorded").
     Column("name", String(128)),
     Column("policy", Text),
+    # A Kubernetes workload's: how its GPUs were allocated ("device-plugin", "dra", or both comma-joined), for the
+    # report's workloads table; "" for an instance of another place. NULL in rows from before migration 0005
+    # (read as "device-plugin" for a Kubernetes workload).
+    Column("allocation", String(32)),
     Column("first_seen", DateTime, nullable=False),
     Column("last_seen", DateTime, nullable=False, index=True),
 )
@@ -206,7 +216,8 @@ LABEL_SIZES = {c.name: c.type.length for c in instance_labels.columns if isinsta
 
 
 LABEL_UPDATED = ("owner", "team", "account", "region", "instance_type", "gpu_model", "gpu_count", "provider",
-                 "price_source", "name", "policy", "last_seen")  # first_seen is kept
+                 "price_source", "name", "policy", "allocation", "last_seen")  # first_seen is kept
+LABEL_KEPT_WHEN_NULL = ("allocation",)  # a tick that saw none keeps the stored value (a workload scaled to zero)
 
 
 # Last verdict per (instance, rule): what makes "act only on transitions" possible.

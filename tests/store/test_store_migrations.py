@@ -251,7 +251,7 @@ def test_a_database_at_0003_is_upgraded_to_node_hours_keeping_its_rows(db_url):
 
     store = Store(db_url)  # upgrades on start
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0004"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD
     assert contents(store.engine) == before  # nothing stored is lost or changed
     assert store.instance_labels()["i-1"]["owner"] == "ana"
     assert store.node_hours_frame(START, END).empty
@@ -260,4 +260,53 @@ def test_a_database_at_0003_is_upgraded_to_node_hours_keeping_its_rows(db_url):
                             interval_s=60, max_gap_s=120)
     [row] = store.node_hours_frame(START, END).to_dict("records")
     assert row["node_cents"] == row["idle_cents"] == 20 and row["empty_ticks"] == 1  # a minute of $12/h, no pod
+    store.close()
+
+
+def test_a_database_at_0004_is_upgraded_to_gpu_allocation_old_rows_reading_device_plugin(db_url):
+    """0004 -> 0005 adds k8s_node_hours.allocation and .dra_cents and instance_labels.allocation in place: the node
+    hours stored before read "device-plugin" and 0 DRA cents (every GPU counted then was a device plugin's), nothing
+    else stored changes; the next tick writes how its nodes' GPUs were allocated, and a workload seen with no GPU
+    (scaled to zero) keeps the allocation stored for it."""
+    from alembic import command
+    from alembic.config import Config
+
+    from gpufinops.model import GpuInstance
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0004")  # the schema of the release before the allocation columns
+        assert "allocation" not in {c["name"] for c in inspect(conn).get_columns("k8s_node_hours")}
+        hour = T0.replace(minute=0, second=0)
+        conn.execute(text(  # a node hour as 0004's code wrote it
+            "INSERT INTO k8s_node_hours (hour, node, instance_id, node_pool, sharing, gpus, hours, gpu_hours, "
+            "node_cents, pods_cents, idle_cents, unpriced_hours, ticks, empty_ticks, empty_hours, last_seen) VALUES "
+            "(:h, 'n0', 'i-0aaa0000000000001', 'train', 'whole', 8, 0.5, 4.0, 1639, 410, 1229, 0, 30, 0, 0, :t)"),
+            {"h": hour, "t": T0})
+        conn.execute(text("INSERT INTO instance_labels (instance_id, owner, first_seen, last_seen) "
+                          "VALUES ('k8s:ml/Deployment/infer', 'ana', :t, :t)"), {"t": T0})
+    engine.dispose()
+
+    store = Store(db_url)  # upgrades on start
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0005"
+    [row] = store.node_hours_frame(START, END).to_dict("records")
+    assert (row["allocation"], row["dra_cents"]) == ("device-plugin", 0)
+    assert ({k: row[k] for k in ("node", "node_pool", "sharing", "gpus", "node_cents", "pods_cents", "idle_cents",
+                                  "ticks")}
+            == {"node": "n0", "node_pool": "train", "sharing": "whole", "gpus": 8, "node_cents": 1639,
+                "pods_cents": 410, "idle_cents": 1229, "ticks": 30})  # the stored row, unchanged
+    assert store.instance_labels()["k8s:ml/Deployment/infer"]["allocation"] is None  # the report reads device-plugin
+
+    t = T0.replace(tzinfo=timezone.utc) + timedelta(minutes=5)
+    wl = GpuInstance("k8s:ml/Deployment/infer", "p4d.24xlarge", "us-east-1", "running", t, provider="kubernetes",
+                     gpu_allocation="dra")
+    store.record_instances([wl], t)
+    assert store.instance_labels()["k8s:ml/Deployment/infer"]["allocation"] == "dra"
+    store.record_instances([GpuInstance(wl.instance_id, "", "", "stopped", t, provider="kubernetes")],
+                           t + timedelta(minutes=1))  # scaled to zero: no pod, no GPU seen
+    assert store.instance_labels()["k8s:ml/Deployment/infer"]["allocation"] == "dra"
     store.close()

@@ -49,7 +49,7 @@ from gpufinops.collect.errors import QueryFailed
 from gpufinops.k8s.model import (
     DEFAULT_PROTECT_KEY, KUEUE_JOB_KINDS, KUEUE_QUEUE_LABEL, KUEUE_SUSPEND_KINDS, MARK_ANNOTATION,
     PRE_SUSPEND_ANNOTATION, REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, SUSPENDED_ANNOTATION, TAG_KUEUE_WORKLOAD,
-    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef,
+    ClusterSnapshot, NodeInfo, PodInfo, WorkloadInfo, WorkloadRef, allocations,
 )
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, GpuInstance, utcnow
 from gpufinops.places.kubernetes.cluster import KubernetesCluster, controller_of, parse_time, server_of
@@ -167,6 +167,7 @@ def workload_instance(ref: WorkloadRef, info: WorkloadInfo | None, pods: Sequenc
         private_dns=node.name if node else "", gpu_count=sum(p.gpu_devices for p in pods), gpu_model=model,
         gpu_memory_gib=memory, hourly_cost=hourly_cost, provider="kubernetes", managed_by=managed_by,
         managed_advice=advice, tags_unread=tags_unread,
+        gpu_allocation=allocations(p.allocation for p in pods),
     )
 
 
@@ -186,6 +187,7 @@ class WorkloadCloud(NodeCloudMixin):
         # kubernetes.drain_nodes: GPU nodes without GPU work may be cordoned (rules with action: drain).
         self.drain_nodes = drain_nodes
         self.node_costs: dict[str, float | None] = {}  # USD/h per node name, from the last listing
+        self.hourly_shares: tuple = ()  # the last listing's costs.attribute for one hour (pods and idle capacity)
         self._node_names: dict[str, str] = {}  # node instance id -> node name (cut ids included)
         # kubernetes.suspend_kueue: Kueue-managed Jobs may be suspended (their Kueue Workload deactivated).
         self.suspend_kueue = suspend_kueue
@@ -229,7 +231,8 @@ class WorkloadCloud(NodeCloudMixin):
         snapshot = self.cluster.snapshot(self.clock())
         rates = {k: v for k, v in (node_rates or {}).items() if v is not None}
         costs = node_hourly_costs(snapshot.nodes, self.price, rates)
-        pod_costs = pod_hourly_costs(attribute(snapshot, costs, 1.0))
+        hourly_shares = attribute(snapshot, costs, 1.0)
+        pod_costs = pod_hourly_costs(hourly_shares)
         nodes = {n.name: n for n in snapshot.nodes}
         self._autoscaled = self._autoscalers_listed() if self.scale_to_zero else {}
         self._kueue, self._kueue_note = self._kueue_listed() if self.suspend_kueue else ({}, "")
@@ -248,6 +251,7 @@ class WorkloadCloud(NodeCloudMixin):
                                          kueue_unread=self._kueue_note))
         self.last_snapshot = snapshot
         self.node_costs = dict(costs)
+        self.hourly_shares = tuple(hourly_shares)
         self.node_remainders = node_remainders(snapshot, costs, pod_costs)
         self._listed = {i.instance_id: i for i in out}
         self._refs.update({workload_id(r): r for r in snapshot.workload_refs()})

@@ -343,21 +343,26 @@ def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict]
                   owners_by_kind: Mapping[str, Iterable[dict]], namespaces: Iterable[dict], *,
                   namespace_allowed: Callable[[str, Mapping[str, str]], bool] = lambda n, l: True,
                   server: str = "", unread: Mapping[str, str] | None = None,
-                  resource_slices: Iterable[dict] = (), resource_claims: Iterable[dict] = ()) -> ClusterSnapshot:
+                  resource_slices: Iterable[dict] = (), resource_claims: Iterable[dict] = (),
+                  device_classes: Iterable[dict] = (), claim_templates: Iterable[dict] = ()) -> ClusterSnapshot:
     """Pure: the listed objects as a ClusterSnapshot: GPU nodes, every pod holding GPUs (for cost shares) with
     the namespaces `namespace_allowed` leaves out of verdicts, their workloads. `unread`: owner kinds whose list
     failed, and why. `resource_slices` / `resource_claims`: DRA's (module dra): a node's published GPUs make it a
-    GPU node, a pod's allocated claims its GPUs."""
+    GPU node, a pod's allocated claims its GPUs; `device_classes` / `claim_templates` name each hold's class and
+    template."""
     owners = owner_index(owners_by_kind)
     ns_labels = {str((o.get("metadata") or {}).get("name", "")): dict((o.get("metadata") or {}).get("labels") or {})
                  for o in namespaces}
     pods = list(pods)
     by_node = dra.slices_by_node(resource_slices)
+    resource_claims = list(resource_claims)
     claims = dra.claim_index(resource_claims)
-    users = dra.claim_users(p for p in pods if dra.uses_claims(p))
+    generated = dra.generated_claims(resource_claims)
+    templates = dra.claim_templates(claim_templates)
+    users = dra.claim_users((p for p in pods if dra.uses_claims(p)), generated)
     gpu_pods, others, out_of_scope = [], set(), set()
     for obj in pods:
-        holds = dra.pod_holds(obj, claims, by_node, users) if dra.uses_claims(obj) else ()
+        holds = dra.pod_holds(obj, claims, by_node, users, templates, generated) if dra.uses_claims(obj) else ()
         pod = parse_pod(obj, owners, holds)
         if not pod.gpu_devices:
             others.add(pod.key)
@@ -372,7 +377,7 @@ def snapshot_from(read_at: datetime, nodes: Iterable[dict], pods: Iterable[dict]
         read_at=read_at, nodes=gpu_nodes, gpu_pods=tuple(sorted(gpu_pods, key=lambda p: p.key)),
         workloads={r: workload_info(r, owners, gpu_pods) for r in refs}, namespace_labels=ns_labels,
         other_pods=frozenset(others), server=server, out_of_scope=frozenset(out_of_scope),
-        unread=dict(unread or {}),
+        unread=dict(unread or {}), device_classes=dra.device_classes(device_classes),
     )
 
 
@@ -511,7 +516,7 @@ class KubernetesCluster:
             "Job": r.list("jobs", batch.list_job_for_all_namespaces).items,
         }
         unread: dict[str, str] = {}
-        slices, claims = self.dra_objects(unread)
+        slices, claims, classes, templates = self.dra_objects(unread)
         gpu_pods = [p for p in pods.items if may_hold_gpus(p)]
         # Round one finds RayClusters, JobSets and Kubeflow jobs; round two the RayJobs above the RayClusters.
         for _ in range(2):
@@ -521,14 +526,17 @@ class KubernetesCluster:
                     unread[kind.kind] = problem
         return snapshot_from(now, nodes.items, pods.items, owners, namespaces.items,
                              namespace_allowed=self.namespace_allowed, server=r.server, unread=unread,
-                             resource_slices=slices, resource_claims=claims)
+                             resource_slices=slices, resource_claims=claims, device_classes=classes,
+                             claim_templates=templates)
 
-    def dra_objects(self, unread: dict[str, str]) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
-        """DRA's ResourceSlices and ResourceClaims, cluster-wide (two paged lists). The official client 33.x has no
-        resource.k8s.io/v1 models, so they are read as raw REST through its ApiClient (`call_api`), with the same
-        paging, timeouts and errors as every other list. A 404 (a server before 1.34, or the API switched off) is
-        none. Any other failure of either is neither, the reason in `unread`: claims without their slices, or
-        slices without their claims, would price every DRA GPU as idle capacity."""
+    def dra_objects(self, unread: dict[str, str]) -> tuple[tuple[dict, ...], ...]:
+        """DRA's ResourceSlices, ResourceClaims, DeviceClasses and ResourceClaimTemplates, cluster-wide (four paged
+        lists). The official client 33.x has no resource.k8s.io/v1 models, so they are read as raw REST through its
+        ApiClient (`call_api`), with the same paging, timeouts and errors as every other list. A 404 (a server
+        before 1.34, or the API switched off) is none. Any other failure of the slices or the claims is neither,
+        the reason in `unread`: claims without their slices, or slices without their claims, would price every DRA
+        GPU as idle capacity. Classes and templates only name what the claims already say: their failure (an
+        older ClusterRole without resourceclaimtemplates) is logged and leaves them out, every figure unchanged."""
         r = self.reader
 
         def raw(plural: str):
@@ -541,14 +549,26 @@ class KubernetesCluster:
             return call
 
         try:
-            return (r.list(f"{dra.SLICES}.{dra.RESOURCE_GROUP}", raw(dra.SLICES)).items,
-                    r.list(f"{dra.CLAIMS}.{dra.RESOURCE_GROUP}", raw(dra.CLAIMS)).items)
+            slices = r.list(f"{dra.SLICES}.{dra.RESOURCE_GROUP}", raw(dra.SLICES)).items
+            claims = r.list(f"{dra.CLAIMS}.{dra.RESOURCE_GROUP}", raw(dra.CLAIMS)).items
         except ClusterReadFailed as exc:
             if exc.status != 404:
                 unread[dra.RESOURCE_GROUP] = str(exc)
                 log.warning("DRA not read this tick (GPUs allocated through ResourceClaims are not seen, priced "
                             "or judged): %s", exc)
-            return (), ()
+            return (), (), (), ()
+        if not slices and not claims:
+            return (), (), (), ()  # no DRA in use: the names of classes and templates would say nothing
+        named = []
+        for plural in (dra.CLASSES, dra.TEMPLATES):
+            try:
+                named.append(r.list(f"{plural}.{dra.RESOURCE_GROUP}", raw(plural)).items)
+            except ClusterReadFailed as exc:
+                if exc.status != 404:
+                    log.warning("DRA %s not read this tick (claims are priced and judged all the same, without "
+                                "their names): %s", plural, exc)
+                named.append(())
+        return slices, claims, named[0], named[1]
 
     def custom_objects(self, kind: ApiKind) -> tuple[tuple[dict, ...], str]:
         """Every object of a custom resource kind, cluster-wide (one paged list), and "" ; a 404 (its CRD is not

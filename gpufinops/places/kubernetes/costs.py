@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from gpufinops.k8s.model import (
     ALLOCATED_BY_DEVICE_PLUGIN, ALLOCATED_BY_DRA, GPU_RESOURCE, GPU_SHARED_RESOURCE, HAMI_CORES, HAMI_MEMORY,
-    MIG_RESOURCE_PREFIX, ClusterSnapshot, DraHold, NodeInfo, NodeSharing, node_sharing,
+    MIG_RESOURCE_PREFIX, ClusterSnapshot, DraHold, NodeInfo, NodeSharing, PodInfo, allocations, node_sharing,
 )
 from ...prices.mig import compute_share, gpu_key_of_product
 
@@ -45,6 +45,8 @@ NODE_POOL_LABELS = ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "clo
                     "kubernetes.azure.com/agentpool")
 NO_NODE_POOL = "(no node pool)"
 IDLE_CAPACITY = "(idle capacity)"
+# The part of a node's GPUs no pod holds, beside "device-plugin" and "dra" (allocation_split).
+UNALLOCATED = "unallocated"
 GROUPINGS = ("namespace", "workload", "node", "pod", "nodepool")
 
 
@@ -66,10 +68,27 @@ class CostShare:
     # How the GPUs were allocated: "device-plugin", "dra" or both comma-joined; for idle capacity, how the node's
     # GPUs are handed out.
     allocation: str = ALLOCATED_BY_DEVICE_PLUGIN
+    dra_gpus: Fraction = Fraction(0)  # of `gpus`, those held through DRA claims (the rest: device-plugin requests)
 
     @property
     def is_idle_capacity(self) -> bool:
         return not self.pod
+
+    def by_allocation(self) -> list[tuple[str, Fraction, int | None]]:
+        """(allocation, GPUs, cents) of this share: idle capacity is UNALLOCATED; a pod holding GPUs both ways has
+        its cents split by GPUs (largest remainder, so the parts add up to its cents)."""
+        if self.is_idle_capacity:
+            return [(UNALLOCATED, self.gpus, self.cents)]
+        if not self.dra_gpus:  # the common cases first: one way only (no Fraction arithmetic, no apportioning)
+            return [(ALLOCATED_BY_DEVICE_PLUGIN if self.gpus else self.allocation.split(",")[0], self.gpus, self.cents)]
+        if self.dra_gpus == self.gpus:
+            return [(ALLOCATED_BY_DRA, self.gpus, self.cents)]
+        plugin = self.gpus - self.dra_gpus
+        parts = [(w, g) for w, g in ((ALLOCATED_BY_DEVICE_PLUGIN, plugin), (ALLOCATED_BY_DRA, self.dra_gpus)) if g]
+        if not parts:  # holds no weighed GPU (a DRA device no slice publishes): named as the pod's GPUs were
+            return [(self.allocation.split(",")[0], Fraction(0), self.cents)]
+        cents = [None] * len(parts) if self.cents is None else apportion(self.cents, [g for _, g in parts])
+        return [(w, g, c) for (w, g), c in zip(parts, cents)]
 
 
 def cents_of(usd: float) -> int:
@@ -143,12 +162,30 @@ def dra_share(holds: Sequence[DraHold]) -> Fraction:
 
 
 def node_allocation(node: NodeInfo) -> str:
-    return ",".join(w for w, n in ((ALLOCATED_BY_DEVICE_PLUGIN, node.gpu_devices), (ALLOCATED_BY_DRA, node.dra_gpus))
-                    if n)
+    """How the node hands out its GPUs: "device-plugin", "dra", or both comma-joined."""
+    return allocations(w for w, n in ((ALLOCATED_BY_DEVICE_PLUGIN, node.gpu_devices), (ALLOCATED_BY_DRA, node.dra_gpus))
+                       if n)
 
 
 def node_dra_mode(node: NodeInfo) -> str:
     return "mig" if any(d.kind == "mig" for d in node.dra_devices) else "whole"
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's physical GPUs as its cost is split over them: device-plugin ones (as node_sharing counts them)
+    plus the GPUs its ResourceSlices publish, and the sharing mode to name them by."""
+
+    sharing: NodeSharing  # of the device-plugin GPUs
+    physical: int
+    mode: str
+
+
+def node_gpus(node: NodeInfo, pods: tuple[PodInfo, ...]) -> NodeGpus:
+    sharing = node_sharing(node, pods)
+    # A DRA-only node may still carry GFD's labels (gpu.count): its device-plugin GPUs are what it advertises.
+    plugin_gpus = sharing.physical_gpus if node.gpu_devices else 0
+    return NodeGpus(sharing, plugin_gpus + node.dra_gpus, sharing.mode if node.gpu_devices else node_dra_mode(node))
 
 
 def attribute(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None], hours: float = 1.0) -> list[CostShare]:
@@ -158,23 +195,36 @@ def attribute(snapshot: ClusterSnapshot, node_costs: Mapping[str, float | None],
     out: list[CostShare] = []
     for node in snapshot.nodes:
         pods = snapshot.pods_on(node.name)
-        sharing = node_sharing(node, pods)
+        gpus = node_gpus(node, pods)
+        sharing, physical, mode = gpus.sharing, gpus.physical, gpus.mode
         pool = node_pool_of(node)
-        # A DRA-only node may still carry GFD's labels (gpu.count): its device-plugin GPUs are what it advertises.
-        plugin_gpus = sharing.physical_gpus if node.gpu_devices else 0
-        physical = plugin_gpus + node.dra_gpus
-        mode = sharing.mode if node.gpu_devices else node_dra_mode(node)
-        weights = [request_share(p.gpu_requests, sharing) + dra_share(p.dra) for p in pods]
+        dra = [dra_share(p.dra) for p in pods]
+        weights = [request_share(p.gpu_requests, sharing) + d for p, d in zip(pods, dra)]
         idle = max(Fraction(physical) - sum(weights, Fraction(0)), Fraction(0))
         cost = node_costs.get(node.name)
         total = None if cost is None else cents_of(cost * hours)
         parts = apportion(total, [*weights, idle]) if total is not None else [None] * (len(pods) + 1)
-        for pod, w, cents in zip(pods, weights, parts):
+        for pod, w, d, cents in zip(pods, weights, dra, parts):
             out.append(CostShare(node.name, node.instance_id, pod.namespace, str(pod.workload), pod.name, w,
-                                 physical, cents, hours, mode, pool, pod.allocation or ALLOCATED_BY_DEVICE_PLUGIN))
+                                 physical, cents, hours, mode, pool, pod.allocation or ALLOCATED_BY_DEVICE_PLUGIN, d))
         if idle:
             out.append(CostShare(node.name, node.instance_id, IDLE_CAPACITY, f"node {node.name}", "", idle,
                                  physical, parts[-1], hours, mode, pool, node_allocation(node)))
+    return out
+
+
+def allocation_split(shares: Iterable[CostShare]) -> dict[str, dict[str, tuple[Fraction, int | None]]]:
+    """Per node, per allocation ("device-plugin", "dra", UNALLOCATED): the physical GPUs and the cents of the node's
+    cost they carry (None: the node is unpriced). The parts of a node add up to its GPUs and its cents exactly."""
+    out: dict[str, dict[str, tuple[Fraction, int | None]]] = {}
+    for s in shares:
+        node = out.setdefault(s.node, {})
+        for way, gpus, cents in s.by_allocation():
+            if way not in node:
+                node[way] = (gpus, cents)
+            else:
+                had_gpus, had_cents = node[way]
+                node[way] = (had_gpus + gpus, None if cents is None or had_cents is None else had_cents + cents)
     return out
 
 
@@ -213,7 +263,7 @@ def cost_by(shares: Iterable[CostShare], by: str) -> list[dict]:
         r["gpus"] = round(float(r["gpus"]), 3)
         r["idle_gpus"] = round(float(r["idle_gpus"]), 3)
         r["sharing"] = ",".join(sorted(r["sharing"]))
-        r["allocation"] = ",".join(sorted(r["allocation"]))
+        r["allocation"] = allocations(r["allocation"])
     return rows
 
 

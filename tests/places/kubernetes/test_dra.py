@@ -233,7 +233,8 @@ def per_pod(shares, node: str) -> dict[str, int]:
 def test_the_reader_lists_slices_and_claims_through_raw_rest_with_the_shipped_role(cluster, snapshot):
     kube, _ = cluster
     listed = [(c.resource, c.status) for c in kube.calls("list") if c.group == "resource.k8s.io"]
-    assert listed == [("resourceslices", 200), ("resourceclaims", 200)]
+    assert listed == [("resourceslices", 200), ("resourceclaims", 200), ("deviceclasses", 200),
+                      ("resourceclaimtemplates", 200)]
     assert not snapshot.unread
     nodes = {n.name: n for n in snapshot.nodes}
     assert (nodes[DRA_NODE].gpu_devices, nodes[DRA_NODE].dra_gpus) == (0, 8)  # no nvidia.com/gpu: DRA only
@@ -355,6 +356,23 @@ def test_a_refused_dra_list_is_said_and_no_dra_gpu_is_taken_for_idle(cluster, ka
     names = {n.name for n in snap.nodes}
     assert PLUGIN_NODE in names and DRA_NODE not in names and MIG_NODE not in names
     assert all(s.node != DRA_NODE for s in attribute(snap, NODE_COSTS))
+
+
+def test_a_refused_template_list_is_said_and_changes_no_figure(cluster, snapshot, kapi, tmp_path, caplog):
+    """An older ClusterRole without `list resourceclaimtemplates` (a real 403): templates only name what the claims
+    say, so DRA is read and priced all the same, the refusal logged."""
+    own = KapiCluster(kapi)
+    try:
+        own.forbid("list", "resourceclaimtemplates")
+        snap = KubernetesCluster(api_client(str(own.write_kubeconfig(tmp_path / "kc")))).snapshot(NOW)
+    finally:
+        own.close()
+    assert "DRA resourceclaimtemplates not read this tick" in caplog.text and "403" in caplog.text
+    assert "resource.k8s.io" not in snap.unread
+    mine = [s for s in attribute(snap, NODE_COSTS) if s.node in NODE_COSTS]
+    assert mine == [s for s in attribute(snapshot, NODE_COSTS) if s.node in NODE_COSTS]
+    train = next(p for p in snap.gpu_pods if p.name == "train-0")
+    assert [h.template for h in train.dra] == [f"{RESEARCH}/train-0-template"] * 2  # named by the pod's own spec
 
 
 def test_a_device_without_uuid_or_index_is_unknown_and_a_missing_dra_api_is_no_dra():

@@ -36,6 +36,7 @@ EXPECTED = {
     # DRA (resource.k8s.io/v1): read only.
     ("resource.k8s.io", "deviceclasses"): {"get", "list"}, ("resource.k8s.io", "resourceslices"): {"get", "list"},
     ("resource.k8s.io", "resourceclaims"): {"get", "list"},
+    ("resource.k8s.io", "resourceclaimtemplates"): {"get", "list"},
 }
 
 
