@@ -1,0 +1,63 @@
+"""The Slurm clusters' GPU-hours of a window, read from `sacct` and priced: what `costs --by slurm-*`, the budget
+check and the monthly report read (places.slurm.accounting reads and charges; cost.slurm sums).
+
+A cluster whose sacct fails is an error line and no rows: its GPU-hours are unknown, never $0 — the callers say it
+(an error in `costs`, a budget in error, a warning in the report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+
+import pandas as pd
+
+from ..config import Settings
+from ..cost.slurm import usage_table
+from ..places.slurm.accounting import SlurmPrices, charge, read_runs
+from ..places.slurm.commands import SlurmCommands, SlurmUnavailable
+from ..prices.catalog import CatalogError, load_catalog
+
+
+@dataclass
+class SlurmUsage:
+    table: pd.DataFrame  # cost.slurm.USAGE_COLUMNS, one row per run charged
+    clusters: tuple[str, ...] = ()  # the clusters asked
+    errors: list[str] = field(default_factory=list)  # one line per cluster whose accounting could not be read
+    warnings: list[str] = field(default_factory=list)  # records left out (unreadable), unpriced GPU-hours
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors
+
+
+CommandsFor = Callable[[str, str | None, float], SlurmCommands]
+
+
+def read_slurm_usage(settings: Settings, start: datetime, end: datetime, now: datetime, *,
+                     commands_for: CommandsFor = SlurmCommands) -> SlurmUsage:
+    """Every enabled cluster's runs charged for [start, min(end, now))."""
+    clusters = settings.slurm.enabled if settings.slurm is not None else ()
+    try:
+        catalog, problem = load_catalog(settings.recommend.catalog_dir), ""
+    except CatalogError as exc:
+        catalog, problem = None, f"the GPU catalog could not be read: {exc}"
+    origin = f"the slurm: section of {settings.source_path}" if settings.source_path else "the slurm: section"
+    rows: list[dict] = []
+    out = SlurmUsage(usage_table([]), tuple(c.cluster for c in clusters))
+    until = min(end, now)
+    for c in clusters:
+        commands = commands_for(c.cluster, c.conf, c.timeout_s)
+        try:
+            runs, unread = read_runs(commands, start, until)
+        except SlurmUnavailable as exc:
+            out.errors.append(f"{exc} (its GPU-hours are unknown, not zero)")
+            continue
+        out.warnings.extend(unread)
+        charges = charge(runs, start, until, now, SlurmPrices.of(c, catalog, catalog_problem=problem, origin=origin))
+        rows.extend(ch.row() for ch in charges)
+        unpriced = {ch.price.source for ch in charges if ch.price.usd_per_gpu_hour is None}
+        out.warnings.extend(f"slurm {c.cluster}: {why}: those GPU-hours are unpriced" for why in sorted(unpriced))
+    out.table = usage_table(rows)
+    return out
