@@ -15,9 +15,11 @@ def register(subparsers) -> None:
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`; "
                                                     "--by namespace|workload|nodepool: this month)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
-                                      "nodepool"],
+                                      "nodepool", "slurm-account", "slurm-user", "partition", "slurm-qos"],
                    default="team", help="namespace / workload / nodepool: a Kubernetes cluster's GPU cost now, idle "
-                   "capacity and GPU sharing included (docs/kubernetes.md)")
+                   "capacity and GPU sharing included (docs/kubernetes.md); slurm-account / slurm-user / partition / "
+                   "slurm-qos: the Slurm clusters' GPU-hours and dollars of the month from sacct, idle included "
+                   "(docs/slurm.md)")
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
                    help="default: billing.source from the config")
     p.add_argument("--path", default=None,
@@ -55,6 +57,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     if args.by in K8S_GROUPINGS:  # the cluster as it is now, not billing
         return cmd_k8s_costs(args)
+    from .slurm_costs import SLURM_GROUPINGS, cmd_slurm_costs
+
+    if args.by in SLURM_GROUPINGS:  # the Slurm clusters' accounting, not billing
+        return cmd_slurm_costs(args)
     from .common import check_input_path, load_settings_from_args
 
     check_input_path(args.path, "--path")

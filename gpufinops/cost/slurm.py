@@ -36,7 +36,8 @@ def usage_table(rows) -> pd.DataFrame:
 
 def slurm_totals(usage: pd.DataFrame, by: str, idle: pd.DataFrame | None = None) -> pd.DataFrame:
     """GPU-hours and USD per group (`by`: a usage column, e.g. account, or cluster), costliest first (ties: the
-    key), with the idle GPU-hours and USD of idle_by_job() when given; `idle_share`: idle USD / priced USD."""
+    key), with the idle GPU-hours and USD of idle_by_job() (None: the verdicts could not be read, so idle is NaN,
+    not 0); `idle_share`: idle USD / priced USD."""
     cols = [by, "jobs", "gpu_hours", "usd", "unpriced_gpu_hours", "idle_gpu_hours", "idle_usd", "idle_share"]
     if usage.empty:
         return pd.DataFrame({c: [] for c in cols})
@@ -47,14 +48,17 @@ def slurm_totals(usage: pd.DataFrame, by: str, idle: pd.DataFrame | None = None)
                                         usd=("priced_cost", "sum"), unpriced_s=("unpriced_s", "sum"))
     out = pd.DataFrame({by: g.index, "jobs": g["jobs"].to_numpy(),
                         "gpu_hours": (g["gpu_seconds"] / 3600.0).round(2).to_numpy(),
-                        "usd": g["usd"].round(2).to_numpy(),
+                        # a group with no priced run has no known dollars: NaN, never $0
+                        "usd": g["usd"].round(2).where(g["unpriced_s"] < g["gpu_seconds"]).to_numpy(),
                         "unpriced_gpu_hours": (g["unpriced_s"] / 3600.0).round(2).to_numpy()})
-    if idle is not None and not idle.empty:
-        i = idle.assign(key=idle[by].fillna("").replace("", NONE)).groupby("key")[["idle_gpu_hours", "idle_usd"]].sum()
-        out = out.merge(i, left_on=by, right_index=True, how="left")
+    if idle is None:  # the verdicts could not be read: idle is not known, never 0
+        out["idle_gpu_hours"], out["idle_usd"] = float("nan"), float("nan")
     else:
-        out["idle_gpu_hours"], out["idle_usd"] = 0.0, 0.0
-    out[["idle_gpu_hours", "idle_usd"]] = out[["idle_gpu_hours", "idle_usd"]].fillna(0.0).round(2)
+        i = idle.assign(key=idle[by].fillna("").replace("", NONE)).groupby("key")[["idle_gpu_hours", "idle_usd"]] \
+            .sum() if not idle.empty else pd.DataFrame(columns=["idle_gpu_hours", "idle_usd"], dtype="float64")
+        out = out.merge(i, left_on=by, right_index=True, how="left")
+        out[["idle_gpu_hours", "idle_usd"]] = out[["idle_gpu_hours", "idle_usd"]].fillna(0.0)
+    out[["idle_gpu_hours", "idle_usd"]] = out[["idle_gpu_hours", "idle_usd"]].round(2)
     out["idle_share"] = (out["idle_usd"] / out["usd"].where(out["usd"] > 0)).round(3)
     return out.sort_values(["usd", by], ascending=[False, True], kind="stable").reset_index(drop=True)[cols]
 

@@ -61,3 +61,21 @@ def read_slurm_usage(settings: Settings, start: datetime, end: datetime, now: da
         out.warnings.extend(f"slurm {c.cluster}: {why}: those GPU-hours are unpriced" for why in sorted(unpriced))
     out.table = usage_table(rows)
     return out
+
+
+def read_slurm_idle(settings: Settings, store, start: datetime, end: datetime, now: datetime,
+                    usage: pd.DataFrame) -> tuple[pd.DataFrame | None, str]:
+    """cost.slurm.idle_by_job() over the stored verdicts of [start, min(end, now)); (None, why) when the store
+    cannot be read: idle is then unknown, never 0."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..cost.costs import verdict_costs
+    from ..cost.slurm import idle_by_job
+
+    until = min(end, now)
+    try:
+        frame = store.verdict_hours_frame(start, until, grain="period")
+    except SQLAlchemyError as exc:
+        return None, f"the stored verdicts could not be read ({type(exc).__name__}): idle GPU-hours unknown"
+    vc = verdict_costs(frame, start, until, max_gap_s=2 * settings.schedule.evaluate_every_s)
+    return idle_by_job(vc, usage), ""
