@@ -232,13 +232,19 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
     if not budgets:
         print(no_budgets_line(bs.budgets_path))
         return 0
-    loaded = _load_costs(settings, args, start, end, now)
-    if loaded is None:
-        return EXIT_PROBLEM_FOUND
+    from ..run.slurm_cost import billing_or_none, read_slurm_month
+
+    if any(not b.scope.slurm for b in budgets):
+        loaded = _load_costs(settings, args, start, end, now)
+        if loaded is None:
+            return EXIT_PROBLEM_FOUND
+    else:  # only Slurm accounts: sacct is read, billing is not
+        loaded = billing_or_none(now)
     store = live_store(settings)
     notifier = live_notifier(settings, store) if args.notify and not args.dry_run else None
     statuses = run_budget_check(settings, store, notifier, now, loaded, budgets=budgets, bs=bs,
-                                send=args.notify, dry_run=args.dry_run)
+                                send=args.notify, dry_run=args.dry_run,
+                                slurm=lambda s, e: read_slurm_month(settings, store, s, e, now))
     rows = [{"budget": s.budget, "scope": s.scope, "period": s.period, "amount": s.amount, "currency": s.currency,
              "spent": round(s.spent, 2), "forecast": round(s.forecast, 2), "pct_actual": round(s.pct_actual, 1),
              "pct_forecast": round(s.pct_forecast, 1),

@@ -13,12 +13,34 @@ verdict, the whole job's). User and account come from the job's accounting recor
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pandas as pd
 
 SUBJECT_PREFIX = "slurm:"  # places.slurm.jobs.ID_PREFIX (cost may not import places)
 
 USAGE_COLUMNS = ["cluster", "job_id", "subject_id", "name", "user", "account", "partition", "qos", "state", "gpus",
                  "gpu_model", "start", "end", "running", "gpu_seconds", "usd_per_gpu_hour", "price_source", "cost"]
+
+
+
+@dataclass
+class SlurmUsage:
+    """The Slurm clusters' runs charged for a window, as run.slurm_cost reads them."""
+
+    table: pd.DataFrame  # USAGE_COLUMNS, one row per run charged
+    clusters: tuple[str, ...] = ()  # the clusters asked
+    errors: list[str] = field(default_factory=list)  # one line per cluster whose accounting could not be read
+    warnings: list[str] = field(default_factory=list)  # records left out (unreadable), unpriced GPU-hours
+    idle: pd.DataFrame | None = None  # idle_by_job() when the verdicts were read; None: not read / unreadable
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors
+
+    def cluster_errors(self, cluster: str) -> list[str]:
+        return [e for e in self.errors if e.startswith(f"slurm {cluster}:")]
+
 
 # `costs --by` grouping -> the usage table's column.
 GROUPINGS = {"slurm-account": "account", "slurm-user": "user", "partition": "partition", "qos": "qos"}

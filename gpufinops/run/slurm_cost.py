@@ -7,29 +7,16 @@ A cluster whose sacct fails is an error line and no rows: its GPU-hours are unkn
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
 import pandas as pd
 
 from ..config import Settings
-from ..cost.slurm import usage_table
+from ..cost.slurm import SlurmUsage, usage_table
 from ..places.slurm.accounting import SlurmPrices, charge, read_runs
 from ..places.slurm.commands import SlurmCommands, SlurmUnavailable
 from ..prices.catalog import CatalogError, load_catalog
-
-
-@dataclass
-class SlurmUsage:
-    table: pd.DataFrame  # cost.slurm.USAGE_COLUMNS, one row per run charged
-    clusters: tuple[str, ...] = ()  # the clusters asked
-    errors: list[str] = field(default_factory=list)  # one line per cluster whose accounting could not be read
-    warnings: list[str] = field(default_factory=list)  # records left out (unreadable), unpriced GPU-hours
-
-    @property
-    def complete(self) -> bool:
-        return not self.errors
 
 
 CommandsFor = Callable[[str, str | None, float], SlurmCommands]
@@ -79,3 +66,21 @@ def read_slurm_idle(settings: Settings, store, start: datetime, end: datetime, n
         return None, f"the stored verdicts could not be read ({type(exc).__name__}): idle GPU-hours unknown"
     vc = verdict_costs(frame, start, until, max_gap_s=2 * settings.schedule.evaluate_every_s)
     return idle_by_job(vc, usage), ""
+
+
+def read_slurm_month(settings: Settings, store, start: datetime, end: datetime, now: datetime) -> SlurmUsage:
+    """read_slurm_usage() with the idle GPU-hours of the stored verdicts joined (usage.idle; None and a warning
+    when the store cannot be read): what the budget check and the monthly report read."""
+    usage = read_slurm_usage(settings, start, end, now)
+    usage.idle, why = read_slurm_idle(settings, store, start, end, now, usage.table)
+    if why:
+        usage.warnings.append(why)
+    return usage
+
+
+def billing_or_none(now: datetime):
+    """The billing a check of Slurm budgets alone reads: none (an empty cost table, complete up to now)."""
+    from ..collect.billing.load import LoadedCosts
+    from ..collect.billing.schema import empty_table
+
+    return LoadedCosts(empty_table(), "none (Slurm accounts only)", now)

@@ -189,3 +189,114 @@ def test_live_costs_by_slurm_account_match_sacct(tmp_path, capsys, slurm_acct, s
             expected[account] = expected.get(account, 0) + gpus * int(elapsed)
     got = {r["slurm-account"]: r["usd"] for r in doc["rows"]}
     assert got == {acc: round(sec * 0.25, 2) for acc, sec in expected.items()} and "ml" in got and "vision" in got
+
+
+# --------------------------------------------------------------------------- budgets of Slurm accounts
+
+
+def budgets_config(tmp_path, budgets: str, **slurm) -> Path:
+    path = tmp_path / "budgets.yaml"
+    path.write_text(budgets)
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(json.dumps({"database_url": f"sqlite:///{tmp_path / 'g.db'}",
+                               "billing": {"budgets_path": str(path)},
+                               "slurm": {"cluster": "acct", "conf": str(tmp_path / "slurm.conf"), **slurm}}))
+    return cfg
+
+
+ML_BUDGET = "budgets:\n  - name: ml-gpu\n    scope: {kind: slurm_account, value: ml}\n    amount: 40\n"
+
+
+def test_budget_of_a_slurm_account_crosses_90_percent_without_billing(tmp_path, capsys, replayed_sacct):
+    cfg = budgets_config(tmp_path, ML_BUDGET + "  - name: vision-gpu\n    scope: {kind: slurm_account, value: "
+                         "acct/vision}\n    amount: 100\n", **PRICES)
+    assert main(["--config", str(cfg), "budgets", "check", "--month", MONTH, "--dry-run", "-o", "table"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[2].split()[:9] == ["ml-gpu", "slurm_account=ml", "2026-12", "40.00", "USD", "37.00", "37.00",
+                                    "92.50", "92.50"]
+    assert lines[3].split()[:9] == ["vision-gpu", "slurm_account=acct/vision", "2026-12", "100.00", "USD", "10.25",
+                                    "10.25", "10.20", "10.20"]
+    # one alert per kind, the highest threshold crossed (90 % of 75/90/100), said not sent under --dry-run
+    assert "dry-run: would send:" in out
+    assert ("[CRITICAL] GPU budget 'ml-gpu' (slurm_account=ml) has spent 92% of 40.00 USD for 2026-12 (threshold "
+            "90%): spent 37.00 USD, month-end forecast 37.00 USD") in out
+    assert "is forecast to spend 92% of 40.00 USD" in out and "vision-gpu' (" not in out
+
+
+def test_budget_of_a_slurm_account_with_sacct_failing_is_an_error_not_zero(tmp_path, capsys, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'sacct: error: slurmdbd: Connection refused' >&2\nexit 1\n")
+    (bin_dir / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    cfg = budgets_config(tmp_path, ML_BUDGET, **PRICES)
+    assert main(["--config", str(cfg), "budgets", "check", "--month", MONTH, "-o", "json"]) == 1
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["spent"] == 0.0 and row["error"] == (
+        "budget 'ml-gpu': slurm acct: sacct --json failed (exit 1): sacct: error: slurmdbd: Connection refused "
+        "(its GPU-hours are unknown, not zero)")
+    assert row["alerts_sent"] == ""
+
+
+def test_slurm_budget_forecast_adds_the_running_jobs_rate():
+    from gpufinops.cost.budgets import Budget, evaluate_slurm_budget
+    from gpufinops.cost.slurm import SlurmUsage
+
+    runs, _ = parse_sacct(json.loads(CAPTURE.read_text()), "acct")
+    job1 = next(r for r in runs if r.job_id == "1")
+    running = type(job1)(**{**job1.__dict__, "end": None})  # job 1 (2 GPUs) still going
+    now = job1.start + timedelta(hours=1)
+    end = START + timedelta(days=31)
+    s = load_settings(None, slurm={"cluster": "acct", **PRICES}).slurm.clusters[0]
+    usage = SlurmUsage(usage_table(c.row() for c in charge([running, *(r for r in runs if r.job_id != "1")], START,
+                                                            end, now, SlurmPrices.of(s, None))), ("acct",))
+    b = Budget.model_validate({"name": "ml", "scope": {"kind": "slurm_account", "value": "ml"}, "amount": 50000})
+    st = evaluate_slurm_budget(b, usage, START, end, now)
+    hours_left = (end - now).total_seconds() / 3600
+    # spent: job 1's hour x 2 GPUs x $900 + job 3's 68 GPU-s x $0.25; running: 2 GPUs x $900/h
+    assert round(st.spent, 2) == 1800 + 17.00 and st.running_rate == 1800.0
+    assert st.forecast == pytest.approx(st.spent + 1800.0 * hours_left)
+    assert st.top_instances[0] == ("slurm:acct/1", pytest.approx(1800.0)) and st.top_teams[0][0] == "alice"
+    assert st.crossed == {"actual": None, "forecast": b.thresholds[-1]}  # forecast far above 100 %
+
+
+def test_a_slurm_budget_refuses_idle_escalation_and_other_currencies(tmp_path):
+    from gpufinops.config import ConfigError
+    from gpufinops.cost.budgets import load_budgets
+
+    path = tmp_path / "budgets.yaml"
+    for extra, said in (("    escalate_idle_to_stop_at: 90\n", "does not apply to a slurm_account budget"),
+                        ("    currency: EUR\n", "a slurm_account budget is in USD")):
+        path.write_text(ML_BUDGET + extra)
+        with pytest.raises(ConfigError, match=said):
+            load_budgets(path)
+
+
+def test_budget_job_alerts_once_for_a_slurm_account_on_the_live_cluster(tmp_path, slurm_acct, slurm_acct_jobs):
+    from gpufinops.demo.sim import ConsoleNotifier
+    from gpufinops.run.jobs import budget_check
+    from gpufinops.run.pipeline import Peers
+
+    job = slurm_acct_jobs.submit("alice", gpus=1, name="budget_a", script="sleep 2")
+    slurm_acct_jobs.wait_state(job, "COMPLETED", timeout=60)
+    for _ in range(100):  # accounting is written asynchronously (pitfall 15)
+        if slurm_acct.run("sacct", "-X", "-n", "-P", "-j", str(job), "-o", "state").stdout.strip() == "COMPLETED":
+            break
+        time.sleep(0.2)
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(f"budgets:\n  - name: ml-gpu\n    scope: {{kind: slurm_account, value: {slurm_acct.name}/ml}}\n"
+                       "    amount: 0.25\n    kinds: [actual]\n")
+    settings = load_settings(None, billing={"budgets_path": str(budgets)},
+                             slurm={"cluster": slurm_acct.name, "conf": str(slurm_acct.conf),
+                                    "usd_per_gpu_hour": {"*": 900.0}})
+    now = datetime.now(timezone.utc)
+    store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
+    lines: list[str] = []
+    peers = Peers(None, None, store, ConsoleNotifier(store, lambda: now, lines.append))
+    (status,) = budget_check(settings, peers, now)  # no billing source is read: a Slurm account's budget alone
+    assert status.error is None and status.spent >= 0.25 and status.alerts_sent == [
+        f"budget:ml-gpu:slurm_account={slurm_acct.name}/ml:{now:%Y-%m}:actual:100"]
+    assert len(lines) == 1 and "[EMERGENCY] GPU budget 'ml-gpu'" in lines[0]
+    budget_check(settings, peers, now)  # again, same month: nothing new
+    assert len(lines) == 1
