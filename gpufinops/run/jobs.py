@@ -32,6 +32,7 @@ from ..report.period import report_period
 from ..rules import load_rules
 from ..store.schema import aware_utc
 from .pipeline import Peers, folded_outages
+from .slurm_cost import billing_or_none, read_slurm_month, slurm_reader
 
 log = logging.getLogger("gpufinops.jobs")
 
@@ -40,7 +41,6 @@ def budget_check(settings: Settings, peers: Peers, now: datetime):
     """Load this month's costs from the configured billing source and send due budget alerts."""
     from ..collect.billing.settings import billing_settings
     from ..cost.budgets import configured_budgets
-    from .slurm_cost import billing_or_none, read_slurm_month
 
     start, end = month_bounds(f"{now:%Y-%m}")
     budgets = configured_budgets(billing_settings(settings).budgets_path)
@@ -108,7 +108,7 @@ def monthly_report(settings: Settings, peers: Peers, now: datetime):
         email = EmailDelivery(settings.email, peers.store, lambda: now)
     paths, sent = write_and_deliver(peers.store, None, settings.schedule.monthly_report_dir, now, settings,
                                     notifier=peers.notifier, s3_client=s3_client(settings) if d.s3_uri else None,
-                                    email=email)
+                                    email=email, slurm=slurm_reader(settings, peers.store))
     log.info("monthly report written: %s", ", ".join(str(p) for p in paths))
     for s in sent:
         (log.error if s.error else log.info)("monthly report %s", s.line(dry_run=False))

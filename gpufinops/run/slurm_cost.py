@@ -84,3 +84,11 @@ def billing_or_none(now: datetime):
     from ..collect.billing.schema import empty_table
 
     return LoadedCosts(empty_table(), "none (Slurm accounts only)", now)
+
+
+def slurm_reader(settings: Settings | None, store):
+    """The monthly report's reader of the Slurm clusters' month (report.inputs.SlurmReader: (start, end, as_of) ->
+    SlurmUsage); None without an enabled `slurm:` cluster."""
+    if settings is None or settings.slurm is None or not settings.slurm.enabled:
+        return None
+    return lambda start, end, as_of: read_slurm_month(settings, store, start, end, as_of)
