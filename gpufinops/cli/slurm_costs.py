@@ -47,7 +47,13 @@ def cmd_slurm_costs(args: argparse.Namespace) -> int:
         print(f"warning: {line}", file=sys.stderr)
     if not usage.clusters or len(usage.errors) == len(usage.clusters):
         return EXIT_PROBLEM_FOUND  # nothing was read: no table of zeros
-    idle, why = read_slurm_idle(settings, live_store(settings), start, end, now, usage.table)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        store = live_store(settings)
+    except SQLAlchemyError as exc:  # the database is down: the GPU-hours stand, idle is unknown (never 0)
+        store, why = None, f"the database could not be opened ({type(exc).__name__}): idle GPU-hours unknown"
+    idle, why = read_slurm_idle(settings, store, start, end, now, usage.table) if store else (None, why)
     if why:
         print(f"warning: {why}", file=sys.stderr)
     column = SLURM_GROUPINGS[args.by]

@@ -164,3 +164,16 @@ def test_live_cluster_charges_what_sacct_says(slurm_acct, slurm_acct_jobs):
     assert got == expected and expected[str(a)][0] == "ml"
     cents = round(expected[str(a)][1] * 25 + expected[str(b)][1] * 20)
     assert round(mine["cost"].sum() * 100) == cents
+
+
+def test_bad_prices_are_config_errors_naming_the_file_and_key(tmp_path):
+    from gpufinops.config import ConfigError
+
+    cfg = tmp_path / "g.yaml"
+    for body, said in (("usd_per_gpu_hour: {gpu: -1}", "gpu: a price must be above 0"),
+                       ("usd_per_gpu_hour: {gpu: cheap}", "gpu: expected a price in USD per hour"),
+                       ("gpu_model: {a100: Z9000}", "a100: unknown GPU model 'Z9000'")):
+        cfg.write_text(f"slurm:\n  cluster: hpc\n  {body}\n")
+        with pytest.raises(ConfigError) as err:
+            load_settings(cfg)
+        assert str(cfg) in str(err.value) and "key 'slurm.clusters.0." in str(err.value) and said in str(err.value)
