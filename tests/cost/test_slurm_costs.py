@@ -240,7 +240,7 @@ def test_budget_of_a_slurm_account_with_sacct_failing_is_an_error_not_zero(tmp_p
 
 
 def test_slurm_budget_forecast_adds_the_running_jobs_rate():
-    from gpufinops.cost.budgets import Budget, evaluate_slurm_budget
+    from gpufinops.cost.budgets import Budget, alert_messages, evaluate_slurm_budget
     from gpufinops.cost.slurm import SlurmUsage
 
     runs, _ = parse_sacct(json.loads(CAPTURE.read_text()), "acct")
@@ -259,6 +259,11 @@ def test_slurm_budget_forecast_adds_the_running_jobs_rate():
     assert st.forecast == pytest.approx(st.spent + 1800.0 * hours_left)
     assert st.top_instances[0] == ("slurm:acct/1", pytest.approx(1800.0)) and st.top_teams[0][0] == "alice"
     assert st.crossed == {"actual": None, "forecast": b.thresholds[-1]}  # forecast far above 100 %
+    (msg,) = alert_messages(st, b)
+    facts = dict(msg.facts)
+    assert msg.key == "budget:ml:slurm_account=ml:2026-12:forecast:100" and "is forecast to spend" in msg.lead
+    assert facts["Top jobs"].startswith("slurm:acct/1 1,800.00 USD, slurm:acct/3 17.00 USD")
+    assert facts["Top users"] == "alice 1,817.00 USD" and facts["Forecast"].endswith("h left")
 
 
 def test_a_slurm_budget_refuses_idle_escalation_and_other_currencies(tmp_path):
