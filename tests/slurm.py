@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,7 +372,11 @@ def _cluster(tmp_path_factory, name: str, accounting: bool, rest: bool) -> Itera
     missing = slurm_missing(accounting)
     if missing:
         pytest.fail(f"the Slurm tests need a real Slurm 22.05: {missing}", pytrace=False)
-    cluster = SlurmCluster(tmp_path_factory.mktemp(name), name=name, accounting=accounting, rest=rest)
+    # Not pytest's temporary folder: it is mode 0700 (pytest >= 7.3), and mariadbd (user mysql) and slurmrestd
+    # (user nobody) must reach their files in the cluster's folder. Removed at the end of the session.
+    root = Path(tempfile.mkdtemp(prefix=f"gpufinops-slurm-{name}-"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root, name=name, accounting=accounting, rest=rest)
     try:
         cluster.start()
     except Exception:
@@ -380,6 +385,7 @@ def _cluster(tmp_path_factory, name: str, accounting: bool, rest: bool) -> Itera
         raise RuntimeError(f"slurm cluster {name} did not start; logs:\n{logs}")
     yield cluster
     cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

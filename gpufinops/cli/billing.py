@@ -15,9 +15,11 @@ def register(subparsers) -> None:
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`; "
                                                     "--by namespace|workload|nodepool: this month)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
-                                      "nodepool"],
+                                      "nodepool", "slurm-account", "slurm-user", "partition", "slurm-qos"],
                    default="team", help="namespace / workload / nodepool: a Kubernetes cluster's GPU cost now, idle "
-                   "capacity and GPU sharing included (docs/kubernetes.md)")
+                   "capacity and GPU sharing included (docs/kubernetes.md); slurm-account / slurm-user / partition / "
+                   "slurm-qos: the Slurm clusters' GPU-hours and dollars of the month from sacct, idle included "
+                   "(docs/slurm.md)")
     p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
                    help="default: billing.source from the config")
     p.add_argument("--path", default=None,
@@ -55,6 +57,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
     if args.by in K8S_GROUPINGS:  # the cluster as it is now, not billing
         return cmd_k8s_costs(args)
+    from .slurm_costs import SLURM_GROUPINGS, cmd_slurm_costs
+
+    if args.by in SLURM_GROUPINGS:  # the Slurm clusters' accounting, not billing
+        return cmd_slurm_costs(args)
     from .common import check_input_path, load_settings_from_args
 
     check_input_path(args.path, "--path")
@@ -226,13 +232,19 @@ def cmd_budgets_check(args: argparse.Namespace) -> int:
     if not budgets:
         print(no_budgets_line(bs.budgets_path))
         return 0
-    loaded = _load_costs(settings, args, start, end, now)
-    if loaded is None:
-        return EXIT_PROBLEM_FOUND
+    from ..run.slurm_cost import billing_or_none, read_slurm_month
+
+    if any(not b.scope.slurm for b in budgets):
+        loaded = _load_costs(settings, args, start, end, now)
+        if loaded is None:
+            return EXIT_PROBLEM_FOUND
+    else:  # only Slurm accounts: sacct is read, billing is not
+        loaded = billing_or_none(now)
     store = live_store(settings)
     notifier = live_notifier(settings, store) if args.notify and not args.dry_run else None
     statuses = run_budget_check(settings, store, notifier, now, loaded, budgets=budgets, bs=bs,
-                                send=args.notify, dry_run=args.dry_run)
+                                send=args.notify, dry_run=args.dry_run,
+                                slurm=lambda s, e: read_slurm_month(settings, store, s, e, now))
     rows = [{"budget": s.budget, "scope": s.scope, "period": s.period, "amount": s.amount, "currency": s.currency,
              "spent": round(s.spent, 2), "forecast": round(s.forecast, 2), "pct_actual": round(s.pct_actual, 1),
              "pct_forecast": round(s.pct_forecast, 1),

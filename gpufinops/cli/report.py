@@ -63,6 +63,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..collect.billing.schema import BillingDataError
     from ..report.deliver import configured, s3_client
     from ..report.monthly import PdfError, write_and_deliver
+    from ..run.slurm_cost import slurm_reader
     from ..report.period import ReportPeriodError
     from ..store.store import Store
 
@@ -101,12 +102,12 @@ def cmd_report(args: argparse.Namespace) -> int:
                 email = EmailDelivery(settings.email, store, lambda: now)
             paths, sent = write_and_deliver(store, args.month, args.out_dir, now, settings, args.formats,
                                             dry_run=args.dry_run, notifier=notifier, s3_client=s3, email=email,
-                                            again=args.again)
+                                            again=args.again, slurm=slurm_reader(settings, store))
         else:
             from ..report import write_monthly_report
 
             paths, sent = write_monthly_report(store, args.month, args.out_dir, now, settings,
-                                               formats=args.formats), []
+                                               formats=args.formats, slurm=slurm_reader(settings, store)), []
     except PdfError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND

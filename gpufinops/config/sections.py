@@ -486,6 +486,40 @@ class SlurmClusterSettings(StrictModel):
     def _rest_url(cls, v: str | None) -> str | None:
         return None if v is None else http_url(v)
 
+    # --- Cost (gpufinops.places.slurm.accounting; docs/slurm.md "Cost"): what one GPU-hour of a partition costs.
+    # partition -> USD per GPU-hour ("*": every partition not named); first, before any GPU model.
+    usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
+    # partition -> its GPU model (H100, A100-80GB, ...; "*": every partition not named), priced at the catalog's
+    # lowest on-demand $/GPU-h of that model (an estimate) when no usd_per_gpu_hour prices the partition.
+    gpu_model: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _gpu_hour_prices(cls, v: Any) -> dict[str, float]:
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping partition -> USD per GPU-hour, e.g. {gpu: 2.49, '*': 1.8}")
+        out: dict[str, float] = {}
+        for partition, price in v.items():
+            try:
+                out[str(partition)] = usd_price(price, MAX_USD_PER_GPU_HOUR)
+            except ValueError as exc:
+                raise ValueError(f"{partition}: {exc}") from None
+        return out
+
+    @field_validator("gpu_model", mode="before")
+    @classmethod
+    def _partition_models(cls, v: Any) -> dict[str, str]:
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping partition -> GPU model, e.g. {gpu: H100, a100: A100-80GB}")
+        out: dict[str, str] = {}
+        for partition, model in v.items():
+            try:
+                known_gpu(str(model))
+            except ValueError as exc:
+                raise ValueError(f"{partition}: {exc}") from None
+            out[str(partition)] = str(model).strip()
+        return out
+
 
 class SlurmSettings(StrictModel):
     clusters: tuple[SlurmClusterSettings, ...] = ()

@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import pandas as pd
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -44,6 +44,8 @@ from ..notify.markup import escape
 from ..notify.routing import deliveries
 from ..store.store import Store
 from . import escalations
+from . import slurm as slurm_cost
+from .slurm import SlurmUsage
 
 log = logging.getLogger("gpufinops.budgets")
 
@@ -65,7 +67,9 @@ DEFAULT_THRESHOLDS = (Threshold(pct=75, level="warning"), Threshold(pct=90, leve
 
 
 class Scope(StrictModel):
-    kind: Literal["all", "team", "project", "account", "instance_family"] = "all"
+    # slurm_account: a Slurm account's GPU-hours from sacct (value `account`, or `cluster/account` for one cluster),
+    # priced as `costs --by slurm-account` prices them (docs/slurm.md "Cost"); not the billing table.
+    kind: Literal["all", "team", "project", "account", "instance_family", "slurm_account"] = "all"
     value: str | None = None
 
     @model_validator(mode="after")
@@ -80,6 +84,10 @@ class Scope(StrictModel):
     def label(self) -> str:
         return "all" if self.kind == "all" else f"{self.kind}={self.value}"
 
+    @property
+    def slurm(self) -> bool:
+        return self.kind == "slurm_account"
+
 
 class Budget(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -92,6 +100,17 @@ class Budget(StrictModel):
     # Off by default. At this % of actual spend, IDLE instances of the scope whose rule only
     # notifies are marked for stop through the normal safe act path (gpufinops/decide/escalation.py).
     escalate_idle_to_stop_at: float | None = Field(None, gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _slurm_scope(self) -> "Budget":
+        # Idle escalation marks instances of a billing scope for stop; a Slurm job is acted on by its own rules.
+        if self.scope.slurm and self.escalate_idle_to_stop_at is not None:
+            raise ValueError("escalate_idle_to_stop_at does not apply to a slurm_account budget (Slurm jobs are "
+                             "requeued, held or cancelled by their rules, docs/slurm.md)")
+        if self.scope.slurm and self.currency != "USD":
+            raise ValueError("a slurm_account budget is in USD: Slurm GPU-hours are priced in USD, no conversion "
+                             "is done")
+        return self
 
     @field_validator("thresholds", mode="before")
     @classmethod
@@ -176,6 +195,8 @@ class BudgetStatus:
     top_teams: list[tuple[str, float]] = field(default_factory=list)
     idle_share: float | None = None
     unpriced_running: int = 0  # running instances with no known rate (forecast is low by them)
+    # What the drivers and the running things are, in the alert's words: instances and teams, or Slurm jobs and users.
+    things: tuple[str, str] = ("instances", "teams")
     crossed: dict[str, Threshold | None] = field(default_factory=dict)  # kind -> highest crossed
     alerts_sent: list[str] = field(default_factory=list)
     # Alerts due but not sent: the check only printed (no --notify) or was a dry-run; each as its first line.
@@ -233,6 +254,42 @@ def evaluate_budget(budget: Budget, table: pd.DataFrame, period_start: datetime,
     return status
 
 
+def evaluate_slurm_budget(budget: Budget, usage: SlurmUsage, period_start: datetime, period_end: datetime,
+                          now: datetime, top_n: int = 3) -> BudgetStatus:
+    """A slurm_account budget: spent = the account's priced GPU-hours this month so far (sacct is complete up to
+    now), forecast = spent + the $/h of its jobs running now x the hours left; drivers: its jobs and users. A
+    cluster whose accounting could not be read makes it an error, never $0 spent."""
+    period = f"{period_start:%Y-%m}"
+    cluster = budget.scope.value.rpartition("/")[0] if budget.scope.value else ""
+    errors = usage.cluster_errors(cluster) if cluster else usage.errors
+    if cluster and cluster not in usage.clusters:
+        errors = [f"no enabled Slurm cluster {cluster!r} in the slurm: section"]
+    if errors or not usage.clusters:
+        why = "; ".join(errors) or "no Slurm cluster is configured (the slurm: section)"
+        return BudgetStatus(budget.name, budget.scope.label(), period, budget.amount, budget.currency, 0.0, 0.0,
+                            now, 0.0, 0.0, error=f"budget '{budget.name}': {why}", things=("jobs", "users"))
+    t = usage.table[slurm_cost.account_mask(usage.table, budget.scope.value)] if len(usage.table) else usage.table
+    spent = float(t["cost"].sum()) if len(t) else 0.0
+    rate, unpriced = slurm_cost.running_rate(t)
+    through = min(max(now, period_start), period_end)
+    left = max(0.0, hours(period_end - through))
+    by_job = t.groupby("subject_id")["cost"].sum().nlargest(top_n) if len(t) else pd.Series(dtype=float)
+    by_user = t.groupby("user")["cost"].sum().nlargest(top_n) if len(t) else pd.Series(dtype=float)
+    idle = usage.idle
+    share = None
+    if idle is not None and spent > 0:
+        mine = idle[slurm_cost.account_mask(idle, budget.scope.value)] if len(idle) else idle
+        share = float(mine["idle_usd"].sum()) / spent if len(mine) else 0.0
+    status = BudgetStatus(
+        budget=budget.name, scope=budget.scope.label(), period=period, amount=budget.amount,
+        currency=budget.currency, spent=spent, forecast=spent + rate * left, data_through=through,
+        running_rate=rate, hours_left=left, top_instances=list(by_job.items()), top_teams=list(by_user.items()),
+        idle_share=share, unpriced_running=unpriced, things=("jobs", "users"))
+    values = {"actual": status.pct_actual, "forecast": status.pct_forecast}
+    status.crossed = {k: highest_crossed(values[k], budget.thresholds) for k in budget.kinds}
+    return status
+
+
 def _known(x) -> float | None:
     """None for NaN (no priced evaluation): said "unknown", never printed as NaN."""
     return None if x is None or x != x else float(x)
@@ -259,14 +316,16 @@ def alert_messages(status: BudgetStatus, budget: Budget) -> list[Message]:
                 f"spent {_money(status.spent, cur)}, month-end forecast {_money(status.forecast, cur)}")
         drivers_i = ", ".join(f"{escape(i)} {_money(c, cur)}" for i, c in status.top_instances) or "none"
         drivers_t = ", ".join(f"{escape(t)} {_money(c, cur)}" for t, c in status.top_teams) or "none"
+        what_i, what_t = status.things
         idle = "unknown (no evaluations)" if status.idle_share is None else f"{100 * status.idle_share:.0f}%"
         forecast = (f"{_money(status.forecast, cur)} = spent + {_money(status.running_rate, cur)}/h running x "
                     f"{status.hours_left:.0f} h left"
-                    + (f" ({status.unpriced_running} running instance(s) unpriced)" if status.unpriced_running else ""))
+                    + (f" ({status.unpriced_running} running {what_i[:-1]}(s) unpriced)" if status.unpriced_running
+                       else ""))
         facts = (("Spent", f"{_money(status.spent, cur)} (billing complete to "
                            f"{status.data_through:%Y-%m-%d %H:%M} UTC)"),
                  ("Forecast", forecast), ("Budget", _money(status.amount, cur)), ("Idle share", idle),
-                 ("Top instances", drivers_i), ("Top teams", drivers_t))
+                 (f"Top {what_i}", drivers_i), (f"Top {what_t}", drivers_t))
         key = f"budget:{status.budget}:{status.scope}:{status.period}:{kind}:{th.pct:g}"
         team = budget.scope.value if budget.scope.kind == "team" and budget.scope.value != UNTAGGED else ""
         out.append(Message(
@@ -317,14 +376,16 @@ def default_catalog() -> PriceLookup | None:
 def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: datetime,
                      cost_table: pd.DataFrame | LoadedCosts, *, budgets: Sequence[Budget] | None = None,
                      catalog: PriceLookup | None = None, bs: BillingSettings | None = None,
-                     send: bool = True, dry_run: bool = False) -> list[BudgetStatus]:
+                     send: bool = True, dry_run: bool = False,
+                     slurm: Callable[[datetime, datetime], SlurmUsage] | None = None) -> list[BudgetStatus]:
     """Evaluate every budget for the month of `now` and send the alerts that are due.
 
     send=False (`budgets check` without --notify) or dry_run: nothing is sent and no idle escalation recorded;
     the alerts that would be sent are in each status's `alerts_due`. The service's schedule sends.
 
     `cost_table` is the month's cost table (or a LoadedCosts, which also carries
-    data_through); get it with collect.billing.load.load_cost_table().
+    data_through); get it with collect.billing.load.load_cost_table(). `slurm(start, end)` reads the month's Slurm
+    usage (run.slurm_cost.read_slurm_month), called once and only when a budget has a slurm_account scope.
     """
     bs = bs or billing_settings(settings)
     if budgets is None:
@@ -351,15 +412,23 @@ def run_budget_check(settings: Settings, store: Store, notifier: Notifier, now: 
                              attrs=attrs, default_region=region)
     table_currency = single_currency(table, "cost table") if len(table) else None
     out = []
+    slurm_usage: SlurmUsage | None = None
     for b in budgets:
-        if table_currency and table_currency != b.currency:
+        if b.scope.slurm:
+            if slurm_usage is None:
+                slurm_usage = slurm(start, end) if slurm is not None else SlurmUsage(pd.DataFrame())
+            status = evaluate_slurm_budget(b, slurm_usage, start, end, now)
+            if status.error:
+                log.error("%s", status.error)
+        elif table_currency and table_currency != b.currency:
             msg = (f"budget '{b.name}' ({bs.budgets_path}) is in {b.currency} but the cost table is in "
                    f"{table_currency}; no conversion is done, budget skipped")
             log.error("%s", msg)
             out.append(BudgetStatus(b.name, b.scope.label(), f"{start:%Y-%m}", b.amount, b.currency, 0.0, 0.0,
                                     data_through, 0.0, 0.0, error=msg))
             continue
-        status = evaluate_budget(b, table, start, end, data_through, running, verdicts)
+        else:
+            status = evaluate_budget(b, table, start, end, data_through, running, verdicts)
         acting = send and not dry_run
         if acting and b.escalate_idle_to_stop_at is not None and status.pct_actual >= b.escalate_idle_to_stop_at:
             esc = escalation.Escalation(b.name, f"{start:%Y-%m}", b.scope.kind, b.scope.value, status.pct_actual)

@@ -82,6 +82,8 @@ class MonthlyAudit:
     k8s_node_pools: pd.DataFrame = field(default_factory=lambda: sections.node_pool_table(pd.DataFrame(), [], None))
     underused_causes: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[0])
     underused_by_team: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[1])
+    # The Slurm clusters' month (sections.slurm_tables): per account, user and partition; empty without Slurm.
+    slurm: dict[str, pd.DataFrame] = field(default_factory=lambda: sections.slurm_tables(None))
 
     @property
     def has_workloads(self) -> bool:
@@ -92,6 +94,12 @@ class MonthlyAudit:
     def has_node_pools(self) -> bool:
         """The month has Kubernetes GPU node hours (the service read a cluster): the page shows the node pools."""
         return len(self.k8s_node_pools) > 0
+
+    @property
+    def has_slurm(self) -> bool:
+        """The month has Slurm GPU-hours from sacct, or a cluster whose accounting could not be read: the page shows
+        the Slurm section (and says what was not read), the CSVs and JSON its tables."""
+        return bool(self.headline.get("slurm_jobs") or self.headline.get("slurm_errors"))
 
     @property
     def has_data(self) -> bool:
@@ -111,7 +119,7 @@ class MonthlyAudit:
                 "recommendations": self.recommendations, "daily": self.daily, "actions": self.actions,
                 "snoozes": self.snoozes, "managed": self.managed, "accounts": self.accounts,
                 "regions": self.regions, "gpu_models": self.gpu_models, "trend": self.trend,
-                "budgets": self.budgets, **k8s}
+                "budgets": self.budgets, **k8s, **(self.slurm if self.has_slurm else {})}
 
 
 # --------------------------------------------------------------------------- time model
@@ -624,13 +632,15 @@ def add_sections(audit: MonthlyAudit, inp: AuditInputs, iv: pd.DataFrame, stops:
     running = sections.running_at_end(iv, attrs, p.as_of, max(inp.running_fresh_s, 2 * period_s))
     audit.budgets = sections.budget_table(
         inp.budgets, inp.cost_table, estimate, p.start, p.end, billed_through,
-        pd.Timestamp(obs_end), running, estimate, currency)
+        pd.Timestamp(obs_end), running, estimate, currency, slurm=inp.slurm, as_of=p.as_of)
     audit.budgets_path = inp.budgets_path
     fleet = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
                                     pd.Timestamp(obs_end), running, estimate)
     headline["forecast"] = fleet.forecast if fleet is not None else None
+    audit.slurm = sections.slurm_tables(inp.slurm)
+    headline.update(sections.slurm_headline(inp.slurm))
     audit.finance = sections.finance_page(headline, audit.teams, audit.budgets, inp.budgets_path, headline["forecast"],
-                                          inp.rules)
+                                          inp.rules, audit.slurm["slurm_accounts"])
     # Page 1 and every delivery say how much of the month was seen and what the forecast adds up.
     audit.finance.update(finance_caveats(p, coverage["covered_hours"], audit.finance["basis"] == "billed",
                                          quality["billing_days"], fleet, currency))

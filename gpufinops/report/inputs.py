@@ -18,6 +18,7 @@ from ..store.schema import costs as costs_table
 from ..collect.billing.schema import empty_table, load_costs
 from ..config import DEFAULT_RULES_DIR, ActSettings, Settings
 from ..cost.costs import PriceLookup
+from ..cost.slurm import SlurmUsage
 from ..store.schema import ActionRow, aware_utc
 from ..store.store import Store
 from .period import ReportPeriod
@@ -61,6 +62,8 @@ class AuditInputs:
     act: ActSettings = field(default_factory=ActSettings)
     # Store.node_hours_frame() of the month: per hour and Kubernetes GPU node, its cost split (empty: no cluster).
     node_hours: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # The Slurm clusters' month from sacct with its idle join (cost.slurm.SlurmUsage; None: no `slurm:` section).
+    slurm: SlurmUsage | None = None
 
     @property
     def evaluations(self) -> int:
@@ -152,7 +155,12 @@ def _recommendations(store: Store, since: datetime, warnings: list[str]) -> list
     return latest_recommendations(store, since)
 
 
-def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = None) -> AuditInputs:
+SlurmReader = Callable[[datetime, datetime, datetime], SlurmUsage]  # (start, end, as_of): run.slurm_cost
+
+
+def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = None,
+                slurm: SlurmReader | None = None) -> AuditInputs:
+    """`slurm`: reads the Slurm clusters' month (sacct is read where the places are: the caller hands the reader)."""
     warnings: list[str] = []
     costs_table.create(store.engine, checkfirst=True)  # a database that never saw billing has no table yet
     start_d = period.start.date()
@@ -198,7 +206,18 @@ def read_inputs(store: Store, period: ReportPeriod, settings: Settings | None = 
         rules=_rules(settings, warnings),
         act=settings.act if settings is not None else ActSettings(),
         node_hours=store.node_hours_frame(period.start, period.as_of),
+        slurm=_slurm(slurm, period, warnings),
     )
+
+
+def _slurm(read: SlurmReader | None, period: ReportPeriod, warnings: list[str]) -> SlurmUsage | None:
+    if read is None:
+        return None
+    usage = read(period.start, period.end, period.as_of)
+    # A cluster whose accounting could not be read: its GPU-hours are unknown, said in the data-quality notes.
+    warnings.extend(usage.errors)
+    warnings.extend(usage.warnings)
+    return usage
 
 
 __all__ = ["AuditInputs", "BillingImport", "read_inputs"]

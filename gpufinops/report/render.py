@@ -39,7 +39,8 @@ PDF_TIMEOUT_S = 120
 STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
 K8S_TOP = 15  # workloads in the page's Kubernetes table; the rest are in the CSV
 # Tables whose CSV file is named otherwise than the table (gpu-audit-YYYY-MM-k8s-namespaces.csv).
-CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads", "k8s_node_pools": "k8s-node-pools"}
+CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads", "k8s_node_pools": "k8s-node-pools",
+             "slurm_accounts": "slurm-accounts", "slurm_users": "slurm-users", "slurm_partitions": "slurm-partitions"}
 
 
 def csv_tables(a: MonthlyAudit) -> dict[str, pd.DataFrame]:

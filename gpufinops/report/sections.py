@@ -12,7 +12,8 @@ from datetime import datetime
 
 import pandas as pd
 
-from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget
+from ..cost.budgets import MAX_AMOUNT, Budget, evaluate_budget, evaluate_slurm_budget
+from ..cost.slurm import SlurmUsage, slurm_totals
 from ..k8s.model import ALLOCATED_BY_DEVICE_PLUGIN, KUEUE_SUSPEND_KINDS, allocations
 from ..model import UNTAGGED
 from ..places.kubernetes.names import parse_target, parse_workload_id
@@ -56,6 +57,9 @@ SORTED_BY = {
     "k8s_namespaces": "cost, largest first",
     "k8s_workloads": "idle cost, largest first",
     "k8s_node_pools": "node cost, largest first",
+    "slurm_accounts": "cost, largest first",
+    "slurm_users": "cost, largest first",
+    "slurm_partitions": "cost, largest first",
     "underused_causes": "cost, largest first",
     "underused_by_team": "team's underutilized cost, largest first, then cost",
 }
@@ -414,10 +418,12 @@ def trend_table(current: dict, previous: dict | None) -> pd.DataFrame:
 
 def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, period_start: datetime,
                  period_end: datetime, billed_through: datetime | None, estimate_through: datetime,
-                 running: pd.DataFrame, verdicts: pd.DataFrame, currency: str) -> pd.DataFrame:
+                 running: pd.DataFrame, verdicts: pd.DataFrame, currency: str,
+                 slurm: SlurmUsage | None = None, as_of: datetime | None = None) -> pd.DataFrame:
     """Each budget of the month against actual spend and the month-end forecast, through
     gpufinops.budgets.evaluate_budget (the same sums as `gpufinops budgets check`). Actual is billing when the
-    month has billing rows, else the estimate from evaluated time x hourly price (said in `basis`)."""
+    month has billing rows, else the estimate from evaluated time x hourly price (said in `basis`). A Slurm
+    account's budget is its GPU-hours from sacct, priced (evaluate_slurm_budget, as `budgets check`)."""
     if not budgets:
         return pd.DataFrame({c: [] for c in BUDGET_COLUMNS})
 
@@ -429,10 +435,18 @@ def budget_table(budgets: list, billed: pd.DataFrame, estimate: pd.DataFrame, pe
         row = {"budget": b.name, "scope": b.scope.label(), "amount": float(b.amount),
                "basis": "billing" if use_billing else "estimate: evaluated time x hourly price",
                "actual": None, "actual_pct": None, "forecast": None, "forecast_pct": None, "data_through": None}
-        if b.currency != currency:
+        if b.scope.slurm:
+            row["basis"] = "Slurm accounting (sacct GPU-hours x price)"
+            s = evaluate_slurm_budget(b, slurm or SlurmUsage(pd.DataFrame()), period_start, period_end,
+                                      as_of or estimate_through)
+            if s.error:
+                rows.append({**row, "status": f"unknown: {s.error}"})
+                continue
+        elif b.currency != currency:
             rows.append({**row, "status": f"skipped: budget in {b.currency}, costs in {currency} (no conversion)"})
             continue
-        s = evaluate_budget(b, table, period_start, period_end, through, running, verdicts)
+        else:
+            s = evaluate_budget(b, table, period_start, period_end, through, running, verdicts)
         over = "over budget" if s.pct_actual >= 100 else ("forecast over budget" if s.pct_forecast >= 100
                                                            else "within budget")
         rows.append({**row, "actual": s.spent, "actual_pct": s.pct_actual, "forecast": s.forecast,
@@ -456,14 +470,54 @@ def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: d
     return evaluate_budget(fleet, table, period_start, period_end, through, running, verdicts)
 
 
+# --------------------------------------------------------------------------- Slurm clusters
+
+
+SLURM_COLUMNS = ["jobs", "gpu_hours", "cost", "unpriced_gpu_hours", "idle_gpu_hours", "idle_cost", "idle_share"]
+SLURM_GROUPS = {"slurm_accounts": "account", "slurm_users": "user", "slurm_partitions": "partition"}
+
+
+def slurm_tables(usage: SlurmUsage | None) -> dict[str, pd.DataFrame]:
+    """The month's Slurm GPU-hours and dollars per account, user and partition (cost.slurm.slurm_totals: the
+    figures of `costs --by slurm-account|slurm-user|partition`), idle from the stored verdicts; empty tables for
+    a month without Slurm accounting."""
+    out = {}
+    for name, column in SLURM_GROUPS.items():
+        if usage is None or usage.table.empty:
+            out[name] = pd.DataFrame({c: [] for c in [column, *SLURM_COLUMNS]})
+            continue
+        t = slurm_totals(usage.table, column, usage.idle).rename(columns={"usd": "cost", "idle_usd": "idle_cost"})
+        out[name] = t[[column, *SLURM_COLUMNS]]
+    return out
+
+
+def slurm_headline(usage: SlurmUsage | None) -> dict:
+    """The Slurm figures of the headline and the finance page: None for a month without Slurm accounting; the
+    idle figures None when the verdicts could not be read (unknown, never 0)."""
+    if usage is None or usage.table.empty:  # none, or no cluster read: unknown (the errors say why), never 0
+        return {"slurm_gpu_hours": None, "slurm_cost": None, "slurm_unpriced_gpu_hours": None,
+                "slurm_idle_gpu_hours": None, "slurm_idle_cost": None, "slurm_idle_share": None,
+                "slurm_jobs": 0, "slurm_errors": list(usage.errors) if usage else []}
+    t, idle = usage.table, usage.idle
+    cost = float(t["cost"].sum()) if len(t) else 0.0
+    idle_cost = None if idle is None else float(idle["idle_usd"].sum()) if len(idle) else 0.0
+    return {"slurm_gpu_hours": float(t["gpu_seconds"].sum()) / 3600.0, "slurm_cost": cost,
+            "slurm_unpriced_gpu_hours": float(t.loc[t["cost"].isna(), "gpu_seconds"].sum()) / 3600.0,
+            "slurm_idle_gpu_hours": None if idle is None else float(idle["idle_gpu_hours"].sum()) if len(idle) else 0.0,
+            "slurm_idle_cost": idle_cost,
+            "slurm_idle_share": idle_cost / cost if idle_cost is not None and cost > 0 else None,
+            "slurm_jobs": int(t["subject_id"].nunique()), "slurm_errors": list(usage.errors)}
+
+
 FINANCE_TEAMS = 5
 
 
 def finance_page(headline: dict, teams: pd.DataFrame, budgets: pd.DataFrame, budgets_path: str,
-                 forecast: float | None, rules: list | None) -> dict:
+                 forecast: float | None, rules: list | None, slurm_accounts: pd.DataFrame | None = None) -> dict:
     """The first page, for finance: spend (billed or estimated, said once), idle spend, what stopping saved (net),
     the forecast against each budget, the top five teams by spend and the words defined plainly."""
     billed = headline.get("billed_cost") is not None
+    slurm_accounts = slurm_accounts if slurm_accounts is not None else pd.DataFrame()
     team_rows = []
     if len(teams):
         spend = teams["billed_cost"] if billed else teams["cost"]
@@ -488,6 +542,15 @@ def finance_page(headline: dict, teams: pd.DataFrame, budgets: pd.DataFrame, bud
         "budgets_path": budgets_path,
         "teams": team_rows,
         "idle_words": idle_words,
+        # The Slurm clusters' month (None without Slurm accounting): its own rows, apart from the cloud spend above.
+        "slurm": ({"gpu_hours": headline["slurm_gpu_hours"], "cost": headline["slurm_cost"],
+                   "idle_cost": headline["slurm_idle_cost"], "idle_share": headline["slurm_idle_share"],
+                   "unpriced_gpu_hours": headline["slurm_unpriced_gpu_hours"],
+                   "accounts": [{"account": r.account, "gpu_hours": _f(r.gpu_hours), "cost": _f(r.cost),
+                                 "idle_cost": _f(r.idle_cost)}
+                                for r in slurm_accounts.head(FINANCE_TEAMS).itertuples(index=False)]}
+                  if headline.get("slurm_jobs") or headline.get("slurm_errors") else None),
+        "slurm_errors": list(headline.get("slurm_errors") or []),
     }
 
 
@@ -546,6 +609,6 @@ def executive_summary(instances: pd.DataFrame, recommendations: pd.DataFrame, re
 __all__ = ["BUDGET_COLUMNS", "GROUPED_STOP_COLUMNS", "K8S_NAMESPACE_COLUMNS", "K8S_NODE_POOL_COLUMNS",
            "K8S_WORKLOAD_COLUMNS", "NO_OWNER",
            "SORTED_BY", "breakdown", "budget_table", "coverage", "estimate_table", "executive_summary",
-           "finance_page", "fleet_forecast",
+           "finance_page", "fleet_forecast", "slurm_headline", "slurm_tables",
            "instance_attrs", "kubernetes_tables", "node_pool_table", "owners", "running_at_end", "stops_by_instance",
            "trend_table", "underused_causes", "workload_parts"]

@@ -32,15 +32,23 @@ from ..report.period import report_period
 from ..rules import load_rules
 from ..store.schema import aware_utc
 from .pipeline import Peers, folded_outages
+from .slurm_cost import billing_or_none, read_slurm_month, slurm_reader
 
 log = logging.getLogger("gpufinops.jobs")
 
 
 def budget_check(settings: Settings, peers: Peers, now: datetime):
     """Load this month's costs from the configured billing source and send due budget alerts."""
+    from ..collect.billing.settings import billing_settings
+    from ..cost.budgets import configured_budgets
+
     start, end = month_bounds(f"{now:%Y-%m}")
-    costs = load_cost_table(settings, start, end, now)
-    statuses = run_budget_check(settings, peers.store, peers.notifier, now, costs)
+    budgets = configured_budgets(billing_settings(settings).budgets_path)
+    # Budgets of Slurm accounts only (a Slurm site): sacct is read, billing is not.
+    costs = load_cost_table(settings, start, end, now) if any(not b.scope.slurm for b in budgets) \
+        else billing_or_none(now)
+    statuses = run_budget_check(settings, peers.store, peers.notifier, now, costs, budgets=budgets,
+                                slurm=lambda s, e: read_slurm_month(settings, peers.store, s, e, now))
     for s in statuses:
         log.info("budget %s: %s", s.budget, s.error or f"{s.spent:,.2f} spent, {s.forecast:,.2f} forecast of {s.amount:,.2f}")
     return statuses
@@ -100,7 +108,7 @@ def monthly_report(settings: Settings, peers: Peers, now: datetime):
         email = EmailDelivery(settings.email, peers.store, lambda: now)
     paths, sent = write_and_deliver(peers.store, None, settings.schedule.monthly_report_dir, now, settings,
                                     notifier=peers.notifier, s3_client=s3_client(settings) if d.s3_uri else None,
-                                    email=email)
+                                    email=email, slurm=slurm_reader(settings, peers.store))
     log.info("monthly report written: %s", ", ".join(str(p) for p in paths))
     for s in sent:
         (log.error if s.error else log.info)("monthly report %s", s.line(dry_run=False))

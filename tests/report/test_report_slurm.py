@@ -1,0 +1,134 @@
+"""The monthly report's Slurm section (issue 38, Cost): GPU-hours and dollars per account, user and partition from
+the clusters' accounting (the real sacct capture tests/data/slurm/sacct-22.05.json, served by a `sacct` that prints
+it), idle from stored `slurm:` verdicts, a Slurm account's budget, and the finance page — in the HTML, the CSVs and
+the JSON, and read on a phone by headless Chromium."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gpufinops.config import load_settings
+from gpufinops.report import write_monthly_report
+from gpufinops.run.slurm_cost import slurm_reader
+from gpufinops.store.store import Store
+from tests.cost.test_slurm_costs import PRICES, record_idle_hour
+from tests.report.test_report_browser import CHROMIUM, PROBE, measure
+
+CAPTURE = Path(__file__).parents[1] / "data" / "slurm" / "sacct-22.05.json"
+MONTH = "2026-12"
+NOW = datetime(2027, 1, 2, 6, tzinfo=timezone.utc)  # the month is over: the whole of it
+
+
+def fake_sacct(tmp_path, monkeypatch, body: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sacct").write_text("#!/bin/sh\n" + body)
+    (bin_dir / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def report(tmp_path, sacct_body: str, monkeypatch, budgets: str = "") -> dict:
+    fake_sacct(tmp_path, monkeypatch, sacct_body)
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    record_idle_hour(db, datetime(2026, 12, 3, 10, tzinfo=timezone.utc))
+    extra = {}
+    if budgets:
+        (tmp_path / "budgets.yaml").write_text(budgets)
+        extra["billing"] = {"budgets_path": str(tmp_path / "budgets.yaml")}
+    settings = load_settings(None, database_url=db, slurm={"cluster": "acct", **PRICES}, **extra)
+    store = Store(db)
+    try:
+        paths = write_monthly_report(store, MONTH, tmp_path / "out", NOW, settings, formats=["html", "csv", "json"],
+                                     slurm=slurm_reader(settings, store))
+    finally:
+        store.close()
+    return {"paths": paths, "html": next(p for p in paths if p.suffix == ".html").read_text(),
+            "doc": json.loads(next(p for p in paths if p.suffix == ".json").read_text())}
+
+
+@pytest.fixture
+def month(tmp_path, monkeypatch):
+    return report(tmp_path, f"cat {CAPTURE}\n", monkeypatch, budgets=(
+        "budgets:\n  - name: ml-gpu\n    scope: {kind: slurm_account, value: ml}\n    amount: 40\n"))
+
+
+def test_json_has_the_accounts_users_partitions_and_headline(month):
+    doc = month["doc"]
+    acc = doc["tables"]["slurm_accounts"]
+    # ml: 148 GPU-s at $0.25 = $37.00, idle: job 1's IDLE hour x 2 GPUs x $900; vision: $5.00 + $5.25
+    assert [(r["account"], r["jobs"], r["cost"], r["idle_gpu_hours"], r["idle_cost"]) for r in acc] == [
+        ("ml", 2, 37.0, 2.0, 1800.0), ("vision", 2, 10.25, 0.0, 0.0)]
+    assert [(r["user"], r["cost"]) for r in doc["tables"]["slurm_users"]] == [("alice", 37.0), ("bob", 10.25)]
+    assert [(r["partition"], r["cost"]) for r in doc["tables"]["slurm_partitions"]] == [("gpu", 42.25),
+                                                                                          ("interactive", 5.0)]
+    h = doc["headline"]
+    assert (h["slurm_jobs"], round(h["slurm_cost"], 2), round(h["slurm_idle_cost"], 2), h["slurm_errors"]) == (
+        4, 47.25, 1800.0, [])
+    assert h["slurm_gpu_hours"] == pytest.approx(194 / 3600)
+    f = doc["finance"]["slurm"]
+    assert round(f["cost"], 2) == 47.25 and [a["account"] for a in f["accounts"]] == ["ml", "vision"]
+
+
+def test_the_budget_of_a_slurm_account_is_in_the_budget_table(month):
+    (b,) = month["doc"]["tables"]["budgets"]
+    assert (b["budget"], b["scope"], b["actual"], b["actual_pct"], b["status"]) == (
+        "ml-gpu", "slurm_account=ml", 37.0, 92.5, "within budget")
+    assert b["basis"] == "Slurm accounting (sacct GPU-hours x price)"
+
+
+def test_csv_files_and_money_columns(month):
+    [path] = [p for p in month["paths"] if p.name == f"gpu-audit-{MONTH}-slurm-accounts.csv"]
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["account", "jobs", "gpu_hours", "cost_usd", "unpriced_gpu_hours", "idle_gpu_hours",
+                             "idle_cost_usd", "idle_share", "currency"]
+    assert [(r["account"], r["cost_usd"], r["idle_cost_usd"]) for r in rows] == [("ml", "37.0", "1800.0"),
+                                                                                ("vision", "10.25", "0.0")]
+    names = {p.name for p in month["paths"]}
+    assert {f"gpu-audit-{MONTH}-slurm-users.csv", f"gpu-audit-{MONTH}-slurm-partitions.csv"} <= names
+
+
+def test_html_section_and_finance_page(month):
+    html = month["html"]
+    assert 'id="slurm"' in html and 'href="#slurm"' in html and 'id="slurm-partitions"' in html
+    assert "4 Slurm job(s) held GPUs this month: 0.05 GPU-hours, $47.25" in html
+    finance = html[html.index('<section id="finance">'):html.index("</section>")]
+    assert 'id="finance-slurm"' in finance and "$47.25" in finance and "$1,800.00" in finance
+
+
+def test_sacct_failing_is_said_not_zero(tmp_path, monkeypatch):
+    got = report(tmp_path, "echo 'sacct: error: Problem talking to the database' >&2\nexit 1\n", monkeypatch)
+    doc = got["doc"]
+    assert doc["headline"]["slurm_cost"] is None and doc["headline"]["slurm_errors"] == [
+        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database (its GPU-hours "
+        "are unknown, not zero)"]
+    assert doc["headline"]["slurm_errors"][0] in doc["data_quality"]["warnings"]
+    assert "slurm_accounts" in doc["tables"] and doc["tables"]["slurm_accounts"] == []
+    assert "<strong>Not read:</strong> slurm acct: sacct --json failed" in got["html"]
+
+
+def test_no_slurm_section_without_slurm(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    settings = load_settings(None, database_url=f"sqlite:///{tmp_path / 'g.db'}")
+    assert slurm_reader(settings, store) is None
+    paths = write_monthly_report(store, MONTH, tmp_path / "out", NOW, settings, formats=["html", "json"])
+    doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    assert "slurm_accounts" not in doc["tables"] and doc["finance"]["slurm"] is None
+    assert 'id="slurm"' not in next(p for p in paths if p.suffix == ".html").read_text()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_slurm_tables_read_on_a_phone(month, tmp_path):
+    (tmp_path / "probed.html").write_text(month["html"].replace("</body>", PROBE + "</body>"))
+    (tmp_path / "phone.html").write_text('<!DOCTYPE html><html><body style="margin:0"><iframe src="probed.html" '
+                                         'style="width:400px;height:900px;border:0"></iframe></body></html>')
+    seen = measure((tmp_path / "phone.html").as_uri(), 400)
+    assert seen["page"] <= 400
+    for t in seen["tables"]:
+        assert t["labelled"] == t["cells"] and not t["scrolls"] and t["right"] <= 400, t
