@@ -34,6 +34,7 @@ from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
 from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, EmailSettings,
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
                        ScheduleSettings, ServiceSettings, SlackSettings)
+from .sections import GcpSettings
 from .values import (AWS_REGION, EMAIL_ADDRESS, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, RULE_AUDIENCES,
                      SLACK_USER_ID, TRANSPORTS, AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel,
                      aws_region, backoff_in_order, destination, http_url, known_gpu, prometheus_label,
@@ -49,6 +50,7 @@ __all__ = [
     "RecommendSettings", "RentedHost", "ReportDeliverySettings", "ReportSettings", "ScheduleSettings", "SecretRef",
     "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SpotPolicy", "StoreSettings", "StrictModel",
     "TagKeys",
+    "GcpSettings",
     "aws_region", "backoff_in_order", "blank_secrets", "compose_yaml", "decode_text", "destination",
     "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
     "not_a_regular_file", "not_utf8_error", "parse_yaml", "printable", "prometheus_label", "read_text",
@@ -61,6 +63,8 @@ class Settings(StrictModel):
     hosts: HostsSettings | None = None
     # No `kubernetes:` section: no cluster is read.
     kubernetes: KubernetesSettings | None = None
+    # No `gcp:` section: no Compute Engine VM is listed.
+    gcp: GcpSettings | None = None
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()
