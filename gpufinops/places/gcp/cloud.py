@@ -415,8 +415,10 @@ class GceCloud:
             return
         body = self._compute.InstancesSetLabelsRequest(labels=labels, label_fingerprint=vm.label_fingerprint)
         op = self._send("instances.setLabels", inst, lambda: self._instances.set_labels_unary(
-            project=project, zone=zone, instance=name, instances_set_labels_request_resource=body,
-            request_id=str(uuid.uuid4()), timeout=self._timeout, retry=None))
+            request=self._compute.SetLabelsInstanceRequest(
+                project=project, zone=zone, instance=name, instances_set_labels_request_resource=body,
+                request_id=str(uuid.uuid4())),
+            timeout=self._timeout, retry=None))
         self._wait("instances.setLabels", inst, op, project, zone)
 
     def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
