@@ -33,7 +33,8 @@ from ..model import (
     format_duration,
     format_money,
 )
-from ..places.registry import ACTION_VERBS, KUBERNETES_NODE, place_of_instance
+from ..places.gcp.labels import keep_hint as gce_keep_hint
+from ..places.registry import ACTION_VERBS, GCE, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -223,6 +224,8 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from it "
                 f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler can remove the node (their "
                 f"own rules decide); gpufinops evicts no pod.")
+    if inst is not None and place_of_instance(inst) is GCE:
+        return gce_keep_hint()
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -512,7 +515,7 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
     nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
-    noun = "GPU node" if _is_node(inst) else "GPU instance"
+    noun = "GPU node" if _is_node(inst) else GCE.noun if place_of_instance(inst) is GCE else "GPU instance"
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")

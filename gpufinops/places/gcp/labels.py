@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from ...model import TAG_MARKED, TAG_SNOOZE, TAG_STOP_REQUESTED
+from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_REQUESTED
 
 MAX_LABEL_CHARS = 63
 MAX_LABELS = 64
@@ -92,3 +92,12 @@ def labels_to_tags(labels: Mapping[str, str] | None) -> dict[str, str]:
 def tags_to_labels(tags: Mapping[str, str]) -> dict[str, str]:
     """Tags as labels (LabelError naming a key that cannot be one)."""
     return {encode_key(k): encode_value(k, v) for k, v in tags.items()}
+
+
+def keep_hint() -> str:
+    """A warning's way out on a GCE VM, in labels a person can type (notice markup): the snooze, protect, the mark."""
+    snooze, protect = encode_key(TAG_SNOOZE), encode_key(TAG_PROTECT)
+    return (f"To keep it running: make it busy, or label it `{snooze}` = a UTC time written `yyyymmddthhmmz` (e.g. "
+            f"`20261208t0900z`: pause until then) or `{protect}` = `true` (never stop); removing its label "
+            f"`{encode_key(TAG_MARKED)}` cancels the stop "
+            f"(`gcloud compute instances add-labels` / `remove-labels`).")
