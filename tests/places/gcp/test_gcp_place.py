@@ -1,0 +1,52 @@
+"""The GCE place's entry (places/registry.py) as the act stage reads it: stopped, never deleted; a Spot VM stopped
+like any other; the operator's opt-in label gates it as the opt-in tag gates EC2; a managed instance group's member
+never stopped; the warning's way out in labels a person can type."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from gpufinops.act.plan import opt_in_gap, stop_blocker
+from gpufinops.model import Action, Decision, GpuInstance, ReasonCode, Verdict
+from gpufinops.notify import messages
+from gpufinops.places.registry import GCE, place_of, place_of_instance, refusal
+
+T0 = datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc)
+
+
+def vm(**kw) -> GpuInstance:
+    base = dict(instance_id="gce:ml-prod/us-central1-a/l4", instance_type="g2-standard-8", region="us-central1",
+                state="running", launch_time=T0, provider="gcp", tags={"gpufinops:allow-stop": "true"})
+    return GpuInstance(**{**base, **kw})
+
+
+def test_a_gce_id_and_a_gcp_instance_are_the_gce_place():
+    assert place_of("gce:ml-prod/us-central1-a/l4") is GCE and place_of_instance(vm()) is GCE
+
+
+def test_stopped_never_deleted():
+    assert refusal(vm(), Action.STOP) == ""
+    assert "never deleted" in refusal(vm(), Action.TERMINATE)
+
+
+def test_a_spot_vm_is_stopped_like_any_other_but_an_ec2_spot_instance_is_not():
+    assert stop_blocker(vm(lifecycle="spot"), Action.STOP) == ""
+    ec2 = GpuInstance("i-0abc", "g5.xlarge", "us-east-1", "running", T0, lifecycle="spot")
+    assert "cannot be stopped" in stop_blocker(ec2, Action.STOP)
+
+
+def test_the_opt_in_label_gates_it():
+    assert opt_in_gap(vm(), "gpufinops:allow-stop", "true") == ""
+    assert "not opted in" in opt_in_gap(vm(tags={}), "gpufinops:allow-stop", "true")
+
+
+def test_a_mig_member_is_never_stopped():
+    member = vm(managed_by="managed instance group 'trainers' (us-east4-b)", managed_advice="resize it")
+    assert "never stopped by gpufinops; instead: resize it" in stop_blocker(member, Action.STOP)
+
+
+def test_the_warning_says_the_labels_a_person_can_set():
+    d = Decision(vm().instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", T0, Action.STOP)
+    text = messages.idle_warning(vm(), d, marked_at=T0, stop_at=T0, channel="", dry_run=False,
+                                 action=Action.STOP).text
+    assert "`gpufinops_snooze-until`" in text and "`gpufinops_protect`" in text and "gpufinops:snooze-until" not in text
