@@ -50,3 +50,16 @@ def test_the_warning_says_the_labels_a_person_can_set():
     text = messages.idle_warning(vm(), d, marked_at=T0, stop_at=T0, channel="", dry_run=False,
                                  action=Action.STOP).text
     assert "`gpufinops_snooze-until`" in text and "`gpufinops_protect`" in text and "gpufinops:snooze-until" not in text
+
+
+def test_an_opt_in_tag_that_cannot_be_a_label_is_an_error_at_start(monkeypatch):
+    import pytest
+
+    from gpufinops.config import ConfigError, load_settings
+    from gpufinops.run.compose import live_inventory
+
+    monkeypatch.setenv("GPUFINOPS_GCP_ACCESS_TOKEN", "ya29.x")
+    for act, key in (({"opt_in_tag": "Stop-OK"}, "act.opt_in_tag"), ({"opt_in_value": "Yes"}, "act.opt_in_value")):
+        settings = load_settings(gcp={"projects": ["ml-prod"], "api_endpoint": "http://127.0.0.1:9"}, act=act)
+        with pytest.raises(ConfigError, match=key):
+            live_inventory(settings)
