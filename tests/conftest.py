@@ -3,7 +3,7 @@
 import pytest
 
 pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver",
-                  "tests.kubestub", "tests.kapi"]
+                  "tests.kubestub", "tests.kapi", "tests.gcestub"]
 
 
 @pytest.fixture(autouse=True)

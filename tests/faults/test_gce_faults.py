@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpufinops.model import ActionKind
-from tests.gcestub import Fault, gce  # noqa: F401 - the fixture
+from tests.gcestub import Fault
 from tests.run.test_gce_e2e import ROLE, GceFleet, ids
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,6 @@ from gpufinops.rules import load_rules
 from gpufinops.run.compose import live_inventory
 from gpufinops.run.pipeline import Peers, run_once
 from gpufinops.store.store import Store
-from tests.gcestub import gce  # noqa: F401 - the fixture
 from tests.promserver import Series, dcgm_labels
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,6 @@ import yaml
 
 from gpufinops.cli import main
 from gpufinops.run.service import Service, make_http_server
-from tests.gcestub import gce  # noqa: F401 - the fixture
 from tests.run.test_fleet_api import get_json
 from tests.run.test_gce_e2e import TOKEN, GceFleet
 from tests.run.test_service import free_port, samples

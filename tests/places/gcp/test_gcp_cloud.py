@@ -15,7 +15,7 @@ from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE
 from gpufinops.places.gcp.cloud import GceCloud, GceError, InventoryError
 from gpufinops.prices.catalog import load_catalog
-from tests.gcestub import Fault, gce  # noqa: F401 - the fixture
+from tests.gcestub import Fault
 
 ROLE = Path(__file__).resolve().parents[3] / "deploy" / "gcp" / "gpufinops-role.yaml"
 TOKEN = "ya29.test-token"
