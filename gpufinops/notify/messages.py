@@ -33,6 +33,7 @@ from ..model import (
     format_duration,
     format_money,
 )
+from ..places.gcp.labels import in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
 from ..places.registry import ACTION_VERBS, GCE, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
@@ -210,6 +211,11 @@ def _restore_target(inst: GpuInstance) -> str:
     untrusted), or a placeholder for an id cut to the store's width (its full name is not in it)."""
     raw = inst.instance_id.removeprefix("k8s:")
     return _v(raw, 200) if "~" not in raw else "<namespace>/<Kind>/<name>"
+
+
+def _in_its_words(inst: GpuInstance, reason: str) -> str:
+    """A reason that names gpufinops's tags, as the subject carries them: a GCE VM's labels."""
+    return in_label_words(reason) if place_of_instance(inst) is GCE else reason
 
 
 def _keep_hint(inst: GpuInstance | None = None) -> str:
@@ -485,7 +491,7 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
                    to: tuple[str, ...] = ()) -> Notice:
     """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
     cordon: also when someone else cordoned it)."""
-    why = _v(reason, MAX_REASON)
+    why = _v(_in_its_words(inst, reason), MAX_REASON)
     stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
     text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
@@ -513,7 +519,8 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     idle_s = (_utc(decision.evaluated_at) - began).total_seconds()
     hint = HINTS.get(decision.code.value, "")
     # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
-    nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
+    nothing = (f"Nothing will be stopped: {_v(_in_its_words(inst, not_stopped_because), MAX_REASON)}."
+               if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
     noun = "GPU node" if _is_node(inst) else GCE.noun if place_of_instance(inst) is GCE else "GPU instance"
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "

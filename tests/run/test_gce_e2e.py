@@ -114,6 +114,8 @@ def test_idle_vm_is_warned_snoozed_by_a_label_then_stopped_busy_and_mig_untouche
     assert not ids(r2.actions, ActionKind.STOP) and gce.status("idle") == "RUNNING"
     assert ids(r2.actions, ActionKind.UNMARK) == {idle}
     assert "gpufinops_marked-for-stop" not in gce.labels("idle")
+    cancelled = [p["text"] for p in slack_stub.posted() if p["text"].startswith("Stop cancelled")]
+    assert len(cancelled) == 1 and "by label gpufinops_snooze-until" in cancelled[0]  # what is on the VM
 
     f.restart()  # a new process over the same database
     r3 = f.tick(41)  # the snooze has ended: warned again, a full lead

@@ -101,3 +101,12 @@ def keep_hint() -> str:
             f"`20261208t0900z`: pause until then) or `{protect}` = `true` (never stop); removing its label "
             f"`{encode_key(TAG_MARKED)}` cancels the stop "
             f"(`gcloud compute instances add-labels` / `remove-labels`).")
+
+
+_OUR_TAG_IN_TEXT = re.compile(r"\btag (gpufinops:[a-z0-9-]+)")
+
+
+def in_label_words(text: str) -> str:
+    """A reason written in tags ("snoozed ... by tag gpufinops:snooze-until") as a GCE VM's owner sees it: the label
+    (`label gpufinops_snooze-until`), so that a message about a VM names what is on the VM."""
+    return _OUR_TAG_IN_TEXT.sub(lambda m: "label " + encode_key(m.group(1)), text)

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from gpufinops.model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOPPED_REASON
-from gpufinops.places.gcp.labels import (LabelError, decode_key, encode_key, encode_value, labels_to_tags,
-                                         tags_to_labels)
+from gpufinops.places.gcp.labels import (LabelError, decode_key, encode_key, encode_value, in_label_words,
+                                         labels_to_tags, tags_to_labels)
 
 GCE_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")  # cloud.google.com/compute/docs/labeling-resources
 GCE_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -47,3 +47,8 @@ def test_a_key_that_cannot_be_a_label_is_refused_by_name(key):
 
 def test_keys_of_people_pass_unchanged():
     assert encode_key("owner") == "owner" and decode_key("goog-gke-node") == "goog-gke-node"
+
+
+def test_a_reason_in_tags_is_said_in_labels():
+    assert in_label_words("snoozed until 10:00 UTC by tag gpufinops:snooze-until; tag team kept") == \
+        "snoozed until 10:00 UTC by label gpufinops_snooze-until; tag team kept"
