@@ -33,7 +33,7 @@ from ..model import (
     format_duration,
     format_money,
 )
-from ..places.gcp.labels import in_label_words
+from ..places.gcp.labels import gcloud_add_labels, in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
 from ..places.registry import ACTION_VERBS, GCE, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
@@ -333,11 +333,24 @@ def aws_create_tags(inst: GpuInstance, key: str, value: str) -> str | None:
     return line
 
 
+def gcloud_add_labels_line(inst: GpuInstance, key: str, value: str) -> str | None:
+    """The exact `gcloud compute instances add-labels` line setting one of gpufinops's tags as a label on this GCE
+    VM, shell-quoted; None when its id is not a GCE VM's or the line could not be shown whole."""
+    parts = inst.instance_id.removeprefix(GCE.id_prefix).split("/")
+    if not inst.instance_id.startswith(GCE.id_prefix) or len(parts) != 3 or not all(parts):
+        return None
+    line = " ".join(shlex.quote(p) for p in gcloud_add_labels(*parts, {key: value}))
+    if len(line) > _CLI_MAX or "`" in line or any(ord(c) < 32 or ord(c) == 127 for c in line):
+        return None
+    return line
+
+
 def way_out_notes(inst: GpuInstance, now: datetime, *, buttons: bool = False) -> tuple[str, ...]:
     """The warning's copy-paste ways out that need no console: snooze 24 h, protect for good (notice markup)."""
     until = _utc(now) + CLI_SNOOZE
-    snooze = aws_create_tags(inst, TAG_SNOOZE, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    protect = aws_create_tags(inst, TAG_PROTECT, "true")
+    line = gcloud_add_labels_line if place_of_instance(inst) is GCE else aws_create_tags
+    snooze = line(inst, TAG_SNOOZE, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    protect = line(inst, TAG_PROTECT, "true")
     if not (snooze and protect):
         return ()
     return (f"No console needed{' (or use the buttons above)' if buttons else ''}. Snooze until "

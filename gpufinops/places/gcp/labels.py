@@ -110,3 +110,11 @@ def in_label_words(text: str) -> str:
     """A reason written in tags ("snoozed ... by tag gpufinops:snooze-until") as a GCE VM's owner sees it: the label
     (`label gpufinops_snooze-until`), so that a message about a VM names what is on the VM."""
     return _OUR_TAG_IN_TEXT.sub(lambda m: "label " + encode_key(m.group(1)), text)
+
+
+def gcloud_add_labels(project: str, zone: str, name: str, tags: Mapping[str, str]) -> list[str]:
+    """The argv of `gcloud compute instances add-labels` setting these tags as labels on one VM (LabelError for a
+    key that cannot be a label); the caller quotes and shows it."""
+    labels = ",".join(f"{k}={v}" for k, v in tags_to_labels(tags).items())
+    return ["gcloud", "compute", "instances", "add-labels", name, f"--project={project}", f"--zone={zone}",
+            f"--labels={labels}"]

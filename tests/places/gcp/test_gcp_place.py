@@ -47,9 +47,21 @@ def test_a_mig_member_is_never_stopped():
 
 def test_the_warning_says_the_labels_a_person_can_set():
     d = Decision(vm().instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", T0, Action.STOP)
-    text = messages.idle_warning(vm(), d, marked_at=T0, stop_at=T0, channel="", dry_run=False,
-                                 action=Action.STOP).text
+    warning = messages.idle_warning(vm(), d, marked_at=T0, stop_at=T0, channel="", dry_run=False,
+                                    action=Action.STOP)
+    text = warning.text
     assert "`gpufinops_snooze-until`" in text and "`gpufinops_protect`" in text and "gpufinops:snooze-until" not in text
+    notes = " ".join(warning.notes)
+    assert ("`gcloud compute instances add-labels l4 --project=ml-prod --zone=us-central1-a "
+            "--labels=gpufinops_snooze-until=20261208t090000z`") in notes
+    assert "--labels=gpufinops_protect=true`" in notes and "aws ec2" not in notes
+
+
+def test_no_copy_paste_line_for_a_hostile_name():
+    d = Decision("gce:ml-prod/us-central1-a/x", "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", T0, Action.STOP)
+    evil = vm(instance_id="gce:ml-prod/us-central1-a/x`rm -rf`")
+    warning = messages.idle_warning(evil, d, marked_at=T0, stop_at=T0, channel="", dry_run=False, action=Action.STOP)
+    assert not any("gcloud compute instances add-labels x" in n for n in warning.notes)
 
 
 def test_an_opt_in_tag_that_cannot_be_a_label_is_an_error_at_start(monkeypatch):
