@@ -467,8 +467,14 @@ class GcpSettings(StrictModel):
     # Failed attempts of a read (429, 5xx, a dropped connection) tried again, waiting Retry-After when given.
     read_attempts: int = Field(4, ge=1, le=10)
     page_size: int = Field(500, ge=1, le=500)  # aggregatedList maxResults (GCE's cap is 500)
+    # `recommend --refresh-prices` reads the Cloud Billing Catalog here and keeps its GPU VM prices in this file
+    # (the bundled prices otherwise; prices/gcp_refresh.py).
+    billing_catalog_endpoint: str = "https://cloudbilling.googleapis.com"
+    price_cache_path: Name = "gpufinops-gcp-prices.json"
 
     @field_validator("api_endpoint")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         return None if v is None else http_url(v)
+
+    _billing = field_validator("billing_catalog_endpoint")(http_url)

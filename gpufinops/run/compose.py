@@ -25,6 +25,7 @@ from ..places.gcp.cloud import GceCloud
 from ..places.gcp.fleet import WithGce
 from ..places.gcp.labels import LabelError, encode_key, encode_value
 from ..prices.catalog import load_catalog
+from ..prices.gcp_refresh import load_gcp_refresh, with_gcp_refresh
 from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WorkloadMetrics
 from ..places.hosts import static_hosts_cloud
 from ..places.kubernetes.cloud import WorkloadCloud
@@ -69,7 +70,9 @@ def live_gce(settings: Settings) -> GceCloud:
         raise ConfigError(f"{settings.source_path or 'config'}: gcp: needs the Compute Engine client: "
                           f"pip install 'gpufinops[gcp]' ({exc})") from exc
     check_opt_in_label(settings)
-    return GceCloud(settings.gcp, catalog=load_catalog())
+    catalog = load_catalog()
+    refreshed = load_gcp_refresh(settings.gcp.price_cache_path)  # written by `recommend --refresh-prices`
+    return GceCloud(settings.gcp, catalog=with_gcp_refresh(catalog, refreshed) if refreshed else catalog)
 
 
 def check_opt_in_label(settings: Settings) -> None:
