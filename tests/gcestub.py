@@ -383,6 +383,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, status: int, headers: dict, body: dict) -> None:
         data = json.dumps(body).encode()
+        self._bytes_sent = len(data)
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
