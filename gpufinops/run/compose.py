@@ -72,7 +72,14 @@ def live_gce(settings: Settings) -> GceCloud:
     check_opt_in_label(settings)
     catalog = load_catalog()
     refreshed = load_gcp_refresh(settings.gcp.price_cache_path)  # written by `recommend --refresh-prices`
-    return GceCloud(settings.gcp, catalog=with_gcp_refresh(catalog, refreshed) if refreshed else catalog)
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return GceCloud(settings.gcp, catalog=with_gcp_refresh(catalog, refreshed) if refreshed else catalog)
+    except DefaultCredentialsError as exc:
+        raise ConfigError(f"{settings.source_path or 'config'}: gcp: no Google credentials in the environment: set "
+                          f"{settings.gcp.access_token.env or 'gcp.access_token'} (an access token) or "
+                          f"GOOGLE_APPLICATION_CREDENTIALS, or run on a host with a service account ({exc})") from exc
 
 
 def check_opt_in_label(settings: Settings) -> None:

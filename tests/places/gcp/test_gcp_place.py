@@ -75,3 +75,27 @@ def test_an_opt_in_tag_that_cannot_be_a_label_is_an_error_at_start(monkeypatch):
         settings = load_settings(gcp={"projects": ["ml-prod"], "api_endpoint": "http://127.0.0.1:9"}, act=act)
         with pytest.raises(ConfigError, match=key):
             live_inventory(settings)
+
+
+def test_no_credentials_is_an_error_that_says_where_they_come_from(monkeypatch, tmp_path):
+    import pytest
+
+    from gpufinops.config import ConfigError, load_settings
+    from gpufinops.run.compose import live_inventory
+
+    monkeypatch.delenv("GPUFINOPS_GCP_ACCESS_TOKEN", raising=False)
+    # A key file that is not there: Application Default Credentials fail at once (no metadata server is asked).
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+    settings = load_settings(gcp={"projects": ["ml-prod"], "api_endpoint": "http://127.0.0.1:9"})
+    with pytest.raises(ConfigError, match="no Google credentials in the environment: set GPUFINOPS_GCP_ACCESS_TOKEN"):
+        live_inventory(settings)
+
+
+def test_a_blank_token_is_refused_at_load(monkeypatch):
+    import pytest
+
+    from gpufinops.config import ConfigError, load_settings
+
+    monkeypatch.setenv("GPUFINOPS_GCP_ACCESS_TOKEN", "  ")
+    with pytest.raises(ConfigError, match="gcp.access_token.*set but blank"):
+        load_settings(gcp={"projects": ["ml-prod"]})
