@@ -4,7 +4,7 @@ Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Not
 project that cannot be listed never hides the others.
 
 API methods called (the custom role in deploy/gcp/gpufinops-role.yaml grants each one's permission;
-tests/places/test_gcp_cloud.py checks every request a test makes against it): instances.aggregatedList
+tests/places/gcp/test_gcp_cloud.py checks every request a test makes against it): instances.aggregatedList
 (compute.instances.list), instances.get (compute.instances.get), instances.setLabels (compute.instances.setLabels),
 instances.stop (compute.instances.stop), zoneOperations.get (compute.zoneOperations.get).
 
