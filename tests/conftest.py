@@ -3,8 +3,8 @@ Slurm)."""
 
 import pytest
 
-pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver", "tests.slurm",
-                  "tests.kubestub", "tests.kapi"]
+pytest_plugins = ["tests.promserver", "tests.vmserver", "tests.motoserver", "tests.slackstub", "tests.pgserver",
+                  "tests.slurm", "tests.kubestub", "tests.kapi", "tests.gcestub"]
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..k8s.model import NODE_CORDONED_BY_OTHERS
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
-from ..places.registry import KUBERNETES_NODE, place_of, refusal, strength
+from ..places.registry import KUBERNETES_NODE, place_of, place_of_instance, refusal, strength
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -104,9 +104,11 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
     """Why this instance may not be stopped for want of the operator's opt-in; "" when it carries it.
 
     The same test the shipped IAM policy makes (`aws:ResourceTag/<tag>` equals `<value>`), so nothing is ever
-    announced as "will be stopped" that AWS would refuse to stop. EC2 instances only: a Kubernetes
-    workload's opt-in is `kubernetes.scale_to_zero` and the RBAC that lets it patch replicas."""
-    if inst.provider != "aws" or inst.tags.get(tag) == value:
+    announced as "will be stopped" that AWS would refuse to stop. EC2 instances and GCE VMs (their label, the
+    same key and value: places/gcp/labels.py) only: a Kubernetes workload's opt-in is `kubernetes.scale_to_zero`
+    and the RBAC that lets it patch replicas."""
+    place = place_of_instance(inst)
+    if not (place.opt_in_by_tag and inst.provider == place.provider) or inst.tags.get(tag) == value:
         return ""
     return f"not opted in: would be stopped with tag {tag}={value}"
 
@@ -141,7 +143,7 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     refused = refusal(inst, action)  # the subject's place does not take this action (places.registry)
     if refused:
         return refused
-    if inst.lifecycle == "spot" and action == Action.STOP:
+    if inst.lifecycle == "spot" and action == Action.STOP and not place_of_instance(inst).stops_any_spot:
         if inst.spot_request_type == "persistent":
             return ""
         kind = f"a {inst.spot_request_type} spot instance" if inst.spot_request_type else \

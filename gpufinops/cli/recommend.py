@@ -29,11 +29,30 @@ def _parse_params(text: str) -> float:
     return value
 
 
+def refresh_gcp_prices(settings, catalog, now: datetime) -> None:
+    """The GCP GPU VM prices read from the Cloud Billing Catalog and kept in gcp.price_cache_path (asked for by
+    --refresh-prices); a failure is said and the earlier prices stay."""
+    from ..places.gcp.billing_catalog import catalog_fetcher
+    from ..prices.gcp_refresh import refresh_from_gcp, save_gcp_refresh
+
+    try:
+        cache = refresh_from_gcp(catalog_fetcher(settings.gcp), catalog, now)
+    except Exception as exc:  # noqa: BLE001 - the bundled (or earlier refreshed) prices stay
+        print(f"warning: GCP price refresh failed, earlier prices kept: {exc}", file=sys.stderr)
+        return
+    save_gcp_refresh(cache, settings.gcp.price_cache_path)
+    print(f"GCP prices: {len(cache.prices)} machine type(s) refreshed from the Cloud Billing Catalog"
+          + (f", {len(cache.kept)} kept at their bundled price" if cache.kept else ""), file=sys.stderr)
+
+
 def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
     from ..prices.catalog import load_catalog, load_refresh, refresh_from_aws, save_refresh
 
     catalog = load_catalog(policy.catalog_dir)
-    if refresh and settings is not None:
+    gcp = getattr(settings, "gcp", None)
+    if refresh and gcp is not None:
+        refresh_gcp_prices(settings, catalog, now)
+    if refresh and settings is not None and (gcp is None or "aws" in settings.model_fields_set):
         import boto3
 
         from ..collect.aws_config import read_config
@@ -51,6 +70,11 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
     cache = load_refresh(policy.price_cache_path)
     if cache is not None:
         catalog = catalog.with_aws_refresh(cache)
+    if gcp is not None:
+        from ..prices.gcp_refresh import load_gcp_refresh, with_gcp_refresh
+
+        gcp_cache = load_gcp_refresh(gcp.price_cache_path)
+        catalog = with_gcp_refresh(catalog, gcp_cache) if gcp_cache is not None else catalog
     if catalog.skipped:
         print(f"note: {len(catalog.skipped)} catalog row(s) skipped, first: {catalog.skipped[0]}", file=sys.stderr)
     return catalog

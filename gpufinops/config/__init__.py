@@ -35,6 +35,7 @@ from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, Aws
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
                        SlurmClusterSettings, SlurmSettings,
                        ScheduleSettings, ServiceSettings, SlackSettings)
+from .sections import GcpSettings
 from .values import (AWS_REGION, EMAIL_ADDRESS, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, RULE_AUDIENCES,
                      SLACK_USER_ID, TRANSPORTS, AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel,
                      aws_region, backoff_in_order, destination, http_url, known_gpu, prometheus_label,
@@ -50,6 +51,7 @@ __all__ = [
     "RecommendSettings", "RentedHost", "ReportDeliverySettings", "ReportSettings", "ScheduleSettings", "SecretRef",
     "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SlurmClusterSettings", "SlurmSettings", "SpotPolicy", "StoreSettings", "StrictModel",
     "TagKeys",
+    "GcpSettings",
     "aws_region", "backoff_in_order", "blank_secrets", "compose_yaml", "decode_text", "destination",
     "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
     "not_a_regular_file", "not_utf8_error", "parse_yaml", "printable", "prometheus_label", "read_text",
@@ -64,6 +66,8 @@ class Settings(StrictModel):
     kubernetes: KubernetesSettings | None = None
     # No `slurm:` section: no Slurm cluster is read (docs/slurm.md).
     slurm: SlurmSettings | None = None
+    # No `gcp:` section: no Compute Engine VM is listed.
+    gcp: GcpSettings | None = None
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
     slack: SlackSettings = SlackSettings()

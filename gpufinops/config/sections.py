@@ -548,3 +548,34 @@ class SlurmSettings(StrictModel):
     @property
     def enabled(self) -> tuple[SlurmClusterSettings, ...]:
         return tuple(c for c in self.clusters if c.enabled)
+# A GCP project id: 6 to 30 lowercase letters, digits or hyphens, starting with a letter, not ending with a hyphen.
+GCP_PROJECT = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$"
+
+
+class GcpSettings(StrictModel):
+    """Compute Engine GPU VMs (places/gcp/, docs/deploy.md "GCP"). No `gcp:` section: no Google API is called.
+    Credentials from the environment: `access_token` when it resolves (a short-lived OAuth token, e.g. from
+    `gcloud auth print-access-token` or a workload-identity sidecar), else Application Default Credentials
+    (GOOGLE_APPLICATION_CREDENTIALS, the metadata server of a GCE/GKE host)."""
+
+    projects: tuple[Annotated[str, Field(pattern=GCP_PROJECT)], ...] = Field(min_length=1)
+    access_token: SecretRef = SecretRef(env="GPUFINOPS_GCP_ACCESS_TOKEN")
+    # Another Compute API endpoint (Private Service Connect, a test's stand-in); None = compute.googleapis.com.
+    api_endpoint: str | None = None
+    # A stop's zone operation is polled until DONE for at most this long; past it the stop is read back like a
+    # lost answer (a VM found STOPPING or TERMINATED is stopped) and settled on a later tick.
+    operation_timeout_s: float = Field(120.0, gt=0, le=3600)
+    # Failed attempts of a read (429, 5xx, a dropped connection) tried again, waiting Retry-After when given.
+    read_attempts: int = Field(4, ge=1, le=10)
+    page_size: int = Field(500, ge=1, le=500)  # aggregatedList maxResults (GCE's cap is 500)
+    # `recommend --refresh-prices` reads the Cloud Billing Catalog here and keeps its GPU VM prices in this file
+    # (the bundled prices otherwise; prices/gcp_refresh.py).
+    billing_catalog_endpoint: str = "https://cloudbilling.googleapis.com"
+    price_cache_path: Name = "gpufinops-gcp-prices.json"
+
+    @field_validator("api_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return None if v is None else http_url(v)
+
+    _billing = field_validator("billing_catalog_endpoint")(http_url)

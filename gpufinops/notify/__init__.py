@@ -27,7 +27,8 @@ its transport name in `destinations` (`teams:<channel>`, accepted by config.dest
 buttons: interact.py and a route in run/service.py. Nothing in model.py, rules.py, act/, decide/, cost/ or run/'s
 jobs: they name audiences and destinations, not a transport.
 
-May import: model, config, store, words, k8s.model, places.registry (nouns and verbs per place),
+May import: model, config, store, words, k8s.model, places.registry (nouns and verbs per place), places.gcp.labels
+(the labels a person sets on a GCE VM, in a warning's way out),
 places.kubernetes.cloud (a workload id's prefix and length).
 Never imports act, run, cost, report, recommend, backtest, demo, agent or cli.
 """

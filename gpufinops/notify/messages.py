@@ -33,7 +33,9 @@ from ..model import (
     format_duration,
     format_money,
 )
-from ..places.registry import ACTION_VERBS, KUBERNETES_NODE, place_of_instance
+from ..places.gcp.labels import gcloud_add_labels, in_label_words
+from ..places.gcp.labels import keep_hint as gce_keep_hint
+from ..places.registry import ACTION_VERBS, GCE, KUBERNETES_NODE, place_of_instance
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -211,6 +213,11 @@ def _restore_target(inst: GpuInstance) -> str:
     return _v(raw, 200) if "~" not in raw else "<namespace>/<Kind>/<name>"
 
 
+def _in_its_words(inst: GpuInstance, reason: str) -> str:
+    """A reason that names gpufinops's tags, as the subject carries them: a GCE VM's labels."""
+    return in_label_words(reason) if place_of_instance(inst) is GCE else reason
+
+
 def _keep_hint(inst: GpuInstance | None = None) -> str:
     if inst is not None and _kueue_workload(inst):
         ns, _, name = _kueue_workload(inst).partition("/")
@@ -223,6 +230,8 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from it "
                 f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler can remove the node (their "
                 f"own rules decide); gpufinops evicts no pod.")
+    if inst is not None and place_of_instance(inst) is GCE:
+        return gce_keep_hint()
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -324,11 +333,24 @@ def aws_create_tags(inst: GpuInstance, key: str, value: str) -> str | None:
     return line
 
 
+def gcloud_add_labels_line(inst: GpuInstance, key: str, value: str) -> str | None:
+    """The exact `gcloud compute instances add-labels` line setting one of gpufinops's tags as a label on this GCE
+    VM, shell-quoted; None when its id is not a GCE VM's or the line could not be shown whole."""
+    parts = inst.instance_id.removeprefix(GCE.id_prefix).split("/")
+    if not inst.instance_id.startswith(GCE.id_prefix) or len(parts) != 3 or not all(parts):
+        return None
+    line = " ".join(shlex.quote(p) for p in gcloud_add_labels(*parts, {key: value}))
+    if len(line) > _CLI_MAX or "`" in line or any(ord(c) < 32 or ord(c) == 127 for c in line):
+        return None
+    return line
+
+
 def way_out_notes(inst: GpuInstance, now: datetime, *, buttons: bool = False) -> tuple[str, ...]:
     """The warning's copy-paste ways out that need no console: snooze 24 h, protect for good (notice markup)."""
     until = _utc(now) + CLI_SNOOZE
-    snooze = aws_create_tags(inst, TAG_SNOOZE, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
-    protect = aws_create_tags(inst, TAG_PROTECT, "true")
+    line = gcloud_add_labels_line if place_of_instance(inst) is GCE else aws_create_tags
+    snooze = line(inst, TAG_SNOOZE, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    protect = line(inst, TAG_PROTECT, "true")
     if not (snooze and protect):
         return ()
     return (f"No console needed{' (or use the buttons above)' if buttons else ''}. Snooze until "
@@ -482,7 +504,7 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
                    to: tuple[str, ...] = ()) -> Notice:
     """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
     cordon: also when someone else cordoned it)."""
-    why = _v(reason, MAX_REASON)
+    why = _v(_in_its_words(inst, reason), MAX_REASON)
     stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
     text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
@@ -510,9 +532,10 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     idle_s = (_utc(decision.evaluated_at) - began).total_seconds()
     hint = HINTS.get(decision.code.value, "")
     # Never "will be stopped" for what gpufinops may not stop; the way to let it is said instead.
-    nothing = (f"Nothing will be stopped: {_v(not_stopped_because, MAX_REASON)}." if not_stopped_because
+    nothing = (f"Nothing will be stopped: {_v(_in_its_words(inst, not_stopped_because), MAX_REASON)}."
+               if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
-    noun = "GPU node" if _is_node(inst) else "GPU instance"
+    noun = "GPU node" if _is_node(inst) else GCE.noun if place_of_instance(inst) is GCE else "GPU instance"
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")

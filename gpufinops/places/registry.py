@@ -2,10 +2,11 @@
 
 A place is where a subject lives: an EC2 instance, a rented host, a Kubernetes workload, a Kueue-managed job, a
 Kubernetes GPU node. Its entry says how its subjects' ids begin, the actions its client carries out, the words a
-message uses for that change, what a rule must select to reach it, and why any other action is refused (notify
-only). act/plan.py (`stop_blocker`, the strongest of two idle rules), rules.py (what a rule with an action must
-select), notify/messages.py (nouns and verbs) and report/ (the Kubernetes sections) read it. A new place (GCP,
-Azure, Slurm) is a folder beside ec2/, hosts.py and kubernetes/, and one entry here.
+message uses for that change, what a rule must select to reach it, why any other action is refused (notify
+only), whether the operator's opt-in tag gates its stops. act/plan.py (`stop_blocker`, the strongest of two idle
+rules), rules.py (what a rule with an action must select), notify/messages.py (nouns and verbs) and report/ (the
+Kubernetes sections) read it. A new place (GCP, Azure, Slurm) is a folder beside ec2/, hosts.py and kubernetes/,
+and one entry here (GCE: places/gcp/).
 
 Pure, no I/O; imports model and k8s.model only: act.plan reads it, and the host agent imports act.plan.
 """
@@ -21,6 +22,7 @@ from ..model import Action, GpuInstance
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
+GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -50,6 +52,12 @@ class Place:
     own_action_refusal: str = ""
     selected_by: tuple[str, ...] = ()
     rule_needs: str = ""
+    # Stopped only while it carries the operator's opt-in tag (act.opt_in_tag): the places whose IAM or the
+    # operator's word names it (act.plan.opt_in_gap).
+    opt_in_by_tag: bool = False
+    # Its spot subjects are stopped like any other (a GCE Spot VM); else only under a persistent spot request
+    # (EC2 stops no one-time spot instance: act.plan.stop_blocker).
+    stops_any_spot: bool = False
 
     def verbs_for(self, action: Action) -> tuple[str, str]:
         """(verb, past participle) of `action` done to one of its subjects."""
@@ -110,10 +118,21 @@ EC2 = Place(
     name="EC2 instance", noun="GPU instance", provider="aws", id_prefix="",
     takes=frozenset({Action.NOTIFY, Action.STOP, Action.TERMINATE}),
     irreversible=frozenset({Action.TERMINATE}),
+    opt_in_by_tag=True,
+)
+
+# A Compute Engine VM: stopped (TERMINATED: vCPU and GPU billing end, disks stay), never deleted. Its Spot and
+# preemptible VMs can be stopped like any other.
+GCE = Place(
+    name="GCE VM", noun="GPU VM", provider="gcp", id_prefix=GCE_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY, Action.STOP}),
+    refusal="a GCE VM is stopped, never deleted, by gpufinops: notify only; give the rule action: stop",
+    opt_in_by_tag=True,
+    stops_any_spot=True,
 )
 
 # In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, EC2)
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -124,6 +143,8 @@ def place_of(subject_id: str) -> Place:
         return KUBERNETES_WORKLOAD
     if subject_id.startswith(HOST_ID_PREFIX):
         return RENTED_HOST
+    if subject_id.startswith(GCE_ID_PREFIX):
+        return GCE
     return EC2
 
 
@@ -133,6 +154,8 @@ def place_of_instance(inst: GpuInstance) -> Place:
         if inst.instance_id.startswith(NODE_ID_PREFIX):
             return KUBERNETES_NODE
         return KUEUE_JOB if inst.tags.get(TAG_KUEUE_WORKLOAD) else KUBERNETES_WORKLOAD
+    if inst.provider == GCE.provider:
+        return GCE
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2
 
 

@@ -14,13 +14,18 @@ from typing import Callable
 
 from ..collect.billing.settings import billing_settings
 from ..collect.prometheus import PrometheusMetrics
-from ..config import Settings
+from ..config import ConfigError, Settings
 from ..k8s.model import ClusterSnapshot
 from ..model import Cloud, MetricsSource, Notifier, utcnow
 from ..notify.delivery import build_notifier
 from ..notify.email import EmailDelivery
 from ..notify.routing import Deliveries
 from ..places.ec2.accounts import build_cloud
+from ..places.gcp.cloud import GceCloud
+from ..places.gcp.fleet import WithGce
+from ..places.gcp.labels import LabelError, encode_key, encode_value
+from ..prices.catalog import load_catalog
+from ..prices.gcp_refresh import load_gcp_refresh, with_gcp_refresh
 from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WorkloadMetrics
 from ..places.hosts import static_hosts_cloud
 from ..places.kubernetes.cloud import WorkloadCloud
@@ -44,13 +49,49 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> Cloud:
 
 
 def live_inventory(settings: Settings) -> Cloud:
-    """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
-    hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
+    """What a tick judges: EC2 (live_cloud), the rented hosts of `hosts.inventory` and the GCE VMs of `gcp:`, side
+    by side. A config with hosts or a `gcp:` section and no `aws:` section makes no EC2 call."""
     hosts = static_hosts_cloud(settings)
-    if hosts is None:
-        return live_cloud(settings)
-    ec2 = live_cloud(settings) if "aws" in settings.model_fields_set else None
-    return WithRentedHosts(ec2, hosts)
+    with_ec2 = "aws" in settings.model_fields_set or (hosts is None and settings.gcp is None)
+    ec2 = live_cloud(settings) if with_ec2 else None
+    inventory = ec2 if hosts is None else WithRentedHosts(ec2, hosts)
+    if settings.gcp is not None:
+        inventory = WithGce(inventory, live_gce(settings))
+    return inventory
+
+
+def live_gce(settings: Settings) -> GceCloud:
+    """The GCE VMs of the `gcp:` projects, priced from the bundled catalog. The official client is the `gcp`
+    extra: a config naming `gcp:` without it is an error that says so, never a traceback."""
+    try:
+        from google.cloud import compute_v1
+        del compute_v1  # only to say what is missing
+    except ImportError as exc:
+        raise ConfigError(f"{settings.source_path or 'config'}: gcp: needs the Compute Engine client: "
+                          f"pip install 'gpufinops[gcp]' ({exc})") from exc
+    check_opt_in_label(settings)
+    catalog = load_catalog()
+    refreshed = load_gcp_refresh(settings.gcp.price_cache_path)  # written by `recommend --refresh-prices`
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return GceCloud(settings.gcp, catalog=with_gcp_refresh(catalog, refreshed) if refreshed else catalog)
+    except DefaultCredentialsError as exc:
+        raise ConfigError(f"{settings.source_path or 'config'}: gcp: no Google credentials in the environment: set "
+                          f"{settings.gcp.access_token.env or 'gcp.access_token'} (an access token) or "
+                          f"GOOGLE_APPLICATION_CREDENTIALS, or run on a host with a service account ({exc})") from exc
+
+
+def check_opt_in_label(settings: Settings) -> None:
+    """The opt-in tag must be a GCE label a person can set (and its value one), else no VM could ever be opted in."""
+    key, value = settings.act.opt_in_tag, settings.act.opt_in_value
+    try:
+        encode_key(key)
+    except LabelError as exc:
+        raise ConfigError(f"{settings.source_path or 'config'}: act.opt_in_tag: {exc}") from exc
+    if encode_value(key, value) != value:
+        raise ConfigError(f"{settings.source_path or 'config'}: act.opt_in_value: {value!r} cannot be a GCE label "
+                          f"value (lowercase letters, digits, '_' and '-', at most 63 characters)")
 
 
 def live_notifier(settings: Settings, store: Store) -> Notifier:

@@ -156,7 +156,20 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     settings = settings or load_autostop_settings(args.autostop_config)
     rules = load_rules(rule_paths(args))
     dry_run = settings.dry_run and not args.autostop_live
-    if settings.stop_method == "command":
+    gce_stopper = None
+    if settings.stop_method == "gce":
+        from .gce_stopper import GceStopper, gce_identity
+
+        log.info("autostop: stop_method gce: asking the GCE metadata server at %s who this VM is",
+                 settings.gce_metadata_url)
+        gce = gce_identity(settings.gce_metadata_url)
+        if gce is None:
+            raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'gce', but no GCE metadata server "
+                              f"answered at {settings.gce_metadata_url}")
+        gce_stopper = GceStopper(gce, metadata_url=settings.gce_metadata_url,
+                                 api_endpoint=settings.gce_api_endpoint)
+        identity = None
+    elif settings.stop_method == "command":
         log.info("autostop: stop_method command: the EC2 instance metadata address is not contacted (set "
                  "stop_method: ec2 for EC2 self-stop)")
         identity = None
@@ -167,7 +180,9 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     if settings.stop_method == "ec2" and identity is None:
         raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'ec2', but no EC2 instance metadata answered at "
                           f"{settings.imds_url}")
-    if identity is not None:
+    if gce_stopper is not None:
+        stopper = gce_stopper
+    elif identity is not None:
         stopper = Ec2Stopper(identity, endpoint_url=settings.ec2_endpoint_url)
     elif settings.stop_command:
         stopper = CommandStopper(settings.stop_command, settings.stop_timeout)
@@ -181,9 +196,11 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
                           f"stop_method: ec2 on EC2")
     hostname = agent.host.hostname
     host = LocalHost(
-        instance_id=identity.instance_id if identity else (agent.host.instance_id or hostname),
-        hostname=hostname, region=identity.region if identity else "",
-        instance_type=identity.instance_type if identity else "", on_ec2=identity is not None,
+        instance_id=identity.instance_id if identity else gce_stopper.identity.instance_id if gce_stopper else (
+            agent.host.instance_id or hostname),
+        hostname=hostname, region=identity.region if identity else gce_stopper.identity.region if gce_stopper else "",
+        instance_type=identity.instance_type if identity else (
+            gce_stopper.identity.machine_type if gce_stopper else ""), on_ec2=identity is not None,
         tags=settings.host_tags)
     catalog, catalog_problem = estimate_catalog(settings)
     from ...config import not_a_regular_file

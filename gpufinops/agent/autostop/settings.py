@@ -5,7 +5,8 @@ command name looked up on PATH, the rest plain strings. Nothing read from a GPU,
 an argv; only this file does.
 
     dry_run: true                    # the service's name (act.dry_run); false (or --autostop-live) acts
-    stop_method: command             # ec2: StopInstances on its own id (IMDS); auto: ec2 when IMDS answers
+    stop_method: command             # ec2: StopInstances on its own id (IMDS); auto: ec2 when IMDS answers;
+                                     # gce: instances.stop on itself (the metadata server's token)
     stop_command: [systemctl, poweroff]
     pre_stop_hook: {argv: [/usr/local/bin/save-checkpoint], timeout: 2m}
     block_if_input_within: 30m       # a logged-in session with input this recent blocks a stop
@@ -41,6 +42,7 @@ from ...rules import parse_duration
 
 from .defaults import (  # noqa: F401
     DEFAULT_DB_PATH,
+    DEFAULT_GCE_METADATA_URL,
     DEFAULT_IMDS_URL,
     DEFAULT_MAX_SNOOZE_S,
     DEFAULT_SNOOZE_PATH,
@@ -122,7 +124,7 @@ class AutostopSettings(StrictModel):
     dry_run: bool = True
     # The instance metadata address (imds_url) is contacted only when EC2 self-stop is asked for (ec2, or auto:
     # ec2 when it answers): by default the agent sends nothing to 169.254.169.254.
-    stop_method: Literal["auto", "ec2", "command"] = "command"
+    stop_method: Literal["auto", "ec2", "gce", "command"] = "command"
     stop_command: tuple[str, ...] | None = None
     stop_timeout: int = 60  # seconds a stop command may take
     pre_stop_hook: HookSettings | None = None
@@ -142,6 +144,10 @@ class AutostopSettings(StrictModel):
     unmark_at_boot: bool = True
     # Extra endpoint for EC2 (a VPC endpoint; moto in tests).
     ec2_endpoint_url: str | None = None
+    # stop_method gce: the metadata server (who this VM is, its service account's token) and the Compute API
+    # endpoint (None: compute.googleapis.com); contacted only with stop_method gce.
+    gce_metadata_url: str = DEFAULT_GCE_METADATA_URL
+    gce_api_endpoint: str | None = None
     slack: SlackSettings | None = None
     price: PriceSettings | None = None
     # Samples older than the longest rule window plus this are deleted from the ring buffer.

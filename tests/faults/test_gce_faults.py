@@ -1,0 +1,105 @@
+"""The fault matrix's EC2 cases, on Compute Engine: the GCE stand-in (tests/gcestub.py) injects each fault at the
+request it hits, the real tick runs over the official client (tests/run/test_gce_e2e.py's fleet: an idle opted-in
+VM, a busy one, a managed instance group's member).
+
+Each case ends with the same checks: at most one instances.stop per VM, and only of the idle one; no action row left
+unsettled; the mark row is there exactly when the mark label is; every request within the shipped custom role.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import yaml
+
+from gpufinops.model import ActionKind
+from tests.gcestub import Fault
+from tests.run.test_gce_e2e import ROLE, GceFleet, ids
+
+pytestmark = pytest.mark.integration
+
+IDLE = "gce:ml-prod/us-central1-a/idle"
+MARK = "gpufinops_marked-for-stop"
+
+
+@pytest.fixture
+def fleet(gce, prometheus_factory, slack_stub, tmp_path, monkeypatch):
+    return GceFleet(gce, prometheus_factory, slack_stub, tmp_path, monkeypatch)
+
+
+def check_invariants(f: GceFleet, refused_stops: int = 0) -> None:
+    """`refused_stops`: stops GCE refused (a 429): each a failed intent, tried again as a new one."""
+    stops = [r.path.split("/")[-2] for r in f.gce.calls("instances.stop")]
+    assert set(stops) <= {"idle"} and len(stops) - refused_stops == len(set(stops)), stops
+    assert not f.store.action_rows(status=("pending", "unconfirmed", "applied"))
+    for name in ("idle", "busy", "mig-7x2k"):
+        vm_id = next(i for i in (IDLE, f"gce:ml-prod/us-central1-b/{name}", f"gce:ml-prod/us-east4-b/{name}")
+                     if i.endswith("/" + name))
+        assert (f.store.get_mark(vm_id) is not None) == (MARK in f.gce.labels(name)), name
+    role = set(yaml.safe_load(ROLE.read_text())["includedPermissions"])
+    assert {r.permission for r in f.gce.requests} <= role
+
+
+@pytest.mark.parametrize("fault", ["drop-after", "500-after"])
+def test_stop_whose_answer_is_lost_is_read_back_done_and_never_sent_again(fleet, slack_stub, fault):
+    fleet.tick(20)
+    fleet.gce.fault("instances.stop", Fault(fault))
+    r = fleet.tick(36)
+    assert ids(r.actions, ActionKind.STOP) == {IDLE}  # the read-back found it STOPPING: done
+    assert fleet.gce.status("idle") in ("STOPPING", "TERMINATED")
+    fleet.gce.finish_operations()
+    fleet.restart()
+    fleet.tick(37)
+    fleet.tick(38)
+    assert len(fleet.gce.calls("instances.stop")) == 1
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Stopped")]) == 1
+    check_invariants(fleet)
+
+
+def test_stop_refused_with_429_is_failed_not_done_and_tried_on_a_later_tick(fleet):
+    fleet.tick(20)
+    fleet.gce.fault("instances.stop", Fault("429", retry_after="1"))
+    r = fleet.tick(36)
+    assert not ids(r.actions, ActionKind.STOP) and fleet.gce.status("idle") == "RUNNING"
+    assert [a.status for a in fleet.store.action_rows(kinds=[ActionKind.STOP])] == ["failed"]
+    r = fleet.tick(37)
+    assert ids(r.actions, ActionKind.STOP) == {IDLE} and fleet.gce.status("idle") == "TERMINATED"
+    check_invariants(fleet, refused_stops=1)
+
+
+def test_mark_label_removed_in_the_last_second_is_not_stopped(fleet):
+    fleet.tick(20)
+    # The person removes the mark just as the tick reads the VM again before its stop.
+    fleet.gce.on("instances.get", lambda: fleet.gce.person_sets_labels("idle", **{MARK: None}))
+    r = fleet.tick(36)
+    assert not ids(r.actions, ActionKind.STOP) and fleet.gce.status("idle") == "RUNNING"
+    assert any("was removed" in a.reason for a in r.actions if a.instance_id == IDLE)
+    assert not fleet.gce.calls("instances.stop")
+    fleet.tick(37)  # the next tick plans again from the cloud: the mark withdrawn, no stop
+    assert fleet.gce.status("idle") == "RUNNING" and not fleet.gce.calls("instances.stop")
+    check_invariants(fleet)
+
+
+def test_person_restarts_the_vm_between_plan_and_stop(fleet):
+    fleet.tick(20)
+    later = fleet.t0 + timedelta(minutes=35)
+    fleet.gce.on("instances.get", lambda: fleet.gce.person_starts("idle", at=later))
+    r = fleet.tick(36)
+    assert not ids(r.actions, ActionKind.STOP) and fleet.gce.status("idle") == "RUNNING"
+    assert any("restarted" in a.reason for a in r.actions if a.instance_id == IDLE)
+    assert not fleet.gce.calls("instances.stop")
+    check_invariants(fleet)
+
+
+def test_stale_fingerprint_412_never_overwrites_a_persons_labels(fleet, slack_stub):
+    # A person labels the VM while gpufinops writes its mark: GCE refuses ours (412); theirs stays.
+    fleet.gce.on("instances.setLabels", lambda: fleet.gce.person_sets_labels("idle", cost_center="cc-42"))
+    r = fleet.tick(20)
+    assert not ids(r.actions, ActionKind.MARK)
+    assert fleet.gce.labels("idle")["cost_center"] == "cc-42" and MARK not in fleet.gce.labels("idle")
+    assert not [p for p in slack_stub.posted() if "will be stopped at" in p["text"]]  # no warning without a mark
+    r = fleet.tick(21)  # the next tick marks it, over the person's label
+    assert ids(r.actions, ActionKind.MARK) == {IDLE}
+    assert fleet.gce.labels("idle")["cost_center"] == "cc-42" and MARK in fleet.gce.labels("idle")
+    check_invariants(fleet)
