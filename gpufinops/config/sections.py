@@ -548,6 +548,9 @@ class SlurmSettings(StrictModel):
     @property
     def enabled(self) -> tuple[SlurmClusterSettings, ...]:
         return tuple(c for c in self.clusters if c.enabled)
+
+
+# --------------------------------------------------------------------------- gcp:
 # A GCP project id: 6 to 30 lowercase letters, digits or hyphens, starting with a letter, not ending with a hyphen.
 GCP_PROJECT = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$"
 
