@@ -22,6 +22,9 @@ TAG_SNOOZE = "gpufinops:snooze-until"
 TAG_STOPPED_BY = "gpufinops:stopped-by"
 TAG_STOPPED_REASON = "gpufinops:stopped-reason"
 TAG_STOP_REQUESTED = "gpufinops:stop-requested"
+# An Azure VM powered off but still allocated ("Stopped (allocated)"): its compute is billed until it is deallocated.
+# Judged (decide.evaluate) as idle and billed, never as stopped; its stop is a deallocate (places.azure).
+STATE_STOPPED_ALLOCATED = "stopped-allocated"
 
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.
@@ -81,6 +84,8 @@ class ReasonCode(str, enum.Enum):
     INVALID_DATA = "invalid_data"  # a value read from the metrics source is out of range (sentinel, > 100%, ...)
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
+    # An Azure VM powered off but still allocated: no GPU work, compute billed until it is deallocated (IDLE).
+    BILLED_WHILE_STOPPED = "billed_while_stopped"
     # GPUs without an activity counter (MIG instances read by `gpufinops agent`): judged by their processes and memory.
     EVIDENCE_OF_WORK = "evidence_of_work"  # ACTIVE: processes ran or memory was held where no counter says more
     NO_ACTIVITY_COUNTER = "no_activity_counter"  # UNKNOWN: no counter, no evidence, and the rule does not opt in
@@ -155,6 +160,11 @@ class GpuInstance:
     @property
     def is_running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def is_judged(self) -> bool:
+        """Running, or stopped but still billed (an Azure VM "Stopped (allocated)"): what a tick judges."""
+        return self.state in ("running", STATE_STOPPED_ALLOCATED)
 
     @property
     def is_protected(self) -> bool:

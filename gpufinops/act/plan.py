@@ -104,9 +104,10 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
     """Why this instance may not be stopped for want of the operator's opt-in; "" when it carries it.
 
     The same test the shipped IAM policy makes (`aws:ResourceTag/<tag>` equals `<value>`), so nothing is ever
-    announced as "will be stopped" that AWS would refuse to stop. EC2 instances only: a Kubernetes
+    announced as "will be stopped" that AWS would refuse to stop; Azure VMs the same (no Azure role can test a tag
+    on a deallocate: the code's test is the fence). EC2 instances and Azure VMs only: a Kubernetes
     workload's opt-in is `kubernetes.scale_to_zero` and the RBAC that lets it patch replicas."""
-    if inst.provider != "aws" or inst.tags.get(tag) == value:
+    if inst.provider not in ("aws", "azure") or inst.tags.get(tag) == value:
         return ""
     return f"not opted in: would be stopped with tag {tag}={value}"
 
@@ -141,7 +142,7 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     refused = refusal(inst, action)  # the subject's place does not take this action (places.registry)
     if refused:
         return refused
-    if inst.lifecycle == "spot" and action == Action.STOP:
+    if inst.lifecycle == "spot" and action == Action.STOP and inst.provider != "azure":  # Azure deallocates spot
         if inst.spot_request_type == "persistent":
             return ""
         kind = f"a {inst.spot_request_type} spot instance" if inst.spot_request_type else \

@@ -445,3 +445,47 @@ class HostsSettings(StrictModel):
                 raise ValueError(f"host {h.hostname!r} is listed twice")
             seen.add(h.hostname.lower())
         return v
+
+
+# --------------------------------------------------------------------------- azure:
+# Read by gpufinops.places.azure (Azure VMs with GPU sizes, deallocated through ARM); docs/deploy.md, "Azure".
+
+_SUBSCRIPTION = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$")
+
+
+class AzureSettings(StrictModel):
+    # The subscriptions whose VMs are listed (each needs the role of deploy/azure/ assigned to gpufinops).
+    subscriptions: tuple[str, ...] = Field(min_length=1)
+    # ARM's endpoint; None: Azure's public cloud (https://management.azure.com). Must be https: ARM's bearer token
+    # is never sent in the clear.
+    endpoint_url: str | None = None
+    # The CA bundle that signs endpoint_url's certificate (a private endpoint's proxy); None: the system's.
+    ca_file: str | None = None
+    # VM sizes listed as GPU VMs: the NC, ND and NV families (the bundled size table names the GPU of each).
+    gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
+    # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is
+    # read back either way, and "deallocating" already counts as done.
+    deallocate_wait_s: float = Field(60.0, ge=0, le=600)
+    connect_timeout_s: float = Field(5.0, gt=0, le=120)
+    read_timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @field_validator("subscriptions")
+    @classmethod
+    def _subscription_ids(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            if not _SUBSCRIPTION.fullmatch(s):
+                raise ValueError(f"{printable(s)[:60]!r} is not a subscription id (a GUID such as "
+                                 f"00000000-0000-0000-0000-000000000000)")
+        if len({s.lower() for s in v}) != len(v):
+            raise ValueError("a subscription is listed twice")
+        return v
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _https_endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        url = http_url(v)
+        if not url.startswith("https://"):
+            raise ValueError("ARM is reached over https only (its bearer token is never sent in the clear)")
+        return url.rstrip("/")

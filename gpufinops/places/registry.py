@@ -21,6 +21,8 @@ from ..model import Action, GpuInstance
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
+# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (places.azure.cloud).
+AZURE_ID_PREFIX = "azure:"
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -112,8 +114,18 @@ EC2 = Place(
     irreversible=frozenset({Action.TERMINATE}),
 )
 
+# Its stop is ARM's deallocate, the only one that ends compute billing (a power-off leaves the VM "Stopped
+# (allocated)" and billed); gpufinops never deletes a VM.
+AZURE_VM = Place(
+    name="Azure VM", noun="GPU VM", provider="azure", id_prefix=AZURE_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY, Action.STOP}),
+    refusal=("an Azure VM is deallocated, never deleted by gpufinops: notify only; give the rule action: stop to "
+             "deallocate it"),
+    verbs={Action.STOP: ("deallocate", "deallocated")},
+)
+
 # In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, EC2)
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, AZURE_VM, EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -124,6 +136,8 @@ def place_of(subject_id: str) -> Place:
         return KUBERNETES_WORKLOAD
     if subject_id.startswith(HOST_ID_PREFIX):
         return RENTED_HOST
+    if subject_id.startswith(AZURE_ID_PREFIX):
+        return AZURE_VM
     return EC2
 
 
@@ -133,6 +147,8 @@ def place_of_instance(inst: GpuInstance) -> Place:
         if inst.instance_id.startswith(NODE_ID_PREFIX):
             return KUBERNETES_NODE
         return KUEUE_JOB if inst.tags.get(TAG_KUEUE_WORKLOAD) else KUBERNETES_WORKLOAD
+    if inst.provider == AZURE_VM.provider:
+        return AZURE_VM
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2
 
 

@@ -20,6 +20,7 @@ from ..model import Cloud, MetricsSource, Notifier, utcnow
 from ..notify.delivery import build_notifier
 from ..notify.email import EmailDelivery
 from ..notify.routing import Deliveries
+from ..places.azure.cloud import WithAzure, azure_cloud
 from ..places.ec2.accounts import build_cloud
 from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WorkloadMetrics
 from ..places.hosts import static_hosts_cloud
@@ -44,13 +45,16 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> Cloud:
 
 
 def live_inventory(settings: Settings) -> Cloud:
-    """What a tick judges: EC2 (live_cloud) and the rented hosts of `hosts.inventory`, side by side. A config with
-    hosts and no `aws:` section is a rented-only fleet: no EC2 call is made."""
+    """What a tick judges: EC2 (live_cloud), the Azure VMs of `azure:` and the rented hosts of `hosts.inventory`,
+    side by side. A config with hosts or Azure and no `aws:` section makes no EC2 call."""
     hosts = static_hosts_cloud(settings)
-    if hosts is None:
+    azure = azure_cloud(settings)
+    if hosts is None and azure is None:
         return live_cloud(settings)
-    ec2 = live_cloud(settings) if "aws" in settings.model_fields_set else None
-    return WithRentedHosts(ec2, hosts)
+    cloud = live_cloud(settings) if "aws" in settings.model_fields_set else None
+    if azure is not None:
+        cloud = WithAzure(cloud, azure)
+    return WithRentedHosts(cloud, hosts) if hosts is not None else cloud
 
 
 def live_notifier(settings: Settings, store: Store) -> Notifier:
