@@ -106,6 +106,7 @@ class Seen:
     action: str  # the ARM operation (role action) the request needs
     status: int = 0
     body: Any = None
+    denied: bool = False  # refused by the role
 
 
 @dataclass
@@ -213,7 +214,8 @@ class ArmStub:
         return [s for s in self.requests if action is None or s.action == action]
 
     def denied(self) -> list[Seen]:
-        return [s for s in self.requests if s.status == 403]
+        """The requests the role refused (an injected 403 is not one)."""
+        return [s for s in self.requests if s.denied]
 
     def _fault_for(self, seen: Seen) -> Fault | None:
         with self.lock:
@@ -279,6 +281,7 @@ def _handler(stub: ArmStub):
             if "api-version" not in seen.query and "$skiptoken" not in seen.query:
                 return self._error(seen, 400, "MissingApiVersionParameter", "api-version is required")
             if stub.role is not None and not role_allows(stub.role, seen.action):
+                seen.denied = True
                 return self._error(seen, 403, "AuthorizationFailed",
                                    f"The client does not have authorization to perform action '{seen.action}'")
             fault = stub._fault_for(seen)
@@ -287,7 +290,8 @@ def _handler(stub: ArmStub):
                 fault = None
             if fault is not None and fault.mode == "status":
                 headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
-                code = "TooManyRequests" if fault.status == 429 else "InternalServerError"
+                code = {429: "TooManyRequests", 403: "AuthorizationFailed", 404: "ResourceNotFound", 409: "Conflict",
+                        412: "PreconditionFailed"}.get(fault.status, "InternalServerError")
                 return self._error(seen, fault.status, code, "injected", headers)
             with stub.lock:
                 status, body, headers = _route(stub, seen, self.headers)
@@ -429,3 +433,8 @@ class StaticToken:
         from azure.core.credentials import AccessTokenInfo
 
         return AccessTokenInfo(TOKEN, int(time.time()) + 3600)
+
+
+# What places.azure.cloud calls, as role actions (the shipped role must grant exactly these).
+ROLE_ACTIONS_USED = ("Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/locations/operations/read",
+                     "Microsoft.Resources/tags/write", "Microsoft.Compute/virtualMachines/deallocate/action")

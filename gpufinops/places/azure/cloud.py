@@ -9,7 +9,8 @@ tests/places/azure/test_azure_role.py checks every request the stand-in ARM sees
   states: both paged by nextLink), get one VM with its instance view (the read-back);
 - Microsoft.Resources/tags/write: the Tags API's PATCH at the VM's scope, `Merge` of gpufinops's own keys or
   `Delete` of them, never a whole-map `Replace`, so a person's other tags are never overwritten;
-- Microsoft.Compute/virtualMachines/deallocate/action: the stop. Never `powerOff`: a powered-off VM is "Stopped
+- Microsoft.Compute/virtualMachines/deallocate/action: the stop, its long-running operation followed with
+  Microsoft.Compute/locations/operations/read. Never `powerOff`: a powered-off VM is "Stopped
   (allocated)" and still billed for its compute (and the SDK's `begin_power_off` is that trap); never delete.
 
 Two clients per subscription. Reads keep azure-core's retries (429 with Retry-After, 5xx). Mutating calls go through
@@ -156,7 +157,7 @@ def azure_fate(exc: BaseException) -> tuple[bool, str, str]:
 
 def _cloud_error(operation: str, inst: GpuInstance, exc: BaseException, *, definite: bool | None = None) -> CloudError:
     certain, why, code = azure_fate(exc)
-    return CloudError(operation, inst.instance_id, inst.region, f"{why}: {str(exc)[:300]}",
+    return CloudError(operation, inst.instance_id, inst.region, f"{why}: {_brief(exc)}",
                       definite=certain if definite is None else definite, code=code)
 
 
@@ -202,8 +203,9 @@ class AzureCloud:
                 options["credential_scopes"] = ["https://management.azure.com/.default"]
             if self.settings.ca_file:
                 options["connection_verify"] = self.settings.ca_file
-            if write:
-                options["retry_total"] = 0
+            # Reads: a few retries (429 after its Retry-After, 5xx, a connection reset), 0.5, 1, 2 s apart, so that a
+            # failing subscription costs a tick seconds, not azure-core's default minutes. Writes: none at all.
+            options.update(retry_total=0) if write else options.update(retry_total=3, retry_backoff_factor=0.5)
             cls = ComputeManagementClient if kind == "compute" else ResourceManagementClient
             self._clients[key] = cls(self._credential, subscription, **options)
         return self._clients[key]
@@ -220,8 +222,8 @@ class AzureCloud:
             try:
                 found.extend(self._list_subscription(sub))
             except Exception as exc:  # noqa: BLE001 - the other subscriptions are still listed
-                log.error("Azure inventory of subscription %s failed: %s", sub, str(exc)[:300])
-                errors.append(f"Azure subscription {sub}: {str(exc)[:300]}")
+                log.error("Azure inventory of subscription %s failed: %s", sub, _brief(exc))
+                errors.append(f"Azure subscription {sub}: {_brief(exc)}")
         self.last_errors = errors
         if errors and len(errors) == len(self.settings.subscriptions):
             raise InventoryError("Azure inventory failed in every subscription: " + "; ".join(errors))
@@ -256,7 +258,7 @@ class AzureCloud:
             except ResourceNotFoundError:
                 continue
             except Exception as exc:  # noqa: BLE001 - unknown stays unknown
-                raise InventoryError(f"Azure VM {iid} could not be read: {str(exc)[:300]}") from exc
+                raise InventoryError(f"Azure VM {iid} could not be read: {_brief(exc)}") from exc
             out.append(self._to_gpu_instance(vm, power_state(getattr(vm.instance_view, "statuses", None))))
         return out
 
@@ -266,7 +268,7 @@ class AzureCloud:
             raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {str(vm.id)[:200]!r}")
         size = _size_of(vm)
         info = self._sizes.info(size)
-        spot = str(getattr(vm, "priority", "") or "").lower() in ("spot", "low")
+        spot = _text(getattr(vm, "priority", None)).lower() in ("spot", "low")
         tags = {str(k): str(v) for k, v in (vm.tags or {}).items()}
         vmss = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", "") or ""
         manager = manager_of(vmss, tags)
@@ -346,8 +348,18 @@ def _ref_or_refuse(operation: str, inst: GpuInstance) -> VmRef:
     return ref
 
 
+def _brief(exc: BaseException) -> str:
+    """An ARM error on one line (azure-core's text spans several: "(Code) message\nCode: ...\nMessage: ...")."""
+    return " ".join(str(exc).splitlines()[0].split())[:300] if str(exc) else type(exc).__name__
+
+
+def _text(value: Any) -> str:
+    """A model field as ARM wrote it (the SDK's enums carry it in `.value`)."""
+    return str(getattr(value, "value", value) or "")
+
+
 def _size_of(vm: Any) -> str:
-    return str(getattr(getattr(vm, "hardware_profile", None), "vm_size", "") or "")
+    return _text(getattr(getattr(vm, "hardware_profile", None), "vm_size", None))
 
 
 def default_credential() -> Any:
@@ -386,7 +398,7 @@ class WithAzure(RoutedCloud):
     def list_gpu_instances(self) -> list[GpuInstance]:
         def failed(name: str) -> Callable[[Exception], str]:
             def note(exc: Exception) -> str:
-                log.error("%s inventory not listed: %s", name, str(exc)[:300])
+                log.error("%s inventory not listed: %s", name, _brief(exc))
                 return f"{name}: {exc}"
             return note
 
