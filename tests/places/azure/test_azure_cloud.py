@@ -17,7 +17,7 @@ from gpufinops.places.azure.sizes import PRICE_SOURCE, AzureSizes
 from gpufinops.places.ec2.cloud import CloudError, InventoryError
 from gpufinops.places.registry import AZURE_VM, place_of, place_of_instance
 from tests.armstub import ROLE_ACTIONS_USED, Vm, role_allows
-from tests.places.azure.world import OPT_IN, ROLE, ROOT, SUB, SUB2, arm, azure_cloud, fleet, vm_id  # noqa: F401
+from tests.places.azure.world import OPT_IN, ROLE, ROOT, SUB, SUB2, azure_cloud, fleet, vm_id
 
 pytestmark = pytest.mark.integration
 LIST = "Microsoft.Compute/virtualMachines/read"

@@ -10,7 +10,7 @@ import pytest
 
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY, ActionKind, ReasonCode, Verdict
 from gpufinops.places.azure.cloud import ADVICE_VMSS
-from tests.places.azure.world import START, arm, azure_prom, vm_id, world  # noqa: F401 - fixtures
+from tests.places.azure.world import START, vm_id
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpufinops.config import AzureSettings, PrometheusSettings, Settings, load_settings
 from gpufinops.model import Action, Rule, RunContext
 from gpufinops.places.azure.cloud import AzureCloud
@@ -126,32 +128,22 @@ class World:
         return self.stub.vm(name).power
 
 
-# ---------------------------------------------------------------------- fixtures (imported by the test modules)
-
-import pytest  # noqa: E402
+# ---------------------------------------------------------------------- the peers, for the fixtures
 
 
-@pytest.fixture()
-def arm(tmp_path):
-    stub = ArmStub(tmp_path, role=ROLE)
-    yield stub
+def start_arm(tmp: Path) -> ArmStub:
+    return ArmStub(tmp, role=ROLE)
+
+
+def stop_arm(stub: ArmStub) -> None:
     stub.close()
-    # Every request any test made was one the shipped role grants (a refused one is answered 403 and counted here).
+    # Every request a test made was one the shipped role grants (a refused one is answered 403 and counted here).
     assert stub.denied() == [], [(s.method, s.path, s.action) for s in stub.denied()]
 
 
-@pytest.fixture(scope="module")
-def azure_prom(tmp_path_factory):
+def start_prom(tmp: Path):
     from tests.promserver import binaries_missing, start_prometheus
 
     if binaries_missing():
         pytest.skip(binaries_missing())
-    server = start_prometheus(tmp_path_factory.mktemp("azure-prom"), prometheus_series())
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def world(arm, azure_prom, tmp_path):
-    fleet(arm)
-    return World(arm, azure_prom.url, tmp_path)
+    return start_prometheus(tmp, prometheus_series())
