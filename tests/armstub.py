@@ -38,6 +38,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 TOKEN = "armstub-token"
+CLIENT_SECRET = "armstub-client-secret"
 COMPUTE = "Microsoft.Compute/virtualMachines"
 
 
@@ -276,6 +277,9 @@ def _handler(stub: ArmStub):
             except ValueError:
                 seen.body = raw
             stub.requests.append(seen)
+            if "/oauth2/v2.0/token" in parts.path or parts.path.endswith("/.well-known/openid-configuration"):
+                seen.action = "Entra ID sign-in"
+                return self._answer(seen, *_entra(stub, seen, raw))
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 return self._error(seen, 401, "AuthenticationFailed", "the bearer token is missing or wrong")
             if "api-version" not in seen.query and "$skiptoken" not in seen.query:
@@ -386,6 +390,21 @@ def _route(stub: ArmStub, seen: Seen, headers: Any) -> tuple[int, Any, dict[str,
                                    "message": f"The Resource '{COMPUTE}/{segs[-1]}' was not found."}}, {}
         return 200, vm.body(instance_view=(seen.query.get("$expand") or [""])[0] == "instanceView"), {}
     return 404, {"error": {"code": "NotFound", "message": f"the stand-in does not serve {seen.method} {path}"}}, {}
+
+
+def _entra(stub: ArmStub, seen: Seen, raw: bytes) -> tuple[int, Any]:
+    """Microsoft Entra ID's two endpoints a service principal's sign-in calls (OpenID discovery of the tenant, the
+    client-credentials token), at the stand-in: its `authority_host` (instance discovery off)."""
+    tenant = seen.path.strip("/").split("/")[0]
+    base = f"{stub.url}/{tenant}"
+    if seen.path.endswith("/.well-known/openid-configuration"):
+        return 200, {"token_endpoint": f"{base}/oauth2/v2.0/token", "issuer": f"{base}/v2.0",
+                     "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
+                     "device_authorization_endpoint": f"{base}/oauth2/v2.0/devicecode"}
+    form = parse_qs(raw.decode())
+    if form.get("client_secret") != [CLIENT_SECRET] or form.get("grant_type") != ["client_credentials"]:
+        return 401, {"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret"}
+    return 200, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": TOKEN}
 
 
 def _url(stub: ArmStub, seen: Seen) -> str:

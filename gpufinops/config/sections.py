@@ -459,8 +459,12 @@ class AzureSettings(StrictModel):
     # ARM's endpoint; None: Azure's public cloud (https://management.azure.com). Must be https: ARM's bearer token
     # is never sent in the clear.
     endpoint_url: str | None = None
-    # The CA bundle that signs endpoint_url's certificate (a private endpoint's proxy); None: the system's.
+    # The CA bundle that signs endpoint_url's (and authority_host's) certificate; None: the system's.
     ca_file: str | None = None
+    # Microsoft Entra ID's login endpoint for the service principal of AZURE_CLIENT_ID / AZURE_TENANT_ID /
+    # AZURE_CLIENT_SECRET; None: the public cloud's. Set, its instance discovery is off: no call goes to
+    # login.microsoftonline.com to validate it (a sovereign cloud, a private stand-in).
+    authority_host: str | None = None
     # VM sizes listed as GPU VMs: the NC, ND and NV families (the bundled size table names the GPU of each).
     gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
     # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is
@@ -480,12 +484,13 @@ class AzureSettings(StrictModel):
             raise ValueError("a subscription is listed twice")
         return v
 
-    @field_validator("endpoint_url")
+    @field_validator("endpoint_url", "authority_host")
     @classmethod
     def _https_endpoint(cls, v: str | None) -> str | None:
         if v is None:
             return None
         url = http_url(v)
         if not url.startswith("https://"):
-            raise ValueError("ARM is reached over https only (its bearer token is never sent in the clear)")
+            raise ValueError("https only: ARM's bearer token and the service principal's secret are never sent in "
+                             "the clear")
         return url.rstrip("/")

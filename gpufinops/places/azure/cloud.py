@@ -28,6 +28,7 @@ deallocated under a rule after the usual warning; starting -> "pending"; a power
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -174,7 +175,7 @@ class AzureCloud:
     def __init__(self, settings: AzureSettings, credential: Any = None, *, sizes: AzureSizes | None = None,
                  clock: Clock = utcnow, polling_interval_s: float = 5.0):
         self.settings = settings
-        self._credential = credential if credential is not None else default_credential()
+        self._credential = credential if credential is not None else default_credential(settings)
         self._sizes = sizes or AzureSizes.load_default()
         self._clock = clock
         self._polling_interval_s = polling_interval_s
@@ -362,15 +363,29 @@ def _size_of(vm: Any) -> str:
     return _text(getattr(getattr(vm, "hardware_profile", None), "vm_size", None))
 
 
-def default_credential() -> Any:
-    """Credentials from the environment only: a service principal (AZURE_CLIENT_ID, AZURE_TENANT_ID and
-    AZURE_CLIENT_SECRET or AZURE_CLIENT_CERTIFICATE_PATH), workload identity, or the VM's / pod's managed identity.
-    Never an interactive login, never a developer's CLI session in a service."""
-    from azure.identity import DefaultAzureCredential
+def default_credential(settings: AzureSettings | None = None) -> Any:
+    """Credentials from the environment only, in this order: a service principal (AZURE_TENANT_ID, AZURE_CLIENT_ID
+    and AZURE_CLIENT_SECRET or AZURE_CLIENT_CERTIFICATE_PATH), workload identity (AZURE_FEDERATED_TOKEN_FILE), the
+    VM's or pod's managed identity. Never an interactive login, never a developer's CLI session in a service. A
+    variable set but blank is an error (never a silent fall to the next credential)."""
+    from azure.identity import (ChainedTokenCredential, EnvironmentCredential, ManagedIdentityCredential,
+                                WorkloadIdentityCredential)
 
-    return DefaultAzureCredential(exclude_interactive_browser_credential=True, exclude_cli_credential=True,
-                                  exclude_developer_cli_credential=True, exclude_powershell_credential=True,
-                                  exclude_visual_studio_code_credential=True)
+    blank = [name for name in ("AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET",
+                               "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_FEDERATED_TOKEN_FILE")
+             if name in os.environ and not os.environ[name].strip()]
+    if blank:
+        raise ValueError(f"Azure credentials: {', '.join(blank)} set but blank")
+    options: dict[str, Any] = {}
+    if settings is not None and settings.authority_host:
+        options.update(authority=settings.authority_host, disable_instance_discovery=True)
+    if settings is not None and settings.ca_file:
+        options["connection_verify"] = settings.ca_file
+    chain = [EnvironmentCredential(**options)]
+    if os.environ.get("AZURE_FEDERATED_TOKEN_FILE"):
+        chain.append(WorkloadIdentityCredential(**options))
+    chain.append(ManagedIdentityCredential())
+    return ChainedTokenCredential(*chain)
 
 
 def azure_cloud(settings: Any, credential: Any = None) -> AzureCloud | None:

@@ -6,6 +6,8 @@ deallocate is due."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY, ActionKind, ReasonCode, Verdict
@@ -94,3 +96,60 @@ def test_a_person_starting_the_stopped_vm_between_plan_and_deallocate_wins(world
     [skip] = [a for a in report.actions if a.instance_id == vm_id("forgotten-a10")]
     assert skip.kind == ActionKind.SKIP and "the instance is running" in skip.reason
     assert world.deallocates("forgotten-a10") == [] and world.stub.vm("forgotten-a10").power == "running"
+
+
+# --------------------------------------------------------------------------- what people read: CLI, API, /metrics
+
+
+def test_evaluate_json_api_and_metrics_show_azure_vms_like_ec2_instances(arm, azure_prom, tmp_path, capsys,
+                                                                            monkeypatch):
+    import json
+
+    import yaml
+
+    from gpufinops.cli import main
+    from tests.armstub import CLIENT_SECRET
+    from tests.places.azure.world import SUB, fleet
+
+    fleet(arm)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "idle.yaml").write_text(
+        "rules:\n- name: idle-10m\n  threshold_pct: 10\n  window: 10m\n  aggregation: stays_below\n  action: stop\n")
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "azure": {"subscriptions": [SUB], "endpoint_url": arm.url, "ca_file": arm.ca_file,
+                  "authority_host": arm.url},
+        "prometheus": {"url": azure_prom.url, "scrape_interval_s": 30},
+        "database_url": f"sqlite:///{tmp_path / 'cli.db'}", "rules_paths": [str(tmp_path / "rules")]}))
+    # A service principal from the environment, signed in at the stand-in's Entra ID (never a real endpoint).
+    monkeypatch.setenv("AZURE_TENANT_ID", "00000000-0000-0000-0000-00000000000a")
+    monkeypatch.setenv("AZURE_CLIENT_ID", "00000000-0000-0000-0000-00000000000b")
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", CLIENT_SECRET)
+    main(["--config", str(cfg), "evaluate", "--once", "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["instance_id"]: r for r in data["decisions"]}
+    assert data["errors"] == [] and data["instances"] == 5
+    assert rows[vm_id("idle-a100")]["verdict"] == "IDLE" and rows[vm_id("idle-a100")]["owner"] == "ana"
+    assert rows[vm_id("idle-a100")]["instance_type"] == "Standard_NC24ads_A100_v4"
+    assert rows[vm_id("busy-h100")]["verdict"] == "ACTIVE"
+    assert rows[vm_id("flex-h100")]["managed_by"] == "VM scale set 'train-pool'"
+    assert rows[vm_id("forgotten-a10")]["code"] == ReasonCode.BILLED_WHILE_STOPPED.value
+    assert rows[vm_id("forgotten-a10")]["hourly_cost"] == pytest.approx(3.2)
+    signed_in = [s for s in arm.requests if s.action == "Entra ID sign-in"]
+    assert signed_in and all(s.path.startswith("/00000000-0000-0000-0000-00000000000a/") for s in signed_in)
+    assert [s for s in arm.requests if s.method != "GET" and s.action != "Entra ID sign-in"] == []  # judged only
+
+
+def test_the_api_and_metrics_answer_for_azure_vms(world):
+    from gpufinops.config import ApiSettings
+    from gpufinops.run.api import VerdictApi
+    from gpufinops.run.fleet_metrics import FleetFigures
+
+    report = world.tick(0)
+    api = VerdictApi(ApiSettings(), world.store, lambda: (report, world.now), lambda: world.now, 600)
+    answer = api.answer({"instance": [vm_id("idle-a100")], "host": ["busy-h100"]})
+    text = json.dumps(answer.body, default=str)
+    assert answer.status == 200 and vm_id("idle-a100") in text and vm_id("busy-h100") in text
+    families = {f.name: f for f in FleetFigures.from_report(report).families()}
+    cost = {s.labels["instance_id"]: s.value for s in families["gpufinops_node_total_hourly_cost"].samples}
+    assert cost[vm_id("idle-a100")] == pytest.approx(3.673) and cost[vm_id("forgotten-a10")] == pytest.approx(3.2)
