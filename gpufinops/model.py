@@ -179,8 +179,9 @@ class GpuInstance:
         `NeverRewriteASnooze`) and never delete it, so that the service can never end or shorten a snooze: the
         value on the instance is a person's to change. A later Snooze click is held from gpufinops's own record
         instead of rewriting the tag (docs/deploy.md, "A second Snooze click"). Kubernetes annotations have no
-        such fence."""
-        return self.provider == "aws" and TAG_SNOOZE in self.tags
+        such fence. An Azure VM keeps the same rule (no Azure role can fence a tag's value: the code keeps it), so the
+        two clouds mean the same by a snooze tag."""
+        return self.provider in ("aws", "azure") and TAG_SNOOZE in self.tags
 
     def owner(self) -> str:
         """The owner tag only: a team is not an owner (messages say "no owner tag" rather than guess)."""
