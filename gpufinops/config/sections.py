@@ -465,6 +465,9 @@ class AzureSettings(StrictModel):
     # AZURE_CLIENT_SECRET; None: the public cloud's. Set, its instance discovery is off: no call goes to
     # login.microsoftonline.com to validate it (a sovereign cloud, a private stand-in).
     authority_host: str | None = None
+    # The size table with prices `tools/refresh_azure_prices.py` wrote from the Azure Retail Prices API; None: the
+    # bundled one (gpufinops/data/azure_gpu_vms.csv, prices of 2026-05-20).
+    price_file: str | None = None
     # VM sizes listed as GPU VMs: the NC, ND and NV families (the bundled size table names the GPU of each).
     gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
     # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is

@@ -39,7 +39,7 @@ from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, utcnow
 from ..ec2.cloud import CloudError, InventoryError
 from ..fleet import Listing, RoutedCloud, errors_of, merge_listings
 from ..registry import AZURE_ID_PREFIX
-from .sizes import PRICE_SOURCE, AzureSizes
+from .sizes import AzureSizes
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,8 @@ class AzureCloud:
                  clock: Clock = utcnow, polling_interval_s: float = 5.0):
         self.settings = settings
         self._credential = credential if credential is not None else default_credential(settings)
-        self._sizes = sizes or AzureSizes.load_default()
+        self._sizes = sizes or (AzureSizes.load(settings.price_file) if settings.price_file
+                                else AzureSizes.load_default())
         self._clock = clock
         self._polling_interval_s = polling_interval_s
         self._prefixes = tuple(p.lower() for p in settings.gpu_size_prefixes)
@@ -291,7 +292,7 @@ class AzureCloud:
             private_dns=computer, gpu_count=info.gpu_count if info else 0, gpu_model=info.gpu_model if info else "",
             gpu_memory_gib=info.gpu_memory_gib if info else 0.0, hourly_cost=price, provider=PROVIDER,
             managed_by=manager.by if manager else "", managed_advice=manager.advice if manager else "",
-            price_source=PRICE_SOURCE if price is not None else "")
+            price_source=self._sizes.price_source(size, region) if price is not None else "")
 
     # ------------------------------------------------------------------ mutating calls (act stage only)
     def _patch_tags(self, operation: str, inst: GpuInstance, patch: str, tags: Mapping[str, str]) -> None:

@@ -40,6 +40,7 @@ class SizeInfo:
 class SizePrice:
     on_demand: float | None
     spot: float | None
+    as_of: str = PRICES_AS_OF
 
 
 def gpu_memory_gib(size: str, model: str, share: float) -> float:
@@ -50,7 +51,8 @@ def gpu_memory_gib(size: str, model: str, share: float) -> float:
 class AzureSizes:
     """The bundled table: `info(size)`, `price(size, region, spot)`."""
 
-    def __init__(self, rows: list[dict[str, str]]):
+    def __init__(self, rows: list[dict[str, str]], origin: str = "bundled, SkyPilot catalog"):
+        self.origin = origin
         self._info: dict[str, SizeInfo] = {}
         self._prices: dict[tuple[str, str], SizePrice] = {}
         for r in rows:
@@ -59,17 +61,35 @@ class AzureSizes:
             self._info.setdefault(size.lower(), SizeInfo(
                 size, r["gpu_model"], max(1, int(math.floor(share))), share,
                 gpu_memory_gib(size, r["gpu_model"], share)))
-            self._prices[(size.lower(), r["region"].lower())] = SizePrice(_usd(r["usd_per_hour"]),
-                                                                         _usd(r["spot_usd_per_hour"]))
+            self._prices[(size.lower(), r["region"].lower())] = SizePrice(
+                _usd(r["usd_per_hour"]), _usd(r["spot_usd_per_hour"]), r.get("as_of") or PRICES_AS_OF)
 
     @classmethod
     @functools.lru_cache(maxsize=1)
     def load_default(cls) -> "AzureSizes":
-        with DATA_FILE.open(newline="", encoding="utf-8") as f:
-            return cls(list(csv.DictReader(f)))
+        return cls.load(DATA_FILE)
+
+    @classmethod
+    def load(cls, path: str | Path, origin: str = "") -> "AzureSizes":
+        """A size table: the bundled one, or one `tools/refresh_azure_prices.py` wrote (`azure.price_file`)."""
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        missing = {"size", "gpu_model", "gpu_count", "region", "usd_per_hour", "spot_usd_per_hour"} - set(
+            rows[0] if rows else ())
+        if missing:
+            raise ValueError(f"{path}: not an Azure size table (no column {', '.join(sorted(missing))})")
+        return cls(rows, origin or ("bundled, SkyPilot catalog" if Path(path) == DATA_FILE else f"{path}"))
 
     def info(self, size: str) -> SizeInfo | None:
         return self._info.get(size.lower())
+
+    def sizes(self) -> list[str]:
+        return sorted(i.size for i in self._info.values())
+
+    def price_source(self, size: str, region: str) -> str:
+        found = self._prices.get((size.lower(), region.lower()))
+        as_of = found.as_of if found else PRICES_AS_OF
+        return f"Azure pay-as-you-go Linux price of {as_of} ({self.origin})"
 
     def price(self, size: str, region: str, spot: bool) -> float | None:
         """USD/h of the whole VM in `region` (ARM's location name, e.g. eastus); None where the table has none."""

@@ -13,7 +13,7 @@ from gpufinops.config import ConfigError, load_settings
 from gpufinops.model import STATE_STOPPED_ALLOCATED, Action, GpuInstance
 from gpufinops.act.plan import opt_in_gap, stop_blocker
 from gpufinops.places.azure.cloud import ADVICE_VMSS, AzureCloud, ref_of
-from gpufinops.places.azure.sizes import PRICE_SOURCE, AzureSizes
+from gpufinops.places.azure.sizes import PRICE_SOURCE, AzureSizes  # noqa: F401
 from gpufinops.places.ec2.cloud import CloudError, InventoryError
 from gpufinops.places.registry import AZURE_VM, place_of, place_of_instance
 from tests.armstub import ROLE_ACTIONS_USED, Vm, role_allows
