@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -25,6 +26,19 @@ TAG_STOP_REQUESTED = "gpufinops:stop-requested"
 # An Azure VM powered off but still allocated ("Stopped (allocated)"): its compute is billed until it is deallocated.
 # Judged (decide.evaluate) as idle and billed, never as stopped; its stop is a deallocate (places.azure).
 STATE_STOPPED_ALLOCATED = "stopped-allocated"
+
+# An Azure VM's subject id: `azure:<subscription>/<resource group>/<name>`, in lower case: ARM compares resource ids
+# without case and Cost Management's exports write them in lower case, so the listing (places.azure) and the bill
+# (collect.billing) name one VM alike.
+AZURE_ID_PREFIX = "azure:"
+_ARM_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
+                        r"virtualMachines/([^/]+)$", re.IGNORECASE)
+
+
+def azure_vm_id(resource_id: str) -> str:
+    """The subject id of an Azure VM's ARM resource id; "" for any other id."""
+    m = _ARM_VM_ID.match(str(resource_id or "").strip())
+    return f"{AZURE_ID_PREFIX}{m.group(1)}/{m.group(2)}/{m.group(3)}".lower() if m else ""
 
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..k8s.model import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
-from ..model import Action, GpuInstance
+from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
-# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (places.azure.cloud).
-AZURE_ID_PREFIX = "azure:"
+# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id).
+AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from ...config import AzureSettings
-from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, utcnow
+from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
 from ..ec2.cloud import CloudError, InventoryError
 from ..fleet import Listing, RoutedCloud, errors_of, merge_listings
 from ..registry import AZURE_ID_PREFIX
@@ -71,7 +70,7 @@ class VmRef:
 
     @property
     def instance_id(self) -> str:
-        return f"{AZURE_ID_PREFIX}{self.subscription}/{self.resource_group}/{self.name}"
+        return azure_vm_id(self.arm_id)
 
     @property
     def arm_id(self) -> str:
@@ -79,13 +78,10 @@ class VmRef:
                 f"/providers/Microsoft.Compute/virtualMachines/{self.name}")
 
 
-_ARM_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
-                        r"virtualMachines/([^/]+)$", re.IGNORECASE)
-
-
 def ref_of_arm_id(arm_id: str) -> VmRef | None:
-    m = _ARM_VM_ID.match(arm_id or "")
-    return VmRef(m.group(1), m.group(2), m.group(3)) if m else None
+    subject = azure_vm_id(arm_id)
+    parts = arm_id.strip("/").split("/")
+    return VmRef(parts[1], parts[3], parts[7]) if subject else None
 
 
 def ref_of(instance_id: str) -> VmRef | None:
