@@ -40,6 +40,15 @@ def azure_vm_id(resource_id: str) -> str:
     m = _ARM_VM_ID.match(str(resource_id or "").strip())
     return f"{AZURE_ID_PREFIX}{m.group(1)}/{m.group(2)}/{m.group(3)}".lower() if m else ""
 
+
+def is_azure_vm_id(subject_id: str) -> bool:
+    """Whether a text is an Azure VM's subject id exactly as azure_vm_id writes it (a chat click's value is
+    untrusted: three parts, lower case, at most ARM's lengths)."""
+    parts = subject_id[len(AZURE_ID_PREFIX):].split("/") if subject_id.startswith(AZURE_ID_PREFIX) else []
+    return len(parts) == 3 and len(subject_id) <= 200 and azure_vm_id(
+        f"/subscriptions/{parts[0]}/resourceGroups/{parts[1]}/providers/Microsoft.Compute/virtualMachines/{parts[2]}"
+    ) == subject_id
+
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.
 SENTINEL_THRESHOLD = 1e9

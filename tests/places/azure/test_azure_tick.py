@@ -153,3 +153,25 @@ def test_the_api_and_metrics_answer_for_azure_vms(world):
     families = {f.name: f for f in FleetFigures.from_report(report).families()}
     cost = {s.labels["instance_id"]: s.value for s in families["gpufinops_node_total_hourly_cost"].samples}
     assert cost[vm_id("idle-a100")] == pytest.approx(3.673) and cost[vm_id("forgotten-a10")] == pytest.approx(3.2)
+
+
+def test_a_snooze_click_on_an_azure_vms_warning_is_taken_and_written_as_its_tag(world):
+    from datetime import timedelta
+
+    from gpufinops.notify import interact
+    from tests.notify.test_interact import click_body
+
+    world.tick(0)
+    click = interact.parse_click(click_body("U0ANA0001", "gpufinops_snooze_2h", vm_id("idle-a100")))
+    assert isinstance(click, interact.Click) and click.instance_id == vm_id("idle-a100")
+    for forged in (vm_id("idle-a100").upper(), vm_id("idle-a100") + "/x", "azure:" + "a" * 300):
+        assert isinstance(interact.parse_click(click_body("U0ANA0001", "gpufinops_snooze_2h", forged)), str)
+    until = (world.now + timedelta(minutes=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    interact.keep_request(world.store, interact.SnoozeRequest(
+        instance_id=vm_id("idle-a100"), until=until, user_id="U0ANA0001", user_name="ana", action_id="snooze_2h",
+        channel_id="", message_ts="", requested_at=world.now.isoformat()))
+    report = world.tick(1)
+    assert world.stub.vm("idle-a100").tags[TAG_SNOOZE] == until  # written with the Tags API's Merge
+    assert ActionKind.UNMARK in kinds(report, "idle-a100") and TAG_MARKED not in world.stub.vm("idle-a100").tags
+    world.tick(11)
+    assert world.deallocates("idle-a100") == []
