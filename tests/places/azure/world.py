@@ -2,7 +2,7 @@
 Prometheus holding DCGM series keyed by each VM's hostname (its osProfile.computerName, as dcgm-exporter labels
 them), and the real tick (`pipeline.run_once`) over AzureCloud on a clock the test moves.
 
-The Prometheus data ends at REAL_NOW (2 h of it); the ticks run inside that span (from REAL_NOW - 60 min on).
+The Prometheus data spans REAL_NOW - 2 h to REAL_NOW + 1 h; the ticks run inside it (from REAL_NOW - 60 min on).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SUB2 = "66666666-7777-8888-9999-000000000000"
 OPT_IN = {"gpufinops:allow-stop": "true"}
 SCRAPE = 30
 SPAN_S = 2 * 3600
+AHEAD_S = 3600
 REAL_NOW = datetime.fromtimestamp(int(time.time()) // SCRAPE * SCRAPE, timezone.utc)
 START = REAL_NOW - timedelta(minutes=60)
 WINDOW_S = 600
@@ -40,8 +41,10 @@ HOSTS = {"idle-a100": (1, 0.0), "busy-h100": (8, 91.0), "flex-h100": (8, 0.0)}
 def prometheus_series():
     from tests.promserver import Series, dcgm_labels
 
-    stop = REAL_NOW.timestamp()
-    ts = [stop - SPAN_S + SCRAPE * (i + 1) for i in range(SPAN_S // SCRAPE)]
+    # From 2 h before REAL_NOW to an hour after it: `evaluate` judges at the wall clock's now, however long after
+    # this module's import the test runs (a loaded machine), and still finds a full window.
+    stop = REAL_NOW.timestamp() + AHEAD_S
+    ts = [stop - SPAN_S - AHEAD_S + SCRAPE * (i + 1) for i in range((SPAN_S + AHEAD_S) // SCRAPE)]
     series = []
     for host, (gpus, util) in HOSTS.items():
         for gpu in range(gpus):
