@@ -472,7 +472,7 @@ class AzureSettings(StrictModel):
     gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
     # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is
     # read back either way, and "deallocating" already counts as done.
-    deallocate_wait_s: float = Field(60.0, ge=0, le=600)
+    deallocate_wait_s: float = Field(30.0, ge=0, le=600)
     connect_timeout_s: float = Field(5.0, gt=0, le=120)
     read_timeout_s: float = Field(30.0, gt=0, le=600)
 

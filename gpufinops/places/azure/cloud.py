@@ -3,8 +3,9 @@
 Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Everything here is I/O at the edge: no
 decision is taken, and a subscription that cannot be listed never hides the others.
 
-ARM operations made by this module (the custom role in deploy/azure/gpufinops-role.json must grant each one;
-tests/places/azure/test_azure_role.py checks every request the stand-in ARM sees against it):
+ARM operations made by this module (the custom role in deploy/azure/gpufinops-role.json grants exactly these; every
+test of tests/places/azure and tests/faults/test_azure_faults.py runs under it, the stand-in ARM answering 403 to any
+request outside it and the test failing on one):
 - Microsoft.Compute/virtualMachines/read: list a subscription's VMs (model, then `statusOnly=true` for their power
   states: both paged by nextLink), get one VM with its instance view (the read-back);
 - Microsoft.Resources/tags/write: the Tags API's PATCH at the VM's scope, `Merge` of gpufinops's own keys or
@@ -13,7 +14,7 @@ tests/places/azure/test_azure_role.py checks every request the stand-in ARM sees
   Microsoft.Compute/locations/operations/read. Never `powerOff`: a powered-off VM is "Stopped
   (allocated)" and still billed for its compute (and the SDK's `begin_power_off` is that trap); never delete.
 
-Two clients per subscription. Reads keep azure-core's retries (429 with Retry-After, 5xx). Mutating calls go through
+Two clients per subscription. Reads retry a few times (429 after its Retry-After, 5xx). Mutating calls go through
 a client with retries off: exactly one HTTP request per intent, and a failure says whether ARM certainly did
 nothing (`CloudError.definite`: a 4xx, a 429, a connection that never opened) or its fate is unknown (a 5xx, no
 answer: read back with describe()). The deallocate's long-running operation is then followed (Azure-AsyncOperation /
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-from ...config import AzureSettings
+from ...config import AzureSettings, ConfigError
 from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
 from ..ec2.cloud import CloudError, InventoryError
 from ..fleet import Listing, RoutedCloud, errors_of, merge_listings
@@ -104,14 +105,15 @@ def manager_of(vm_scale_set_id: str, tags: Mapping[str, str]) -> Manager | None:
     """Who manages a VM: the scale set it belongs to (Flexible orchestration: listed as a VM with its
     `virtualMachineScaleSet`; Uniform members are not VMs of this list at all), else the service whose tags it carries
     (AKS, Databricks, Azure Machine Learning). None when nothing does."""
+    # Tag values are untrusted: clipped here, escaped where a message shows them.
     if vm_scale_set_id:
-        return Manager(f"VM scale set '{vm_scale_set_id.rstrip('/').rsplit('/', 1)[-1]}'", ADVICE_VMSS)
+        return Manager(f"VM scale set '{vm_scale_set_id.rstrip('/').rsplit('/', 1)[-1][:80]}'", ADVICE_VMSS)
     if tags.get("aks-managed-poolName") or any(k.startswith("aks-managed-") for k in tags):
-        pool = tags.get("aks-managed-poolName", "?")
+        pool = tags.get("aks-managed-poolName", "?")[:80]
         return Manager(f"AKS node pool '{pool}'", ADVICE_AKS)
-    if tags.get("Vendor") == "Databricks" or "ClusterId" in tags and "DatabricksEnvironment" in tags:
-        return Manager(f"Databricks cluster '{tags.get('ClusterName') or tags.get('ClusterId') or '?'}'",
-                       ADVICE_DATABRICKS)
+    if tags.get("Vendor") == "Databricks" or ("ClusterId" in tags and "DatabricksEnvironment" in tags):
+        name = (tags.get("ClusterName") or tags.get("ClusterId") or "?")[:80]
+        return Manager(f"Databricks cluster '{name}'", ADVICE_DATABRICKS)
     if any(k.lower().startswith("azureml") for k in tags):
         return Manager("Azure Machine Learning compute", ADVICE_AML)
     return None
@@ -372,7 +374,7 @@ def default_credential(settings: AzureSettings | None = None) -> Any:
                                "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_FEDERATED_TOKEN_FILE")
              if name in os.environ and not os.environ[name].strip()]
     if blank:
-        raise ValueError(f"Azure credentials: {', '.join(blank)} set but blank")
+        raise ConfigError(f"Azure credentials: the environment variable {', '.join(blank)} is set but blank")
     options: dict[str, Any] = {}
     if settings is not None and settings.authority_host:
         options.update(authority=settings.authority_host, disable_instance_discovery=True)

@@ -187,3 +187,18 @@ def test_an_azure_section_puts_its_vms_beside_ec2_in_the_tick(arm, tmp_path):
     assert isinstance(inventory, WithAzure) and inventory.other is None  # no `aws:` section: no EC2 call
     assert isinstance(inventory.azure, AzureCloud)
     assert json.dumps(settings.azure.subscriptions) == json.dumps([SUB])
+
+
+def test_a_blank_credential_variable_is_one_error_line_never_a_fall_to_the_next_credential(tmp_path, monkeypatch,
+                                                                                           capsys):
+    from gpufinops.cli import main
+
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"azure:\n  subscriptions: ['{SUB}']\n  endpoint_url: https://127.0.0.1:9\n"
+                   f"database_url: sqlite:///{tmp_path / 'db.sqlite'}\n")
+    monkeypatch.setenv("AZURE_TENANT_ID", "t")
+    monkeypatch.setenv("AZURE_CLIENT_ID", "c")
+    monkeypatch.setenv("AZURE_CLIENT_SECRET", "  ")
+    assert main(["--config", str(cfg), "evaluate", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: Azure credentials: the environment variable AZURE_CLIENT_SECRET is set but blank"
