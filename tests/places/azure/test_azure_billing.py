@@ -126,3 +126,12 @@ def test_the_bill_names_a_vm_by_the_id_the_place_lists_it_by(arm, tmp_path):
     # Calls made with the lower-case id reach the same VM (ARM's names are case-insensitive).
     [again] = azure_cloud(arm).describe([listed.instance_id])
     assert again.state == "running"
+
+
+def test_an_azure_vms_idle_hours_are_priced_at_its_billed_rate(tmp_path):
+    from gpufinops.cost.costs import billing_rates, hourly_rate
+
+    table = read_focus(str(write(tmp_path, "1.0", "csv.gz")), SEP, OCT, BS).table
+    listed_as = f"azure:{SUB}/ml/idle-a100"  # the id AzureCloud lists the VM by
+    rate = hourly_rate(listed_as, "Standard_NC24ads_A100_v4", "eastus", billing_rates(table), None, stored=9.99)
+    assert (rate.source, rate.rate) == ("billing", pytest.approx(3.673))
