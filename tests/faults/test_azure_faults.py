@@ -179,3 +179,18 @@ def test_a_refused_mark_write_means_no_warning_and_no_deallocate(azure_world, st
     w.tick(1 + LEAD_S / 60)
     assert len(w.deallocates("idle-a100")) == 1
     check_azure_invariants(w)
+
+
+def test_not_opted_in_is_never_warned_or_deallocated(azure_world):
+    # Azure's role cannot test the opt-in tag on a deallocate: the code's test is the only fence, and it holds.
+    w = azure_world
+    w.stub.person_removes_tag("idle-a100", "gpufinops:allow-stop")
+    first = w.tick(0)
+    [notice] = [a for a in first.actions if a.instance_id == vm_id("idle-a100")]
+    assert notice.kind == ActionKind.NOTIFY
+    [text] = w.messages_about("idle-a100")
+    assert "will be deallocated" not in text and "not opted in" in text
+    w.tick(10)
+    w.tick(20)
+    assert w.deallocates("idle-a100") == [] and TAG_MARKED not in w.stub.vm("idle-a100").tags
+    check_azure_invariants(w)
