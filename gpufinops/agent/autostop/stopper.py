@@ -299,6 +299,7 @@ class AzureStopper:
             if state is not None and getattr(exc, "definite", False):
                 return StopOutcome(False, f"deallocate {name} failed: {str(exc)[:300]}; the VM keeps running "
                                           f"(never shut down from inside: it would stay billed)")
-            seen = "the read-back failed" if state is None else f"read back: still {state}, the request may be in flight"
+            seen = ("the read-back failed" if state is None
+                    else f"read back: still {state}, the request may be in flight")
             return StopOutcome(None, f"deallocate {name}: outcome unknown ({seen}): {str(exc)[:300]}")
         return StopOutcome(True, f"deallocate {name} accepted (compute billing ends once it is deallocated)")
