@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -22,6 +23,31 @@ TAG_SNOOZE = "gpufinops:snooze-until"
 TAG_STOPPED_BY = "gpufinops:stopped-by"
 TAG_STOPPED_REASON = "gpufinops:stopped-reason"
 TAG_STOP_REQUESTED = "gpufinops:stop-requested"
+# An Azure VM powered off but still allocated ("Stopped (allocated)"): its compute is billed until it is deallocated.
+# Judged (decide.evaluate) as idle and billed, never as stopped; its stop is a deallocate (places.azure).
+STATE_STOPPED_ALLOCATED = "stopped-allocated"
+
+# An Azure VM's subject id: `azure:<subscription>/<resource group>/<name>`, in lower case: ARM compares resource ids
+# without case and Cost Management's exports write them in lower case, so the listing (places.azure) and the bill
+# (collect.billing) name one VM alike.
+AZURE_ID_PREFIX = "azure:"
+_ARM_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
+                        r"virtualMachines/([^/]+)$", re.IGNORECASE)
+
+
+def azure_vm_id(resource_id: str) -> str:
+    """The subject id of an Azure VM's ARM resource id; "" for any other id."""
+    m = _ARM_VM_ID.match(str(resource_id or "").strip())
+    return f"{AZURE_ID_PREFIX}{m.group(1)}/{m.group(2)}/{m.group(3)}".lower() if m else ""
+
+
+def is_azure_vm_id(subject_id: str) -> bool:
+    """Whether a text is an Azure VM's subject id exactly as azure_vm_id writes it (a chat click's value is
+    untrusted: three parts, lower case, at most ARM's lengths)."""
+    parts = subject_id[len(AZURE_ID_PREFIX):].split("/") if subject_id.startswith(AZURE_ID_PREFIX) else []
+    return len(parts) == 3 and len(subject_id) <= 200 and azure_vm_id(
+        f"/subscriptions/{parts[0]}/resourceGroups/{parts[1]}/providers/Microsoft.Compute/virtualMachines/{parts[2]}"
+    ) == subject_id
 
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.
@@ -81,6 +107,8 @@ class ReasonCode(str, enum.Enum):
     INVALID_DATA = "invalid_data"  # a value read from the metrics source is out of range (sentinel, > 100%, ...)
     TOO_YOUNG = "too_young"
     NOT_RUNNING = "not_running"
+    # An Azure VM powered off but still allocated: no GPU work, compute billed until it is deallocated (IDLE).
+    BILLED_WHILE_STOPPED = "billed_while_stopped"
     # GPUs without an activity counter (MIG instances read by `gpufinops agent`): judged by their processes and memory.
     EVIDENCE_OF_WORK = "evidence_of_work"  # ACTIVE: processes ran or memory was held where no counter says more
     NO_ACTIVITY_COUNTER = "no_activity_counter"  # UNKNOWN: no counter, no evidence, and the rule does not opt in
@@ -160,6 +188,11 @@ class GpuInstance:
         return self.state == "running"
 
     @property
+    def is_judged(self) -> bool:
+        """Running, or stopped but still billed (an Azure VM "Stopped (allocated)"): what a tick judges."""
+        return self.state in ("running", STATE_STOPPED_ALLOCATED)
+
+    @property
     def is_protected(self) -> bool:
         # Any value except "false" protects: to be on the safe side (kube-downscaler).
         value = self.tags.get(TAG_PROTECT)
@@ -172,8 +205,9 @@ class GpuInstance:
         `NeverRewriteASnooze`) and never delete it, so that the service can never end or shorten a snooze: the
         value on the instance is a person's to change. A later Snooze click is held from gpufinops's own record
         instead of rewriting the tag (docs/deploy.md, "A second Snooze click"). Kubernetes annotations have no
-        such fence."""
-        return self.provider == "aws" and TAG_SNOOZE in self.tags
+        such fence. An Azure VM keeps the same rule (no Azure role can fence a tag's value: the code keeps it), so the
+        two clouds mean the same by a snooze tag."""
+        return self.provider in ("aws", "azure") and TAG_SNOOZE in self.tags
 
     def owner(self) -> str:
         """The owner tag only: a team is not an owner (messages say "no owner tag" rather than guess)."""

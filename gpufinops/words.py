@@ -29,6 +29,7 @@ WORDS: dict[str, str] = {
     "invalid_data": "metric values out of range",
     "too_young": "too new to judge",
     "not_running": "not running",
+    "billed_while_stopped": "powered off but still allocated and billed (Azure)",
     "evidence_of_work": "working: processes or memory seen (no activity counter)",
     "no_activity_counter": "no activity counter, no sign of work",
     "idle_no_processes": "idle: no processes, memory freed",

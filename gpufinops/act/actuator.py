@@ -324,7 +324,7 @@ class Actuator:
         fresh = found[0] if found else None
         if fresh is None:
             return "the instance is gone"
-        if fresh.state != "running":
+        if fresh.state != inst.state or not fresh.is_judged:  # running, or still "Stopped (allocated)"
             return f"the instance is {fresh.state}"
         if fresh.launch_time != inst.launch_time:
             return f"the instance was restarted (launched {fresh.launch_time:%H:%M:%S} UTC)"

@@ -104,9 +104,10 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
     """Why this instance may not be stopped for want of the operator's opt-in; "" when it carries it.
 
     The same test the shipped IAM policy makes (`aws:ResourceTag/<tag>` equals `<value>`), so nothing is ever
-    announced as "will be stopped" that AWS would refuse to stop. EC2 instances and GCE VMs (their label, the
-    same key and value: places/gcp/labels.py) only: a Kubernetes workload's opt-in is `kubernetes.scale_to_zero`
-    and the RBAC that lets it patch replicas."""
+    announced as "will be stopped" that AWS would refuse to stop; Azure VMs the same (no Azure role can test a tag
+    on a deallocate: the code's test is the fence). EC2 instances, GCE VMs (their label, the same key and value:
+    places/gcp/labels.py) and Azure VMs only (the places whose entry says opt_in_by_tag): a Kubernetes workload's
+    opt-in is `kubernetes.scale_to_zero` and the RBAC that lets it patch replicas."""
     place = place_of_instance(inst)
     if not (place.opt_in_by_tag and inst.provider == place.provider) or inst.tags.get(tag) == value:
         return ""

@@ -82,7 +82,7 @@ def enable_shell_completion(parser: argparse.ArgumentParser) -> None:
 
 # Libraries whose INFO lines are noise in our log (APScheduler's "Adding job tentatively" per job, botocore's
 # "Found credentials in ..."): shown from WARNING, or everything with --log-level DEBUG.
-NOISY_LOGGERS = ("apscheduler", "botocore", "boto3", "urllib3", "kubernetes")
+NOISY_LOGGERS = ("apscheduler", "botocore", "boto3", "urllib3", "kubernetes", "azure", "msal")
 
 
 def quiet_third_party_logs(level: int) -> None:

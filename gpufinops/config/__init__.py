@@ -31,7 +31,7 @@ from .loading import (DEFAULT_RULES_DIR, MAX_TEXT_FILE_BYTES, PACKAGE_DIR, REPOR
                       decode_text, format_validation_error, line_of, load_yaml, not_a_regular_file, not_utf8_error,
                       parse_yaml, printable, read_text, shipped_dir, text_problem, unsafe_text_locations)
 from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
-from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, EmailSettings,
+from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, AzureSettings, EmailSettings,
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
                        SlurmClusterSettings, SlurmSettings,
                        ScheduleSettings, ServiceSettings, SlackSettings)
@@ -46,6 +46,7 @@ __all__ = [
     "MAX_USD_PER_GPU_HOUR", "MAX_USD_PER_HOST_HOUR", "PACKAGE_DIR", "REPORTS_DIR", "RULE_AUDIENCES",
     "SLACK_USER_ID", "TRANSPORTS",
     "ActSettings", "ApiSettings", "ApiTlsSettings", "AssumeRole", "AthenaSettings", "AwsRegion", "AwsSettings",
+    "AzureSettings",
     "BillingSettings", "CeSettings", "CommitmentPolicy", "ConfigError", "EmailSettings", "HostsSettings",
     "InterruptionOverride", "KubernetesSettings", "LeaseSettings", "Name", "PrometheusLabel", "PrometheusSettings",
     "RecommendSettings", "RentedHost", "ReportDeliverySettings", "ReportSettings", "ScheduleSettings", "SecretRef",
@@ -70,6 +71,8 @@ class Settings(StrictModel):
     gcp: GcpSettings | None = None
     prometheus: PrometheusSettings = PrometheusSettings()
     aws: AwsSettings = AwsSettings()
+    # No `azure:` section: no Azure VM is listed (gpufinops.places.azure).
+    azure: AzureSettings | None = None
     slack: SlackSettings = SlackSettings()
     email: EmailSettings = EmailSettings()
     act: ActSettings = ActSettings()

@@ -582,3 +582,53 @@ class GcpSettings(StrictModel):
         return None if v is None else http_url(v)
 
     _billing = field_validator("billing_catalog_endpoint")(http_url)
+# --------------------------------------------------------------------------- azure:
+# Read by gpufinops.places.azure (Azure VMs with GPU sizes, deallocated through ARM); docs/deploy.md, "Azure".
+
+_SUBSCRIPTION = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$")
+
+
+class AzureSettings(StrictModel):
+    # The subscriptions whose VMs are listed (each needs the role of deploy/azure/ assigned to gpufinops).
+    subscriptions: tuple[str, ...] = Field(min_length=1)
+    # ARM's endpoint; None: Azure's public cloud (https://management.azure.com). Must be https: ARM's bearer token
+    # is never sent in the clear.
+    endpoint_url: str | None = None
+    # The CA bundle that signs endpoint_url's (and authority_host's) certificate; None: the system's.
+    ca_file: str | None = None
+    # Microsoft Entra ID's login endpoint for the service principal of AZURE_CLIENT_ID / AZURE_TENANT_ID /
+    # AZURE_CLIENT_SECRET; None: the public cloud's. Set, its instance discovery is off: no call goes to
+    # login.microsoftonline.com to validate it (a sovereign cloud, a private stand-in).
+    authority_host: str | None = None
+    # The size table with prices `tools/refresh_azure_prices.py` wrote from the Azure Retail Prices API; None: the
+    # bundled one (gpufinops/data/azure_gpu_vms.csv, prices of 2026-05-20).
+    price_file: str | None = None
+    # VM sizes listed as GPU VMs: the NC, ND and NV families (the bundled size table names the GPU of each).
+    gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
+    # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is
+    # read back either way, and "deallocating" already counts as done.
+    deallocate_wait_s: float = Field(30.0, ge=0, le=600)
+    connect_timeout_s: float = Field(5.0, gt=0, le=120)
+    read_timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @field_validator("subscriptions")
+    @classmethod
+    def _subscription_ids(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            if not _SUBSCRIPTION.fullmatch(s):
+                raise ValueError(f"{printable(s)[:60]!r} is not a subscription id (a GUID such as "
+                                 f"00000000-0000-0000-0000-000000000000)")
+        if len({s.lower() for s in v}) != len(v):
+            raise ValueError("a subscription is listed twice")
+        return v
+
+    @field_validator("endpoint_url", "authority_host")
+    @classmethod
+    def _https_endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        url = http_url(v)
+        if not url.startswith("https://"):
+            raise ValueError("https only: ARM's bearer token and the service principal's secret are never sent in "
+                             "the clear")
+        return url.rstrip("/")

@@ -30,6 +30,7 @@ from ..model import (
     GpuWindowStats,
     InstanceUsage,
     NoCounterPolicy,
+    STATE_STOPPED_ALLOCATED,
     ReasonCode,
     Rule,
     Verdict,
@@ -224,6 +225,11 @@ def evaluate(inst: GpuInstance, usage: InstanceUsage | None, rule: Rule, now: da
         )
 
     window = format_duration(rule.window_s)
+    if inst.state == STATE_STOPPED_ALLOCATED:
+        # Powered off, not deallocated: nothing runs and the compute is billed all the same (the Azure trap).
+        return decide(Verdict.IDLE, ReasonCode.BILLED_WHILE_STOPPED,
+                      "powered off but still allocated (\"Stopped (allocated)\"): Azure bills its compute until "
+                      "it is deallocated")
     if not inst.is_running:
         return decide(Verdict.UNKNOWN, ReasonCode.NOT_RUNNING, f"instance is {inst.state}, not judged")
     age_s = (now - inst.launch_time).total_seconds()

@@ -51,7 +51,7 @@ from ..config import SLACK_USER_ID
 from ..places.kubernetes.names import ID_PREFIX, MAX_ID_LEN
 from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
 from .slack_blocks import notice_key_of
-from ..model import TAG_SNOOZE, ActionKind, ActionResult, Cloud, GpuInstance
+from ..model import TAG_SNOOZE, ActionKind, ActionResult, Cloud, GpuInstance, is_azure_vm_id
 from .markup import redact, without_endpoints
 from ..store.store import Store
 
@@ -213,13 +213,13 @@ def parse_payload(payload: Any) -> Click | str:
 
 
 def _names_its_subject(action_id: str, iid: str) -> bool:
-    """Restore names a Kubernetes workload's or node's id (collect's); Snooze that or an EC2 instance id (a warning
-    of either kind carries the Snooze buttons, and the snooze is the same annotation `gpufinops.io/snooze-until` a
-    person could write)."""
+    """Restore names a Kubernetes workload's or node's id (collect's); Snooze that, an EC2 instance id or an Azure VM's
+    (a warning of any kind carries the Snooze buttons, and the snooze is the same tag, `gpufinops:snooze-until`, or
+    annotation, `gpufinops.io/snooze-until`, a person could write)."""
     k8s = iid.startswith(ID_PREFIX) and len(iid) <= MAX_ID_LEN
     if action_id == RESTORE_ACTION:
         return k8s
-    return k8s or (iid.startswith("i-") and len(iid) <= 40)
+    return k8s or (iid.startswith("i-") and len(iid) <= 40) or is_azure_vm_id(iid)
 
 
 def _is_person(entry: str, user_id: str, email: str) -> bool:

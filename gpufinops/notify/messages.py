@@ -58,6 +58,13 @@ def _clip_raw(value: object, limit: int = MAX_VALUE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _shown_id(subject_id: str, limit: int = 40) -> str:
+    """A subject's id, clipped in the middle when long: its end names the machine (an Azure VM's
+    `azure:<subscription>/<group>/<name>` would otherwise lose its name behind the subscription's GUID)."""
+    text = " ".join(str(subject_id).split())
+    return text if len(text) <= limit else text[: limit // 3] + "…" + text[-(limit - limit // 3 - 1):]
+
+
 def _v(value: object, limit: int = MAX_VALUE, empty: str = "—") -> str:
     """A user-controlled value, clipped then escaped (never cut inside an entity)."""
     if value is None or str(value).strip() == "":
@@ -118,7 +125,7 @@ def _instance_line(inst: GpuInstance) -> str:
         bits.append(f"owner {_v(inst.owner(), 60)}")
     if inst.team() and inst.team() != inst.owner():
         bits.append(f"team {_v(inst.team(), 60)}")
-    return f"{_v(inst.instance_id, 40)} ({', '.join(bits)})"
+    return f"{_v(_shown_id(inst.instance_id))} ({', '.join(bits)})"
 
 
 def _owner_field(inst: GpuInstance) -> str:
@@ -127,7 +134,7 @@ def _owner_field(inst: GpuInstance) -> str:
 
 def _instance_field(inst: GpuInstance) -> str:
     name = inst.tags.get("Name") or inst.tags.get("name")
-    out = f"`{_v(inst.instance_id, 40)}`"
+    out = f"`{_v(_shown_id(inst.instance_id))}`"
     return f"{out}\n{_v(name)}" if name else out
 
 
@@ -295,8 +302,8 @@ def idle_warning(
     )
     return _notice(
         warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run, to=to,
-        title=f"Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: {_clip_raw(inst.instance_id, 40)}",
-        lead=(f"*{_v(inst.instance_id, 40)}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
+        title=f"Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: {_shown_id(inst.instance_id)}",
+        lead=(f"*{_v(_shown_id(inst.instance_id))}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
               f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"),
         facts=(
             *_who_and_where(inst),
@@ -389,12 +396,12 @@ def stopped(
         text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
                 f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, per='h', estimate=_estimated(inst))}"
                 + (" once its autoscaler removes it." if _is_node(inst) else "."))
-        title = f"Would {verb} idle {noun}: {_clip_raw(inst.instance_id, 40)}"
-        lead = f"*{_v(inst.instance_id, 40)}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
+        title = f"Would {verb} idle {noun}: {_shown_id(inst.instance_id)}"
+        lead = f"*{_v(_shown_id(inst.instance_id))}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
     else:
         text = f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. {saves}"
-        title = f"Idle {noun} {done}: {_clip_raw(inst.instance_id, 40)}"
-        lead = f"*{_v(inst.instance_id, 40)}* was {done} at {_slack_date(at)}."
+        title = f"Idle {noun} {done}: {_shown_id(inst.instance_id)}"
+        lead = f"*{_v(_shown_id(inst.instance_id))}* was {done} at {_slack_date(at)}."
     if _kueue_workload(inst):
         after = (f"Kueue Workload {_v(_kueue_workload(inst), 120)} was set `spec.active: false`: Kueue evicted it and "
                  f"keeps it out of the queue. Resume it with `gpufinops k8s restore {_restore_target(inst)}` "
@@ -511,8 +518,8 @@ def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, chann
             f"new warning first.")
     return _notice(
         f"unmark:{inst.instance_id}:{_stamp(marked_at)}", channel, text, inst=inst, kind="cancelled", to=to,
-        title=f"{stop.capitalize()} cancelled: {_clip_raw(inst.instance_id, 40)}",
-        lead=f"The {stop} planned for *{_v(inst.instance_id, 40)}* is cancelled: {why}",
+        title=f"{stop.capitalize()} cancelled: {_shown_id(inst.instance_id)}",
+        lead=f"The {stop} planned for *{_v(_shown_id(inst.instance_id))}* is cancelled: {why}",
         facts=(
             *_who_and_where(inst)[:4],
             ("Marked at", _slack_date(marked_at)),
@@ -541,8 +548,8 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
             f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")
     return _notice(
         f"idle:{inst.instance_id}:{_stamp(since)}", channel, text, inst=inst, kind="idle", to=to,
-        title=f"Idle {noun}: {_clip_raw(inst.instance_id, 40)}",
-        lead=(f"*{_v(inst.instance_id, 40)}* has been idle since {_slack_date(began)} or earlier under rule "
+        title=f"Idle {noun}: {_shown_id(inst.instance_id)}",
+        lead=(f"*{_v(_shown_id(inst.instance_id))}* has been idle since {_slack_date(began)} or earlier under rule "
               f"*{_v(decision.rule_name)}*.\n*Why:* {reason}" + (f"\n{hint}" if hint else "")),
         facts=(
             *_who_and_where(inst),
@@ -588,7 +595,7 @@ def metrics_unavailable(
                f"not idle: {promise}")
 
     lines = [
-        f"• `{_v(inst.instance_id, 40)}` {_v(inst.instance_type, 40)}"
+        f"• `{_v(_shown_id(inst.instance_id))}` {_v(inst.instance_type, 40)}"
         + (f" · {_v(inst.owner(), 60)}" if inst.owner() else "")
         + f": {_v(without_endpoints(d.reason), 200)}"
         for inst, d in ordered[:MAX_LISTED]
@@ -596,7 +603,7 @@ def metrics_unavailable(
     more = n - len(lines)
     # Shorter lines for the plain fallback, so the same instances fit in its smaller budget.
     text_lines = [
-        f"• {_v(inst.instance_id, 40)} {_v(inst.instance_type, 40)}"
+        f"• {_v(_shown_id(inst.instance_id))} {_v(inst.instance_type, 40)}"
         + (f" · {_v(inst.owner(), 30)}" if inst.owner() else "")
         + f": {_v(without_endpoints(d.reason), 60)}"
         for inst, d in ordered[:MAX_LISTED]

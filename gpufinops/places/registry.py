@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..k8s.model import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
-from ..model import Action, GpuInstance
+from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
 GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
+# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id).
+AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -131,8 +133,22 @@ GCE = Place(
     stops_any_spot=True,
 )
 
+# Its stop is ARM's deallocate, the only one that ends compute billing (a power-off leaves the VM "Stopped
+# (allocated)" and billed); gpufinops never deletes a VM.
+AZURE_VM = Place(
+    name="Azure VM", noun="GPU VM", provider="azure", id_prefix=AZURE_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY, Action.STOP}),
+    refusal=("an Azure VM is deallocated, never deleted by gpufinops: notify only; give the rule action: stop to "
+             "deallocate it"),
+    verbs={Action.STOP: ("deallocate", "deallocated")},
+    # No Azure role condition can test a tag on a deallocate: the opt-in tag is the code's fence (act.plan).
+    opt_in_by_tag=True,
+    # A Spot VM is deallocated like any other (its eviction policy only says what Azure does on eviction).
+    stops_any_spot=True,
+)
+
 # In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, EC2)
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, AZURE_VM, EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -145,6 +161,8 @@ def place_of(subject_id: str) -> Place:
         return RENTED_HOST
     if subject_id.startswith(GCE_ID_PREFIX):
         return GCE
+    if subject_id.startswith(AZURE_ID_PREFIX):
+        return AZURE_VM
     return EC2
 
 
@@ -156,6 +174,8 @@ def place_of_instance(inst: GpuInstance) -> Place:
         return KUEUE_JOB if inst.tags.get(TAG_KUEUE_WORKLOAD) else KUBERNETES_WORKLOAD
     if inst.provider == GCE.provider:
         return GCE
+    if inst.provider == AZURE_VM.provider:
+        return AZURE_VM
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2
 
 

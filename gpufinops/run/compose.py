@@ -20,6 +20,7 @@ from ..model import Cloud, MetricsSource, Notifier, utcnow
 from ..notify.delivery import build_notifier
 from ..notify.email import EmailDelivery
 from ..notify.routing import Deliveries
+from ..places.azure.cloud import WithAzure, azure_cloud
 from ..places.ec2.accounts import build_cloud
 from ..places.gcp.cloud import GceCloud
 from ..places.gcp.fleet import WithGce
@@ -49,12 +50,15 @@ def live_cloud(settings: Settings, with_prices: bool = True) -> Cloud:
 
 
 def live_inventory(settings: Settings) -> Cloud:
-    """What a tick judges: EC2 (live_cloud), the rented hosts of `hosts.inventory` and the GCE VMs of `gcp:`, side
-    by side. A config with hosts or a `gcp:` section and no `aws:` section makes no EC2 call."""
+    """What a tick judges: EC2 (live_cloud), the rented hosts of `hosts.inventory`, the Azure VMs of `azure:` and the
+    GCE VMs of `gcp:`, side by side. A config with hosts, Azure or GCP and no `aws:` section makes no EC2 call."""
     hosts = static_hosts_cloud(settings)
-    with_ec2 = "aws" in settings.model_fields_set or (hosts is None and settings.gcp is None)
+    azure = azure_cloud(settings)
+    with_ec2 = "aws" in settings.model_fields_set or (hosts is None and azure is None and settings.gcp is None)
     ec2 = live_cloud(settings) if with_ec2 else None
     inventory = ec2 if hosts is None else WithRentedHosts(ec2, hosts)
+    if azure is not None:
+        inventory = WithAzure(inventory, azure)
     if settings.gcp is not None:
         inventory = WithGce(inventory, live_gce(settings))
     return inventory

@@ -331,7 +331,7 @@ def run_once(ctx: RunContext, settings: Settings, rules: Sequence[Rule], peers: 
     region_errors = [str(err) for err in getattr(peers.cloud, "last_errors", []) or []]
     report.errors.extend(f"inventory: {err}" for err in region_errors)
     report.sources["inventory"] = "; ".join(region_errors) or None
-    running = [i for i in instances if i.is_running]
+    running = [i for i in instances if i.is_judged]  # running, or an Azure VM stopped but still billed
     usage = collect_usage(peers.metrics, running, rules, ctx.now)
     decisions = evaluate_all(running, usage, rules, ctx.now)
     report.sources["prometheus"] = prometheus_status(decisions, usage)

@@ -9,9 +9,9 @@ Logged-in users with recent input, allow-listed processes, a GPU that cannot be 
 (`guards`, `snooze`) block a stop. Dry-run unless --autostop-live (or `dry_run: false` in the settings file, the service's name for the flag;
 `live: true` is read as its deprecated alias, with a warning).
 
-The snooze file's value is parsed and capped by the service's parser (`act.plan.snooze_value`); the EC2 self-stop
-is the service's EC2 client (`places.ec2.cloud.Ec2Cloud`: one request, no retries, read back after an ambiguous
-error). Owns: gpufinops/agent/autostop/*. May import: model, config, rules, decide, messages, notify, store (for the
-Slack notifier's delivery records only), collect (gpu_snapshot), places.ec2.cloud, act.plan (pure). Nothing outside cli/
-imports it.
-"""
+The snooze file's value is parsed and capped by the service's parser (`act.plan.snooze_value`); the EC2 self-stop is
+the service's EC2 client (`places.ec2.cloud.Ec2Cloud`: one request, no retries, read back after an ambiguous error).
+Owns: gpufinops/agent/autostop/*. May import: model, config, rules, decide, messages, notify, store (for the Slack
+notifier's delivery records only), collect (gpu_snapshot), places.ec2.cloud, places.azure.cloud (an Azure VM
+deallocates itself through ARM with its managed identity, never a guest shutdown), act.plan (pure). Nothing outside
+cli/ imports it."""

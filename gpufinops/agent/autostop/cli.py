@@ -151,12 +151,14 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     from .guards import boot_time
     from .loop import Announcer, AutostopLoop, HostPaths, LocalHost
     from .settings import load_autostop_settings
-    from .stopper import CommandStopper, Ec2Stopper, imds_identity
+    from .stopper import (AzureStopper, CommandStopper, Ec2Stopper, ImdsManagedIdentity, azure_imds_identity,
+                          imds_identity)
 
     settings = settings or load_autostop_settings(args.autostop_config)
     rules = load_rules(rule_paths(args))
     dry_run = settings.dry_run and not args.autostop_live
     gce_stopper = None
+    azure = None
     if settings.stop_method == "gce":
         from .gce_stopper import GceStopper, gce_identity
 
@@ -173,6 +175,14 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
         log.info("autostop: stop_method command: the EC2 instance metadata address is not contacted (set "
                  "stop_method: ec2 for EC2 self-stop)")
         identity = None
+    elif settings.stop_method == "azure":
+        log.info("autostop: stop_method azure: asking the Azure instance metadata at %s who this VM is",
+                 settings.imds_url)
+        identity = None
+        azure = azure_imds_identity(settings.imds_url)
+        if azure is None:
+            raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'azure', but no Azure instance metadata "
+                              f"answered at {settings.imds_url}")
     else:
         log.info("autostop: stop_method %s: asking the EC2 instance metadata at %s who this host is",
                  settings.stop_method, settings.imds_url)
@@ -180,10 +190,17 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     if settings.stop_method == "ec2" and identity is None:
         raise ConfigError(f"{args.autostop_config}: key 'stop_method': 'ec2', but no EC2 instance metadata answered at "
                           f"{settings.imds_url}")
+    if settings.stop_method == "auto" and identity is None:
+        azure = azure_imds_identity(settings.imds_url)
     if gce_stopper is not None:
         stopper = gce_stopper
     elif identity is not None:
         stopper = Ec2Stopper(identity, endpoint_url=settings.ec2_endpoint_url)
+    elif azure is not None:
+        # Never the stop command on Azure: a guest shutdown leaves the VM "Stopped (allocated)", still billed.
+        stopper = AzureStopper(azure, ImdsManagedIdentity(settings.imds_url,
+                                                         client_id=settings.managed_identity_client_id),
+                               endpoint_url=settings.arm_endpoint_url, ca_file=settings.arm_ca_file)
     elif settings.stop_command:
         stopper = CommandStopper(settings.stop_command, settings.stop_timeout)
     else:
@@ -195,13 +212,21 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
                           f"to stop this host: {how}, so set stop_command, e.g. [systemctl, poweroff], or "
                           f"stop_method: ec2 on EC2")
     hostname = agent.host.hostname
-    host = LocalHost(
-        instance_id=identity.instance_id if identity else gce_stopper.identity.instance_id if gce_stopper else (
-            agent.host.instance_id or hostname),
-        hostname=hostname, region=identity.region if identity else gce_stopper.identity.region if gce_stopper else "",
-        instance_type=identity.instance_type if identity else (
-            gce_stopper.identity.machine_type if gce_stopper else ""), on_ec2=identity is not None,
-        tags=settings.host_tags)
+    if azure is not None:
+        from ...model import azure_vm_id
+
+        host = LocalHost(instance_id=azure_vm_id(azure.arm_id), hostname=hostname, region=azure.location,
+                         instance_type=azure.vm_size, on_ec2=False, tags=settings.host_tags)
+    elif gce_stopper is not None:
+        gce_id = gce_stopper.identity
+        host = LocalHost(instance_id=gce_id.instance_id, hostname=hostname, region=gce_id.region,
+                         instance_type=gce_id.machine_type, on_ec2=False, tags=settings.host_tags)
+    else:
+        host = LocalHost(
+            instance_id=identity.instance_id if identity else (agent.host.instance_id or hostname),
+            hostname=hostname, region=identity.region if identity else "",
+            instance_type=identity.instance_type if identity else "", on_ec2=identity is not None,
+            tags=settings.host_tags)
     catalog, catalog_problem = estimate_catalog(settings)
     from ...config import not_a_regular_file
 

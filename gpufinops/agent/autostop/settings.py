@@ -124,7 +124,9 @@ class AutostopSettings(StrictModel):
     dry_run: bool = True
     # The instance metadata address (imds_url) is contacted only when EC2 self-stop is asked for (ec2, or auto:
     # ec2 when it answers): by default the agent sends nothing to 169.254.169.254.
-    stop_method: Literal["auto", "ec2", "gce", "command"] = "command"
+    # gce: the Compute API's stop of this VM with its service account's token from the metadata server.
+    # azure: ARM's deallocate of this VM with its managed identity (token from IMDS), never a guest shutdown.
+    stop_method: Literal["auto", "ec2", "gce", "azure", "command"] = "command"
     stop_command: tuple[str, ...] | None = None
     stop_timeout: int = 60  # seconds a stop command may take
     pre_stop_hook: HookSettings | None = None
@@ -148,6 +150,11 @@ class AutostopSettings(StrictModel):
     # endpoint (None: compute.googleapis.com); contacted only with stop_method gce.
     gce_metadata_url: str = DEFAULT_GCE_METADATA_URL
     gce_api_endpoint: str | None = None
+    # Azure self-deallocate: ARM's endpoint (None: Azure's public cloud) and the CA that signs it (None: the
+    # system's); the managed identity's client id when the VM has several user-assigned ones.
+    arm_endpoint_url: str | None = None
+    arm_ca_file: str | None = None
+    managed_identity_client_id: str | None = None
     slack: SlackSettings | None = None
     price: PriceSettings | None = None
     # Samples older than the longest rule window plus this are deleted from the ring buffer.

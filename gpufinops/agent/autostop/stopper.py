@@ -167,3 +167,139 @@ class CommandStopper:
     def stop(self) -> StopOutcome:
         result: CommandResult = run_command(self.argv, self.timeout_s, what="stop command")
         return StopOutcome(result.ok, result.reason)
+
+
+# ---------------------------------------------------------------------- Azure: deallocate this VM through ARM
+
+AZURE_IMDS_API = "2021-02-01"
+ARM_RESOURCE = "https://management.azure.com/"
+# A managed identity token is asked for again this long before it expires.
+TOKEN_MARGIN_S = 300
+
+
+@dataclass(frozen=True)
+class AzureIdentity:
+    subscription: str
+    resource_group: str
+    name: str
+    location: str
+    vm_size: str = ""
+
+    @property
+    def arm_id(self) -> str:
+        return (f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}/providers/"
+                f"Microsoft.Compute/virtualMachines/{self.name}")
+
+
+def _azure_imds_get(base_url: str, path_and_query: str, timeout_s: float) -> dict:
+    import json
+
+    # Azure's IMDS answers only a request with `Metadata: true` and no X-Forwarded-For (no proxy, never forwarded).
+    req = urllib.request.Request(f"{base_url.rstrip('/')}{path_and_query}", headers={"Metadata": "true"})
+    with _no_proxy_opener().open(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read(1024 * 1024).decode())
+
+
+def azure_imds_identity(base_url: str, timeout_s: float = IMDS_TIMEOUT_S) -> AzureIdentity | None:
+    """This VM's subscription, resource group, name, location and size from Azure's IMDS; None when there is none
+    (not on Azure) or its answer is not usable."""
+    try:
+        compute = _azure_imds_get(base_url, f"/metadata/instance/compute?api-version={AZURE_IMDS_API}", timeout_s)
+    except (urllib.error.URLError, OSError, UnicodeDecodeError, ValueError) as exc:
+        log.info("no Azure instance metadata at %s (%s): not on Azure", base_url, exc)
+        return None
+    fields = [str(compute.get(k) or "") for k in ("subscriptionId", "resourceGroupName", "name", "location",
+                                                    "vmSize")] if isinstance(compute, dict) else []
+    if len(fields) != 5 or not all(fields[:3]):
+        log.warning("Azure instance metadata at %s gave no usable subscription/group/name", base_url)
+        return None
+    return AzureIdentity(*fields)
+
+
+class ImdsManagedIdentity:
+    """A TokenCredential: this VM's managed identity token for ARM, from IMDS (`/metadata/identity/oauth2/token`),
+    kept until shortly before it expires. The token is never logged."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0, client_id: str | None = None):
+        self.base_url, self.timeout_s, self.client_id = base_url, timeout_s, client_id
+        self._token = None
+
+    def get_token(self, *scopes: str, **_kw):
+        import time
+        import urllib.parse
+
+        from azure.core.credentials import AccessToken
+        from azure.core.exceptions import ClientAuthenticationError
+
+        if self._token is not None and self._token.expires_on - TOKEN_MARGIN_S > time.time():
+            return self._token
+        query = {"api-version": "2018-02-01", "resource": ARM_RESOURCE}
+        if self.client_id:
+            query["client_id"] = self.client_id
+        try:
+            answer = _azure_imds_get(self.base_url, "/metadata/identity/oauth2/token?" +
+                                     urllib.parse.urlencode(query), self.timeout_s)
+            token = AccessToken(str(answer["access_token"]), int(answer["expires_on"]))
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+            raise ClientAuthenticationError(f"no managed identity token from IMDS: {type(exc).__name__}") from exc
+        if not token.token.strip():
+            raise ClientAuthenticationError("IMDS answered a blank managed identity token")
+        self._token = token
+        return token
+
+
+class AzureStopper:
+    """ARM's deallocate of this VM, with its managed identity, through the service's Azure client
+    (`places.azure.cloud.AzureCloud`: one request, no retries, the operation followed, read back after an ambiguous
+    error). Never a guest shutdown: a VM shut down from inside is "Stopped (allocated)" and still billed, so when
+    the deallocate fails the host is left running and the failure said."""
+
+    def __init__(self, identity: AzureIdentity, credential, *, endpoint_url: str | None = None,
+                 ca_file: str | None = None, timeout_s: float = 10.0, wait_s: float = 60.0):
+        from ...config import AzureSettings
+        from ...places.azure.cloud import AzureCloud
+
+        self.identity = identity
+        settings = AzureSettings(subscriptions=(identity.subscription,), endpoint_url=endpoint_url, ca_file=ca_file,
+                                 connect_timeout_s=timeout_s, read_timeout_s=timeout_s, deallocate_wait_s=wait_s)
+        self.cloud = AzureCloud(settings, credential, polling_interval_s=1.0)
+
+    @property
+    def describe(self) -> str:
+        return f"Azure deallocate of {self.identity.name} ({self.identity.resource_group}, {self.identity.location})"
+
+    def _self(self):
+        from datetime import datetime, timezone
+
+        from ...model import GpuInstance, azure_vm_id
+
+        ident = self.identity
+        return GpuInstance(azure_vm_id(ident.arm_id), ident.vm_size, ident.location, "running",
+                           datetime.now(timezone.utc), provider="azure")
+
+    def read_back(self) -> str | None:
+        try:
+            found = self.cloud.describe([self._self().instance_id])
+        except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+            log.error("read-back of %s failed: %s", self.identity.name, exc)
+            return None
+        return found[0].state if found else "gone"
+
+    def stop(self) -> StopOutcome:
+        from ...act.plan import STOPPED_STATES
+
+        name = self.identity.name
+        try:
+            self.cloud.stop(self._self())
+        except Exception as exc:  # noqa: BLE001 - any failure is reported, never raised into the loop
+            state = self.read_back()
+            if state is not None and (state in STOPPED_STATES or state == "gone"):
+                return StopOutcome(True, f"deallocate {name}: {str(exc)[:200]}; read back: {state}, so it went "
+                                         f"through")
+            if state is not None and getattr(exc, "definite", False):
+                return StopOutcome(False, f"deallocate {name} failed: {str(exc)[:300]}; the VM keeps running "
+                                          f"(never shut down from inside: it would stay billed)")
+            seen = ("the read-back failed" if state is None
+                    else f"read back: still {state}, the request may be in flight")
+            return StopOutcome(None, f"deallocate {name}: outcome unknown ({seen}): {str(exc)[:300]}")
+        return StopOutcome(True, f"deallocate {name} accepted (compute billing ends once it is deallocated)")

@@ -434,7 +434,7 @@ class _FocusRules:
     """focus.py's per-value rules, each worked out once per distinct value."""
 
     def __init__(self, bs, by: str) -> None:
-        from .focus_rules import GCP_MACHINE_LABEL, _as_text, _pick, focus_tags, gpu_instance_type
+        from .focus_rules import GCP_MACHINE_LABEL, _as_text, _pick, focus_tags, gpu_instance_type, subject_of
 
         self.bs, self.by = bs, by
         families, patterns = set(bs.gpu_families or ()), [re.compile(p) for p in bs.gpu_patterns]
@@ -443,6 +443,7 @@ class _FocusRules:
         self._as_text, self._pick, self._focus_tags = _as_text, _pick, focus_tags
         self._gpu = lambda text: gpu_instance_type(text, families, patterns)
         self._label = GCP_MACHINE_LABEL
+        self._subject = subject_of
 
     def tags(self, raw) -> dict:
         try:
@@ -465,7 +466,7 @@ class _FocusRules:
 
     def key(self, g: dict, itype: str) -> str:
         if self.by == "instance":
-            return "" if g.get("ResourceId") is None else str(g["ResourceId"])
+            return self._subject(g.get("ResourceId"))
         if self.by == "account":
             return self._as_text(g.get("SubAccountId"))
         if self.by == "instance_type":

@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 from ...config import not_utf8_error
 from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCP_MACHINE_LABEL, HOUR_UNITS, MAX_LINE_HOURS,  # noqa: F401
                           NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS, REQUIRED, SECOND_UNITS, _as_text, _pick,
-                          check_columns, focus_tags, gpu_instance_type, provider_name)
+                          check_columns, focus_tags, gpu_instance_type, provider_name, subject_of)
 from .sources import ParquetSource, list_files
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import BillingSettings
@@ -189,7 +189,7 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         "provider": df[provider_col].fillna("").astype(str).map(provider_name),
         "account": _column_text(df, "SubAccountId"),
         "region": _column_text(df, "RegionId"),
-        "resource_id": df["ResourceId"].fillna("").astype(str),
+        "resource_id": each_distinct(df["ResourceId"].fillna("").astype(str), subject_of),
         "instance_type": itype,
         "pricing_model": pricing_models(df),
         "team": tag_fields.str[0], "project": tag_fields.str[1], "owner": tag_fields.str[2],

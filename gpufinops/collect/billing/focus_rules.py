@@ -8,6 +8,7 @@ import json
 import re
 from typing import Iterable, Sequence
 
+from ...model import azure_vm_id
 from .errors import BillingDataError
 from .focus_spec import detect_version, provider_column
 
@@ -36,6 +37,14 @@ MAX_LINE_HOURS = 1e9
 _PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
               "google cloud": "gcp", "google": "gcp", "oracle": "oci", "oci": "oci"}
 _AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
+
+
+def subject_of(resource_id: object) -> str:
+    """The id a bill's ResourceId names its instance by, as the place lists it: an Azure VM's ARM id becomes its
+    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), so that a VM's billed rate and its verdicts meet; any
+    other id is kept as it is (an EC2 instance id, a GCP or OCI resource name)."""
+    text = "" if resource_id is None else str(resource_id)
+    return azure_vm_id(text) or text
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:
