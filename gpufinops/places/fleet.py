@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufinops.kubernetes")
 log_hosts = logging.getLogger("gpufinops.places.hosts")  # WithRentedHosts' lines, under the name they always had
+log_places = logging.getLogger("gpufinops.places")
 
 
 class WorkloadMetrics:
@@ -254,4 +255,49 @@ class WithRentedHosts(RoutedCloud):
         found = {i.instance_id: i for i in self.hosts.describe(ours)}
         if theirs and self.cloud is not None:
             found.update({i.instance_id: i for i in self.cloud.describe(theirs)})
+        return [found[i] for i in instance_ids if i in found]
+
+
+class WithPlace(RoutedCloud):
+    """One Cloud over another inventory (what run/compose built before: EC2, the rented hosts; None where nothing
+    else is configured) and one more place's cloud, whose subjects' ids begin with `prefix` (a GCE VM's "gce:", an
+    Azure VM's "azure:"): a change goes to the one cloud that listed the subject, never a guess. A side that cannot
+    be listed makes the listing partial (`last_errors`), never empty; both failing raises."""
+
+    def __init__(self, other: Cloud | None, place: Cloud, *, prefix: str, name: str,
+                 brief: Callable[[BaseException], str] = str):
+        self.other = other
+        self.place = place
+        self.prefix = prefix
+        self.name = name
+        self.brief = brief  # the error in one line for the log (a cloud SDK's can run to many)
+        self.last_errors: list[str] = []
+
+    def cloud_of(self, inst: GpuInstance) -> Cloud:
+        if inst.instance_id.startswith(self.prefix):
+            return self.place
+        if self.other is None:
+            raise ValueError(f"{inst.instance_id} is no {self.name} subject and no other place is configured")
+        return self.other
+
+    def list_gpu_instances(self) -> list[GpuInstance]:
+        def failed(name: str) -> Callable[[Exception], str]:
+            def said(exc: Exception) -> str:
+                log_places.error("%s inventory not listed: %s", name, self.brief(exc))
+                return f"{name}: {exc}"
+            return said
+
+        parts = [Listing(lambda _: self.other.list_gpu_instances(), failed=failed("cloud"),
+                         partial=lambda: errors_of(self.other))] if self.other is not None else []
+        parts.append(Listing(lambda _: self.place.list_gpu_instances(), failed=failed(self.name),
+                             partial=lambda: errors_of(self.place)))
+        listed, self.last_errors = merge_listings(parts, every_failed=lambda _errors, last: last)
+        return listed
+
+    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
+        ours = [i for i in instance_ids if i.startswith(self.prefix)]
+        theirs = [i for i in instance_ids if not i.startswith(self.prefix)]
+        found = {i.instance_id: i for i in (self.place.describe(ours) if ours else [])}
+        if theirs and self.other is not None:
+            found.update({i.instance_id: i for i in self.other.describe(theirs)})
         return [found[i] for i in instance_ids if i in found]

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...config import AzureSettings, ConfigError
 from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
 from ..ec2.cloud import CloudError, InventoryError
-from ..fleet import Listing, RoutedCloud, errors_of, merge_listings
+from ..fleet import WithPlace
 from ..registry import AZURE_ID_PREFIX
 from .sizes import AzureSizes
 
@@ -394,39 +394,9 @@ def azure_cloud(settings: Any, credential: Any = None) -> AzureCloud | None:
     return AzureCloud(settings.azure, credential)
 
 
-class WithAzure(RoutedCloud):
-    """One Cloud over another inventory (EC2, or None where no `aws:` section is configured) and the Azure VMs: ids
-    starting with "azure:" are Azure's, and a change goes to the one cloud that listed the subject. A side that
-    cannot be listed makes the listing partial (`last_errors`), never empty; both failing raises."""
+class WithAzure(WithPlace):
+    """Another inventory (EC2, or None where no `aws:` section is configured) and the Azure VMs ("azure:" ids)."""
 
     def __init__(self, other: Any, azure: AzureCloud):
-        self.other = other
+        super().__init__(other, azure, prefix=AZURE_ID_PREFIX, name="Azure", brief=_brief)
         self.azure = azure
-        self.last_errors: list[str] = []
-
-    def cloud_of(self, inst: GpuInstance) -> Any:
-        if inst.instance_id.startswith(AZURE_ID_PREFIX) or self.other is None:
-            return self.azure
-        return self.other
-
-    def list_gpu_instances(self) -> list[GpuInstance]:
-        def failed(name: str) -> Callable[[Exception], str]:
-            def note(exc: Exception) -> str:
-                log.error("%s inventory not listed: %s", name, _brief(exc))
-                return f"{name}: {exc}"
-            return note
-
-        parts = [Listing(lambda _: self.other.list_gpu_instances(), failed=failed("cloud"),
-                         partial=lambda: errors_of(self.other))] if self.other is not None else []
-        parts.append(Listing(lambda _: self.azure.list_gpu_instances(), failed=failed("Azure"),
-                             partial=lambda: errors_of(self.azure)))
-        listed, self.last_errors = merge_listings(parts, every_failed=lambda _errors, last: last)
-        return listed
-
-    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
-        ours = [i for i in instance_ids if i.startswith(AZURE_ID_PREFIX)]
-        theirs = [i for i in instance_ids if not i.startswith(AZURE_ID_PREFIX)]
-        found = {i.instance_id: i for i in (self.azure.describe(ours) if ours else [])}
-        if theirs and self.other is not None:
-            found.update({i.instance_id: i for i in self.other.describe(theirs)})
-        return [found[i] for i in instance_ids if i in found]
