@@ -18,7 +18,7 @@ class StrictModel(BaseModel):
     default), values are frozen once loaded."""
 
     # inf and nan are never a setting: `timeout_s: .inf` would wait forever, nan compares false everywhere.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 # An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, eusc-de-east-1. Anything else (a typo, an RTL
