@@ -42,10 +42,23 @@ print(json.dumps({"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_mib"
 """
 
 
-def environment() -> dict[str, str]:
-    """This environment with the checkout first on PYTHONPATH and no config file: the built-in defaults."""
-    env = {k: v for k, v in os.environ.items() if k != "GPUFINOPS_CONFIG"}
+BYTECODE = Path(tempfile.gettempdir()) / "gpufinops-bench" / "pycache"
+
+
+def environment(bytecode: bool = True) -> dict[str, str]:
+    """This environment with the checkout first on PYTHONPATH and no config file (the built-in defaults).
+
+    bytecode: modules' compiled bytecode kept between runs (in BYTECODE, outside the checkout), as in an
+    installed package (pip compiles it at install): what a person's command pays. False: this checkout's
+    modules compiled from source at every start (PYTHONDONTWRITEBYTECODE=1, as some development and CI
+    environments set it; the installed libraries keep their own bytecode either way)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFINOPS_CONFIG", "PYTHONDONTWRITEBYTECODE",
+                                                             "PYTHONPYCACHEPREFIX")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if bytecode:
+        env["PYTHONPYCACHEPREFIX"] = str(BYTECODE)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
@@ -75,9 +88,12 @@ def run_process(cmd: Sequence[str], env: dict[str, str] | None = None, check: bo
 
 
 def medians_interleaved(names: Sequence[str], repeat: int, run: Callable[[str], dict],
-                        keys: Sequence[str] = ("wall_s", "cpu_s", "peak_mib")) -> dict[str, dict]:
+                        keys: Sequence[str] = ("wall_s", "cpu_s", "peak_mib"), warm_up: bool = True) -> dict[str, dict]:
     """`run(name)` for each name in turn, `repeat` rounds (the shared machine's noise spread over all): per
-    name its first run's dict with `keys` replaced by their medians over the rounds, and `runs` the count."""
+    name its first run's dict with `keys` replaced by their medians over the rounds, and `runs` the count.
+    warm_up: one round first, not counted (bytecode written, files in the page cache)."""
+    for n in names if warm_up else ():
+        run(n)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(repeat):
         for n in names:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import gzip
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -321,6 +320,8 @@ def _focus_columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
         except Exception as exc:
             raise BillingDataError(f"{src.name}: cannot read FOCUS file: {_error_text(exc)}") from None
         return names, table
+    import gzip  # here: only a FOCUS CSV's header is read through it
+
     opener = gzip.open if src.name.lower().endswith(".gz") else open
     try:
         with opener(src.path, "rt", encoding="utf-8", newline="") as fh:
