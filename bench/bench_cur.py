@@ -130,6 +130,9 @@ def replayed_statements(source: str, path: Path, by: str, start: datetime = SEP,
         def __init__(self, con, i):
             self.con, self.i = con, i
 
+        def __getattr__(self, name):  # description, ...: the connection's
+            return getattr(self.con, name)
+
         def fetchall(self):
             fetched[self.i] = self.con.fetchall()
             return fetched[self.i]
@@ -142,18 +145,25 @@ def replayed_statements(source: str, path: Path, by: str, start: datetime = SEP,
         def __init__(self, con):
             self.con = con
 
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
         def execute(self, sql, *args):
             assert not args, "the command's statements carry their values in the text"
             statements.append(sql)
             fetched.append(None)
             return Result(self.con.execute(sql), len(statements) - 1)
 
+    import logging
+
     connect = duck.connect
     duck.connect = lambda: Recording(connect())
+    logging.disable(logging.WARNING)  # the file's warnings are the command's to print, not this table's
     try:
         duck.file_totals(Settings(), start, end, by, source, str(path))
     finally:
         duck.connect = connect
+        logging.disable(logging.NOTSET)
     return tuple(statements), tuple(json.loads(json.dumps(f, default=str)) for f in fetched)
 
 

@@ -23,6 +23,9 @@ from statistics import median
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+# The benches' own use of gpufinops (generating files, recording the command's statements) is this checkout's
+# too, as the processes they time, not whichever copy is installed.
+sys.path.insert(0, str(ROOT))
 
 LAUNCHER = r"""
 import json, os, sys, time
