@@ -104,6 +104,7 @@ YARDSTICK = """import json, sys
 import duckdb
 con = duckdb.connect()
 con.execute("SET TimeZone='UTC'")
+con.execute("SET enable_progress_bar=false")  # as the command: a long query's bar would print on stdout
 print(json.dumps([con.execute(sql).fetchall() for sql in sys.argv[1:]], default=str))
 """
 
