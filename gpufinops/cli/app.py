@@ -167,15 +167,16 @@ def refuse_lost_values(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(modules_for(argv))
+    modules = modules_for(argv)
+    parser = build_parser(modules)
     enable_shell_completion(parser)
     args = parser.parse_args(argv)
     refuse_lost_values(parser, args)
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_third_party_logs(level)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # `gpufinops rules`: no action given; the help lists every command
+        (parser if modules == CAPABILITIES else build_parser()).print_help()
         return 2
     from ..collect.errors import QueryFailed
     from ..config import ConfigError

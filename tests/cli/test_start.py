@@ -158,6 +158,14 @@ def test_one_commands_parser_answers_as_the_whole_parser(argv):
     assert parsed_or_exit(build_parser(modules_for(argv)), argv) == parsed_or_exit(build_parser(), argv)
 
 
+@pytest.mark.parametrize("argv", [["rules"], []])
+def test_a_command_line_without_an_action_prints_the_whole_help(argv, capsys):
+    from gpufinops.cli import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().out == build_parser().format_help()
+
+
 # --------------------------------------------------------------------------- costs -o json without json's Python encoder
 
 
