@@ -178,9 +178,13 @@ def replay(source: str, path: Path, by: str) -> dict:
 
 
 def same_rows(a: list, b: list) -> bool:
-    """The same rows in any order (a GROUP BY's order is the threads'), sums equal to a millionth of a cent (a
-    parallel sum's last bits depend on the order its threads add in)."""
+    """The same rows in any order (a GROUP BY's order is the threads', as a list(DISTINCT ...)'s items are),
+    sums equal to a millionth of a cent (a parallel sum's last bits depend on the order its threads add in)."""
+    def canon(v):
+        return sorted((canon(x) for x in v), key=repr) if isinstance(v, list) else v
+
     def order(rows):
+        rows = [[canon(v) for v in row] for row in rows]
         return sorted(rows, key=lambda row: [v for v in row if not isinstance(v, float)].__repr__())
 
     def close(x, y) -> bool:
