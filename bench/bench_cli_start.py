@@ -10,6 +10,7 @@ that only imports DuckDB (the yardstick of `costs`, bench_cur.py).
     python bench/bench_cli_start.py                  # 15 rounds
     python bench/bench_cli_start.py --repeat 31
     python bench/bench_cli_start.py --no-bytecode-cache   # gpufinops' modules compiled at every start
+    python bench/bench_cli_start.py --before /tmp/before  # also each command on another checkout's code
 
 Bytecode: by default the modules' compiled bytecode is kept between runs (outside the checkout), as pip leaves
 an installed package; --no-bytecode-cache compiles this checkout's modules at every start, as a development
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from process_timing import environment, gpufinops_command, medians_interleaved, run_process
 
@@ -49,19 +51,26 @@ def commands() -> dict[str, list[str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15, help="rounds of every command, interleaved; medians kept")
+    ap.add_argument("--before", metavar="CHECKOUT", help="also each gpufinops command run from another "
+                    "checkout's code (e.g. `git worktree add /tmp/before main`), in the same rounds")
     ap.add_argument("--no-bytecode-cache", action="store_true",
                     help="compile this checkout's modules at every start (PYTHONDONTWRITEBYTECODE=1), not as installed")
     args = ap.parse_args()
     cmds, env = commands(), environment(bytecode=not args.no_bytecode_cache)
+    envs = {name: env for name in cmds}
+    if args.before:  # the same commands on the other checkout's code, named "... (before)"
+        before = environment(bytecode=not args.no_bytecode_cache, root=Path(args.before).resolve())
+        for name in [n for n in cmds if n not in ("python -c pass", "import duckdb")]:
+            cmds[f"{name} (before)"], envs[f"{name} (before)"] = cmds[name], before
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}, "
           f"{args.repeat} runs each, medians; gpufinops = {' '.join(gpufinops_command())}; "
           + ("compiled from source at every start" if args.no_bytecode_cache else "bytecode cached, as installed"))
-    best = medians_interleaved(list(cmds), args.repeat, lambda name: run_process(cmds[name], env))
+    best = medians_interleaved(list(cmds), args.repeat, lambda name: run_process(cmds[name], envs[name]))
     bare, duck = best["python -c pass"], best["import duckdb"]
-    print(f"{'command':>20} {'wall ms':>8} {'cpu ms':>7} {'peak MiB':>9} {'wall over pass':>15} {'cpu over pass':>14} "
+    print(f"{'command':>29} {'wall ms':>8} {'cpu ms':>7} {'peak MiB':>9} {'wall over pass':>15} {'cpu over pass':>14} "
           f"{'wall x duckdb':>14} {'cpu x duckdb':>13}")
     for name, r in best.items():
-        print(f"{name:>20} {r['wall_s'] * 1e3:>8.0f} {r['cpu_s'] * 1e3:>7.0f} {r['peak_mib']:>9.0f} "
+        print(f"{name:>29} {r['wall_s'] * 1e3:>8.0f} {r['cpu_s'] * 1e3:>7.0f} {r['peak_mib']:>9.0f} "
               f"{(r['wall_s'] - bare['wall_s']) * 1e3:>12.0f} ms {(r['cpu_s'] - bare['cpu_s']) * 1e3:>11.0f} ms "
               f"{r['wall_s'] / duck['wall_s']:>13.2f}x {r['cpu_s'] / duck['cpu_s']:>12.2f}x")
     over = best["import config+cli"]["wall_s"] - bare["wall_s"]

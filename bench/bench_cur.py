@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from process_timing import gpufinops_command, medians_interleaved, run_process
+from process_timing import environment, gpufinops_command, medians_interleaved, run_process
 
 OUT = Path(os.environ.get("GPUFINOPS_BENCH_DATA") or Path(tempfile.gettempdir()) / "gpufinops-bench")
 SEP = datetime(2024, 9, 1, tzinfo=timezone.utc)
@@ -214,8 +214,9 @@ def run_engine(engine: str, by: str, path: Path, params: dict) -> dict:
         return r | {"totals": {k: (c, h) for k, _, c, h in json.loads(r["stdout"])[-1]}}
     if engine == "replay":
         return replay("cur", path, by)
-    if engine == "cli":
-        r = run_process([*gpufinops_command(), *costs_args("cur", "2024-09", str(path), by)])
+    if engine in ("cli", "before"):
+        env = environment(root=Path(params["before"])) if engine == "before" else None
+        r = run_process([*gpufinops_command(), *costs_args("cur", "2024-09", str(path), by)], env)
         return r | {"totals": printed_totals(r["stdout"], by)}
     return run_child(engine, by, path, params)
 
@@ -331,6 +332,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are kept")
     ap.add_argument("--cli", action="store_true", help=argparse.SUPPRESS)  # always on now; kept for old commands
     ap.add_argument("--s3", action="store_true", help="also the command on the file in a local moto S3 server")
+    ap.add_argument("--before", metavar="CHECKOUT", help="also the command run from another checkout's code "
+                    "(e.g. `git worktree add /tmp/before main`): engine 'before', in the same rounds")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -340,8 +343,8 @@ def main() -> int:
     from gpufinops.collect.billing.synth import generate_cur
 
     OUT.mkdir(parents=True, exist_ok=True)
-    engines = [*YARDSTICKS, "cli"] + (["cli-s3"] if args.s3 else [])
-    params = parameters()
+    engines = [*YARDSTICKS, "cli"] + (["before"] if args.before else []) + (["cli-s3"] if args.s3 else [])
+    params = parameters() | {"before": args.before}
     for n in args.rows or [5_000_000, 20_000_000]:
         path = OUT / f"cur2_{n}.parquet"
         if not path.exists():

@@ -41,7 +41,7 @@ from pathlib import Path
 from bench_cur import (CENT, HEADER, OUT, RATIO_HEADER, YARDSTICKS, cli_s3_args, costs_args, count_s3_bytes,
                        differences, explain, figures_line, over_goal, printed_totals, replay, run_script_child, s3_path,
                        s3_server, vm_hwm_mib, yardstick_command)
-from process_timing import gpufinops_command, medians_interleaved, run_process
+from process_timing import environment, gpufinops_command, medians_interleaved, run_process
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "billing" / "focus_1.0_sample_1000.csv"
 START, END = "2024-09-01", "2024-10-01"
@@ -181,8 +181,9 @@ def run_engine(engine: str, fmt: str, path: Path, params: dict) -> dict:
         return r | {"totals": {k: (c, h) for k, c, h in json.loads(r["stdout"])[-1]}}
     if engine == "replay":
         return replay("focus", path, "instance")
-    if engine == "cli":
-        r = run_process([*gpufinops_command(), *costs_args("focus", START[:7], str(path), "instance")])
+    if engine in ("cli", "before"):
+        env = environment(root=Path(params["before"])) if engine == "before" else None
+        r = run_process([*gpufinops_command(), *costs_args("focus", START[:7], str(path), "instance")], env)
         return r | {"totals": printed_totals(r["stdout"], "instance")}
     return run_child(engine, fmt, path, params)
 
@@ -230,6 +231,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are kept")
     ap.add_argument("--table", action="store_true", help="also time read_focus (the cost table, --save's path)")
     ap.add_argument("--s3", action="store_true", help="also the command on the file in a local moto S3 server")
+    ap.add_argument("--before", metavar="CHECKOUT", help="also the command run from another checkout's code "
+                    "(e.g. `git worktree add /tmp/before main`): engine 'before', in the same rounds")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -238,7 +241,9 @@ def main() -> int:
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
     params = parameters()
-    engines = [*YARDSTICKS, "cli"] + (["gpufinops"] if args.table else []) + (["cli-s3"] if args.s3 else [])
+    engines = ([*YARDSTICKS, "cli"] + (["before"] if args.before else []) + (["gpufinops"] if args.table else [])
+               + (["cli-s3"] if args.s3 else []))
+    params["before"] = args.before
     files = {}
     for n in args.rows or [1_000_000, 5_000_000]:
         for fmt in args.format or ["csv", "parquet"]:

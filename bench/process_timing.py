@@ -48,8 +48,9 @@ print(json.dumps({"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_mib"
 BYTECODE = Path(tempfile.gettempdir()) / "gpufinops-bench" / "pycache"
 
 
-def environment(bytecode: bool = True) -> dict[str, str]:
-    """This environment with the checkout first on PYTHONPATH and no config file (the built-in defaults).
+def environment(bytecode: bool = True, root: Path = ROOT) -> dict[str, str]:
+    """This environment with the checkout (`root`: another one, e.g. a copy of the code before a change) first
+    on PYTHONPATH and no config file (the built-in defaults).
 
     bytecode: modules' compiled bytecode kept between runs (in BYTECODE, outside the checkout), as in an
     installed package (pip compiles it at install): what a person's command pays. False: this checkout's
@@ -57,7 +58,7 @@ def environment(bytecode: bool = True) -> dict[str, str]:
     environments set it; the installed libraries keep their own bytecode either way)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUFINOPS_CONFIG", "PYTHONDONTWRITEBYTECODE",
                                                              "PYTHONPYCACHEPREFIX")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     if bytecode:
         env["PYTHONPYCACHEPREFIX"] = str(BYTECODE)
     else:
