@@ -15,16 +15,18 @@ cost only), ServiceCategory outside the non-compute FOCUS categories, a GPU inst
 ChargeDescription, SkuPriceDetails, x_SkuDetails or Google's machine_spec tag (an AWS type of a GPU family or
 one of billing.gpu_patterns), the configured cost column (BilledCost) between 0 and max_line_cost, hours
 between 0 and MAX_LINE_HOURS; seconds-unit rows clipped to their charge period and counted once per
-instance and period. DuckDB gets that selection as SQL. The engine runs, the child processes (peak memory
-VmHWM, imports included), the interleaving, the medians of --repeat and the comparison to the cent are
-bench_cur's (its helpers are imported).
+instance and period. DuckDB gets that selection as SQL. The engines are bench_cur's, as processes started the
+same way: "cli" the installed `gpufinops costs --source focus --path FILE --by instance -o json`, "duckdb" a
+process that imports duckdb only and runs that SQL, "replay" one that replays the command's own DuckDB
+statements; the interleaving, the medians of --repeat and the comparison to the cent are bench_cur's too.
 
     python bench/bench_focus.py                          # 1 M and 5 M rows, CSV and Parquet
     python bench/bench_focus.py --rows 5000000 --format parquet --repeat 5
     python bench/bench_focus.py --rows 1000000 --format csv --repeat 1 --table   # also read_focus (the table)
     python bench/bench_focus.py --rows 5000000 --format parquet --s3   # also the command on an s3:// copy
 
-Files are generated once (by DuckDB, from the sample) into bench/out/ (git-ignored) and reused.
+Files are generated once (by DuckDB, from the sample) into bench_cur's data folder ($GPUFINOPS_BENCH_DATA,
+default <tmp>/gpufinops-bench, outside the checkout) and reused.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from bench_cur import (CENT, OUT, best_interleaved, cli_s3_args, count_s3_bytes, cpu_s, differences, run_script_child,
-                       s3_path, s3_server, vm_hwm_mib)
+from bench_cur import (CENT, HEADER, OUT, RATIO_HEADER, YARDSTICKS, cli_s3_args, costs_args, count_s3_bytes,
+                       differences, explain, figures_line, over_goal, printed_totals, replay, run_script_child, s3_path,
+                       s3_server, vm_hwm_mib, yardstick_command)
+from process_timing import environment, gpufinops_command, medians_interleaved, run_process
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "billing" / "focus_1.0_sample_1000.csv"
 START, END = "2024-09-01", "2024-10-01"
@@ -156,50 +159,64 @@ def duckdb_sql(source: str, columns: set[str], p: dict) -> str:
     """
 
 
+def yardstick_source(path: Path, fmt: str) -> str:
+    return (f"read_parquet('{path}')" if fmt == "parquet" else  # read_csv reads .gz by its name
+            f"read_csv('{path}', all_varchar=true, header=true, nullstr=['NULL', ''])")
+
+
+def yardstick_statements(path: Path, fmt: str, params: dict) -> list[str]:
+    """The yardstick's statements: the file's columns (DESCRIBE, which the SQL depends on), then the totals."""
+    import duckdb
+
+    source = yardstick_source(path, fmt)
+    describe = f"DESCRIBE SELECT * FROM {source}"
+    columns = {r[0] for r in duckdb.connect().execute(describe).fetchall()}
+    return [describe, duckdb_sql(source, columns, params)]
+
+
+def run_engine(engine: str, fmt: str, path: Path, params: dict) -> dict:
+    """One run of `engine` (duckdb, replay, cli, or in this script's child gpufinops / cli-s3)."""
+    if engine == "duckdb":
+        r = run_process(yardstick_command(params["yardstick"][str(path)]))
+        return r | {"totals": {k: (c, h) for k, c, h in json.loads(r["stdout"])[-1]}}
+    if engine == "replay":
+        return replay("focus", path, "instance")
+    if engine in ("cli", "before"):
+        env = environment(root=Path(params["before"])) if engine == "before" else None
+        r = run_process([*gpufinops_command(), *costs_args("focus", START[:7], str(path), "instance")], env)
+        return r | {"totals": printed_totals(r["stdout"], "instance")}
+    return run_child(engine, fmt, path, params)
+
+
 def child(engine: str, fmt: str, path: str, params: dict) -> None:
-    """One engine's per-instance totals, wall and CPU time, peak memory (bench_cur.child's contract). The
-    DuckDB child imports duckdb only."""
+    """gpufinops (read_focus, the cost table) or cli-s3 (the command on the S3 copy, counting what s3fetch
+    fetches), in this script's child: its peak memory (VmHWM) is the engine's."""
     from datetime import datetime, timezone
 
-    t0 = time.perf_counter()
     if engine == "gpufinops":
         from gpufinops.collect.billing.focus import read_focus
         from gpufinops.collect.billing.settings import billing_settings
         from gpufinops.config import Settings
-    elif engine.startswith("cli"):
-        import contextlib
-        import io
 
-        from gpufinops.cli import main
-    else:
-        import duckdb
-    import_s = time.perf_counter() - t0
-    fetched = count_s3_bytes() if engine == "cli-s3" else []
-    t0, c0 = time.perf_counter(), cpu_s()
-    if engine == "gpufinops":
         start, end = (datetime.fromisoformat(d).replace(tzinfo=timezone.utc) for d in (START, END))
         t = read_focus(path, start, end, billing_settings(Settings())).table
         sums = t.groupby("resource_id")[["cost", "usage_hours"]].sum()
         totals = {k: (c, h) for k, c, h in zip(sums.index, sums["cost"], sums["usage_hours"])}
-    elif engine.startswith("cli"):  # the whole command, as a person runs it
+        fetched: list[int] = []
+    else:
+        import contextlib
+        import io
+
+        from gpufinops.cli import main
+
+        fetched = count_s3_bytes()
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            rc = main([*cli_s3_args(engine, params), "costs", "--month", START[:7], "--source", "focus", "--path",
-                       s3_path(engine, path), "--by", "instance", "-o", "json"])
+            rc = main([*cli_s3_args(engine, params), *costs_args("focus", START[:7], s3_path(engine, path), "instance")])
         assert rc == 0, rc
-        totals = {("" if r["instance"] == "(none)" else r["instance"]): (r["cost"], r["usage_hours"])
-                  for r in json.loads(out.getvalue())}
-    else:
-        con = duckdb.connect()
-        con.execute("SET TimeZone='UTC'")
-        source = (f"read_parquet('{path}')" if fmt == "parquet" else  # read_csv reads .gz by its name
-                  f"read_csv('{path}', all_varchar=true, header=true, nullstr=['NULL', ''])")
-        columns = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        totals = {k: (c, h) for k, c, h in con.execute(duckdb_sql(source, columns, params)).fetchall()}
-    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
-    print(json.dumps({"engine": engine, "wall_s": wall, "cpu_s": cpu, "import_s": import_s,
-                      "peak_mib": vm_hwm_mib(), "totals": totals, "fetched_mib": sum(fetched) / 2**20,
-                      "gets": len(fetched)}))
+        totals = printed_totals(out.getvalue(), "instance")
+    print(json.dumps({"engine": engine, "peak_mib": vm_hwm_mib(), "totals": totals,
+                      "fetched_mib": sum(fetched) / 2**20, "gets": len(fetched)}))
 
 
 def run_child(engine: str, fmt: str, path: Path, params: dict) -> dict:
@@ -214,6 +231,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per engine, interleaved; medians are kept")
     ap.add_argument("--table", action="store_true", help="also time read_focus (the cost table, --save's path)")
     ap.add_argument("--s3", action="store_true", help="also the command on the file in a local moto S3 server")
+    ap.add_argument("--before", metavar="CHECKOUT", help="also the command run from another checkout's code "
+                    "(e.g. `git worktree add /tmp/before main`): engine 'before', in the same rounds")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -222,7 +241,9 @@ def main() -> int:
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
     params = parameters()
-    engines = ["duckdb", "cli"] + (["gpufinops"] if args.table else []) + (["cli-s3"] if args.s3 else [])
+    engines = ([*YARDSTICKS, "cli"] + (["before"] if args.before else []) + (["gpufinops"] if args.table else [])
+               + (["cli-s3"] if args.s3 else []))
+    params["before"] = args.before
     files = {}
     for n in args.rows or [1_000_000, 5_000_000]:
         for fmt in args.format or ["csv", "parquet"]:
@@ -231,6 +252,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 generate(n, fmt, path)
                 print(f"generated {path} in {time.perf_counter() - t0:.1f} s")
+    params["yardstick"] = {str(path): yardstick_statements(path, fmt, params) for (n, fmt), path in files.items()}
     with contextlib.ExitStack() as stack:
         if args.s3:
             params["s3_config"] = stack.enter_context(s3_server(files.values()))
@@ -238,35 +260,29 @@ def main() -> int:
 
 
 def measure(args, engines: list[str], params: dict, files: dict) -> int:
-    print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.1f}")
-    print("wall / cpu: the whole child process (interpreter, imports, answer, exit); medians of --repeat")
-    print(f"{'rows':>11} {'format':>8} {'file MiB':>9} {'engine':>10} {'wall s':>8} {'cpu s':>7} {'import s':>9} "
-          f"{'peak MiB':>9} {'keys':>6} {'wall x':>7} {'cpu x':>6} {'mem x':>6}")
+    explain("focus")
     failed = False
     for (n, fmt), path in files.items():
         size = path.stat().st_size / 2**20
-        best = best_interleaved(engines, args.repeat, lambda e: run_child(e, fmt, path, params))
+        print(f"\nFOCUS {n:,} rows ({size:.0f} MiB {fmt}), by instance, {args.repeat} runs each")
+        print(RATIO_HEADER)
+        print(HEADER)
+        best = medians_interleaved(engines, args.repeat, lambda e: run_engine(e, fmt, path, params))
         base = best["duckdb"]
         ok = True
         for e in engines:
             r = best[e]
-            print(f"{n:>11,} {fmt:>8} {size:>9.0f} {e:>10} {r['proc_wall_s']:>8.2f} {r['proc_cpu_s']:>7.2f} "
-                  f"{r['import_s']:>9.2f} {r['peak_mib']:>9.0f} {len(r['totals']):>6} "
-                  f"{r['proc_wall_s'] / base['proc_wall_s']:>6.2f}x {r['proc_cpu_s'] / base['proc_cpu_s']:>5.2f}x "
-                  f"{r['peak_mib'] / base['peak_mib']:>5.2f}x"
+            print(f"{e:>10} " + figures_line(r, best)
                   + (f"  {r['fetched_mib']:.0f} MiB in {r['gets']} GETs" if e == "cli-s3" else ""))
-            diff = differences(r["totals"], base["totals"])
+            diff = differences(r["totals"], base["totals"]) if "totals" in r else (
+                [] if r["same"] else ["the replay fetched other rows than the command"])
             if diff:
                 ok, failed = False, True
                 print(f"  {e} totals differ from duckdb's by {CENT:g} or more: {len(diff)} key(s), e.g. {diff[:3]}")
         total = sum(c for c, _ in base["totals"].values())
         hours = sum(h for _, h in base["totals"].values())
-        print(f"{'':>11} totals equal to the cent across engines: {ok} (sum {total:,.2f}, {hours:,.2f} h)")
-        g = best["cli"]
-        slow, cpu, big = (g[k] / base[k] for k in ("proc_wall_s", "proc_cpu_s", "peak_mib"))
-        if slow > 1.3 or cpu > 1.3 or big > 1.5:
-            print(f"{'':>11} costs is over the goal (1.3x DuckDB's wall and CPU, 1.5x its memory): "
-                  f"{slow:.2f}x wall, {cpu:.2f}x CPU, {big:.2f}x memory")
+        print(f"totals equal to the cent across engines: {ok} (sum {total:,.2f}, {hours:,.2f} h)")
+        print(over_goal(best) or "goal met: the command within 1.2x both yardsticks' wall and CPU")
     if failed:
         print("FAILED: the engines' per-instance totals differ (see above)")
     return 1 if failed else 0

@@ -5,7 +5,8 @@ A capability module (`core`, `billing`, ...) exposes `register(subparsers)`; its
 signature `handler(args) -> int`, load settings with `common.load_settings_from_args(args)` and build the live
 peers through `gpufinops.compose`. Registering imports argparse only: every heavy library (pandas, boto3,
 SQLAlchemy, pydantic) is imported inside the handler that needs it, so `gpufinops --help` and shell completion
-start fast.
+start fast. A command line naming a command imports only the module that registers it (`COMMAND_MODULES`): the
+other commands' modules, their arguments and what they import are never loaded for it.
 
 Conventions every subcommand follows:
 - `-o/--output table|json|csv` chooses the format of what is printed; JSON and CSV go to stdout,
@@ -19,14 +20,22 @@ Conventions every subcommand follows:
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 
-from . import agent, backtest, billing, core, k8s, recommend, report
 from .common import EXIT_PROBLEM_FOUND, EXIT_USAGE
 
-CAPABILITIES = (core, billing, recommend, backtest, report, agent, k8s)  # the order of `gpufinops --help`
+CAPABILITIES = ("core", "billing", "recommend", "backtest", "report", "agent", "k8s")  # the order of `gpufinops --help`
+# The module of this package that registers each command. A command line naming one of them builds a parser with
+# that module's commands only; `gpufinops --help`, no command, an unknown one and shell completion build the whole
+# parser (every module). tests/cli/test_start.py holds this table equal to what the modules register.
+COMMAND_MODULES = {
+    "serve": "core", "evaluate": "core", "rules": "core", "audit": "core", "demo": "core",
+    "costs": "billing", "budgets": "billing", "recommend": "recommend", "size": "recommend",
+    "backtest": "backtest", "report": "report", "agent": "agent", "k8s": "k8s",
+}
 
 
 def package_version() -> str:
@@ -49,21 +58,65 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpufinops",
-        description="FinOps cost and idle-GPU governance: idle verdicts, safe auto-shutdown, budgets, right-sizing.",
-    )
+def add_global_options(parser: argparse.ArgumentParser, version_action: type[argparse.Action] | str = None) -> None:
+    """The options before the command (`gpufinops --config FILE costs ...`); `version_action`: what --version
+    does (default: print the version and exit)."""
     parser.add_argument(
         "--config", "-c", default=None,
         help="path to gpufinops.yaml (default: $GPUFINOPS_CONFIG, else built-in defaults)",
     )
     parser.add_argument("--log-level", default=os.environ.get("GPUFINOPS_LOG_LEVEL", "INFO"))
-    parser.add_argument("--version", action=VersionAction, help="show the installed version and exit")
+    parser.add_argument("--version", action=version_action or VersionAction, help="show the installed version and exit")
+
+
+def build_parser(modules: tuple[str, ...] = CAPABILITIES) -> argparse.ArgumentParser:
+    """The command line's parser with the commands of `modules` (default: every command)."""
+    parser = argparse.ArgumentParser(
+        prog="gpufinops",
+        description="FinOps cost and idle-GPU governance: idle verdicts, safe auto-shutdown, budgets, right-sizing.",
+    )
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for capability in CAPABILITIES:
-        capability.register(sub)
+    for name in modules:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
     return parser
+
+
+class _NotACommandLine(Exception):
+    pass
+
+
+class _CommandFinder(argparse.ArgumentParser):
+    """The global options and the first word after them, read by argparse's own rules (abbreviations, `-cFILE`,
+    `--config=FILE`); never prints or exits: a command line it cannot read is the whole parser's to judge."""
+
+    def error(self, message):
+        raise _NotACommandLine(message)
+
+    def exit(self, status=0, message=None):
+        raise _NotACommandLine(message)
+
+
+def modules_for(argv: list[str] | None) -> tuple[str, ...]:
+    """The modules a parser for `argv` needs: the one registering the command it names; none for `--version`
+    alone (it prints and exits while the options are read); else every module (no command, an unknown one,
+    `--help` before it, a shell completion request)."""
+    if "_ARGCOMPLETE" in os.environ:
+        return CAPABILITIES
+    finder = _CommandFinder(prog="gpufinops", add_help=False)
+    add_global_options(finder, version_action="store_true")  # only read here: the parser built next acts on it
+    finder.add_argument("-h", "--help", action="store_true")
+    finder.add_argument("words", nargs=argparse.REMAINDER)
+    try:
+        found, _ = finder.parse_known_args(sys.argv[1:] if argv is None else argv)
+    except _NotACommandLine:
+        return CAPABILITIES
+    if found.help:
+        return CAPABILITIES
+    if not found.words:
+        return () if found.version else CAPABILITIES
+    module = COMMAND_MODULES.get(found.words[0])
+    return (module,) if module else CAPABILITIES
 
 
 def enable_shell_completion(parser: argparse.ArgumentParser) -> None:
@@ -114,15 +167,16 @@ def refuse_lost_values(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    modules = modules_for(argv)
+    parser = build_parser(modules)
     enable_shell_completion(parser)
     args = parser.parse_args(argv)
     refuse_lost_values(parser, args)
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_third_party_logs(level)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # `gpufinops rules`: no action given; the help lists every command
+        (parser if modules == CAPABILITIES else build_parser()).print_help()
         return 2
     from ..collect.errors import QueryFailed
     from ..config import ConfigError

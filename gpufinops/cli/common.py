@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from ..model import format_duration
 from ..words import render_table  # noqa: F401  (the one text table, re-exported for the commands)
 
 if TYPE_CHECKING:
@@ -49,7 +48,12 @@ def load_settings_from_args(args: argparse.Namespace, *, uses_database: bool = T
     return settings.model_copy(update={"database_url": f"sqlite:///{db}", "slack": slack})
 
 
-format_window = format_duration  # a window as every command prints it: the one duration formatter
+def format_window(seconds: float) -> str:
+    """A window as every command prints it: the one duration formatter (model.format_duration), imported when
+    used, so that a command that prints none does not load the model's classes to start."""
+    from ..model import format_duration
+
+    return format_duration(seconds)
 
 
 def format_share(fraction: float | None) -> str:

@@ -10,7 +10,6 @@ import sys
 from datetime import datetime, timezone
 
 from .common import EXIT_PROBLEM_FOUND, usage_error
-from ..k8s.model import KUEUE_JOB_KINDS
 
 K8S_GROUPINGS = ("namespace", "workload", "nodepool")
 HOURS_PER_MONTH = 730.0  # as recommend.hours_per_month: a month at this hour's allocation
@@ -108,6 +107,8 @@ def nodes_without_gpu_pods(snapshot, node_costs) -> list[dict]:
 
 def register(subparsers) -> None:
     """`gpufinops k8s restore NS/NAME`: scale back a workload gpufinops scaled to zero (docs/kubernetes.md)."""
+    from ..k8s.model import KUEUE_JOB_KINDS  # here, not at the top: `costs --by` reads K8S_GROUPINGS only
+
     k = subparsers.add_parser("k8s", help="Kubernetes GPU workloads: restore one gpufinops scaled to zero")
     ksub = k.add_subparsers(dest="k8s_command", metavar="ACTION")
     r = ksub.add_parser("restore", help="scale a Deployment/StatefulSet back to its replica count before gpufinops "

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .capabilities import (AthenaSettings, BillingSettings, CeSettings, CommitmentPolicy, InterruptionOverride,
                            RecommendSettings, ReportDeliverySettings, ReportSettings, SpotPolicy, StoreSettings,
@@ -69,26 +69,26 @@ class Settings(StrictModel):
     slurm: SlurmSettings | None = None
     # No `gcp:` section: no Compute Engine VM is listed.
     gcp: GcpSettings | None = None
-    prometheus: PrometheusSettings = PrometheusSettings()
-    aws: AwsSettings = AwsSettings()
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    aws: AwsSettings = Field(default_factory=AwsSettings)
     # No `azure:` section: no Azure VM is listed (gpufinops.places.azure).
     azure: AzureSettings | None = None
-    slack: SlackSettings = SlackSettings()
-    email: EmailSettings = EmailSettings()
-    act: ActSettings = ActSettings()
-    schedule: ScheduleSettings = ScheduleSettings()
-    service: ServiceSettings = ServiceSettings()
-    api: ApiSettings = ApiSettings()
-    lease: LeaseSettings = LeaseSettings()
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    email: EmailSettings = Field(default_factory=EmailSettings)
+    act: ActSettings = Field(default_factory=ActSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
     # The capabilities' sections, typed like the rest and so checked at load: a typo in any of them fails
     # `load_settings`, not the weekly digest days later. No `billing:` section (or an empty one) is None:
     # the budget job is off and reports price from the catalog.
     billing: BillingSettings | None = None
-    recommend: RecommendSettings = RecommendSettings()
-    report: ReportSettings = ReportSettings()
-    store: StoreSettings = StoreSettings()
+    recommend: RecommendSettings = Field(default_factory=RecommendSettings)
+    report: ReportSettings = Field(default_factory=ReportSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
     source_path: str = ""
 
     @field_validator("billing", mode="before")

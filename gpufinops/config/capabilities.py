@@ -89,9 +89,9 @@ class BillingSettings(StrictModel):
     max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
     budgets_path: Name = str(DEFAULT_RULES_DIR / "budgets.yaml")
     price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
-    tag_keys: TagKeys = TagKeys()
-    ce: CeSettings = CeSettings()
-    athena: AthenaSettings = AthenaSettings()
+    tag_keys: TagKeys = Field(default_factory=TagKeys)
+    ce: CeSettings = Field(default_factory=CeSettings)
+    athena: AthenaSettings = Field(default_factory=AthenaSettings)
     # An instance counts as running now if it was evaluated this recently.
     running_fresh_s: int = Field(900, gt=0, le=7 * 86400)
 
@@ -166,8 +166,8 @@ class RecommendSettings(StrictModel):
     workload_tag: Name = "workload"
     interruptible_values: tuple[Name, ...] = ("batch", "training", "train", "etl")
     non_interruptible_values: tuple[Name, ...] = ("inference", "interactive", "serving", "notebook")
-    spot: SpotPolicy = SpotPolicy()
-    commitment: CommitmentPolicy = CommitmentPolicy()
+    spot: SpotPolicy = Field(default_factory=SpotPolicy)
+    commitment: CommitmentPolicy = Field(default_factory=CommitmentPolicy)
     catalog_dir: str | None = None  # default: the bundled catalog
     price_cache_path: Name = "gpufinops-aws-prices.json"
     price_max_age_days: int = Field(90, ge=1, le=3660)  # older prices are flagged in the reason
@@ -205,7 +205,7 @@ class ReportSettings(StrictModel):
     # Seconds between evaluations. None: measured from the stored decisions (the mean spacing within service runs), so a
     # report on a database written by a service with another schedule still counts time right.
     evaluate_every_s: int | None = Field(None, ge=1, le=86400)
-    delivery: ReportDeliverySettings = ReportDeliverySettings()
+    delivery: ReportDeliverySettings = Field(default_factory=ReportDeliverySettings)
 
 
 # --------------------------------------------------------------------------- store:

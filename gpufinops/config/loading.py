@@ -9,10 +9,15 @@ import os
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    import yaml
+
+# PyYAML is imported by the functions that read YAML, not here: a command run without a config file (the
+# built-in defaults) never parses YAML, and its import is a tenth of a command's start (bench_cli_start.py).
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -37,6 +42,8 @@ class ConfigError(ValueError):
 
 def compose_yaml(text: str) -> yaml.Node | None:
     """The YAML node tree (with line marks) of a document, or None when it has none."""
+    import yaml
+
     try:
         return yaml.compose(text)
     except (yaml.YAMLError, RecursionError):
@@ -45,6 +52,8 @@ def compose_yaml(text: str) -> yaml.Node | None:
 
 def line_of(path: str, loc: tuple, text: str, root: yaml.Node | None = None) -> int | None:
     """Best-effort line number of a dotted key in a YAML document (`root`: its compose_yaml(), if at hand)."""
+    import yaml
+
     node = root if root is not None else compose_yaml(text)
     line = None
     for part in loc:
@@ -164,6 +173,8 @@ def read_text(path: str | Path) -> str:
 
 def parse_yaml(where: str | Path, text: str) -> Any:
     """yaml.safe_load, with every failure a ConfigError naming the file and, where YAML knows it, the line."""
+    import yaml
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -49,6 +49,13 @@ class SecretRef(StrictModel):
         return None
 
 
+def env_secret(name: str):
+    """A field whose default is the secret in the environment variable `name`. A factory, not a `SecretRef` made
+    when the section's class is defined: making one would build the models' validators at import, which every
+    command pays for in start-up time (the models are built when first used: StrictModel's defer_build)."""
+    return Field(default_factory=lambda: SecretRef(env=name))
+
+
 MAX_SECRET_BYTES = 64 * 1024  # a token, a password, a key: far less; more is the wrong file, never read whole
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .loading import printable
-from .secrets import SecretRef
+from .secrets import SecretRef, env_secret
 from .values import (_CRON_DAYS, _DOMAIN, _FAMILY, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, SLACK_USER_ID,
                      AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel, backoff_in_order, http_url,
                      known_gpu, usd_only, usd_price)
@@ -21,9 +21,9 @@ class PrometheusSettings(StrictModel):
     url: str = "http://127.0.0.1:9090"
     # Seconds one query may take; past it the usage is UNKNOWN (never idle). Bounded: a tick is a minute.
     timeout_s: float = Field(10.0, gt=0, le=600)
-    bearer_token: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_TOKEN")
+    bearer_token: SecretRef = env_secret("GPUFINOPS_PROMETHEUS_TOKEN")
     basic_auth_user: str | None = None
-    basic_auth_password: SecretRef = SecretRef(env="GPUFINOPS_PROMETHEUS_PASSWORD")
+    basic_auth_password: SecretRef = env_secret("GPUFINOPS_PROMETHEUS_PASSWORD")
     verify_tls: bool = True
     # Label that carries the EC2 instance id (set by ec2_sd_configs relabelling).
     instance_label: PrometheusLabel = "instance_id"
@@ -100,7 +100,7 @@ class AwsSettings(StrictModel):
 
 
 class SlackSettings(StrictModel):
-    token: SecretRef = SecretRef(env="SLACK_BOT_TOKEN")
+    token: SecretRef = env_secret("SLACK_BOT_TOKEN")
     default_channel: SlackChannel = "#gpu-finops"
     base_url: str | None = None  # slack-sdk default when None
     max_retries: int = Field(3, ge=0, le=20)
@@ -111,12 +111,12 @@ class SlackSettings(StrictModel):
     retry_max_backoff_s: int = Field(3600, ge=1, le=7 * 86400)
     # Buttons on warnings (Snooze 2 h / until tomorrow 09:00 / Keep running 7 days), handled at POST
     # /slack/actions. Shown only when this secret resolves: every click is checked against it (docs/notifications.md).
-    signing_secret: SecretRef = SecretRef(env="SLACK_SIGNING_SECRET")
+    signing_secret: SecretRef = env_secret("SLACK_SIGNING_SECRET")
     # The same buttons without a public URL (a VPC with no inbound HTTPS): Slack Socket Mode. Each replica opens a
     # WebSocket with the app-level token (xapp-…, scope connections:write; never the token itself here: where to
     # read it) and receives clicks over it; same authorisation and audit as POST /slack/actions.
     socket_mode: bool = False
-    app_token: SecretRef = SecretRef(env="SLACK_APP_TOKEN")
+    app_token: SecretRef = env_secret("SLACK_APP_TOKEN")
     # Who may snooze: the instance's owner (its owner tag: a Slack user id, or an email), the people of its team
     # here (team tag value -> people), and these admins, anything. A person is a Slack user id or an email (matched
     # against the email users.info gives for the clicking id); never a name, which anyone can choose.
@@ -193,7 +193,7 @@ class EmailSettings(StrictModel):
     # refused with a username unless the server is on this machine (a password is never sent in the clear).
     security: Literal["starttls", "ssl", "none"] = "starttls"
     username: str | None = None
-    password: SecretRef = SecretRef(env="GPUFINOPS_SMTP_PASSWORD")
+    password: SecretRef = env_secret("GPUFINOPS_SMTP_PASSWORD")
     # A CA bundle to verify the server with (a private CA); default: the system's.
     ca_file: str | None = None
     sender: str = "gpufinops@localhost.localdomain"
@@ -324,7 +324,7 @@ class ApiSettings(StrictModel):
     token too, when one is set)."""
 
     enabled: bool = True
-    bearer_token: SecretRef = SecretRef(env="GPUFINOPS_API_TOKEN")
+    bearer_token: SecretRef = env_secret("GPUFINOPS_API_TOKEN")
     tls: ApiTlsSettings | None = None
 
 
@@ -464,7 +464,7 @@ class SlurmClusterSettings(StrictModel):
     conf: str | None = None  # a slurm.conf path; None with no rest_url: the commands' own default
     rest_url: str | None = None  # slurmrestd, e.g. http://127.0.0.1:6820
     rest_user: Name = "gpufinops"  # X-SLURM-USER-NAME: the operator identity the token was issued for
-    rest_token: SecretRef = SecretRef(env="GPUFINOPS_SLURM_JWT")  # X-SLURM-USER-TOKEN (`scontrol token`)
+    rest_token: SecretRef = env_secret("GPUFINOPS_SLURM_JWT")  # X-SLURM-USER-TOKEN (`scontrol token`)
     timeout_s: float = Field(30.0, gt=0, le=600)  # one command or request; a timeout is UNKNOWN, never idle
 
     @field_validator("cluster")
@@ -562,7 +562,7 @@ class GcpSettings(StrictModel):
     (GOOGLE_APPLICATION_CREDENTIALS, the metadata server of a GCE/GKE host)."""
 
     projects: tuple[Annotated[str, Field(pattern=GCP_PROJECT)], ...] = Field(min_length=1)
-    access_token: SecretRef = SecretRef(env="GPUFINOPS_GCP_ACCESS_TOKEN")
+    access_token: SecretRef = env_secret("GPUFINOPS_GCP_ACCESS_TOKEN")
     # Another Compute API endpoint (Private Service Connect, a test's stand-in); None = compute.googleapis.com.
     api_endpoint: str | None = None
     # A stop's zone operation is polled until DONE for at most this long; past it the stop is read back like a

@@ -18,7 +18,11 @@ class StrictModel(BaseModel):
     default), values are frozen once loaded."""
 
     # inf and nan are never a setting: `timeout_s: .inf` would wait forever, nan compares false everywhere.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # defer_build: a model's validator is built when it first validates, not at import, so a command pays for
+    # the models it uses, once (Settings' validator holds its sections'), and `--help` or a command that never
+    # loads settings pays for none. A default is a Field(default_factory=...), never an instance made at
+    # import (making one would build its validator there).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 # An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, eusc-de-east-1. Anything else (a typo, an RTL

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import gzip
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -321,6 +320,8 @@ def _focus_columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
         except Exception as exc:
             raise BillingDataError(f"{src.name}: cannot read FOCUS file: {_error_text(exc)}") from None
         return names, table
+    import gzip  # here: only a FOCUS CSV's header is read through it
+
     opener = gzip.open if src.name.lower().endswith(".gz") else open
     try:
         with opener(src.path, "rt", encoding="utf-8", newline="") as fh:
@@ -508,28 +509,44 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
             raise BillingDataError(f"{src.name}: cannot read FOCUS file: {text}") from None
         bad = {"bad_cost": 0, "bad_qty": 0, "bad_date": 0}
         excluded, currencies = 0, []
+        at = {c: i for i, c in enumerate(cols)}
+        # The group's values instance_type() reads (the texts and Tags, not the key: a GPU type is named by many
+        # instances' rows alike), and what each distinct set of them named, worked out once: at 5 M rows the
+        # groups are ~45,000 and their texts a few hundred (bench/bench_focus.py).
+        judged = [at[c] for c in group if c in FOCUS_TEXT or c == "Tags"]
+        named: dict[tuple, str] = {}
+        i_cost, i_currency, i_hours, i_max = at["cost"], at["currency_"], at["hours"], at["max_hours"]
+        i_excluded, i_rid, i_period = at["excluded"], at["secs_rid_"], at["secs_period_"]
         for row in got:
-            r = dict(zip(cols, row))
-            g = {c: r[c] for c in group}
-            itype = rules.instance_type(g)
+            try:
+                seen: tuple | None = tuple(row[i] for i in judged)
+                itype = named.get(seen)
+            except TypeError:  # a value DuckDB hands as a dict or a list (a MAP, a STRUCT): judged row by row
+                seen, itype = None, None
+            g = None
+            if itype is None:
+                g = {c: row[at[c]] for c in group}
+                itype = rules.instance_type(g)
+                if seen is not None:
+                    named[seen] = itype
             if not itype:
                 continue
             for b in bad:
-                bad[b] += r[b]
-            excluded += r["excluded"]
-            if r["cost"] is None:
+                bad[b] += row[at[b]]
+            excluded += row[i_excluded]
+            if row[i_cost] is None:
                 continue
-            currency = "" if r["currency_"] is None else str(r["currency_"])
+            currency = "" if row[i_currency] is None else str(row[i_currency])
             currencies.append(currency)
-            k = (rules.key(g, itype), currency)
+            k = (rules.key(g if g is not None else {c: row[at[c]] for c in group}, itype), currency)
             s = sums.setdefault(k, [0.0, 0.0])
-            s[0] += r["cost"]
-            if r["secs_rid_"] is None and r["secs_period_"] is None:
-                s[1] += r["hours"]
+            s[0] += row[i_cost]
+            if row[i_rid] is None and row[i_period] is None:
+                s[1] += row[i_hours]
             else:  # counted once per instance and charge period: the longest row's hours (focus.instance_hours)
-                best = secs.setdefault((r["secs_rid_"], r["secs_period_"]), [-1.0, k])
-                if r["max_hours"] > best[0]:
-                    best[0], best[1] = r["max_hours"], k
+                best = secs.setdefault((row[i_rid], row[i_period]), [-1.0, k])
+                if row[i_max] > best[0]:
+                    best[0], best[1] = row[i_max], k
         for b, col in (("bad_cost", cost_col), ("bad_qty", "ConsumedQuantity"), ("bad_date", "ChargePeriodStart")):
             if bad[b]:
                 _raise_bad_value(con, src, table, set(names), col, rules, b == "bad_date")

@@ -25,7 +25,6 @@ import re
 import shutil
 import struct
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -247,6 +246,8 @@ class _Object:
             for lo, hi in parts:
                 self._get(lo, hi, fd)
             return
+        from concurrent.futures import ThreadPoolExecutor  # here: a local path's totals never fetch
+
         with ThreadPoolExecutor(min(PARALLEL_GETS, len(parts)), thread_name_prefix="s3-range") as pool:
             try:
                 for f in [pool.submit(self._get, lo, hi, fd) for lo, hi in parts]:
