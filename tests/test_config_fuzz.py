@@ -285,7 +285,8 @@ HOSTILE_TEXT = ["\u202e\u202e", "us-east-1\u202e", "a\r\nb", "\x00", "\x07", " "
 NEEDS = {("hosts", "inventory"): {"hostname": "gpu-1", "gpu_count": 1, "gpu_model": "H100"},
          ("aws", "assume_roles"): {"arn": "arn:aws:iam::123456789012:role/gpufinops"},
          ("recommend", "spot", "overrides"): {"interruption_rate_per_hour": 0.01},
-         ("api", "tls"): {"port": 9443, **{k: __file__ for k in ("cert_file", "key_file", "client_ca_file")}}}
+         ("api", "tls"): {"port": 9443, **{k: __file__ for k in ("cert_file", "key_file", "client_ca_file")}},
+         ("azure",): {"subscriptions": ["00000000-0000-0000-0000-000000000000"]}}
 
 
 def document(loc: tuple, value) -> dict:

@@ -14,8 +14,8 @@ from pydantic import Field, field_validator, model_validator
 from .loading import printable
 from .secrets import SecretRef, env_secret
 from .values import (_CRON_DAYS, _DOMAIN, _FAMILY, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, SLACK_USER_ID,
-                     AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel, backoff_in_order, http_url,
-                     known_gpu, usd_only, usd_price)
+                     AwsRegion, Name, PrometheusLabel, ReadableFile, SlackChannel, StrictModel, backoff_in_order,
+                     http_url, known_gpu, usd_only, usd_price)
 
 class PrometheusSettings(StrictModel):
     url: str = "http://127.0.0.1:9090"
@@ -595,14 +595,14 @@ class AzureSettings(StrictModel):
     # is never sent in the clear.
     endpoint_url: str | None = None
     # The CA bundle that signs endpoint_url's (and authority_host's) certificate; None: the system's.
-    ca_file: str | None = None
+    ca_file: ReadableFile | None = None
     # Microsoft Entra ID's login endpoint for the service principal of AZURE_CLIENT_ID / AZURE_TENANT_ID /
     # AZURE_CLIENT_SECRET; None: the public cloud's. Set, its instance discovery is off: no call goes to
     # login.microsoftonline.com to validate it (a sovereign cloud, a private stand-in).
     authority_host: str | None = None
     # The size table with prices `tools/refresh_azure_prices.py` wrote from the Azure Retail Prices API; None: the
     # bundled one (gpufinops/data/azure_gpu_vms.csv, prices of 2026-05-20).
-    price_file: str | None = None
+    price_file: ReadableFile | None = None
     # VM sizes listed as GPU VMs: the NC, ND and NV families (the bundled size table names the GPU of each).
     gpu_size_prefixes: tuple[Name, ...] = ("Standard_NC", "Standard_ND", "Standard_NV")
     # How long a deallocate is followed (its long-running operation polled) before the tick moves on; the VM is

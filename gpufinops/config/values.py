@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 
+from pathlib import Path
+
 from .loading import printable
 
 class StrictModel(BaseModel):
@@ -42,6 +44,17 @@ AwsRegion = Annotated[str, AfterValidator(aws_region)]
 # A name that must say something (a label, a tag key, a path, a workgroup): empty is never "off" for these; the
 # keys where empty means off say so where they are declared.
 Name = Annotated[str, Field(min_length=1)]
+
+
+def readable_file(v: str) -> str:
+    """A path the service reads at start: it must name a file now (blank, a folder or nothing there is refused at
+    load, not when the file is first needed)."""
+    if not v.strip() or "\x00" in v or not Path(v).is_file():
+        raise ValueError(f"{printable(v)!r} is not a file the service can read")
+    return v
+
+
+ReadableFile = Annotated[str, AfterValidator(readable_file)]
 _PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # A channel as chat.postMessage takes it: #name (lower-case, as Slack makes every name) or an id (C…, G…, D…).
 _SLACK_CHANNEL = re.compile(r"#?[a-z0-9][a-z0-9._-]{0,79}|[CDGUW][A-Z0-9]{1,20}")
