@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
-
-from pathlib import Path
 
 from .loading import printable
 
