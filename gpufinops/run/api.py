@@ -7,6 +7,9 @@
 Each instance: the verdict that drives action (act.plan.primary_decision) with its rule, code, reason and
 figures, since when it holds (the stored state of that rule), whether a stop is pending and when (the mark),
 and every rule's decision. The decisions are the last tick's, the same `evaluate -o json` prints for that tick.
+An IDLE instance that nothing will stop says why in `stop.not_stopped` ({code, reason}; null otherwise):
+`not_opted_in` (it lacks `act.opt_in_tag`), `not_stoppable` (something else manages it, or EC2 cannot stop it)
+or `notify_only` (its rule only notifies), so `pending: false` is never left unexplained.
 
 Never "idle" by default: an instance the last tick did not judge, no tick yet, or a last tick older than the
 liveness limit is UNKNOWN with the reason (`not_evaluated`, `no_evaluation_yet`, `stale`).
@@ -27,8 +30,8 @@ from urllib.parse import parse_qs
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..act.plan import primary_decision
-from ..model import Decision, GpuInstance, Verdict
+from ..act.plan import opt_in_gap, primary_decision, stop_blocker
+from ..model import Action, Decision, GpuInstance, Verdict
 from ..httpd import Answer, authorize, figures
 
 if TYPE_CHECKING:
@@ -53,8 +56,9 @@ class VerdictApi:
     """Answers /v1/verdicts from the last tick (`last()` -> (RunReport or None, tick end)) and the store."""
 
     def __init__(self, settings: "ApiSettings", store: "Store", last: Callable[[], "tuple[RunReport | None, datetime | None]"],
-                 clock: Callable[[], datetime], stale_after_s: float):
+                 clock: Callable[[], datetime], stale_after_s: float, opt_in: tuple[str, str] | None = None):
         self.settings, self.store, self.last, self.clock, self.stale_after_s = settings, store, last, clock, stale_after_s
+        self.opt_in = opt_in  # (act.opt_in_tag, act.opt_in_value): None tells no opt-in gap
 
     def handle(self, headers: Mapping[str, str], query: str, client: str) -> tuple[int, str, bytes]:
         refused = authorize(headers, client, self.settings.bearer_token.resolve())
@@ -128,7 +132,20 @@ class VerdictApi:
     def unknown_entry(ident: dict, why: tuple[str, str]) -> dict:
         return {"instance_id": ident.get("instance"), **({"host": ident["host"]} if "host" in ident else {}),
                 "verdict": Verdict.UNKNOWN.value, "code": why[0], "reason": why[1], "rule": None, "since": None,
-                "figures": None, "stop": {"pending": False, "at": None}, "rules": []}
+                "figures": None, "stop": {"pending": False, "at": None, "not_stopped": None}, "rules": []}
+
+    def not_stopped(self, inst: GpuInstance, primary: Decision | None) -> dict | None:
+        """Why an IDLE instance will not be stopped ({code, reason}, the same tests act.plan makes), None when
+        it may be, or it is not idle."""
+        if primary is None or primary.verdict is not Verdict.IDLE:
+            return None
+        if primary.action == Action.NOTIFY:
+            return {"code": "notify_only", "reason": f"rule {primary.rule_name} only notifies"}
+        blocker = stop_blocker(inst, primary.action)
+        if blocker:
+            return {"code": "not_stoppable", "reason": blocker}
+        gap = opt_in_gap(inst, *self.opt_in) if self.opt_in else ""
+        return {"code": "not_opted_in", "reason": gap} if gap else None
 
     def instance_entry(self, inst: GpuInstance, decisions: list[Decision], why_unknown: tuple[str, str] | None) -> dict:
         primary = primary_decision(decisions)
@@ -151,7 +168,8 @@ class VerdictApi:
         mark = self.store.get_mark(inst.instance_id)
         entry["stop"] = {"pending": mark is not None, "at": _iso(mark.stop_at) if mark else None,
                          "warned_at": _iso(mark.warned_at) if mark else None,
-                         "dry_run": mark.dry_run if mark else None, "rule": mark.rule if mark else None}
+                         "dry_run": mark.dry_run if mark else None, "rule": mark.rule if mark else None,
+                         "not_stopped": None if why_unknown is not None else self.not_stopped(inst, primary)}
         entry.update(team=inst.team() or None, gpu_count=inst.gpu_count, gpu_model=inst.gpu_model or None,
                      instance_type=inst.instance_type, hourly_cost=inst.hourly_cost, state=inst.state)
         return entry

@@ -143,7 +143,8 @@ class Service:
         self._last_report: tuple[RunReport, datetime] | None = None  # the last judged tick and when it ended
         self.socket_mode = None  # notify.socket_mode.SocketModeActions while slack.socket_mode is on and started
         self.verdict_api = VerdictApi(self.settings.api, self.peers.store, self.last_report, self.clock,
-                                      stale_after_s=self.liveness_limit_s())
+                                      stale_after_s=self.liveness_limit_s(),
+                                      opt_in=(self.settings.act.opt_in_tag, self.settings.act.opt_in_value))
 
     def last_report(self) -> tuple[RunReport | None, datetime | None]:
         """The last tick that judged (RunReport) and when it finished; (None, None) before the first."""

@@ -73,7 +73,7 @@ def test_advice_follows_the_act_stage_rules_and_tags(month):
         "workload=inference" in adv["i-demo0006"][1]
     assert adv[SNOOZED][0] == "none" and adv[SNOOZED][1].startswith("its owner snoozed it: snoozed until ")
     assert adv[NOT_OPTED] == ("opt in to stopping",
-                              "not opted in: would be stopped with tag gpufinops:allow-stop=true")
+                              "not opted in: gpufinops stops only instances tagged gpufinops:allow-stop=true")
     assert adv[OPTED][0] == "stop when idle"
     # The top actions never advise stopping what the act stage would not stop.
     for o in audit.summary["idle_offenders"]:

@@ -178,10 +178,27 @@ def test_verdicts_api_answers_what_evaluate_says_at_the_same_tick(tmp_path):
     idle = got["i-idle1"]
     assert idle["verdict"] == "IDLE" and idle["rule"] in {r["rule"] for r in idle["rules"]}
     assert idle["stop"] == {"pending": True, "at": (T0 + timedelta(minutes=30)).isoformat(),
-                            "warned_at": T0.isoformat(), "dry_run": True, "rule": "idle-2h"}
+                            "warned_at": T0.isoformat(), "dry_run": True, "rule": "idle-2h",
+                            "not_stopped": {"code": "not_opted_in", "reason": "not opted in: gpufinops stops only "
+                                            "instances tagged gpufinops:allow-stop=true"}}
     assert idle["team"] == "ml" and idle["gpu_count"] == 8
     nodata = got["i-nodata"]
     assert nodata["verdict"] == "UNKNOWN" and nodata["code"] == "no_series" and nodata["stop"]["pending"] is False
+
+
+def test_an_idle_instance_nothing_will_stop_says_why_not_just_pending_false(tmp_path):
+    service, _clock, http, base = make(tmp_path)
+    try:
+        service.evaluate_job()
+        _status, body = get_json(f"{base}/v1/verdicts?instance=i-idle2&instance=i-busy&instance=i-nodata")
+    finally:
+        http.shutdown()
+    got = {e["instance_id"]: e for e in body["instances"]}
+    assert got["i-idle2"]["verdict"] == "IDLE" and got["i-idle2"]["stop"]["pending"] is False
+    assert got["i-idle2"]["stop"]["not_stopped"] == {
+        "code": "not_opted_in", "reason": "not opted in: gpufinops stops only instances tagged gpufinops:allow-stop=true"}
+    # Not idle, or not known: nothing to explain.
+    assert got["i-busy"]["stop"]["not_stopped"] is None and got["i-nodata"]["stop"]["not_stopped"] is None
 
 
 def test_unknown_instances_namespaces_and_a_stale_tick_are_never_idle(tmp_path):
