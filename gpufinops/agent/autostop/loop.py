@@ -243,10 +243,14 @@ class AutostopLoop:
             if state.phase is not Phase.WATCHING:
                 log.info("host booted again since the last state (%s): starting over", state.phase.value)
             state = AutostopState(boot_time=booted)
-        if state.phase is Phase.PENDING and self.live and not state.live:
-            # Switched from dry-run to live with a dry-run warning pending: that warning said "it will NOT be
-            # stopped", so a real stop needs a real warning and its full lead first.
-            log.warning("autostop: the pending warning was a dry-run one: warning again before any real stop")
+        if state.phase in (Phase.PENDING, Phase.HELD) and self.live and not state.live:
+            # Switched from dry-run to live with a dry-run warning pending, or held after a dry-run "would stop":
+            # neither counts for a real stop (the warning said "it will NOT be stopped"), and a dry-run hold must
+            # not delay the first real warning by a rule window. One line says so; the real warning, with its full
+            # lead, comes at this judgement when the host is still idle (as the service carries a dry-run mark over).
+            what = "warning" if state.phase is Phase.PENDING else "would-stop"
+            log.warning("autostop: switched from dry-run to live: the dry-run %s does not count; a real warning with "
+                        "its full lead comes before any stop", what)
             state = AutostopState(boot_time=booted)
         move = next_move(state, obs, now)
         new_state = self._apply(move, state, inst, now)
