@@ -265,10 +265,15 @@ class Service:
         if lease_error and report.sources.get("database") is None:
             report.sources["database"] = f"scheduler lease: {lease_error}"
         seconds = time.perf_counter() - t0
-        # Month figures read the store: on a database that failed this tick they are left out (logged).
-        figures = FleetFigures.from_report(report, None if report.sources.get("database") else self.peers.store,
-                                           max_gap_s=2 * self.settings.schedule.evaluate_every_s)
-        self.metrics.observe(report, seconds, figures)
+        if leader:
+            # Month figures read the store: on a database that failed this tick they are left out (logged).
+            figures = FleetFigures.from_report(report, None if report.sources.get("database") else self.peers.store,
+                                               max_gap_s=2 * self.settings.schedule.evaluate_every_s)
+            self.metrics.observe(report, seconds, figures)
+        else:
+            # Fleet series come from the leader only: a standby's would double every fleet sum in Grafana.
+            self.metrics.observe(report, seconds, FleetFigures())
+            self.metrics.fleet.standby()
         role = f"leader token {self.lease.token}" if leader else "standby, read-only"
         log.info("run %s [%s]: %d instances, verdicts %s, %d actions%s%s", ctx.run_id, role, len(report.instances),
                  report.verdict_counts(), len(report.actions), " [dry-run]" if ctx.dry_run else "",

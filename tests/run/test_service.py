@@ -189,6 +189,10 @@ def test_a_standby_judges_read_only_and_skips_the_scheduled_jobs(tmp_path):
     assert report.decisions and report.actions == []  # judged, changed nothing
     assert recorded() == before  # the audit log holds each tick once
     assert standby.metrics.leader._value.get() == 0 and leader.metrics.leader._value.get() == 1
+    # Fleet series from the leader only: Prometheus scrapes both, and a standby's copy would double every sum.
+    assert b"gpufinops_instance_verdict{" in leader.metrics.body()
+    assert b"gpufinops_instance_verdict{" not in standby.metrics.body()
+    assert b"gpufinops_hourly_cost_by_verdict{" not in standby.metrics.body()
     ran = []
     assert standby.leader_only("budgets", lambda: ran.append("standby"))() is None
     leader.leader_only("budgets", lambda: ran.append("leader"))()
