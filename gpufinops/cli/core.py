@@ -88,10 +88,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        print(format_decision_table(rows, len(report.instances), len(rules), errors))
-    if errors and args.output == "csv":  # the CSV rows have no place for them; say them where a person looks
-        for e in errors:
-            print(f"error: {e}", file=sys.stderr)
+        print(format_decision_table(rows, len(report.instances), len(rules)))
+    # Whatever the output, a failed source is said once, on stderr (stdout stays the table, JSON or CSV).
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
     return EXIT_PROBLEM_FOUND if errors else 0
 
 
@@ -162,7 +162,7 @@ def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, st
     return row
 
 
-def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, errors: list[str]) -> str:
+def format_decision_table(rows: list[dict], n_instances: int, n_rules: int) -> str:
     from .common import render_table
 
     table = [{"instance_id": r["instance_id"], "name": r.get("name") or "", "instance_type": r["instance_type"] or "",
@@ -179,8 +179,7 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, erro
     tally = ", ".join(f"{v} {n}" for v, n in counts.items()) or "none"
     lines.append(f"{n_instances} instance(s) judged under {n_rules} rule(s): {len(rows)} verdict(s), "
                  f"one per instance and rule ({tally})")
-    lines.extend(f"error: {e}" for e in errors)
-    return "\n".join(lines)
+    return "\n".join(lines)  # a failed source goes to stderr (cmd_evaluate), never into the table
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:

@@ -61,7 +61,7 @@ def test_managed_snoozed_notify_and_plain_idle_say_what_happens():
 def test_table_shows_the_outcome_and_counts_instances_and_verdicts_apart():
     rows = [decision_row(idle(), instance({TAG_PROTECT: "true"}), RULE, NOW, False),
             decision_row(idle(Action.NOTIFY), instance({TAG_PROTECT: "true"}), RULE, NOW, False)]
-    text = format_decision_table(rows, n_instances=1, n_rules=2, errors=[])
+    text = format_decision_table(rows, n_instances=1, n_rules=2)
     assert "IDLE — protected, never stopped" in text
     assert text.splitlines()[-1].startswith("1 instance(s) judged under 2 rule(s): 2 verdict(s), one per instance and rule")
 
