@@ -15,8 +15,8 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .config import (ConfigError, StrictModel, destination, format_validation_error, line_of, load_yaml,
-                     not_a_regular_file, printable, slack_channel)
+from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, destination, format_validation_error, line_of,
+                     load_yaml, not_a_regular_file, printable, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_subjects
 
@@ -263,7 +263,11 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
                 f for f in sorted(p.glob("*.y*ml")) if f.suffix in (".yaml", ".yml") and not f.stem.startswith("budget")
             )
         elif why == "does not exist":
-            raise ConfigError(f"{printable(str(p))}: rule path does not exist")
+            # A config copied out of the clone (docs/deploy.md: to /etc/gpufinops/) keeps `rules_paths: [rules]`,
+            # which resolves against the config's own folder: say where the shipped rules are.
+            raise ConfigError(f"{printable(str(p))}: rule path does not exist (a relative path in a config file is "
+                              f"relative to that file's folder; the shipped rules are {DEFAULT_RULES_DIR}, used when "
+                              f"rules_paths is not set)")
         else:  # a file, or something load_rule_file refuses naming it (a device, a name too long)
             files.append(p)
     return files

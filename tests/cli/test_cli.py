@@ -138,6 +138,27 @@ def test_rules_check_with_a_config_checks_the_configs_rules(tmp_path, capsys):
     assert "broken.yaml" in err and "threshold_pct" in err
 
 
+def test_the_example_config_copied_out_of_the_clone_still_finds_the_shipped_rules(tmp_path, capsys, monkeypatch):
+    """docs/deploy.md copies the example to /etc/gpufinops/: its relative paths resolve against that folder, so it
+    must not name a `rules` folder that only the clone has (it used to: `rules_paths: [rules]`)."""
+    from gpufinops.config import DEFAULT_RULES_DIR
+
+    etc = tmp_path / "etc" / "gpufinops"
+    etc.mkdir(parents=True)
+    (etc / "gpufinops.yaml").write_text((REPO / "gpufinops.example.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", str(etc / "gpufinops.yaml"), "rules", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-util-below-10pct-2h" in out
+    assert load_settings(etc / "gpufinops.yaml").database_url == f"sqlite:///{etc.resolve() / 'gpufinops.db'}"
+    # A relative rules folder that is not there says where it was looked for and where the shipped rules are.
+    (etc / "gpufinops.yaml").write_text("rules_paths: [rules]\n")
+    assert main(["--config", str(etc / "gpufinops.yaml"), "rules", "check"]) == 1
+    err = capsys.readouterr().err
+    assert (f"{etc.resolve() / 'rules'}: rule path does not exist (a relative path in a config file is relative to "
+            f"that file's folder; the shipped rules are {DEFAULT_RULES_DIR}, used when rules_paths is not set)") in err
+
+
 def test_rules_check_without_a_config_checks_the_shipped_rules(capsys, monkeypatch):
     monkeypatch.delenv("GPUFINOPS_CONFIG", raising=False)
     assert main(["rules", "check"]) == 0
