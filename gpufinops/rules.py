@@ -67,7 +67,9 @@ def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> i
         raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
+    given = None  # a duration written as text is quoted as written ("5000d"), never as its seconds
     if isinstance(value, str):
+        given = value.strip()
         m = _DURATION.match(value)
         if not (m and any(m.groups())):
             raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
@@ -75,11 +77,12 @@ def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> i
         value = d * 86400 + h * 3600 + mi * 60 + s
     if value <= 0:
         raise ValueError(f"duration must be positive, got {_number_text(value)}")
+    given = given or f"{_number_text(value)} s"
     if value > max_s:
-        raise ValueError(f"duration {_number_text(value)} s is longer than the maximum {duration_spec(max_s)}")
+        raise ValueError(f"duration {given} is longer than the maximum {duration_spec(max_s)}")
     seconds = int(value)
     if seconds < min_s:
-        raise ValueError(f"duration {_number_text(value)} s is shorter than the minimum {min_s} s")
+        raise ValueError(f"duration {given} is shorter than the minimum {min_s} s")
     return seconds
 
 

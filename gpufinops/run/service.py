@@ -38,7 +38,7 @@ from .api import VERDICTS_PATH, VerdictApi
 from .fleet_metrics import FleetExposition, FleetFigures
 from ..httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
-from ..model import RunContext, utcnow
+from ..model import ActionKind, RunContext, utcnow
 from ..notify.interact import Answer, handle_click, handle_socket_envelope
 from ..notify.routing import deliveries
 from ..notify.socket_mode import SocketModeActions
@@ -275,8 +275,11 @@ class Service:
             self.metrics.observe(report, seconds, FleetFigures())
             self.metrics.fleet.standby()
         role = f"leader token {self.lease.token}" if leader else "standby, read-only"
-        log.info("run %s [%s]: %d instances, verdicts %s, %d actions%s%s", ctx.run_id, role, len(report.instances),
-                 report.verdict_counts(), len(report.actions), " [dry-run]" if ctx.dry_run else "",
+        # What changed something (a mark, a notice, a stop...): a skip repeated every tick (idle but protected,
+        # snoozed) changes nothing, and counting it read as "2 actions" each minute while nothing happened.
+        changes = sum(a.kind is not ActionKind.SKIP for a in report.actions)
+        log.info("run %s [%s]: %d instances, verdicts %s, %d change(s)%s%s", ctx.run_id, role, len(report.instances),
+                 report.verdict_counts(), changes, " [dry-run]" if ctx.dry_run else "",
                  "".join(f"; {s} degraded: {e}" for s, e in report.degraded().items()))
         return report
 

@@ -201,6 +201,29 @@ def test_an_idle_instance_nothing_will_stop_says_why_not_just_pending_false(tmp_
     assert got["i-busy"]["stop"]["not_stopped"] is None and got["i-nodata"]["stop"]["not_stopped"] is None
 
 
+def test_without_a_parameter_the_fleet_is_listed_page_by_page(tmp_path, monkeypatch):
+    import gpufinops.run.api as api
+
+    monkeypatch.setattr(api, "MAX_INSTANCES_PER_QUERY", 4)
+    service, _clock, http, base = make(tmp_path)
+    try:
+        service.evaluate_job()
+        status, first = get_json(f"{base}/v1/verdicts")
+        _status, second = get_json(f"{base}/v1/verdicts?page=2")
+        beyond = get_json(f"{base}/v1/verdicts?page=3")
+        mixed = get_json(f"{base}/v1/verdicts?page=2&instance=i-idle1")
+        bad = get_json(f"{base}/v1/verdicts?page=0")
+    finally:
+        http.shutdown()
+    assert status == 200 and (first["page"], first["pages"], first["total"]) == (1, 2, 6)
+    listed = [e["instance_id"] for e in first["instances"] + second["instances"]]
+    assert listed == sorted(i.instance_id for i in fleet()) and len(first["instances"]) == 4
+    verdicts = {e["instance_id"]: e["verdict"] for e in first["instances"] + second["instances"]}
+    assert verdicts["i-idle1"] == "IDLE" and verdicts["i-busy"] == "ACTIVE" and verdicts["i-stopped"] == "UNKNOWN"
+    assert beyond == (400, {"error": "page 3 of 2: the fleet has 6 instance(s)"})
+    assert mixed[0] == 400 and bad == (400, {"error": "page= is a page number from 1, got '0'"})
+
+
 def test_unknown_instances_namespaces_and_a_stale_tick_are_never_idle(tmp_path):
     service, clock, http, base = make(tmp_path)
     try:
@@ -214,7 +237,6 @@ def test_unknown_instances_namespaces_and_a_stale_tick_are_never_idle(tmp_path):
         assert body["instances"][0]["verdict"] == "UNKNOWN"  # the workload has no series
         status, body = get_json(f"{base}/v1/verdicts?instance=i-stopped")
         assert (body["instances"][0]["verdict"], body["instances"][0]["code"]) == ("UNKNOWN", "not_evaluated")
-        assert get_json(f"{base}/v1/verdicts")[0] == 400
         assert get_json(f"{base}/v1/verdicts?instanc=i-idle1")[0] == 400
         clock.now = T0 + timedelta(minutes=10)  # no tick finished for 10 min (liveness limit 5 min)
         status, body = get_json(f"{base}/v1/verdicts?instance=i-idle1")
