@@ -480,6 +480,7 @@ def finance_page(headline: dict, teams: pd.DataFrame, budgets: pd.DataFrame, bud
                     for b in budgets.itertuples(index=False)] if len(budgets) else [],
         "budgets_path": budgets_path,
         "teams": team_rows,
+        "team_count": len(teams),  # all the month's teams: the page shows the first FINANCE_TEAMS
         "idle_words": idle_words,
     }
 
