@@ -15,8 +15,8 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .config import (ConfigError, StrictModel, destination, format_validation_error, line_of, load_yaml,
-                     not_a_regular_file, printable, slack_channel)
+from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, destination, format_validation_error, line_of,
+                     load_yaml, not_a_regular_file, printable, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_subjects
 
@@ -67,7 +67,9 @@ def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> i
         raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
+    given = None  # a duration written as text is quoted as written ("5000d"), never as its seconds
     if isinstance(value, str):
+        given = value.strip()
         m = _DURATION.match(value)
         if not (m and any(m.groups())):
             raise ValueError(f"expected a duration like 10m, 1h30m or 600 (seconds), got {value!r}")
@@ -75,11 +77,12 @@ def parse_duration(value: Any, min_s: int = 1, max_s: int = MAX_DURATION_S) -> i
         value = d * 86400 + h * 3600 + mi * 60 + s
     if value <= 0:
         raise ValueError(f"duration must be positive, got {_number_text(value)}")
+    given = given or f"{_number_text(value)} s"
     if value > max_s:
-        raise ValueError(f"duration {_number_text(value)} s is longer than the maximum {duration_spec(max_s)}")
+        raise ValueError(f"duration {given} is longer than the maximum {duration_spec(max_s)}")
     seconds = int(value)
     if seconds < min_s:
-        raise ValueError(f"duration {_number_text(value)} s is shorter than the minimum {min_s} s")
+        raise ValueError(f"duration {given} is shorter than the minimum {min_s} s")
     return seconds
 
 
@@ -263,7 +266,11 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
                 f for f in sorted(p.glob("*.y*ml")) if f.suffix in (".yaml", ".yml") and not f.stem.startswith("budget")
             )
         elif why == "does not exist":
-            raise ConfigError(f"{printable(str(p))}: rule path does not exist")
+            # A config copied out of the clone (docs/deploy.md: to /etc/gpufinops/) keeps `rules_paths: [rules]`,
+            # which resolves against the config's own folder: say where the shipped rules are.
+            raise ConfigError(f"{printable(str(p))}: rule path does not exist (a relative path in a config file is "
+                              f"relative to that file's folder; the shipped rules are {DEFAULT_RULES_DIR}, used when "
+                              f"rules_paths is not set)")
         else:  # a file, or something load_rule_file refuses naming it (a device, a name too long)
             files.append(p)
     return files

@@ -132,21 +132,38 @@ REPORT_HINTS: dict[str, str] = {
 
 
 def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None,
-                 right: Sequence[str] = ()) -> str:
+                 right: Sequence[str] = (), *, width: int | None = None, wrap: str | None = None) -> str:
     """The one text table of every command: a header of lower-case snake_case column names (the keys of -o json
     and the csv header), a rule under it, one line per row; `right`: columns aligned right (numbers). Here, on
-    the lowest floor, so that every part that prints a table (recommend, cli) shares it."""
+    the lowest floor, so that every part that prints a table (recommend, cli) shares it.
+
+    `width` and `wrap`: the lines fit `width` characters by wrapping the text of column `wrap` (a reason) onto
+    continuation lines, the other cells of those lines blank; the wrapped column keeps at least 24 characters."""
+    import textwrap
+
     columns = list(columns if columns is not None else (rows[0].keys() if rows else ()))
     if not columns:
         return ""
     cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines_of = [[row] for row in cells]
+    if width is not None and wrap in columns:
+        k = columns.index(wrap)
+        room = max(24, width - sum(w for i, w in enumerate(widths) if i != k) - 2 * (len(columns) - 1))
+        if widths[k] > room:
+            widths[k] = max(room, len(wrap))
+            lines_of = []
+            for row in cells:
+                parts = textwrap.wrap(row[k], widths[k], break_long_words=True, break_on_hyphens=False) or [""]
+                lines_of.append([row[:k] + [parts[0]] + row[k + 1:]]
+                                + [[""] * k + [part] + [""] * (len(columns) - k - 1) for part in parts[1:]])
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(v.rjust(w) if c in right else v.ljust(w)
                          for v, w, c in zip(values, widths, columns)).rstrip()
 
-    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(row) for row in cells])
+    return "\n".join([line(columns), line(["-" * w for w in widths])]
+                     + [line(part) for row in lines_of for part in row])
 
 
 __all__ = ["HINTS", "REPORT_HINTS", "WORDS", "readable", "render_table", "words"]

@@ -11,7 +11,7 @@ what each place takes) only at run time, so the agent's command line stays light
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Sequence
 
@@ -111,7 +111,8 @@ def opt_in_gap(inst: GpuInstance, tag: str, value: str) -> str:
     place = place_of_instance(inst)
     if not (place.opt_in_by_tag and inst.provider == place.provider) or inst.tags.get(tag) == value:
         return ""
-    return f"not opted in: would be stopped with tag {tag}={value}"
+    # Worded so that, skimmed, it never reads as a stop warning: nothing here "would be stopped".
+    return f"not opted in: gpufinops stops only instances tagged {tag}={value}"
 
 
 # A stop found due this long after its announced time (the service was down, or its clock leapt forward) is
@@ -247,8 +248,9 @@ def plan(
         # Judged, never stopped: the owner hears once per idle episode what to do instead.
         if mark:
             return Intent(ActionKind.UNMARK, blocker, decision)
-        told = replace(decision, reason=f"{decision.reason}; {blocker}")
-        return Intent(ActionKind.NOTIFY if new_episode else None, told.reason, told)
+        # The intent's reason (logs, `evaluate`, the record) names the blocker; the decision stays as judged, so
+        # the notice says the blocker once, in its own sentence (notify.messages.idle_notice).
+        return Intent(ActionKind.NOTIFY if new_episode else None, f"{decision.reason}; {blocker}", decision)
 
     if mark is None:
         # Act only on transitions: once we stopped (or, in dry-run, would have stopped)

@@ -52,7 +52,8 @@ from gpufinops.collect.nvidia_smi import NvidiaSmiReader, measured
 from gpufinops.collect.nvml import NvmlReader
 from gpufinops.httpd import metrics_and_health_server
 
-from .verdict_api import VERDICT_PATH, verdict_handler
+from .autostop.local_api import VERDICT_PATH
+from .verdict_api import verdict_handler
 
 log = logging.getLogger("gpufinops.agent")
 

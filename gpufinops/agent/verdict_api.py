@@ -18,14 +18,13 @@ one only loopback clients are answered. The token is read per request and never 
 from __future__ import annotations
 
 import logging
-import os
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..act.plan import primary_decision
 from ..model import Verdict
 from ..httpd import Answer, authorize, figures
+from .autostop.local_api import TOKEN_ENV, TOKEN_FILE_ENV, agent_token
 from .autostop.machine import Phase
 
 if TYPE_CHECKING:
@@ -33,26 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufinops.agent")
 
-VERDICT_PATH = "/v1/verdict"
-TOKEN_ENV = "GPUFINOPS_AGENT_API_TOKEN"
-TOKEN_FILE_ENV = "GPUFINOPS_AGENT_API_TOKEN_FILE"
 NO_AUTOSTOP = ("this agent runs without local autostop (--autostop RULES), so it judges nothing: ask the service's "
                "/v1/verdicts?host=<this host>, or start the agent with --autostop")
-
-
-def agent_token() -> str | None:
-    """The bearer token: $GPUFINOPS_AGENT_API_TOKEN, else the file $GPUFINOPS_AGENT_API_TOKEN_FILE names, else None."""
-    value = os.environ.get(TOKEN_ENV, "").strip()
-    if value:
-        return value
-    path = os.environ.get(TOKEN_FILE_ENV, "").strip()
-    if path:
-        try:
-            return Path(path).read_text().strip()
-        except OSError as exc:  # "": a token that cannot be read never opens the API (503 for everyone)
-            log.error("%s: cannot read %s: %s", TOKEN_FILE_ENV, path, exc.strerror or exc)
-            return ""
-    return None
 
 
 def _iso(t: float | None) -> str | None:
@@ -91,6 +72,8 @@ def local_verdict(loop: "AutostopLoop", now: float) -> dict:
                      "dry_run": (not state.live) if pending else None, "rule": state.rule or None,
                      "phase": state.phase.value, "held_until": _iso(state.held_until), "note": state.note or None}
     entry["kept_running_by"] = list(loop.keeping)  # blocks and snooze found by the last judgement
+    # The file `gpufinops agent snooze` writes to reach this agent (it asks here when no --snooze-file is named).
+    entry["snooze_file"] = str(loop.paths.snooze)
     return entry
 
 

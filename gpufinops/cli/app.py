@@ -166,11 +166,34 @@ def refuse_lost_values(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser = sub
 
 
+def parse_with_suggestions(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args`, but an unknown flag is refused by the subcommand that was given it, with its usage
+    and the nearest flag it has ("did you mean --once?"), not the top-level usage alone (exit 2 either way)."""
+    import difflib
+
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    deepest = parser
+    while True:  # the subcommand chain the arguments went down: its last parser owns the flags
+        sub = next((a for a in deepest._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = sub.choices.get(getattr(args, sub.dest, None) or "") if sub is not None else None
+        if chosen is None:
+            break
+        deepest = chosen
+    flags = [o for a in deepest._actions for o in a.option_strings]  # hidden ones too: they still work
+    hints = []
+    for arg in unknown:
+        near = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6) if arg.startswith("-") else []
+        hints.append(f"{arg} (did you mean {near[0]}?)" if near else arg)
+    deepest.error(f"unrecognized arguments: {' '.join(hints)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     modules = modules_for(argv)
     parser = build_parser(modules)
     enable_shell_completion(parser)
-    args = parser.parse_args(argv)
+    args = parse_with_suggestions(parser, argv)
     refuse_lost_values(parser, args)
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -81,14 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tick", type=duration_arg, default=None, help="evaluation period (default: schedule.evaluate_every_s)")
     p.add_argument("--restart-cost", type=duration_arg, default=600, help="GPU time lost per restart (default 10m)")
     p.add_argument("--break-even", type=duration_arg, default=None,
-                   help="a stop followed by demand sooner than this is a false stop (default: the project's "
-                        "break-even of a stop, model.FALSE_STOP_WITHIN_S, 30m)")
+                   help="a stop followed by demand sooner than this is a false stop (default 30m: the break-even "
+                        "of a stop, the same the service counts false stops by)")
     p.add_argument("--demand-pct", type=float, default=5.0,
                    help="activity above this restarts a stopped instance (default 5)")
     p.add_argument("--price", type=float, default=None, help="USD per GPU-hour (default 2.745, p4d.24xlarge / 8)")
     p.add_argument("--false-stop-cost", type=float, default=None,
-                   help="GPU-hours a false stop counts as, on top of the restart (default 2, model.FALSE_STOP_COST_H): "
-                        "every policy's score "
+                   help="GPU-hours a false stop counts as, on top of the restart (default 2): every policy's score "
                         "is net GPU-h minus this per false stop, and --tune picks the rule by it")
     p.add_argument("--sweep", action="store_true", help="sweep thresholds x windows x aggregations: Pareto front")
     p.add_argument("--thresholds", type=_floats, default=None, help="sweep thresholds %%, e.g. 1,5,10,20,40")

@@ -88,10 +88,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        print(format_decision_table(rows, len(report.instances), len(rules), errors))
-    if errors and args.output == "csv":  # the CSV rows have no place for them; say them where a person looks
-        for e in errors:
-            print(f"error: {e}", file=sys.stderr)
+        print(format_decision_table(rows, len(report.instances), len(rules), wide=args.output == "wide"))
+    # Whatever the output, a failed source is said once, on stderr (stdout stays the table, JSON or CSV).
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
     return EXIT_PROBLEM_FOUND if errors else 0
 
 
@@ -162,25 +162,33 @@ def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, st
     return row
 
 
-def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, errors: list[str]) -> str:
+# The evaluate table fits a terminal this wide (its reason wrapped); `-o wide` prints every column unwrapped.
+TABLE_WIDTH = 120
+WIDE_COLUMNS = ("instance_id", "name", "instance_type", "owner", "team", "rule", "verdict", "usd_per_hour", "reason")
+NARROW_COLUMNS = ("instance_id", "rule", "verdict", "usd_per_hour", "reason")
+
+
+def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, wide: bool = False) -> str:
     from .common import render_table
+
+    def reason(r: dict) -> str:  # the narrow table says what act will do at the end of the reason
+        return r["reason"] + (f"; then: {r['outcome']}" if r["outcome"] and not wide else "")
 
     table = [{"instance_id": r["instance_id"], "name": r.get("name") or "", "instance_type": r["instance_type"] or "",
               "owner": r.get("owner") or "", "team": r["team"] or "", "rule": r["rule"],
-              "verdict": r["verdict"] + (f" — {r['outcome']}" if r["outcome"] else ""),
+              "verdict": r["verdict"] + (f" — {r['outcome']}" if r["outcome"] and wide else ""),
               "usd_per_hour": f"{r['hourly_cost']:.2f}" if r["hourly_cost"] is not None else "?",
-              "reason": r["reason"]} for r in rows]
-    lines = render_table(table, list(table[0]) if table else
-                         ["instance_id", "name", "instance_type", "owner", "team", "rule", "verdict", "usd_per_hour",
-                          "reason"], right=("usd_per_hour",)).splitlines()
+              "reason": reason(r)} for r in rows]
+    columns = WIDE_COLUMNS if wide else NARROW_COLUMNS
+    lines = render_table(table, columns, right=("usd_per_hour",),
+                         **({} if wide else {"width": TABLE_WIDTH, "wrap": "reason"})).splitlines()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     tally = ", ".join(f"{v} {n}" for v, n in counts.items()) or "none"
     lines.append(f"{n_instances} instance(s) judged under {n_rules} rule(s): {len(rows)} verdict(s), "
                  f"one per instance and rule ({tally})")
-    lines.extend(f"error: {e}" for e in errors)
-    return "\n".join(lines)
+    return "\n".join(lines)  # a failed source goes to stderr (cmd_evaluate), never into the table
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
@@ -202,6 +210,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
+    from ..model import format_duration
+
     for r in rules:
         # The opt-in for GPUs without an activity counter (MIG under gpufinops agent), shown only when on.
         no_counter = (f"  no counter: idle if {r.idle_without_activity_counter.value} "
@@ -210,7 +220,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         # Where its notices go (notify_to), or who routing picks when the rule names no one.
         to = ", ".join(r.notify_to) or "by audience (team channel, else default)"
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
-              f"for {r.window_s}s (lead {r.warning_lead_s}s){no_counter}  to {to}  [{r.source}]")
+              f"for {format_duration(r.window_s)} (lead {format_duration(r.warning_lead_s)}){no_counter}  to {to}  "
+              f"[{r.source}]")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 
@@ -296,9 +307,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("evaluate", help="judge every GPU instance once and print verdicts (changes nothing)")
-    p.add_argument("--once", action="store_true", default=True, help="one evaluation (the only mode)")
-    add_output_option(p)
+    p = sub.add_parser("evaluate", help="judge every GPU instance once and print verdicts (changes nothing)",
+                       description="Judge every GPU instance once, print the verdicts and exit: evaluate has no other "
+                                   "mode (`serve` runs the schedule). The table fits 120 columns, its reason wrapped; "
+                                   "-o wide prints every column (name, type, owner, team) unwrapped.")
+    # Kept for old scripts and docs: evaluate always judges once (the schedule is `serve`'s), so it is not listed.
+    p.add_argument("--once", action="store_true", default=True, help=argparse.SUPPRESS)
+    add_output_option(p, ("table", "json", "csv", "wide"))
     p.add_argument("--json", dest="output", action="store_const", const="json", help=argparse.SUPPRESS)
     p.add_argument("--rules", nargs="*", default=None, help="rule files or folders (default from config)")
     p.add_argument("--dry-run", action="store_true",

@@ -63,10 +63,12 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
         pricing = session.client("pricing", region_name="us-east-1", endpoint_url=settings.aws.endpoint_url,
                                  config=read_config())
         types = sorted({o.instance_type for o in catalog.offers if o.provider == "aws"})
+        from ..collect.errors import answer_excerpt
+
         cache = refresh_from_aws(ec2, pricing, region, types, now)
         save_refresh(cache, policy.price_cache_path)
-        for err in cache.errors:
-            print(f"warning: price refresh: {err}", file=sys.stderr)
+        for err in cache.errors:  # an API's error may quote its HTML error page: one short line each
+            print(f"warning: price refresh: {answer_excerpt(err)}", file=sys.stderr)
     cache = load_refresh(policy.price_cache_path)
     if cache is not None:
         catalog = catalog.with_aws_refresh(cache)
@@ -78,25 +80,6 @@ def _load_catalog(policy, now: datetime, settings=None, refresh: bool = False):
     if catalog.skipped:
         print(f"note: {len(catalog.skipped)} catalog row(s) skipped, first: {catalog.skipped[0]}", file=sys.stderr)
     return catalog
-
-
-def _stale_aws_prices(instances, catalog, policy, now: datetime) -> str:
-    """Why the AWS prices of the running fleet need a refresh ("" when none is older than price_max_age_days)."""
-    dates = [offer.prices_as_of for i in instances if i.is_running and i.provider == "aws"
-             for offer in [catalog.offer("aws", i.instance_type, i.region)] if offer and offer.prices_as_of]
-    if not dates or (now.date() - min(dates)).days <= policy.price_max_age_days:
-        return ""
-    return f"AWS prices from {min(dates).isoformat()} are older than {policy.price_max_age_days} days"
-
-
-def _aws_credentials(settings) -> bool:
-    """Whether boto3 finds AWS credentials (env, profile, instance role); never raises."""
-    try:
-        import boto3
-
-        return boto3.session.Session(profile_name=settings.aws.profile).get_credentials() is not None
-    except Exception:  # noqa: BLE001 - a missing profile or botocore problem means: no credentials
-        return False
 
 
 def _rules_or_none(settings):
@@ -129,20 +112,19 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     except CatalogError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - an asked-for refresh that failed: the bundled prices, said in one line
+        from ..collect.errors import answer_excerpt
+
+        print(f"warning: price refresh failed, using the bundled prices: {answer_excerpt(exc)}", file=sys.stderr)
+        catalog = _load_catalog(policy, now)
     cloud = live_cloud(settings, with_prices=False)
     try:
         instances = cloud.list_gpu_instances()
     except InventoryError as exc:  # every region failed: nothing to recommend on, and the source is named
         print(f"error: inventory: {exc}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND
-    stale = _stale_aws_prices(instances, catalog, policy, now)
-    if stale and not args.refresh_prices:
-        if _aws_credentials(settings):
-            print(f"note: {stale}: refreshing them from the AWS Pricing API", file=sys.stderr)
-            try:
-                catalog = _load_catalog(policy, now, settings, refresh=True)
-            except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the bundled prices (said once below)
-                print(f"warning: price refresh failed: {exc}", file=sys.stderr)
+    # No call to the AWS Pricing API unless --refresh-prices asks for it (a least-privilege or air-gapped install
+    # did not): prices too old are said in one line below, with how to refresh them.
     errors = [f"inventory: {err}" for err in getattr(cloud, "last_errors", [])]
     interval = policy.scrape_interval_s or settings.prometheus.scrape_interval_s
     usage = live_usage(settings).fleet_usage(
@@ -227,7 +209,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_option(p)
     p.add_argument("--no-store", action="store_true", help="do not store the results in the database")
     p.add_argument("--refresh-prices", action="store_true",
-                   help="refresh AWS GPU facts and prices from the EC2/Pricing APIs before recommending")
+                   help="refresh AWS GPU facts and prices from the EC2/Pricing APIs before recommending (never done "
+                        "unless asked: without it the bundled or last refreshed prices are used and their age said)")
     p.set_defaults(func=cmd_recommend)
 
     s = sub.add_parser("size", help="estimate the memory of a declared workload and the cheapest GPUs that hold it")

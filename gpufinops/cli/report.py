@@ -1,8 +1,10 @@
-"""`gpufinops report`: the monthly audit as HTML (with charts), one CSV per table, and JSON."""
+"""`gpufinops report`: the monthly audit as HTML (with charts), one CSV per table, JSON and PDF; delivered by
+S3, Slack and email with --deliver."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,9 +23,13 @@ def _formats(text: str) -> tuple[str, ...]:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "report", help="monthly GPU audit: spend, idle cost, stops and savings, teams, recommendations (HTML/CSV/JSON)",
-        description="Write the monthly GPU FinOps audit of one month from the audit database: "
-                    "an HTML report with charts, one CSV per table and a JSON document. Prints the paths written.")
+        "report", help="monthly GPU audit: spend, idle cost, stops and savings, teams, recommendations "
+                       "(HTML/CSV/JSON/PDF; --deliver sends it by S3, Slack, email)",
+        description="Write the monthly GPU FinOps audit of one month from the audit database: an HTML report with "
+                    "charts, one CSV per table and a JSON document, and a PDF with --formats pdf (needs Chromium). "
+                    "--deliver also sends it where report.delivery says: S3, a Slack summary, and an email to "
+                    "email.finance with the PDF attached (docs/report.md). Prints the paths written, then one line "
+                    "per delivery; exits 1 when the month has no data (said on stderr).")
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC)")
     # The report writes files, so it has no -o/--output (the print format of other commands): it prints the
     # paths it wrote. The old --out and --format still work, unlisted.
@@ -89,7 +95,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         return usage_error(str(exc))
     d = settings.report.delivery
+    quiet = _quiet_info_logs()
     try:
+        from ..report.monthly import monthly_audit
+
+        audit = monthly_audit(store, args.month, now, settings, slurm_reader(settings, store))
         if args.deliver:
             from ..run.compose import live_notifier
 
@@ -102,12 +112,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                 email = EmailDelivery(settings.email, store, lambda: now)
             paths, sent = write_and_deliver(store, args.month, args.out_dir, now, settings, args.formats,
                                             dry_run=args.dry_run, notifier=notifier, s3_client=s3, email=email,
-                                            again=args.again, slurm=slurm_reader(settings, store))
+                                            again=args.again, audit=audit)
         else:
-            from ..report import write_monthly_report
+            from ..report.render import write_report
 
-            paths, sent = write_monthly_report(store, args.month, args.out_dir, now, settings,
-                                               formats=args.formats, slurm=slurm_reader(settings, store)), []
+            paths, sent = write_report(audit, Path(args.out_dir), args.formats), []
     except PdfError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND
@@ -117,9 +126,25 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PROBLEM_FOUND
     finally:
+        quiet()
         store.close()
     for path in paths:
         print(path)
     for s in sent:
         print(s.line(args.dry_run))
-    return EXIT_PROBLEM_FOUND if any(s.error for s in sent) else 0
+    if not audit.has_data:
+        # The files say so too, but a person at the terminal sees only paths: the likely causes, once, on stderr.
+        print(f"note: no data for {audit.period.month}: no evaluation and no billing row is stored for that month "
+              f"in this database (was the service running and writing to it? --month picks another month, --db "
+              f"another database)", file=sys.stderr)
+    return EXIT_PROBLEM_FOUND if any(s.error for s in sent) or not audit.has_data else 0
+
+
+def _quiet_info_logs():
+    """Keep the service's INFO lines (deliveries, the outbox) out of the command's output at the default level:
+    the printed lines say what was written and sent. Returns the undo. `--log-level DEBUG` shows everything."""
+    service_log = logging.getLogger("gpufinops")
+    before = service_log.level
+    if logging.getLogger().getEffectiveLevel() == logging.INFO:
+        service_log.setLevel(logging.WARNING)
+    return lambda: service_log.setLevel(before)

@@ -39,7 +39,7 @@ from ..collect.billing.settings import BillingSettings, billing_settings
 from ..decide import escalation
 from ..config import DEFAULT_RULES_DIR, ConfigError, Settings, StrictModel, format_validation_error, load_yaml
 from .costs import PriceLookup, billing_rates, hourly_rate, idle_share, resource_attrs, verdict_costs
-from ..model import Message, Notifier, hours
+from ..model import Message, Notifier, format_money, hours
 from ..notify.markup import escape
 from ..notify.routing import deliveries
 from ..store.store import Store
@@ -296,7 +296,8 @@ def _known(x) -> float | None:
 
 
 def _money(x: float, cur: str) -> str:
-    return f"{x:,.2f} {cur}"
+    """An amount as every notice spells it (model.format_money): '$15,000.00', '1,234.00 EUR'."""
+    return format_money(x, currency=cur)
 
 
 def alert_messages(status: BudgetStatus, budget: Budget) -> list[Message]:

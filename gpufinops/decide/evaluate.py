@@ -166,8 +166,8 @@ def power_witness(g: GpuWindowStats, fraction: float = POWER_WITNESS_TDP_FRACTIO
         return ""
     act = _fmt_pct(g.activity_max)
     return (f"{gpu_name(g)}: activity reads {act} but the GPU draws {g.power_mean_w:.0f} W on average, "
-            f"{g.power_mean_w / g.tdp_w:.0%} of its {g.tdp_w:.0f} W TDP (an idle GPU draws under "
-            f"{fraction:.0%}, from the catalog's TDP): the counters may be wrong")
+            f"{g.power_mean_w / g.tdp_w:.0%} of its {g.tdp_w:.0f} W TDP, at or above the {fraction:.0%} an idle "
+            f"GPU stays under (the catalog's TDP): the counters may be wrong")
 
 
 def low_use_causes(gpus: Sequence[GpuWindowStats]) -> tuple[ReasonCode | None, str]:

@@ -27,7 +27,7 @@ from ..collect.billing.settings import billing_settings
 from ..backtest.engine import BacktestSettings, Prepared, backtest_rule, oracle_net_seconds
 from ..backtest.traces import load_trace
 from ..config import DEFAULT_RULES_DIR, ActSettings, Settings, load_settings
-from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext
+from ..model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, RESTART_COST_S, GpuInstance, RunContext, format_money
 from ..run.pipeline import Peers, run_once
 from ..prices.prices import OnDemandPrices
 from ..rules import load_rules
@@ -260,7 +260,7 @@ def side_by_side(default: DemoSummary, common: DemoSummary | None) -> list[str]:
         ("GPU-hours stopped", [f"{s.gpu_hours_stopped:.1f}" for s in summaries]),
         (f"restart cost, GPU-h ({RESTART_COST_S / 60:.0f} min each)", [f"{s.restart_gpu_hours:.1f}" for s in summaries]),
         ("net GPU-hours saved", [f"{s.net_gpu_hours:.1f}" for s in summaries]),
-        ("net dollars saved (on-demand prices)", [f"${s.net_dollars:,.2f}" for s in summaries]),
+        ("net dollars saved (on-demand prices)", [format_money(s.net_dollars) for s in summaries]),  # -$1.02
         (f"net GPU-h - {FALSE_STOP_COST_H:g} GPU-h per false stop", [f"{s.score:.1f}" for s in summaries]),
         ("idle warnings sent", [str(s.warnings) for s in summaries]),
     ]

@@ -37,12 +37,15 @@ from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryInterv
 from slack_sdk.http_retry.interval_calculator import RetryIntervalCalculator
 
 from ..config import SlackSettings
-from ..model import Clock, Message, Notice, Notifier
+from ..model import Clock, Message, Notice, Notifier, format_duration
 from ..store.schema import NotificationRow
 from ..store.store import Store
 from .markup import redact
 
 log = logging.getLogger("gpufinops.notify")
+
+# A failed users.lookupByEmail (per address) is not asked again before this: one try and one log line an hour.
+LOOKUP_RETRY_AFTER = timedelta(hours=1)
 
 
 def _as_sent(notice: Notice, settings: SlackSettings) -> Notice:
@@ -252,13 +255,26 @@ class SlackNotifier:
         cached = self.store.get_kv(key)
         if cached:
             return cached
+        # A lookup that failed (nobody has the address, a missing scope, Slack down) is not asked again for an
+        # hour: every warning about that owner's instances would otherwise ask, and log, once more.
+        failed_key = f"slack:user_by_email_failed:{email.strip().lower()}"
+        now = self.clock()
+        retry_at = self.store.get_kv(failed_key)
+        if retry_at and now.isoformat() < retry_at:
+            return None
         token = self.settings.token.resolve()
         if not token:
             return None
         try:
             resp = self._client(token).users_lookupByEmail(email=email.strip())
         except Exception as exc:  # noqa: BLE001 - users_not_found, missing scope, Slack down: no DM this time
-            log.warning("users.lookupByEmail for an owner tag failed: %s", redact(_clip(str(exc)), token))
+            self.store.set_kv(failed_key, (now + LOOKUP_RETRY_AFTER).isoformat())
+            # One line: Slack's error code when it answered (users_not_found, missing_scope), never the raw answer.
+            answer = getattr(exc, "response", None)
+            code = answer.get("error") if answer is not None and hasattr(answer, "get") else None
+            why = code or " ".join(redact(_clip(str(exc)), token).split())
+            log.warning("users.lookupByEmail for an owner tag failed (%s): no Slack mention or direct message for "
+                        "that owner; asked again after %s", why, format_duration(LOOKUP_RETRY_AFTER.total_seconds()))
             return None
         user_id = (resp.get("user") or {}).get("id") if isinstance(resp.data, dict) else None
         if user_id:

@@ -35,7 +35,7 @@ from ..model import (
 )
 from ..places.gcp.labels import gcloud_add_labels, in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
-from ..places.registry import ACTION_VERBS, GCE, KUBERNETES_NODE, place_of_instance
+from ..places.registry import ACTION_VERBS, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST, place_of_instance
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -119,8 +119,9 @@ def _who_and_where(inst: GpuInstance) -> tuple[tuple[str, str], ...]:
 
 
 def _instance_line(inst: GpuInstance) -> str:
-    """'i-0abc (p4d.24xlarge, owner alice, team ml)', escaped, for fallback text."""
-    bits = [_v(inst.instance_type, 40)]
+    """'i-0abc (p4d.24xlarge, owner alice, team ml)', escaped, for fallback text; a host has no instance type:
+    'gpu-box-1 (1× A10G, ...)'."""
+    bits = [_host_gpus(inst) if _is_host(inst) else _v(inst.instance_type, 40)]
     if inst.owner():
         bits.append(f"owner {_v(inst.owner(), 60)}")
     if inst.team() and inst.team() != inst.owner():
@@ -129,7 +130,17 @@ def _instance_line(inst: GpuInstance) -> str:
 
 
 def _owner_field(inst: GpuInstance) -> str:
-    return _v(inst.owner()) if inst.owner() else "no owner tag"
+    if inst.owner():
+        return _v(inst.owner())
+    # A host's tags are the config's (hosts.inventory, or the agent's host_tags), not a cloud's tags.
+    return "none set (owner in its host tags)" if _is_host(inst) else "no owner tag"
+
+
+def _host_gpus(inst: GpuInstance) -> str:
+    """What a host is, in place of an instance type it does not have: '1× A10G', '2 GPU' or 'host'."""
+    if inst.gpu_count and inst.gpu_model:
+        return f"{inst.gpu_count}× {_v(inst.gpu_model, 40)}"
+    return f"{inst.gpu_count} GPU" if inst.gpu_count else "host"
 
 
 def _instance_field(inst: GpuInstance) -> str:
@@ -139,6 +150,8 @@ def _instance_field(inst: GpuInstance) -> str:
 
 
 def _type_field(inst: GpuInstance) -> str:
+    if _is_host(inst):
+        return f"{RENTED_HOST.name}\n{_host_gpus(inst)}"
     out = _v(inst.instance_type, 40)
     if inst.gpu_count:
         gpu = f"{inst.gpu_count}× {_v(inst.gpu_model, 40)}" if inst.gpu_model else f"{inst.gpu_count} GPU"
@@ -149,6 +162,8 @@ def _type_field(inst: GpuInstance) -> str:
 
 
 def _where_field(inst: GpuInstance) -> str:
+    if _is_host(inst) and not inst.region:
+        return _v(inst.private_dns or inst.instance_id, 60)  # no region: its hostname says where
     parts = [_v(inst.region, 30)]
     if inst.account:
         parts.append(_v(inst.account, 30))
@@ -196,6 +211,22 @@ def _is_node(inst: GpuInstance) -> bool:
     return place_of_instance(inst) is KUBERNETES_NODE
 
 
+def _is_host(inst: GpuInstance) -> bool:
+    """A GPU server that is no cloud's instance (hosts.inventory, or the agent on a host off EC2): kept running by
+    `gpufinops agent snooze` on it, never by a cloud tag."""
+    return place_of_instance(inst) is RENTED_HOST
+
+
+# What the agent's own notices say to keep its host running, when the agent reads the default snooze file.
+HOST_SNOOZE_COMMAND = "gpufinops agent snooze 2h"
+
+
+def host_keep_hint(snooze_command: str = HOST_SNOOZE_COMMAND) -> str:
+    """How a person keeps a host running: the command that writes the snooze file its agent reads."""
+    return (f"To keep it running: make it busy, or run `{escape(snooze_command)}` on the host (no warning and no "
+            f"stop until then).")
+
+
 def _noun(inst: GpuInstance) -> str:
     return place_of_instance(inst).noun
 
@@ -239,6 +270,8 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
                 f"own rules decide); gpufinops evicts no pod.")
     if inst is not None and place_of_instance(inst) is GCE:
         return gce_keep_hint()
+    if inst is not None and _is_host(inst):
+        return host_keep_hint()
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -282,8 +315,11 @@ def idle_warning(
     sent_at: datetime | None = None,
     buttons: bool = False,
     idle_since: datetime | None = None,
+    keep_hint: str = "",
 ) -> Notice:
     """Phase one of a stop: the instance is marked and will be stopped at stop_at if still idle.
+    `keep_hint`: how to keep it running, where the sender knows better than the place (the agent: the snooze
+    command naming the file it reads, host_keep_hint).
     `buttons`: Snooze / Keep running buttons (only where the service verifies clicks: slack.signing_secret).
     `idle_since`: when it really went idle (act.idle_since), shown instead of "≥ the rule's window".
 
@@ -294,11 +330,12 @@ def idle_warning(
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
     will = f"would be {_done} (dry-run)" if dry_run else f"will be {_done}"
+    keep_hint = keep_hint or _keep_hint(inst)
 
     text = (
         ("[DRY-RUN] " if dry_run else "")
         + f"Idle {_noun(inst)} {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
-        f"active. Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {_keep_hint(inst)}"
+        f"active. Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {keep_hint}"
     )
     return _notice(
         warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run, to=to,
@@ -314,7 +351,7 @@ def idle_warning(
             ("Rule", _v(decision.rule_name)),
         ),
         actions=tuple(SNOOZE_ACTIONS) if buttons else (),
-        notes=(_keep_hint(inst),) + way_out_notes(inst, sent_at or marked_at, buttons=buttons),
+        notes=(keep_hint,) + way_out_notes(inst, sent_at or marked_at, buttons=buttons),
     )
 
 
@@ -542,7 +579,9 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
     nothing = (f"Nothing will be stopped: {_v(_in_its_words(inst, not_stopped_because), MAX_REASON)}."
                if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
-    noun = "GPU node" if _is_node(inst) else GCE.noun if place_of_instance(inst) is GCE else "GPU instance"
+    # A VM or a rented host by its place's own noun; a Kubernetes workload as an instance, as it always read here.
+    noun = ("GPU node" if _is_node(inst) else _noun(inst) if place_of_instance(inst) in (GCE, AZURE_VM, RENTED_HOST)
+            else "GPU instance")
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")
@@ -558,7 +597,8 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
             ("GPU activity", _activity_field(decision)),
             ("Rule", _v(decision.rule_name)),
         ),
-        notes=(f"{nothing} Tag `{TAG_PROTECT}` = `true` to silence it for this instance.",),
+        notes=(f"{nothing} " + (f"Give it the tag `{TAG_PROTECT}: true` in its host tags to silence it."
+                                if _is_host(inst) else f"Tag `{TAG_PROTECT}` = `true` to silence it for this instance."),),
     )
 
 

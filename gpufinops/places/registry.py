@@ -112,7 +112,7 @@ KUBERNETES_WORKLOAD = Place(
 
 # Listed in the config, no cloud API: every host is `managed_by` (stopped from the host by the agent).
 RENTED_HOST = Place(
-    name="rented host", noun="GPU instance", provider="rented", id_prefix=HOST_ID_PREFIX,
+    name="rented host", noun="GPU host", provider="rented", id_prefix=HOST_ID_PREFIX,
     takes=frozenset({Action.NOTIFY, Action.STOP, Action.TERMINATE}),
 )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pandas as pd
 
@@ -633,13 +634,15 @@ def add_sections(audit: MonthlyAudit, inp: AuditInputs, iv: pd.DataFrame, stops:
     audit.budgets = sections.budget_table(
         inp.budgets, inp.cost_table, estimate, p.start, p.end, billed_through,
         pd.Timestamp(obs_end), running, estimate, currency, slurm=inp.slurm, as_of=p.as_of)
-    audit.budgets_path = inp.budgets_path
+    # The file's name only: the report goes to finance, and the server's folders are nobody's business there
+    # (billing.budgets_path in the config says where it is).
+    audit.budgets_path = Path(inp.budgets_path).name if inp.budgets_path else ""
     fleet = sections.fleet_forecast(inp.cost_table, estimate, p.start, p.end, billed_through,
                                     pd.Timestamp(obs_end), running, estimate)
     headline["forecast"] = fleet.forecast if fleet is not None else None
     audit.slurm = sections.slurm_tables(inp.slurm)
     headline.update(sections.slurm_headline(inp.slurm))
-    audit.finance = sections.finance_page(headline, audit.teams, audit.budgets, inp.budgets_path, headline["forecast"],
+    audit.finance = sections.finance_page(headline, audit.teams, audit.budgets, audit.budgets_path, headline["forecast"],
                                           inp.rules, audit.slurm["slurm_accounts"])
     # Page 1 and every delivery say how much of the month was seen and what the forecast adds up.
     audit.finance.update(finance_caveats(p, coverage["covered_hours"], audit.finance["basis"] == "billed",

@@ -46,14 +46,16 @@ def write_monthly_report(store: Store, month: str | None, out_dir: str | Path, n
 def write_and_deliver(store: Store, month: str | None, out_dir: str | Path, now: datetime,
                       settings: Settings | None, formats: Iterable[str] = FORMATS, *, dry_run: bool = False,
                       notifier=None, s3_client=None, email=None, again: bool = False,
-                      slurm: SlurmReader | None = None) -> tuple[list[Path], list]:
+                      slurm: SlurmReader | None = None, audit: MonthlyAudit | None = None,
+                      ) -> tuple[list[Path], list]:
     """Write the report (with its PDF rendition) and send it to the destinations of `report.delivery`; with
     dry_run nothing is sent and the Delivery rows say what would have been. Returns (paths, deliveries).
     Slack and email go once per report (a delivered one is said, not sent again); `again` sends another copy.
-    A PDF that cannot be made (no Chromium) raises PdfError before anything is sent."""
+    A PDF that cannot be made (no Chromium) raises PdfError before anything is sent. `audit`: the month's audit
+    when the caller built it already (monthly_audit), else built here."""
     d = report_settings(settings).delivery
     formats = list(dict.fromkeys([*formats, "pdf"])) if configured(d) else list(formats)
-    audit = monthly_audit(store, month, now, settings, slurm)
+    audit = audit if audit is not None else monthly_audit(store, month, now, settings, slurm)
     paths = write_report(audit, Path(out_dir), formats)
     email_to = settings.email.finance if settings is not None else ()
     return paths, deliver_report(audit, paths, d, dry_run=dry_run, notifier=notifier, s3_client=s3_client,

@@ -541,6 +541,7 @@ def finance_page(headline: dict, teams: pd.DataFrame, budgets: pd.DataFrame, bud
                     for b in budgets.itertuples(index=False)] if len(budgets) else [],
         "budgets_path": budgets_path,
         "teams": team_rows,
+        "team_count": len(teams),  # all the month's teams: the page shows the first FINANCE_TEAMS
         "idle_words": idle_words,
         # The Slurm clusters' month (None without Slurm accounting): its own rows, apart from the cloud spend above.
         "slurm": ({"gpu_hours": headline["slurm_gpu_hours"], "cost": headline["slurm_cost"],

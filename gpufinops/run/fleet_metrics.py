@@ -278,5 +278,12 @@ class FleetExposition:
         """The savings job's month-to-date net saving and stops by team (run/jobs.month_savings)."""
         self._savings_text = render(savings_families(by_team or {}, at))
 
+    def standby(self) -> None:
+        """This process does not hold the lease: it exports no fleet figure. Prometheus scrapes every replica (the
+        two-replica recipe in docs/deploy.md), and a standby's copy of the same fleet would double every sum on
+        the dashboard; the leader's series are the fleet's, and a new leader exports them from its first tick."""
+        self.set_figures(FleetFigures())
+        self.budgets, self._budget_text, self._savings_text = {}, render(budget_families({})), b""
+
     def text(self) -> bytes:
         return self._figures_text + self._budget_text + self._savings_text

@@ -71,7 +71,11 @@ def recommend_digest(settings: Settings, peers: Peers, now: datetime):
     recs = recommend_fleet(instances, usage, catalog, policy, now, rules=load_rules(settings.rules_paths),
                            opt_in=(settings.act.opt_in_tag, settings.act.opt_in_value))
     store_recommendations(peers.store, uuid.uuid4().hex[:12], recs)
-    deliveries(peers.notifier, settings).send(weekly_digest_message(recs, now))  # to "default": routing picks
+    # recommend.digest_channel when set, else the "default" audience's channel (routing picks it); the
+    # recommend.digest_top largest savings.
+    digest = weekly_digest_message(recs, now, channel=settings.recommend.digest_channel or "",
+                                   top=settings.recommend.digest_top)
+    deliveries(peers.notifier, settings).send(digest)
     return recs
 
 

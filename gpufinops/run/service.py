@@ -39,7 +39,7 @@ from .fleet_metrics import FleetExposition, FleetFigures
 from .nodes import workload_cloud_of
 from ..httpd import GetHandler, PostHandler, metrics_and_health_server, mutual_tls_context, mutual_tls_server
 from ..act.lease import LeaseLost, SchedulerLease, read_lease
-from ..model import RunContext, utcnow
+from ..model import ActionKind, RunContext, utcnow
 from ..notify.interact import Answer, handle_click, handle_socket_envelope
 from ..notify.routing import deliveries
 from ..notify.socket_mode import SocketModeActions
@@ -144,7 +144,8 @@ class Service:
         self._last_report: tuple[RunReport, datetime] | None = None  # the last judged tick and when it ended
         self.socket_mode = None  # notify.socket_mode.SocketModeActions while slack.socket_mode is on and started
         self.verdict_api = VerdictApi(self.settings.api, self.peers.store, self.last_report, self.clock,
-                                      stale_after_s=self.liveness_limit_s())
+                                      stale_after_s=self.liveness_limit_s(),
+                                      opt_in=(self.settings.act.opt_in_tag, self.settings.act.opt_in_value))
 
     def last_report(self) -> tuple[RunReport | None, datetime | None]:
         """The last tick that judged (RunReport) and when it finished; (None, None) before the first."""
@@ -265,16 +266,24 @@ class Service:
         if lease_error and report.sources.get("database") is None:
             report.sources["database"] = f"scheduler lease: {lease_error}"
         seconds = time.perf_counter() - t0
-        # Month figures read the store: on a database that failed this tick they are left out (logged).
-        figures = FleetFigures.from_report(report, None if report.sources.get("database") else self.peers.store,
-                                           max_gap_s=2 * self.settings.schedule.evaluate_every_s)
-        cluster = workload_cloud_of(self.peers.cloud)
-        if cluster is not None and cluster.listed_ok and cluster.last_snapshot is not None:  # a failed read: none
-            figures.note_cluster(cluster.last_snapshot, cluster.hourly_shares)
-        self.metrics.observe(report, seconds, figures)
+        if leader:
+            # Month figures read the store: on a database that failed this tick they are left out (logged).
+            figures = FleetFigures.from_report(report, None if report.sources.get("database") else self.peers.store,
+                                               max_gap_s=2 * self.settings.schedule.evaluate_every_s)
+            cluster = workload_cloud_of(self.peers.cloud)
+            if cluster is not None and cluster.listed_ok and cluster.last_snapshot is not None:  # a failed read: none
+                figures.note_cluster(cluster.last_snapshot, cluster.hourly_shares)
+            self.metrics.observe(report, seconds, figures)
+        else:
+            # Fleet series come from the leader only: a standby's would double every fleet sum in Grafana.
+            self.metrics.observe(report, seconds, FleetFigures())
+            self.metrics.fleet.standby()
         role = f"leader token {self.lease.token}" if leader else "standby, read-only"
-        log.info("run %s [%s]: %d instances, verdicts %s, %d actions%s%s", ctx.run_id, role, len(report.instances),
-                 report.verdict_counts(), len(report.actions), " [dry-run]" if ctx.dry_run else "",
+        # What changed something (a mark, a notice, a stop...): a skip repeated every tick (idle but protected,
+        # snoozed) changes nothing, and counting it read as "2 actions" each minute while nothing happened.
+        changes = sum(a.kind is not ActionKind.SKIP for a in report.actions)
+        log.info("run %s [%s]: %d instances, verdicts %s, %d change(s)%s%s", ctx.run_id, role, len(report.instances),
+                 report.verdict_counts(), changes, " [dry-run]" if ctx.dry_run else "",
                  "".join(f"; {s} degraded: {e}" for s, e in report.degraded().items()))
         return report
 

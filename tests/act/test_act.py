@@ -536,3 +536,22 @@ def test_a_restart_between_the_plan_and_the_stop_wins(tmp_path):
     assert [(a.kind, a.reason.split(":")[0]) for a in r.actions] == [(ActionKind.SKIP, "not stopped")]
     assert "restarted" in r.actions[0].reason
     assert w.cloud.get("i-00").state == "running" and w.cloud.calls.count(("stop", "i-00")) == 1  # the person's
+
+
+def test_an_instance_not_opted_in_gets_one_notice_saying_so_once_and_never_a_stop_warning(tmp_path):
+    from gpufinops.notify.slack_blocks import render
+
+    w = World(tmp_path)
+    w.cloud.get("i-00").tags.pop(OPT_IN)
+    assert w.kinds(w.tick()) == [("i-00", ActionKind.NOTIFY)]
+    for _ in range(30):  # one notice per idle episode: nothing more, no mark, no stop
+        assert w.tick().actions == []
+    assert w.cloud.get("i-00").state == "running" and TAG_MARKED not in w.cloud.get("i-00").tags
+    (notice,) = w.notifier.sent
+    text, blocks = render(notice)
+    shown = "\n".join(str(b) for b in blocks)
+    for seen in (text, shown):
+        assert seen.count("not opted in") == 1, seen  # one clear sentence, once
+        assert "would be stopped" not in seen and seen.count("will be stopped") == seen.count("Nothing will be stopped")
+        assert "Nothing will be stopped: not opted in: gpufinops stops only instances tagged " \
+               "gpufinops:allow-stop=true" in seen

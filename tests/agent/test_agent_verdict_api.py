@@ -110,3 +110,41 @@ def test_only_loopback_without_a_token():
     assert handle({}, "", "10.0.0.5")[0] == 403
     assert handle({"X-Forwarded-For": "127.0.0.1"}, "", "10.0.0.5")[0] == 403
     assert handle({}, "", "127.0.0.1")[0] == 404
+
+
+def test_a_hosts_warning_says_host_and_names_the_snooze_file_the_agent_reads_and_agent_snooze_finds_it(
+        host, capsys, monkeypatch):
+    """docs/agent.md's foreground example reads a snooze file of its own (not /run/gpufinops/snooze-until): the
+    printed command names it, and a bare `gpufinops agent snooze 2h` asks the running agent which file it reads."""
+    from gpufinops.cli import main as gpufinops_main
+    from gpufinops.notify.slack_blocks import render
+    from tests.agent.test_autostop_loop import KeyRecordingSlack
+
+    class Recording(KeyRecordingSlack):
+        def send(self, msg) -> bool:
+            self.sent.append(msg)
+            return super().send(msg)
+
+    monkeypatch.delenv("GPUFINOPS_AGENT_SNOOZE_FILE", raising=False)
+    running = serve(host)
+    slack = Recording([])
+    slack.sent = []
+    host.loop.announcer.slack = slack
+    try:
+        host.until(MoveKind.WARN)
+        (wall,) = host.walls()
+        assert f"to keep it running: gpufinops agent snooze 2h --snooze-file {host.snooze}" in wall
+        text, blocks = render(slack.sent[0])
+        shown = text + "\n" + "\n".join(json.dumps(b, ensure_ascii=False) for b in blocks)
+        assert "Idle GPU host gpu-box-1 (1× " in text  # a host says host, and what it is: no "(—)"
+        assert "GPU instance" not in shown and "(—)" not in shown and "no owner tag" not in shown
+        assert "snooze-until` =" not in shown and "gpufinops:snooze-until" not in shown  # no EC2 tag to set
+        assert f"gpufinops agent snooze 2h --snooze-file {host.snooze}" in shown
+        # No --snooze-file: the running agent says which file it reads.
+        assert gpufinops_main(["agent", "--port", str(running.port), "snooze", "2h"]) == 0
+        out = capsys.readouterr().out
+        assert f"({host.snooze}: the file the agent on port {running.port} reads)" in out
+        cancel = host.sample()
+        assert cancel.kind is MoveKind.CANCEL and "snoozed until" in cancel.reason
+    finally:
+        running.close()

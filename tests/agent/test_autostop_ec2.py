@@ -134,7 +134,7 @@ def test_slack_alone_delivers_the_warning_when_wall_fails(host, slack_stub, monk
     assert "gpu-box-1" in warning["text"] and "will be stopped" in warning["text"]
     assert host.sample().kind is MoveKind.STOP
     assert len(host.calls("stop")) == 1
-    assert "Stopped idle GPU instance gpu-box-1" in slack_stub.posted("#gpu-box")[-1]["text"]
+    assert "Stopped idle GPU host gpu-box-1" in slack_stub.posted("#gpu-box")[-1]["text"]
 
 
 def test_the_cli_flags_wire_the_loop_on_the_agent(host, monkeypatch):

@@ -443,3 +443,30 @@ def test_a_crash_between_the_stop_request_and_its_answer_never_sends_it_again(ho
     host.sample(3)  # held: no new warning, no second stop
     assert len(host.calls("stop")) == 1
     assert host.loop.buffer.load_state("autostop")["phase"] == Phase.HELD.value
+
+
+def test_a_restart_with_autostop_live_after_a_dry_run_would_stop_warns_for_real_at_once(host, caplog):
+    """Dry-run said "would stop ... NOT stopped" (HELD for a window); restarted with --autostop-live, the agent says
+    once that it switched to live and warns for real with the full lead at its first judgement: it neither replays
+    the dry-run line nor waits out the dry-run hold."""
+    import logging
+
+    host.start(dry_run=True)
+    host.until(MoveKind.WARN)
+    host.until(MoveKind.STOP)
+    assert "NOT stopped" in host.walls()[-1]
+    host.loop.buffer.close()
+    walls_before = len(host.walls())
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="gpufinops.autostop")
+    host.start(dry_run=False)  # restarted with --autostop-live
+    move = host.sample()
+    assert move.kind is MoveKind.WARN
+    (warning,) = host.walls()[walls_before:]
+    assert "will be stopped" in warning and "[DRY-RUN]" not in warning and "in 1 min" in warning
+    switched = [r.getMessage() for r in caplog.records if "switched from dry-run to live" in r.getMessage()]
+    assert switched == ["autostop: switched from dry-run to live: the dry-run would-stop does not count; a real "
+                        "warning with its full lead comes before any stop"]
+    assert not any("NOT stopped" in r.getMessage() or "would stop" in r.getMessage().replace("would-stop", "")
+                   for r in caplog.records)
+    assert host.sample().kind is MoveKind.STOP and len(host.calls("stop")) == 1  # after the 1-minute lead

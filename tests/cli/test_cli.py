@@ -61,8 +61,10 @@ def test_managed_snoozed_notify_and_plain_idle_say_what_happens():
 def test_table_shows_the_outcome_and_counts_instances_and_verdicts_apart():
     rows = [decision_row(idle(), instance({TAG_PROTECT: "true"}), RULE, NOW, False),
             decision_row(idle(Action.NOTIFY), instance({TAG_PROTECT: "true"}), RULE, NOW, False)]
-    text = format_decision_table(rows, n_instances=1, n_rules=2, errors=[])
+    text = format_decision_table(rows, n_instances=1, n_rules=2, wide=True)
     assert "IDLE — protected, never stopped" in text
+    narrow = format_decision_table(rows, n_instances=1, n_rules=2)
+    assert "then: protected, never stopped" in " ".join(narrow.split()) and max(map(len, narrow.splitlines())) <= 120
     assert text.splitlines()[-1].startswith("1 instance(s) judged under 2 rule(s): 2 verdict(s), one per instance and rule")
 
 
@@ -136,6 +138,27 @@ def test_rules_check_with_a_config_checks_the_configs_rules(tmp_path, capsys):
     assert main(["--config", str(cfg), "rules", "check"]) == 1
     err = capsys.readouterr().err
     assert "broken.yaml" in err and "threshold_pct" in err
+
+
+def test_the_example_config_copied_out_of_the_clone_still_finds_the_shipped_rules(tmp_path, capsys, monkeypatch):
+    """docs/deploy.md copies the example to /etc/gpufinops/: its relative paths resolve against that folder, so it
+    must not name a `rules` folder that only the clone has (it used to: `rules_paths: [rules]`)."""
+    from gpufinops.config import DEFAULT_RULES_DIR
+
+    etc = tmp_path / "etc" / "gpufinops"
+    etc.mkdir(parents=True)
+    (etc / "gpufinops.yaml").write_text((REPO / "gpufinops.example.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", str(etc / "gpufinops.yaml"), "rules", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-util-below-10pct-2h" in out
+    assert load_settings(etc / "gpufinops.yaml").database_url == f"sqlite:///{etc.resolve() / 'gpufinops.db'}"
+    # A relative rules folder that is not there says where it was looked for and where the shipped rules are.
+    (etc / "gpufinops.yaml").write_text("rules_paths: [rules]\n")
+    assert main(["--config", str(etc / "gpufinops.yaml"), "rules", "check"]) == 1
+    err = capsys.readouterr().err
+    assert (f"{etc.resolve() / 'rules'}: rule path does not exist (a relative path in a config file is relative to "
+            f"that file's folder; the shipped rules are {DEFAULT_RULES_DIR}, used when rules_paths is not set)") in err
 
 
 def test_rules_check_without_a_config_checks_the_shipped_rules(capsys, monkeypatch):
@@ -297,3 +320,65 @@ def test_a_normal_start_hides_library_info_lines(capsys):
     assert main(["--log-level", "DEBUG", "size", "--params", "7B", "--mode", "inference", "--limit", "1"]) == 0
     assert logging.getLogger("apscheduler").level == logging.NOTSET  # the root's level again: everything
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+# --------------------------------------------------------------------------- rough edges (issue 40, item 10)
+
+
+def test_an_unknown_flag_is_refused_by_its_subcommand_with_the_nearest_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", "--onse"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("usage: gpufinops evaluate ")
+    assert err.splitlines()[-1] == "gpufinops evaluate: error: unrecognized arguments: --onse (did you mean --once?)"
+
+
+def test_evaluate_help_says_it_judges_once_and_has_no_other_mode(capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--once" not in text and "the only mode" not in text
+    assert "Judge every GPU instance once, print the verdicts and exit: evaluate has no other mode" in text
+    assert "{table,json,csv,wide}" in text
+
+
+def test_rules_check_says_windows_and_leads_as_everything_else_does(capsys):
+    assert main(["rules", "check", str(REPO / "rules")]) == 0
+    out = capsys.readouterr().out
+    assert "stays_below < 10% for 2 h (lead 15 min)" in out and "7200s" not in out
+
+
+def test_the_evaluate_table_fits_120_columns_and_wide_has_every_column(tmp_path, capsys):
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{tmp_path / 'g.db'}\nprometheus: {{url: 'http://127.0.0.1:9', "
+                   f"timeout_s: 1}}\nhosts:\n  inventory:\n    - {{hostname: gpu-box-1, gpu_count: 1, gpu_model: A10G, "
+                   f"tags: {{owner: alice, team: ml}}}}\n")
+    assert main(["--config", str(cfg), "--log-level", "ERROR", "evaluate"]) == 1
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    assert out.splitlines()[0].split() == ["instance_id", "rule", "verdict", "usd_per_hour", "reason"]
+    assert "metrics unavailable: prometheus at 127.0.0.1:9: cannot connect" in " ".join(out.split())
+    assert main(["--config", str(cfg), "--log-level", "ERROR", "evaluate", "-o", "wide"]) == 1
+    wide = capsys.readouterr().out
+    assert wide.splitlines()[0].split() == ["instance_id", "name", "instance_type", "owner", "team", "rule",
+                                            "verdict", "usd_per_hour", "reason"]
+    assert "alice" in wide and "metrics unavailable: prometheus at 127.0.0.1:9: cannot connect" in wide
+
+
+def test_a_too_long_duration_is_said_as_written(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--since", "5000d"])
+    err = capsys.readouterr().err
+    assert "argument --since: duration 5000d is longer than the maximum 3660d" in err and "432000000" not in err
+
+
+def test_backtest_help_states_its_defaults_without_naming_code(capsys):
+    from gpufinops.model import FALSE_STOP_COST_H, FALSE_STOP_WITHIN_S, format_duration
+
+    with pytest.raises(SystemExit):
+        main(["backtest", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "model." not in text
+    assert f"(default {FALSE_STOP_WITHIN_S // 60}m: the break-even of a stop" in text
+    assert f"on top of the restart (default {FALSE_STOP_COST_H:g})" in text
+    assert format_duration(FALSE_STOP_WITHIN_S) == "30 min"

@@ -193,6 +193,14 @@ def test_power_witness_threshold(power, verdict):
     assert judge(h200(power_mean_w=power)).verdict is verdict
 
 
+def test_the_power_witness_at_the_boundary_reads_without_contradiction():
+    d = judge(h200(power_mean_w=700.0 * POWER_WITNESS_TDP_FRACTION, tdp_w=700.0))
+    assert d.verdict is Verdict.UNKNOWN
+    assert (f"draws 280 W on average, 40% of its 700 W TDP, at or above the 40% an idle GPU stays under (the "
+            f"catalog's TDP): the counters may be wrong") in d.reason
+    assert "draws under" not in d.reason  # "40 %, ... an idle GPU draws under 40 %" read as a contradiction
+
+
 def test_without_a_tdp_or_a_power_figure_the_witness_cannot_speak():
     assert judge(h200(power_mean_w=500.0, tdp_w=None)).verdict is Verdict.IDLE
     assert judge(h200(power_mean_w=None)).verdict is Verdict.IDLE

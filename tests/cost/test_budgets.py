@@ -157,11 +157,11 @@ def test_simulated_month_alerts_once_per_threshold_forecast_first(sim, slack_stu
                        key("actual", 75): 27, key("actual", 90): 29}
     posted = slack_stub.posted("#finops-budgets")
     assert len(posted) == 5
-    assert posted[0]["text"].startswith("[WARNING] GPU budget 'gpu' (all) is forecast to spend 77% of 15,000.00 USD")
+    assert posted[0]["text"].startswith("[WARNING] GPU budget 'gpu' (all) is forecast to spend 77% of $15,000.00")
     # Day 29: actual 90% message carries spent, forecast, drivers and the idle share from the verdicts.
     last = posted[-1]["text"]
     spent29 = sum(24 * RATE * n_running(d) for d in range(1, 29))
-    assert f"spent {spent29:,.2f} USD" in last and "[CRITICAL]" in last
+    assert f"spent ${spent29:,.2f}" in last and "[CRITICAL]" in last
     assert "*Top teams* ml " in last and "(untagged)" in last and "*Top instances* i-0 " in last
     # i-0 is the idle one: each past evaluation covers 2 min (the gap cap), today's 1 min up to now.
     idle = sum(2 for _ in range(1, 29)) + 1
@@ -222,7 +222,7 @@ def test_cli_budgets_check_sends_to_outbox_once(tmp_path, capsys, monkeypatch):
     assert outs[1][0]["alerts_sent"] == ""
     sent = read_outbox(tmp_path / "out.jsonl")
     assert [m["key"] for m in sent] == ["budget:ml:team=ml:2024-09:actual:75", "budget:ml:team=ml:2024-09:forecast:75"]
-    assert sent[0]["text"].startswith("[WARNING] GPU budget 'ml' (team=ml) has spent 83% of 120.00 USD for 2024-09")
+    assert sent[0]["text"].startswith("[WARNING] GPU budget 'ml' (team=ml) has spent 83% of $120.00 for 2024-09")
 
 
 def test_budgets_check_without_budgets_says_so_and_a_missing_set_path_is_an_error(tmp_path, capsys):
@@ -269,7 +269,7 @@ def test_a_budget_alert_is_a_notice_every_delivery_renders_with_tag_values_escap
     assert blocks[0]["type"] == "header" and "ml-gpu 95% (actual)" in blocks[0]["text"]["text"]
     fields = {f["text"].split("\n")[0]: f["text"].split("\n", 1)[1] for b in blocks if "fields" in b
               for f in b["fields"]}
-    assert fields["*Idle share*"] == "25%" and fields["*Budget*"] == "1,000.00 USD"
-    assert fields["*Top teams*"] == "&lt;!channel&gt; 950.00 USD"  # never a live @channel
+    assert fields["*Idle share*"] == "25%" and fields["*Budget*"] == "$1,000.00"
+    assert fields["*Top teams*"] == "&lt;!channel&gt; $950.00"  # never a live @channel
     assert "<!channel>" not in text and "<!channel>" not in str(blocks)
     assert text.splitlines()[0].startswith("[CRITICAL] GPU budget 'ml-gpu'")  # the daily summary quotes it

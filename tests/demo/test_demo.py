@@ -12,7 +12,7 @@ import pytest
 from gpufinops.cli import main
 from gpufinops.demo.run import DemoConsole, load_demo_trace, run_demo
 from gpufinops.notify.messages import metrics_unavailable
-from gpufinops.model import Decision, GpuInstance, ReasonCode, Verdict
+from gpufinops.model import Decision, GpuInstance, ReasonCode, Verdict, format_money
 from gpufinops.demo.sim import SimClock
 from gpufinops.store.store import Store
 
@@ -51,6 +51,9 @@ def test_default_does_well_and_the_common_rule_badly_side_by_side(demo):
     assert "gpu-util-below-10pct-2h" in table and "gpu-util-below-40pct-10m" in table
     stops_row = next(line for line in table.splitlines() if line.strip().startswith("stops"))
     assert stops_row.split()[1:] == [str(d.stops), str(c.stops)]
+    # Money as everywhere else: the sign before the $ ("-$1.02"), never "$-1.02".
+    dollars = next(line for line in table.splitlines() if line.strip().startswith("net dollars saved"))
+    assert "$-" not in dollars and dollars.split()[-2:] == [format_money(d.net_dollars), format_money(c.net_dollars)]
     # The backtest of the same trace is printed with the same definitions, and says why its counts differ.
     backtest = text.split("`gpufinops backtest` on the same trace")[1]
     assert "gpu-util-below-10pct-2h" in backtest and "gpu-util-below-40pct-10m" in backtest

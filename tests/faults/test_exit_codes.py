@@ -51,8 +51,10 @@ def test_evaluate_exits_1_and_names_prometheus_when_it_is_down(aws, tmp_path, ca
     # The outage itself is judged correctly: nothing is idle, everything UNKNOWN.
     assert data["decisions"] and {d["verdict"] for d in data["decisions"]} == {"UNKNOWN"}
 
-    code, out, _ = run(capsys, cfg, "evaluate", "--once")
-    assert code == 1 and "error: prometheus: " in out
+    code, out, err = run(capsys, cfg, "evaluate", "--once")
+    # Said once, on stderr: the table on stdout carries no error line.
+    assert code == 1 and "error: prometheus: " in err and "error:" not in out
+    assert len([line for line in err.splitlines() if line.startswith("error: prometheus: ")]) == 1
 
     code, _, err = run(capsys, cfg, "evaluate", "--once", "-o", "csv")
     assert code == 1 and "error: prometheus: " in err

@@ -196,7 +196,7 @@ def test_not_opted_in_is_never_warned_or_stopped_even_without_iam(world, dry_run
     assert w.ec2.reached(aws_action("StopInstances")) == []
     texts = [m.text for m in w.delivered() if iid in m.text]
     assert not any(is_warning_for(t, iid) or "would be stopped (dry-run)" in t for t in texts), texts
-    assert len([t for t in texts if f"not opted in: would be stopped with tag {OPT_IN_TAG}=true" in t]) == 1
+    assert len([t for t in texts if f"not opted in: gpufinops stops only instances tagged {OPT_IN_TAG}=true" in t]) == 1
     check_invariants(w, alert("not opted in", 1))
 
 

@@ -89,3 +89,28 @@ def test_an_owner_known_only_by_email_gets_the_warning_then_stopped_once(world, 
     # Each email sent once and recorded as sent under its own key.
     rows = {r["key"]: r["status"] for r in world.store.notification_rows() if r["key"].startswith("email:")}
     assert sorted(k.split(":")[1] for k in rows) == ["stop", "warn"] and set(rows.values()) == {"sent"}
+
+
+def test_a_failing_owner_lookup_is_asked_and_logged_once_an_hour_in_one_line(tmp_path, slack_stub, monkeypatch,
+                                                                            caplog):
+    import logging
+
+    from gpufinops.demo.sim import SimClock
+    from gpufinops.store.store import Store
+    from tests.act.test_act import T0
+
+    monkeypatch.setenv(TOKEN_ENV, "xoxb-test-token")
+    clock = SimClock(T0)
+    slack = SlackNotifier(SlackSettings(token=SecretRef(env=TOKEN_ENV), base_url=slack_stub.base_url, max_retries=0),
+                          Store(f"sqlite:///{tmp_path / 's.db'}"), clock, timeout_s=2.0)
+    caplog.set_level(logging.WARNING, logger="gpufinops.notify")
+    for _ in range(3):  # three warnings about the same owner's instances within the hour
+        assert slack.user_id_for_email(OWNER) is None
+        clock.advance(600)
+    assert len(slack_stub.calls_for("users.lookupByEmail")) == 1
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("users.lookupByEmail for an owner tag failed (users_not_found): no Slack mention or direct "
+                    "message for that owner; asked again after 1 h")
+    clock.advance(3600)
+    assert slack.user_id_for_email(OWNER) is None
+    assert len(slack_stub.calls_for("users.lookupByEmail")) == 2 and len(caplog.records) == 2

@@ -166,7 +166,7 @@ def test_a_message_says_the_change_in_its_places_words(name, action, words):
 
 
 def test_every_place_has_a_noun_and_every_change_has_words():
-    assert {p.noun for p in PLACES} == {"GPU instance", "GPU workload", "GPU node", "GPU VM"}
+    assert {p.noun for p in PLACES} == {"GPU instance", "GPU workload", "GPU node", "GPU VM", "GPU host"}
     for p, action in product(PLACES, (Action.STOP, Action.TERMINATE, Action.SUSPEND, Action.DRAIN)):
         verb, done = p.verbs_for(action)
         assert verb and done

@@ -94,23 +94,13 @@ def test_stale_prices_are_one_warning_not_one_per_row(catalog):
     assert stale_prices_warning(recs, NOW + timedelta(days=400), POLICY.model_copy(update={"price_max_age_days": 3000})) == ""
 
 
-def test_stale_aws_prices_trigger_a_refresh_only_with_credentials(catalog, monkeypatch, tmp_path):
-    from types import SimpleNamespace
+def test_a_peers_error_page_is_one_short_line_never_html_or_a_bytes_repr():
+    from gpufinops.collect.errors import answer_excerpt
 
-    from gpufinops.cli.recommend import _aws_credentials, _stale_aws_prices
-
-    offer = catalog.offer("aws", "g5.xlarge", "us-east-1")
-    fresh_now = datetime.combine(offer.prices_as_of, datetime.min.time(), timezone.utc)
-    assert _stale_aws_prices([inst()], catalog, POLICY, fresh_now) == ""
-    assert "older than 90 days" in _stale_aws_prices([inst()], catalog, POLICY, fresh_now + timedelta(days=91))
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    no_profile = SimpleNamespace(aws=SimpleNamespace(profile=None))
-    assert _aws_credentials(no_profile) is False
-    assert _aws_credentials(SimpleNamespace(aws=SimpleNamespace(profile="missing"))) is False
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    assert _aws_credentials(no_profile) is True
+    page = ("An error occurred (500) when calling the GetProducts operation (reached max retries: 4): <html><head>"
+            "<title>500 Internal Server Error</title><style>body{color:red}</style></head><body>\n<h1>Internal "
+            "Server Error</h1>\n<p>The server encountered an internal error.</p></body></html>")
+    assert answer_excerpt(page) == ("An error occurred (500) when calling the GetProducts operation (reached max "
+                                    "retries: 4): 500 Internal Server Error Internal Server Error The server "
+                                    "encountered an internal error.")[:159] + "…"
+    assert answer_excerpt(b"404 page not found\n") == "404 page not found"

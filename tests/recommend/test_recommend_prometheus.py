@@ -173,6 +173,19 @@ def test_recommend_cli_end_to_end_with_moto_and_prometheus(aws, prometheus_facto
     finally:
         store.close()
 
+    # Prices older than the limit: no call to the AWS Pricing API nobody asked for (the old code refreshed by
+    # itself when credentials were found, as here), one line on how old they are and how to refresh them.
+    cfg.write_text(cfg.read_text().replace("price_max_age_days: 3660", "price_max_age_days: 1"))
+    assert main(["--config", str(cfg), "--log-level", "ERROR", "recommend", "--no-store", "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)
+    lines = [line for line in captured.err.splitlines() if "price" in line]
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("warning: 1 recommendation(s) rest on prices older than 1 days (oldest ")
+    assert "refresh AWS prices with --refresh-prices" in lines[0]
+    assert "refreshing" not in captured.err and "price refresh" not in captured.err
+    assert not (tmp_path / "prices.json").exists()  # nothing was fetched, so nothing was cached
+
 
 # --------------------------------------------------------------------------- profiling counters (issue 25)
 #

@@ -108,9 +108,32 @@ def test_the_report_reads_at_desktop_and_phone_widths(page, width):
     assert "whole month" not in seen["finance"]["text"]
     assert seen["finance"]["top"] < seen["observed"]["top"] < seen["finance_table_top"] < seen["coverage"]["top"]
     assert seen["observed"]["top"] < 900
+    # Page 1 in plain words for finance (issue 40): its four teams under "Spend by team", no "Top 4 team(s)", no
+    # "Rows in a fixed order." under its figures.
+    finance = " ".join(seen["finance"]["text"].split())
+    assert "Spend by team" in finance and "team(s)" not in finance and "Rows in a fixed order" not in finance
     assert len(seen["charts"]) == 3
     for c in seen["charts"]:
         assert 0 < c["shown"] <= width
         # Drawn for about this width: shrunk to under half its pixels, 8-pt text would read at ~4 px.
         assert c["shown"] / c["natural"] >= 0.6, c
 
+
+
+@pytest.mark.parametrize("width", [1280, 400])
+def test_page_one_as_a_picture_has_its_figures_and_teams_on_the_first_screen(page, width, tmp_path):
+    """A screenshot of the first screen, as a person opening the report sees it: ink across the page (not a blank
+    or clipped render), and the probe says the team table starts on it at a desktop width."""
+    from PIL import Image
+
+    url = (page / ("probed.html" if width > 500 else "phone.html")).as_uri()
+    shot = tmp_path / f"page1-{width}.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+                    "--hide-scrollbars", f"--window-size={max(width, 500)},900", "--virtual-time-budget=5000",
+                    f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
+    with Image.open(shot) as img:
+        grey = img.convert("L").crop((0, 0, width, 900))
+        columns = [sum(1 for y in range(0, 900, 3) if grey.getpixel((x, y)) < 128) for x in range(0, width, 4)]
+        inked = [x for x, n in enumerate(columns) if n]
+        # Text from the left margin to well across the width, and nothing drawn past the page's own width.
+        assert inked and inked[0] * 4 < 0.1 * width and inked[-1] * 4 > 0.6 * width, (inked[:3], inked[-3:])

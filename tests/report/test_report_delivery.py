@@ -73,7 +73,7 @@ def test_advice_follows_the_act_stage_rules_and_tags(month):
         "workload=inference" in adv["i-demo0006"][1]
     assert adv[SNOOZED][0] == "none" and adv[SNOOZED][1].startswith("its owner snoozed it: snoozed until ")
     assert adv[NOT_OPTED] == ("opt in to stopping",
-                              "not opted in: would be stopped with tag gpufinops:allow-stop=true")
+                              "not opted in: gpufinops stops only instances tagged gpufinops:allow-stop=true")
     assert adv[OPTED][0] == "stop when idle"
     # The top actions never advise stopping what the act stage would not stop.
     for o in audit.summary["idle_offenders"]:
@@ -423,3 +423,73 @@ def test_a_month_in_progress_has_a_key_of_its_own():
     assert email_key(done) == "report-email:2026-12"
     assert slack_key(mid, "#finance") == "report:2026-12:partial-to-2026-12-10:#finance"
     assert slack_key(done, "#finance") == "report:2026-12:#finance"
+
+
+# --------------------------------------------------------------------------- issue 40, item 7: report details
+
+
+def test_page_one_names_teams_plainly_and_the_budgets_file_without_the_servers_folders(month, tmp_path):
+    from gpufinops.config import load_settings
+
+    store, _ = month
+    folder = tmp_path / "srv" / "etc" / "gpufinops"
+    folder.mkdir(parents=True)
+    (folder / "budgets.yaml").write_text("budgets:\n  - name: ml-gpu\n    scope: {kind: team, value: genai}\n"
+                                         "    amount: 100\n")
+    settings = load_settings(billing={"budgets_path": str(folder / "budgets.yaml")})
+    write_report(monthly_audit(store, MONTH, NOW, settings), tmp_path / "out", ["html"])
+    html = (tmp_path / "out" / f"gpu-audit-{MONTH}.html").read_text()
+    assert str(folder) not in html and "<code>budgets.yaml</code>, billing.budgets_path in the config" in html
+    finance = html[html.index('id="finance"'):html.index("</section>", html.index('id="finance"'))]
+    assert "<h3>Spend by team</h3>" in finance  # four teams, all shown: no "Top 4 team(s)"
+    assert "team(s)" not in finance and "Rows in a fixed order" not in finance
+
+
+def test_report_on_a_month_without_data_says_why_and_exits_1(tmp_path, capsys):
+    from gpufinops.cli import main
+
+    Store(f"sqlite:///{tmp_path / 'empty.db'}").close()
+    code = main(["report", "--db", str(tmp_path / "empty.db"), "--month", "2026-10", "--out-dir",
+                 str(tmp_path / "r"), "--formats", "html"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out.splitlines() == [str(tmp_path / "r" / "gpu-audit-2026-10.html")]
+    assert err.strip().splitlines()[-1] == (
+        "note: no data for 2026-10: no evaluation and no billing row is stored for that month in this database "
+        "(was the service running and writing to it? --month picks another month, --db another database)")
+
+
+def test_report_help_names_pdf_and_the_deliveries(capsys):
+    from gpufinops.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "(HTML/CSV/JSON/PDF; --deliver sends it by S3, Slack, email)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a PDF with --formats pdf (needs Chromium)" in text
+    assert "an email to email.finance with the PDF attached" in text
+
+
+def test_report_deliver_prints_its_lines_without_the_services_info_log(month, tmp_path, smtp, capsys,  # noqa: F811
+                                                                       caplog):
+    import logging
+
+    from gpufinops.cli import main
+
+    store, out = month
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{out / 'demo.db'}\n"
+                   f"email:\n  enabled: true\n  host: 127.0.0.1\n  port: {smtp.port}\n  security: none\n"
+                   "  sender: gpufinops@example.com\n  finance: [cfo@example.com]\n"
+                   "report:\n  delivery:\n    email_finance: true\n")
+    caplog.set_level(logging.INFO)
+    assert main(["-c", str(cfg), "report", "--month", MONTH, "--out-dir", str(tmp_path / "r"), "--formats", "html",
+                 "--deliver", "--again"]) == 0
+    said = [r for r in caplog.records if r.name.startswith("gpufinops") and r.levelno < logging.WARNING]
+    assert said == [], [r.getMessage() for r in said]
+    assert capsys.readouterr().out.splitlines()[-1].startswith("sent to email cfo@example.com: one email with ")
+    # The email's text part says the title and each figure once.
+    body = smtp.messages[-1].get_body(("plain",)).get_content()
+    for line in (f"GPU spend report {MONTH}", "Spend: $", "Idle spend: $", "What stopping saved (net): $"):
+        assert body.count(line) == 1, body

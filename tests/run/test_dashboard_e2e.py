@@ -4,7 +4,10 @@ Prometheus that scrapes a DCGM-shaped exporter (dcgm-exporter's metric names and
 
 - every panel query of deploy/grafana/gpufinops-dashboard.json, with its template variables replaced by values
   Prometheus itself lists (as Grafana resolves them), parses and returns data through the HTTP API;
-- GET /v1/verdicts, with a bearer token, gives per rule what `gpufinops evaluate -o json` gives."""
+- GET /v1/verdicts, with a bearer token, gives per rule what `gpufinops evaluate -o json` gives.
+
+Two replicas run, as docs/deploy.md's high-availability recipe has it, and Prometheus scrapes both: the fleet
+panels add up to the fleet once (the standby exports no fleet series), never twice."""
 
 from __future__ import annotations
 
@@ -97,6 +100,14 @@ def api(base, query, token=TOKEN):
         return e.code, json.loads(e.read())
 
 
+def _answers(base):
+    try:
+        urllib.request.urlopen(f"{base}/metrics", timeout=2).read()
+        return True
+    except OSError:
+        return False
+
+
 def test_every_dashboard_panel_returns_data_and_the_api_matches_evaluate(tmp_path, aws):
     from gpufinops.collect.billing.synth import line, write_cur_rows
 
@@ -127,8 +138,8 @@ def test_every_dashboard_panel_returns_data_and_the_api_matches_evaluate(tmp_pat
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "idle.yaml").write_text(RULE)
 
-    port = free_port()
-    server = start_scraping_prometheus(tmp_path / "prom", [f"127.0.0.1:{port}",
+    port, standby_port = free_port(), free_port()
+    server = start_scraping_prometheus(tmp_path / "prom", [f"127.0.0.1:{port}", f"127.0.0.1:{standby_port}",
                                                            f"127.0.0.1:{exporter.server_address[1]}"], STEP)
     cfg = tmp_path / "gpufinops.yaml"
     cfg.write_text(json.dumps({
@@ -148,7 +159,17 @@ def test_every_dashboard_panel_returns_data_and_the_api_matches_evaluate(tmp_pat
         proc = subprocess.Popen([sys.executable, "-m", "gpufinops.cli", "--config", str(cfg), "serve"],
                                 stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
+    replica = None
     try:
+        # The second replica, started once the first leads: the same config but for its port.
+        assert wait_for(lambda: b"gpufinops_leader 1.0" in urllib.request.urlopen(f"{base}/metrics").read()
+                        if _answers(base) else False, 90), log_path.read_text()[-3000:]
+        cfg2 = tmp_path / "gpufinops-2.yaml"
+        cfg2.write_text(cfg.read_text().replace(f'"port": {port}', f'"port": {standby_port}'))
+        with (tmp_path / "serve-2.log").open("w") as log_file:
+            replica = subprocess.Popen([sys.executable, "-m", "gpufinops.cli", "--config", str(cfg2), "serve"],
+                                       stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
         def judged_idle():
             try:
                 status, body = api(base, f"instance={idle}")
@@ -211,7 +232,34 @@ def test_every_dashboard_panel_returns_data_and_the_api_matches_evaluate(tmp_pat
         # The idle figures are the idle instance's (priced from the catalog), and it has one verdict.
         verdict = prom(server.url, "/api/v1/query", query=f'gpufinops_instance_verdict{{instance_id="{idle}"}}')
         assert [r["metric"]["verdict"] for r in verdict["data"]["result"]] == ["IDLE"]
+
+        # Both replicas scraped, the standby judging read-only: the fleet figures are the leader's alone, so the
+        # panels read one idle g5.xlarge (1 GPU, its catalog price), not two.
+        def both_scraped():
+            up = prom(server.url, "/api/v1/query", query="gpufinops_leader")["data"]["result"]
+            return sorted(r["value"][1] for r in up) == ["0", "1"]
+        assert wait_for(both_scraped, 60), (tmp_path / "serve-2.log").read_text()[-3000:]
+        standby_metrics = urllib.request.urlopen(f"http://127.0.0.1:{standby_port}/metrics").read().decode()
+        assert "gpufinops_hourly_cost_by_verdict{" not in standby_metrics
+        assert "gpufinops_instance_verdict{" not in standby_metrics
+        time.sleep(3 * STEP)  # a few scrapes of both replicas
+        idle_price = float(got[idle]["hourly_cost"])
+        panels = dict(queries)
+        idle_cost_q = next(q for t, q in queries if q.startswith("sum(gpufinops_hourly_cost_by_verdict"))
+        idle_gpus_q = next(q for t, q in queries if q.startswith("sum(gpufinops_gpus_by_verdict"))
+        for q, expected in ((idle_cost_q, idle_price), (idle_gpus_q, 1.0)):
+            q = q.replace("$team", values["team"])
+            (result,) = prom(server.url, "/api/v1/query", query=q)["data"]["result"]
+            assert abs(float(result["value"][1]) - expected) < 1e-6, (q, result, panels)
+        ids_seen = prom(server.url, "/api/v1/query", query=f'gpufinops_instance_verdict{{instance_id="{idle}"}}')
+        assert len(ids_seen["data"]["result"]) == 1  # one series, the leader's
     finally:
+        if replica is not None:
+            replica.send_signal(signal.SIGTERM)
+            try:
+                replica.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                replica.kill()
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)

@@ -178,10 +178,50 @@ def test_verdicts_api_answers_what_evaluate_says_at_the_same_tick(tmp_path):
     idle = got["i-idle1"]
     assert idle["verdict"] == "IDLE" and idle["rule"] in {r["rule"] for r in idle["rules"]}
     assert idle["stop"] == {"pending": True, "at": (T0 + timedelta(minutes=30)).isoformat(),
-                            "warned_at": T0.isoformat(), "dry_run": True, "rule": "idle-2h"}
+                            "warned_at": T0.isoformat(), "dry_run": True, "rule": "idle-2h",
+                            "not_stopped": {"code": "not_opted_in", "reason": "not opted in: gpufinops stops only "
+                                            "instances tagged gpufinops:allow-stop=true"}}
     assert idle["team"] == "ml" and idle["gpu_count"] == 8
     nodata = got["i-nodata"]
     assert nodata["verdict"] == "UNKNOWN" and nodata["code"] == "no_series" and nodata["stop"]["pending"] is False
+
+
+def test_an_idle_instance_nothing_will_stop_says_why_not_just_pending_false(tmp_path):
+    service, _clock, http, base = make(tmp_path)
+    try:
+        service.evaluate_job()
+        _status, body = get_json(f"{base}/v1/verdicts?instance=i-idle2&instance=i-busy&instance=i-nodata")
+    finally:
+        http.shutdown()
+    got = {e["instance_id"]: e for e in body["instances"]}
+    assert got["i-idle2"]["verdict"] == "IDLE" and got["i-idle2"]["stop"]["pending"] is False
+    assert got["i-idle2"]["stop"]["not_stopped"] == {
+        "code": "not_opted_in", "reason": "not opted in: gpufinops stops only instances tagged gpufinops:allow-stop=true"}
+    # Not idle, or not known: nothing to explain.
+    assert got["i-busy"]["stop"]["not_stopped"] is None and got["i-nodata"]["stop"]["not_stopped"] is None
+
+
+def test_without_a_parameter_the_fleet_is_listed_page_by_page(tmp_path, monkeypatch):
+    import gpufinops.run.api as api
+
+    monkeypatch.setattr(api, "MAX_INSTANCES_PER_QUERY", 4)
+    service, _clock, http, base = make(tmp_path)
+    try:
+        service.evaluate_job()
+        status, first = get_json(f"{base}/v1/verdicts")
+        _status, second = get_json(f"{base}/v1/verdicts?page=2")
+        beyond = get_json(f"{base}/v1/verdicts?page=3")
+        mixed = get_json(f"{base}/v1/verdicts?page=2&instance=i-idle1")
+        bad = get_json(f"{base}/v1/verdicts?page=0")
+    finally:
+        http.shutdown()
+    assert status == 200 and (first["page"], first["pages"], first["total"]) == (1, 2, 6)
+    listed = [e["instance_id"] for e in first["instances"] + second["instances"]]
+    assert listed == sorted(i.instance_id for i in fleet()) and len(first["instances"]) == 4
+    verdicts = {e["instance_id"]: e["verdict"] for e in first["instances"] + second["instances"]}
+    assert verdicts["i-idle1"] == "IDLE" and verdicts["i-busy"] == "ACTIVE" and verdicts["i-stopped"] == "UNKNOWN"
+    assert beyond == (400, {"error": "page 3 of 2: the fleet has 6 instance(s)"})
+    assert mixed[0] == 400 and bad == (400, {"error": "page= is a page number from 1, got '0'"})
 
 
 def test_unknown_instances_namespaces_and_a_stale_tick_are_never_idle(tmp_path):
@@ -197,7 +237,6 @@ def test_unknown_instances_namespaces_and_a_stale_tick_are_never_idle(tmp_path):
         assert body["instances"][0]["verdict"] == "UNKNOWN"  # the workload has no series
         status, body = get_json(f"{base}/v1/verdicts?instance=i-stopped")
         assert (body["instances"][0]["verdict"], body["instances"][0]["code"]) == ("UNKNOWN", "not_evaluated")
-        assert get_json(f"{base}/v1/verdicts")[0] == 400
         assert get_json(f"{base}/v1/verdicts?instanc=i-idle1")[0] == 400
         clock.now = T0 + timedelta(minutes=10)  # no tick finished for 10 min (liveness limit 5 min)
         status, body = get_json(f"{base}/v1/verdicts?instance=i-idle1")

@@ -86,6 +86,12 @@ def test_recommend_digest_from_a_real_prometheus(tmp_path, prometheus_factory):
     assert "i-over" in peers.notifier.sent[0].text
     recommend_digest(settings, peers, now + timedelta(hours=1))  # same ISO week: no second digest
     assert len(lines) == 1
+    # recommend.digest_channel and digest_top are read: the digest goes to that channel, with that many rows.
+    settings = settings.model_copy(update={"recommend": settings.recommend.model_copy(
+        update={"digest_channel": "#gpu-digest", "digest_top": 1})})
+    recommend_digest(settings, peers, now + timedelta(hours=2))  # its own key: another channel
+    assert len(lines) == 2 and lines[1].startswith("  [slack #gpu-digest] GPU recommendations")
+    assert peers.notifier.sent[-1].channel == "#gpu-digest" and len(peers.notifier.sent[-1].lines) == 1
 
 
 def test_daily_summary_counts_the_audit_log_and_is_sent_once_a_day(tmp_path):

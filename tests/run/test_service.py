@@ -175,6 +175,21 @@ def test_failed_slack_delivery_makes_the_service_not_ready(tmp_path):
     assert not ok and "slack: degraded since" in text and "1 notification(s) not delivered" in text
 
 
+def test_the_tick_log_counts_only_what_changed_something(tmp_path, caplog):
+    """A protected idle instance is skipped every tick: the log line must not say "1 actions" each minute."""
+    import logging
+
+    from gpufinops.model import TAG_PROTECT
+
+    service, _settings = make_service(tmp_path, [str(REPO / "rules")])
+    service.peers.cloud.get("i-1").tags[TAG_PROTECT] = "true"
+    caplog.set_level(logging.INFO, logger="gpufinops.service")
+    reports = [service.evaluate_job() for _ in range(2)]
+    assert all(a.kind.value == "skip" for r in reports for a in r.actions) and reports[1].actions
+    ticks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run ")]
+    assert len(ticks) == 2 and all(", 0 change(s)" in t and "actions" not in t for t in ticks), ticks
+
+
 def test_a_standby_judges_read_only_and_skips_the_scheduled_jobs(tmp_path):
     leader, settings = make_service(tmp_path, [str(REPO / "rules")])
     standby = Service(settings, Peers(leader.peers.cloud, IdleMetrics(), Store(leader.peers.store.url),
@@ -189,6 +204,10 @@ def test_a_standby_judges_read_only_and_skips_the_scheduled_jobs(tmp_path):
     assert report.decisions and report.actions == []  # judged, changed nothing
     assert recorded() == before  # the audit log holds each tick once
     assert standby.metrics.leader._value.get() == 0 and leader.metrics.leader._value.get() == 1
+    # Fleet series from the leader only: Prometheus scrapes both, and a standby's copy would double every sum.
+    assert b"gpufinops_instance_verdict{" in leader.metrics.body()
+    assert b"gpufinops_instance_verdict{" not in standby.metrics.body()
+    assert b"gpufinops_hourly_cost_by_verdict{" not in standby.metrics.body()
     ran = []
     assert standby.leader_only("budgets", lambda: ran.append("standby"))() is None
     leader.leader_only("budgets", lambda: ran.append("leader"))()

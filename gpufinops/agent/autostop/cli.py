@@ -73,7 +73,8 @@ def add_autostop_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--autostop-db", metavar="PATH", default=default_db_path(),
                    help="SQLite ring buffer of this host's samples and the autostop state (env "
                         f"GPUFINOPS_AGENT_AUTOSTOP_DB; default $STATE_DIRECTORY/agent.db or {DEFAULT_DB_PATH})")
-    g.add_argument("--snooze-file", metavar="PATH", default=default_snooze_path(),
+    # None: default_snooze_path(), resolved where used, so that `agent snooze` knows no file was named.
+    g.add_argument("--snooze-file", metavar="PATH", default=None,
                    help="snooze file: an ISO time before which nothing is stopped (env GPUFINOPS_AGENT_SNOOZE_FILE; "
                         f"default $RUNTIME_DIRECTORY/snooze-until or {DEFAULT_SNOOZE_PATH})")
     p.set_defaults(autostop_rules_env=rules_env)
@@ -91,10 +92,27 @@ def add_autostop_arguments(p: argparse.ArgumentParser) -> None:
     s.set_defaults(func=cmd_snooze)
 
 
+def snooze_path(args: argparse.Namespace) -> tuple[str, str]:
+    """(the snooze file to write, how it was found): the one named (flag or env), else the one the running agent
+    reads (asked on its port), else the default."""
+    if args.snooze_file is not None:
+        return args.snooze_file, ""
+    if os.environ.get("GPUFINOPS_AGENT_SNOOZE_FILE"):
+        return os.environ["GPUFINOPS_AGENT_SNOOZE_FILE"], ""
+    from .local_api import running_agent_snooze_file
+
+    port = getattr(args, "port", None)
+    running = running_agent_snooze_file(getattr(args, "address", ""), port) if port else None
+    if running is not None:
+        return running, f"the file the agent on port {port} reads"
+    return default_snooze_path(), ""
+
+
 def cmd_snooze(args: argparse.Namespace) -> int:
     from ...config import not_a_regular_file, printable
 
-    path = args.snooze_file
+    path, found = snooze_path(args)
+    where = f"{path}: {found}" if found else str(path)
     if not str(path).strip():
         print("error: --snooze-file is empty: name the snooze file", file=sys.stderr)
         return 2
@@ -109,7 +127,7 @@ def cmd_snooze(args: argparse.Namespace) -> int:
             print("error: give a duration or --clear, not both", file=sys.stderr)
             return 2
         removed = clear_snooze(path)
-        print(f"snooze cleared ({path})" if removed else f"no snooze was set ({path})")
+        print(f"snooze cleared ({where})" if removed else f"no snooze was set ({where})")
         return 0
     if args.duration is None:
         print("error: give a duration (e.g. 2h) or --clear", file=sys.stderr)
@@ -121,7 +139,7 @@ def cmd_snooze(args: argparse.Namespace) -> int:
         print(f"error: cannot write {path}: {exc.strerror or exc} (run as the agent's user, e.g. "
               f"sudo -u gpufinops gpufinops agent snooze ...)", file=sys.stderr)
         return 2
-    print(f"snoozed until {until.strftime('%Y-%m-%d %H:%M UTC')}" + (f" ({note})" if note else "") + f" ({path})")
+    print(f"snoozed until {until.strftime('%Y-%m-%d %H:%M UTC')}" + (f" ({note})" if note else "") + f" ({where})")
     return 0
 
 
@@ -234,7 +252,7 @@ def build_loop(args: argparse.Namespace, agent, *, settings: AutostopSettings | 
     if why and why != "does not exist":  # SQLite on a device would write its journal beside it (/dev/null-journal)
         raise ValueError(f"--autostop-db {args.autostop_db!r}: {why}, not a database file")
     buffer = RingBuffer(args.autostop_db)
-    host_paths = paths or HostPaths(snooze=args.snooze_file)
+    host_paths = paths or HostPaths(snooze=args.snooze_file or default_snooze_path())
     if isinstance(stopper, Ec2Stopper) and settings.unmark_at_boot:
         withdraw_service_mark_at_boot(stopper, buffer, boot_time(host_paths.proc), dry_run=dry_run)
     slack = _slack_notifier(settings, Path(args.autostop_db).with_name("agent-slack.db"))

@@ -20,21 +20,20 @@ from ...prices.catalog import Catalog
 from ...collect.gpu_snapshot import HostSnapshot
 from ...decide.evaluate import evaluate
 from ...prices.host_prices import HostPrice, HostPriceTable, host_price, is_estimate, no_price
-from ...notify.messages import escape, idle_warning, mark_cancelled, stopped, warning_key
+from ...notify.messages import escape, host_keep_hint, idle_warning, mark_cancelled, stopped, warning_key
 from ...model import Action, Decision, GpuInstance, Message, Notifier, ReasonCode, Rule, Verdict, format_money
 from .buffer import RingBuffer, physical_gpus, rows_from_snapshot, window_usage
 from .guards import boot_time, recent_input_sessions, running_allowlisted
 from .hook import run_command
 from .machine import AutostopState, Move, MoveKind, Observation, Phase, after_stop, next_move, stopping, when
 from .settings import AutostopSettings, PriceSettings
-from .snooze import read_snooze
+from .snooze import read_snooze, snooze_command
 
 log = logging.getLogger("gpufinops.autostop")
 
 STATE_KEY = "autostop"
 # /proc/stat's btime is "now - uptime", so it moves by a second or so (and with NTP steps): not a reboot.
 BOOT_TIME_JITTER_S = 60
-SNOOZE_HINT = "to keep it running: gpufinops agent snooze 2h"
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,8 @@ def host_instance(host: LocalHost, *, gpu_count: int, booted_at: float, gpu_mode
     return GpuInstance(
         instance_id=host.instance_id, instance_type=host.instance_type, region=host.region, state="running",
         launch_time=datetime.fromtimestamp(booted_at, timezone.utc), tags=dict(host.tags),
-        private_dns=host.hostname, gpu_count=gpu_count, provider="aws" if host.on_ec2 else "local",
+        # Off EC2 the host is a rented host's place (places.registry.RENTED_HOST): its notices say host.
+        private_dns=host.hostname, gpu_count=gpu_count, provider="aws" if host.on_ec2 else "rented",
         gpu_model=gpu_model, hourly_cost=price.usd_per_hour if price else None,
         price_source=price.source if price else "",
     )
@@ -175,6 +175,11 @@ class AutostopLoop:
         self._sampled = threading.Event()
 
     @property
+    def snooze_hint(self) -> str:
+        """How a person keeps this host running, naming the snooze file this agent reads."""
+        return f"to keep it running: {snooze_command(self.paths.snooze)}"
+
+    @property
     def live(self) -> bool:
         """Not dry-run: warnings say "will be stopped" and the stop is made (gpufinops_autostop_live)."""
         return not self.dry_run
@@ -238,10 +243,14 @@ class AutostopLoop:
             if state.phase is not Phase.WATCHING:
                 log.info("host booted again since the last state (%s): starting over", state.phase.value)
             state = AutostopState(boot_time=booted)
-        if state.phase is Phase.PENDING and self.live and not state.live:
-            # Switched from dry-run to live with a dry-run warning pending: that warning said "it will NOT be
-            # stopped", so a real stop needs a real warning and its full lead first.
-            log.warning("autostop: the pending warning was a dry-run one: warning again before any real stop")
+        if state.phase in (Phase.PENDING, Phase.HELD) and self.live and not state.live:
+            # Switched from dry-run to live with a dry-run warning pending, or held after a dry-run "would stop":
+            # neither counts for a real stop (the warning said "it will NOT be stopped"), and a dry-run hold must
+            # not delay the first real warning by a rule window. One line says so; the real warning, with its full
+            # lead, comes at this judgement when the host is still idle (as the service carries a dry-run mark over).
+            what = "warning" if state.phase is Phase.PENDING else "would-stop"
+            log.warning("autostop: switched from dry-run to live: the dry-run %s does not count; a real warning with "
+                        "its full lead comes before any stop", what)
             state = AutostopState(boot_time=booted)
         move = next_move(state, obs, now)
         new_state = self._apply(move, state, inst, now)
@@ -327,13 +336,14 @@ class AutostopLoop:
             f", costs {format_money(inst.hourly_cost, per='h', estimate=is_estimate(inst.price_source))},"
         text = (f"{self._prefix()}: this GPU server {inst.instance_id} is idle ({move.decision.reason}){cost} and "
                 f"{will} at {when(deadline)} (in {(deadline - now) / 60:.0f} min) unless it becomes active; "
-                f"{SNOOZE_HINT}")
+                f"{self.snooze_hint}")
         # A warning retried after a failed or lost delivery keeps its first key: the notifier sends a key once, so a
         # post that went through while its answer was lost is not posted again.
         first_try = self._undelivered_warning_at if self._undelivered_warning_at is not None else now
         at = datetime.fromtimestamp(first_try, timezone.utc)
         slack = idle_warning(inst, move.decision, marked_at=at, stop_at=datetime.fromtimestamp(deadline, timezone.utc),
-                             channel=self.slack_channel, dry_run=not self.live, action=Action.STOP)
+                             channel=self.slack_channel, dry_run=not self.live, action=Action.STOP,
+                             keep_hint=host_keep_hint(snooze_command(self.paths.snooze)))
         delivered, how = self.announcer.tell(text, slack)
         if not delivered:
             log.error("autostop: idle warning not delivered (%s): no stop timer started; retried next tick", how)
@@ -356,7 +366,7 @@ class AutostopLoop:
     def _moved(self, move: Move, inst: GpuInstance) -> None:
         """Said once per idle episode; a later stop than announced harms nobody, so an undelivered notice is only
         logged, never retried (the stop itself still waits for the moved time)."""
-        text = f"{self._prefix()}: {move.reason} (server {inst.instance_id}); {SNOOZE_HINT}"
+        text = f"{self._prefix()}: {move.reason} (server {inst.instance_id}); {self.snooze_hint}"
         warned = datetime.fromtimestamp(move.next_state.warned_at or self.clock(), timezone.utc)
         message = Message(f"autostop-moved:{inst.instance_id}:{int(warned.timestamp())}", self.slack_channel,
                           escape(f"{inst.instance_id}: {move.reason}"),

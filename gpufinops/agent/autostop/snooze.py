@@ -22,6 +22,20 @@ from pathlib import Path
 
 from ...act.plan import Snooze, format_cap, snooze_value
 
+from .defaults import DEFAULT_SNOOZE_PATH
+
+
+def snooze_command(path: str | Path, duration: str = "2h") -> str:
+    """The command a person runs on the host to snooze the agent that reads `path`: it names the file unless it
+    is the default, so the printed command always reaches the running agent (docs/agent.md's foreground example
+    reads /tmp/snooze-until, which a bare `gpufinops agent snooze` would not write)."""
+    import shlex
+
+    if str(path) == DEFAULT_SNOOZE_PATH:
+        return f"gpufinops agent snooze {duration}"
+    return f"gpufinops agent snooze {duration} --snooze-file {shlex.quote(str(path))}"
+
+
 # An ISO time is 25 characters; anything longer than this is not a snooze someone wrote.
 SNOOZE_READ_LIMIT = 4096
 

@@ -14,7 +14,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from gpufinops.collect.errors import QueryFailed
+from gpufinops.collect.errors import QueryFailed, answer_excerpt
 from gpufinops.config import PrometheusSettings
 
 MAX_POINTS = 10_000  # steps per range query: under Prometheus' 11,000 points per series
@@ -37,6 +37,29 @@ def translated_errors(where: str, timeout_s: float):
         raise QueryFailed(f"prometheus at {where}: {str(exc)[:200]}") from None
     except (ValueError, KeyError, TypeError):  # body not JSON or not the API's shape
         raise QueryFailed(f"prometheus at {where}: malformed answer") from None
+
+
+def refusal(path: str, status: int, body: bytes) -> str:
+    """Pure: what is wrong with one answer of the API, in words for the person who set `prometheus.url`; "" when it
+    is a 200 with the API's JSON ({"status": ...}). Never the body's bytes repr: its text, one short line."""
+    head = body[:200].lstrip()
+    looks_like_api = head.startswith(b"{") and b'"status"' in head
+    if status == 200:
+        if looks_like_api:
+            return ""
+        return (f"this is not a Prometheus API: {path} answered 200 with "
+                f"{'an HTML page' if head[:1] == b'<' else 'something other than its JSON'} "
+                f"({answer_excerpt(body, 80)}): check prometheus.url")
+    if looks_like_api:  # Prometheus' own refusal (a bad query, an overloaded server): its error says why
+        try:
+            answer = msgspec.json.decode(body)
+            return f"HTTP {status}: {answer.get('errorType', 'error')}: {answer_excerpt(answer.get('error', ''))}"
+        except (msgspec.DecodeError, AttributeError):
+            pass
+    if status == 404:
+        return (f"HTTP 404 for {path}: no Prometheus API there; prometheus.url is the server's base URL "
+                f"(e.g. http://prometheus:9090, or the path prefix it is served under)")
+    return f"HTTP {status}: {answer_excerpt(body) or 'empty answer'}"
 
 
 def auth_of(settings: PrometheusSettings) -> tuple[dict[str, str], tuple[str, str] | None]:
@@ -87,13 +110,14 @@ class PromReader:
 
     def _get(self, path: str, params: Mapping[str, str], timeout: float) -> bytes:
         """The body of one GET of the API (as prometheus_api_client sends it: same session, auth, TLS), unparsed:
-        the caller decodes it with the shape it expects. A status other than 200 raises as that client does."""
+        the caller decodes it with the shape it expects. A status other than 200, or an answer that is not the
+        Prometheus API's JSON, is one short QueryFailed saying which (`refusal`)."""
         response = self._session.get(f"{self._url}{path}", params=params, headers=self._headers or None,
                                      auth=self._auth, verify=self._session.verify, cert=self._session.cert,
                                      timeout=timeout)
-        if response.status_code != 200:
-            raise PrometheusApiClientException(
-                f"HTTP Status Code {response.status_code} ({response.content!r})")
+        problem = refusal(path, response.status_code, response.content)
+        if problem:
+            raise QueryFailed(f"prometheus at {self.where}: {problem}")
         return response.content
 
     def instant_body(self, promql: str, at: float, timeout_s: float | None = None) -> bytes:
