@@ -26,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,8 +360,9 @@ class SlurmJobs:
 
     def job(self, job_id: int) -> dict:
         """The job as `squeue --json` shows it (22.05's openapi/v0.0.38 fields)."""
-        out = self.cluster.run("squeue", "--json", "-t", "all", "-j", str(job_id)).stdout
-        return json.loads(out)["jobs"][0]
+        # 22.05's `squeue --json` ignores -j (and -t): every job comes back, so pick it here.
+        out = self.cluster.run("squeue", "--json").stdout
+        return next(j for j in json.loads(out)["jobs"] if j["job_id"] == job_id)
 
     def cancel_all(self) -> None:
         if self.ids:
@@ -371,15 +373,21 @@ def _cluster(tmp_path_factory, name: str, accounting: bool, rest: bool) -> Itera
     missing = slurm_missing(accounting)
     if missing:
         pytest.fail(f"the Slurm tests need a real Slurm 22.05: {missing}", pytrace=False)
-    cluster = SlurmCluster(tmp_path_factory.mktemp(name), name=name, accounting=accounting, rest=rest)
+    # Not under pytest's tmp tree: its folders are 0700 root, and the job owners, the Operator, slurmrestd (nobody)
+    # and mariadbd (mysql) must read the cluster's slurm.conf and reach their folders.
+    root = Path(tempfile.mkdtemp(prefix=f"gpufinops-slurm-{name}-"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root, name=name, accounting=accounting, rest=rest)
     try:
         cluster.start()
     except Exception:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (cluster.root / "log").glob("*.log"))
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"slurm cluster {name} did not start; logs:\n{logs}")
     yield cluster
     cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

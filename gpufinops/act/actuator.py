@@ -23,6 +23,7 @@ ever warned "will be stopped".
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -50,7 +51,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import place_of
+from ..places.registry import SLURM_ACTIONS, place_of
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -300,7 +301,11 @@ class Actuator:
                                                   rule_name, ctx.now))
         self._stops_left -= 1
 
-        call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
+        if decision.action in SLURM_ACTIONS:
+            # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
+            call = functools.partial(_end_job, self.cloud, action=decision.action)
+        else:
+            call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
         outcome = self.change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
                               keep_open=True)
@@ -694,6 +699,10 @@ def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, st
     # UNMARK, and the mark's removal after a stop
     seen = TAG_MARKED not in tags
     return seen, "mark tag " + ("removed" if seen else "still there")
+
+
+def _end_job(cloud: Cloud, inst: GpuInstance, action: Action) -> None:
+    cloud.end_job(inst, action)  # a Slurm cluster (places.fleet.WithSlurm), the only Cloud with jobs to end
 
 
 def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:

@@ -21,6 +21,12 @@ from ..model import Action, GpuInstance
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
+# A Slurm job's id: `slurm:<cluster>/<jobid>` (places.slurm.jobs.subject_id).
+SLURM_ID_PREFIX = "slurm:"
+# The tags a Slurm job is listed with (places.slurm.cloud), read here for what it refuses.
+TAG_SLURM_BATCH = "slurm:batch"  # "true": sbatch; "false": salloc / srun --pty / an interactive app
+TAG_SLURM_REQUEUEABLE = "slurm:requeueable"  # "true" when Slurm may requeue it (Requeue=1)
+TAG_SLURM_INTERACTIVE_ACTS = "slurm:act-on-interactive"  # "true": its cluster's act_on_interactive
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -28,6 +34,9 @@ ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
     Action.TERMINATE: ("terminate", "terminated"),
     Action.SUSPEND: ("suspend", "suspended"),
     Action.DRAIN: ("cordon", "cordoned"),
+    Action.REQUEUE: ("requeue", "requeued"),
+    Action.HOLD: ("requeue and hold", "requeued and held"),
+    Action.CANCEL: ("cancel", "cancelled"),
 }
 
 
@@ -50,6 +59,11 @@ class Place:
     own_action_refusal: str = ""
     selected_by: tuple[str, ...] = ()
     rule_needs: str = ""
+    # Further actions this place alone takes, like `own_action` (a Slurm job: requeue, hold, cancel).
+    also_owns: frozenset[Action] = frozenset()
+
+    def owns(self, action: Action) -> bool:
+        return action is self.own_action or action in self.also_owns
 
     def verbs_for(self, action: Action) -> tuple[str, str]:
         """(verb, past participle) of `action` done to one of its subjects."""
@@ -112,8 +126,25 @@ EC2 = Place(
     irreversible=frozenset({Action.TERMINATE}),
 )
 
+SLURM_ACTIONS = frozenset({Action.REQUEUE, Action.HOLD, Action.CANCEL})
+SLURM_JOB = Place(
+    name="Slurm job", noun="GPU job", provider="slurm", id_prefix=SLURM_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY, *SLURM_ACTIONS}),
+    refusal=("a Slurm job is requeued, held or cancelled through Slurm, never stopped or terminated: notify only; "
+             "give the rule action: requeue, hold or cancel"),
+    irreversible=frozenset({Action.CANCEL}),
+    # What reconcile finds done without the rule at hand (a lost answer settled later): the job ended.
+    verbs={Action.STOP: ("end", "ended"), Action.TERMINATE: ("end", "ended")},
+    also_owns=SLURM_ACTIONS,
+    own_action_refusal="actions requeue, hold and cancel apply to Slurm jobs only: notify only",
+    selected_by=("slurm:partition", "slurm:account", "slurm:user", "slurm:qos", "slurm:job-name",
+                 "slurm:interactive"),
+    rule_needs=("actions requeue, hold and cancel apply to Slurm jobs only: select them with select.tags naming "
+                "a slurm: tag (e.g. `tags: {\"slurm:partition\": gpu}`)"),
+)
+
 # In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, EC2)
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -124,6 +155,8 @@ def place_of(subject_id: str) -> Place:
         return KUBERNETES_WORKLOAD
     if subject_id.startswith(HOST_ID_PREFIX):
         return RENTED_HOST
+    if subject_id.startswith(SLURM_ID_PREFIX):
+        return SLURM_JOB
     return EC2
 
 
@@ -133,7 +166,26 @@ def place_of_instance(inst: GpuInstance) -> Place:
         if inst.instance_id.startswith(NODE_ID_PREFIX):
             return KUBERNETES_NODE
         return KUEUE_JOB if inst.tags.get(TAG_KUEUE_WORKLOAD) else KUBERNETES_WORKLOAD
+    if inst.provider == SLURM_JOB.provider:
+        return SLURM_JOB
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2
+
+
+def slurm_job_refusal(inst: GpuInstance, action: Action) -> str:
+    """Why this Slurm job does not take `action` though its place does ("" when it does): only a requeueable batch
+    job is requeued; an interactive one is notify-only unless its cluster says `act_on_interactive: true`."""
+    if action is Action.NOTIFY:
+        return ""
+    interactive = inst.tags.get(TAG_SLURM_BATCH) != "true"
+    if interactive and inst.tags.get(TAG_SLURM_INTERACTIVE_ACTS) != "true":
+        return ("an interactive job (salloc, srun --pty, an interactive app) is notify-only: its user is at the "
+                "keyboard; the cluster's act_on_interactive: true lets rules end such jobs")
+    if action is Action.REQUEUE and interactive:
+        return "an interactive job cannot be requeued (only batch jobs are): notify only; hold or cancel would end it"
+    if action is Action.REQUEUE and inst.tags.get(TAG_SLURM_REQUEUEABLE) != "true":
+        return ("the job is not requeueable (submitted with --no-requeue, or JobRequeue=0): notify only; a rule with "
+                "action: hold or cancel would end it")
+    return ""
 
 
 def refusal(inst: GpuInstance, action: Action) -> str:
@@ -141,11 +193,11 @@ def refusal(inst: GpuInstance, action: Action) -> str:
     takes is refused for every other subject first, in PLACES' order."""
     place = place_of_instance(inst)
     for p in PLACES:
-        if p.own_action is action and p is not place:
+        if p.owns(action) and p is not place:
             return p.own_action_refusal
         if p is place and action not in p.takes:
             return p.refusal
-    return ""
+    return slurm_job_refusal(inst, action) if place is SLURM_JOB else ""
 
 
 def strength(action: Action) -> int:
@@ -159,6 +211,6 @@ def strength(action: Action) -> int:
 def rule_subjects(action: Action) -> tuple[tuple[str, ...], str] | None:
     """(the select.tags keys, the error without one) for an action one place alone takes; None for any other."""
     for p in PLACES:
-        if p.own_action is action:
+        if p.owns(action):
             return p.selected_by, p.rule_needs
     return None

@@ -92,3 +92,25 @@ class SlurmCommands:
         if not isinstance(doc.get("jobs"), list):
             raise SlurmUnavailable(f"slurm {self.cluster}: squeue --json answered no job list")
         return doc
+
+    # ------------------------------------------------------------------ the changes (the Actuator's alone)
+    # Each is ONE command; its answer may be lost (a timeout after slurmctld took it): the caller reads the job back.
+
+    def update_comment(self, job_id: str, field_name: str, text: str) -> None:
+        """`scontrol update jobid=N Comment=...` (or AdminComment=...)."""
+        key = {"comment": "Comment", "admin_comment": "AdminComment"}[field_name]
+        self.run("scontrol", "update", f"jobid={job_id}", f"{key}={text}")
+
+    def signal_batch(self, job_id: str, signal: str) -> None:
+        """`scancel --signal=SIG --batch N`: the signal to the batch shell only (the job's own trap checkpoints)."""
+        self.run("scancel", f"--signal={signal}", "--batch", job_id)
+
+    def requeue(self, job_id: str) -> None:
+        self.run("scontrol", "requeue", job_id)
+
+    def requeue_hold(self, job_id: str) -> None:
+        """`scontrol requeuehold N`: a running job back to PENDING, held (a plain `scontrol hold` leaves it running)."""
+        self.run("scontrol", "requeuehold", job_id)
+
+    def cancel(self, job_id: str) -> None:
+        self.run("scancel", job_id)
