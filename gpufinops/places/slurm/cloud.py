@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 from ...config.sections import SlurmClusterSettings
 from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, GpuInstance, utcnow
 from ..registry import TAG_SLURM_BATCH, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_REQUEUEABLE
-from .comments import KEYWORD_SNOOZE, keyword_in, read_tags, with_tags, without_tags
+from .comments import KEYWORD_SNOOZE, WRITTEN, keyword_in, read_tags, with_tags, without_tags
 from .commands import SlurmCommands, SlurmUnavailable
 from .jobs import SlurmJob, gpu_jobs, parse_squeue
 from .people import People
@@ -53,9 +53,17 @@ class SlurmActionRefused(RuntimeError):
     definite = True  # act.Actuator.change: not done, and the job agrees
 
 
+# Passing states: a job being requeued or cancelled shows COMPLETING (or CONFIGURING, SIGNALING...) for a moment.
+PASSING_STATES = frozenset({"COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING", "REQUEUED"})
+# How long a requeue or hold is watched until Slurm shows the job back in the queue (its read-back).
+SETTLE_S = 15.0
+
+
 def instance_state(job: SlurmJob) -> str:
     if job.state == "RUNNING":
         return "running"
+    if job.state in PASSING_STATES:
+        return "stopping"
     if job.state in QUEUED_STATES:
         return "stopped"
     return "terminated"
@@ -153,7 +161,7 @@ class SlurmCloud:
         elif TAG_SNOOZE in marks:
             tags[TAG_SNOOZE] = marks[TAG_SNOOZE]
         elif keyword_in(job.comment, s.snooze_keyword):
-            tags[TAG_SNOOZE] = KEYWORD_SNOOZE
+            tags[TAG_SNOOZE] = f"{s.snooze_keyword} {KEYWORD_SNOOZE}"
         protected = self.protected_by(job)
         if protected:
             tags[TAG_PROTECT] = protected
@@ -203,6 +211,9 @@ class SlurmCloud:
             return
         text = job.admin_comment if self._field() == "admin_comment" else job.comment
         self.commands.update_comment(job.job_id, self._field(), with_tags(text, tags))
+        # Read back: a job that was passing (COMPLETING) may not have taken it.
+        if not all(self.as_instance(self.job_of(inst)).tags.get(k) == v for k, v in tags.items() if k in WRITTEN):
+            raise SlurmUnavailable(f"{inst.instance_id}: Slurm did not keep the comment written")
 
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         try:
@@ -214,6 +225,8 @@ class SlurmCloud:
         text = job.admin_comment if self._field() == "admin_comment" else job.comment
         if text != without_tags(text, keys):
             self.commands.update_comment(job.job_id, self._field(), without_tags(text, keys))
+            if any(k in self.as_instance(self.job_of(inst)).tags for k in keys if k in WRITTEN):
+                raise SlurmUnavailable(f"{inst.instance_id}: Slurm did not keep the comment written")
 
     def stop(self, inst: GpuInstance) -> None:
         raise SlurmActionRefused(f"{inst.instance_id}: a Slurm job is requeued, held or cancelled, never stopped")
@@ -250,3 +263,17 @@ class SlurmCloud:
             self.commands.cancel(job.job_id)
         else:
             raise SlurmActionRefused(f"{inst.instance_id}: action {action.value} is not one a Slurm job takes")
+        self._settle(inst)
+
+    def _settle(self, inst: GpuInstance) -> None:
+        """Read the job back until it has left COMPLETING (the mark's removal that follows needs a settled job);
+        a job still passing after SETTLE_S is left to the actuator's read-back."""
+        end = time.monotonic() + SETTLE_S
+        while time.monotonic() < end:
+            try:
+                state = instance_state(self.job_of(inst))
+            except SlurmActionRefused:
+                return  # gone
+            if state != "stopping":
+                return
+            self.sleep(0.2)

@@ -19,7 +19,7 @@ WRITTEN = (TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY)
 _WORD = re.compile(r"(?:^|\s)(gpufinops:[a-z-]+)=(\S+)")
 # What the snooze keyword stands for: not an ISO time, so act.plan's snooze reads it as "snoozed for the cap from
 # when it was first seen" (act.max_snooze_s).
-KEYWORD_SNOOZE = "keyword"
+KEYWORD_SNOOZE = "(the snooze keyword, in the job's Comment)"
 
 
 def read_tags(text: str) -> dict[str, str]:
