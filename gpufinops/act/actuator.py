@@ -496,7 +496,9 @@ class Actuator:
             if existing.active and existing.until is not None and existing.until >= until:
                 interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
                 continue
-            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a {interact.CHAT} button"
+            reason = (f"snoozed until {req.until} by {req.user_name} with `gpufinops slurm snooze`"
+                      if req.action_id == interact.CLI_SNOOZE_ACTION else
+                      f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a {interact.CHAT} button")
             if ctx.dry_run:
                 if not req.recorded:
                     self.change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)

@@ -23,10 +23,10 @@ import logging
 import os
 import sys
 
-from . import agent, backtest, billing, core, k8s, recommend, report
+from . import agent, backtest, billing, core, k8s, recommend, report, slurm
 from .common import EXIT_PROBLEM_FOUND, EXIT_USAGE
 
-CAPABILITIES = (core, billing, recommend, backtest, report, agent, k8s)  # the order of `gpufinops --help`
+CAPABILITIES = (core, billing, recommend, backtest, report, agent, k8s, slurm)  # the order of `gpufinops --help`
 
 
 def package_version() -> str:

@@ -61,6 +61,8 @@ log = logging.getLogger("gpufinops.interact")
 # one place outside the Slack modules that says which chat it is, so act/ words a click without naming it.
 CHAT = "Slack"
 REQUEST_PREFIX = "snooze_request:"
+# The action id of a snooze asked on the command line (`gpufinops slurm snooze`), not with a chat button.
+CLI_SNOOZE_ACTION = "cli-snooze"
 RESTORE_PREFIX = "restore_request:"
 # A click whose restore got no clear answer: told again once reconcile settles its row (act/restore.py).
 UNSETTLED_RESTORE_PREFIX = "restore_unsettled:"

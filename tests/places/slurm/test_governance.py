@@ -182,3 +182,31 @@ def test_the_controller_down_mid_tick_makes_every_job_unknown_and_nothing_is_don
         slurm_acct.start_controller()
     assert jobs.state(job_id) == "RUNNING"
     assert g.store.get_mark(g.sid(job_id)) is not None  # the mark kept: not taken as removed
+
+
+def test_gpufinops_slurm_snooze_withdraws_the_warning_and_writes_the_snooze_into_the_comment(
+        governed, slurm_acct_jobs, prometheus_factory, tmp_path, capsys):
+    import yaml
+
+    from gpufinops.cli.app import main
+
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("alice")
+    g = governed(action="hold")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    config = tmp_path / "gpufinops.yaml"
+    config.write_text(yaml.safe_dump({"database_url": g.settings.database_url, "slurm": g.slurm_settings}))
+    assert main(["-c", str(config), "slurm", "snooze", str(job_id), "2h", "--by", "ana"]) == 0
+    assert "snoozed until" in capsys.readouterr().out
+    assert main(["-c", str(config), "slurm", "snooze", "12a", "2h"]) == 2
+    assert main(["-c", str(config), "slurm", "snooze", str(job_id), "30d"]) == 2  # past act.max_snooze_s
+    report = g.tick(27)
+    done = {a.kind: a for a in report.actions if a.instance_id == g.sid(job_id)}
+    assert ActionKind.UNMARK in done and ActionKind.STOP not in done
+    assert "gpufinops slurm snooze" in " ".join(a.reason for a in g.store.action_rows()
+                                               if a.instance_id == g.sid(job_id) and a.kind == ActionKind.SNOOZE)
+    job = jobs.job(job_id)
+    assert job["job_state"] == "RUNNING" and TAG_MARKED not in job["comment"]
+    assert "gpufinops:snooze-until=" in job["comment"]
