@@ -51,7 +51,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import SLURM_ACTIONS, place_of
+from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, place_of
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -395,7 +395,9 @@ class Actuator:
 
     def _unmark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow, rule_name: str,
                 to: tuple[str, ...]) -> ActionResult:
-        if not mark.dry_run and TAG_MARKED in inst.tags:
+        # A mark the place no longer counts as the subject's (TAG_MARK_GONE_WHY: a Slurm job's earlier run) is still
+        # written on it: removed as well, so that nobody reads a warning that no longer holds.
+        if not mark.dry_run and (TAG_MARKED in inst.tags or TAG_MARK_GONE_WHY in inst.tags):
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)

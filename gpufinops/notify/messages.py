@@ -23,6 +23,7 @@ from ..config import SLACK_USER_ID
 from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION,
                          REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, TAG_KUEUE_WORKLOAD)
 from ..model import (
+    TAG_MARKED,
     TAG_PROTECT,
     TAG_SNOOZE,
     Action,
@@ -33,7 +34,8 @@ from ..model import (
     format_duration,
     format_money,
 )
-from ..places.registry import ACTION_VERBS, KUBERNETES_NODE, place_of_instance
+from ..places.registry import (ACTION_VERBS, KUBERNETES_NODE, SLURM_JOB, TAG_SLURM_JOB_ID, TAG_SLURM_SNOOZE_KEYWORD,
+                               place_of_instance)
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -211,6 +213,10 @@ def _restore_target(inst: GpuInstance) -> str:
     return _v(raw, 200) if "~" not in raw else "<namespace>/<Kind>/<name>"
 
 
+def _is_slurm_job(inst: GpuInstance) -> bool:
+    return place_of_instance(inst) is SLURM_JOB
+
+
 def _keep_hint(inst: GpuInstance | None = None) -> str:
     if inst is not None and _kueue_workload(inst):
         ns, _, name = _kueue_workload(inst).partition("/")
@@ -223,6 +229,12 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true`; removing `{MARK_ANNOTATION}` from it "
                 f"cancels the cordon. After a cordon Karpenter / cluster-autoscaler can remove the node (their "
                 f"own rules decide); gpufinops evicts no pod.")
+    if inst is not None and _is_slurm_job(inst):
+        job = _v(inst.tags.get(TAG_SLURM_JOB_ID, "N"), 24)
+        keyword = _v(inst.tags.get(TAG_SLURM_SNOOZE_KEYWORD, "gpufinops:keep"), 64)
+        return (f"To keep it running: make it busy, or write `{keyword}` into its Comment (`scontrol update "
+                f"jobid={job} Comment=\"... {keyword}\"`), or ask an operator to run `gpufinops slurm snooze "
+                f"{job} 2h`; removing `{TAG_MARKED}=...` from its Comment cancels it.")
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -382,6 +394,13 @@ def stopped(
                  f"can remove it by their own rules, honouring PodDisruptionBudgets; gpufinops evicts no pod and "
                  f"deletes no node. Undo with "
                  f"`gpufinops k8s restore node/{_v(inst.private_dns, 120)}`.")
+    elif _is_slurm_job(inst):
+        job = _v(inst.tags.get(TAG_SLURM_JOB_ID, "N"), 24)
+        after = {Action.REQUEUE: "The job is back in the queue: Slurm runs it again when it is scheduled (it "
+                                 "resumes from its last checkpoint if it wrote one).",
+                 Action.HOLD: f"The job is back in the queue, held (`scontrol requeuehold`): `scontrol release {job}` "
+                              "lets it run again.",
+                 }.get(action, "A cancelled job does not come back: submit it again when it is needed.")
     elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore {_restore_target(inst)}` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")

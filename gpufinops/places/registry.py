@@ -27,6 +27,10 @@ SLURM_ID_PREFIX = "slurm:"
 TAG_SLURM_BATCH = "slurm:batch"  # "true": sbatch; "false": salloc / srun --pty / an interactive app
 TAG_SLURM_REQUEUEABLE = "slurm:requeueable"  # "true" when Slurm may requeue it (Requeue=1)
 TAG_SLURM_INTERACTIVE_ACTS = "slurm:act-on-interactive"  # "true": its cluster's act_on_interactive
+TAG_SLURM_JOB_ID = "slurm:job-id"  # Slurm's own number of the job (what scontrol takes), for messages
+TAG_SLURM_SNOOZE_KEYWORD = "slurm:snooze-keyword"  # the word its user writes into the Comment to snooze it
+# Why the subject carries no mark though gpufinops wrote one, where its place knows (act.plan says it).
+TAG_MARK_GONE_WHY = "gpufinops:mark-gone-why"
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {

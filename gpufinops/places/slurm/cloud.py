@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 
 from ...config.sections import SlurmClusterSettings
 from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, GpuInstance, utcnow
-from ..registry import TAG_SLURM_BATCH, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_REQUEUEABLE
-from .comments import KEYWORD_SNOOZE, WRITTEN, keyword_in, read_tags, with_tags, without_tags
+from ..registry import TAG_MARK_GONE_WHY, TAG_SLURM_BATCH, TAG_SLURM_JOB_ID, TAG_SLURM_SNOOZE_KEYWORD, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_REQUEUEABLE
+from .comments import KEYWORD_SNOOZE, TAG_MARK_RUN, WRITTEN, keyword_in, read_tags, with_tags, without_tags
 from .commands import SlurmCommands, SlurmUnavailable
 from .jobs import SlurmJob, gpu_jobs, parse_squeue
 from .people import People
@@ -38,7 +38,7 @@ log = logging.getLogger("gpufinops.slurm")
 
 PROVIDER = "slurm"
 TAG_USER, TAG_ACCOUNT, TAG_PARTITION, TAG_QOS = "slurm:user", "slurm:account", "slurm:partition", "slurm:qos"
-TAG_JOB_NAME, TAG_INTERACTIVE, TAG_JOB_ID = "slurm:job-name", "slurm:interactive", "slurm:job-id"
+TAG_JOB_NAME, TAG_INTERACTIVE = "slurm:job-name", "slurm:interactive"
 _GRES_TYPE = re.compile(r"(?:^|,)gpu:([^:(),]+):\d+\(")
 
 # Job states (squeue's job_state) as the act stage reads an instance's: running, "stopped" (back in the queue:
@@ -67,6 +67,11 @@ def instance_state(job: SlurmJob) -> str:
     if job.state in QUEUED_STATES:
         return "stopped"
     return "terminated"
+
+
+def run_of(job: SlurmJob) -> str:
+    """The run a mark belongs to: the job's start, epoch seconds ("0": not started)."""
+    return str(int(job.start_time.timestamp())) if job.start_time else "0"
 
 
 def gpu_model(job_gres: Sequence[str]) -> str:
@@ -143,17 +148,22 @@ class SlurmCloud:
         interactive = not job.batch
         tags = {
             TAG_USER: job.user, TAG_ACCOUNT: job.account, TAG_PARTITION: job.partition, TAG_QOS: job.qos,
-            TAG_JOB_NAME: job.name, TAG_JOB_ID: job.job_id,
+            TAG_JOB_NAME: job.name, TAG_SLURM_JOB_ID: job.job_id,
             TAG_INTERACTIVE: str(interactive).lower(), TAG_SLURM_BATCH: str(job.batch).lower(),
             TAG_SLURM_REQUEUEABLE: str(job.requeueable).lower(),
-            TAG_SLURM_INTERACTIVE_ACTS: str(s.act_on_interactive).lower(),
+            TAG_SLURM_INTERACTIVE_ACTS: str(s.act_on_interactive).lower(), TAG_SLURM_SNOOZE_KEYWORD: s.snooze_keyword,
             "team": job.account,
         }
         owner = self.people.owner(job.user)
         if owner:
             tags["owner"] = owner
         marks = read_tags(job.admin_comment if s.mark_field == "admin_comment" else job.comment)
-        tags.update({k: v for k, v in marks.items() if k != TAG_SNOOZE})
+        tags.update({k: v for k, v in marks.items() if k not in (TAG_SNOOZE, TAG_MARK_RUN)})
+        if TAG_MARKED in marks and marks.get(TAG_MARK_RUN) != run_of(job):
+            # Slurm keeps a Comment across a requeue: a mark written on an earlier run is not this run's.
+            del tags[TAG_MARKED]
+            tags[TAG_MARK_GONE_WHY] = (f"the job was requeued and started again since its warning (mark of the run "
+                                       f"started {marks.get(TAG_MARK_RUN, 'earlier')})")
         # A snooze is the user's: read from the Comment (a word they write), whichever field holds the mark.
         user_words = read_tags(job.comment)
         if TAG_SNOOZE in user_words:
@@ -210,9 +220,12 @@ class SlurmCloud:
         if instance_state(job) == "terminated":
             return
         text = job.admin_comment if self._field() == "admin_comment" else job.comment
+        if TAG_MARKED in tags:  # the mark is this run's: a later run of the job (after a requeue) is not marked
+            tags = {**tags, TAG_MARK_RUN: run_of(job)}
         self.commands.update_comment(job.job_id, self._field(), with_tags(text, tags))
         # Read back: a job that was passing (COMPLETING) may not have taken it.
-        if not all(self.as_instance(self.job_of(inst)).tags.get(k) == v for k, v in tags.items() if k in WRITTEN):
+        seen = self.as_instance(self.job_of(inst)).tags
+        if not all(seen.get(k) == v for k, v in tags.items() if k in WRITTEN and k != TAG_MARK_RUN):
             raise SlurmUnavailable(f"{inst.instance_id}: Slurm did not keep the comment written")
 
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
@@ -223,6 +236,8 @@ class SlurmCloud:
         if instance_state(job) == "terminated":
             return
         text = job.admin_comment if self._field() == "admin_comment" else job.comment
+        if TAG_MARKED in keys:
+            keys = [*keys, TAG_MARK_RUN]
         if text != without_tags(text, keys):
             self.commands.update_comment(job.job_id, self._field(), without_tags(text, keys))
             if any(k in self.as_instance(self.job_of(inst)).tags for k in keys if k in WRITTEN):

@@ -20,6 +20,17 @@ class SlurmUnavailable(QueryFailed):
     """A Slurm command could not answer (controller down, timeout, refused, unreadable answer)."""
 
 
+class SlurmRefused(SlurmUnavailable):
+    """slurmctld answered and refused (a non-zero exit that is not a lost connection): the change was not made.
+    `definite` tells act.Actuator.change so: failed, once the job agrees, rather than "unconfirmed"."""
+
+    definite = True
+
+
+# Words of a non-zero exit whose request may have reached slurmctld all the same: never taken as a refusal.
+_NOT_AN_ANSWER = ("timed out", "unable to contact", "connection refused", "zero bytes were transmitted")
+
+
 def _run_subprocess(argv: Sequence[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL)
@@ -62,7 +73,8 @@ class SlurmCommands:
             raise SlurmUnavailable(f"slurm {self.cluster}: {what} could not run: {exc.strerror}") from None
         if res.returncode != 0:
             why = " ".join((res.stderr or res.stdout or "").split())[:_MAX_ERROR_CHARS] or "no message"
-            raise SlurmUnavailable(f"slurm {self.cluster}: {what} failed (exit {res.returncode}): {why}")
+            error = SlurmUnavailable if any(w in why.lower() for w in _NOT_AN_ANSWER) else SlurmRefused
+            raise error(f"slurm {self.cluster}: {what} failed (exit {res.returncode}): {why}")
         return res.stdout
 
     def run_json(self, *argv: str) -> dict[str, Any]:

@@ -13,9 +13,12 @@ from typing import Mapping, Sequence
 
 from ...model import TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY
 
+# The start (epoch seconds) of the run a mark was written on: a job requeued and started again is a new run, and
+# the mark of its earlier one is not its own.
+TAG_MARK_RUN = "gpufinops:mark-run"
 # The tags gpufinops writes into a job's comment. The stop reason (TAG_STOPPED_REASON) is not written: a Comment is
 # one short line people read in squeue; the reason is in the audit and the "ended" notice.
-WRITTEN = (TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY)
+WRITTEN = (TAG_MARKED, TAG_MARK_RUN, TAG_SNOOZE, TAG_STOPPED_BY)
 _WORD = re.compile(r"(?:^|\s)(gpufinops:[a-z-]+)=(\S+)")
 # What the snooze keyword stands for: not an ISO time, so act.plan's snooze reads it as "snoozed for the cap from
 # when it was first seen" (act.max_snooze_s).

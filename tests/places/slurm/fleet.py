@@ -73,8 +73,25 @@ class GovernedSlurm:
     def add_series(self, job: dict, util: float, mem_mib: float = 2000.0) -> None:
         """DCGM series at `util` % for every GPU the job holds (by its node's host name and Slurm's IDX), an hour
         before T0 to three after (what ran on the GPU before the job is never its own: evaluate's window)."""
+        import json
         import re
-        idx = re.search(r"IDX:([0-9,-]+)", job["gres_detail"][0]).group(1)
+        import time
+        found = re.search(r"IDX:([0-9,-]+)", " ".join(job["gres_detail"]))
+        end = time.monotonic() + 15
+        while not found and time.monotonic() < end:
+            # Seen in 22.05: a job just RUNNING can show `gpu:fake:0(IDX:)` for a moment before its GPUs.
+            time.sleep(0.3)
+            out = self.cluster.run("squeue", "--json").stdout
+            job = next(j for j in json.loads(out)["jobs"] if j["job_id"] == job["job_id"])
+            found = re.search(r"IDX:([0-9,-]+)", " ".join(job["gres_detail"]))
+        if not found:
+            out = self.cluster.run("squeue", "--json").stdout
+            others = [(j["job_id"], j["job_state"], j["gres_detail"], j["tres_per_node"], j["tres_alloc_str"])
+                      for j in json.loads(out)["jobs"]]
+            node = self.cluster.run("scontrol", "show", "node", "-d").stdout
+        assert found, (f"job {job['job_id']} ({job['job_state']}): no GPU index in gres_detail {job['gres_detail']}"
+                       f" {others} {node}")
+        idx = found.group(1)
         for part in idx.split(","):
             lo, _, hi = part.partition("-")
             for gpu in range(int(lo), int(hi or lo) + 1):

@@ -160,14 +160,18 @@ def test_an_interactive_job_is_only_notified(governed, slurm_acct_jobs, promethe
 
 
 def test_the_controller_down_mid_tick_makes_every_job_unknown_and_nothing_is_done(
-        governed, slurm_acct_jobs, prometheus_factory, slurm_acct, slack_stub):
-    jobs = slurm_acct_jobs
+        slurm, slurm_jobs, prometheus_factory, slack_stub, tmp_path, monkeypatch):
+    # The cluster without accounting, in dry-run (nothing is changed, so no Operator is needed): with accounting,
+    # 22.05 gave jobs started after a slurmctld restart `gpu:fake:0(IDX:)` and no gres/gpu in their TRES
+    # (docs/slurm.md), which would leave the shared accounting cluster unfit for the tests after this one.
+    jobs = slurm_jobs
     job_id = jobs.submit_running("alice")
-    g = governed(action="requeue", timeout_s=5)
+    g = GovernedSlurm(slurm, slack_stub, tmp_path, monkeypatch, action="requeue", dry_run=True, timeout_s=5,
+                      runner=None)
     g.add_series(jobs.job(job_id), util=0.0)
     g.start(prometheus_factory)
     assert kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
-    slurm_acct.stop_controller()
+    slurm.stop_controller()
     try:
         before = len(slack_stub.posted())
         for minutes in (27, 30):
@@ -178,8 +182,10 @@ def test_the_controller_down_mid_tick_makes_every_job_unknown_and_nothing_is_don
             assert any("slurm" in e for e in report.errors)
         alerts = [p for p in slack_stub.posted()[before:] if g.sid(job_id) in str(p)]
         assert len(alerts) == 1, alerts  # one alert for the outage, not one per tick
+        assert not [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id)
+                    and a.kind in (ActionKind.STOP, ActionKind.UNMARK)]
     finally:
-        slurm_acct.start_controller()
+        slurm.start_controller()
     assert jobs.state(job_id) == "RUNNING"
     assert g.store.get_mark(g.sid(job_id)) is not None  # the mark kept: not taken as removed
 
