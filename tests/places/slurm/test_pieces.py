@@ -1,0 +1,68 @@
+"""The pure pieces of the Slurm place: marks in a Comment, who a user is to the notifiers, the DCGM join."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufinops.config import ConfigError, load_settings
+from gpufinops.model import TAG_MARKED, TAG_SNOOZE, TAG_STOPPED_BY, TAG_STOPPED_REASON
+from gpufinops.places.slurm.comments import keyword_in, read_tags, with_tags, without_tags
+from gpufinops.places.slurm.jobs import GpuSlot
+from gpufinops.places.slurm.people import People, PeopleMapError
+from gpufinops.places.slurm.usage import JobMatcher, series_key
+from tests.promserver import dcgm_labels
+
+
+def test_marks_are_words_beside_the_users_own_text_which_is_kept():
+    text = with_tags("ckpt every 10 min; ask ana", {TAG_MARKED: "2026-12-07T10:00:00Z"})
+    assert text == f"ckpt every 10 min; ask ana {TAG_MARKED}=2026-12-07T10:00:00Z"
+    assert read_tags(text) == {TAG_MARKED: "2026-12-07T10:00:00Z"}
+    again = with_tags(text, {TAG_MARKED: "2026-12-07T11:00:00Z", TAG_STOPPED_BY: "gpu finops",
+                             TAG_STOPPED_REASON: "not written: the audit has it"})
+    assert read_tags(again) == {TAG_MARKED: "2026-12-07T11:00:00Z", TAG_STOPPED_BY: "gpu_finops"}
+    assert without_tags(again, [TAG_MARKED, TAG_STOPPED_BY]) == "ckpt every 10 min; ask ana"
+    assert read_tags(f"x {TAG_SNOOZE}=2026-12-08T00:00:00Z") == {TAG_SNOOZE: "2026-12-08T00:00:00Z"}
+    assert keyword_in("please gpufinops:keep thanks", "gpufinops:keep")
+    assert not keyword_in("gpufinops:keeper", "gpufinops:keep")
+
+
+def test_a_user_is_reached_by_the_map_then_the_domain(tmp_path):
+    emails = tmp_path / "emails.txt"
+    emails.write_text("# who\nalice ana.lopez@uni.example\n\n")
+    slack = tmp_path / "slack.txt"
+    slack.write_text("bob U0123ABCDE  # bob's Slack id\n")
+    conf = load_settings(slurm={"cluster": "c", "email_domain": "lab.example", "email_map": str(emails),
+                                "slack_users": str(slack)}).slurm.clusters[0]
+    people = People.from_settings(conf)
+    assert people.owner("alice") == "ana.lopez@uni.example"
+    assert people.owner("bob") == "U0123ABCDE"
+    assert people.owner("carol") == "carol@lab.example"
+    emails.write_text("alice\n")
+    with pytest.raises(PeopleMapError, match=rf"{emails}:1: expected `<slurm user> <email address>`"):
+        People.from_settings(conf)
+
+
+def test_bad_slurm_settings_name_the_key():
+    with pytest.raises(ConfigError, match="gpu_index_map"):
+        load_settings(slurm={"cluster": "c", "gpu_index_map": {"n1": {0: "first"}}})
+    with pytest.raises(ConfigError, match="grace_signal"):
+        load_settings(slurm={"cluster": "c", "grace_signal": "usr1; rm"})
+
+
+@pytest.mark.parametrize("index_map, labels, job", [
+    ({}, dcgm_labels("gpu07.cluster.example", 2), "slurm:c/1"),  # FQDN host, same index
+    ({}, dcgm_labels("GPU07", 2, hostname_label="hostname"), "slurm:c/1"),  # the 2026 label, case-blind
+    ({}, dcgm_labels("gpu07", 3), None),  # another GPU of the node
+    ({"gpu07": {2: "0"}}, dcgm_labels("gpu07", 0), "slurm:c/1"),  # Slurm's IDX 2 is NVML's 0 there
+    ({"gpu07": {2: "0"}}, dcgm_labels("gpu07", 2), None),
+    ({"*": {2: dcgm_labels("gpu07", 5)["UUID"]}}, dcgm_labels("gpu07", 5), "slurm:c/1"),  # by UUID
+    ({}, {**dcgm_labels("gpu07", 2), "Hostname": ""}, None),  # no host: never guessed
+])
+def test_a_series_joins_the_job_by_host_and_slurms_index(index_map, labels, job):
+    matcher = JobMatcher({"slurm:c/1": [GpuSlot("gpu07", 2)]}, index_map, ("Hostname", "hostname"))
+    assert matcher.match(labels) == job
+
+
+def test_the_index_map_of_a_node_wins_over_every_nodes():
+    assert series_key("gpu07", 1, {"*": {1: "9"}, "gpu07": {1: "4"}}) == ("gpu07", "gpu", "4")
+    assert series_key("gpu08", 1, {"*": {1: "9"}, "gpu07": {1: "4"}}) == ("gpu08", "gpu", "9")
