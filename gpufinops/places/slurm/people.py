@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ...config import ConfigError
+
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _SLACK_ID = re.compile(r"^[UW][A-Z0-9]{8,20}$")
 
 
-class PeopleMapError(ValueError):
-    """A user map file that cannot be read: names the file and line."""
+class PeopleMapError(ConfigError):
+    """A user map file that cannot be read: names the file and line (a config error: one line, exit 2)."""
 
 
 def read_map(path: str | Path, what: str, valid: re.Pattern) -> dict[str, str]:

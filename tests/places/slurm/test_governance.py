@@ -216,3 +216,31 @@ def test_gpufinops_slurm_snooze_withdraws_the_warning_and_writes_the_snooze_into
     job = jobs.job(job_id)
     assert job["job_state"] == "RUNNING" and TAG_MARKED not in job["comment"]
     assert "gpufinops:snooze-until=" in job["comment"]
+
+
+def test_evaluate_json_lists_each_running_gpu_job_with_its_verdict(slurm, slurm_jobs, prometheus_factory, tmp_path,
+                                                                   capsys):
+    import json
+
+    import yaml
+
+    from gpufinops.cli.app import main
+    from tests.places.slurm.fleet import dcgm, rule_file
+
+    job_id = slurm_jobs.submit_running("bob", name="eval-me")
+    idx = int(__import__("re").search(r"IDX:(\d+)", slurm_jobs.job(job_id)["gres_detail"][0]).group(1))
+    now = __import__("time").time()
+    prom = prometheus_factory(dcgm(slurm.node, idx, now - 3600, now + 600, 0.0))
+    config = tmp_path / "gpufinops.yaml"
+    config.write_text(yaml.safe_dump({
+        "database_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "prometheus": {"url": prom.url},
+        "rules_paths": [str(rule_file(tmp_path / "rules.yaml", "cancel"))],
+        "slurm": {"cluster": slurm.name, "conf": str(slurm.conf)}}))
+    main(["-c", str(config), "evaluate", "-o", "json"])
+    out = capsys.readouterr().out
+    rows = json.loads(out)
+    rows = rows if isinstance(rows, list) else rows.get("decisions", rows.get("rows", []))
+    mine = [r for r in rows if f"slurm:{slurm.name}/{job_id}" in json.dumps(r)]
+    assert mine, out[:2000]
+    # Started seconds ago: too young for the 10-minute window, never judged on the GPU's earlier samples.
+    assert "UNKNOWN" in json.dumps(mine[0]) and "not judged before" in json.dumps(mine[0])

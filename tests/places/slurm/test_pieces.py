@@ -66,3 +66,16 @@ def test_a_series_joins_the_job_by_host_and_slurms_index(index_map, labels, job)
 def test_the_index_map_of_a_node_wins_over_every_nodes():
     assert series_key("gpu07", 1, {"*": {1: "9"}, "gpu07": {1: "4"}}) == ("gpu07", "gpu", "4")
     assert series_key("gpu08", 1, {"*": {1: "9"}, "gpu07": {1: "4"}}) == ("gpu08", "gpu", "9")
+
+
+def test_a_bad_map_file_is_one_error_line_naming_it(tmp_path, capsys):
+    from gpufinops.cli.app import main
+
+    emails = tmp_path / "emails.txt"
+    emails.write_text("alice ana@uni.example\nbob not-an-address\n")
+    config = tmp_path / "gpufinops.yaml"
+    config.write_text(f"database_url: sqlite:///{tmp_path / 'db.sqlite'}\nslurm:\n  cluster: c\n"
+                      f"  conf: {tmp_path / 'slurm.conf'}\n  email_map: {emails}\n")
+    assert main(["-c", str(config), "evaluate", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert f"{emails}:2: expected `<slurm user> <email address>`" in err and "Traceback" not in err
