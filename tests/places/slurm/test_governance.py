@@ -244,3 +244,18 @@ def test_evaluate_json_lists_each_running_gpu_job_with_its_verdict(slurm, slurm_
     assert mine, out[:2000]
     # Started seconds ago: too young for the 10-minute window, never judged on the GPU's earlier samples.
     assert "UNKNOWN" in json.dumps(mine[0]) and "not judged before" in json.dumps(mine[0])
+
+
+def test_hold_is_a_requeuehold_the_job_back_in_the_queue_held(governed, slurm_acct_jobs, prometheus_factory):
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("bob", name="park-me")
+    g = governed(action="hold", grace_s=0)
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    assert kinds(g.tick(27), g.sid(job_id)) == [ActionKind.STOP]
+    job = jobs.job(job_id)
+    # `scontrol hold` would have left it RUNNING; requeuehold parks it.
+    # Requeued by the Operator, 22.05 holds it as a user hold: the job's user may `scontrol release` it themselves.
+    assert (job["job_state"], job["state_reason"]) == ("PENDING", "JobHeldUser")
+    assert "gpufinops:stopped-by=" in job["comment"] and TAG_MARKED not in job["comment"]
