@@ -79,3 +79,39 @@ def test_a_bad_map_file_is_one_error_line_naming_it(tmp_path, capsys):
     assert main(["-c", str(config), "evaluate", "--once"]) == 2
     err = capsys.readouterr().err
     assert f"{emails}:2: expected `<slurm user> <email address>`" in err and "Traceback" not in err
+
+
+def _job_instance(comment: str = "", start: int = 1796600000, **settings):
+    from gpufinops.places.slurm.cloud import SlurmCloud
+    from gpufinops.places.slurm.jobs import parse_job
+
+    conf = load_settings(slurm={"cluster": "c", "email_domain": "lab.example", **settings}).slurm.clusters[0]
+    job = parse_job("c", {"job_id": 42, "job_state": "RUNNING", "nodes": "gpu07", "user_name": "alice",
+                          "account": "ml", "partition": "gpu", "qos": "normal", "batch_flag": True, "requeue": True,
+                          "start_time": start, "gres_detail": ["gpu:a100:1(IDX:2)"], "comment": comment})
+    return SlurmCloud(conf, commands=object()).as_instance(job)
+
+
+def test_protect_lists_and_a_users_snooze_become_what_the_plan_reads():
+    from datetime import datetime, timezone
+
+    from gpufinops.act.plan import plan, snooze_of
+
+    inst = _job_instance(protect_accounts=["ml"])
+    assert inst.is_protected and "protect_accounts: account ml" in inst.tags["gpufinops:protect"]
+    assert inst.tags["owner"] == "alice@lab.example" and inst.tags["slurm:partition"] == "gpu"
+    now = datetime(2026, 12, 7, 12, tzinfo=timezone.utc)
+    assert plan(inst, None, None, None, now, False).reason == "protected"
+    snoozed = _job_instance("please keep gpufinops:keep")
+    assert snooze_of(snoozed, now).active
+    until = _job_instance("gpufinops:snooze-until=2026-12-07T14:00:00Z")
+    assert snooze_of(until, now).until == datetime(2026, 12, 7, 14, tzinfo=timezone.utc)
+
+
+def test_a_mark_of_an_earlier_run_is_not_this_runs():
+    from gpufinops.places.registry import TAG_MARK_GONE_WHY
+
+    mine = _job_instance(f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run=1796600000", start=1796600000)
+    assert mine.tags[TAG_MARKED] == "2026-12-07T10:00:00Z" and TAG_MARK_GONE_WHY not in mine.tags
+    later = _job_instance(f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run=1796600000", start=1796601234)
+    assert TAG_MARKED not in later.tags and "requeued and started again" in later.tags[TAG_MARK_GONE_WHY]
