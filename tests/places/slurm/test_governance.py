@@ -159,12 +159,36 @@ def test_an_interactive_job_is_only_notified(governed, slurm_acct_jobs, promethe
     assert jobs.state(job_id) == "RUNNING" and TAG_MARKED not in jobs.job(job_id)["comment"]
 
 
+@pytest.fixture
+def own_cluster():
+    """A throw-away cluster of this test's own (no accounting, ~1 s to start): after a slurmctld restart 22.05 gave
+    some jobs started later `gpu:fake:0(IDX:)` and no gres/gpu in their TRES (docs/slurm.md), which would leave a
+    shared cluster unfit for the tests after this one."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests.slurm import SlurmCluster, SlurmJobs
+
+    root = Path(tempfile.mkdtemp(prefix="gpufinops-slurm-outage-"))
+    root.chmod(0o755)
+    cluster = SlurmCluster(root, name="outage").start()
+    jobs = SlurmJobs(cluster)
+    try:
+        yield cluster, jobs
+    finally:
+        try:
+            jobs.cancel_all()
+        except Exception:  # noqa: BLE001 - the controller may be down: stop() ends everything anyway
+            pass
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_the_controller_down_mid_tick_makes_every_job_unknown_and_nothing_is_done(
-        slurm, slurm_jobs, prometheus_factory, slack_stub, tmp_path, monkeypatch):
-    # The cluster without accounting, in dry-run (nothing is changed, so no Operator is needed): with accounting,
-    # 22.05 gave jobs started after a slurmctld restart `gpu:fake:0(IDX:)` and no gres/gpu in their TRES
-    # (docs/slurm.md), which would leave the shared accounting cluster unfit for the tests after this one.
-    jobs = slurm_jobs
+        own_cluster, prometheus_factory, slack_stub, tmp_path, monkeypatch):
+    # In dry-run (nothing is changed, so no Operator is needed).
+    slurm, jobs = own_cluster
     job_id = jobs.submit_running("alice")
     g = GovernedSlurm(slurm, slack_stub, tmp_path, monkeypatch, action="requeue", dry_run=True, timeout_s=5,
                       runner=None)
