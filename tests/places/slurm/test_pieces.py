@@ -115,3 +115,12 @@ def test_a_mark_of_an_earlier_run_is_not_this_runs():
     assert mine.tags[TAG_MARKED] == "2026-12-07T10:00:00Z" and TAG_MARK_GONE_WHY not in mine.tags
     later = _job_instance(f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run=1796600000", start=1796601234)
     assert TAG_MARKED not in later.tags and "requeued and started again" in later.tags[TAG_MARK_GONE_WHY]
+
+
+def test_a_snooze_button_may_name_a_slurm_job_and_restore_may_not():
+    from gpufinops.notify import interact
+    from gpufinops.notify.messages import RESTORE_ACTION
+
+    assert interact._names_its_subject("gpufinops_snooze_2h", "slurm:hpc1/1234_7")
+    assert not interact._names_its_subject(RESTORE_ACTION, "slurm:hpc1/1234_7")
+    assert not interact._names_its_subject("gpufinops_snooze_2h", "slurm:" + "x" * 400)
