@@ -117,7 +117,6 @@ def main() -> int:
 
         real = subprocess.run(["squeue", "--json"], env=cluster.env(), capture_output=True, text=True,
                               check=True).stdout
-        rewritten = as_running(real, now)
         shown = len(json.loads(real)["jobs"])
 
         def answering_running(argv, env, timeout_s):
@@ -165,8 +164,8 @@ def main() -> int:
         print(f"squeue --json alone:        {med(squeue_s):.2f} s (median of {args.repeat})")
         print(f"SlurmCloud listing (held):  {med(listing_s):.2f} s, peak {listing_mib:.0f} MiB, "
               f"{len(listed)} subjects (held jobs are PENDING)")
-        print(f"tick, every job RUNNING:    {med(tick_s):.2f} s, peak {tick_mib:.0f} MiB, {len(decisions)} jobs judged, "
-              f"verdicts {verdicts}")
+        print(f"tick, every job RUNNING:    {med(tick_s):.2f} s, peak {tick_mib:.0f} MiB, "
+              f"{len(decisions)} jobs judged, verdicts {verdicts}")
         return 0
     finally:
         if prom is not None:

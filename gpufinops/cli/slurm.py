@@ -50,7 +50,8 @@ def cmd_slurm_snooze(args: argparse.Namespace) -> int:
     else:
         cluster, job = args.cluster or (clusters[0] if len(clusters) == 1 else ""), args.job
         if not cluster:
-            return usage_error(f"several Slurm clusters are configured ({', '.join(clusters)}): name one with --cluster")
+            return usage_error(f"several Slurm clusters are configured ({', '.join(clusters)}): "
+                               "name one with --cluster")
     if cluster not in clusters:
         return usage_error(f"Slurm cluster {cluster!r} is not an enabled cluster of {where} ({', '.join(clusters)})")
     if not job or not job.replace("_", "").replace("+", "").isdigit():

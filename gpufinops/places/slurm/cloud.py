@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 
 from ...config.sections import SlurmClusterSettings
 from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, GpuInstance, utcnow
-from ..registry import TAG_MARK_GONE_WHY, TAG_SLURM_BATCH, TAG_SLURM_JOB_ID, TAG_SLURM_SNOOZE_KEYWORD, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_REQUEUEABLE
+from ..registry import (TAG_MARK_GONE_WHY, TAG_SLURM_BATCH, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_JOB_ID,
+                        TAG_SLURM_REQUEUEABLE, TAG_SLURM_SNOOZE_KEYWORD)
 from .comments import KEYWORD_SNOOZE, TAG_MARK_RUN, WRITTEN, keyword_in, read_tags, with_tags, without_tags
 from .commands import SlurmCommands, SlurmUnavailable
 from .jobs import SlurmJob, gpu_jobs, parse_squeue
@@ -186,7 +187,8 @@ class SlurmCloud:
         """Which protect list of the cluster holds the job, in words ("" when none does)."""
         s = self.settings
         for what, value, listed in (("user", job.user, s.protect_users), ("account", job.account, s.protect_accounts),
-                                    ("QOS", job.qos, s.protect_qos), ("partition", job.partition, s.protect_partitions)):
+                                    ("QOS", job.qos, s.protect_qos),
+                                    ("partition", job.partition, s.protect_partitions)):
             if value and value in listed:
                 return f"slurm.protect_{'qos' if what == 'QOS' else what + 's'}: {what} {value}"
         return ""

@@ -22,10 +22,11 @@ from tests.promserver import Series, dcgm_labels
 from tests.slurm import OPERATOR
 
 STEP = 30
-# A batch script that checkpoints on the grace signal (touches `flag`) and goes on.
-def trapping(flag: Path) -> str:
-    return f"trap 'touch {flag}' USR1; while true; do sleep 1; done"
 
+
+def trapping(flag: Path) -> str:
+    """A batch script that checkpoints on the grace signal (touches `flag`) and goes on."""
+    return f"trap 'touch {flag}' USR1; while true; do sleep 1; done"
 
 
 def as_operator(argv, env, timeout_s):
@@ -63,7 +64,8 @@ class GovernedSlurm:
         self.cluster, self.slack, self.tmp = cluster, slack_stub, tmp_path
         self.runner = runner
         monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
-        self.slurm_settings = {"cluster": cluster.name, "conf": str(cluster.conf), "grace_s": grace_s, "grace_signal": "USR1",
+        self.slurm_settings = {"cluster": cluster.name, "conf": str(cluster.conf), "grace_s": grace_s,
+                               "grace_signal": "USR1",
                                "email_domain": "lab.example", "timeout_s": 20, **slurm}
         self.action, self.dry_run, self.extra_rule = action, dry_run, extra_rule
         self.series: list[Series] = []
@@ -113,7 +115,8 @@ class GovernedSlurm:
         self.now = self.t0
         cloud, metrics = live_slurm(self.settings, None, None, clock=lambda: self.now, runner=self.runner)
         self.cloud = cloud
-        self.peers = Peers(cloud, metrics, self.store, build_notifier(self.settings.slack, self.store, lambda: self.now))
+        self.peers = Peers(cloud, metrics, self.store,
+                           build_notifier(self.settings.slack, self.store, lambda: self.now))
         return self
 
     def tick(self, minutes: float):
