@@ -89,6 +89,11 @@ class Action(str, enum.Enum):
     # Kubernetes GPU nodes whose GPU work is gone only: cordon the node (spec.unschedulable) so that Karpenter or
     # cluster-autoscaler removes it; never evict, never delete (places.kubernetes.nodes, docs/kubernetes.md).
     DRAIN = "drain"
+    # Slurm jobs only (places.slurm, docs/slurm.md): `scontrol requeue` (requeueable batch jobs), `scontrol
+    # requeuehold` (hold: a plain `scontrol hold` does not stop a running job), `scancel`.
+    REQUEUE = "requeue"
+    HOLD = "hold"
+    CANCEL = "cancel"
 
 
 class ReasonCode(str, enum.Enum):

@@ -360,8 +360,9 @@ class SlurmJobs:
 
     def job(self, job_id: int) -> dict:
         """The job as `squeue --json` shows it (22.05's openapi/v0.0.38 fields)."""
-        out = self.cluster.run("squeue", "--json", "-t", "all", "-j", str(job_id)).stdout
-        return json.loads(out)["jobs"][0]
+        # 22.05's `squeue --json` ignores -j (and -t): every job comes back, so pick it here.
+        out = self.cluster.run("squeue", "--json").stdout
+        return next(j for j in json.loads(out)["jobs"] if j["job_id"] == job_id)
 
     def cancel_all(self) -> None:
         if self.ids:
@@ -382,6 +383,7 @@ def _cluster(tmp_path_factory, name: str, accounting: bool, rest: bool) -> Itera
     except Exception:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (cluster.root / "log").glob("*.log"))
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"slurm cluster {name} did not start; logs:\n{logs}")
     yield cluster
     cluster.stop()

@@ -23,6 +23,7 @@ ever warned "will be stopped".
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -50,7 +51,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import place_of
+from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, place_of
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -300,7 +301,11 @@ class Actuator:
                                                   rule_name, ctx.now))
         self._stops_left -= 1
 
-        call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
+        if decision.action in SLURM_ACTIONS:
+            # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
+            call = functools.partial(_end_job, self.cloud, action=decision.action)
+        else:
+            call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
         outcome = self.change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
                               keep_open=True)
@@ -390,7 +395,9 @@ class Actuator:
 
     def _unmark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow, rule_name: str,
                 to: tuple[str, ...]) -> ActionResult:
-        if not mark.dry_run and TAG_MARKED in inst.tags:
+        # A mark the place no longer counts as the subject's (TAG_MARK_GONE_WHY: a Slurm job's earlier run) is still
+        # written on it: removed as well, so that nobody reads a warning that no longer holds.
+        if not mark.dry_run and (TAG_MARKED in inst.tags or TAG_MARK_GONE_WHY in inst.tags):
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
                                   lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
@@ -491,7 +498,9 @@ class Actuator:
             if existing.active and existing.until is not None and existing.until >= until:
                 interact.forget_request(self.store, req.instance_id)  # a snooze as long or longer is on already
                 continue
-            reason = f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a {interact.CHAT} button"
+            reason = (f"snoozed until {req.until} by {req.user_name} with `gpufinops slurm snooze`"
+                      if req.action_id == interact.CLI_SNOOZE_ACTION else
+                      f"snoozed until {req.until} by {req.user_name} ({req.user_id}) with a {interact.CHAT} button")
             if ctx.dry_run:
                 if not req.recorded:
                     self.change(ctx, inst, ActionKind.SNOOZE, "", reason, lambda: None)
@@ -694,6 +703,10 @@ def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, st
     # UNMARK, and the mark's removal after a stop
     seen = TAG_MARKED not in tags
     return seen, "mark tag " + ("removed" if seen else "still there")
+
+
+def _end_job(cloud: Cloud, inst: GpuInstance, action: Action) -> None:
+    cloud.end_job(inst, action)  # a Slurm cluster (places.fleet.WithSlurm), the only Cloud with jobs to end
 
 
 def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..k8s.model import NODE_CORDONED_BY_OTHERS
 from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
                      format_duration)
-from ..places.registry import KUBERNETES_NODE, place_of, place_of_instance, refusal, strength
+from ..places.registry import KUBERNETES_NODE, TAG_MARK_GONE_WHY, place_of, place_of_instance, refusal, strength
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -221,7 +221,10 @@ def plan(
         return Intent(None, f"mark kept, its tags not read this tick: {inst.tags_unread}", decision)
 
     if mark and not mark.dry_run and TAG_MARKED not in inst.tags:
-        return Intent(ActionKind.UNMARK, f"tag {TAG_MARKED} was removed by someone: stop cancelled", decision)
+        # A place that knows why the mark is not on the subject any more says so (a Slurm job requeued and started
+        # again: the mark was on its earlier run).
+        why = inst.tags.get(TAG_MARK_GONE_WHY) or f"tag {TAG_MARKED} was removed by someone"
+        return Intent(ActionKind.UNMARK, f"{why}: stop cancelled", decision)
 
     if decision is None:
         if mark:

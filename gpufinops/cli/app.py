@@ -27,14 +27,14 @@ import sys
 
 from .common import EXIT_PROBLEM_FOUND, EXIT_USAGE
 
-CAPABILITIES = ("core", "billing", "recommend", "backtest", "report", "agent", "k8s")  # the order of `gpufinops --help`
+CAPABILITIES = ("core", "billing", "recommend", "backtest", "report", "agent", "k8s", "slurm")  # `gpufinops --help`'s order
 # The module of this package that registers each command. A command line naming one of them builds a parser with
 # that module's commands only; `gpufinops --help`, no command, an unknown one and shell completion build the whole
 # parser (every module). tests/cli/test_start.py holds this table equal to what the modules register.
 COMMAND_MODULES = {
     "serve": "core", "evaluate": "core", "rules": "core", "audit": "core", "demo": "core",
     "costs": "billing", "budgets": "billing", "recommend": "recommend", "size": "recommend",
-    "backtest": "backtest", "report": "report", "agent": "agent", "k8s": "k8s",
+    "backtest": "backtest", "report": "report", "agent": "agent", "k8s": "k8s", "slurm": "slurm",
 }
 
 

@@ -519,6 +519,52 @@ class SlurmClusterSettings(StrictModel):
                 raise ValueError(f"{partition}: {exc}") from None
             out[str(partition)] = str(model).strip()
         return out
+    # --- governance of the cluster's GPU jobs (docs/slurm.md; helper "slurm", issue 38): what marks a job, who is
+    # never acted on, how a job's GPUs are found in DCGM's series, who is told, and how a job is ended.
+    # Where the mark lives: `comment` (users may edit it, so they see it and can write the snooze keyword beside
+    # it) or `admin_comment` (only operators write it; the snooze keyword is still read from the Comment).
+    mark_field: Literal["comment", "admin_comment"] = "comment"
+    # A word a user writes into the job's Comment (`scontrol update jobid=N Comment="... gpufinops:keep"`): the
+    # job is snoozed for act.max_snooze_s from when gpufinops first saw it.
+    snooze_keyword: str = Field("gpufinops:keep", min_length=3, max_length=64, pattern=r"^\S+$")
+    # Protect lists: jobs of these users / accounts / QOS / partitions are judged, never marked or ended.
+    protect_users: tuple[Name, ...] = ()
+    protect_accounts: tuple[Name, ...] = ()
+    protect_qos: tuple[Name, ...] = ()
+    protect_partitions: tuple[Name, ...] = ()
+    # salloc / srun --pty / an interactive app's allocation: notify-only unless this is true for the cluster.
+    act_on_interactive: bool = False
+    # The signal sent to the batch shell before a cancel or a requeue (`scancel --signal=SIG --batch`), and how
+    # long the job then has to checkpoint before the change. "" (the default) sends none: a batch script that does
+    # not trap the signal dies of it (USR1's default action), which would end a job that was to be requeued.
+    grace_signal: str = Field("", pattern=r"^([A-Z][A-Z0-9]{0,9})?$")
+    grace_s: float = Field(60.0, ge=0, le=600)
+    # Slurm's GPU index (IDX, the device minor) -> what DCGM's series say for that GPU, per node host name (or "*"
+    # for every node): a `gpu` label value (NVML index, digits) or a `GPU-...` UUID. Without an entry the index is
+    # taken to be the same as DCGM's `gpu` label (docs/slurm.md, "The index caveat").
+    gpu_index_map: dict[str, dict[int, str]] = Field(default_factory=dict)
+    # The job's user -> email address: `email_domain` gives user@domain, `email_map` (a file, `user address` per
+    # line, # comments) overrides it; `slack_users` (a file, `user U0123ABCD` per line) reaches them in Slack.
+    email_domain: str | None = None
+    email_map: str | None = None
+    slack_users: str | None = None
+
+    @field_validator("email_domain")
+    @classmethod
+    def _email_domain(cls, v: str | None) -> str | None:
+        if v is not None and not _DOMAIN.fullmatch(v):
+            raise ValueError(f"{v!r} is not a mail domain")
+        return v
+
+    @field_validator("gpu_index_map")
+    @classmethod
+    def _gpu_index_map(cls, v: dict[str, dict[int, str]]) -> dict[str, dict[int, str]]:
+        for node, entries in v.items():
+            for idx, target in entries.items():
+                if not (target.isdigit() or target.startswith("GPU-") or target.startswith("MIG-")):
+                    raise ValueError(f"node {node!r}, index {idx}: {target!r} is neither a DCGM gpu index (digits) "
+                                     "nor a GPU UUID (GPU-...)")
+        return v
 
 
 class SlurmSettings(StrictModel):

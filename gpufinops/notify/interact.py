@@ -49,6 +49,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..config import Settings
 from ..config import SLACK_USER_ID
 from ..places.kubernetes.names import ID_PREFIX, MAX_ID_LEN
+from ..places.registry import SLURM_ID_PREFIX
 from .messages import BUTTON_LABELS, RESTORE_ACTION, is_stop_key_of
 from .slack_blocks import notice_key_of
 from ..model import TAG_SNOOZE, ActionKind, ActionResult, Cloud, GpuInstance, is_azure_vm_id
@@ -61,6 +62,8 @@ log = logging.getLogger("gpufinops.interact")
 # one place outside the Slack modules that says which chat it is, so act/ words a click without naming it.
 CHAT = "Slack"
 REQUEST_PREFIX = "snooze_request:"
+# The action id of a snooze asked on the command line (`gpufinops slurm snooze`), not with a chat button.
+CLI_SNOOZE_ACTION = "cli-snooze"
 RESTORE_PREFIX = "restore_request:"
 # A click whose restore got no clear answer: told again once reconcile settles its row (act/restore.py).
 UNSETTLED_RESTORE_PREFIX = "restore_unsettled:"
@@ -219,7 +222,9 @@ def _names_its_subject(action_id: str, iid: str) -> bool:
     k8s = iid.startswith(ID_PREFIX) and len(iid) <= MAX_ID_LEN
     if action_id == RESTORE_ACTION:
         return k8s
-    return k8s or (iid.startswith("i-") and len(iid) <= 40) or is_azure_vm_id(iid)
+    # A Slurm job's warning carries them too: the snooze is written into its Comment (places.slurm).
+    slurm = iid.startswith(SLURM_ID_PREFIX) and len(iid) <= MAX_ID_LEN
+    return k8s or slurm or (iid.startswith("i-") and len(iid) <= 40) or is_azure_vm_id(iid)
 
 
 def _is_person(entry: str, user_id: str, email: str) -> bool:

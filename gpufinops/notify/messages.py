@@ -23,6 +23,7 @@ from ..config import SLACK_USER_ID
 from ..k8s.model import (DEFAULT_PROTECT_KEY, MARK_ANNOTATION, PRE_SUSPEND_ANNOTATION,
                          REPLICAS_BEFORE_ANNOTATION, SNOOZE_ANNOTATION, TAG_KUEUE_WORKLOAD)
 from ..model import (
+    TAG_MARKED,
     TAG_PROTECT,
     TAG_SNOOZE,
     Action,
@@ -35,7 +36,8 @@ from ..model import (
 )
 from ..places.gcp.labels import gcloud_add_labels, in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
-from ..places.registry import ACTION_VERBS, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST, place_of_instance
+from ..places.registry import (ACTION_VERBS, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST, SLURM_JOB, TAG_SLURM_JOB_ID,
+                               TAG_SLURM_SNOOZE_KEYWORD, place_of_instance)
 from ..words import HINTS, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -256,6 +258,10 @@ def _in_its_words(inst: GpuInstance, reason: str) -> str:
     return in_label_words(reason) if place_of_instance(inst) is GCE else reason
 
 
+def _is_slurm_job(inst: GpuInstance) -> bool:
+    return place_of_instance(inst) is SLURM_JOB
+
+
 def _keep_hint(inst: GpuInstance | None = None) -> str:
     if inst is not None and _kueue_workload(inst):
         ns, _, name = _kueue_workload(inst).partition("/")
@@ -272,6 +278,12 @@ def _keep_hint(inst: GpuInstance | None = None) -> str:
         return gce_keep_hint()
     if inst is not None and _is_host(inst):
         return host_keep_hint()
+    if inst is not None and _is_slurm_job(inst):
+        job = _v(inst.tags.get(TAG_SLURM_JOB_ID, "N"), 24)
+        keyword = _v(inst.tags.get(TAG_SLURM_SNOOZE_KEYWORD, "gpufinops:keep"), 64)
+        return (f"To keep it running: make it busy, or write `{keyword}` into its Comment (`scontrol update "
+                f"jobid={job} Comment=\"... {keyword}\"`), or ask an operator to run `gpufinops slurm snooze "
+                f"{job} 2h`; removing `{TAG_MARKED}=...` from its Comment cancels it.")
     if inst is not None and _is_workload(inst):
         return (f"To keep it running: make it busy, or annotate it `{SNOOZE_ANNOTATION}` = an ISO-8601 time "
                 f"(pause until then) or `{DEFAULT_PROTECT_KEY}` = `true` (never scale it down).")
@@ -448,6 +460,13 @@ def stopped(
                  f"can remove it by their own rules, honouring PodDisruptionBudgets; gpufinops evicts no pod and "
                  f"deletes no node. Undo with "
                  f"`gpufinops k8s restore node/{_v(inst.private_dns, 120)}`.")
+    elif _is_slurm_job(inst):
+        job = _v(inst.tags.get(TAG_SLURM_JOB_ID, "N"), 24)
+        after = {Action.REQUEUE: "The job is back in the queue: Slurm runs it again when it is scheduled (it "
+                                 "resumes from its last checkpoint if it wrote one).",
+                 Action.HOLD: f"The job is back in the queue, held (`scontrol requeuehold`): `scontrol release {job}` "
+                              "lets it run again.",
+                 }.get(action, "A cancelled job does not come back: submit it again when it is needed.")
     elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore {_restore_target(inst)}` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .kubernetes.cloud import WorkloadCloud
 from .kubernetes.names import is_workload_id
-from .registry import HOST_ID_PREFIX
+from .registry import HOST_ID_PREFIX, SLURM_ID_PREFIX
 from ..model import Cloud, GpuInstance, InstanceUsage, MetricsSource
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufinops.kubernetes")
 log_hosts = logging.getLogger("gpufinops.places.hosts")  # WithRentedHosts' lines, under the name they always had
 log_places = logging.getLogger("gpufinops.places")
+log_slurm = logging.getLogger("gpufinops.slurm")
 
 
 class WorkloadMetrics:
@@ -301,3 +302,97 @@ class WithPlace(RoutedCloud):
         if theirs and self.other is not None:
             found.update({i.instance_id: i for i in self.other.describe(theirs)})
         return [found[i] for i in instance_ids if i in found]
+
+
+class WithSlurm(RoutedCloud):
+    """One Cloud over another (EC2, hosts, the Kubernetes fleet; None when only Slurm is configured) and the Slurm
+    clusters (places.slurm.cloud.SlurmCloud, one per cluster): ids `slurm:<cluster>/...` are the cluster's. A part
+    that cannot be listed makes the listing partial (`last_errors`), never empty; a cluster in an outage lists its
+    jobs as last seen, unread, and its jobs are UNKNOWN (their usage says why)."""
+
+    def __init__(self, cloud, clusters: Sequence[Any]):
+        self.cloud = cloud
+        self.clusters = {c.cluster: c for c in clusters}
+        self.last_errors: list[str] = []
+
+    def member_clouds(self) -> Sequence[object]:
+        return [c for c in (self.cloud, *self.clusters.values()) if c is not None]
+
+    def _cluster_of(self, instance_id: str):
+        from .slurm.jobs import parse_subject_id
+
+        cluster, _job = parse_subject_id(instance_id)
+        if cluster not in self.clusters:
+            raise KeyError(f"{instance_id}: Slurm cluster {cluster!r} is not configured")
+        return self.clusters[cluster]
+
+    def cloud_of(self, inst: GpuInstance):
+        if inst.instance_id.startswith(SLURM_ID_PREFIX):
+            return self._cluster_of(inst.instance_id)
+        if self.cloud is None:
+            raise KeyError(f"{inst.instance_id}: no cloud is configured for it")
+        return self.cloud
+
+    @property
+    def workloads(self) -> WorkloadCloud | None:
+        """The Kubernetes side beside Slurm, if any (run.nodes' GPU-node pass reads it)."""
+        if isinstance(self.cloud, WorkloadCloud):
+            return self.cloud
+        workloads = getattr(self.cloud, "workloads", None)
+        return workloads if isinstance(workloads, WorkloadCloud) else None
+
+    def end_job(self, inst: GpuInstance, action) -> None:
+        """A Slurm job requeued, held or cancelled (act.Actuator alone calls it)."""
+        self._cluster_of(inst.instance_id).end_job(inst, action)
+
+    def list_gpu_instances(self) -> list[GpuInstance]:
+        parts = []
+        if self.cloud is not None:
+            def cloud_failed(exc: Exception) -> str:
+                log_slurm.error("inventory beside Slurm not listed: %s", exc)
+                return f"inventory: {exc}"
+            parts.append(Listing(lambda _: self.cloud.list_gpu_instances(), failed=cloud_failed,
+                                 partial=lambda: errors_of(self.cloud)))
+        for cluster in self.clusters.values():
+            def slurm_failed(exc: Exception, name=cluster.cluster) -> str:
+                return f"slurm {name}: {exc}"
+            parts.append(Listing(lambda _, c=cluster: c.list_gpu_instances(), failed=slurm_failed,
+                                 partial=lambda c=cluster: [f"slurm {c.cluster}: {e}" for e in errors_of(c)]))
+        listed, self.last_errors = merge_listings(parts, every_failed=lambda _errors, last: last)
+        return listed
+
+    def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
+        ours: dict[str, list[str]] = {}
+        theirs = []
+        for iid in instance_ids:
+            if iid.startswith(SLURM_ID_PREFIX):
+                ours.setdefault(self._cluster_of(iid).cluster, []).append(iid)
+            else:
+                theirs.append(iid)
+        found = {}
+        for name, ids in ours.items():
+            found.update({i.instance_id: i for i in self.clusters[name].describe(ids)})
+        if theirs and self.cloud is not None:
+            found.update({i.instance_id: i for i in self.cloud.describe(theirs)})
+        return [found[i] for i in instance_ids if i in found]
+
+
+class WithSlurmMetrics:
+    """One MetricsSource over the other subjects (None: only Slurm) and the Slurm jobs (SlurmJobMetrics)."""
+
+    def __init__(self, other: MetricsSource | None, slurm: MetricsSource):
+        self.other = other
+        self.slurm = slurm
+
+    def window_usage(self, instances: Sequence[GpuInstance], window_s: int, now: datetime) -> dict[str, InstanceUsage]:
+        jobs = [i for i in instances if i.instance_id.startswith(SLURM_ID_PREFIX)]
+        rest = [i for i in instances if not i.instance_id.startswith(SLURM_ID_PREFIX)]
+        out = dict(self.other.window_usage(rest, window_s, now)) if rest and self.other is not None else {}
+        if jobs:
+            try:
+                out.update(self.slurm.window_usage(jobs, window_s, now))
+            except Exception as exc:  # noqa: BLE001 - a job read failing leaves them UNKNOWN, never idle
+                log_slurm.exception("Slurm job usage failed for window %ss", window_s)
+                out.update({i.instance_id: InstanceUsage(i.instance_id, window_s, 0, error=f"Slurm job usage: {exc}")
+                            for i in jobs})
+        return out

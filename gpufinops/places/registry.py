@@ -25,6 +25,16 @@ HOST_ID_PREFIX = "host:"
 GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
 # An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id).
 AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
+# A Slurm job's id: `slurm:<cluster>/<jobid>` (places.slurm.jobs.subject_id).
+SLURM_ID_PREFIX = "slurm:"
+# The tags a Slurm job is listed with (places.slurm.cloud), read here for what it refuses.
+TAG_SLURM_BATCH = "slurm:batch"  # "true": sbatch; "false": salloc / srun --pty / an interactive app
+TAG_SLURM_REQUEUEABLE = "slurm:requeueable"  # "true" when Slurm may requeue it (Requeue=1)
+TAG_SLURM_INTERACTIVE_ACTS = "slurm:act-on-interactive"  # "true": its cluster's act_on_interactive
+TAG_SLURM_JOB_ID = "slurm:job-id"  # Slurm's own number of the job (what scontrol takes), for messages
+TAG_SLURM_SNOOZE_KEYWORD = "slurm:snooze-keyword"  # the word its user writes into the Comment to snooze it
+# Why the subject carries no mark though gpufinops wrote one, where its place knows (act.plan says it).
+TAG_MARK_GONE_WHY = "gpufinops:mark-gone-why"
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -32,6 +42,9 @@ ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
     Action.TERMINATE: ("terminate", "terminated"),
     Action.SUSPEND: ("suspend", "suspended"),
     Action.DRAIN: ("cordon", "cordoned"),
+    Action.REQUEUE: ("requeue", "requeued"),
+    Action.HOLD: ("requeue and hold", "requeued and held"),
+    Action.CANCEL: ("cancel", "cancelled"),
 }
 
 
@@ -60,6 +73,11 @@ class Place:
     # Its spot subjects are stopped like any other (a GCE Spot VM); else only under a persistent spot request
     # (EC2 stops no one-time spot instance: act.plan.stop_blocker).
     stops_any_spot: bool = False
+    # Further actions this place alone takes, like `own_action` (a Slurm job: requeue, hold, cancel).
+    also_owns: frozenset[Action] = frozenset()
+
+    def owns(self, action: Action) -> bool:
+        return action is self.own_action or action in self.also_owns
 
     def verbs_for(self, action: Action) -> tuple[str, str]:
         """(verb, past participle) of `action` done to one of its subjects."""
@@ -147,8 +165,26 @@ AZURE_VM = Place(
     stops_any_spot=True,
 )
 
+SLURM_ACTIONS = frozenset({Action.REQUEUE, Action.HOLD, Action.CANCEL})
+SLURM_JOB = Place(
+    name="Slurm job", noun="GPU job", provider="slurm", id_prefix=SLURM_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY, *SLURM_ACTIONS}),
+    refusal=("a Slurm job is requeued, held or cancelled through Slurm, never stopped or terminated: notify only; "
+             "give the rule action: requeue, hold or cancel"),
+    irreversible=frozenset({Action.CANCEL}),
+    # What reconcile finds done without the rule at hand (a lost answer settled later): the job ended.
+    verbs={Action.STOP: ("end", "ended"), Action.TERMINATE: ("end", "ended")},
+    also_owns=SLURM_ACTIONS,
+    own_action_refusal="actions requeue, hold and cancel apply to Slurm jobs only: notify only",
+    selected_by=("slurm:partition", "slurm:account", "slurm:user", "slurm:qos", "slurm:job-name",
+                 "slurm:interactive"),
+    rule_needs=("actions requeue, hold and cancel apply to Slurm jobs only: select them with select.tags naming "
+                "a slurm: tag (e.g. `tags: {\"slurm:partition\": gpu}`)"),
+)
+
 # In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, AZURE_VM, EC2)
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, AZURE_VM,
+                             EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -163,6 +199,8 @@ def place_of(subject_id: str) -> Place:
         return GCE
     if subject_id.startswith(AZURE_ID_PREFIX):
         return AZURE_VM
+    if subject_id.startswith(SLURM_ID_PREFIX):
+        return SLURM_JOB
     return EC2
 
 
@@ -176,7 +214,26 @@ def place_of_instance(inst: GpuInstance) -> Place:
         return GCE
     if inst.provider == AZURE_VM.provider:
         return AZURE_VM
+    if inst.provider == SLURM_JOB.provider:
+        return SLURM_JOB
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2
+
+
+def slurm_job_refusal(inst: GpuInstance, action: Action) -> str:
+    """Why this Slurm job does not take `action` though its place does ("" when it does): only a requeueable batch
+    job is requeued; an interactive one is notify-only unless its cluster says `act_on_interactive: true`."""
+    if action is Action.NOTIFY:
+        return ""
+    interactive = inst.tags.get(TAG_SLURM_BATCH) != "true"
+    if interactive and inst.tags.get(TAG_SLURM_INTERACTIVE_ACTS) != "true":
+        return ("an interactive job (salloc, srun --pty, an interactive app) is notify-only: its user is at the "
+                "keyboard; the cluster's act_on_interactive: true lets rules end such jobs")
+    if action is Action.REQUEUE and interactive:
+        return "an interactive job cannot be requeued (only batch jobs are): notify only; hold or cancel would end it"
+    if action is Action.REQUEUE and inst.tags.get(TAG_SLURM_REQUEUEABLE) != "true":
+        return ("the job is not requeueable (submitted with --no-requeue, or JobRequeue=0): notify only; a rule with "
+                "action: hold or cancel would end it")
+    return ""
 
 
 def refusal(inst: GpuInstance, action: Action) -> str:
@@ -184,11 +241,11 @@ def refusal(inst: GpuInstance, action: Action) -> str:
     takes is refused for every other subject first, in PLACES' order."""
     place = place_of_instance(inst)
     for p in PLACES:
-        if p.own_action is action and p is not place:
+        if p.owns(action) and p is not place:
             return p.own_action_refusal
         if p is place and action not in p.takes:
             return p.refusal
-    return ""
+    return slurm_job_refusal(inst, action) if place is SLURM_JOB else ""
 
 
 def strength(action: Action) -> int:
@@ -202,6 +259,6 @@ def strength(action: Action) -> int:
 def rule_subjects(action: Action) -> tuple[tuple[str, ...], str] | None:
     """(the select.tags keys, the error without one) for an action one place alone takes; None for any other."""
     for p in PLACES:
-        if p.own_action is action:
+        if p.owns(action):
             return p.selected_by, p.rule_needs
     return None

@@ -27,12 +27,16 @@ from ..places.gcp.fleet import WithGce
 from ..places.gcp.labels import LabelError, encode_key, encode_value
 from ..prices.catalog import load_catalog
 from ..prices.gcp_refresh import load_gcp_refresh, with_gcp_refresh
-from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WorkloadMetrics
+from ..places.fleet import FleetCloud, FleetMetrics, WithRentedHosts, WithSlurm, WithSlurmMetrics, WorkloadMetrics
 from ..places.hosts import static_hosts_cloud
 from ..places.kubernetes.cloud import WorkloadCloud
 from ..places.kubernetes.cluster import KubernetesCluster
 from ..places.kubernetes.costs import CostShare, attribute, node_hourly_costs
 from ..places.kubernetes.usage import PodMetrics
+from ..places.slurm.cloud import SlurmCloud
+from ..places.slurm.commands import SlurmCommands
+from ..places.slurm.jobs import parse_subject_id
+from ..places.slurm.usage import SlurmJobMetrics
 from ..prices.prices import OnDemandPrices
 from ..recommend.usage import PrometheusUsage
 from ..store.store import Store
@@ -113,9 +117,16 @@ def live_peers(settings: Settings) -> Peers:
     """Everything a tick and the scheduled jobs talk to."""
     store = live_store(settings)
     # A replica with `prometheus.owned_shards` lists (so judges and acts on) its own shards' instances only.
-    cloud, metrics = owned_only(live_inventory(settings), settings), PrometheusMetrics(settings.prometheus)
-    if settings.kubernetes is not None:  # GPU workloads judged (and scaled to zero) beside the instances
-        cloud, metrics = live_fleet(settings, cloud, metrics)
+    slurm = settings.slurm.enabled if settings.slurm is not None else ()
+    if slurm and settings.kubernetes is None and "aws" not in settings.model_fields_set \
+            and static_hosts_cloud(settings) is None:
+        cloud, metrics = None, None  # a Slurm-only fleet: no EC2 call is made
+    else:
+        cloud, metrics = owned_only(live_inventory(settings), settings), PrometheusMetrics(settings.prometheus)
+        if settings.kubernetes is not None:  # GPU workloads judged (and scaled to zero) beside the instances
+            cloud, metrics = live_fleet(settings, cloud, metrics)
+    if slurm:  # each RUNNING GPU job of the clusters judged (and requeued, held or cancelled) beside the rest
+        cloud, metrics = live_slurm(settings, cloud, metrics)
     return Peers(cloud, metrics, store, live_notifier(settings, store), usage=live_usage(settings),
                  scope_tag_keys=billing_settings(settings).tag_keys)
 
@@ -135,6 +146,27 @@ def live_fleet(settings: Settings, ec2: Cloud, ec2_metrics: MetricsSource,
     workloads = live_workload_cloud(settings, clock)
     return FleetCloud(ec2, workloads), FleetMetrics(ec2_metrics, WorkloadMetrics(PodMetrics(settings.prometheus),
                                                                                  workloads))
+
+
+def live_slurm(settings: Settings, cloud: Cloud | None, metrics: MetricsSource | None,
+               clock: Callable[[], datetime] | None = None, runner=None) -> tuple[WithSlurm, WithSlurmMetrics]:
+    """The enabled Slurm clusters beside `cloud` (None: Slurm only). `runner`: how their commands are run (the
+    tests run them as the Operator user; the service runs as that user itself)."""
+    clusters = []
+    for c in settings.slurm.enabled:
+        commands = SlurmCommands(c.cluster, c.conf, c.timeout_s, **({"runner": runner} if runner else {}))
+        clusters.append(SlurmCloud(c, commands, clock=clock or utcnow))
+    by_name = {c.cluster: c for c in clusters}
+
+    def basis(subject_id: str):
+        cluster, _ = parse_subject_id(subject_id)
+        return by_name[cluster].usage_basis(subject_id)
+
+    def index_map(subject_id: str):
+        return by_name[parse_subject_id(subject_id)[0]].settings.gpu_index_map
+
+    return WithSlurm(cloud, clusters), WithSlurmMetrics(metrics, SlurmJobMetrics(settings.prometheus, basis,
+                                                                                 index_map))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,11 @@ from gpufinops.places.registry import (
     KUEUE_JOB,
     PLACES,
     RENTED_HOST,
+    SLURM_ACTIONS,
+    SLURM_JOB,
+    TAG_SLURM_BATCH,
+    TAG_SLURM_INTERACTIVE_ACTS,
+    TAG_SLURM_REQUEUEABLE,
     place_of,
     place_of_instance,
     refusal,
@@ -102,7 +107,7 @@ def _stop_blocker_before_the_registry(inst: GpuInstance, action: Action) -> str:
     return ""
 
 
-@pytest.mark.parametrize("name,action", list(product(SUBJECTS, Action)))
+@pytest.mark.parametrize("name,action", list(product(SUBJECTS, [a for a in Action if a not in SLURM_ACTIONS])))
 def test_stop_blocker_refuses_every_subject_and_action_as_before(name, action):
     inst = SUBJECTS[name]
     assert stop_blocker(inst, action) == _stop_blocker_before_the_registry(inst, action)
@@ -166,7 +171,49 @@ def test_a_message_says_the_change_in_its_places_words(name, action, words):
 
 
 def test_every_place_has_a_noun_and_every_change_has_words():
-    assert {p.noun for p in PLACES} == {"GPU instance", "GPU workload", "GPU node", "GPU VM", "GPU host"}
+    assert {p.noun for p in PLACES} == {"GPU instance", "GPU workload", "GPU node", "GPU VM", "GPU host", "GPU job"}
     for p, action in product(PLACES, (Action.STOP, Action.TERMINATE, Action.SUSPEND, Action.DRAIN)):
         verb, done = p.verbs_for(action)
         assert verb and done
+
+
+def slurm_job(batch: bool = True, requeueable: bool = True, act_on_interactive: bool = False) -> GpuInstance:
+    return subject("slurm:ci/1234_7", provider="slurm", tags={
+        TAG_SLURM_BATCH: str(batch).lower(), TAG_SLURM_REQUEUEABLE: str(requeueable).lower(),
+        TAG_SLURM_INTERACTIVE_ACTS: str(act_on_interactive).lower()})
+
+
+def test_a_slurm_job_takes_requeue_hold_and_cancel_and_nothing_else_does():
+    assert place_of("slurm:ci/1234_7") is SLURM_JOB and place_of_instance(slurm_job()) is SLURM_JOB
+    assert {a for a in Action if not refusal(slurm_job(), a)} == {Action.NOTIFY, *SLURM_ACTIONS}
+    for name, inst in SUBJECTS.items():
+        for action in SLURM_ACTIONS:
+            assert stop_blocker(inst, action), (name, action)
+    assert "apply to Slurm jobs only" in refusal(SUBJECTS["ec2"], Action.CANCEL)
+    assert "never stopped or terminated" in refusal(slurm_job(), Action.STOP)
+    assert strength(Action.CANCEL) == 2 and strength(Action.REQUEUE) == strength(Action.HOLD) == 1
+
+
+@pytest.mark.parametrize("job, action, refused", [
+    (slurm_job(requeueable=False), Action.REQUEUE, "not requeueable"),
+    (slurm_job(requeueable=False), Action.CANCEL, ""),
+    (slurm_job(batch=False), Action.CANCEL, "interactive job"),
+    (slurm_job(batch=False), Action.NOTIFY, ""),
+    (slurm_job(batch=False, act_on_interactive=True), Action.HOLD, ""),
+    (slurm_job(batch=False, act_on_interactive=True), Action.REQUEUE, "cannot be requeued"),
+])
+def test_what_one_slurm_job_refuses(job, action, refused):
+    got = refusal(job, action)
+    assert (refused in got and got) if refused else got == ""
+
+
+def test_a_rule_ending_slurm_jobs_must_select_them(tmp_path):
+    assert rule_subjects(Action.REQUEUE)[0] == SLURM_JOB.selected_by
+    bad = tmp_path / "r.yaml"
+    bad.write_text("rules:\n  - name: r\n    threshold_pct: 5\n    window: 10m\n    action: cancel\n")
+    with pytest.raises(ConfigError, match="apply to Slurm jobs only"):
+        load_rule_file(bad)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("rules:\n  - name: r\n    select: {tags: {'slurm:partition': [gpu]}}\n    threshold_pct: 5\n"
+                  "    window: 10m\n    action: cancel\n")
+    assert load_rule_file(ok)[0].action is Action.CANCEL

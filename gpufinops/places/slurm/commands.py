@@ -20,6 +20,17 @@ class SlurmUnavailable(QueryFailed):
     """A Slurm command could not answer (controller down, timeout, refused, unreadable answer)."""
 
 
+class SlurmRefused(SlurmUnavailable):
+    """slurmctld answered and refused (a non-zero exit that is not a lost connection): the change was not made.
+    `definite` tells act.Actuator.change so: failed, once the job agrees, rather than "unconfirmed"."""
+
+    definite = True
+
+
+# Words of a non-zero exit whose request may have reached slurmctld all the same: never taken as a refusal.
+_NOT_AN_ANSWER = ("timed out", "unable to contact", "connection refused", "zero bytes were transmitted")
+
+
 def _run_subprocess(argv: Sequence[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL)
@@ -62,7 +73,8 @@ class SlurmCommands:
             raise SlurmUnavailable(f"slurm {self.cluster}: {what} could not run: {exc.strerror}") from None
         if res.returncode != 0:
             why = " ".join((res.stderr or res.stdout or "").split())[:_MAX_ERROR_CHARS] or "no message"
-            raise SlurmUnavailable(f"slurm {self.cluster}: {what} failed (exit {res.returncode}): {why}")
+            error = SlurmUnavailable if any(w in why.lower() for w in _NOT_AN_ANSWER) else SlurmRefused
+            raise error(f"slurm {self.cluster}: {what} failed (exit {res.returncode}): {why}")
         return res.stdout
 
     def run_json(self, *argv: str) -> dict[str, Any]:
@@ -92,3 +104,25 @@ class SlurmCommands:
         if not isinstance(doc.get("jobs"), list):
             raise SlurmUnavailable(f"slurm {self.cluster}: squeue --json answered no job list")
         return doc
+
+    # ------------------------------------------------------------------ the changes (the Actuator's alone)
+    # Each is ONE command; its answer may be lost (a timeout after slurmctld took it): the caller reads the job back.
+
+    def update_comment(self, job_id: str, field_name: str, text: str) -> None:
+        """`scontrol update jobid=N Comment=...` (or AdminComment=...)."""
+        key = {"comment": "Comment", "admin_comment": "AdminComment"}[field_name]
+        self.run("scontrol", "update", f"jobid={job_id}", f"{key}={text}")
+
+    def signal_batch(self, job_id: str, signal: str) -> None:
+        """`scancel --signal=SIG --batch N`: the signal to the batch shell only (the job's own trap checkpoints)."""
+        self.run("scancel", f"--signal={signal}", "--batch", job_id)
+
+    def requeue(self, job_id: str) -> None:
+        self.run("scontrol", "requeue", job_id)
+
+    def requeue_hold(self, job_id: str) -> None:
+        """`scontrol requeuehold N`: a running job back to PENDING, held (a plain `scontrol hold` leaves it running)."""
+        self.run("scontrol", "requeuehold", job_id)
+
+    def cancel(self, job_id: str) -> None:
+        self.run("scancel", job_id)

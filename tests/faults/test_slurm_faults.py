@@ -1,0 +1,132 @@
+"""Slurm faults on the REAL Slurm 22.05 cluster (tests/slurm.py `slurm_acct`), the service acting as the Operator
+user `gpufinops`: the fault sits in the command runner, around the real command (the Slurm analogue of the fault
+proxy's `lost` and `status` modes), never in place of Slurm's own answer to the state.
+
+- a lost scancel answer: the cancel went through, the service got a timeout → read back, recorded done, one
+  scancel, one "cancelled" notice;
+- scontrol refusing the requeue (a non-zero exit): recorded failed (the job agrees), the job left running, its
+  mark kept, tried again next tick with one command;
+- the job requeued by someone else after its warning (and started again): the mark was its earlier run's, so
+  nothing is done to the new run, the mark is withdrawn with the reason.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from gpufinops.model import TAG_MARKED, ActionKind
+from tests.places.slurm.fleet import GovernedSlurm, as_operator
+
+pytestmark = pytest.mark.integration
+
+
+class FaultyRunner:
+    """Runs every Slurm command for real as the Operator; `lose(argv)` / `refuse(argv)` pick the ones whose answer
+    is lost after they ran, or that are answered with an error without running."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.lose = lambda argv: False
+        self.refuse = lambda argv: False
+
+    def __call__(self, argv, env, timeout_s):
+        argv = list(argv)
+        self.calls.append(argv)
+        if self.refuse(argv):
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_requeue error: Requested operation is presently "
+                                                            "disabled")
+        res = as_operator(argv, env, timeout_s)
+        if self.lose(argv):
+            raise subprocess.TimeoutExpired(argv, timeout_s)
+        return res
+
+    def count(self, *head: str) -> int:
+        return sum(1 for a in self.calls if tuple(a[:len(head)]) == head)
+
+
+def _kinds(report, sid):
+    return [a.kind for a in report.actions if a.instance_id == sid]
+
+
+def _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, **kw):
+    # No grace signal: these jobs do not trap one (an untrapped USR1 ends the batch shell).
+    return GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=0, grace_signal="",
+                         **kw)
+
+
+def test_a_lost_scancel_answer_is_settled_from_what_slurm_shows(slurm_acct, slurm_acct_jobs, slack_stub, tmp_path,
+                                                                 monkeypatch, prometheus_factory):
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("alice", args=("--no-requeue",))
+    runner = FaultyRunner()
+    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="cancel")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    runner.lose = lambda argv: argv == ["scancel", str(job_id)]
+    report = g.tick(27)
+    stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+    assert [a.kind for a in stop] == [ActionKind.STOP] and stop[0].ok
+    assert runner.count("scancel", str(job_id)) == 1
+    jobs.wait_state(job_id, "CANCELLED")
+    rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+    assert [r.status for r in rows] == ["done"] and "confirmed by read-back" in (rows[0].error or "")
+    # Later ticks do nothing more: no second scancel, one "cancelled" notice.
+    g.tick(30)
+    assert runner.count("scancel", str(job_id)) == 1
+    notices = [p for p in slack_stub.posted() if p.get("text", "").startswith("Cancelled idle GPU job")]
+    assert len(notices) == 1, notices
+    assert "does not come back" in str(notices[0]) and "gpufinops:protect" not in str(notices[0])
+
+
+def test_scontrol_refusing_the_requeue_is_a_failure_the_job_agrees_with(slurm_acct, slurm_acct_jobs, slack_stub,
+                                                                       tmp_path, monkeypatch, prometheus_factory):
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("alice")
+    runner = FaultyRunner()
+    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="requeue")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    runner.refuse = lambda argv: argv[:2] == ["scontrol", "requeue"]
+    report = g.tick(27)
+    stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+    assert [a.kind for a in stop] == [ActionKind.STOP] and not stop[0].ok
+    assert "presently disabled" in stop[0].error
+    rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+    assert [r.status for r in rows] == ["failed"]
+    assert jobs.state(job_id) == "RUNNING" and TAG_MARKED in jobs.job(job_id)["comment"]
+    assert g.store.get_mark(g.sid(job_id)) is not None
+    # Next tick: one more requeue (one command per intent), now answered: done.
+    runner.refuse = lambda argv: False
+    g.tick(28)
+    assert runner.count("scontrol", "requeue") == 2
+    assert jobs.job(job_id)["job_state"] == "PENDING"
+
+
+def test_a_job_requeued_by_someone_else_after_its_warning_is_not_acted_on(slurm_acct, slurm_acct_jobs, slack_stub,
+                                                                          tmp_path, monkeypatch, prometheus_factory):
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("alice")
+    runner = FaultyRunner()
+    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="cancel")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    first_start = jobs.job(job_id)["start_time"]
+    # An admin requeues it; it starts again at once (StartTime=now lifts the ~2 min BeginTime, pitfall 13).
+    slurm_acct.run("scontrol", "requeue", str(job_id))
+    jobs.wait_state(job_id, "PENDING")
+    slurm_acct.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+    jobs.wait_state(job_id, "RUNNING")
+    job = jobs.job(job_id)
+    assert job["start_time"] != first_start and TAG_MARKED in job["comment"]  # Slurm kept the Comment
+    report = g.tick(27)
+    done = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+    assert [a.kind for a in done] == [ActionKind.UNMARK], done
+    assert "requeued and started again" in done[0].reason
+    assert runner.count("scancel") == 0
+    job = jobs.job(job_id)
+    assert job["job_state"] == "RUNNING" and TAG_MARKED not in job["comment"]
