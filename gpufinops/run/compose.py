@@ -119,7 +119,7 @@ def live_peers(settings: Settings) -> Peers:
     # A replica with `prometheus.owned_shards` lists (so judges and acts on) its own shards' instances only.
     slurm = settings.slurm.enabled if settings.slurm is not None else ()
     if slurm and settings.kubernetes is None and "aws" not in settings.model_fields_set \
-            and static_hosts_cloud(settings) is None:
+            and settings.gcp is None and settings.azure is None and static_hosts_cloud(settings) is None:
         cloud, metrics = None, None  # a Slurm-only fleet: no EC2 call is made
     else:
         cloud, metrics = owned_only(live_inventory(settings), settings), PrometheusMetrics(settings.prometheus)
