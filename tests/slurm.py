@@ -276,20 +276,56 @@ LogFile={r}/log/slurmdbd.log
         _stop_pidfile(self.root / "run" / "slurmctld.pid")
 
     def stop(self) -> None:
-        for user in JOB_OWNERS:
-            try:
-                self.run("scancel", f"--user={user}", check=False, timeout=10)
-            except subprocess.TimeoutExpired:  # the controller is down (a test stopped it): nothing to cancel
-                break
+        try:
+            ids = self.run("squeue", "-h", "-o", "%A", check=False, timeout=10).stdout.split()
+            if ids:
+                self.run("scancel", *ids, check=False, timeout=10)
+        except subprocess.TimeoutExpired:  # the controller is down (a test stopped it): nothing to cancel
+            pass
         # All at once (one by one took ~50 s: each daemon 1-3 s, mariadbd more); nothing is kept between sessions.
         run = self.root / "run"
         _stop_pidfiles([run / "slurmrestd.pid", run / "slurmd.pid", run / "slurmctld.pid", run / "slurmdbd.pid",
                         self.root / "mysqlrun" / "mariadb.pid"])
+        # A job's slurmstepd outlives slurmd: end every job process of this cluster (its batch script lives in the
+        # cluster's spool folder) and the step daemon above it, so that no `sleep 3600` outlives the session.
+        _kill_job_processes(self.root)
 
     def token(self, user: str = OPERATOR, lifespan_s: int = 600) -> str:
         """A JWT for slurmrestd (X-SLURM-USER-TOKEN), as `scontrol token` gives it."""
         out = self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}").stdout.strip()
         return out.split("=", 1)[1]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _kill_job_processes(root: Path) -> None:
+    parents = {int(e.name): _parent(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()}
+    tops: set[int] = set()
+    for pid in parents:
+        if str(root) in _cmdline(pid):
+            step = parents.get(pid, 0)
+            tops.add(step if _cmdline(step).startswith("slurmstepd") else pid)
+    doomed, frontier = set(tops), set(tops)
+    while frontier:  # and everything the job started (its `sleep`, a trainer's workers)
+        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in doomed}
+        doomed |= frontier
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _port_open(port: int) -> bool:
