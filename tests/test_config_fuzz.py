@@ -143,6 +143,7 @@ EMPTY_MEANS_OFF = {
     "schedule.monthly_report_dir", "billing.path", "billing.price_catalog", "billing.ce.account",
     "recommend.catalog_dir", "recommend.commitment.term", "report.delivery.slack_channel", "report.delivery.s3_uri",
     "source_path", "kubernetes.namespace_selector.*", "hosts.inventory.*.region", "hosts.inventory.*.tags.*",
+    "slurm.clusters.*.grace_signal",
 }
 
 
@@ -286,7 +287,8 @@ NEEDS = {("hosts", "inventory"): {"hostname": "gpu-1", "gpu_count": 1, "gpu_mode
          ("aws", "assume_roles"): {"arn": "arn:aws:iam::123456789012:role/gpufinops"},
          ("recommend", "spot", "overrides"): {"interruption_rate_per_hour": 0.01},
          ("api", "tls"): {"port": 9443, **{k: __file__ for k in ("cert_file", "key_file", "client_ca_file")}},
-         ("azure",): {"subscriptions": ["00000000-0000-0000-0000-000000000000"]}}
+         ("azure",): {"subscriptions": ["00000000-0000-0000-0000-000000000000"]},
+         ("slurm", "clusters"): {"cluster": "ci"}}
 
 
 def document(loc: tuple, value) -> dict:
