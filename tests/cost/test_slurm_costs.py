@@ -219,9 +219,9 @@ def test_budget_of_a_slurm_account_crosses_90_percent_without_billing(tmp_path, 
                                     "10.25", "10.20", "10.20"]
     # one alert per kind, the highest threshold crossed (90 % of 75/90/100), said not sent under --dry-run
     assert "dry-run: would send:" in out
-    assert ("[CRITICAL] GPU budget 'ml-gpu' (slurm_account=ml) has spent 92% of 40.00 USD for 2026-12 (threshold "
-            "90%): spent 37.00 USD, month-end forecast 37.00 USD") in out
-    assert "is forecast to spend 92% of 40.00 USD" in out and "vision-gpu' (" not in out
+    assert ("[CRITICAL] GPU budget 'ml-gpu' (slurm_account=ml) has spent 92% of $40.00 for 2026-12 (threshold "
+            "90%): spent $37.00, month-end forecast $37.00") in out
+    assert "is forecast to spend 92% of $40.00" in out and "vision-gpu' (" not in out
 
 
 def test_budget_of_a_slurm_account_with_sacct_failing_is_an_error_not_zero(tmp_path, capsys, monkeypatch):
@@ -262,8 +262,8 @@ def test_slurm_budget_forecast_adds_the_running_jobs_rate():
     (msg,) = alert_messages(st, b)
     facts = dict(msg.facts)
     assert msg.key == "budget:ml:slurm_account=ml:2026-12:forecast:100" and "is forecast to spend" in msg.lead
-    assert facts["Top jobs"].startswith("slurm:acct/1 1,800.00 USD, slurm:acct/3 17.00 USD")
-    assert facts["Top users"] == "alice 1,817.00 USD" and facts["Forecast"].endswith("h left")
+    assert facts["Top jobs"].startswith("slurm:acct/1 $1,800.00, slurm:acct/3 $17.00")
+    assert facts["Top users"] == "alice $1,817.00" and facts["Forecast"].endswith("h left")
 
 
 def test_a_slurm_budget_refuses_idle_escalation_and_other_currencies(tmp_path):
