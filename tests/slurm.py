@@ -5,7 +5,8 @@ its measurements and its 19 pitfalls: README.md there).
 One cluster per test session (`slurm`: controller + one node `vm` with 4 fake GPUs on character devices, no
 accounting, starts in about 1 s) and one with accounting (`slurm_acct`: + MariaDB + slurmdbd + slurmrestd, 10-15 s,
 started only when a test asks for it). Every port is a free one picked at start (the recipe's are fixed), every
-file lives in the session's temporary folder, so several test sessions on one machine never meet; munged is the
+file lives in a folder of its own under /tmp (mode 0755: the job owners, mysql and nobody read it; removed at the
+end of the session), so several test sessions on one machine never meet; munged is the
 machine's one daemon: started when none answers, never stopped (another session may be using it).
 
 Each test gets a `SlurmJobs` (`slurm_jobs` / `slurm_acct_jobs` fixture): `submit()` as a user (alice, bob: the

@@ -23,7 +23,6 @@ ever warned "will be stopped".
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
@@ -303,7 +302,9 @@ class Actuator:
 
         if decision.action in SLURM_ACTIONS:
             # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
-            call = functools.partial(_end_job, self.cloud, action=decision.action)
+            # A Slurm cluster (places.fleet.WithSlurm) is the only Cloud with jobs to end.
+            def call(job: GpuInstance) -> None:
+                self.cloud.end_job(job, decision.action)
         else:
             call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
@@ -703,10 +704,6 @@ def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, st
     # UNMARK, and the mark's removal after a stop
     seen = TAG_MARKED not in tags
     return seen, "mark tag " + ("removed" if seen else "still there")
-
-
-def _end_job(cloud: Cloud, inst: GpuInstance, action: Action) -> None:
-    cloud.end_job(inst, action)  # a Slurm cluster (places.fleet.WithSlurm), the only Cloud with jobs to end
 
 
 def idle_since(state: StateRow | None, decision: Decision | None) -> datetime | None:
