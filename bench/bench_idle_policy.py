@@ -81,7 +81,8 @@ BOOTSTRAP = 2000  # resamples of the held-out pods for the intervals
 CV_SPLITS = 100  # random halves of the tuning pods for the cross-check
 # The robust pick: a rule's false-stop rate on random halves of the pods it is picked on (INNER_HALVES splits, both
 # halves of each), capped at this quantile of them; None = its rate on all those pods (the in-sample pick).
-ROBUST_QUANTILES = (None, 0.5, 0.6, 0.7, 0.8, 0.9)
+ROBUST_QUANTILES = (None, 0.6, 0.7, 0.8, 0.9)
+PICK_CAPS = (0.05, 0.075, 0.10, 0.125, 0.15, 0.175, 0.20)  # the cap the robust pick applies, chosen by CV per goal cap
 INNER_HALVES = 50
 CV_REPEATS, CV_FOLDS = 20, 5  # repeated k-fold by pod: which quantile, judged on pods the pick did not see
 
@@ -330,17 +331,18 @@ def robust_pick(per: np.ndarray, pods: np.ndarray, rates: np.ndarray, cap: float
 
 
 def nested_cv(per: np.ndarray, ceiling: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Repeated k-fold by pod, within the tuning pods: pick on k-1 folds at every (cap, quantile), score the pick on
-    the fold it did not see. Out-of-fold false-stop rate and % of ceiling over all the tuning pods, per repeat:
-    arrays (caps, quantiles, repeats)."""
+    """Repeated k-fold by pod, within the tuning pods: pick on k-1 folds with every (pick cap, quantile), score the
+    pick on the fold it did not see. Out-of-fold false-stop rate and % of ceiling over all the tuning pods, per
+    repeat: arrays (pick caps, quantiles, repeats)."""
     n = per.shape[2]
-    stops, false, net = (np.zeros((len(CAPS), len(ROBUST_QUANTILES), CV_REPEATS)) for _ in range(3))
+    shape = (len(PICK_CAPS), len(ROBUST_QUANTILES), CV_REPEATS)
+    stops, false, net = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for r in range(CV_REPEATS):
         fold = rng.permutation(n) % CV_FOLDS
         for f in range(CV_FOLDS):
             train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
             rates = half_rate_quantiles(per, train, rng)
-            for (i, cap), (j, q) in itertools.product(enumerate(CAPS), enumerate(ROBUST_QUANTILES)):
+            for (i, cap), (j, q) in itertools.product(enumerate(PICK_CAPS), enumerate(ROBUST_QUANTILES)):
                 k = robust_pick(per, train, rates[q], cap)
                 if k is None:
                     continue
@@ -351,14 +353,15 @@ def nested_cv(per: np.ndarray, ceiling: np.ndarray, rng: np.random.Generator) ->
     return 100 * false / np.maximum(stops, 1), 100 * net / ceiling.sum()
 
 
-def chosen_quantile(cv_rate: np.ndarray, cv_pct: np.ndarray, i_cap: int) -> tuple[float | None, bool]:
-    """The quantile whose picks saved the most out of fold with a mean out-of-fold false-stop rate at or under
-    the cap; if none, the one with the lowest rate (False: the cap was not met in cross-validation)."""
-    rate, pct = cv_rate[i_cap].mean(axis=1), cv_pct[i_cap].mean(axis=1)
-    ok = np.flatnonzero(rate <= 100 * CAPS[i_cap] + 1e-9)
-    if len(ok):
-        return ROBUST_QUANTILES[int(ok[np.argmax(pct[ok])])], True
-    return ROBUST_QUANTILES[int(np.argmin(rate))], False
+def chosen_config(cv_rate: np.ndarray, cv_pct: np.ndarray, target: float) -> tuple[float, float | None] | None:
+    """The (pick cap, quantile) whose picks saved the most out of fold at a mean out-of-fold false-stop rate at or
+    under the target; None if no configuration kept to it."""
+    rate, pct = cv_rate.mean(axis=2), cv_pct.mean(axis=2)
+    ok = np.argwhere(rate <= 100 * target + 1e-9)
+    if not len(ok):
+        return None
+    i, j = ok[np.argmax(pct[ok[:, 0], ok[:, 1]])]
+    return PICK_CAPS[i], ROBUST_QUANTILES[j]
 
 
 def q_words(q: float | None) -> str:
@@ -504,14 +507,11 @@ def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str,
 
 
 def print_cv(fam: str, cv_rate: np.ndarray, cv_pct: np.ndarray) -> None:
-    print(f"  {fam}:")
-    for i, cap in enumerate(CAPS):
-        q, met = chosen_quantile(cv_rate, cv_pct, i)
-        cells = [f"{q_words(qq)} {cv_rate[i, j].mean():.0f}% ({np.percentile(cv_rate[i, j], 10):.0f}–"
-                 f"{np.percentile(cv_rate[i, j], 90):.0f}) / {cv_pct[i, j].mean():.0f}%"
-                 for j, qq in enumerate(ROBUST_QUANTILES)]
-        print(f"    cap {100 * cap:2g}%: " + "; ".join(cells) + f"  -> {q_words(q)}"
-              + ("" if met else " (no quantile met the cap out of fold)"))
+    print(f"  {fam} (pick cap: " + ", ".join(f"{100 * c:g}%" for c in PICK_CAPS) + "):")
+    for j, q in enumerate(ROBUST_QUANTILES):
+        print(f"    {q_words(q):9s}: " + "; ".join(
+            f"{cv_rate[i, j].mean():.0f}% ({np.percentile(cv_rate[i, j], 10):.0f}–{np.percentile(cv_rate[i, j], 90):.0f})"
+            f" / {cv_pct[i, j].mean():.0f}%" for i in range(len(PICK_CAPS))))
 
 
 def main() -> None:
@@ -553,7 +553,7 @@ def main() -> None:
     print(f"[idle policy] within the tuning pods, {CV_REPEATS} x {CV_FOLDS}-fold by pod: the pick made on 4/5 of the "
           f"pods at each cap, capping the in-sample rate or a quantile of the rate on {INNER_HALVES} x 2 random "
           "halves; out-of-fold false-stop rate mean (10th–90th percentile over repeats) / % of ceiling:")
-    robust: dict[str, list[tuple[float, Point, float | None, float, float, bool]]] = {}
+    robust: dict[str, list[tuple[float, Point, str, float, float]]] = {}  # goal cap, pick, how, out-of-fold
     all_pods = np.arange(len(tune_idx))
     for fam, points in tuned.items():
         per = stacked(points)
@@ -561,18 +561,23 @@ def main() -> None:
         print_cv(fam, cv_rate, cv_pct)
         rates = half_rate_quantiles(per, all_pods, rng)
         robust[fam] = []
-        for i, cap in enumerate(CAPS):
-            q, met = chosen_quantile(cv_rate, cv_pct, i)
+        for target in CAPS:
+            config = chosen_config(cv_rate, cv_pct, target)
+            if config is None:
+                print(f"    for <= {100 * target:g}% out of fold: no configuration kept to it, no pick")
+                continue
+            cap, q = config
             k = robust_pick(per, all_pods, rates[q], cap)
+            i, j = PICK_CAPS.index(cap), ROBUST_QUANTILES.index(q)
             if k is not None:
-                j = ROBUST_QUANTILES.index(q)
-                robust[fam].append((cap, points[k], q, float(cv_rate[i, j].mean()), float(cv_pct[i, j].mean()), met))
+                robust[fam].append((target, points[k], f"{q_words(q)} <= {100 * cap:g}%",
+                                    float(cv_rate[i, j].mean()), float(cv_pct[i, j].mean())))
     print("[idle policy] robust picks, frozen (on all the tuning pods: false rate / % of ceiling; out of fold: "
           "false rate / %):")
     for fam, rows in robust.items():
-        for cap, pt, q, r, pc, met in rows:
-            print(f"  {fam}, cap {100 * cap:g}% ({q_words(q)}): {pt.policy.name}  {100 * pt.false_rate:.0f}% / "
-                  f"{pt.pct:.1f}%; out of fold {r:.0f}% / {pc:.0f}%" + ("" if met else " (cap not met out of fold)"))
+        for target, pt, how, r, pc in rows:
+            print(f"  {fam}, <= {100 * target:g}% ({how}): {pt.policy.name}  {100 * pt.false_rate:.0f}% / "
+                  f"{pt.pct:.1f}%; out of fold {r:.1f}% / {pc:.1f}%")
     if args.tuning_only:
         print(f"[idle policy] --tuning-only: the held-out pods were not read; {time.perf_counter() - t_all:.0f} s")
         return
