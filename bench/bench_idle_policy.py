@@ -450,9 +450,12 @@ def score_fixed_by_cli(held_csv: Path, rules: list[Rule], workdir: Path) -> dict
     return {r["policy"]: r for r in json.loads(proc.stdout)["results"]}
 
 
-def line(label: str, p: Point, ceiling: np.ndarray, rng: np.random.Generator, tuning: Point | None = None) -> str:
+def line(label: str, p: Point, ceiling: np.ndarray, rng: np.random.Generator, tuning: Point | None = None,
+         oof: tuple[float, float] | None = None) -> str:
     (r_lo, r_hi), (p_lo, p_hi) = interval(p, ceiling, rng)
     tuned = f"{100 * tuning.false_rate:.0f}% / {tuning.pct:.1f}%" if tuning is not None else "—"
+    if oof is not None:
+        tuned = f"out of fold {oof[0]:.1f}% / {oof[1]:.1f}%"
     return (f"| {label} | {p.policy.name} | {p.stops} | {p.false_stops} | {100 * p.false_rate:.1f}% "
             f"({r_lo:.0f}–{r_hi:.0f}) | {p.net_gpu_hours:,.1f} | {p.pct:.1f}% ({p_lo:.0f}–{p_hi:.0f}) | "
             f"{p.score:,.1f} | {tuned} |")
@@ -463,34 +466,43 @@ COLORS = {"fixed": "#1f77b4", "quiet window": "#d62728", "two windows": "#2ca02c
 
 
 def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str, list[tuple[float, Point]]],
-          intervals: dict, shipped: Point, n_tune: int, n_held: int) -> None:
+          held_robust: dict[str, list[tuple[float, Point]]], intervals: dict, shipped: Point, n_tune: int,
+          n_held: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     ax.add_patch(plt.Rectangle((0, GOAL_PCT), 100 * GOAL_CAP, 100 - GOAL_PCT, color="#2ca02c", alpha=0.08,
                                label=f"goal: >= {GOAL_PCT:g}% at <= {100 * GOAL_CAP:g}% false stops"))
     for fam, front in held_fronts.items():
         ax.step([100 * p.false_rate for p in front], [p.pct for p in front], where="post", color=COLORS[fam],
-                alpha=0.4, linewidth=1, linestyle="--", label=f"{fam}: best rule per false-stop rate (hindsight)")
-    for fam, picks in held_picks.items():
-        first = True
+                alpha=0.35, linewidth=1, linestyle="--", label=f"{fam}: best rule per false-stop rate (hindsight)")
+    for fam, picks in held_picks.items():  # the in-sample picks: hollow, no interval (the table has them)
+        seen = set()
+        for _, p in picks:
+            if p.policy.name in seen:
+                continue
+            seen.add(p.policy.name)
+            ax.scatter([100 * p.false_rate], [p.pct], s=40, facecolors="none", edgecolors=COLORS[fam], alpha=0.8,
+                       label=f"{fam}: in-sample pick" if len(seen) == 1 else None)
+    for fam, picks in held_robust.items():  # the robust picks, with 90% intervals
         by_point: dict[str, list[float]] = {}
-        for cap, p in picks:
-            by_point.setdefault(p.policy.name, []).append(cap)
-        for cap, p in picks:
-            if by_point[p.policy.name][0] != cap:
-                continue  # one marker per rule (two caps can pick the same one)
+        for target, p in picks:
+            by_point.setdefault(p.policy.name, []).append(target)
+        first = True
+        for target, p in picks:
+            if by_point[p.policy.name][0] != target:
+                continue  # one marker per rule (two targets can pick the same one)
             (r_lo, r_hi), (p_lo, p_hi) = intervals[p.policy.name]
             x, y = 100 * p.false_rate, p.pct
             ax.errorbar([x], [y], xerr=[[x - r_lo], [r_hi - x]], yerr=[[y - p_lo], [p_hi - y]], fmt="o",
                         color=COLORS[fam], markersize=7, elinewidth=0.8, capsize=2, alpha=0.9,
-                        label=f"{fam}: picked on the tuning pods, scored held out (90% interval)" if first else None)
+                        label=f"{fam}: robust pick, scored held out (90% interval)" if first else None)
             first = False
-            caps = "/".join(f"{100 * c:g}" for c in by_point[p.policy.name])
-            ax.annotate(f"cap {caps}%", (x, y), fontsize=7, xytext=(5, 4), textcoords="offset points",
+            targets = "/".join(f"{100 * c:g}" for c in by_point[p.policy.name])
+            ax.annotate(f"<= {targets}% out of fold", (x, y), fontsize=7, xytext=(5, 4), textcoords="offset points",
                         color=COLORS[fam])
     ax.scatter([100 * shipped.false_rate], [shipped.pct], marker="s", s=60, color="black",
                label=f"shipped {shipped.policy.name}", zorder=5)
@@ -499,7 +511,7 @@ def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str,
     ax.set_xlabel("false-stop rate on the held-out pods (%)")
     ax.set_ylabel("net GPU-h saved, % of the clairvoyant-with-lead ceiling")
     ax.set_title(f"Idle policies on {n_held} held-out GenTD26 serving pods (tuned on the other {n_tune})")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6.5, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
@@ -603,8 +615,7 @@ def main() -> None:
         assert (row["stops"], row["false_stops"]) == (pt.stops, pt.false_stops), (name, row, pt)
         assert abs(row["net_gpu_hours"] - pt.net_gpu_hours) < 1e-6, (name, row, pt)
     held_picks = {fam: [(cap, held_pts[p.policy.name]) for cap, p in ps] for fam, ps in picks.items()}
-    held_robust = {fam: [(cap, held_pts[row[1].policy.name]) for cap, *row in [(r[0], r[1]) for r in rows]]
-                   for fam, rows in robust.items()}
+    held_robust = {fam: [(target, held_pts[pt.policy.name]) for target, pt, *_ in rows] for fam, rows in robust.items()}
 
     header = ("| family, pick | rule | stops | false | false rate | net GPU-h | % of ceiling | score | "
               "on the tuning pods: false rate / % |\n|---|---|---|---|---|---|---|---|---|")
@@ -620,12 +631,9 @@ def main() -> None:
           "pods):")
     print(header)
     for fam, rows in robust.items():
-        for cap, pt, q, r, pc, met in rows:
-            (r_lo, r_hi), (p_lo, p_hi) = interval(held_pts[pt.policy.name], held_ceiling, rng)
-            h = held_pts[pt.policy.name]
-            print(f"| {fam}, cap {100 * cap:g}% ({q_words(q)}) | {h.policy.name} | {h.stops} | {h.false_stops} | "
-                  f"{100 * h.false_rate:.1f}% ({r_lo:.0f}–{r_hi:.0f}) | {h.net_gpu_hours:,.1f} | {h.pct:.1f}% "
-                  f"({p_lo:.0f}–{p_hi:.0f}) | {h.score:,.1f} | {r:.0f}% / {pc:.0f}%{'' if met else ' (cap not met)'} |")
+        for target, pt, how, r, pc in rows:
+            print(line(f"{fam}, <= {100 * target:g}% out of fold ({how})", held_pts[pt.policy.name], held_ceiling, rng,
+                       oof=(r, pc)))
 
     # Hindsight (reference only): every rule of each family on the held-out pods.
     held_fronts = {fam: frontier(replay_all(held_prep, policies)) for fam, policies in families.items()}
@@ -638,15 +646,17 @@ def main() -> None:
                                                           if p.false_rate <= 0.3))
 
     for fam, rows in robust.items():
-        for cap, pt, q, r, pc, met in rows:
-            if cap != GOAL_CAP:
-                continue
+        goal_rows = [row for row in rows if row[0] == GOAL_CAP]
+        if not goal_rows:
+            print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops), {fam}: "
+                  "no robust pick (no configuration kept to the cap out of fold in the tuning pods)")
+        for _, pt, how, r, pc in goal_rows:
             h = held_pts[pt.policy.name]
             held_met = h.false_rate <= GOAL_CAP + 1e-12 and h.pct >= GOAL_PCT
             print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops), "
                   f"{fam} robust pick {h.policy.name}: held out {h.pct:.1f}% at {100 * h.false_rate:.1f}% -> "
-                  f"{'met' if held_met else 'not met'}; out of fold in the tuning pods {pc:.0f}% at {r:.0f}% -> "
-                  f"{'met' if r <= 100 * GOAL_CAP and pc >= GOAL_PCT else 'not met'}")
+                  f"{'met' if held_met else 'not met'}; out of fold in the tuning pods {pc:.1f}% at {r:.1f}% -> "
+                  f"{'met' if r <= 100 * GOAL_CAP and pc >= GOAL_PCT else 'not met'}; ship only if both are met")
     if args.held_out_trace:
         other = Prepared(load_trace(args.held_out_trace), settings)
         other_ceiling = ceiling_per_pod(other, lead)
@@ -658,9 +668,9 @@ def main() -> None:
             for cap, p in ps:
                 print(line(f"{fam}, cap {100 * cap:g}%", other_pts[p.policy.name], other_ceiling, rng, p))
         for fam, rows in robust.items():
-            for cap, pt, q, *_ in rows:
-                print(line(f"{fam}, robust cap {100 * cap:g}% ({q_words(q)})", other_pts[pt.policy.name],
-                           other_ceiling, rng, pt))
+            for target, pt, how, r, pc in rows:
+                print(line(f"{fam}, <= {100 * target:g}% out of fold ({how})", other_pts[pt.policy.name],
+                           other_ceiling, rng, oof=(r, pc)))
         print(line("shipped default", other_pts[shipped.name], other_ceiling, rng))
     intervals = {name: interval(pt, held_ceiling, np.random.default_rng(41)) for name, pt in held_pts.items()}
     chart(Path(args.chart), held_fronts, held_picks, held_robust, intervals, held_pts[shipped.name], len(tune_idx),
