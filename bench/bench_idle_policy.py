@@ -1,6 +1,7 @@
 """Issue 41 item 3: an idle policy that catches more idle time than a fixed window, held out by pod.
 
-    python bench/bench_idle_policy.py [--chart docs/img/idle_policy_frontier.png]   # about 10 s on 2 cores
+    python bench/bench_idle_policy.py [--chart docs/img/idle_policy_frontier.png]   # about 2 min on 2 cores
+    python bench/bench_idle_policy.py --tuning-only   # stop when the picks are frozen (held-out pods not read)
     python bench/bench_idle_policy.py --features   # also the lull features' AUC on the tuning pods (+15 s)
     python bench/bench_idle_policy.py --held-out-trace PODS.csv   # the same frozen picks on other pods too
 
@@ -17,10 +18,23 @@ Families, each replayed by the engine on the tuning pods:
 - quiet window (built here only; not a rule option, see the verdict in docs/backtest.md): below 5 % for the window
   W, or, on an instance whose every GPU averaged at most m % over the lookback H, below 5 % for the shorter quiet
   window Q (only where W judges the instance busy: UNKNOWN stays UNKNOWN). W 90 min/2 h/3 h/4 h,
-  Q 15/30/45/60/90 min, m 0.5/1/2/3/5 %, H 3 h/6 h (190 rules).
-Picks, per family: the rule with the most net GPU-h on the tuning pods among those with a false-stop rate at or
-under a cap; caps 5/10/15/20 %, the 15 % pick being the goal's. What was tried before settling on these two
-families (cross-validated on the tuning pods only) is in docs/backtest.md.
+  Q 15/30/45/60/90 min, m 0.5/1/2/3/5 %, H 3 h/6 h (190 rules);
+- two windows (built here only; not a rule option): every sample below X % for W (stays_below) AND every GPU's
+  mean below Y % over the longer L (the engine's mean predicate over L): IDLE only where both are; where L cannot
+  judge (too few samples, too young) UNKNOWN; after a restart too young for L. X 5/10/20 %, W 20 min .. 2 h (7),
+  Y 1/2/3/5/10 %, L 3/4/6 h (315 rules);
+- any of the three: the union, picked as one grid.
+Two ways to pick, per family:
+- in-sample (the earlier method): the rule with the most net GPU-h on the tuning pods at a false-stop rate at or
+  under a cap (5/10/15/20 %);
+- robust: the most net GPU-h among the rules whose false-stop rate, judged either on all the pick's pods or as
+  the 60/70/80/90th percentile of its rates on 50 x 2 random halves of them, is at or under a pick cap (5 to 20 %
+  by 2.5). Which (pick cap, quantile) is chosen by repeated k-fold by pod inside the tuning pods (20 x 5-fold: pick
+  on 4/5, score on the fifth): for each goal cap, the configuration that saved the most out of fold at a mean
+  out-of-fold false-stop rate at or under it; none, no pick. Choosing the best of 35 configurations on the same
+  folds flatters that figure, so for fixed and two windows the whole procedure (its choice made inside each
+  training fold) is cross-validated too (4 x 5-fold, 10 x 5-fold inside).
+The picks are frozen (`--tuning-only` prints them and stops) before the held-out pods are read.
 
 Figures: "% of ceiling" = net GPU-h saved as a share of the clairvoyant-with-lead ceiling's net GPU-h on the same
 pods (`engine.ceiling_stops`: perfect foresight that still gives the 15-min warning; c = 2 GPU-h, so it makes no
@@ -71,8 +85,20 @@ QUIET_WINDOWS_MIN = (90, 120, 180, 240)
 QUIET_SHORT_MIN = (15, 30, 45, 60, 90)
 QUIET_MEAN_PCT = (0.5, 1.0, 2.0, 3.0, 5.0)
 QUIET_LOOKBACK_H = (3, 6)
+# Two windows: every sample below X % for W (the rule engine's stays_below) AND every GPU's mean below Y % over the
+# longer L (its mean aggregation): both must say IDLE.
+TWO_THRESHOLDS = (5.0, 10.0, 20.0)
+TWO_WINDOWS_MIN = (20, 30, 45, 60, 75, 90, 120)
+TWO_MEAN_PCT = (1.0, 2.0, 3.0, 5.0, 10.0)
+TWO_LONG_H = (3, 4, 6)
 BOOTSTRAP = 2000  # resamples of the held-out pods for the intervals
 CV_SPLITS = 100  # random halves of the tuning pods for the cross-check
+# The robust pick: a rule's false-stop rate on random halves of the pods it is picked on (INNER_HALVES splits, both
+# halves of each), capped at this quantile of them; None = its rate on all those pods (the in-sample pick).
+ROBUST_QUANTILES = (None, 0.6, 0.7, 0.8, 0.9)
+PICK_CAPS = (0.05, 0.075, 0.10, 0.125, 0.15, 0.175, 0.20)  # the cap the robust pick applies, chosen by CV per goal cap
+INNER_HALVES = 50
+CV_REPEATS, CV_FOLDS = 20, 5  # repeated k-fold by pod: which quantile, judged on pods the pick did not see
 
 
 def held_out(pod: str) -> bool:
@@ -96,10 +122,24 @@ class Quiet:
 
 
 @dataclass(frozen=True)
+class Also:
+    """A second window every GPU's mean must also be under: the rule's own window AND this one say IDLE."""
+
+    window_s: int
+    mean_below_pct: float
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str
-    rule: Rule  # the fixed rule (the quiet policy's long window)
+    rule: Rule  # the fixed rule (the quiet policy's long window; the two-window policy's short one)
     quiet: Quiet | None = None
+    also: Also | None = None
+
+    @property
+    def grace_s(self) -> int:
+        """After a restart, too young to judge until its longest window has samples again."""
+        return max(self.rule.window_s, self.also.window_s if self.also else 0)
 
 
 def fixed_policies() -> list[Policy]:
@@ -125,6 +165,15 @@ def quiet_policies() -> list[Policy]:
     return out
 
 
+def two_window_policies() -> list[Policy]:
+    out = []
+    for thr, win, mean, long_h in itertools.product(TWO_THRESHOLDS, TWO_WINDOWS_MIN, TWO_MEAN_PCT, TWO_LONG_H):
+        name = f"below-{thr:g}pct-{duration_spec(win * 60)}-and-mean-{mean:g}pct-{long_h}h"
+        rule = replace(base_rule(), name=name, threshold_pct=thr, window_s=win * 60)
+        out.append(Policy(name, rule, also=Also(window_s=long_h * 3600, mean_below_pct=mean)))
+    return out
+
+
 def quiet_instances(prep: Prepared, rule: Rule, q: Quiet) -> np.ndarray:
     """Per instance and tick: every GPU's mean activity over the lookback at or under the level, with the rule's
     min_coverage of the lookback's samples on every GPU (too few samples is never quiet)."""
@@ -144,6 +193,15 @@ def policy_verdicts(prep: Prepared, policy: Policy) -> np.ndarray:
     """The fixed rule's verdicts (`engine.rule_verdicts`); with a quiet window, IDLE where the rule's own window
     judged the instance busy, it is quiet and the quiet window alone is IDLE. UNKNOWN stays UNKNOWN."""
     verdicts = rule_verdicts(prep, policy.rule)
+    if policy.also is not None:
+        # Both windows: IDLE only where the longer mean window is IDLE too; where it cannot judge (too few
+        # samples, too young) UNKNOWN, never a stop; where it judges the pod busy, its verdict (cancels a mark).
+        long = rule_verdicts(prep, replace(policy.rule, window_s=policy.also.window_s,
+                                           threshold_pct=policy.also.mean_below_pct, aggregation=Aggregation.MEAN))
+        out = verdicts.copy()
+        idle = verdicts == IDLE
+        out[idle] = long[idle]
+        return out
     if policy.quiet is None:
         return verdicts
     short = rule_verdicts(prep, replace(policy.rule, window_s=policy.quiet.window_s))
@@ -186,7 +244,7 @@ def replay_all(prep: Prepared, policies: list[Policy]) -> list[Point]:
     """Each policy through the engine's own replay (the rule's lead; its window as the grace after a restart)."""
     out = []
     for p in policies:
-        rep = replay(prep, policy_verdicts(prep, p), p.rule.warning_lead_s, p.rule.window_s)
+        rep = replay(prep, policy_verdicts(prep, p), p.rule.warning_lead_s, p.grace_s)
         s = summarise(p.name, prep, rep, p.rule)
         out.append(Point(p, s.stops, s.false_stops, s.net_gpu_hours, s.ceiling_net_gpu_hours, s.score,
                          per_pod(prep, rep)))
@@ -247,6 +305,111 @@ def cross_check(tuned: dict[str, list[Point]], ceiling: np.ndarray, cap: float, 
             pcts.append(100 * sb[k, 2] / ceiling[~a].sum())
         out[fam] = (float(np.mean(rates)), float(np.mean(pcts)))
     return out
+
+
+def stacked(points: list[Point]) -> np.ndarray:
+    """(rules, 3, pods): stops, false stops, net GPU-h of each rule on each pod."""
+    return np.stack([p.per_pod for p in points])  # type: ignore[misc]
+
+
+def half_rate_quantiles(per: np.ndarray, pods: np.ndarray, rng: np.random.Generator) -> dict:
+    """Each rule's false-stop rate as the pick would judge it on these pods: for None, on all of them; for a
+    quantile q, the q-quantile of its rates on random halves of them (a half where it never stops is left out)."""
+    sub = per[:, :, pods]
+    total = sub.sum(axis=2)
+    m = len(pods)
+    masks = np.zeros((INNER_HALVES, m))
+    for h in range(INNER_HALVES):
+        masks[h, rng.permutation(m)[: m // 2]] = 1.0
+    a = np.einsum("rkp,hp->rhk", sub, masks)
+    both = np.concatenate([a, total[:, None, :] - a], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(both[..., 0] > 0, both[..., 1] / both[..., 0], np.nan)
+        out: dict = {None: np.where(total[:, 0] > 0, total[:, 1] / np.maximum(total[:, 0], 1), np.inf)}
+    stopped = total[:, 0] > 0  # a rule that never stops here has no rate (and is not picked)
+    for q in ROBUST_QUANTILES:
+        if q is not None:
+            out[q] = np.full(len(per), np.inf)
+            out[q][stopped] = np.nanquantile(rates[stopped], q, axis=1)
+    return out
+
+
+def robust_pick(per: np.ndarray, pods: np.ndarray, rates: np.ndarray, cap: float) -> int | None:
+    """The rule with the most net GPU-h on these pods whose judged false-stop rate is at or under the cap (ties:
+    the first in the grid's order)."""
+    ok = np.flatnonzero(rates <= cap + 1e-12)
+    if not len(ok):
+        return None
+    net = per[ok, 2][:, pods].sum(axis=1)
+    return int(ok[np.argmax(net)])
+
+
+def nested_cv(per: np.ndarray, ceiling: np.ndarray, rng: np.random.Generator,
+              repeats: int = CV_REPEATS) -> tuple[np.ndarray, np.ndarray]:
+    """Repeated k-fold by pod, within the tuning pods: pick on k-1 folds with every (pick cap, quantile), score the
+    pick on the fold it did not see. Out-of-fold false-stop rate and % of ceiling over all the tuning pods, per
+    repeat: arrays (pick caps, quantiles, repeats)."""
+    n = per.shape[2]
+    shape = (len(PICK_CAPS), len(ROBUST_QUANTILES), repeats)
+    stops, false, net = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    for r in range(repeats):
+        fold = rng.permutation(n) % CV_FOLDS
+        for f in range(CV_FOLDS):
+            train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            rates = half_rate_quantiles(per, train, rng)
+            for (i, cap), (j, q) in itertools.product(enumerate(PICK_CAPS), enumerate(ROBUST_QUANTILES)):
+                k = robust_pick(per, train, rates[q], cap)
+                if k is None:
+                    continue
+                got = per[k][:, test].sum(axis=1)
+                stops[i, j, r] += got[0]
+                false[i, j, r] += got[1]
+                net[i, j, r] += got[2]
+    return 100 * false / np.maximum(stops, 1), 100 * net / ceiling.sum()
+
+
+def chosen_config(cv_rate: np.ndarray, cv_pct: np.ndarray, target: float) -> tuple[float, float | None] | None:
+    """The (pick cap, quantile) whose picks saved the most out of fold at a mean out-of-fold false-stop rate at or
+    under the target; None if no configuration kept to it."""
+    rate, pct = cv_rate.mean(axis=2), cv_pct.mean(axis=2)
+    ok = np.argwhere(rate <= 100 * target + 1e-9)
+    if not len(ok):
+        return None
+    i, j = ok[np.argmax(pct[ok[:, 0], ok[:, 1]])]
+    return PICK_CAPS[i], ROBUST_QUANTILES[j]
+
+
+def whole_procedure_cv(per: np.ndarray, ceiling: np.ndarray, rng: np.random.Generator, target: float,
+                       repeats: int = 4, inner_repeats: int = 10) -> tuple[np.ndarray, np.ndarray, int]:
+    """The robust pick's own out-of-fold figure, its choice of (pick cap, quantile) included: on each k-1 folds the
+    whole procedure runs (its own repeated k-fold, the choice, the pick), and the pick is scored on the fold left
+    out. The out-of-fold rate above is optimistic by that choice (the best of the configurations on the same
+    folds); this is not. Per repeat: false-stop rate, % of ceiling; and how many times the procedure made no pick."""
+    n = per.shape[2]
+    rates, pcts, declined = [], [], 0
+    for _ in range(repeats):
+        fold = rng.permutation(n) % CV_FOLDS
+        stops = false = net = 0.0
+        for f in range(CV_FOLDS):
+            train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            cv_rate, cv_pct = nested_cv(per[:, :, train], ceiling[train], rng, inner_repeats)
+            config = chosen_config(cv_rate, cv_pct, target)
+            if config is None:
+                declined += 1
+                continue
+            k = robust_pick(per, train, half_rate_quantiles(per, train, rng)[config[1]], config[0])
+            if k is None:
+                declined += 1
+                continue
+            got = per[k][:, test].sum(axis=1)
+            stops, false, net = stops + got[0], false + got[1], net + got[2]
+        rates.append(100 * false / max(stops, 1))
+        pcts.append(100 * net / ceiling.sum())
+    return np.array(rates), np.array(pcts), declined
+
+
+def q_words(q: float | None) -> str:
+    return "in-sample" if q is None else f"q{100 * q:g}"
 
 
 def auc(score: np.ndarray, label: np.ndarray) -> float:
@@ -331,46 +494,59 @@ def score_fixed_by_cli(held_csv: Path, rules: list[Rule], workdir: Path) -> dict
     return {r["policy"]: r for r in json.loads(proc.stdout)["results"]}
 
 
-def line(label: str, p: Point, ceiling: np.ndarray, rng: np.random.Generator, tuning: Point | None = None) -> str:
+def line(label: str, p: Point, ceiling: np.ndarray, rng: np.random.Generator, tuning: Point | None = None,
+         oof: tuple[float, float] | None = None) -> str:
     (r_lo, r_hi), (p_lo, p_hi) = interval(p, ceiling, rng)
     tuned = f"{100 * tuning.false_rate:.0f}% / {tuning.pct:.1f}%" if tuning is not None else "—"
+    if oof is not None:
+        tuned = f"out of fold {oof[0]:.1f}% / {oof[1]:.1f}%"
     return (f"| {label} | {p.policy.name} | {p.stops} | {p.false_stops} | {100 * p.false_rate:.1f}% "
             f"({r_lo:.0f}–{r_hi:.0f}) | {p.net_gpu_hours:,.1f} | {p.pct:.1f}% ({p_lo:.0f}–{p_hi:.0f}) | "
             f"{p.score:,.1f} | {tuned} |")
 
 
-COLORS = {"fixed": "#1f77b4", "quiet window": "#d62728"}
+ANY = "any of the three"  # the union of the families' rules, picked as one grid
+COLORS = {"fixed": "#1f77b4", "quiet window": "#d62728", "two windows": "#2ca02c", ANY: "#9467bd"}
 
 
 def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str, list[tuple[float, Point]]],
-          intervals: dict, shipped: Point, n_tune: int, n_held: int) -> None:
+          held_robust: dict[str, list[tuple[float, Point]]], intervals: dict, shipped: Point, n_tune: int,
+          n_held: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     ax.add_patch(plt.Rectangle((0, GOAL_PCT), 100 * GOAL_CAP, 100 - GOAL_PCT, color="#2ca02c", alpha=0.08,
                                label=f"goal: >= {GOAL_PCT:g}% at <= {100 * GOAL_CAP:g}% false stops"))
     for fam, front in held_fronts.items():
         ax.step([100 * p.false_rate for p in front], [p.pct for p in front], where="post", color=COLORS[fam],
-                alpha=0.4, linewidth=1, linestyle="--", label=f"{fam}: best rule per false-stop rate (hindsight)")
-    for fam, picks in held_picks.items():
-        first = True
+                alpha=0.35, linewidth=1, linestyle="--", label=f"{fam}: best rule per false-stop rate (hindsight)")
+    for fam, picks in held_picks.items():  # the in-sample picks: hollow, no interval (the table has them)
+        seen = set()
+        for _, p in picks:
+            if p.policy.name in seen:
+                continue
+            seen.add(p.policy.name)
+            ax.scatter([100 * p.false_rate], [p.pct], s=40, facecolors="none", edgecolors=COLORS[fam], alpha=0.8,
+                       label=f"{fam}: in-sample pick" if len(seen) == 1 else None)
+    for fam, picks in held_robust.items():  # the robust picks, with 90% intervals
         by_point: dict[str, list[float]] = {}
-        for cap, p in picks:
-            by_point.setdefault(p.policy.name, []).append(cap)
-        for cap, p in picks:
-            if by_point[p.policy.name][0] != cap:
-                continue  # one marker per rule (two caps can pick the same one)
+        for target, p in picks:
+            by_point.setdefault(p.policy.name, []).append(target)
+        first = True
+        for target, p in picks:
+            if by_point[p.policy.name][0] != target:
+                continue  # one marker per rule (two targets can pick the same one)
             (r_lo, r_hi), (p_lo, p_hi) = intervals[p.policy.name]
             x, y = 100 * p.false_rate, p.pct
             ax.errorbar([x], [y], xerr=[[x - r_lo], [r_hi - x]], yerr=[[y - p_lo], [p_hi - y]], fmt="o",
                         color=COLORS[fam], markersize=7, elinewidth=0.8, capsize=2, alpha=0.9,
-                        label=f"{fam}: picked on the tuning pods, scored held out (90% interval)" if first else None)
+                        label=f"{fam}: robust pick, scored held out (90% interval)" if first else None)
             first = False
-            caps = "/".join(f"{100 * c:g}" for c in by_point[p.policy.name])
-            ax.annotate(f"cap {caps}%", (x, y), fontsize=7, xytext=(5, 4), textcoords="offset points",
+            targets = "/".join(f"{100 * c:g}" for c in by_point[p.policy.name])
+            ax.annotate(f"<= {targets}% out of fold", (x, y), fontsize=7, xytext=(5, 4), textcoords="offset points",
                         color=COLORS[fam])
     ax.scatter([100 * shipped.false_rate], [shipped.pct], marker="s", s=60, color="black",
                label=f"shipped {shipped.policy.name}", zorder=5)
@@ -379,17 +555,27 @@ def chart(path: Path, held_fronts: dict[str, list[Point]], held_picks: dict[str,
     ax.set_xlabel("false-stop rate on the held-out pods (%)")
     ax.set_ylabel("net GPU-h saved, % of the clairvoyant-with-lead ceiling")
     ax.set_title(f"Idle policies on {n_held} held-out GenTD26 serving pods (tuned on the other {n_tune})")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6.5, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+def print_cv(fam: str, cv_rate: np.ndarray, cv_pct: np.ndarray) -> None:
+    print(f"  {fam} (pick cap: " + ", ".join(f"{100 * c:g}%" for c in PICK_CAPS) + "):")
+    for j, q in enumerate(ROBUST_QUANTILES):
+        print(f"    {q_words(q):9s}: " + "; ".join(
+            f"{cv_rate[i, j].mean():.0f}% ({np.percentile(cv_rate[i, j], 10):.0f}–{np.percentile(cv_rate[i, j], 90):.0f})"
+            f" / {cv_pct[i, j].mean():.0f}%" for i in range(len(PICK_CAPS))))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chart", default=str(ROOT / "docs" / "img" / "idle_policy_frontier.png"))
     ap.add_argument("--features", action="store_true", help="also the lull features' AUC on the tuning pods")
+    ap.add_argument("--tuning-only", action="store_true",
+                    help="stop when the picks are frozen: the held-out pods are not read")
     ap.add_argument("--held-out-trace", default=None,
                     help="also score the same frozen picks on this trace's instances (e.g. pods never shared)")
     args = ap.parse_args()
@@ -403,24 +589,71 @@ def main() -> None:
     prep = Prepared(trace.select(tune_idx), settings)
     if args.features:
         print_feature_aucs(prep.trace, settings, lead)
-    families = {"fixed": fixed_policies(), "quiet window": quiet_policies()}
+    families = {"fixed": fixed_policies(), "quiet window": quiet_policies(), "two windows": two_window_policies()}
     tuned = {fam: replay_all(prep, policies) for fam, policies in families.items()}
+    tuned[ANY] = [pt for points in tuned.values() for pt in points]
     tune_ceiling = ceiling_per_pod(prep, lead)
     print(f"[idle policy] GenTD26: {len(tune_idx)} pods tune, {len(held_idx)} held out (by pod); tuning ceiling "
           f"{tune_ceiling.sum():,.1f} net GPU-h; " + ", ".join(f"{fam} {len(p)} rules" for fam, p in families.items())
           + f", replayed in {time.perf_counter() - t_all:.0f} s")
     cv = cross_check(tuned, tune_ceiling, GOAL_CAP, rng)
-    print(f"[idle policy] within the tuning pods ({CV_SPLITS} random halves: picked at <= {100 * GOAL_CAP:g}% on one, "
-          "scored on the other): " + "; ".join(f"{fam} {r:.0f}% false stops, {p:.0f}% of ceiling"
-                                              for fam, (r, p) in cv.items()))
+    print(f"[idle policy] within the tuning pods ({CV_SPLITS} random halves: picked in-sample at <= "
+          f"{100 * GOAL_CAP:g}% on one, scored on the other): " + "; ".join(
+              f"{fam} {r:.0f}% false stops, {p:.0f}% of ceiling" for fam, (r, p) in cv.items()))
 
-    picks = {fam: [(cap, p) for cap in CAPS if (p := pick(points, cap)) is not None] for fam, points in tuned.items()}
+    # The in-sample picks (the previous method): the most net GPU-h at a tuning false-stop rate <= the cap.
+    picks = {fam: [(cap, p) for cap in CAPS if (p := pick(points, cap)) is not None]
+             for fam, points in tuned.items() if fam != ANY}
+    # The robust picks: which quantile of a rule's rate on random halves to cap is chosen by repeated k-fold by pod
+    # within the tuning pods (the mean out-of-fold false-stop rate at or under the cap), then applied to all of them.
+    print(f"[idle policy] within the tuning pods, {CV_REPEATS} x {CV_FOLDS}-fold by pod: the pick made on 4/5 of the "
+          f"pods at each cap, capping the in-sample rate or a quantile of the rate on {INNER_HALVES} x 2 random "
+          "halves; out-of-fold false-stop rate mean (10th–90th percentile over repeats) / % of ceiling:")
+    robust: dict[str, list[tuple[float, Point, str, float, float]]] = {}  # goal cap, pick, how, out-of-fold
+    all_pods = np.arange(len(tune_idx))
+    for fam, points in tuned.items():
+        per = stacked(points)
+        cv_rate, cv_pct = nested_cv(per, tune_ceiling, rng)
+        print_cv(fam, cv_rate, cv_pct)
+        rates = half_rate_quantiles(per, all_pods, rng)
+        robust[fam] = []
+        for target in CAPS:
+            config = chosen_config(cv_rate, cv_pct, target)
+            if config is None:
+                print(f"    for <= {100 * target:g}% out of fold: no configuration kept to it, no pick")
+                continue
+            cap, q = config
+            k = robust_pick(per, all_pods, rates[q], cap)
+            i, j = PICK_CAPS.index(cap), ROBUST_QUANTILES.index(q)
+            if k is not None:
+                robust[fam].append((target, points[k], f"{q_words(q)} <= {100 * cap:g}%",
+                                    float(cv_rate[i, j].mean()), float(cv_pct[i, j].mean())))
+    whole: dict[str, float] = {}
+    for fam in ("fixed", "two windows"):  # the whole procedure, its choice included (about 30 s each)
+        per = stacked(tuned[fam])
+        w_rate, w_pct, declined = whole_procedure_cv(per, tune_ceiling, np.random.default_rng(43), GOAL_CAP)
+        whole[fam] = float(w_rate.mean())
+        print(f"[idle policy] {fam}, the whole robust procedure at <= {100 * GOAL_CAP:g}% (its choice of pick cap "
+              f"and quantile made inside each training fold), out of fold in the tuning pods: {w_rate.mean():.1f}% "
+              f"false stops ({w_rate.min():.0f}–{w_rate.max():.0f} over {len(w_rate)} repeats), {w_pct.mean():.1f}% "
+              f"of ceiling; no pick on {declined} of {len(w_rate) * CV_FOLDS} training folds")
+    print("[idle policy] robust picks, frozen (on all the tuning pods: false rate / % of ceiling; out of fold: "
+          "false rate / %):")
+    for fam, rows in robust.items():
+        for target, pt, how, r, pc in rows:
+            print(f"  {fam}, <= {100 * target:g}% ({how}): {pt.policy.name}  {100 * pt.false_rate:.0f}% / "
+                  f"{pt.pct:.1f}%; out of fold {r:.1f}% / {pc:.1f}%")
+    if args.tuning_only:
+        print(f"[idle policy] --tuning-only: the held-out pods were not read; {time.perf_counter() - t_all:.0f} s")
+        return
     shipped = Policy(SHIPPED[0], replace(base_rule(), name=SHIPPED[0], threshold_pct=SHIPPED[1], window_s=SHIPPED[2]))
 
     # ---- frozen: the held-out pods are read from here on.
     held_prep = Prepared(trace.select(held_idx), settings)
     held_ceiling = ceiling_per_pod(held_prep, lead)
-    chosen = {p.policy.name: p.policy for ps in picks.values() for _, p in ps} | {shipped.name: shipped}
+    chosen = ({p.policy.name: p.policy for ps in picks.values() for _, p in ps}
+              | {row[1].policy.name: row[1].policy for rows in robust.values() for row in rows}
+              | {shipped.name: shipped})
     held_pts = {pt.policy.name: pt for pt in replay_all(held_prep, list(chosen.values()))}
     with tempfile.TemporaryDirectory(prefix="idle-policy-") as tmp:
         workdir = Path(tmp)
@@ -428,55 +661,75 @@ def main() -> None:
         keep = {trace.instance_ids[i] for i in held_idx}
         held_csv = workdir / "gentd26_held_out.csv"
         df[df["container_ip"].astype(str).isin(keep)].to_csv(held_csv, index=False)
-        cli = score_fixed_by_cli(held_csv, [p.rule for p in chosen.values() if p.quiet is None], workdir)
+        cli = score_fixed_by_cli(held_csv, [p.rule for p in chosen.values() if p.quiet is None and p.also is None],
+                                 workdir)
     for name, row in cli.items():  # the CLI and this replay agree on every fixed rule
         pt = held_pts[name]
         assert (row["stops"], row["false_stops"]) == (pt.stops, pt.false_stops), (name, row, pt)
         assert abs(row["net_gpu_hours"] - pt.net_gpu_hours) < 1e-6, (name, row, pt)
     held_picks = {fam: [(cap, held_pts[p.policy.name]) for cap, p in ps] for fam, ps in picks.items()}
+    held_robust = {fam: [(target, held_pts[pt.policy.name]) for target, pt, *_ in rows] for fam, rows in robust.items()}
 
+    header = ("| family, pick | rule | stops | false | false rate | net GPU-h | % of ceiling | score | "
+              "on the tuning pods: false rate / % |\n|---|---|---|---|---|---|---|---|---|")
     print(f"\n[idle policy] held out ({len(held_idx)} pods, ceiling {held_ceiling.sum():,.1f} net GPU-h; fixed rules "
           f"also by `gpufinops backtest --trace <held-out pods> --rules <picks> -o json`, same figures); "
-          f"(90% bootstrap interval over the held-out pods):")
-    print("| family, pick | rule | stops | false | false rate | net GPU-h | % of ceiling | score | "
-          "on the tuning pods: false rate / % |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"(90% bootstrap interval over the held-out pods). In-sample picks:")
+    print(header)
     for fam, ps in picks.items():
         for cap, p in ps:
             print(line(f"{fam}, cap {100 * cap:g}%", held_pts[p.policy.name], held_ceiling, rng, p))
     print(line("shipped default", held_pts[shipped.name], held_ceiling, rng))
+    print("\n[idle policy] robust picks (quantile chosen by cross-validation; last column: out of fold in the tuning "
+          "pods):")
+    print(header)
+    for fam, rows in robust.items():
+        for target, pt, how, r, pc in rows:
+            print(line(f"{fam}, <= {100 * target:g}% out of fold ({how})", held_pts[pt.policy.name], held_ceiling, rng,
+                       oof=(r, pc)))
 
     # Hindsight (reference only): every rule of each family on the held-out pods.
     held_fronts = {fam: frontier(replay_all(held_prep, policies)) for fam, policies in families.items()}
     print("\n[idle policy] frontier, false-stop rate -> % of ceiling (each point the best rule of its family at that "
           "rate; on the held-out pods this is hindsight):")
-    for where, fronts in (("held out", held_fronts), ("tuning", {f: frontier(p) for f, p in tuned.items()})):
+    for where, fronts in (("held out", held_fronts),
+                          ("tuning", {f: frontier(p) for f, p in tuned.items() if f != ANY})):
         for fam, front in fronts.items():
             print(f"  {where:8s} {fam:12s}: " + "; ".join(f"{100 * p.false_rate:.0f}% -> {p.pct:.0f}%" for p in front
                                                           if p.false_rate <= 0.3))
 
-    quiet_pick, fixed_pick = dict(held_picks["quiet window"]).get(GOAL_CAP), dict(held_picks["fixed"]).get(GOAL_CAP)
-    for fam, p in (("quiet window", quiet_pick), ("fixed", fixed_pick)):
-        if p is not None:
-            met = p.false_rate <= GOAL_CAP + 1e-12 and p.pct >= GOAL_PCT
-            print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops, held "
-                  f"out), {fam} pick {p.policy.name}: {p.pct:.1f}% at {100 * p.false_rate:.1f}% -> "
-                  f"{'met' if met else 'not met'}")
+    for fam, rows in robust.items():
+        goal_rows = [row for row in rows if row[0] == GOAL_CAP]
+        if not goal_rows:
+            print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops), {fam}: "
+                  "no robust pick (no configuration kept to the cap out of fold in the tuning pods)")
+        for _, pt, how, r, pc in goal_rows:
+            h = held_pts[pt.policy.name]
+            held_met = h.false_rate <= GOAL_CAP + 1e-12 and h.pct >= GOAL_PCT
+            cv_rate = max(r, whole.get(fam, r))  # the whole procedure's, where it was cross-validated
+            print(f"[idle policy] goal (>= {GOAL_PCT:g}% of the ceiling at <= {100 * GOAL_CAP:g}% false stops), "
+                  f"{fam} robust pick {h.policy.name}: held out {h.pct:.1f}% at {100 * h.false_rate:.1f}% -> "
+                  f"{'met' if held_met else 'not met'}; false stops out of fold in the tuning pods {r:.1f}% (the "
+                  f"chosen configuration), {whole.get(fam, float('nan')):.1f}% (the whole procedure) -> "
+                  f"{'met' if cv_rate <= 100 * GOAL_CAP else 'not met'}; ship only if both are met")
     if args.held_out_trace:
         other = Prepared(load_trace(args.held_out_trace), settings)
         other_ceiling = ceiling_per_pod(other, lead)
         other_pts = {pt.policy.name: pt for pt in replay_all(other, list(chosen.values()))}
         print(f"\n[idle policy] the same picks on {args.held_out_trace} ({other.trace.n_instances} instances, ceiling "
               f"{other_ceiling.sum():,.1f} net GPU-h):")
-        print("| family, pick | rule | stops | false | false rate | net GPU-h | % of ceiling | score | "
-              "on the tuning pods: false rate / % |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(header)
         for fam, ps in picks.items():
             for cap, p in ps:
                 print(line(f"{fam}, cap {100 * cap:g}%", other_pts[p.policy.name], other_ceiling, rng, p))
+        for fam, rows in robust.items():
+            for target, pt, how, r, pc in rows:
+                print(line(f"{fam}, <= {100 * target:g}% out of fold ({how})", other_pts[pt.policy.name],
+                           other_ceiling, rng, oof=(r, pc)))
         print(line("shipped default", other_pts[shipped.name], other_ceiling, rng))
     intervals = {name: interval(pt, held_ceiling, np.random.default_rng(41)) for name, pt in held_pts.items()}
-    chart(Path(args.chart), held_fronts, held_picks, intervals, held_pts[shipped.name], len(tune_idx), len(held_idx))
+    chart(Path(args.chart), held_fronts, held_picks, held_robust, intervals, held_pts[shipped.name], len(tune_idx),
+          len(held_idx))
     print(f"[idle policy] chart: {args.chart}; wall time {time.perf_counter() - t_all:.0f} s")
 
 
