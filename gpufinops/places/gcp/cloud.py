@@ -366,6 +366,9 @@ class GceCloud:
             unknown = [t for t, _ in attached if t not in ACCELERATOR_TYPES]
             if unknown:
                 return None, f"unpriced: its attached GPU {unknown[0]} is not in places/gcp/machines.py's table"
+            licensed = [t for t, _ in attached if t.endswith("-vws")]
+            if licensed:  # billed as the GPU plus an NVIDIA RTX Virtual Workstation licence the bundle lacks
+                return None, f"unpriced: the virtual workstation licence of {licensed[0]} is not in the bundled prices"
             return self._catalog.price_from_parts(
                 machine_type, region, [(ACCELERATOR_TYPES[t][0], n) for t, n in attached], spot)
         offer = self._catalog.offer(PROVIDER, machine_type, region)

@@ -100,9 +100,12 @@ def test_an_n1_vm_whose_parts_are_not_all_known_stays_unpriced_and_says_why(gce,
     gce.add("k80", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-k80", 1)])
     gce.add("custom", "us-central1-a", "n1-custom-8-30720", accelerators=[("nvidia-tesla-t4", 1)])
     gce.add("nowhere", "me-central2-a", "n1-standard-8", accelerators=[("nvidia-tesla-p100", 1)])
+    gce.add("vws", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-t4-vws", 1)])
     vms = by_name(cloud_of(gce, monkeypatch).list_gpu_instances())
 
-    assert {n: v.hourly_cost for n, v in vms.items()} == {"k80": None, "custom": None, "nowhere": None}  # never $0
+    assert {n: v.hourly_cost for n, v in vms.items()} == dict.fromkeys(["k80", "custom", "nowhere", "vws"])  # not $0
+    assert vms["vws"].price_source == ("unpriced: the virtual workstation licence of nvidia-tesla-t4-vws is not in the "
+                                       "bundled prices")
     assert vms["k80"].price_source == ("unpriced: its attached GPU nvidia-tesla-k80 is not in places/gcp/machines.py's "
                                        "table")
     assert vms["custom"].price_source == "unpriced: no bundled price of machine type n1-custom-8-30720 in us-central1"
