@@ -34,8 +34,9 @@ COMPUTE_SERVICE = "6F81-5844-456A"
 SERIES = {"a2": "A2", "a3": "A3", "g2": "G2", "n1": "N1"}
 # The catalog's GPU name -> the name in the GPU SKU's description ("Nvidia Tesla T4 GPU running in Americas", "Nvidia
 # Tesla T4 GPU attached to Spot Preemptible VMs running in Americas"). A4 (B200), A4X (GB200) and G4 (RTX PRO 6000)
-# are not here: their GPU SKUs' wording could not be confirmed from a published source, so they keep their bundled
-# price (A4) or stay unpriced (A4X, G4: no bundled row) rather than be matched by a guess.
+# are not here: their GPU SKUs' wording could not be confirmed from a published source, so none is matched by a
+# guess (and none has a bundled row to refresh: the snapshot's A4 host price is $0, A4X and G4 are absent). "Tesla P4"
+# follows the T4's, V100's and P100's published wording; a miss only keeps the bundled P4 price.
 GPU_SKU_NAME = {"L4": "L4", "A100-40GB": "Tesla A100", "A100-80GB": "A100 80GB", "H100": "H100 80GB",
                 "T4": "Tesla T4", "V100-16GB": "Tesla V100", "P100": "Tesla P100", "P4": "Tesla P4"}
 _PART = re.compile(r"^(?:Spot Preemptible )?(\w+)(?: Predefined)? Instance (Core|Ram) running in ")
