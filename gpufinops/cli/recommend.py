@@ -41,7 +41,9 @@ def refresh_gcp_prices(settings, catalog, now: datetime) -> None:
         print(f"warning: GCP price refresh failed, earlier prices kept: {exc}", file=sys.stderr)
         return
     save_gcp_refresh(cache, settings.gcp.price_cache_path)
-    print(f"GCP prices: {len(cache.prices)} machine type(s) refreshed from the Cloud Billing Catalog"
+    parts = sum(":" in key for key in cache.prices)  # "machine:<type>@<region>", "gpu:<name>@<region>"
+    print(f"GCP prices: {len(cache.prices) - parts} machine type(s) and {parts} N1 part(s) (machine type or "
+          f"attached GPU, per region) refreshed from the Cloud Billing Catalog"
           + (f", {len(cache.kept)} kept at their bundled price" if cache.kept else ""), file=sys.stderr)
 
 

@@ -21,18 +21,24 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Sequence
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "catalog"
 GPUS_FILE = "gpus.csv"
 INSTANCES_FILE = "instances.csv"
+# Prices of parts a VM is billed as (GCE N1: its machine type, then each attached GPU); optional in a catalog folder.
+PARTS_FILE = "gcp_parts.csv"
 
 GPU_COLUMNS = ("gpu", "vendor", "memory_gb", "bf16_tflops", "fp8_tflops", "tdp_w", "source")
 INSTANCE_COLUMNS = (
     "provider", "instance_type", "region", "gpu", "gpu_count", "gpu_memory_gb", "vcpus", "memory_gib",
     "on_demand_usd_h", "spot_usd_h", "commit_usd_h", "prices_as_of", "source",
 )
+PART_COLUMNS = ("part", "name", "region", "vcpus", "memory_gib", "on_demand_usd_h", "spot_usd_h", "prices_as_of",
+                "source")
+PART_KINDS = ("machine", "gpu")  # a machine type without GPUs; one attached GPU
 
 
 class CatalogError(ValueError):
@@ -143,11 +149,63 @@ class InstanceOffer:
 
 
 @dataclass(frozen=True)
+class PartPrice:
+    """One billed part of a GCE VM in one region: a machine type on its own ("machine", e.g. n1-standard-8) or one
+    attached GPU ("gpu", named as gpus.csv and places/gcp/machines.py name it: T4, V100-16GB, P100, P4)."""
+
+    part: str
+    name: str
+    region: str
+    vcpus: float | None
+    memory_gib: float | None
+    on_demand_usd_h: float
+    spot_usd_h: float | None = None
+    prices_as_of: date | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Catalog:
     gpus: dict[str, GpuSpec]
     offers: tuple[InstanceOffer, ...]
     skipped: tuple[str, ...] = ()  # "file:line: why" for every row left out
     refreshed_at: datetime | None = None  # when AWS prices were last refreshed from the API
+    parts: tuple[PartPrice, ...] = ()
+
+    @cached_property
+    def _parts_index(self) -> dict[tuple[str, str, str], PartPrice]:
+        return {(p.part, p.name, p.region): p for p in self.parts}
+
+    def part(self, part: str, name: str, region: str) -> PartPrice | None:
+        return self._parts_index.get((part, name, region))
+
+    def price_from_parts(self, machine_type: str, region: str, attached: Sequence[tuple[str, int]], spot: bool
+                         ) -> tuple[float | None, str]:
+        """The hourly price of a VM billed in parts (GCE N1 with attached GPUs): its machine type's own price plus
+        count x each attached GPU's, all in its region, spot or on-demand. `attached` holds (catalog GPU name, count);
+        a name "" is a GPU nobody mapped. Returns (price, what it is made of) or (None, why it is unpriced): a part
+        not known never counts as $0."""
+        kind = "spot" if spot else "on-demand"
+        machine = self.part("machine", machine_type, region)
+        if machine is None:
+            return None, f"unpriced: no bundled price of machine type {machine_type} in {region}"
+        prices = [(machine_type, machine, 1)]
+        for gpu, count in attached:
+            if not gpu:
+                return None, "unpriced: its attached GPU is not one gpufinops knows"
+            each = self.part("gpu", gpu, region)
+            if each is None:
+                return None, f"unpriced: no bundled price of an attached {gpu} in {region}"
+            prices.append((gpu, each, count))
+        total = 0.0
+        for name, p, count in prices:
+            price = p.spot_usd_h if spot else p.on_demand_usd_h
+            if price is None:
+                return None, f"unpriced: no {kind} price of {name} in {region}"
+            total += count * price
+        dates = sorted({str(p.prices_as_of) for _, p, _ in prices if p.prices_as_of})
+        made_of = " + ".join(name if n == 1 else f"{n} × {name}" for name, _, n in prices)
+        return round(total, 6), f"{made_of}, {kind}, priced in parts (GCE bills them apart) as of {', '.join(dates)}"
 
     def gpu(self, key_or_name: str, memory_gb: float | None = None) -> GpuSpec:
         key = key_or_name if key_or_name in self.gpus else canonical_gpu(key_or_name, memory_gb)
@@ -290,6 +348,23 @@ def _parse_offer(row: dict, gpus: dict[str, GpuSpec]) -> InstanceOffer:
     )
 
 
+def _parse_part(row: dict) -> PartPrice:
+    part = (row.get("part") or "").strip()
+    if part not in PART_KINDS:
+        raise ValueError(f"column 'part': {part!r} is not one of {', '.join(PART_KINDS)}")
+    name, region = (row.get("name") or "").strip(), (row.get("region") or "").strip()
+    if not name or not region:
+        raise ValueError("columns 'name' and 'region' are required")
+    as_of_raw = (row.get("prices_as_of") or "").strip()
+    try:
+        as_of = date.fromisoformat(as_of_raw) if as_of_raw else None
+    except ValueError:
+        raise ValueError(f"column 'prices_as_of': {as_of_raw!r} is not an ISO date") from None
+    return PartPrice(part, name, region, _num(row, "vcpus", required=False), _num(row, "memory_gib", required=False),
+                     _num(row, "on_demand_usd_h", required=True), _num(row, "spot_usd_h", required=False), as_of,
+                     (row.get("source") or "").strip())
+
+
 def load_catalog(path: str | Path | None = None, *, strict: bool = False) -> Catalog:
     """Read gpus.csv and instances.csv from `path` (default: the bundled catalog).
 
@@ -325,7 +400,15 @@ def load_catalog(path: str | Path | None = None, *, strict: bool = False) -> Cat
             bad(inst_file, line, exc)
     if not offers:
         raise CatalogError(f"{inst_file}: no usable instance rows ({len(skipped)} skipped)")
-    return Catalog(gpus=gpus, offers=tuple(offers), skipped=tuple(skipped))
+    parts: list[PartPrice] = []
+    parts_file = folder / PARTS_FILE
+    if parts_file.is_file():  # optional: a catalog folder without it prices no VM from parts
+        for line, row in _read_rows(parts_file, PART_COLUMNS):
+            try:
+                parts.append(_parse_part(row))
+            except ValueError as exc:
+                bad(parts_file, line, exc)
+    return Catalog(gpus=gpus, offers=tuple(offers), skipped=tuple(skipped), parts=tuple(parts))
 
 
 # --------------------------------------------------------------------------- AWS refresh

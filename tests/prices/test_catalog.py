@@ -110,7 +110,7 @@ def test_build_regenerates_the_bundled_files(builder, tmp_path):
     counts = builder.build(SHARED, tmp_path)
     assert counts["instances"] > 100 and counts["gpus"] >= 20
     assert any(k.startswith("skipped: unknown GPU") for k in counts)  # e.g. Inferentia, M60: counted, not guessed
-    for name in ("gpus.csv", "instances.csv"):
+    for name in ("gpus.csv", "instances.csv", "gcp_parts.csv"):
         assert filecmp.cmp(tmp_path / name, DATA_DIR / name, shallow=False), f"{name} differs from build()"
 
 
@@ -171,6 +171,22 @@ def test_bad_rows_are_skipped_with_file_and_line(tmp_path):
     assert "'on_demand_usd_h'" in cat.skipped[1] and ":8:" in cat.skipped[1]
     assert "fractional" in cat.skipped[2]
     assert "positive" in cat.skipped[3]
+
+
+def test_gcp_parts_are_optional_and_their_bad_rows_skipped_with_file_and_line(tmp_path):
+    folder = _copy_catalog(tmp_path, [])
+    assert load_catalog(folder).parts == ()  # a catalog folder without gcp_parts.csv prices no VM in parts
+    (folder / "gcp_parts.csv").write_text(
+        "part,name,region,vcpus,memory_gib,on_demand_usd_h,spot_usd_h,prices_as_of,source\n"
+        "machine,n1-standard-8,us-central1,8,30,0.38,0.13954,2026-05-20,x\n"
+        "gpus,T4,us-central1,,,0.35,,2026-05-20,x\n"
+        "gpu,T4,us-central1,,,0,,2026-05-20,x\n")
+    cat = load_catalog(folder)
+    assert [p.name for p in cat.parts] == ["n1-standard-8"]
+    assert cat.skipped[0].startswith(f"{folder / 'gcp_parts.csv'}:3: column 'part': 'gpus'")
+    assert cat.skipped[1].startswith(f"{folder / 'gcp_parts.csv'}:4: column 'on_demand_usd_h'")
+    price, why = cat.price_from_parts("n1-standard-8", "us-central1", [("T4", 1)], spot=False)
+    assert price is None and why == "unpriced: no bundled price of an attached T4 in us-central1"
 
 
 def test_strict_mode_raises_on_the_first_bad_row(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from gpufinops.cli.recommend import refresh_gcp_prices
 from gpufinops.config import load_settings
 from gpufinops.prices.catalog import load_catalog
-from gpufinops.prices.gcp_refresh import load_gcp_refresh, machine_prices, parts_from_skus
+from gpufinops.prices.gcp_refresh import load_gcp_refresh, machine_prices, part_prices, parts_from_skus
 from gpufinops.run.compose import live_gce
 
 NOW = datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc)
@@ -49,6 +49,16 @@ SKUS = [
     sku("A2 Instance Ram running in Americas", "OnDemand", "RAM", ["us-central1"], 0.004237, "GiBy.h"),
     sku("Nvidia Tesla A100 GPU running in Americas", "OnDemand", "GPU", ["us-central1"], 2.933908),
     sku("E2 Instance Core running in Americas", "OnDemand", "CPU", AMERICAS, 0.021811),
+    # An N1 VM with an attached T4: N1's predefined types bill "N1 Predefined" core and RAM SKUs, the GPU its own.
+    sku("N1 Predefined Instance Core running in Americas", "OnDemand", "CPU", AMERICAS, 0.031611),
+    sku("N1 Predefined Instance Ram running in Americas", "OnDemand", "RAM", AMERICAS, 0.004237, "GiBy.h"),
+    sku("Nvidia Tesla T4 GPU running in Americas", "OnDemand", "GPU", AMERICAS, 0.35),
+    sku("Spot Preemptible N1 Predefined Instance Core running in Americas", "Preemptible", "CPU", AMERICAS, 0.006655),
+    sku("Spot Preemptible N1 Predefined Instance Ram running in Americas", "Preemptible", "RAM", AMERICAS, 0.000892,
+        "GiBy.h"),
+    sku("Nvidia Tesla T4 GPU attached to Spot Preemptible VMs running in Americas", "Preemptible", "GPU", AMERICAS,
+        0.069),
+    sku("Commitment v1: Nvidia Tesla T4 GPU in Americas for 1 Year", "Commit1Yr", "GPU", AMERICAS, 0.22),
     sku("Storage PD Capacity", "OnDemand", "PDStandard", AMERICAS, 0.04, "GiBy.mo"),
 ]
 
@@ -109,22 +119,41 @@ def test_a_machine_type_is_priced_from_its_parts_to_the_cent():
     assert "a3-highgpu-8g@us-central1" in kept  # no A3 parts in this catalog
 
 
+def test_the_parts_of_an_n1_vm_are_priced_from_their_skus_to_the_cent():
+    catalog = load_catalog()
+    prices, kept = part_prices(parts_from_skus(SKUS, {"us-central1", "europe-west4"}), catalog.parts)
+    n1 = prices["machine:n1-standard-8@us-central1"]
+    assert n1["on_demand"] == pytest.approx(8 * 0.031611 + 30 * 0.004237)
+    assert round(n1["on_demand"], 2) == catalog.part("machine", "n1-standard-8", "us-central1").on_demand_usd_h
+    assert n1["spot"] == pytest.approx(8 * 0.006655 + 30 * 0.000892)
+    assert prices["gpu:T4@us-central1"] == {"on_demand": 0.35, "spot": 0.069}  # never the 1-year commitment's
+    assert "gpu:P100@us-central1" in kept and "machine:n1-standard-8@europe-west4" in kept  # no SKU: bundled stays
+
+
 def test_refreshed_only_when_asked_then_a_listed_vm_carries_it(billing, gce, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFINOPS_GCP_ACCESS_TOKEN", TOKEN)
     cache = tmp_path / "gcp-prices.json"
     settings = load_settings(gcp={"projects": ["ml-prod"], "api_endpoint": gce.url,
                                   "billing_catalog_endpoint": billing.url, "price_cache_path": str(cache)})
     gce.add("l4", "us-central1-a", "g2-standard-8")
-    assert live_gce(settings).list_gpu_instances()[0].hourly_cost == pytest.approx(0.85362)  # bundled
+    gce.add("t4", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)])
+    gce.add("t4-spot", "us-central1-b", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)], spot=True)
+    before = {v.instance_id.rsplit("/", 1)[1]: v for v in live_gce(settings).list_gpu_instances()}
+    assert before["l4"].hourly_cost == pytest.approx(0.85362)  # bundled
+    assert before["t4-spot"].hourly_cost == pytest.approx(0.13954 + 0.1654)  # bundled parts
     assert billing.asked == []  # listing never reads the Catalog
 
     refresh_gcp_prices(settings, load_catalog(), NOW)
-    assert [a.get("pageToken", "") for a in billing.asked] == ["", "4", "8"]
+    assert [a.get("pageToken", "") for a in billing.asked] == ["", "4", "8", "12", "16"]
     assert all(a["currencyCode"] == "USD" and a["auth"] == f"Bearer {TOKEN}" for a in billing.asked)
     assert load_gcp_refresh(cache).fetched_at == NOW
 
-    vm = live_gce(settings).list_gpu_instances()[0]
-    assert vm.hourly_cost == pytest.approx(8 * 0.024988 + 32 * 0.002927 + 0.560040)
+    vms = {v.instance_id.rsplit("/", 1)[1]: v for v in live_gce(settings).list_gpu_instances()}
+    assert vms["l4"].hourly_cost == pytest.approx(8 * 0.024988 + 32 * 0.002927 + 0.560040)
+    assert vms["t4"].hourly_cost == pytest.approx(8 * 0.031611 + 30 * 0.004237 + 0.35)
+    assert round(vms["t4"].hourly_cost, 2) == 0.73  # the bundled parts' price to the cent
+    assert vms["t4-spot"].hourly_cost == pytest.approx(8 * 0.006655 + 30 * 0.000892 + 0.069)
+    assert vms["t4-spot"].price_source.endswith("as of 2026-12-07")  # both parts refreshed
 
 
 def test_a_failed_refresh_keeps_the_earlier_prices(billing, tmp_path, monkeypatch, capsys):

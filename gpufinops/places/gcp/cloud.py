@@ -33,7 +33,7 @@ from gpufinops.model import Clock, GpuInstance, utcnow
 from gpufinops.prices.catalog import Catalog
 
 from .labels import labels_to_tags, tags_to_labels
-from .machines import gpus_of
+from .machines import ACCELERATOR_TYPES, gpus_of, is_accelerator_type
 
 log = logging.getLogger(__name__)
 
@@ -315,8 +315,8 @@ class GceCloud:
     def _to_gpu_instance(self, project: str, vm, *, gpu_or_not: bool = True) -> GpuInstance | None:
         zone = tail(vm.zone)
         machine_type = tail(vm.machine_type)
-        gpus = gpus_of(machine_type, [(tail(a.accelerator_type), int(a.accelerator_count))
-                                      for a in vm.guest_accelerators])
+        attached = [(tail(a.accelerator_type), int(a.accelerator_count)) for a in vm.guest_accelerators]
+        gpus = gpus_of(machine_type, attached)
         if gpus is None and gpu_or_not:
             return None
         labels = dict(vm.labels)
@@ -329,7 +329,7 @@ class GceCloud:
             launch = self._clock()
         spot = vm.scheduling.provisioning_model == "SPOT" or bool(vm.scheduling.preemptible)
         region = region_of(zone)
-        hourly, source = self._price(machine_type, region, spot)
+        hourly, source = self._price(machine_type, region, spot, attached)
         nics = list(vm.network_interfaces)
         return GpuInstance(
             instance_id=subject_id(project, zone, vm.name),
@@ -353,15 +353,31 @@ class GceCloud:
             price_source=source,
         )
 
-    def _price(self, machine_type: str, region: str, spot: bool) -> tuple[float | None, str]:
-        """The bundled catalog's price of this machine type (VM and GPUs), spot or on-demand; another region's
-        price is an estimate, and said so."""
-        offer = self._catalog.offer(PROVIDER, machine_type, region) if self._catalog is not None else None
+    def _price(self, machine_type: str, region: str, spot: bool, attached: Sequence[tuple[str, int]] = ()
+               ) -> tuple[float | None, str]:
+        """The VM's hourly price, spot or on-demand, and its note. An accelerator-optimised type is the bundled
+        catalog's offer (VM and GPUs; another region's price is an estimate, and said so); a general-purpose type
+        with attached GPUs (N1) is priced in parts, as GCE bills it: the machine type plus each GPU. Unpriced: None
+        and why (never $0)."""
+        if self._catalog is None:
+            return None, "unpriced: no price catalog"
+        attached = [(t, n) for t, n in attached if n > 0]
+        if attached and not is_accelerator_type(machine_type):
+            unknown = [t for t, _ in attached if t not in ACCELERATOR_TYPES]
+            if unknown:
+                return None, f"unpriced: its attached GPU {unknown[0]} is not in places/gcp/machines.py's table"
+            licensed = [t for t, _ in attached if t.endswith("-vws")]
+            if licensed:  # billed as the GPU plus an NVIDIA RTX Virtual Workstation licence the bundle lacks
+                return None, f"unpriced: the virtual workstation licence of {licensed[0]} is not in the bundled prices"
+            return self._catalog.price_from_parts(
+                machine_type, region, [(ACCELERATOR_TYPES[t][0], n) for t, n in attached], spot)
+        offer = self._catalog.offer(PROVIDER, machine_type, region)
         if offer is None:
-            return None, ""
+            return None, f"unpriced: no bundled price of machine type {machine_type}"
         price = offer.spot_usd_h if spot else offer.on_demand_usd_h
         if price is None or price <= 0:
-            return None, ""
+            kind = "spot" if spot else "on-demand"
+            return None, f"unpriced: no {kind} price of {machine_type} in the bundled catalog"
         return price, "" if offer.region == region else f"estimate: the {offer.region} price"
 
     # ------------------------------------------------------------------ mutating calls (act stage only)

@@ -46,7 +46,7 @@ ACCELERATOR_TYPES: dict[str, tuple[str, float]] = {
     "nvidia-tesla-t4": ("T4", 16.0), "nvidia-tesla-t4-vws": ("T4", 16.0),
     "nvidia-tesla-p4": ("P4", 8.0), "nvidia-tesla-p4-vws": ("P4", 8.0),
     "nvidia-tesla-p100": ("P100", 16.0), "nvidia-tesla-p100-vws": ("P100", 16.0),
-    "nvidia-tesla-v100": ("V100", 16.0),
+    "nvidia-tesla-v100": ("V100-16GB", 16.0),
     "nvidia-tesla-a100": ("A100-40GB", 40.0), "nvidia-a100-80gb": ("A100-80GB", 80.0),
     "nvidia-l4": ("L4", 24.0), "nvidia-l4-vws": ("L4", 24.0),
     "nvidia-h100-80gb": ("H100", 80.0), "nvidia-h100-mega-80gb": ("H100", 80.0),

@@ -15,6 +15,7 @@ from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE
 from gpufinops.places.gcp.cloud import GceCloud, GceError, InventoryError
 from gpufinops.prices.catalog import load_catalog
+from gpufinops.prices.host_prices import is_estimate
 from tests.gcestub import Fault
 
 ROLE = Path(__file__).resolve().parents[3] / "deploy" / "gcp" / "gpufinops-role.yaml"
@@ -69,12 +70,46 @@ def test_lists_gpu_vms_of_every_zone_across_pages_and_nothing_else(gce, monkeypa
     assert (a100.gpu_count, a100.gpu_model, a100.lifecycle) == (8, "A100-40GB", "spot")
     assert a100.hourly_cost == pytest.approx(14.4308)  # the spot price
     t4 = vms["t4-n1"]
-    assert (t4.gpu_count, t4.gpu_model, t4.lifecycle, t4.hourly_cost) == (2, "T4", "spot", None)
+    assert (t4.gpu_count, t4.gpu_model, t4.lifecycle) == (2, "T4", "spot")
+    assert t4.hourly_cost == pytest.approx(0.16565 + 2 * 0.1732)  # N1 in parts: the VM's and two T4s' spot prices
     assert vms["mig-1"].managed_by == "managed instance group 'trainers' (us-east4-b)"
     assert "resize the managed instance group" in vms["mig-1"].managed_advice
     assert vms["off"].state == "stopped"
     assert cloud.complete
     assert_within_role(gce)
+
+
+def test_an_n1_vm_with_attached_gpus_is_priced_from_its_parts_to_the_cent(gce, monkeypatch):
+    """GCE bills an N1 VM's machine type and each attached GPU apart: its price is their sum, on-demand and spot
+    (gcp_parts.csv: n1-standard-8 in us-central1 $0.38 / spot $0.13954, a T4 $0.35 / spot $0.1654)."""
+    gce.add("t4", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)])
+    gce.add("t4-spot", "us-central1-b", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)], spot=True)
+    gce.add("v100x4", "us-central1-a", "n1-highmem-16", accelerators=[("nvidia-tesla-v100", 4)])
+    vms = by_name(cloud_of(gce, monkeypatch).list_gpu_instances())
+
+    assert round(vms["t4"].hourly_cost, 2) == 0.73 and vms["t4"].hourly_cost == pytest.approx(0.38 + 0.35)
+    assert vms["t4"].price_source.startswith("n1-standard-8 + T4, on-demand, priced in parts")
+    spot = vms["t4-spot"]
+    assert spot.hourly_cost == pytest.approx(0.13954 + 0.1654) and round(spot.hourly_cost, 2) == 0.30
+    assert "spot" in spot.price_source and not is_estimate(spot.price_source)
+    assert (vms["v100x4"].gpu_model, vms["v100x4"].gpu_count) == ("V100-16GB", 4)
+    assert vms["v100x4"].hourly_cost == pytest.approx(0.94642 + 4 * 2.48)
+
+
+def test_an_n1_vm_whose_parts_are_not_all_known_stays_unpriced_and_says_why(gce, monkeypatch):
+    gce.add("k80", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-k80", 1)])
+    gce.add("custom", "us-central1-a", "n1-custom-8-30720", accelerators=[("nvidia-tesla-t4", 1)])
+    gce.add("nowhere", "me-central2-a", "n1-standard-8", accelerators=[("nvidia-tesla-p100", 1)])
+    gce.add("vws", "us-central1-a", "n1-standard-8", accelerators=[("nvidia-tesla-t4-vws", 1)])
+    vms = by_name(cloud_of(gce, monkeypatch).list_gpu_instances())
+
+    assert {n: v.hourly_cost for n, v in vms.items()} == dict.fromkeys(["k80", "custom", "nowhere", "vws"])  # not $0
+    assert vms["vws"].price_source == ("unpriced: the virtual workstation licence of nvidia-tesla-t4-vws is not in the "
+                                       "bundled prices")
+    assert vms["k80"].price_source == ("unpriced: its attached GPU nvidia-tesla-k80 is not in places/gcp/machines.py's "
+                                       "table")
+    assert vms["custom"].price_source == "unpriced: no bundled price of machine type n1-custom-8-30720 in us-central1"
+    assert vms["nowhere"].price_source == "unpriced: no bundled price of machine type n1-standard-8 in me-central2"
 
 
 def test_an_unreachable_zone_makes_the_listing_partial_never_empty(gce, monkeypatch):
