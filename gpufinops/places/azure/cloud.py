@@ -1,6 +1,6 @@
 """Azure VMs with GPU sizes, behind the `Cloud` protocol, through the official ARM clients.
 
-Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Everything here is I/O at the edge: no
+Only the act stage calls the mutating methods (set_tags, remove_tags, stop, power_off). Everything here is I/O at the edge: no
 decision is taken, and a subscription that cannot be listed never hides the others.
 
 ARM operations made by this module (the custom role in deploy/azure/gpufinops-role.json grants exactly these; every
@@ -11,8 +11,12 @@ request outside it and the test failing on one):
 - Microsoft.Resources/tags/write: the Tags API's PATCH at the VM's scope, `Merge` of gpufinops's own keys or
   `Delete` of them, never a whole-map `Replace`, so a person's other tags are never overwritten;
 - Microsoft.Compute/virtualMachines/deallocate/action: the stop, its long-running operation followed with
-  Microsoft.Compute/locations/operations/read. Never `powerOff`: a powered-off VM is "Stopped
-  (allocated)" and still billed for its compute (and the SDK's `begin_power_off` is that trap); never delete.
+  Microsoft.Compute/locations/operations/read. Never delete.
+- Microsoft.Compute/virtualMachines/powerOff/action, only under a rule that says `action: power_off` and only with
+  the optional role deploy/azure/gpufinops-power-off-role.json assigned beside the first (without it ARM refuses the
+  call, 403: a definite failure, the VM untouched). A powered-off VM is "Stopped (allocated)": it keeps its
+  hardware (a deallocated GPU VM may find no capacity when started again) and its compute is billed until it is
+  deallocated (the SDK's `stop()` is that trap, which is why no stop ever powers off).
 
 Two clients per subscription. Reads retry a few times (429 after its Retry-After, 5xx). Mutating calls go through
 a client with retries off: exactly one HTTP request per intent, and a failure says whether ARM certainly did
@@ -313,18 +317,29 @@ class AzureCloud:
 
     def stop(self, inst: GpuInstance) -> None:
         """ARM's deallocate (compute billing ends), never a power-off (billing goes on) and never hibernate."""
-        ref = _ref_or_refuse("deallocate", inst)
+        self._operation("deallocate", inst, lambda vms, ref: vms.begin_deallocate(ref.resource_group, ref.name))
+
+    def power_off(self, inst: GpuInstance) -> None:
+        """ARM's powerOff, only for a rule that asks for it (act.Actuator, `action: power_off`): the VM stays
+        allocated, "Stopped (allocated)", and its compute billed until it is deallocated. The guest OS is shut down
+        first (skipShutdown=false), as a person's power-off from the portal does."""
+        self._operation("power off", inst,
+                        lambda vms, ref: vms.begin_power_off(ref.resource_group, ref.name, skip_shutdown=False))
+
+    def _operation(self, operation: str, inst: GpuInstance, begin: Callable[[Any, VmRef], Any]) -> None:
+        """One long-running VM operation: one request (retries off), then its operation followed for at most
+        `deallocate_wait_s`; accepted is enough (the read-back counts "deallocating" / "powering-off" as done)."""
+        ref = _ref_or_refuse(operation, inst)
         vms = self._client("compute", ref.subscription, write=True).virtual_machines
-        poller = self._once("deallocate", inst, lambda: vms.begin_deallocate(ref.resource_group, ref.name))
+        poller = self._once(operation, inst, lambda: begin(vms, ref))
         try:
-            # Followed for a while; accepted is enough: the read-back counts "deallocating" as done.
             poller.wait(timeout=self.settings.deallocate_wait_s)
             status = poller.status()
         except Exception as exc:  # noqa: BLE001 - ARM accepted the request: its outcome is read back
-            raise _cloud_error("deallocate", inst, exc, definite=False) from exc
+            raise _cloud_error(operation, inst, exc, definite=False) from exc
         if str(status).lower() in ("failed", "canceled"):
-            raise CloudError("deallocate", inst.instance_id, inst.region,
-                             f"the deallocate operation ended {status}", definite=False, code=str(status))
+            raise CloudError(operation, inst.instance_id, inst.region,
+                             f"the {operation} operation ended {status}", definite=False, code=str(status))
 
     def terminate(self, inst: GpuInstance) -> None:
         raise CloudError("delete", inst.instance_id, inst.region,
