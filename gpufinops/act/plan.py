@@ -9,8 +9,8 @@ VM still deallocates it after its own warning (primary_decision ranks the spent 
 Also the snooze rules (`snooze_of`: capped at act.max_snooze_s from when the value was first seen, an unreadable
 value snoozes for the cap), the opt-in gap, what blocks a stop (`stop_blocker`) and the per-run cap (`stop_cap`).
 `snooze_value` is the one snooze parser and cap: the service reads it from a tag, a workload annotation or a chat
-click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model and places.registry (pure:
-what each place takes) only at run time, so the agent's command line stays light.
+click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model, words (no imports of its own)
+and places.registry (pure: what each place takes) only at run time, so the agent's command line stays light.
 """
 
 from __future__ import annotations
