@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
 
 from ...config import AzureSettings, ConfigError
 from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
@@ -126,7 +128,7 @@ def manager_of(vm_scale_set_id: str, tags: Mapping[str, str]) -> Manager | None:
 def power_state(statuses: Sequence[Any] | None) -> str:
     """The act stage's state from an instance view's statuses; "unknown" when none says (never judged)."""
     for status in statuses or ():
-        code = str(getattr(status, "code", "") or "")
+        code = str(field(status, "code") or "")
         if code.startswith("PowerState/"):
             return POWER_STATES.get(code.split("/", 1)[1].lower(), "unknown")
     return "unknown"
@@ -242,9 +244,9 @@ class AzureCloud:
         if not models:
             return []
         # The model list carries no power state; `statusOnly=true` lists the instance views (one more paged read).
-        states = {str(vm.id).lower(): power_state(getattr(vm.instance_view, "statuses", None))
+        states = {str(field(vm, "id")).lower(): power_state(field(vm, "properties", "instanceView", "statuses"))
                   for vm in vms.list_all(status_only="true")}
-        return [self._to_gpu_instance(vm, states.get(str(vm.id).lower(), "unknown")) for vm in models]
+        return [self._to_gpu_instance(vm, states.get(str(field(vm, "id")).lower(), "unknown")) for vm in models]
 
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
         """Fresh state and tags of these VMs, each with its instance view. A VM ARM says is gone (404) is absent;
@@ -263,29 +265,30 @@ class AzureCloud:
                 continue
             except Exception as exc:  # noqa: BLE001 - unknown stays unknown
                 raise InventoryError(f"Azure VM {iid} could not be read: {_brief(exc)}") from exc
-            out.append(self._to_gpu_instance(vm, power_state(getattr(vm.instance_view, "statuses", None))))
+            out.append(self._to_gpu_instance(vm, power_state(field(vm, "properties", "instanceView", "statuses"))))
         return out
 
     def _to_gpu_instance(self, vm: Any, state: str) -> GpuInstance:
-        ref = ref_of_arm_id(str(vm.id))
+        arm_id = str(field(vm, "id"))
+        ref = ref_of_arm_id(arm_id)
         if ref is None:
-            raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {str(vm.id)[:200]!r}")
+            raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {arm_id[:200]!r}")
         size = _size_of(vm)
         info = self._sizes.info(size)
-        spot = _text(getattr(vm, "priority", None)).lower() in ("spot", "low")
-        tags = {str(k): str(v) for k, v in (vm.tags or {}).items()}
-        vmss = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", "") or ""
+        spot = _text(field(vm, "properties", "priority")).lower() in ("spot", "low")
+        tags = {str(k): str(v) for k, v in (field(vm, "tags") or {}).items()}
+        vmss = field(vm, "properties", "virtualMachineScaleSet", "id") or ""
         manager = manager_of(vmss, tags)
-        created = getattr(vm, "time_created", None)
-        if isinstance(created, datetime):
+        created = _time(field(vm, "properties", "timeCreated"))
+        if created is not None:
             created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
         else:
             # Without it we cannot know the VM has run a full window: too young to judge, never old enough to stop.
             log.warning("Azure VM %s has no timeCreated; not judged", ref.instance_id)
             created = self._clock()
-        region = str(vm.location or "")
+        region = str(field(vm, "location") or "")
         price = self._sizes.price(size, region, spot)
-        computer = getattr(getattr(vm, "os_profile", None), "computer_name", "") or ref.name
+        computer = field(vm, "properties", "osProfile", "computerName") or ref.name
         return GpuInstance(
             instance_id=ref.instance_id, instance_type=size, region=region, state=state,
             # ARM gives a VM's creation time, not its last start: the window's metric coverage holds a VM started
@@ -374,7 +377,40 @@ def _text(value: Any) -> str:
 
 
 def _size_of(vm: Any) -> str:
-    return _text(getattr(getattr(vm, "hardware_profile", None), "vm_size", None))
+    return _text(field(vm, "properties", "hardwareProfile", "vmSize"))
+
+
+def field(model: Any, *rest_path: str) -> Any:
+    """A field of an ARM answer by its REST names (`"properties", "hardwareProfile", "vmSize"`), None where absent.
+
+    azure-mgmt-compute's models are mappings over the JSON ARM answered: read as such, a field costs a dict lookup,
+    where the model's attribute (`vm.hardware_profile.vm_size`) serialises and deserialises the value again on every
+    access; at 10,000 VMs a listing spent more time in those attributes than in its HTTP (BENCHMARKS.md, "Azure
+    listing"). A model that is no mapping (an older SDK) is read by attribute, its flattened `properties` skipped."""
+    for key in rest_path:
+        if model is None:
+            return None
+        if isinstance(model, Mapping):
+            model = model.get(key)
+        elif key != "properties":
+            model = getattr(model, _SNAKE.sub(r"_\1", key).lower(), None)
+    return model
+
+
+_SNAKE = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def _time(value: Any) -> datetime | None:
+    """An ARM timestamp (`timeCreated`: ISO 8601, up to 7 decimals as .NET writes them), or one the SDK parsed."""
+    if isinstance(value, datetime) or value is None:
+        return value
+    text = str(value).strip().replace("Z", "+00:00")
+    # Python reads at most 6 decimals: .NET writes 7.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def default_credential(settings: AzureSettings | None = None) -> Any:

@@ -247,3 +247,25 @@ def test_a_blank_credential_variable_is_one_error_line_never_a_fall_to_the_next_
     assert main(["--config", str(cfg), "evaluate", "--once"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: Azure credentials: the environment variable AZURE_CLIENT_SECRET is set but blank"
+
+
+def test_fields_are_read_by_their_rest_names_from_the_sdks_mapping_and_by_attribute_from_any_other_model():
+    from types import SimpleNamespace
+
+    from azure.mgmt.compute.models import VirtualMachine
+
+    from gpufinops.places.azure.cloud import _size_of, _time, field
+
+    answer = {"id": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v",
+              "properties": {"hardwareProfile": {"vmSize": "Standard_NC24ads_A100_v4"},
+                             "timeCreated": "2026-11-01T08:00:00.1234567+00:00",  # .NET's 7 decimals
+                             "virtualMachineScaleSet": {"id": "/x/virtualMachineScaleSets/pool"}}}
+    vm = VirtualMachine(answer)
+    assert _size_of(vm) == vm.hardware_profile.vm_size == "Standard_NC24ads_A100_v4"
+    assert _time(field(vm, "properties", "timeCreated")) == vm.time_created
+    assert field(vm, "properties", "virtualMachineScaleSet", "id") == vm.virtual_machine_scale_set.id
+    assert field(vm, "properties", "osProfile", "computerName") is None and field(vm, "tags") is None
+    # A model read by attribute (flattened, as the SDK's older models were): the same fields.
+    old = SimpleNamespace(hardware_profile=SimpleNamespace(vm_size="Standard_ND96isr_H100_v5"), time_created=None)
+    assert _size_of(old) == "Standard_ND96isr_H100_v5" and field(old, "properties", "timeCreated") is None
+    assert _time("not a time") is None and _time("2026-11-01T08:00:00Z").tzinfo is not None
