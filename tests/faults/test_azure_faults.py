@@ -310,3 +310,48 @@ def test_power_off_throttled_is_refused_recorded_failed_and_tried_again_next_tic
     w.tick(11)
     assert len(w.power_offs("idle-a100")) == 2 and w.settle("idle-a100") == "stopped"
     check_power_off_invariants(w)
+
+
+def test_power_off_5xx_before_any_effect_stays_unconfirmed_until_it_cannot_land_then_is_tried_again(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(is_power_off_of("idle-a100"), "status", status=503)
+    w.tick(10)
+    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")  # ARM may have taken it
+    w.tick(10.5)  # within the longest a request may be in flight: still open, no second request
+    assert len(w.power_offs("idle-a100")) == 1
+    w.tick(13)  # past it: settled from ARM's answer (still running: not done); the mark stands, tried again
+    w.tick(14)
+    assert len(w.power_offs("idle-a100")) == 2 and w.settle("idle-a100") == "stopped"
+    check_power_off_invariants(w)
+
+
+def test_power_off_answer_lost_and_read_back_failing_is_settled_by_the_next_ticks_reconcile(power_off_world):
+    # The answer is lost and the read-back cannot say either: unconfirmed; the next tick reads ARM ("Stopped
+    # (allocated)") and settles it done: its notice then, once, saying billing continues; never a second power-off.
+    from gpufinops.words import POWER_OFF_BILLING
+
+    w = power_off_world
+    w.tick(0)
+    reads = {"n": 0}
+
+    def read_back_after_the_power_off(s):
+        if not rereads_of("idle-a100")(s):
+            return False
+        reads["n"] += 1
+        return reads["n"] > 1  # the act stage's re-read before acting passes; the read-back after it fails
+
+    w.stub.arm(is_power_off_of("idle-a100"), "after_effect")
+    w.stub.arm(read_back_after_the_power_off, "status", status=503, times=4)  # every retry of the read-back
+    w.tick(10)
+    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")
+    assert [m for m in w.messages_about("idle-a100") if "Powered off" in m] == []
+    w.settle("idle-a100")
+    w.tick(11)
+    [notice] = [m for m in w.messages_about("idle-a100") if "Powered off idle GPU VM" in m]
+    assert POWER_OFF_BILLING[1:] in notice
+    w.tick(20)
+    assert len(w.power_offs("idle-a100")) == 1
+    check_power_off_invariants(w)
