@@ -229,8 +229,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
               f"[{r.source}]")
         if r.action is Action.POWER_OFF:
             # Valid, and costly: the operator reads here what the rule's power-off leaves billed.
-            print(f"    note: {r.name}: power_off applies to Azure VMs only (any other subject it selects: notify only); "
-                  f"{POWER_OFF_BILLING}; needs the optional role deploy/azure/gpufinops-power-off-role.json")
+            print(f"    note: {r.name}: power_off applies to Azure VMs only (any other subject it selects: notify "
+                  f"only); {POWER_OFF_BILLING}; needs the optional role deploy/azure/gpufinops-power-off-role.json")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 

@@ -1,7 +1,7 @@
 """Azure VMs with GPU sizes, behind the `Cloud` protocol, through the official ARM clients.
 
-Only the act stage calls the mutating methods (set_tags, remove_tags, stop, power_off). Everything here is I/O at the edge: no
-decision is taken, and a subscription that cannot be listed never hides the others.
+Only the act stage calls the mutating methods (set_tags, remove_tags, stop, power_off). Everything here is I/O at the
+edge: no decision is taken, and a subscription that cannot be listed never hides the others.
 
 ARM operations made by this module (the custom role in deploy/azure/gpufinops-role.json grants exactly these; every
 test of tests/places/azure and tests/faults/test_azure_faults.py runs under it, the stand-in ARM answering 403 to any
