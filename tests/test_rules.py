@@ -247,7 +247,8 @@ def test_every_notice_of_a_power_off_says_billing_continues_and_names_no_saving(
 
     t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
     vm = GpuInstance(instance_id="azure:11111111-2222-3333-4444-555555555555/ml/a100",
-                     instance_type="Standard_NC24ads_A100_v4", region="eastus", state="running", launch_time=t0, gpu_count=1, provider="azure", hourly_cost=3.67)
+                     instance_type="Standard_NC24ads_A100_v4", region="eastus", state="running", launch_time=t0,
+                     gpu_count=1, provider="azure", hourly_cost=3.67)
     d = Decision(vm.instance_id, "keep-hardware", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", t0,
                  Action.POWER_OFF, hourly_cost=3.67)
     said = POWER_OFF_BILLING[1:]  # after its capital
