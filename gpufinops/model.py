@@ -94,6 +94,10 @@ class Action(str, enum.Enum):
     REQUEUE = "requeue"
     HOLD = "hold"
     CANCEL = "cancel"
+    # Azure VMs only, and only where a rule asks for it (places.azure, docs/deploy.md "Azure"): ARM's powerOff keeps
+    # the VM's hardware allocated (a deallocated GPU VM may find no capacity when started again), and its compute
+    # is billed until it is deallocated (words.POWER_OFF_BILLING says so wherever a power-off is announced).
+    POWER_OFF = "power_off"
 
 
 class ReasonCode(str, enum.Enum):
@@ -421,6 +425,9 @@ class ActionKind(str, enum.Enum):
     SNOOZE = "snooze"  # a person clicked Snooze / Keep running on a warning: the snooze tag, set for them
     RESTORE = "restore"  # a person brought back what gpufinops scaled to zero (gpufinops k8s restore)
     TAG = "tag"  # bookkeeping tags after a stop (mark removed, stopped-by): a cloud change, so it has its row
+    # An Azure VM powered off on a power_off rule: "Stopped (allocated)", still billed; never counted as a stop that
+    # saves (the report's stops and savings count stop and terminate only).
+    POWER_OFF = "power_off"
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ WORDS: dict[str, str] = {
     # ActionKind: what the service did
     "mark": "warned, stop scheduled",
     "stop": "stopped",
+    "power_off": "powered off, still billed until deallocated (Azure)",
     "terminate": "terminated",
     "unmark": "scheduled stop called off",
     "skip": "stop held back",
@@ -65,6 +66,12 @@ WORDS: dict[str, str] = {
     "UNDERUTILIZED": "underutilized",
     "UNKNOWN": "not judged (unknown)",
 }
+
+
+# Said wherever a power-off is announced or reported (warning, done notice, audit row, rules check): a powered-off
+# Azure VM keeps its hardware and its bill.
+POWER_OFF_BILLING = ("powering off keeps the VM allocated: Azure bills its compute until the VM is deallocated "
+                     "(a rule with action: stop deallocates it)")
 
 
 def readable(code: str) -> str:
@@ -166,4 +173,4 @@ def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | 
                      + [line(part) for row in lines_of for part in row])
 
 
-__all__ = ["HINTS", "REPORT_HINTS", "WORDS", "readable", "render_table", "words"]
+__all__ = ["HINTS", "POWER_OFF_BILLING", "REPORT_HINTS", "WORDS", "readable", "render_table", "words"]

@@ -8,15 +8,17 @@ No compute emulator exists for Azure, so this speaks the exact REST subset gpufi
        (...&statusOnly=true: each VM's `properties.instanceView` only)
 - GET  /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.Compute/virtualMachines/{n}[?$expand=instanceView]
 - PATCH {vm id}/providers/Microsoft.Resources/tags/default   {"operation": "Merge"|"Delete"|"Replace", ...}
-- POST {vm id}/deallocate, {vm id}/powerOff   202 + Azure-AsyncOperation + Location (long-running operations)
+- POST {vm id}/deallocate, {vm id}/powerOff[?skipShutdown=false]   202 + Azure-AsyncOperation + Location
+       (long-running operations)
 - GET  /subscriptions/{s}/providers/Microsoft.Compute/locations/{l}/operations/{id}   {"status": "InProgress"...}
        (...?monitor=true: the Location header's URL, 202 while running, 200 when done)
 
 The power states move as ARM's do, over real time: deallocate makes a running VM "deallocating" for
 `transition_s`, then "deallocated"; powerOff "stopping" then "stopped" (allocated: still billed). A person's
 changes are `person_*` calls (no HTTP, as from the portal). Every request needs the bearer token, is checked against
-a custom role's Actions (`role`: deploy/azure/gpufinops-role.json; a request outside it gets ARM's 403
-AuthorizationFailed and is not carried out) and is recorded (`requests`). Faults are armed per request
+the custom roles assigned (`role`: deploy/azure/gpufinops-role.json, or a list of roles, e.g. that one and the
+optional gpufinops-power-off-role.json: ARM grants what any assigned role grants; a request outside them gets ARM's
+403 AuthorizationFailed and is not carried out) and is recorded (`requests`). Faults are armed per request
 (`arm(predicate, mode, ...)`): `status` (answer it without acting: 429 + Retry-After, 503), `after_effect` (act,
 then answer 500: the answer is lost), `drop` (act, then close the connection unanswered), `hook` (call a function
 before the request is handled: a person's last-second change).
@@ -140,8 +142,11 @@ def operation_of(method: str, path: str) -> str:
     return f"?{method} {path}"
 
 
-def role_allows(role: dict[str, Any], action: str) -> bool:
-    """ARM's test of a role definition's Actions / NotActions (wildcards, case-insensitive)."""
+def role_allows(role: dict[str, Any] | list[dict[str, Any]], action: str) -> bool:
+    """ARM's test of a role definition's Actions / NotActions (wildcards, case-insensitive); of several roles
+    assigned, any one that grants it."""
+    if isinstance(role, list):
+        return any(role_allows(r, action) for r in role)
     perms = role.get("permissions") or [{"actions": role.get("Actions", []), "notActions": role.get("NotActions", [])}]
     for p in perms:
         actions = p.get("actions", p.get("Actions", []))
@@ -153,7 +158,8 @@ def role_allows(role: dict[str, Any], action: str) -> bool:
 
 
 class ArmStub:
-    def __init__(self, tmp: Path, *, role: dict[str, Any] | None = None, page_size: int = 2, transition_s: float = 0.3):
+    def __init__(self, tmp: Path, *, role: dict[str, Any] | list[dict[str, Any]] | None = None, page_size: int = 2,
+                 transition_s: float = 0.3):
         self.vms: dict[str, Vm] = {}
         self.role = role
         self.page_size = page_size
@@ -233,6 +239,9 @@ class ArmStub:
 def _handler(stub: ArmStub):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: with Nagle on, the body waits for the client's delayed ACK of the
+        # headers (40 ms a request on Linux), which a benchmark would count as the listing's time. ARM does not.
+        disable_nagle_algorithm = True
 
         def log_message(self, *_args: Any) -> None:
             pass
@@ -353,6 +362,8 @@ def _route(stub: ArmStub, seen: Seen, headers: Any) -> tuple[int, Any, dict[str,
         if vm is None:
             return 404, {"error": {"code": "ResourceNotFound", "message": "no such VM"}}, {}
         deallocate = low.endswith("/deallocate")
+        if not deallocate and (seen.query.get("skipShutdown") or ["false"])[0] not in ("true", "false"):
+            return 400, {"error": {"code": "InvalidParameter", "message": "skipShutdown must be true or false"}}, {}
         if vm.power in ("starting",):
             return 409, {"error": {"code": "OperationNotAllowed", "message": "the VM is starting"}}, {}
         if deallocate and vm.power not in ("deallocated", "deallocating"):
@@ -457,3 +468,5 @@ class StaticToken:
 # What places.azure.cloud calls, as role actions (the shipped role must grant exactly these).
 ROLE_ACTIONS_USED = ("Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/locations/operations/read",
                      "Microsoft.Resources/tags/write", "Microsoft.Compute/virtualMachines/deallocate/action")
+# What it calls only under a power_off rule: the optional role grants exactly this.
+POWER_OFF_ACTIONS_USED = ("Microsoft.Compute/virtualMachines/powerOff/action",)

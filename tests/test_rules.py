@@ -223,3 +223,43 @@ def test_slack_channel_and_notify_to_both_given_is_an_error_and_a_bad_old_channe
     p = write(tmp_path, "rules:\n  - name: bad\n    threshold_pct: 10\n    window: 2h\n    slack_channel: 'ML GPUs'\n")
     msg = str(pytest.raises(ConfigError, load_rules, [p]).value)
     assert f"{p}:5" in msg and "rules.0.slack_channel" in msg and "is not a Slack channel" in msg, msg
+
+
+def test_rules_check_says_a_power_off_rule_leaves_the_vm_billed(tmp_path, capsys):
+    from gpufinops.words import POWER_OFF_BILLING
+
+    p = write(tmp_path, "rules:\n  - name: keep-hardware\n    threshold_pct: 5\n    window: 2h\n    action: power_off\n"
+                        "  - name: plain\n    threshold_pct: 10\n    window: 2h\n    action: stop\n")
+    assert main(["rules", "check", str(p)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ok  keep-hardware") and "power_off" in lines[0]
+    assert lines[1].strip().startswith("note: keep-hardware: power_off applies to Azure VMs only")
+    assert POWER_OFF_BILLING in lines[1] and "gpufinops-power-off-role.json" in lines[1]
+    assert lines[2].startswith("ok  plain") and not any("note: plain" in line for line in lines)
+
+
+def test_every_notice_of_a_power_off_says_billing_continues_and_names_no_saving():
+    from datetime import datetime, timezone
+
+    from gpufinops.model import Decision, ReasonCode, Verdict
+    from gpufinops.notify import messages
+    from gpufinops.words import POWER_OFF_BILLING, words
+
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    vm = GpuInstance(instance_id="azure:11111111-2222-3333-4444-555555555555/ml/a100",
+                     instance_type="Standard_NC24ads_A100_v4", region="eastus", state="running", launch_time=t0,
+                     gpu_count=1, provider="azure", hourly_cost=3.67)
+    d = Decision(vm.instance_id, "keep-hardware", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", t0,
+                 Action.POWER_OFF, hourly_cost=3.67)
+    said = POWER_OFF_BILLING[1:]  # after its capital
+    for dry_run in (False, True):
+        warning = messages.idle_warning(vm, d, marked_at=t0, stop_at=t0, dry_run=dry_run, action=Action.POWER_OFF)
+        assert "powered off" in warning.text and said in warning.text and said in warning.lead
+        done = messages.stopped(vm, d, at=t0, dry_run=dry_run, action=Action.POWER_OFF)
+        assert said in done.text and "save" not in done.text.lower() and said in done.lead
+        assert "Still billed" in dict(done.facts) and not any("save" in label.lower() for label, _ in done.facts)
+    assert "still billed until deallocated" in words("power_off")  # the audit's and the report's word for the row
+    # A deallocate's notices stay as they were: a saving, no billing sentence.
+    stop = messages.stopped(vm, Decision(vm.instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", t0,
+                                         Action.STOP, hourly_cost=3.67), at=t0, dry_run=False, action=Action.STOP)
+    assert "Deallocated" in stop.text and "Saves" in stop.text and said not in stop.text

@@ -9,7 +9,7 @@ terminate, scale, suspend, cordon, restore) are called inside it and nowhere els
 Owns: `plan` (pure: instance, its primary decision, its mark, its stored state, now -> Intent; table-tested),
 `actuator` (`Actuator.apply()` carries intents out through `Actuator.change()`), `lease` (the scheduler lease and
 its fencing token, checked before every change), `restore` (`gpufinops k8s restore`).
-May import: model, config, rules, store, notify, places (the clouds it acts through), prices.
-Never imports run, cost, report, recommend, backtest, demo, agent or cli. `plan` imports model, config and
-places.registry (pure) only.
+May import: model, config, rules, store, notify, places (the clouds it acts through), prices, words (a power-off's
+billing sentence). Never imports run, cost, report, recommend, backtest, demo, agent or cli. `plan` imports model,
+config, words and places.registry (pure) only.
 """

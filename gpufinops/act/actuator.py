@@ -32,6 +32,7 @@ from ..notify import interact, messages
 from ..notify.routing import deliveries
 from ..config import Settings
 from ..model import (
+    STATE_STOPPED_ALLOCATED,
     TAG_MARKED,
     TAG_PROTECT,
     TAG_SNOOZE,
@@ -51,6 +52,7 @@ from ..model import (
     Verdict,
 )
 from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, place_of
+from ..words import POWER_OFF_BILLING
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -281,8 +283,8 @@ class Actuator:
         if kind == ActionKind.UNMARK:
             return self._unmark(ctx, inst, intent, mark, rule_name, to)
 
-        # STOP / TERMINATE
-        failures = self.store.action_rows(status="failed", kinds=[ActionKind.STOP, ActionKind.TERMINATE],
+        # STOP / TERMINATE / POWER_OFF
+        failures = self.store.action_rows(status="failed", kinds=list(CHANGE_KINDS),
                                           start=mark.marked_at, instance_id=inst.instance_id)
         if len(failures) >= MAX_STOP_ATTEMPTS:
             return self._give_up(ctx, inst, mark, rule_name, to, failures[-1].error or "")
@@ -305,19 +307,23 @@ class Actuator:
             # A Slurm cluster (places.fleet.WithSlurm) is the only Cloud with jobs to end.
             def call(job: GpuInstance) -> None:
                 self.cloud.end_job(job, decision.action)
+        elif kind == ActionKind.POWER_OFF:
+            # An Azure VM's power-off, asked for by its rule (stop_blocker lets no other subject through): the VM
+            # keeps its hardware, and its bill. The record says so (audit).
+            call = self.cloud.power_off
         else:
             call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
-        done = _terminated if kind == ActionKind.TERMINATE else _stopped
-        outcome = self.change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
+        reason = _with_billing(kind, intent.reason)
+        outcome = self.change(ctx, inst, kind, rule_name, reason, lambda: call(inst), verify=DONE_STATES_OF[kind],
                               keep_open=True)
         if not outcome.ok:
-            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
+            return ActionResult(inst.instance_id, kind, ctx.dry_run, False, reason, rule_name, ctx.now,
                                 error=outcome.error)
         self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, to)
         if outcome.action_id is not None:
             self.store.finish_action(outcome.action_id, True, ctx.now, status="done")
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
-                            ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
+                            ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + reason,
                             rule_name, ctx.now)
 
     def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None, now: datetime) -> str:
@@ -650,8 +656,8 @@ class Actuator:
             # A request sent less than the longest time one can take ago may still land (a paused process, a
             # held connection): "not done" is not an answer yet. Its row stays open, and its instance waits.
             in_flight = p.status != "applied" and (now - p.at).total_seconds() < max_request_s
-            if p.kind in (ActionKind.STOP, ActionKind.TERMINATE):
-                done = (_terminated if p.kind == ActionKind.TERMINATE else _stopped)(inst)
+            if p.kind in CHANGE_KINDS:
+                done = DONE_STATES_OF[p.kind](inst)
                 if not done and in_flight:
                     log.warning("%s on %s not seen done yet; it may still be in flight until %s: settled then",
                                 p.kind.value, p.instance_id, _stamp(p.at + timedelta(seconds=max_request_s)))
@@ -663,8 +669,8 @@ class Actuator:
                         # action; the registry tells the place from the id (places.registry.place_of).
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
-                                            action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
-                                            place_of(p.instance_id).own_action or Action.STOP,
+                                            action=ACTION_OF_KIND.get(p.kind) or place_of(p.instance_id).own_action
+                                            or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._destinations(None, inst))
                     else:
@@ -732,6 +738,25 @@ def _terminated(inst: GpuInstance | None) -> bool:
     return inst is None or inst.state in TERMINATED_STATES
 
 
+def _powered_off(inst: GpuInstance | None) -> bool:
+    """An Azure VM's power-off went through: powering off, or "Stopped (allocated)". A VM found deallocated was not
+    powered off by gpufinops (someone deallocated it): not this change's doing, never recorded as it."""
+    return inst is None or inst.state in ("powering-off", STATE_STOPPED_ALLOCATED)
+
+
+# The changes that end a mark (the plan's stop-time kinds), and the state that says each went through.
+DONE_STATES_OF: dict[ActionKind, Callable[[GpuInstance | None], bool]] = {
+    ActionKind.STOP: _stopped, ActionKind.TERMINATE: _terminated, ActionKind.POWER_OFF: _powered_off}
+CHANGE_KINDS = tuple(DONE_STATES_OF)
+# The rule's action a change row stands for, where the kind says it (a stop row: its place's own action, or stop).
+ACTION_OF_KIND = {ActionKind.TERMINATE: Action.TERMINATE, ActionKind.POWER_OFF: Action.POWER_OFF}
+
+
+def _with_billing(kind: ActionKind, reason: str) -> str:
+    """A change's recorded reason: a power-off's says that the VM's compute is still billed (the audit row)."""
+    return f"{reason}; {POWER_OFF_BILLING}" if kind == ActionKind.POWER_OFF else reason
+
+
 def _stamp(at: datetime) -> str:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -739,4 +764,5 @@ def _stamp(at: datetime) -> str:
 def _reason_of(action_reason: str) -> str:
     """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...")."""
     head = "still idle at the announced time: "
+    action_reason = action_reason.removesuffix(f"; {POWER_OFF_BILLING}")  # the notice says it in its own words
     return action_reason[len(head):] if action_reason.startswith(head) else action_reason

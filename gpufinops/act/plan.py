@@ -1,11 +1,16 @@
 """The pure half of the act stage: (instance, its primary decision, its mark, its stored state, now) ->
 Intent(kind, reason). No I/O; table-tested. `Actuator.apply()` (act/actuator.py) carries the intents out.
 
+A power_off rule over an Azure VM already "Stopped (allocated)" (gpufinops powered it off on that rule, or a person
+did) has nothing left to do: the VM is judged IDLE and billed (decide.evaluate: the report says so), but neither
+warned nor powered off again, a mark of it withdrawn (ALREADY_POWERED_OFF); a deallocate (stop) rule over the same
+VM still deallocates it after its own warning (primary_decision ranks the spent power-off last).
+
 Also the snooze rules (`snooze_of`: capped at act.max_snooze_s from when the value was first seen, an unreadable
 value snoozes for the cap), the opt-in gap, what blocks a stop (`stop_blocker`) and the per-run cap (`stop_cap`).
 `snooze_value` is the one snooze parser and cap: the service reads it from a tag, a workload annotation or a chat
-click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model and places.registry (pure:
-what each place takes) only at run time, so the agent's command line stays light.
+click, the host agent (agent/autostop/snooze.py) from its snooze file. Imports model, words (no imports of its own)
+and places.registry (pure: what each place takes) only at run time, so the agent's command line stays light.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import TYPE_CHECKING, Sequence
 
 # No I/O, no third-party import: the agent's import stays light.
 from ..k8s.model import NODE_CORDONED_BY_OTHERS
-from ..model import (TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision, GpuInstance, Verdict,
-                     format_duration)
+from ..model import (STATE_STOPPED_ALLOCATED, TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, ActionKind, Decision,
+                     GpuInstance, ReasonCode, Verdict, format_duration)
 from ..places.registry import KUBERNETES_NODE, TAG_MARK_GONE_WHY, place_of, place_of_instance, refusal, strength
+from ..words import POWER_OFF_BILLING
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -155,6 +161,18 @@ def stop_blocker(inst: GpuInstance, action: Action) -> str:
     return ""
 
 
+def power_off_spent(decision: Decision) -> bool:
+    """A power_off rule's IDLE verdict on a VM that is powered off already ("Stopped (allocated)": the verdict's
+    code says it): nothing left for that rule to do. Pure: read from the decision alone."""
+    return decision.action is Action.POWER_OFF and decision.code is ReasonCode.BILLED_WHILE_STOPPED
+
+
+# Why a power_off rule does nothing more to a VM powered off already (its intent's reason: the log, `evaluate`, a
+# withdrawn mark's notice).
+ALREADY_POWERED_OFF = ("already powered off (\"Stopped (allocated)\"): nothing more for a power_off rule to do; "
+                       + POWER_OFF_BILLING)
+
+
 def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
     """The decision that drives action: an IDLE one with the strongest action, else the first.
 
@@ -170,8 +188,9 @@ def primary_decision(decisions: Sequence[Decision]) -> Decision | None:
     if idle and unknown and any(d.action != Action.NOTIFY for d in idle):
         return unknown[0]
     if idle:
-        # max() keeps the first of equals, i.e. rule-file order breaks ties.
-        return max(idle, key=lambda d: strength(d.action))
+        # max() keeps the first of equals, i.e. rule-file order breaks ties. A spent power-off (the VM is powered
+        # off already) ranks under any other IDLE rule: a notify rule still tells, a stop rule still deallocates.
+        return max(idle, key=lambda d: (not power_off_spent(d), strength(d.action)))
     return decisions[0]
 
 
@@ -246,6 +265,13 @@ def plan(
     if decision.action == Action.NOTIFY:
         return Intent(ActionKind.NOTIFY if new_episode else None, decision.reason, decision)
 
+    if power_off_spent(decision) and inst.state == STATE_STOPPED_ALLOCATED:
+        # Powered off already (by this rule, or by a person): warning it again, then powering it off, would be a
+        # loop of notices about a change that changes nothing. Its mark, if any, is withdrawn (its warning told so).
+        if mark:
+            return Intent(ActionKind.UNMARK, ALREADY_POWERED_OFF, decision)
+        return Intent(None, ALREADY_POWERED_OFF, decision)
+
     blocker = stop_blocker(inst, decision.action) or opt_in_missing
     if blocker:
         # Judged, never stopped: the owner hears once per idle episode what to do instead.
@@ -284,7 +310,8 @@ def plan(
                                          f"{late_s / 60:.0f} min ago while gpufinops was not running or its clock "
                                          f"leapt forward: warning again with a full lead", decision)
     if now >= mark.stop_at:
-        kind = ActionKind.TERMINATE if decision.action == Action.TERMINATE else ActionKind.STOP
+        kind = {Action.TERMINATE: ActionKind.TERMINATE, Action.POWER_OFF: ActionKind.POWER_OFF}.get(
+            decision.action, ActionKind.STOP)
         return Intent(kind, f"still idle at the announced time: {decision.reason}", decision)
     return Intent(None, f"marked; stop due at {mark.stop_at:%H:%M} UTC", decision)
 

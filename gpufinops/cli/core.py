@@ -118,18 +118,20 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str
     Mirrors act.plan()'s order: protection, then being managed by something else, then a snooze; only an
     IDLE verdict of a stop rule leads to a warning and a stop.
     """
-    from ..act.plan import opt_in_gap, snoozed_until
+    from ..act.plan import ALREADY_POWERED_OFF, opt_in_gap, power_off_spent, snoozed_until
     from ..model import Action, Verdict, format_duration
 
     if decision.verdict != Verdict.IDLE:
         return ""
     if decision.action == Action.NOTIFY:
         return "notify only, never stopped by this rule"
+    if power_off_spent(decision):
+        return ALREADY_POWERED_OFF
     if inst is not None and inst.is_protected:
         return "protected, never stopped"
     if inst is not None and getattr(inst, "managed_by", ""):
         return f"managed by {inst.managed_by}, never stopped"
-    if inst is not None and getattr(inst, "provider", "") == "kubernetes":
+    if inst is not None and (getattr(inst, "provider", "") == "kubernetes" or decision.action == Action.POWER_OFF):
         # A workload's action decides what may be done to it (a Kueue job is only suspended, never scaled).
         from ..act.plan import stop_blocker
 
@@ -145,9 +147,11 @@ def decision_outcome(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str
             return missing
     verb = decision.action.value
     lead = f" {format_duration(rule.warning_lead_s)} later" if rule is not None else " after the warning"
+    # A power-off ends no billing: the outcome says so, as every notice of it does.
+    billed = " (still billed: not deallocated)" if decision.action == Action.POWER_OFF else ""
     if dry_run:
-        return f"dry-run: would warn, then {verb}{lead} (nothing is changed)"
-    return f"warn, then {verb}{lead}"
+        return f"dry-run: would warn, then {verb}{lead}{billed} (nothing is changed)"
+    return f"warn, then {verb}{lead}{billed}"
 
 
 def decision_row(decision, inst, rule, now, dry_run: bool, opt_in: tuple[str, str] | None = None) -> dict:
@@ -210,7 +214,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
-    from ..model import format_duration
+    from ..model import Action, format_duration
+    from ..words import POWER_OFF_BILLING
 
     for r in rules:
         # The opt-in for GPUs without an activity counter (MIG under gpufinops agent), shown only when on.
@@ -222,6 +227,10 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
               f"for {format_duration(r.window_s)} (lead {format_duration(r.warning_lead_s)}){no_counter}  to {to}  "
               f"[{r.source}]")
+        if r.action is Action.POWER_OFF:
+            # Valid, and costly: the operator reads here what the rule's power-off leaves billed.
+            print(f"    note: {r.name}: power_off applies to Azure VMs only (any other subject it selects: notify "
+                  f"only); {POWER_OFF_BILLING}; needs the optional role deploy/azure/gpufinops-power-off-role.json")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 

@@ -38,7 +38,7 @@ from ..places.gcp.labels import gcloud_add_labels, in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
 from ..places.registry import (ACTION_VERBS, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST, SLURM_JOB, TAG_SLURM_JOB_ID,
                                TAG_SLURM_SNOOZE_KEYWORD, place_of_instance)
-from ..words import HINTS, words
+from ..words import HINTS, POWER_OFF_BILLING, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
 # Slack's limits, with a margin where Slack counts differently from len().
@@ -343,17 +343,19 @@ def idle_warning(
     reason = _v(decision.reason, MAX_REASON)
     will = f"would be {_done} (dry-run)" if dry_run else f"will be {_done}"
     keep_hint = keep_hint or _keep_hint(inst)
+    billing = _billing_continues(action)
 
     text = (
         ("[DRY-RUN] " if dry_run else "")
         + f"Idle {_noun(inst)} {_instance_line(inst)} {will} at {_when(stop_at)} (in {lead}) unless it becomes "
-        f"active. Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {keep_hint}"
+        f"active. Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {billing}{keep_hint}"
     )
     return _notice(
         warning_key(inst.instance_id, marked_at), channel, text, inst=inst, kind="warning", dry_run=dry_run, to=to,
         title=f"Idle {_noun(inst)} {'would be' if dry_run else 'will be'} {_done}: {_shown_id(inst.instance_id)}",
         lead=(f"*{_v(_shown_id(inst.instance_id))}* has been idle under rule *{_v(decision.rule_name)}* and {will} "
-              f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"),
+              f"at {_slack_date(stop_at)} (in {lead}) unless it becomes active.\n*Why:* {reason}"
+              + (f"\n*Billing:* {billing.strip()}" if billing else "")),
         facts=(
             *_who_and_where(inst),
             ("Cost", _money_and_day(cost, estimate=_estimated(inst))),
@@ -428,29 +430,42 @@ def mention_owner(notice: Notice, user_id: str) -> Notice:
     return replace(notice, text=_clip_text(notice.text, MAX_FALLBACK - len(suffix)) + suffix, facts=facts)
 
 
+def _billing_continues(action: Action) -> str:
+    """The sentence every notice of a power-off carries (its compute is still billed), with a trailing space; ""
+    for any other action."""
+    return f"{POWER_OFF_BILLING[:1].upper()}{POWER_OFF_BILLING[1:]}. " if action is Action.POWER_OFF else ""
+
+
 def stopped(
     inst: GpuInstance, decision: Decision, *, at: datetime, channel: str = "", to: tuple[str, ...] = (),
     dry_run: bool, action: Action, idle_since: datetime | None = None,
 ) -> Notice:
-    """Phase two: the instance was stopped (or, in dry-run, would have been)."""
+    """Phase two: the instance was stopped (or, in dry-run, would have been). A power-off saves nothing: its
+    notice says the compute is still billed, never a saving."""
     verb, done = _verbs(action, "stopped", inst)
     noun = _noun(inst)
     cost = _cost(inst, decision)
     reason = _v(decision.reason, MAX_REASON)
+    billing = _billing_continues(action)
     # A cordon saves nothing by itself: the node's cost ends when Karpenter / cluster-autoscaler remove it.
-    saves = (f"Once its autoscaler removes it, that saves {format_money(cost, per='h', estimate=_estimated(inst))}."
+    saves = (billing.strip() if billing else
+             f"Once its autoscaler removes it, that saves {format_money(cost, per='h', estimate=_estimated(inst))}."
              if _is_node(inst) else
              f"Saves {format_money(cost, per='h', estimate=_estimated(inst))} for every hour it stays {done}.")
     if dry_run:
         text = (f"[DRY-RUN] Would {verb} idle {noun} {_instance_line(inst)} at {_when(at)}; "
-                f"it was NOT {done}. Why: {reason}. Would save {format_money(cost, per='h', estimate=_estimated(inst))}"
-                + (" once its autoscaler removes it." if _is_node(inst) else "."))
+                f"it was NOT {done}. Why: {reason}. "
+                + (billing.strip() if billing else
+                   f"Would save {format_money(cost, per='h', estimate=_estimated(inst))}"
+                   + (" once its autoscaler removes it." if _is_node(inst) else ".")))
         title = f"Would {verb} idle {noun}: {_shown_id(inst.instance_id)}"
         lead = f"*{_v(_shown_id(inst.instance_id))}* would have been {done} at {_slack_date(at)}; it was *not* {done}."
     else:
         text = f"{done.capitalize()} idle {noun} {_instance_line(inst)} at {_when(at)}. Why: {reason}. {saves}"
         title = f"Idle {noun} {done}: {_shown_id(inst.instance_id)}"
         lead = f"*{_v(_shown_id(inst.instance_id))}* was {done} at {_slack_date(at)}."
+    if billing:
+        lead += f"\n*Billing:* {billing.strip()}"
     if _kueue_workload(inst):
         after = (f"Kueue Workload {_v(_kueue_workload(inst), 120)} was set `spec.active: false`: Kueue evicted it and "
                  f"keeps it out of the queue. Resume it with `gpufinops k8s restore {_restore_target(inst)}` "
@@ -472,6 +487,9 @@ def stopped(
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
     elif action is Action.TERMINATE:
         after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
+    elif billing:
+        after = (f"It keeps its hardware: start it again whenever it is needed. To end its compute billing, deallocate "
+                 f"it (`az vm deallocate`); tag it `{TAG_PROTECT}` = `true` to exclude it from automatic changes.")
     else:
         after = f"Start it again whenever it is needed; tag it `{TAG_PROTECT}` = `true` to exclude it from automatic stops."
     return _notice(
@@ -479,8 +497,8 @@ def stopped(
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
             *_who_and_where(inst),
-            ("Would save" if dry_run else "Saves once removed" if _is_node(inst) else "Saves while stopped",
-             format_money(cost, per="h", estimate=_estimated(inst))),
+            ("Still billed" if billing else "Would save" if dry_run else "Saves once removed" if _is_node(inst)
+             else "Saves while stopped", format_money(cost, per="h", estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),

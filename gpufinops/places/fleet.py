@@ -154,6 +154,10 @@ class RoutedCloud:
     def terminate(self, inst: GpuInstance) -> None:
         self.cloud_of(inst).terminate(inst)
 
+    def power_off(self, inst: GpuInstance) -> None:
+        """An Azure VM's power-off (places.azure.cloud): the one place that takes it, as the registry says."""
+        self.cloud_of(inst).power_off(inst)
+
 
 class FleetCloud(RoutedCloud):
     """One Cloud over EC2 and the cluster. A side that cannot be listed makes the listing partial (`last_errors`,

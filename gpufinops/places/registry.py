@@ -45,6 +45,7 @@ ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
     Action.REQUEUE: ("requeue", "requeued"),
     Action.HOLD: ("requeue and hold", "requeued and held"),
     Action.CANCEL: ("cancel", "cancelled"),
+    Action.POWER_OFF: ("power off", "powered off"),
 }
 
 
@@ -151,14 +152,20 @@ GCE = Place(
     stops_any_spot=True,
 )
 
-# Its stop is ARM's deallocate, the only one that ends compute billing (a power-off leaves the VM "Stopped
-# (allocated)" and billed); gpufinops never deletes a VM.
+# Its stop is ARM's deallocate, the only one that ends compute billing; gpufinops never deletes a VM. A power-off
+# leaves the VM "Stopped (allocated)" and billed: made only where a rule says action: power_off (the operator keeps
+# the VM's hardware: a deallocated GPU VM may find no capacity when started), and every notice of it says so.
 AZURE_VM = Place(
     name="Azure VM", noun="GPU VM", provider="azure", id_prefix=AZURE_ID_PREFIX,
-    takes=frozenset({Action.NOTIFY, Action.STOP}),
+    takes=frozenset({Action.NOTIFY, Action.STOP, Action.POWER_OFF}),
     refusal=("an Azure VM is deallocated, never deleted by gpufinops: notify only; give the rule action: stop to "
              "deallocate it"),
-    verbs={Action.STOP: ("deallocate", "deallocated")},
+    verbs={Action.STOP: ("deallocate", "deallocated"), Action.POWER_OFF: ("power off", "powered off")},
+    # Its own action: any other subject refuses power_off. No tag selects Azure VMs, so a rule is not required to
+    # (selected_by empty): its other subjects are told notify only, and `rules check` says what it does.
+    also_owns=frozenset({Action.POWER_OFF}),
+    own_action_refusal=("action power_off applies to Azure VMs only (ARM's powerOff: the VM stays allocated and "
+                        "billed): notify only; give the rule action: stop"),
     # No Azure role condition can test a tag on a deallocate: the opt-in tag is the code's fence (act.plan).
     opt_in_by_tag=True,
     # A Spot VM is deallocated like any other (its eviction policy only says what Azure does on eviction).
@@ -182,8 +189,9 @@ SLURM_JOB = Place(
                 "a slurm: tag (e.g. `tags: {\"slurm:partition\": gpu}`)"),
 )
 
-# In the order their refusals are asked (a node's and a Kueue job's own actions first), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, KUBERNETES_WORKLOAD, RENTED_HOST, GCE, AZURE_VM,
+# In the order their refusals are asked (a node's, a Kueue job's, a Slurm job's and an Azure VM's own actions first:
+# a subject given another place's own action hears whose it is), the catch-all last.
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, AZURE_VM, KUBERNETES_WORKLOAD, RENTED_HOST, GCE,
                              EC2)
 
 
@@ -257,8 +265,9 @@ def strength(action: Action) -> int:
 
 
 def rule_subjects(action: Action) -> tuple[tuple[str, ...], str] | None:
-    """(the select.tags keys, the error without one) for an action one place alone takes; None for any other."""
+    """(the select.tags keys, the error without one) for an action one place alone takes; None for any other, and
+    for one whose place no tag selects (an Azure VM's power_off: its rule's other subjects are notify only)."""
     for p in PLACES:
         if p.owns(action):
-            return p.selected_by, p.rule_needs
+            return (p.selected_by, p.rule_needs) if p.selected_by else None
     return None

@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from ..act.actuator import Actuator
+from ..act.actuator import CHANGE_KINDS, Actuator
 from ..places.kubernetes.cluster import ClusterReadFailed
 from ..places.kubernetes.cloud import WorkloadCloud
 from ..decide.workloads import (
     empty_gpu_nodes, node_decision, still_free, watch_from_json, watch_gpu_free, watch_to_json,
 )
 from ..k8s.model import NODE_CORDONED_BY_OTHERS, TAG_NODE
-from ..model import ActionKind, ActionResult, Rule, RunContext
+from ..model import ActionResult, Rule, RunContext
 
 log = logging.getLogger("gpufinops.kubernetes")
 
@@ -78,6 +78,6 @@ def judge_and_act_on_nodes(ctx: RunContext, settings, rules: Sequence[Rule], pee
         verdicts = {v.node: v for v in empty_gpu_nodes(snapshot, watch, rule.window_s, cloud.node_costs)}
         decisions += [node_decision(verdicts[i.private_dns], i.instance_id, rule, ctx.now)
                       for i in nodes if i.private_dns in verdicts and rule.selector.matches(i)]
-    stops = sum(1 for a in earlier if a.kind in (ActionKind.STOP, ActionKind.TERMINATE) and a.ok)
+    stops = sum(1 for a in earlier if a.kind in CHANGE_KINDS and a.ok)  # a power-off counts toward the cap too
     return Actuator(peers.cloud, peers.store, peers.notifier, settings).apply(ctx, nodes, decisions, chosen,
                                                                                stops_already=stops)

@@ -58,6 +58,20 @@ def test_managed_snoozed_notify_and_plain_idle_say_what_happens():
     assert decision_outcome(active, instance({TAG_PROTECT: "true"}), RULE, NOW, False) == ""
 
 
+def test_evaluate_says_a_power_off_leaves_the_vm_billed_and_is_refused_off_azure():
+    vm = GpuInstance(instance_id="azure:11111111-2222-3333-4444-555555555555/ml/a100",
+                     instance_type="Standard_NC24ads_A100_v4",
+                     region="eastus", state="running", launch_time=NOW - timedelta(days=1), provider="azure")
+    off = Decision(vm.instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", NOW, action=Action.POWER_OFF)
+    assert decision_outcome(off, vm, RULE, NOW, False) == \
+        "warn, then power_off 15 min later (still billed: not deallocated)"
+    assert decision_outcome(idle(Action.POWER_OFF), instance(), RULE, NOW, False).startswith(
+        "action power_off applies to Azure VMs only")  # an EC2 instance: notify only
+    spent = Decision(vm.instance_id, "r", Verdict.IDLE, ReasonCode.BILLED_WHILE_STOPPED, "billed", NOW,
+                     action=Action.POWER_OFF)
+    assert decision_outcome(spent, vm, RULE, NOW, False).startswith("already powered off")
+
+
 def test_table_shows_the_outcome_and_counts_instances_and_verdicts_apart():
     rows = [decision_row(idle(), instance({TAG_PROTECT: "true"}), RULE, NOW, False),
             decision_row(idle(Action.NOTIFY), instance({TAG_PROTECT: "true"}), RULE, NOW, False)]

@@ -194,3 +194,164 @@ def test_not_opted_in_is_never_warned_or_deallocated(azure_world):
     w.tick(20)
     assert w.deallocates("idle-a100") == [] and TAG_MARKED not in w.stub.vm("idle-a100").tags
     check_azure_invariants(w)
+
+
+# --------------------------------------------------------------------------- power-off (a rule's action: power_off)
+
+POWER_OFF = "Microsoft.Compute/virtualMachines/powerOff/action"
+
+
+@pytest.fixture()
+def power_off_world(arm, azure_prom, tmp_path):
+    from tests.places.azure.world import POWER_OFF_ROLE, POWER_OFF_RULE, ROLE
+
+    arm.role = [ROLE, POWER_OFF_ROLE]  # the shipped role and the optional power-off role, as an operator assigns
+    fleet(arm)
+    return World(arm, azure_prom.url, tmp_path, rules=[POWER_OFF_RULE])
+
+
+def is_power_off_of(name: str):
+    return lambda s: s.action == POWER_OFF and s.path.endswith(f"/{name}/powerOff")
+
+
+def check_power_off_invariants(w: World) -> None:
+    """No power-off before a delivered warning that said billing continues, never two that take effect, never a
+    deallocate (no rule asked for one), records equal ARM, every request inside the two roles."""
+    from gpufinops.words import POWER_OFF_BILLING
+
+    problems = []
+    took_effect: dict[str, int] = {}
+    for s in w.power_offs():
+        if s.status in (202, 500, -1):  # accepted (its answer lost or not)
+            name = s.path.rsplit("/", 2)[1]
+            took_effect[name] = took_effect.get(name, 0) + 1
+    problems += [f"{n} powered off {k} times" for n, k in took_effect.items() if k > 1]
+    if w.deallocates():
+        problems.append("a deallocate was sent: no rule asked for one")
+    for name in took_effect:
+        if name in ("busy-h100", "flex-h100", "forgotten-a10"):
+            problems.append(f"{name} powered off: busy, managed by a scale set, or powered off already")
+        if not [m for m in w.notifier.sent if name in m.text and "will be powered off" in m.text
+                and POWER_OFF_BILLING[1:] in m.text]:
+            problems.append(f"{name} powered off without a delivered warning saying billing continues")
+    open_rows = w.store.action_rows(status=UNSETTLED)
+    problems += [f"action row left {r.status}: {r.kind.value} {r.instance_id}" for r in open_rows]
+    for name in ("idle-a100", "forgotten-a10", "busy-h100", "flex-h100"):
+        vm = w.stub.vm(name)
+        marked = w.store.get_mark(vm_id(name)) is not None
+        if marked != (TAG_MARKED in vm.tags):
+            problems.append(f"{name}: mark row {marked} but tag {TAG_MARKED in vm.tags}")
+        done = [a for a in w.store.action_rows(status=("done",), kinds=[ActionKind.POWER_OFF])
+                if a.instance_id == vm_id(name)]
+        if len(done) != took_effect.get(name, 0):
+            problems.append(f"{name}: done power-off rows {len(done)} but {took_effect.get(name, 0)} took effect")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("mode", ["after_effect", "drop"])
+def test_power_off_acted_but_answer_lost_is_read_back_never_repeated(power_off_world, mode):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(is_power_off_of("idle-a100"), mode)
+    w.tick(10)
+    w.tick(11)
+    w.tick(20)
+    assert len(w.power_offs("idle-a100")) == 1 and w.settle("idle-a100") == "stopped"
+    done = [m for m in w.messages_about("idle-a100") if "Powered off idle GPU VM" in m]
+    assert len(done) == 1  # one notice, however the outcome was learnt
+    check_power_off_invariants(w)
+
+
+def test_mark_removed_in_the_last_second_is_not_powered_off(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(rereads_of("idle-a100"), "hook", hook=lambda _s: w.stub.person_removes_tag("idle-a100", TAG_MARKED))
+    report = w.tick(10)
+    [skip] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    assert skip.kind == ActionKind.SKIP and f"tag {TAG_MARKED} was removed" in skip.reason
+    w.tick(11)
+    assert w.power_offs("idle-a100") == [] and w.stub.vm("idle-a100").power == "running"
+    assert any("cancelled" in m for m in w.messages_about("idle-a100"))
+    check_power_off_invariants(w)
+
+
+def test_person_restarts_the_vm_between_plan_and_power_off(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(rereads_of("idle-a100"), "hook", hook=lambda _s: w.stub.person_sets_power("idle-a100", "starting"))
+    report = w.tick(10)
+    [skip] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    assert skip.kind == ActionKind.SKIP and "the instance is pending" in skip.reason
+    assert w.power_offs("idle-a100") == []
+    check_power_off_invariants(w)
+
+
+def test_person_starts_the_vm_gpufinops_powered_off_and_it_is_not_powered_off_again_in_that_idle_episode(
+        power_off_world):
+    # The person wins: started after the power-off, it runs; the same idle episode never brings a second power-off.
+    w = power_off_world
+    w.tick(0)
+    w.tick(10)
+    assert w.settle("idle-a100") == "stopped"
+    w.stub.person_sets_power("idle-a100", "running")
+    for minute in (11, 20, 30):
+        w.tick(minute)
+    assert len(w.power_offs("idle-a100")) == 1 and w.stub.vm("idle-a100").power == "running"
+    check_power_off_invariants(w)
+
+
+def test_power_off_throttled_is_refused_recorded_failed_and_tried_again_next_tick(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(is_power_off_of("idle-a100"), "status", status=429, retry_after=1)
+    report = w.tick(10)
+    [off] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    assert off.kind == ActionKind.POWER_OFF and off.ok is False and "throttled" in (off.error or "")
+    w.tick(11)
+    assert len(w.power_offs("idle-a100")) == 2 and w.settle("idle-a100") == "stopped"
+    check_power_off_invariants(w)
+
+
+def test_power_off_5xx_before_any_effect_stays_unconfirmed_until_it_cannot_land_then_is_tried_again(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.arm(is_power_off_of("idle-a100"), "status", status=503)
+    w.tick(10)
+    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")  # ARM may have taken it
+    w.tick(10.5)  # within the longest a request may be in flight: still open, no second request
+    assert len(w.power_offs("idle-a100")) == 1
+    w.tick(13)  # past it: settled from ARM's answer (still running: not done); the mark stands, tried again
+    w.tick(14)
+    assert len(w.power_offs("idle-a100")) == 2 and w.settle("idle-a100") == "stopped"
+    check_power_off_invariants(w)
+
+
+def test_power_off_answer_lost_and_read_back_failing_is_settled_by_the_next_ticks_reconcile(power_off_world):
+    # The answer is lost and the read-back cannot say either: unconfirmed; the next tick reads ARM ("Stopped
+    # (allocated)") and settles it done: its notice then, once, saying billing continues; never a second power-off.
+    from gpufinops.words import POWER_OFF_BILLING
+
+    w = power_off_world
+    w.tick(0)
+    reads = {"n": 0}
+
+    def read_back_after_the_power_off(s):
+        if not rereads_of("idle-a100")(s):
+            return False
+        reads["n"] += 1
+        return reads["n"] > 1  # the act stage's re-read before acting passes; the read-back after it fails
+
+    w.stub.arm(is_power_off_of("idle-a100"), "after_effect")
+    w.stub.arm(read_back_after_the_power_off, "status", status=503, times=4)  # every retry of the read-back
+    w.tick(10)
+    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")
+    assert [m for m in w.messages_about("idle-a100") if "Powered off" in m] == []
+    w.settle("idle-a100")
+    w.tick(11)
+    [notice] = [m for m in w.messages_about("idle-a100") if "Powered off idle GPU VM" in m]
+    assert POWER_OFF_BILLING[1:] in notice
+    w.tick(20)
+    assert len(w.power_offs("idle-a100")) == 1
+    check_power_off_invariants(w)

@@ -107,7 +107,9 @@ def _stop_blocker_before_the_registry(inst: GpuInstance, action: Action) -> str:
     return ""
 
 
-@pytest.mark.parametrize("name,action", list(product(SUBJECTS, [a for a in Action if a not in SLURM_ACTIONS])))
+# Actions that came after the registry (Slurm's, an Azure VM's power-off) have no "before": tested on their own.
+@pytest.mark.parametrize("name,action", list(product(SUBJECTS, [a for a in Action if a not in SLURM_ACTIONS
+                                                                  and a is not Action.POWER_OFF])))
 def test_stop_blocker_refuses_every_subject_and_action_as_before(name, action):
     inst = SUBJECTS[name]
     assert stop_blocker(inst, action) == _stop_blocker_before_the_registry(inst, action)
@@ -217,3 +219,36 @@ def test_a_rule_ending_slurm_jobs_must_select_them(tmp_path):
     ok.write_text("rules:\n  - name: r\n    select: {tags: {'slurm:partition': [gpu]}}\n    threshold_pct: 5\n"
                   "    window: 10m\n    action: cancel\n")
     assert load_rule_file(ok)[0].action is Action.CANCEL
+
+
+AZURE = subject("azure:11111111-2222-3333-4444-555555555555/ml/idle-a100", provider="azure")
+
+
+def test_power_off_is_an_azure_vms_alone_and_every_other_subject_is_told_whose_it_is():
+    assert {a for a in Action if not refusal(AZURE, a)} == {Action.NOTIFY, Action.STOP, Action.POWER_OFF}
+    assert place_of_instance(AZURE).verbs_for(Action.POWER_OFF) == ("power off", "powered off")
+    for name, inst in SUBJECTS.items():
+        if inst.managed_by:
+            continue
+        refused = refusal(inst, Action.POWER_OFF)
+        # A node and a Kueue job are asked first (PLACES' order): each says its own one change instead.
+        own = {"node": "give the rule action: drain", "kueue job": "give the rule action: suspend"}.get(name)
+        assert refused.endswith(own) if own else refused.startswith("action power_off applies to Azure VMs only"), name
+    # No tag selects an Azure VM: a power_off rule loads without one (its other subjects are notify only).
+    assert rule_subjects(Action.POWER_OFF) is None
+    assert strength(Action.POWER_OFF) == strength(Action.STOP) == 1
+
+
+def test_a_spent_power_off_ranks_under_any_other_idle_rule(tmp_path):
+    def idle(action: Action, code: ReasonCode = ReasonCode.BILLED_WHILE_STOPPED) -> Decision:
+        return Decision(AZURE.instance_id, f"rule-{action.value}", Verdict.IDLE, code, "idle", T0, action)
+
+    # Powered off already: the power_off rule has nothing left to do, a notify or stop rule beside it still acts.
+    assert primary_decision([idle(Action.POWER_OFF), idle(Action.NOTIFY)]).action is Action.NOTIFY
+    assert primary_decision([idle(Action.POWER_OFF), idle(Action.STOP)]).action is Action.STOP
+    # Running and idle: the two changes are equal, rule-file order breaks the tie.
+    running = ReasonCode.IDLE_STAYS_BELOW
+    assert primary_decision([idle(Action.POWER_OFF, running), idle(Action.STOP, running)]).action is Action.POWER_OFF
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n- name: keep-hardware\n  window: 2h\n  threshold_pct: 5\n  action: power_off\n")
+    assert load_rule_file(path)[0].action is Action.POWER_OFF

@@ -1,7 +1,7 @@
 """Azure VMs with GPU sizes, behind the `Cloud` protocol, through the official ARM clients.
 
-Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Everything here is I/O at the edge: no
-decision is taken, and a subscription that cannot be listed never hides the others.
+Only the act stage calls the mutating methods (set_tags, remove_tags, stop, power_off). Everything here is I/O at the
+edge: no decision is taken, and a subscription that cannot be listed never hides the others.
 
 ARM operations made by this module (the custom role in deploy/azure/gpufinops-role.json grants exactly these; every
 test of tests/places/azure and tests/faults/test_azure_faults.py runs under it, the stand-in ARM answering 403 to any
@@ -11,8 +11,12 @@ request outside it and the test failing on one):
 - Microsoft.Resources/tags/write: the Tags API's PATCH at the VM's scope, `Merge` of gpufinops's own keys or
   `Delete` of them, never a whole-map `Replace`, so a person's other tags are never overwritten;
 - Microsoft.Compute/virtualMachines/deallocate/action: the stop, its long-running operation followed with
-  Microsoft.Compute/locations/operations/read. Never `powerOff`: a powered-off VM is "Stopped
-  (allocated)" and still billed for its compute (and the SDK's `begin_power_off` is that trap); never delete.
+  Microsoft.Compute/locations/operations/read. Never delete.
+- Microsoft.Compute/virtualMachines/powerOff/action, only under a rule that says `action: power_off` and only with
+  the optional role deploy/azure/gpufinops-power-off-role.json assigned beside the first (without it ARM refuses the
+  call, 403: a definite failure, the VM untouched). A powered-off VM is "Stopped (allocated)": it keeps its
+  hardware (a deallocated GPU VM may find no capacity when started again) and its compute is billed until it is
+  deallocated (the SDK's `stop()` is that trap, which is why no stop ever powers off).
 
 Two clients per subscription. Reads retry a few times (429 after its Retry-After, 5xx). Mutating calls go through
 a client with retries off: exactly one HTTP request per intent, and a failure says whether ARM certainly did
@@ -30,9 +34,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
 
 from ...config import AzureSettings, ConfigError
 from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
@@ -122,7 +128,7 @@ def manager_of(vm_scale_set_id: str, tags: Mapping[str, str]) -> Manager | None:
 def power_state(statuses: Sequence[Any] | None) -> str:
     """The act stage's state from an instance view's statuses; "unknown" when none says (never judged)."""
     for status in statuses or ():
-        code = str(getattr(status, "code", "") or "")
+        code = str(field(status, "code") or "")
         if code.startswith("PowerState/"):
             return POWER_STATES.get(code.split("/", 1)[1].lower(), "unknown")
     return "unknown"
@@ -238,9 +244,9 @@ class AzureCloud:
         if not models:
             return []
         # The model list carries no power state; `statusOnly=true` lists the instance views (one more paged read).
-        states = {str(vm.id).lower(): power_state(getattr(vm.instance_view, "statuses", None))
+        states = {str(field(vm, "id")).lower(): power_state(field(vm, "properties", "instanceView", "statuses"))
                   for vm in vms.list_all(status_only="true")}
-        return [self._to_gpu_instance(vm, states.get(str(vm.id).lower(), "unknown")) for vm in models]
+        return [self._to_gpu_instance(vm, states.get(str(field(vm, "id")).lower(), "unknown")) for vm in models]
 
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
         """Fresh state and tags of these VMs, each with its instance view. A VM ARM says is gone (404) is absent;
@@ -259,29 +265,30 @@ class AzureCloud:
                 continue
             except Exception as exc:  # noqa: BLE001 - unknown stays unknown
                 raise InventoryError(f"Azure VM {iid} could not be read: {_brief(exc)}") from exc
-            out.append(self._to_gpu_instance(vm, power_state(getattr(vm.instance_view, "statuses", None))))
+            out.append(self._to_gpu_instance(vm, power_state(field(vm, "properties", "instanceView", "statuses"))))
         return out
 
     def _to_gpu_instance(self, vm: Any, state: str) -> GpuInstance:
-        ref = ref_of_arm_id(str(vm.id))
+        arm_id = str(field(vm, "id"))
+        ref = ref_of_arm_id(arm_id)
         if ref is None:
-            raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {str(vm.id)[:200]!r}")
+            raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {arm_id[:200]!r}")
         size = _size_of(vm)
         info = self._sizes.info(size)
-        spot = _text(getattr(vm, "priority", None)).lower() in ("spot", "low")
-        tags = {str(k): str(v) for k, v in (vm.tags or {}).items()}
-        vmss = getattr(getattr(vm, "virtual_machine_scale_set", None), "id", "") or ""
+        spot = _text(field(vm, "properties", "priority")).lower() in ("spot", "low")
+        tags = {str(k): str(v) for k, v in (field(vm, "tags") or {}).items()}
+        vmss = field(vm, "properties", "virtualMachineScaleSet", "id") or ""
         manager = manager_of(vmss, tags)
-        created = getattr(vm, "time_created", None)
-        if isinstance(created, datetime):
+        created = _time(field(vm, "properties", "timeCreated"))
+        if created is not None:
             created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
         else:
             # Without it we cannot know the VM has run a full window: too young to judge, never old enough to stop.
             log.warning("Azure VM %s has no timeCreated; not judged", ref.instance_id)
             created = self._clock()
-        region = str(vm.location or "")
+        region = str(field(vm, "location") or "")
         price = self._sizes.price(size, region, spot)
-        computer = getattr(getattr(vm, "os_profile", None), "computer_name", "") or ref.name
+        computer = field(vm, "properties", "osProfile", "computerName") or ref.name
         return GpuInstance(
             instance_id=ref.instance_id, instance_type=size, region=region, state=state,
             # ARM gives a VM's creation time, not its last start: the window's metric coverage holds a VM started
@@ -313,18 +320,29 @@ class AzureCloud:
 
     def stop(self, inst: GpuInstance) -> None:
         """ARM's deallocate (compute billing ends), never a power-off (billing goes on) and never hibernate."""
-        ref = _ref_or_refuse("deallocate", inst)
+        self._operation("deallocate", inst, lambda vms, ref: vms.begin_deallocate(ref.resource_group, ref.name))
+
+    def power_off(self, inst: GpuInstance) -> None:
+        """ARM's powerOff, only for a rule that asks for it (act.Actuator, `action: power_off`): the VM stays
+        allocated, "Stopped (allocated)", and its compute billed until it is deallocated. The guest OS is shut down
+        first (skipShutdown=false), as a person's power-off from the portal does."""
+        self._operation("power off", inst,
+                        lambda vms, ref: vms.begin_power_off(ref.resource_group, ref.name, skip_shutdown=False))
+
+    def _operation(self, operation: str, inst: GpuInstance, begin: Callable[[Any, VmRef], Any]) -> None:
+        """One long-running VM operation: one request (retries off), then its operation followed for at most
+        `deallocate_wait_s`; accepted is enough (the read-back counts "deallocating" / "powering-off" as done)."""
+        ref = _ref_or_refuse(operation, inst)
         vms = self._client("compute", ref.subscription, write=True).virtual_machines
-        poller = self._once("deallocate", inst, lambda: vms.begin_deallocate(ref.resource_group, ref.name))
+        poller = self._once(operation, inst, lambda: begin(vms, ref))
         try:
-            # Followed for a while; accepted is enough: the read-back counts "deallocating" as done.
             poller.wait(timeout=self.settings.deallocate_wait_s)
             status = poller.status()
         except Exception as exc:  # noqa: BLE001 - ARM accepted the request: its outcome is read back
-            raise _cloud_error("deallocate", inst, exc, definite=False) from exc
+            raise _cloud_error(operation, inst, exc, definite=False) from exc
         if str(status).lower() in ("failed", "canceled"):
-            raise CloudError("deallocate", inst.instance_id, inst.region,
-                             f"the deallocate operation ended {status}", definite=False, code=str(status))
+            raise CloudError(operation, inst.instance_id, inst.region,
+                             f"the {operation} operation ended {status}", definite=False, code=str(status))
 
     def terminate(self, inst: GpuInstance) -> None:
         raise CloudError("delete", inst.instance_id, inst.region,
@@ -359,7 +377,40 @@ def _text(value: Any) -> str:
 
 
 def _size_of(vm: Any) -> str:
-    return _text(getattr(getattr(vm, "hardware_profile", None), "vm_size", None))
+    return _text(field(vm, "properties", "hardwareProfile", "vmSize"))
+
+
+def field(model: Any, *rest_path: str) -> Any:
+    """A field of an ARM answer by its REST names (`"properties", "hardwareProfile", "vmSize"`), None where absent.
+
+    azure-mgmt-compute's models are mappings over the JSON ARM answered: read as such, a field costs a dict lookup,
+    where the model's attribute (`vm.hardware_profile.vm_size`) serialises and deserialises the value again on every
+    access; at 10,000 VMs a listing spent more time in those attributes than in its HTTP (BENCHMARKS.md, "Azure
+    listing"). A model that is no mapping (an older SDK) is read by attribute, its flattened `properties` skipped."""
+    for key in rest_path:
+        if model is None:
+            return None
+        if isinstance(model, Mapping):
+            model = model.get(key)
+        elif key != "properties":
+            model = getattr(model, _SNAKE.sub(r"_\1", key).lower(), None)
+    return model
+
+
+_SNAKE = re.compile(r"(?<=[a-z0-9])([A-Z])")
+
+
+def _time(value: Any) -> datetime | None:
+    """An ARM timestamp (`timeCreated`: ISO 8601, up to 7 decimals as .NET writes them), or one the SDK parsed."""
+    if isinstance(value, datetime) or value is None:
+        return value
+    text = str(value).strip().replace("Z", "+00:00")
+    # Python reads at most 6 decimals: .NET writes 7.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def default_credential(settings: AzureSettings | None = None) -> Any:

@@ -16,8 +16,8 @@ from gpufinops.places.azure.cloud import ADVICE_VMSS, AzureCloud, ref_of
 from gpufinops.places.azure.sizes import PRICE_SOURCE, AzureSizes  # noqa: F401
 from gpufinops.places.ec2.cloud import CloudError, InventoryError
 from gpufinops.places.registry import AZURE_VM, place_of, place_of_instance
-from tests.armstub import ROLE_ACTIONS_USED, Vm, role_allows
-from tests.places.azure.world import OPT_IN, ROLE, ROOT, SUB, SUB2, azure_cloud, fleet, vm_id
+from tests.armstub import POWER_OFF_ACTIONS_USED, ROLE_ACTIONS_USED, Vm, role_allows
+from tests.places.azure.world import OPT_IN, POWER_OFF_ROLE, ROLE, ROOT, SUB, SUB2, azure_cloud, fleet, vm_id
 
 pytestmark = pytest.mark.integration
 LIST = "Microsoft.Compute/virtualMachines/read"
@@ -158,10 +158,55 @@ def test_the_shipped_role_grants_exactly_what_the_place_calls_and_no_power_off_s
     for never in ("Microsoft.Compute/virtualMachines/powerOff/action", "Microsoft.Compute/virtualMachines/delete",
                   "Microsoft.Compute/virtualMachines/write", "Microsoft.Compute/virtualMachines/start/action"):
         assert not role_allows(ROLE, never), never
+    # The power-off is the optional role's alone: an operator who never writes a power_off rule never grants it.
+    assert sorted(POWER_OFF_ROLE["Actions"]) == sorted(POWER_OFF_ACTIONS_USED)
+    assert role_allows([ROLE, POWER_OFF_ROLE], POWER_OFF_ACTIONS_USED[0])
     source = (ROOT / "gpufinops" / "places" / "azure" / "cloud.py").read_text()
-    for action in ROLE["Actions"]:
+    for action in (*ROLE["Actions"], *POWER_OFF_ROLE["Actions"]):
         assert action in source  # the module's docstring names each ARM operation it makes
-    assert "begin_power_off" not in source.replace("`begin_power_off` is that trap", "")
+    # The power-off is called from power_off() alone, never from the stop (the SDK's stop() is that trap).
+    assert source.count("begin_power_off(") == 1 and "begin_power_off" not in source.split("def stop(")[1].split(
+        "def power_off(")[0]
+
+
+def test_power_off_is_one_request_followed_to_stopped_allocated_with_the_guest_shut_down(arm):
+    fleet(arm)
+    arm.role = [ROLE, POWER_OFF_ROLE]
+    arm.transition_s = 0.5
+    cloud = azure_cloud(arm)
+    cloud.power_off(cloud.describe([vm_id("idle-a100")])[0])
+    assert arm.vm("idle-a100").power == "stopped"  # polled to its end: "Stopped (allocated)"
+    [post] = arm.seen("Microsoft.Compute/virtualMachines/powerOff/action")
+    assert (post.method, post.status, post.query.get("skipShutdown")) == ("POST", 202, ["false"])
+    assert arm.seen("Microsoft.Compute/virtualMachines/deallocate/action") == []
+    assert cloud.describe([vm_id("idle-a100")])[0].state == STATE_STOPPED_ALLOCATED
+
+
+@pytest.mark.parametrize("mode,status,definite", [("status", 429, True), ("after_effect", 500, False),
+                                                  ("drop", 0, False)])
+def test_a_power_off_is_sent_once_and_its_failure_says_whether_arm_did_nothing(arm, mode, status, definite):
+    fleet(arm)
+    arm.role = [ROLE, POWER_OFF_ROLE]
+    cloud = azure_cloud(arm)
+    inst = cloud.describe([vm_id("idle-a100")])[0]
+    arm.arm(lambda s: s.action == POWER_OFF_ACTIONS_USED[0], mode, status=status, retry_after=0)
+    with pytest.raises(CloudError) as err:
+        cloud.power_off(inst)
+    assert err.value.definite is definite and err.value.operation == "power off"
+    assert len(arm.seen(POWER_OFF_ACTIONS_USED[0])) == 1  # never retried: one request per intent
+    assert (arm.vm("idle-a100").power != "running") is (mode != "status")
+
+
+def test_without_the_optional_role_arm_refuses_the_power_off_and_the_vm_runs_on(arm):
+    fleet(arm)
+    cloud = azure_cloud(arm)  # the shipped role only
+    with pytest.raises(CloudError) as err:
+        cloud.power_off(cloud.describe([vm_id("idle-a100")])[0])
+    assert err.value.definite and "403" in str(err.value) and err.value.code == "AuthorizationFailed"
+    assert arm.vm("idle-a100").power == "running"
+    [refused] = arm.denied()
+    assert refused.action == POWER_OFF_ACTIONS_USED[0]
+    arm.requests.remove(refused)  # refused on purpose here: the fixture's check is for requests the role must allow
 
 
 def test_a_bad_azure_section_names_the_key(tmp_path):
@@ -202,3 +247,25 @@ def test_a_blank_credential_variable_is_one_error_line_never_a_fall_to_the_next_
     assert main(["--config", str(cfg), "evaluate", "--once"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: Azure credentials: the environment variable AZURE_CLIENT_SECRET is set but blank"
+
+
+def test_fields_are_read_by_their_rest_names_from_the_sdks_mapping_and_by_attribute_from_any_other_model():
+    from types import SimpleNamespace
+
+    from azure.mgmt.compute.models import VirtualMachine
+
+    from gpufinops.places.azure.cloud import _size_of, _time, field
+
+    answer = {"id": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v",
+              "properties": {"hardwareProfile": {"vmSize": "Standard_NC24ads_A100_v4"},
+                             "timeCreated": "2026-11-01T08:00:00.1234567+00:00",  # .NET's 7 decimals
+                             "virtualMachineScaleSet": {"id": "/x/virtualMachineScaleSets/pool"}}}
+    vm = VirtualMachine(answer)
+    assert _size_of(vm) == vm.hardware_profile.vm_size == "Standard_NC24ads_A100_v4"
+    assert _time(field(vm, "properties", "timeCreated")) == vm.time_created
+    assert field(vm, "properties", "virtualMachineScaleSet", "id") == vm.virtual_machine_scale_set.id
+    assert field(vm, "properties", "osProfile", "computerName") is None and field(vm, "tags") is None
+    # A model read by attribute (flattened, as the SDK's older models were): the same fields.
+    old = SimpleNamespace(hardware_profile=SimpleNamespace(vm_size="Standard_ND96isr_H100_v5"), time_created=None)
+    assert _size_of(old) == "Standard_ND96isr_H100_v5" and field(old, "properties", "timeCreated") is None
+    assert _time("not a time") is None and _time("2026-11-01T08:00:00Z").tzinfo is not None

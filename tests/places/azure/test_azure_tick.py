@@ -175,3 +175,77 @@ def test_a_snooze_click_on_an_azure_vms_warning_is_taken_and_written_as_its_tag(
     assert ActionKind.UNMARK in kinds(report, "idle-a100") and TAG_MARKED not in world.stub.vm("idle-a100").tags
     world.tick(11)
     assert world.deallocates("idle-a100") == []
+
+
+# --------------------------------------------------------------------------- power-off, on a rule's explicit request
+
+
+@pytest.fixture()
+def power_off_world(arm, azure_prom, tmp_path):
+    from tests.places.azure.world import POWER_OFF_ROLE, POWER_OFF_RULE, ROLE, World, fleet
+
+    arm.role = [ROLE, POWER_OFF_ROLE]  # the operator assigned the optional role beside the shipped one
+    fleet(arm)
+    return World(arm, azure_prom.url, tmp_path, rules=[POWER_OFF_RULE])
+
+
+def test_a_power_off_rule_warns_that_billing_continues_powers_off_once_and_never_loops(power_off_world):
+    from gpufinops.words import POWER_OFF_BILLING
+
+    w = power_off_world
+    first = w.tick(0)
+    assert kinds(first, "idle-a100") == [ActionKind.MARK]
+    [warning] = w.messages_about("idle-a100")
+    assert "will be powered off at" in warning and POWER_OFF_BILLING[1:] in warning
+    # The VM a person left powered off is what this rule would make of it: judged billed, never warned or touched.
+    [d] = [d for d in first.decisions if d.instance_id == vm_id("forgotten-a10")]
+    assert (d.verdict, d.code) == (Verdict.IDLE, ReasonCode.BILLED_WHILE_STOPPED)
+    assert kinds(first, "forgotten-a10") == [] and w.messages_about("forgotten-a10") == []
+
+    done = w.tick(10)
+    [off] = [a for a in done.actions if a.instance_id == vm_id("idle-a100")]
+    assert off.kind == ActionKind.POWER_OFF and off.ok and POWER_OFF_BILLING in off.reason
+    [post] = w.power_offs("idle-a100")
+    assert post.query.get("skipShutdown") == ["false"] and w.deallocates() == []
+    assert w.settle("idle-a100") == "stopped"  # "Stopped (allocated)": still billed
+    [notice] = [m for m in w.messages_about("idle-a100") if "Powered off idle GPU VM" in m]
+    assert POWER_OFF_BILLING[1:] in notice and "Saves" not in notice
+    vm = w.stub.vm("idle-a100")
+    assert TAG_MARKED not in vm.tags and vm.tags[TAG_STOPPED_BY] == "gpufinops"
+    [row] = w.store.action_rows(status=("done",), kinds=[ActionKind.POWER_OFF])
+    assert row.instance_id == vm_id("idle-a100") and POWER_OFF_BILLING in row.reason  # the audit says it
+
+    # Now "Stopped (allocated)", judged IDLE and billed under the same rule: never warned or powered off again.
+    for minute in (11, 20, 30, 45):
+        later = w.tick(minute)
+        [d] = [d for d in later.decisions if d.instance_id == vm_id("idle-a100")]
+        assert (d.verdict, d.code) == (Verdict.IDLE, ReasonCode.BILLED_WHILE_STOPPED)
+        assert kinds(later, "idle-a100") == []
+    assert len(w.power_offs()) == 1 and w.deallocates() == []
+    assert len(w.messages_about("idle-a100")) == 2  # the warning and the done notice, nothing more
+    assert TAG_MARKED not in w.stub.vm("idle-a100").tags and TAG_MARKED not in w.stub.vm("forgotten-a10").tags
+
+
+def test_a_vm_a_person_powers_off_during_the_lead_has_its_mark_withdrawn_and_is_not_powered_off(power_off_world):
+    w = power_off_world
+    w.tick(0)
+    w.stub.person_sets_power("idle-a100", "stopped")
+    report = w.tick(5)
+    assert kinds(report, "idle-a100") == [ActionKind.UNMARK]
+    assert TAG_MARKED not in w.stub.vm("idle-a100").tags
+    assert any("already powered off" in m and "cancelled" in m.lower() for m in w.messages_about("idle-a100"))
+    w.tick(10)
+    w.tick(20)
+    assert w.power_offs() == [] and w.deallocates() == []
+
+
+def test_a_stop_rule_beside_a_power_off_rule_still_deallocates_a_powered_off_vm(power_off_world):
+    from tests.places.azure.world import POWER_OFF_RULE, RULE
+
+    w = power_off_world
+    w.rules = [POWER_OFF_RULE, RULE]  # the power-off rule first: a spent power-off still ranks under the stop
+    w.tick(0)
+    [warning] = w.messages_about("forgotten-a10")
+    assert "will be deallocated at" in warning
+    w.tick(10)
+    assert len(w.deallocates("forgotten-a10")) == 1 and w.power_offs("forgotten-a10") == []

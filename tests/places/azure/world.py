@@ -23,6 +23,8 @@ from tests.armstub import ArmStub, StaticToken, Vm
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLE = json.loads((ROOT / "deploy" / "azure" / "gpufinops-role.json").read_text())
+# The optional role an operator assigns beside ROLE only where a rule says action: power_off.
+POWER_OFF_ROLE = json.loads((ROOT / "deploy" / "azure" / "gpufinops-power-off-role.json").read_text())
 SUB = "11111111-2222-3333-4444-555555555555"
 SUB2 = "66666666-7777-8888-9999-000000000000"
 OPT_IN = {"gpufinops:allow-stop": "true"}
@@ -81,6 +83,9 @@ def azure_cloud(stub: ArmStub, **kw: Any) -> AzureCloud:
 
 RULE = Rule(name="idle-10m", threshold_pct=10, window_s=WINDOW_S, min_coverage=0.8, action=Action.STOP,
             warning_lead_s=LEAD_S)
+# The operator keeps the VMs' hardware: powered off, not deallocated (still billed).
+POWER_OFF_RULE = Rule(name="idle-10m-power-off", threshold_pct=10, window_s=WINDOW_S, min_coverage=0.8,
+                      action=Action.POWER_OFF, warning_lead_s=LEAD_S)
 
 
 @dataclass
@@ -90,6 +95,7 @@ class World:
     tmp: Path
     now: datetime = START
     reports: list = field(default_factory=list)
+    rules: list = field(default_factory=lambda: [RULE])
 
     def __post_init__(self) -> None:
         from gpufinops.demo.sim import ConsoleNotifier
@@ -108,7 +114,7 @@ class World:
 
         self.now = START + timedelta(minutes=minutes_from_start)
         metrics = PrometheusMetrics(PrometheusSettings(url=self.prom_url, scrape_interval_s=SCRAPE))
-        report = run_once(RunContext(now=self.now, dry_run=False), self.settings, [RULE],
+        report = run_once(RunContext(now=self.now, dry_run=False), self.settings, list(self.rules),
                           Peers(self.cloud, metrics, self.store, self.notifier))
         self.reports.append(report)
         return report
@@ -120,8 +126,9 @@ class World:
         return [s for s in self.stub.seen("Microsoft.Compute/virtualMachines/deallocate/action")
                 if name is None or s.path.endswith(f"/{name}/deallocate")]
 
-    def power_offs(self) -> list:
-        return self.stub.seen("Microsoft.Compute/virtualMachines/powerOff/action")
+    def power_offs(self, name: str | None = None) -> list:
+        return [s for s in self.stub.seen("Microsoft.Compute/virtualMachines/powerOff/action")
+                if name is None or s.path.endswith(f"/{name}/powerOff")]
 
     def settle(self, name: str) -> str:
         """The VM's power state once a transition under way has ended."""
