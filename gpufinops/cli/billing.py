@@ -9,6 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage_error
 
+BILLING_SOURCES = ["ce", "cur", "focus", "athena", "gcp-detailed"]  # config.BillingSettings.source
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
@@ -20,10 +22,11 @@ def register(subparsers) -> None:
                    "capacity and GPU sharing included (docs/kubernetes.md); slurm-account / slurm-user / partition / "
                    "slurm-qos: the Slurm clusters' GPU-hours and dollars of the month from sacct, idle included "
                    "(docs/slurm.md)")
-    p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
-                   help="default: billing.source from the config")
+    p.add_argument("--source", choices=BILLING_SOURCES, default=None,
+                   help="default: billing.source from the config; gcp-detailed: Google Cloud's detailed usage cost "
+                        "export as Parquet/CSV files, cost net of credits (docs/billing.md)")
     p.add_argument("--path", default=None,
-                   help="CUR/FOCUS file, folder, glob or s3:// prefix (default: billing.path)")
+                   help="CUR/FOCUS/gcp-detailed file, folder, glob or s3:// prefix (default: billing.path)")
     # focus: with --idle, FOCUS 1.2/1.3 CSV rows of the cost split by verdict (docs/billing.md)
     add_output_option(p, (*OUTPUT_FORMATS, "focus"))
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
@@ -38,7 +41,7 @@ def register(subparsers) -> None:
     bsub = b.add_subparsers(dest="budgets_command", metavar="ACTION")
     c = bsub.add_parser("check", help="evaluate budgets now and print them; --notify also sends the alerts due")
     c.add_argument("--month", default=None, help="YYYY-MM (default: this month); the check runs as of its last hour if past")
-    c.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None)
+    c.add_argument("--source", choices=BILLING_SOURCES, default=None)
     c.add_argument("--path", default=None)
     c.add_argument("--notify", action="store_true",
                    help="send the alerts that are due (the service's schedule does this); default: print only")
