@@ -131,6 +131,7 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
     from ..run.compose import live_store
 
     store = live_store(settings)
+    table = with_listed_gce_vms(table, store)
     rates, attrs = (billing_rates(table), resource_attrs(table)) if table is not None and not table.empty else ({}, {})
     vc = verdict_costs(store.verdict_hours_frame(start, min(end, now), grain="period"), start, min(end, now),
                        max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=default_catalog(),
@@ -143,6 +144,16 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
         return 0
     _print(idle_cost_report(vc, args.by), args.output)
     return 0
+
+
+def with_listed_gce_vms(table, store):
+    """The cost table with each `gce-unlisted:` VM (a bill naming it only by its numeric id) renamed to the VM the
+    service listed with that id (Store.cloud_ids), so that its billed rate meets its verdicts."""
+    from ..model import GCE_UNLISTED_PREFIX, resolve_gce_ids
+
+    if table is None or table.empty or not table["resource_id"].str.startswith(GCE_UNLISTED_PREFIX).any():
+        return table
+    return table.assign(resource_id=resolve_gce_ids(table["resource_id"], store.cloud_ids()))
 
 
 def _print_focus(store, vc, start, end, table, settings) -> None:

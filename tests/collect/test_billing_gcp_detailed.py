@@ -251,3 +251,31 @@ def test_google_focus_rows_naming_the_vm_meet_it_on_both_focus_readers(tmp_path)
     duck = focus_total_rows(focus_files(str(tmp_path / "named.csv")), str(tmp_path), SEP, OCT, BS, "instance").rows
     assert list(table["resource_id"]) == [vm] and [r[0] for r in duck] == [vm]
     assert duck[0][2] == pytest.approx(table["cost"].sum())
+
+
+def test_idle_cost_meets_a_vm_the_bill_names_only_by_its_numeric_id(tmp_path, capsys):
+    """Google's FOCUS view names the VM only by its numeric id: the id the service recorded when it listed the VM
+    (instance_labels.cloud_id) makes the billed rate price its verdicts."""
+    from gpufinops.model import GpuInstance
+
+    db = tmp_path / "g.db"
+    store = Store(f"sqlite:///{db}")
+    vm = "gce:sunbird-ml/us-central1-a/eval-a100"
+    t0 = datetime(2024, 9, 21, 1, 0, tzinfo=timezone.utc)
+    store.record_instances([GpuInstance(vm, "a2-highgpu-1g", "us-central1", "running", t0, account="sunbird-ml",
+                                        provider="gcp", cloud_id="4120387516662251")], t0)
+    for minute in range(60):
+        store.record_decisions(f"r{minute}", [Decision(vm, "idle", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "t",
+                                                       t0 + timedelta(minutes=minute), hourly_cost=5.0)],
+                               dry_run=True, types={vm: "a2-highgpu-1g"})
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\n")
+    rc = main(["-c", str(cfg), "costs", "--month", "2024-09", "--idle", "--source", "focus", "--path",
+               str(FOCUS / "gcp_focus_view_gpu.csv"), "--by", "instance", "-o", "json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = {r["instance"]: r for r in json.loads(out.out)}
+    # An hour idle (59 one-minute ticks and the last tick's 2 minutes) at the billed $/h, not the stored $5/h.
+    rate = 2.93391 + 0.379188 + 0.360292
+    assert rows[vm]["idle_cost"] == pytest.approx(rate * 61 / 60)
+    assert store.cloud_ids() == {"4120387516662251": vm}
