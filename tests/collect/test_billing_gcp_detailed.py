@@ -279,3 +279,17 @@ def test_idle_cost_meets_a_vm_the_bill_names_only_by_its_numeric_id(tmp_path, ca
     rate = 2.93391 + 0.379188 + 0.360292
     assert rows[vm]["idle_cost"] == pytest.approx(rate * 61 / 60)
     assert store.cloud_ids() == {"4120387516662251": vm}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_plain_total_imports_neither_pandas_nor_pyarrow(name):
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom gpufinops.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main(['costs', '--month', '2024-09', '--source', 'gcp-detailed', '--path', "
+            f"{str(DATA / name)!r}, '--by', 'team']) == 0\n"
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -594,15 +594,10 @@ def file_totals(settings, start: datetime, end: datetime, by: str, source: str |
 
     bs = billing_settings(settings)
     source, path = source or bs.source, path or bs.path
-    if source not in ("cur", "focus", "gcp-detailed") or not path:
+    if source not in ("cur", "focus") or not path:
         return None
     s3 = s3_client_for(settings, path)
-    if source == "gcp-detailed":
-        from .gcp_detailed import detailed_files, detailed_lines, totals
-
-        d = detailed_lines(detailed_files(path, s3), path, start, end, bs)
-        r = TotalRows(totals(d, by), d.warnings, d.files, None)
-    elif source == "focus":
+    if source == "focus":
         r = focus_total_rows(focus_files(path, s3), path, start, end, bs, by)
     else:
         families = tuple(bs.gpu_families or settings.aws.gpu_families)

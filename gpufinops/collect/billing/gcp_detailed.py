@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from ...model import gce_vm_id
-from .duck import _epoch_us, _error_text, _ident, _in, _q, connect
+from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect
 from .errors import BillingDataError, mixed_currencies
 from .s3fetch import local_copies
 from .sources import ParquetSource
@@ -348,3 +348,21 @@ def totals(d: DetailedLines, by: str) -> list[tuple[str, str, float, float]]:
         s[0] += cost
         s[1] += hours
     return [(k, c, v[0], v[1]) for (k, c), v in sorted(sums.items())]
+
+
+def file_totals(settings, start: datetime, end: datetime, by: str, source: str | None = None,
+                path: str | None = None) -> TotalRows | None:
+    """duck.file_totals for this source: the export's totals per `by` key, or None when the source is another."""
+    import logging
+
+    from .s3fetch import s3_client_for
+    from .settings import billing_settings
+
+    bs = billing_settings(settings)
+    source, path = source or bs.source, path or bs.path
+    if source != SOURCE or not path:
+        return None
+    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+    for w in d.warnings:
+        logging.getLogger(__name__).warning("%s", w)
+    return TotalRows(totals(d, by), d.warnings, d.files, None, SOURCE)
