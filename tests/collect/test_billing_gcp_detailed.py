@@ -293,3 +293,30 @@ def test_a_plain_total_imports_neither_pandas_nor_pyarrow(name):
             "print(sorted(m for m in ('pandas', 'pyarrow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_tick_records_each_gce_vms_numeric_id(gce, prometheus_factory, slack_stub, tmp_path, monkeypatch):
+    """The real tick over the GCE stand-in stores each VM's numeric id (instance_labels.cloud_id) beside its `gce:`
+    id: what `costs --idle` names a bill's `gce-unlisted:` VM by."""
+    from tests.run.test_gce_e2e import GceFleet
+
+    f = GceFleet(gce, prometheus_factory, slack_stub, tmp_path, monkeypatch)
+    f.tick(20)
+    listed = {inst["id"]: f"gce:{p}/{z}/{n}" for (p, z, n), inst in gce.instances.items()}
+    assert f.store.cloud_ids() == listed and len(listed) == 3
+
+
+def test_costs_save_stores_the_months_rows_under_their_source(tmp_path, capsys):
+    from datetime import date
+
+    from gpufinops.collect.billing.schema import load_costs
+
+    db = tmp_path / "g.db"
+    cfg = tmp_path / "gpufinops.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\n")
+    rc = main(["-c", str(cfg), "costs", "--save", "--source", "gcp-detailed", "--path",
+               str(DATA / "detailed_export.parquet"), "--month", "2024-09", "--by", "instance", "-o", "json"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "stored 2 rows for 2024-09 from gcp-detailed" in err, err  # a VM-day each
+    stored = load_costs(Store(f"sqlite:///{db}"), date(2024, 9, 1), date(2024, 10, 1), "gcp-detailed")
+    assert set(stored["resource_id"]) == {A100, L4} and round(stored["cost"].sum(), 2) == 11.25
