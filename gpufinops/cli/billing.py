@@ -13,7 +13,8 @@ BILLING_SOURCES = ["ce", "cur", "focus", "athena", "gcp-detailed"]  # config.Bil
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
+    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS, Athena or "
+                                                   "Google Cloud's detailed usage cost export)")
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`; "
                                                     "--by namespace|workload|nodepool: this month)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
