@@ -27,6 +27,7 @@ SEP, OCT = datetime(2024, 9, 1, tzinfo=timezone.utc), datetime(2024, 10, 1, tzin
 BS = BillingSettings(gpu_families=("g5",))
 A100 = "gce:sunbird-ml/us-central1-a/train-a100-1"
 L4 = "gce:sunbird-ml/us-east4-a/infer-l4-2"
+T4 = "gce:sunbird-ml/us-central1-b/asr-t4-1"  # an n1-standard-8 with an attached T4
 FORMATS = ["detailed_export.parquet", "detailed_export.csv"]
 
 
@@ -35,6 +36,7 @@ def plain_rows(name: str) -> list[dict]:
     if name.endswith(".parquet"):
         return [{"service": r["service"]["description"], "start": r["usage_start_time"], "project": r["project"]["id"],
                  "zone": r["location"]["zone"], "name": r["resource"]["name"], "labels": r["labels"],
+                 "sku": r["sku"]["description"],
                  "system_labels": r["system_labels"], "cost": r["cost"], "unit": r["usage"]["unit"],
                  "credits": r["credits"]} for r in pq.read_table(DATA / name).to_pylist()]
     with open(DATA / name, newline="") as fh:
@@ -42,18 +44,23 @@ def plain_rows(name: str) -> list[dict]:
                  "start": datetime.strptime(r["usage_start_time"], "%Y-%m-%d %H:%M:%S UTC").replace(
                      tzinfo=timezone.utc),
                  "project": r["project_id"], "zone": r["location_zone"], "name": r["resource_name"],
+                 "sku": r["sku_description"],
                  "labels": json.loads(r["labels"]), "system_labels": json.loads(r["system_labels"]),
                  "cost": float(r["cost"]), "unit": r["usage_unit"], "credits": json.loads(r["credits"])}
                 for r in csv.DictReader(fh)]
 
 
 def independent_totals(name: str, key) -> dict[str, float]:
-    """Net cost (cost + credits) of the GPU VM rows of September per key, in plain Python."""
+    """Net cost (cost + credits) of the GPU VM rows of September per key, in plain Python: the rows of a VM of an
+    A2/G2 machine type or billed for a GPU SKU."""
     out: dict[str, float] = {}
-    for r in plain_rows(name):
+    rows = plain_rows(name)
+    with_gpu_sku = {(r["project"], r["zone"], r["name"]) for r in rows if " GPU " in f" {r['sku']} "}
+    for r in rows:
         machine = {x["key"]: x["value"] for x in r["system_labels"]}.get("compute.googleapis.com/machine_spec", "")
-        if (r["service"] != "Compute Engine" or not machine.startswith(("a2-", "g2-")) or not SEP <= r["start"] < OCT
-                or not r["unit"].endswith("seconds")):
+        gpu_vm = machine.startswith(("a2-", "g2-")) or (machine and (r["project"], r["zone"], r["name"]) in with_gpu_sku)
+        if r["service"] != "Compute Engine" or not gpu_vm or not SEP <= r["start"] < OCT or not r["unit"].endswith(
+                "seconds"):
             continue
         k = key(r)
         out[k] = out.get(k, 0.0) + r["cost"] + sum(c["amount"] for c in r["credits"])
@@ -78,6 +85,8 @@ def test_totals_per_vm_team_and_project_equal_an_independent_sum_to_the_cent(nam
     # promotion credit netted): one VM-hour per hour, not 1 GPU-hour + 12 vCPU-hours.
     assert per_vm[A100] == pytest.approx((3 * (2.93391 + 0.379188 - 0.075838 + 0.360292), 3.0))
     assert per_vm[L4] == pytest.approx((2 * (0.2240 - 0.1 + 0.0698 + 0.0327), 2.0))
+    # The N1 VM's machine type names no GPU; its T4's SKU does, in a row after its vCPU and RAM rows: all counted.
+    assert per_vm[T4] == pytest.approx((0.35 + 0.2534 + 0.034, 1.0))
     assert {k for k, *_ in totals(d, "project")} == {"detector", ""}  # the `project` label, as on every source
 
 
@@ -97,13 +106,15 @@ def test_the_cost_table_names_the_vm_as_the_listing_does(tmp_path):
     settings = load_settings(billing={"source": "gcp-detailed", "path": str(DATA / "detailed_export.parquet")})
     loaded = load_cost_table(settings, SEP, OCT, datetime(2024, 10, 5, tzinfo=timezone.utc))
     t = loaded.table.set_index("resource_id")
-    assert loaded.source == "gcp-detailed" and set(t.index) == {A100, L4}
+    assert loaded.source == "gcp-detailed" and set(t.index) == {A100, L4, T4}
     assert t.loc[A100, ["provider", "account", "region", "instance_type", "pricing_model", "team", "project"]].tolist() \
         == ["gcp", "sunbird-ml", "us-central1", "a2-highgpu-1g", "on-demand", "vision", "detector"]
     assert t.loc[L4, ["instance_type", "pricing_model", "team"]].tolist() == ["g2-standard-8", "spot", "search"]
+    assert t.loc[T4, ["instance_type", "pricing_model", "team"]].tolist() == ["n1-standard-8", "on-demand", "speech"]
     assert json.loads(t.loc[A100, "tags"]) == {"project": "detector", "team": "vision"}
     totals_ = load_cost_totals(settings, SEP, OCT, datetime(2024, 10, 5, tzinfo=timezone.utc), "team").table
-    assert dict(zip(totals_["key"], totals_["cost"].round(6))) == {"vision": 10.792656, "search": 0.453}
+    assert dict(zip(totals_["key"], totals_["cost"].round(6))) == {"vision": 10.792656, "search": 0.453,
+                                                                   "speech": 0.6374}
 
 
 def test_costs_by_instance_on_the_command_line(tmp_path, capsys):
@@ -112,7 +123,7 @@ def test_costs_by_instance_on_the_command_line(tmp_path, capsys):
     out = capsys.readouterr()
     assert rc == 0, out.err
     rows = {r["instance"]: r for r in json.loads(out.out)}
-    assert set(rows) == {A100, L4} and round(rows[A100]["cost"], 2) == 10.79 and rows[A100]["usage_hours"] == 3.0
+    assert set(rows) == {A100, L4, T4} and round(rows[A100]["cost"], 2) == 10.79 and rows[A100]["usage_hours"] == 3.0
 
 
 def test_idle_cost_joins_the_stored_verdicts_of_the_vm(tmp_path, capsys):
@@ -317,6 +328,18 @@ def test_costs_save_stores_the_months_rows_under_their_source(tmp_path, capsys):
     rc = main(["-c", str(cfg), "costs", "--save", "--source", "gcp-detailed", "--path",
                str(DATA / "detailed_export.parquet"), "--month", "2024-09", "--by", "instance", "-o", "json"])
     err = capsys.readouterr().err
-    assert rc == 0 and "stored 2 rows for 2024-09 from gcp-detailed" in err, err  # a VM-day each
+    assert rc == 0 and "stored 3 rows for 2024-09 from gcp-detailed" in err, err  # a VM-day each
     stored = load_costs(Store(f"sqlite:///{db}"), date(2024, 9, 1), date(2024, 10, 1), "gcp-detailed")
-    assert set(stored["resource_id"]) == {A100, L4} and round(stored["cost"].sum(), 2) == 11.25
+    assert set(stored["resource_id"]) == {A100, L4, T4} and round(stored["cost"].sum(), 2) == 11.88
+
+
+def test_a_vms_gpu_row_in_another_file_of_the_export_still_makes_it_a_gpu_vm(tmp_path):
+    """BigQuery's EXPORT DATA spreads rows over files: the N1 VM's T4 row in one file, its vCPU and RAM in another."""
+    header, rows = csv_rows()
+    gpu = [r for r in rows if "T4 GPU" in r["sku_description"]]
+    (tmp_path / "export").mkdir()
+    write_csv(tmp_path / "export" / "part-0.csv", header, [r for r in rows if r not in gpu])
+    write_csv(tmp_path / "export" / "part-1.csv", header, gpu)
+    split = detailed_lines(detailed_files(str(tmp_path / "export")), str(tmp_path), SEP, OCT, BS)
+    assert split.lines == lines("detailed_export.csv").lines
+    assert {k: round(c, 4) for k, _cur, c, _h in totals(split, "instance")}[T4] == 0.6374

@@ -49,6 +49,9 @@ REPEATED = ("labels", "system_labels", "credits")
 TOP_LEVEL = ("service", "sku", "usage_start_time", "usage_end_time", "project", "labels", "system_labels",
              "location", "resource", "cost", "currency", "usage", "credits")
 MACHINE_LABEL = "compute.googleapis.com/machine_spec"
+# A GPU's own SKU ("Nvidia Tesla T4 GPU running in Americas", "Spot Preemptible Nvidia L4 GPU attached to ..."): bills
+# an N1 VM's attached GPUs, whose machine type (n1-standard-8) names none.
+GPU_SKU = re.compile(r"\bGPU\b")
 HOUR_UNITS = ("hour", "hours", "h")
 SECOND_UNITS = ("second", "seconds", "s")
 COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
@@ -250,6 +253,10 @@ class _Rules:
             self._types[k] = self._gpu(f"{machine} {sku or ''}")
         return self._types[k]
 
+    def machine_type(self, system_labels: str | None) -> str:
+        """The machine type the machine_spec label names ('' without one)."""
+        return str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
+
     def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
         """(team, project, owner, the labels as sorted pairs) of a row's labels."""
         if raw not in self._labels:
@@ -261,12 +268,19 @@ class _Rules:
 
 def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs) -> DetailedLines:
     """The GPU VM lines of the export's files in [start, end): cost (net of credits) and instance hours per day,
-    VM, machine type, pricing model, labels and currency."""
+    VM, machine type, pricing model, labels and currency.
+
+    A GPU VM is one whose machine type (the machine_spec label, or the SKU text) is a GPU machine type, or one
+    billed for a GPU SKU ("Nvidia Tesla T4 GPU ...": an N1 VM with attached GPUs, whose machine type names none).
+    Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
+    read first and judged after."""
     con = connect()
     rules = _Rules(bs)
-    lines: dict[tuple, list[float]] = {}
-    secs: dict[tuple, list] = {}  # (VM, hour) -> [the longest seconds row's hours, its line]
+    groups: list[tuple[str, dict]] = []  # (file, group) of every file, judged once all are read
+    gpu_vms: set[str] = set()  # full resource names of VMs billed for a GPU SKU
     warnings: list[str] = []
+    checks = (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
+              ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON"))
     for src in local_copies(files, TOP_LEVEL):
         types, table = _columns(con, src)
         cols = _check(types, src)
@@ -277,38 +291,50 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
         except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
             raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
                                    f"{_error_text(exc)}") from None
-        excluded, currencies = 0, []
         for g in got:
-            itype = rules.instance_type(g["sku_"], g["sys_"])
-            if not itype:
-                continue
-            for bad, column, kind in (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
-                                      ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON")):
-                if g[bad]:
-                    _raise_bad_value(con, table, cols, src, column, kind)
-            excluded += g["excluded"]
-            if g["cost"] is None:
-                continue
-            currency = g["currency_"] or ""
-            currencies.append(currency)
-            zone = g["zone_"] or ""
-            region = g["region_"] or (zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone)
-            subject = gce_vm_id(g["gname_"] or "", g["rname_"] or "", g["project_"] or "", zone) or (
-                g["gname_"] or g["rname_"] or "")
-            team, project, owner, tags = rules.labels(g["labels_"])
-            key = (g["day_"], g["project_"] or "", region, subject, itype, pricing_model(g["sku_"] or ""), team,
-                   project, owner, tags, currency)
-            line = lines.setdefault(key, [0.0, 0.0])
-            line[0] += g["cost"]
-            if g["secs_period_"] is None:
-                line[1] += g["hours"]
-            else:
-                best = secs.setdefault((subject, g["secs_period_"]), [-1.0, key])
-                if g["max_hours"] > best[0]:
-                    best[0], best[1] = g["max_hours"], key
-        mixed_currencies(currencies, src.name)
-        if excluded:
-            warnings.append(f"{src.name}: {excluded} GPU VM row(s) excluded: column 'cost' negative or above "
+            gpu_sku = GPU_SKU.search(g["sku_"] or "") is not None
+            if gpu_sku and g["gname_"]:
+                gpu_vms.add(g["gname_"])
+            if gpu_sku or rules.instance_type(g["sku_"], g["sys_"]):  # a bad value of a GPU VM's row: said here
+                for bad, column, kind in checks:
+                    if g[bad]:
+                        _raise_bad_value(con, table, cols, src, column, kind)
+            groups.append((src.name, g))
+    lines: dict[tuple, list[float]] = {}
+    secs: dict[tuple, list] = {}  # (VM, hour) -> [the longest seconds row's hours, its line]
+    excluded: dict[str, int] = {}
+    currencies: dict[str, list[str]] = {}
+    for name, g in groups:
+        itype = rules.instance_type(g["sku_"], g["sys_"])
+        if not itype and g["gname_"] in gpu_vms:
+            itype = rules.machine_type(g["sys_"])
+        elif not itype:
+            continue
+        excluded[name] = excluded.get(name, 0) + g["excluded"] + sum(g[b] for b, _c, _k in checks)
+        if g["cost"] is None:
+            continue
+        currency = g["currency_"] or ""
+        currencies.setdefault(name, []).append(currency)
+        zone = g["zone_"] or ""
+        region = g["region_"] or (zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone)
+        subject = gce_vm_id(g["gname_"] or "", g["rname_"] or "", g["project_"] or "", zone) or (
+            g["gname_"] or g["rname_"] or "")
+        team, project, owner, tags = rules.labels(g["labels_"])
+        key = (g["day_"], g["project_"] or "", region, subject, itype, pricing_model(g["sku_"] or ""), team,
+               project, owner, tags, currency)
+        line = lines.setdefault(key, [0.0, 0.0])
+        line[0] += g["cost"]
+        if g["secs_period_"] is None:
+            line[1] += g["hours"]
+        else:
+            best = secs.setdefault((subject, g["secs_period_"]), [-1.0, key])
+            if g["max_hours"] > best[0]:
+                best[0], best[1] = g["max_hours"], key
+    for name, found in currencies.items():
+        mixed_currencies(found, name)
+    for name, n in excluded.items():
+        if n:
+            warnings.append(f"{name}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
                             f"{bs.max_line_cost:g}, or usage.amount negative or above {MAX_LINE_HOURS:g} h")
     for hours, key in secs.values():
         lines[key][1] += hours

@@ -69,6 +69,14 @@ def rows() -> list[dict]:
                        cost=0.0698, amount=28800, unit="seconds"))
         out.append(row(h, "Compute Engine", "Spot Preemptible G2 Instance Ram running in Virginia", **l4,
                        cost=0.0327, amount=1.1544e14, unit="byte-seconds"))
+    # An n1-standard-8 with an attached T4: its machine type names no GPU, its GPU SKU does. Its GPU row is the last
+    # row of the file, after its vCPU and RAM rows.
+    t4 = dict(zone="us-central1-b", name="asr-t4-1", vm_id="6630118854400127", machine="n1-standard-8",
+              labels={"team": "speech"})
+    out.append(row(0, "Compute Engine", "N1 Predefined Instance Core running in Americas", **t4, cost=0.2534,
+                   amount=28800, unit="seconds"))
+    out.append(row(0, "Compute Engine", "N1 Predefined Instance Ram running in Americas", **t4, cost=0.034,
+                   amount=1.1063e14, unit="byte-seconds"))
     # Not GPU VM usage: an n2 VM, its boot disk (no machine_spec label), BigQuery, the A100 in October.
     out.append(row(0, "Compute Engine", "N2 Instance Core running in Americas", **n2, cost=0.126, amount=14400,
                    unit="seconds"))
@@ -79,6 +87,8 @@ def rows() -> list[dict]:
                    amount=5.2e10, unit="bytes"))
     out.append(row(0, "Compute Engine", "Nvidia Tesla A100 GPU running in Americas", **a100, cost=2.93391,
                    amount=3600, unit="seconds", day=10))
+    out.append(row(0, "Compute Engine", "Nvidia Tesla T4 GPU running in Americas", **t4, cost=0.35, amount=3600,
+                   unit="seconds"))
     return out
 
 
