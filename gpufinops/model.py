@@ -49,6 +49,46 @@ def is_azure_vm_id(subject_id: str) -> bool:
         f"/subscriptions/{parts[0]}/resourceGroups/{parts[1]}/providers/Microsoft.Compute/virtualMachines/{parts[2]}"
     ) == subject_id
 
+# A GCE VM's subject id: `gce:<project>/<zone>/<name>` (places.gcp lists VMs by name). Google's bill names a VM by its
+# full resource name with the VM's numeric id, `//compute.googleapis.com/projects/<project>/zones/<zone>/instances/<id>`
+# (the FOCUS ResourceId, the detailed export's resource.global_name), and by its name in a second column (ResourceName,
+# resource.name). A VM the bill names only by its numeric id, that no listing has seen (deleted before gpufinops
+# listed it, or in a project gpufinops does not list), is `gce-unlisted:<project>/<zone>/<id>`: still costed per
+# project and zone, and saying that it is not a VM gpufinops knows by name.
+GCE_ID_PREFIX = "gce:"
+GCE_UNLISTED_PREFIX = "gce-unlisted:"
+_GCE_VM_ID = re.compile(r"^//compute\.googleapis\.com/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$")
+# GCE's instance names (RFC 1035: a lowercase letter first, at most 63 characters); a numeric id is never one.
+GCE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def gce_vm_id(global_name: str, name: str = "", project: str = "", zone: str = "") -> str:
+    """The subject id of a GCE VM a bill names by its full resource name (`global_name`), "" for any other id: with
+    the VM's `name` (a valid GCE name) `gce:<project>/<zone>/<name>`, else, the full name carrying only the numeric
+    id, `gce-unlisted:<project>/<zone>/<id>` (resolve_gce_ids() turns it into the listed VM's id). `project` and
+    `zone`, where the bill has them as columns (the detailed export's project.id, location.zone), win over the
+    full name's (which may carry the project's number)."""
+    m = _GCE_VM_ID.match(str(global_name or "").strip())
+    if not m:
+        return ""
+    project, zone = project or m.group(1), zone or m.group(2)
+    tail = m.group(3)
+    vm = name if GCE_NAME.match(name or "") else tail if GCE_NAME.match(tail) else ""
+    return f"{GCE_ID_PREFIX}{project}/{zone}/{vm}" if vm else f"{GCE_UNLISTED_PREFIX}{project}/{zone}/{tail}"
+
+
+def resolve_gce_ids(subject_ids, known: Mapping[str, str]) -> list[str]:
+    """Each subject id, a `gce-unlisted:<project>/<zone>/<id>` whose numeric id a listing knows (`known`: numeric
+    id -> subject id, from GpuInstance.cloud_id) turned into that VM's `gce:` id; every other id unchanged."""
+    out = []
+    for sid in subject_ids:
+        text = str(sid)
+        if text.startswith(GCE_UNLISTED_PREFIX):
+            text = known.get(text.rsplit("/", 1)[-1], text)
+        out.append(text)
+    return out
+
+
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
 # available; anything at or above this, or negative, is not a measurement.
 SENTINEL_THRESHOLD = 1e9
@@ -187,6 +227,9 @@ class GpuInstance:
     # A Kubernetes workload's: how its GPUs were allocated, "device-plugin", "dra" (ResourceClaims) or both
     # comma-joined (k8s.model.PodInfo.allocation); "" for every other place.
     gpu_allocation: str = ""
+    # The provider's own id of the instance where the subject id does not carry it: a GCE VM's numeric id, by which
+    # Google's bill names it (gce_vm_id); "" for every other place.
+    cloud_id: str = ""
 
     @property
     def family(self) -> str:

@@ -43,7 +43,7 @@ def write(tmp_path: Path, text: str) -> Path:
     ("report:\n  false_stop_s: .inf\n", 2, "report.false_stop_s", ""),
     ("billing:\n  source: cur\n  budget_path: b.yaml\n", 3, "billing.budget_path", "Extra inputs are not permitted"),
     ("billing:\n  athena:\n    timout_s: 5\n", 3, "billing.athena.timout_s", "Extra inputs are not permitted"),
-    ("billing:\n  source: csv\n", 2, "billing.source", "'ce', 'cur', 'focus' or 'athena'"),
+    ("billing:\n  source: csv\n", 2, "billing.source", "'ce', 'cur', 'focus', 'athena' or 'gcp-detailed'"),
     ("billing: 7\n", 1, "billing", ""),
 ])
 def test_a_bad_key_in_a_capability_section_fails_at_load_naming_file_line_and_key(tmp_path, doc, line, key, says):

@@ -9,9 +9,12 @@ from datetime import datetime, timedelta, timezone
 
 from .common import EXIT_PROBLEM_FOUND, OUTPUT_FORMATS, add_output_option, usage_error
 
+BILLING_SOURCES = ["ce", "cur", "focus", "athena", "gcp-detailed"]  # config.BillingSettings.source
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS or Athena)")
+    p = subparsers.add_parser("costs", help="GPU cost of a month from billing (CE, CUR, FOCUS, Athena or "
+                                                   "Google Cloud's detailed usage cost export)")
     p.add_argument("--month", default=None, help="YYYY-MM (default: the previous full month, UTC, as `report`; "
                                                     "--by namespace|workload|nodepool: this month)")
     p.add_argument("--by", choices=["team", "instance", "instance_type", "account", "namespace", "workload",
@@ -20,10 +23,11 @@ def register(subparsers) -> None:
                    "capacity and GPU sharing included (docs/kubernetes.md); slurm-account / slurm-user / partition / "
                    "slurm-qos: the Slurm clusters' GPU-hours and dollars of the month from sacct, idle included "
                    "(docs/slurm.md)")
-    p.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None,
-                   help="default: billing.source from the config")
+    p.add_argument("--source", choices=BILLING_SOURCES, default=None,
+                   help="default: billing.source from the config; gcp-detailed: Google Cloud's detailed usage cost "
+                        "export as Parquet/CSV files, cost net of credits (docs/billing.md)")
     p.add_argument("--path", default=None,
-                   help="CUR/FOCUS file, folder, glob or s3:// prefix (default: billing.path)")
+                   help="CUR/FOCUS/gcp-detailed file, folder, glob or s3:// prefix (default: billing.path)")
     # focus: with --idle, FOCUS 1.2/1.3 CSV rows of the cost split by verdict (docs/billing.md)
     add_output_option(p, (*OUTPUT_FORMATS, "focus"))
     p.add_argument("--save", action="store_true", help="also store the month's rows in the database (replacing them)")
@@ -38,7 +42,7 @@ def register(subparsers) -> None:
     bsub = b.add_subparsers(dest="budgets_command", metavar="ACTION")
     c = bsub.add_parser("check", help="evaluate budgets now and print them; --notify also sends the alerts due")
     c.add_argument("--month", default=None, help="YYYY-MM (default: this month); the check runs as of its last hour if past")
-    c.add_argument("--source", choices=["ce", "cur", "focus", "athena"], default=None)
+    c.add_argument("--source", choices=BILLING_SOURCES, default=None)
     c.add_argument("--path", default=None)
     c.add_argument("--notify", action="store_true",
                    help="send the alerts that are due (the service's schedule does this); default: print only")
@@ -128,6 +132,7 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
     from ..run.compose import live_store
 
     store = live_store(settings)
+    table = with_listed_gce_vms(table, store)
     rates, attrs = (billing_rates(table), resource_attrs(table)) if table is not None and not table.empty else ({}, {})
     vc = verdict_costs(store.verdict_hours_frame(start, min(end, now), grain="period"), start, min(end, now),
                        max_gap_s=2 * settings.schedule.evaluate_every_s, rates=rates, catalog=default_catalog(),
@@ -140,6 +145,16 @@ def _print_idle_costs(settings, args, start, end, now, table) -> int:
         return 0
     _print(idle_cost_report(vc, args.by), args.output)
     return 0
+
+
+def with_listed_gce_vms(table, store):
+    """The cost table with each `gce-unlisted:` VM (a bill naming it only by its numeric id) renamed to the VM the
+    service listed with that id (Store.cloud_ids), so that its billed rate meets its verdicts."""
+    from ..model import GCE_UNLISTED_PREFIX, resolve_gce_ids
+
+    if table is None or table.empty or not table["resource_id"].str.startswith(GCE_UNLISTED_PREFIX).any():
+        return table
+    return table.assign(resource_id=resolve_gce_ids(table["resource_id"], store.cloud_ids()))
 
 
 def _print_focus(store, vc, start, end, table, settings) -> None:

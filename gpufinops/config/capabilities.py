@@ -74,7 +74,8 @@ class AthenaSettings(StrictModel):
 
 
 class BillingSettings(StrictModel):
-    source: Literal["ce", "cur", "focus", "athena"] = "ce"
+    # gcp-detailed: Google Cloud's detailed usage cost export as files (collect/billing/gcp_detailed.py)
+    source: Literal["ce", "cur", "focus", "athena", "gcp-detailed"] = "ce"
     path: str | None = None
     currency: str = Field("USD", pattern=r"^[A-Z]{3}$")  # ISO 4217, as the budgets file
     gpu_families: tuple[str, ...] | None = None  # None: settings.aws.gpu_families

@@ -223,7 +223,8 @@ def label_row(inst: GpuInstance, now: datetime) -> dict:
             "provider": clip("provider", inst.provider), "price_source": clip("price_source", inst.price_source),
             "name": clip("name", inst.tags.get("Name")), "policy": policy_json(inst),
             # None (not "") when the listing saw no GPU of it (a workload scaled to zero): the stored one is kept.
-            "allocation": clip("allocation", inst.gpu_allocation) or None, "first_seen": seen, "last_seen": seen}
+            "allocation": clip("allocation", inst.gpu_allocation) or None,
+            "cloud_id": clip("cloud_id", inst.cloud_id) or None, "first_seen": seen, "last_seen": seen}
 
 
 POLICY_TAGS_MAX = 64  # EC2 allows 50 tags; a Kubernetes workload's labels and annotations are kept to this many

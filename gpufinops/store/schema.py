@@ -207,6 +207,9 @@ instance_labels = Table(
     # report's workloads table; "" for an instance of another place. NULL in rows from before migration 0005
     # (read as "device-plugin" for a Kubernetes workload).
     Column("allocation", String(32)),
+    # The provider's own id where the instance id does not carry it (GpuInstance.cloud_id: a GCE VM's numeric id, by
+    # which Google's bill may name it), so that `costs --idle` turns a bill's `gce-unlisted:` id into the VM (0006).
+    Column("cloud_id", String(64)),
     Column("first_seen", DateTime, nullable=False),
     Column("last_seen", DateTime, nullable=False, index=True),
 )
@@ -216,7 +219,7 @@ LABEL_SIZES = {c.name: c.type.length for c in instance_labels.columns if isinsta
 
 
 LABEL_UPDATED = ("owner", "team", "account", "region", "instance_type", "gpu_model", "gpu_count", "provider",
-                 "price_source", "name", "policy", "allocation", "last_seen")  # first_seen is kept
+                 "price_source", "name", "policy", "allocation", "cloud_id", "last_seen")  # first_seen is kept
 LABEL_KEPT_WHEN_NULL = ("allocation",)  # a tick that saw none keeps the stored value (a workload scaled to zero)
 
 

@@ -227,6 +227,14 @@ class Store:
                                              "last_seen": aware_utc(r["last_seen"])}
         return out
 
+    def cloud_ids(self) -> dict[str, str]:
+        """The provider's own id -> instance id of every instance seen with one (instance_labels.cloud_id: a GCE VM's
+        numeric id), latest seen winning; what model.resolve_gce_ids needs to name a bill's `gce-unlisted:` VM."""
+        q = (select(instance_labels.c.cloud_id, instance_labels.c.instance_id)
+             .where(instance_labels.c.cloud_id.is_not(None)).order_by(instance_labels.c.last_seen))
+        with self.engine.connect() as conn:
+            return {cid: iid for cid, iid in conn.execute(q) if cid}
+
     # ------------------------------------------------------------- Kubernetes node hours
     def record_node_hours(self, now: datetime, rows_for: Callable[[datetime, float], Sequence[dict]],
                           interval_s: float, max_gap_s: float) -> int:

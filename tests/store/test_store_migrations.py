@@ -292,7 +292,7 @@ def test_a_database_at_0004_is_upgraded_to_gpu_allocation_old_rows_reading_devic
 
     store = Store(db_url)  # upgrades on start
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0005"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD
     [row] = store.node_hours_frame(START, END).to_dict("records")
     assert (row["allocation"], row["dra_cents"]) == ("device-plugin", 0)
     assert ({k: row[k] for k in ("node", "node_pool", "sharing", "gpus", "node_cents", "pods_cents", "idle_cents",
@@ -309,4 +309,36 @@ def test_a_database_at_0004_is_upgraded_to_gpu_allocation_old_rows_reading_devic
     store.record_instances([GpuInstance(wl.instance_id, "", "", "stopped", t, provider="kubernetes")],
                            t + timedelta(minutes=1))  # scaled to zero: no pod, no GPU seen
     assert store.instance_labels()["k8s:ml/Deployment/infer"]["allocation"] == "dra"
+    store.close()
+
+
+def test_a_database_at_0005_is_upgraded_to_cloud_ids_keeping_its_rows(db_url):
+    """0005 -> 0006 adds instance_labels.cloud_id in place: a stored row keeps its labels (cloud_id NULL), and the
+    next tick records a GCE VM's numeric id, which Store.cloud_ids maps back to the VM."""
+    from alembic import command
+    from alembic.config import Config
+
+    from gpufinops.model import GpuInstance
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(SCRIPT_LOCATION))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+        assert "cloud_id" not in {c["name"] for c in inspect(conn).get_columns("instance_labels")}
+        conn.execute(text("INSERT INTO instance_labels (instance_id, owner, first_seen, last_seen) "
+                          "VALUES ('gce:ml/us-central1-a/l4-1', 'ana', :t, :t)"), {"t": T0})
+    engine.dispose()
+
+    store = Store(db_url)  # upgrades on start
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == HEAD == "0006"
+    label = store.instance_labels()["gce:ml/us-central1-a/l4-1"]
+    assert label["owner"] == "ana" and label["cloud_id"] is None and store.cloud_ids() == {}
+    seen = datetime(2026, 10, 3, 9, 0, tzinfo=timezone.utc)
+    store.record_instances([GpuInstance("gce:ml/us-central1-a/l4-1", "g2-standard-8", "us-central1", "running", seen,
+                                        provider="gcp", tags={"owner": "ana"}, cloud_id="7000000000000001001")], seen)
+    assert store.cloud_ids() == {"7000000000000001001": "gce:ml/us-central1-a/l4-1"}
+    assert store.instance_labels()["gce:ml/us-central1-a/l4-1"]["owner"] == "ana"
     store.close()

@@ -303,7 +303,7 @@ def _first_bad_cur(con, table: str, names: dict[str, str], start, end, usage_typ
 
 FOCUS_TEXT = ("x_UsageType", "ChargeDescription", "SkuPriceDetails", "x_SkuDetails")
 # Every column the statements below read (the cost column besides, as configured).
-FOCUS_READ = (*FOCUS_TEXT, "Tags", "ResourceId", "BillingCurrency", "ChargeCategory", "ConsumedUnit",
+FOCUS_READ = (*FOCUS_TEXT, "Tags", "ResourceId", "ResourceName", "BillingCurrency", "ChargeCategory", "ConsumedUnit",
               "ConsumedQuantity", "ServiceCategory", "ChargePeriodStart", "ChargePeriodEnd")
 FOCUS_KEY = {"instance": "ResourceId", "account": "SubAccountId"}  # the others come from the texts and Tags
 
@@ -394,6 +394,8 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
     lo, hi = (int((d - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 for d in (start, end))
     key = FOCUS_KEY.get(by)
     group = [c for c in (*FOCUS_TEXT, "Tags") if c in names] + ([key] if key and key in names else [])
+    if by == "instance" and "ResourceName" in names:  # a GCE VM's name (subject_of)
+        group.append("ResourceName")
     where = where or _usage_sql(names)
     sql = f"""
     WITH used AS (
@@ -467,7 +469,7 @@ class _FocusRules:
 
     def key(self, g: dict, itype: str) -> str:
         if self.by == "instance":
-            return self._subject(g.get("ResourceId"))
+            return self._subject(g.get("ResourceId"), g.get("ResourceName"))
         if self.by == "account":
             return self._as_text(g.get("SubAccountId"))
         if self.by == "instance_type":

@@ -119,6 +119,15 @@ def _column_text(df: pd.DataFrame, col: str) -> pd.Series:
     return each_distinct(df[col], _as_text)
 
 
+def _subjects(df: pd.DataFrame) -> pd.Series:
+    """subject_of each row's ResourceId and, where the file has it, ResourceName (a GCE VM's name)."""
+    rid = df["ResourceId"].fillna("").astype(str)
+    if "ResourceName" not in df.columns:
+        return each_distinct(rid, subject_of)
+    pairs = pd.Series(list(zip(rid, df["ResourceName"].fillna("").astype(str))), index=df.index, dtype=object)
+    return each_distinct(pairs, lambda p: subject_of(*p))
+
+
 def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str]:
     """(FOCUS version, provider column) of one file, or an error naming the file and the missing columns."""
     return check_columns(df.columns, name, cost_col)
@@ -189,7 +198,7 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         "provider": df[provider_col].fillna("").astype(str).map(provider_name),
         "account": _column_text(df, "SubAccountId"),
         "region": _column_text(df, "RegionId"),
-        "resource_id": each_distinct(df["ResourceId"].fillna("").astype(str), subject_of),
+        "resource_id": _subjects(df),
         "instance_type": itype,
         "pricing_model": pricing_models(df),
         "team": tag_fields.str[0], "project": tag_fields.str[1], "owner": tag_fields.str[2],

@@ -8,14 +8,14 @@ import json
 import re
 from typing import Iterable, Sequence
 
-from ...model import azure_vm_id
+from ...model import azure_vm_id, gce_vm_id
 from .errors import BillingDataError
 from .focus_spec import detect_version, provider_column
 
 REQUIRED = ("ChargePeriodStart", "BillingCurrency", "ChargeCategory", "ResourceId", "ConsumedQuantity",
             "ConsumedUnit", "ChargeDescription")
 PROVIDER_COLUMNS = ("ServiceProviderName", "ProviderName", "HostProviderName")
-OPTIONAL = ("SubAccountId", "RegionId", "Tags", "PricingCategory", "CommitmentDiscountType",
+OPTIONAL = ("SubAccountId", "RegionId", "Tags", "ResourceName", "PricingCategory", "CommitmentDiscountType",
             "CommitmentDiscountCategory", "ServiceCategory", "x_UsageType", "SkuPriceDetails", "x_SkuDetails",
             # Read only to tell the version apart (focus_spec.detect_version).
             "InvoiceId", "PricingCurrency", "SkuMeter", "ServiceSubcategory", "CapacityReservationId",
@@ -39,12 +39,14 @@ _PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", 
 _AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
 
 
-def subject_of(resource_id: object) -> str:
+def subject_of(resource_id: object, resource_name: object = None) -> str:
     """The id a bill's ResourceId names its instance by, as the place lists it: an Azure VM's ARM id becomes its
-    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), so that a VM's billed rate and its verdicts meet; any
-    other id is kept as it is (an EC2 instance id, a GCP or OCI resource name)."""
+    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), a GCE VM's full resource name with its ResourceName
+    `gce:<project>/<zone>/<name>` (model.gce_vm_id; `gce-unlisted:...` when only the numeric id is there), so that a
+    VM's billed rate and its verdicts meet; any other id is kept as it is (an EC2 instance id, an OCI resource)."""
     text = "" if resource_id is None else str(resource_id)
-    return azure_vm_id(text) or text
+    name = "" if resource_name is None or resource_name != resource_name else str(resource_name)
+    return azure_vm_id(text) or gce_vm_id(text, name) or text
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:

@@ -101,7 +101,28 @@ def load_cost_table(settings: Settings, start: datetime, end: datetime, now: dat
         s3 = s3_filesystem(settings, path) if path.startswith("s3://") else None
         r = read_focus(path, start, end, bs, filesystem=s3)
         return LoadedCosts(r.table, "focus", _complete_through(r.table, start, end, now), r.warnings)
-    raise BillingDataError(f"unknown billing source {source!r}; expected ce, cur, focus or athena")
+    if source == "gcp-detailed":
+        from .gcp_detailed import SOURCE, detailed_files, detailed_lines
+        from .s3fetch import s3_client_for
+
+        d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+        table = detailed_table(d.lines, SOURCE)
+        return LoadedCosts(table, SOURCE, _complete_through(table, start, end, now), d.warnings)
+    raise BillingDataError(f"unknown billing source {source!r}; expected ce, cur, focus, athena or gcp-detailed")
+
+
+def detailed_table(lines: dict, source: str) -> pd.DataFrame:
+    """The cost table of gcp_detailed.detailed_lines(): one row per day, VM, type, pricing model and labels."""
+    from .gcp_detailed import LINE_FIELDS
+    from .schema import canonical_tags, conform, empty_table
+
+    if not lines:
+        return empty_table()
+    rows = [{**dict(zip(LINE_FIELDS, key)), "cost": cost, "usage_hours": hours} for key, (cost, hours) in lines.items()]
+    df = pd.DataFrame(rows)
+    df["tags"] = [canonical_tags(dict(pairs)) for pairs in df["tags"]]
+    df = df.assign(provider="gcp", source=source)
+    return conform(df.sort_values(["date", "resource_id", "pricing_model", "tags"], kind="stable"))
 
 
 def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: datetime, by: str,
@@ -127,5 +148,13 @@ def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: da
         t = focus_total_rows(focus_files(path, s3_client_for(settings, path)), path, start, end, bs, by)
         table = pd.DataFrame(t.rows, columns=list(TOTAL_COLUMNS)) if t.rows else empty_totals()
         return LoadedTotals(table, "focus", t.warnings)
+    if source == "gcp-detailed" and path:  # DuckDB (gcp_detailed.py), summed at the grain
+        from .gcp_detailed import SOURCE, detailed_files, detailed_lines, totals
+        from .s3fetch import s3_client_for
+
+        d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+        rows = totals(d, by)
+        return LoadedTotals(pd.DataFrame(rows, columns=list(TOTAL_COLUMNS)) if rows else empty_totals(), SOURCE,
+                            d.warnings)
     loaded = load_cost_table(settings, start, end, now, source=source, path=path, bs=bs)
     return LoadedTotals(table_totals(loaded.table, by), loaded.source, loaded.warnings)

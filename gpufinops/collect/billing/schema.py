@@ -33,7 +33,7 @@ DTYPES: dict[str, str] = {c: "str" for c in STRING_COLUMNS}
 DTYPES.update({"date": "datetime64[s]", "cost": "float64", "usage_hours": "float64"})
 
 PRICING_MODELS = ("on-demand", "spot", "reserved", "savings-plan")
-SOURCES = ("ce", "cur", "focus", "athena")
+SOURCES = ("ce", "cur", "focus", "athena", "gcp-detailed")
 
 
 def empty_table() -> pd.DataFrame:

@@ -2,8 +2,8 @@
 loaded, with the rest); this module hands the collectors the section with what depends on other sections.
 
     billing:
-      source: cur                 # ce | cur | focus | athena
-      path: s3://my-cur/data/     # cur/focus: a file, a folder or an s3:// prefix
+      source: cur                 # ce | cur | focus | athena | gcp-detailed
+      path: s3://my-cur/data/     # cur/focus/gcp-detailed: a file, a folder or an s3:// prefix
       currency: USD
       budgets_path: rules/budgets.yaml
       tag_keys: {team: [team, user_team], project: [project, user_project], owner: [owner, user_owner]}

@@ -121,13 +121,15 @@ def print_file_totals(settings, month: str, by: str, source: str | None, path: s
     None when the source or path is not one (bad month included: the caller's path says so)."""
     from .duck import file_totals
     from .errors import BillingDataError, month_bounds
+    from .gcp_detailed import file_totals as detailed_totals
 
     try:
         start, end = month_bounds(month)
     except BillingDataError:
         return None
     try:
-        r = file_totals(settings, start, end, by, source, path)
+        r = detailed_totals(settings, start, end, by, source, path) or file_totals(settings, start, end, by, source,
+                                                                                    path)
     except BillingDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,8 @@ tests/places/gcp/test_gcp_cloud.py checks every request a test makes against it)
 (compute.instances.list), instances.get (compute.instances.get), instances.setLabels (compute.instances.setLabels),
 instances.stop (compute.instances.stop), zoneOperations.get (compute.zoneOperations.get).
 
-A VM's id says the cloud and where it is: `gce:<project>/<zone>/<name>`. Its labels are read as gpufinops's tags
+A VM's id says the cloud and where it is: `gce:<project>/<zone>/<name>`; its numeric id is kept as `cloud_id` (Google's
+bill names a VM by it: model.gce_vm_id, gce_ids). Its labels are read as gpufinops's tags
 (places/gcp/labels.py), its state as EC2's words (RUNNING is "running", STOPPING and SUSPENDING "stopping",
 TERMINATED and SUSPENDED "stopped"), so that every stage reads a VM as it reads an EC2 instance.
 
@@ -29,7 +30,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from gpufinops.config import GcpSettings
-from gpufinops.model import Clock, GpuInstance, utcnow
+from gpufinops.model import GCE_ID_PREFIX, Clock, GpuInstance, utcnow
 from gpufinops.prices.catalog import Catalog
 
 from .labels import labels_to_tags, tags_to_labels
@@ -37,7 +38,7 @@ from .machines import ACCELERATOR_TYPES, gpus_of, is_accelerator_type
 
 log = logging.getLogger(__name__)
 
-ID_PREFIX = "gce:"
+ID_PREFIX = GCE_ID_PREFIX  # model.gce_vm_id writes the same id from a bill
 PROVIDER = "gcp"
 
 # GCE's instance status in the words every stage reads (EC2's): a VM stopping or suspended no longer bills its GPUs.
@@ -124,6 +125,12 @@ def is_transient(exc: BaseException) -> bool:
 
 def subject_id(project: str, zone: str, name: str) -> str:
     return f"{ID_PREFIX}{project}/{zone}/{name}"
+
+
+def gce_ids(instances: Sequence[GpuInstance]) -> dict[str, str]:
+    """Numeric id -> subject id of listed GCE VMs: what model.resolve_gce_ids needs to turn a bill's
+    `gce-unlisted:` id into the VM's."""
+    return {i.cloud_id: i.instance_id for i in instances if i.cloud_id and i.instance_id.startswith(ID_PREFIX)}
 
 
 def parse_subject(instance_id: str) -> tuple[str, str, str] | None:
@@ -351,6 +358,8 @@ class GceCloud:
             managed_by=manager.by if manager else "",
             managed_advice=manager.advice if manager else "",
             price_source=source,
+            # Google's bill names the VM by this id (model.gce_vm_id): kept so that a bill without the name meets it.
+            cloud_id=str(vm.id) if vm.id else "",
         )
 
     def _price(self, machine_type: str, region: str, spot: bool, attached: Sequence[tuple[str, int]] = ()

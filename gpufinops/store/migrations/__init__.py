@@ -11,6 +11,6 @@ from pathlib import Path
 
 SCRIPT_LOCATION = Path(__file__).resolve().parent
 BASELINE = "0001"
-HEAD = "0005"  # the newest revision in versions/; tests check it is the script head
+HEAD = "0006"  # the newest revision in versions/; tests check it is the script head
 # kv key a revision sets when stored decision rows must be folded into episodes and rollups (0002).
 BACKFILL_KEY = "store:rollup_backfill_pending"

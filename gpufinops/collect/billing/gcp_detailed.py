@@ -1,0 +1,394 @@
+"""Google Cloud's detailed usage cost export (the BigQuery table `gcp_billing_export_resource_v1_<account>`), exported
+to files (Parquet, or CSV of a flattening query; one file, a folder, a glob or an s3:// prefix) -> GPU VM cost, on
+DuckDB: the billing source `gcp-detailed`.
+
+Columns read (Google's schema, cloud.google.com/billing/docs/how-to/export-data-bigquery-tables/detailed-usage):
+service.description, sku.description, usage_start_time, usage_end_time, project.id, labels, system_labels,
+location.zone, location.region, resource.name, resource.global_name, cost, currency, usage.amount, usage.unit,
+credits. A Parquet export keeps the records nested (a STRUCT per record, a LIST of STRUCTs for labels, system_labels
+and credits); BigQuery cannot write nested or repeated fields to CSV, so a CSV comes from a query that flattens them:
+`service.description AS service_description` (a column named `service.description` is read too) and the repeated
+ones as JSON text (`TO_JSON_STRING(labels) AS labels`). docs/billing.md has the EXPORT DATA statement.
+
+A GPU VM's rows: a usage in time (usage.unit seconds or hours; a RAM row's byte-seconds carries cost, no hours) whose
+SKU text or `compute.googleapis.com/machine_spec` system label names a GPU machine type (billing.gpu_patterns: A2,
+A3, A4, G2, G4). Google bills one VM-hour as several rows (the GPUs, the vCPUs, the RAM, each in its own unit), so a
+VM ran as long as its longest seconds row of that hour says (as the FOCUS path counts Google's rows).
+
+Cost is net of credits: `cost` + the sum of `credits.amount` (Google writes credits negative: sustained and committed
+use discounts, free tier, promotions), what the invoice charges for the row. The VM is `gce:<project>/<zone>/<name>`
+(resource.name, project.id, location.zone: model.gce_vm_id), as places.gcp lists it, so its billed rate meets its
+verdicts; team, project and owner from its labels by billing.tag_keys; `account` is the GCP project.
+
+No pandas here: the totals (`costs --by`) are summed in Python from DuckDB's groups; load.py makes the cost table
+(`costs --idle`, `--save`) from the same lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Sequence
+
+from ...model import gce_vm_id
+from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect
+from .errors import BillingDataError, mixed_currencies
+from .s3fetch import local_copies
+from .sources import ParquetSource
+
+SOURCE = "gcp-detailed"
+FILE_SUFFIXES = (".parquet", ".csv", ".csv.gz")
+KIND = "detailed usage cost export (.parquet, .csv, .csv.gz)"
+# Logical field -> what it is read as. Records are nested in Parquet ("service" STRUCT), flattened in a CSV
+# ("service_description", or "service.description").
+REQUIRED = ("service.description", "sku.description", "usage_start_time", "project.id", "resource.name",
+            "resource.global_name", "cost", "currency", "usage.amount", "usage.unit", "system_labels")
+OPTIONAL = ("usage_end_time", "labels", "credits", "location.zone", "location.region")
+REPEATED = ("labels", "system_labels", "credits")
+TOP_LEVEL = ("service", "sku", "usage_start_time", "usage_end_time", "project", "labels", "system_labels",
+             "location", "resource", "cost", "currency", "usage", "credits")
+MACHINE_LABEL = "compute.googleapis.com/machine_spec"
+# A GPU's own SKU ("Nvidia Tesla T4 GPU running in Americas", "Spot Preemptible Nvidia L4 GPU attached to ..."): bills
+# an N1 VM's attached GPUs, whose machine type (n1-standard-8) names none.
+GPU_SKU = re.compile(r"\bGPU\b")
+HOUR_UNITS = ("hour", "hours", "h")
+SECOND_UNITS = ("second", "seconds", "s")
+COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
+MAX_LINE_HOURS = 1e9
+
+
+@dataclass
+class DetailedLines:
+    # (date 'YYYY-MM-DD', account, region, resource_id, instance_type, pricing_model, team, project, owner, the labels
+    #  as sorted (key, value) pairs, currency) -> [cost, usage_hours]
+    lines: dict[tuple, list[float]]
+    warnings: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+LINE_FIELDS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model", "team", "project",
+               "owner", "tags", "currency")
+
+
+def detailed_files(path: str, s3=None) -> list[ParquetSource]:
+    """The export's files under a path: a file, a folder, a glob or an s3:// prefix (`s3`: an s3fetch.S3Client)."""
+    from .duck import _files
+
+    return _files(path, s3, FILE_SUFFIXES, KIND)
+
+
+def _columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
+    """(column -> DuckDB type, the table function reading the file). A CSV is read as text, "" missing."""
+    f = _q(src.path)
+    if src.name.lower().endswith(".parquet"):
+        table = f"read_parquet({f})"
+    else:
+        table = (f"read_csv({f}, header=true, all_varchar=true, delim=',', quote='\"', escape='\"', "
+                 "nullstr=[''])")
+    try:
+        types = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {table}").fetchall()}
+    except Exception as exc:  # duckdb.Error: not Parquet, truncated, not UTF-8, empty
+        text = _error_text(exc)
+        if "utf" in text.lower() or "unicode" in text.lower():
+            raise BillingDataError(f"{src.name}: not UTF-8 text") from None
+        raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: {text}") from None
+    return types, table
+
+
+def _struct_fields(duck_type: str) -> set[str]:
+    """The field names of a DuckDB STRUCT type text (`STRUCT(id VARCHAR, "description" VARCHAR)`)."""
+    if not duck_type.upper().startswith("STRUCT("):
+        return set()
+    inner, depth, names, token = duck_type[7:-1], 0, set(), ""
+    for ch in inner + ",":
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            names.add(token.strip().split(" ", 1)[0].strip('"'))
+            token = ""
+        else:
+            token += ch
+    return names
+
+
+def field_sql(types: dict[str, str], name: str) -> str | None:
+    """The SQL that reads a logical field of Google's schema in this file, or None when the file lacks it: a
+    nested record's field (Parquet), or its flattened column `a_b` / `a.b` (CSV)."""
+    if "." not in name:
+        return _ident(name) if name in types else None
+    record, sub = name.split(".", 1)
+    if sub in _struct_fields(types.get(record, "")):
+        return f"{_ident(record)}.{_ident(sub)}"
+    for flat in (name, name.replace(".", "_")):
+        if flat in types:
+            return _ident(flat)
+    return None
+
+
+def _is_list(types: dict[str, str], name: str) -> bool:
+    return types.get(name, "").endswith("[]")
+
+
+def _check(types: dict[str, str], src: ParquetSource) -> dict[str, str]:
+    """Logical field -> its SQL in this file; an error naming the file and the missing columns."""
+    got = {n: field_sql(types, n) for n in (*REQUIRED, *OPTIONAL)}
+    missing = [n for n in REQUIRED if got[n] is None]
+    if missing:
+        raise BillingDataError(
+            f"{src.name}: missing column(s) {missing} of Google's detailed usage cost export (a CSV names a "
+            f"record's field `service_description` or `service.description`; docs/billing.md has the export query)")
+    return {n: s for n, s in got.items() if s is not None}
+
+
+def _text(sql: str, types: dict[str, str], name: str) -> str:
+    """A repeated field as JSON text (Parquet: its list; CSV: the JSON text the export query wrote)."""
+    return f"to_json({sql})" if _is_list(types, name) else f"CAST({sql} AS VARCHAR)"
+
+
+def _bad_credits(cols: dict[str, str], types: dict[str, str]) -> str:
+    """True for a row whose credits a CSV wrote as text that is not JSON."""
+    if "credits" not in cols or _is_list(types, "credits"):
+        return "false"
+    c = cols["credits"]
+    return f"({c} IS NOT NULL AND NOT json_valid({c}))"
+
+
+def _credits(cols: dict[str, str], types: dict[str, str]) -> str:
+    """The row's credits summed (0 without any): a Parquet list of records, or a CSV's JSON text of them."""
+    if "credits" not in cols:
+        return "0.0"
+    c = cols["credits"]
+    if _is_list(types, "credits"):
+        return f"COALESCE(list_sum(list_transform({c}, lambda x: TRY_CAST(x.amount AS DOUBLE))), 0.0)"
+    return (f"COALESCE(list_sum(CAST(json_extract(CASE WHEN json_valid({c}) THEN {c} END, '$[*].amount') "
+            f"AS DOUBLE[])), 0.0)")
+
+
+def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetime, end: datetime,
+         max_line_cost: float) -> str:
+    """One file's usage-in-time rows summed per distinct (day, texts, labels, VM, currency); seconds rows keep
+    their VM and hour so that a VM-hour's hours count once."""
+    low = lambda s: f"lower(trim(COALESCE(CAST({s} AS VARCHAR), '')))"  # noqa: E731
+    lo, hi = (int((d - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 for d in (start, end))
+    start_type = types.get("usage_start_time", "VARCHAR")
+    until = (_epoch_us("usage_end_time", types.get("usage_end_time", "VARCHAR")) if "usage_end_time" in cols
+             else "NULL::BIGINT")
+    opt = lambda n: f"CAST({cols[n]} AS VARCHAR)" if n in cols else "NULL::VARCHAR"  # noqa: E731
+    labels = _text(cols["labels"], types, "labels") if "labels" in cols else "NULL::VARCHAR"
+    return f"""
+    WITH used AS (
+      SELECT CAST({cols['sku.description']} AS VARCHAR) AS sku_,
+             {_text(cols['system_labels'], types, 'system_labels')} AS sys_, {labels} AS labels_,
+             CAST({cols['project.id']} AS VARCHAR) AS project_, {opt('location.zone')} AS zone_,
+             {opt('location.region')} AS region_, CAST({cols['resource.name']} AS VARCHAR) AS rname_,
+             CAST({cols['resource.global_name']} AS VARCHAR) AS gname_, CAST({cols['currency']} AS VARCHAR) AS currency_,
+             {low(cols['usage.unit'])} AS unit_,
+             TRY_CAST({cols['cost']} AS DOUBLE) AS cost_, {cols['cost']} IS NOT NULL AS has_cost_,
+             {_credits(cols, types)} AS credits_, {_bad_credits(cols, types)} AS bad_credits_,
+             TRY_CAST({cols['usage.amount']} AS DOUBLE) AS qty_, {cols['usage.amount']} IS NOT NULL AS has_qty_,
+             {_epoch_us('usage_start_time', start_type)} AS period_, usage_start_time IS NOT NULL AS has_period_,
+             {until} AS until_
+      FROM {table}
+      WHERE {low(cols['service.description'])} = 'compute engine'
+        AND ({low(cols['usage.unit'])} IN ({_in(HOUR_UNITS + SECOND_UNITS)})
+             OR regexp_matches({low(cols['usage.unit'])}, {_q(COMPOUND_TIME_UNIT)}))),
+    timed AS (
+      SELECT *, unit_ IN ({_in(SECOND_UNITS)}) AS secs_,
+             CASE WHEN unit_ IN ({_in(HOUR_UNITS)}) THEN COALESCE(qty_, 0)
+                  WHEN unit_ IN ({_in(SECOND_UNITS)}) THEN COALESCE(qty_, 0) / 3600.0 ELSE 0 END AS raw_h_
+      FROM used),
+    kept AS (
+      SELECT *, CASE WHEN secs_ AND until_ IS NOT NULL THEN LEAST(raw_h_, (until_ - period_) / 3.6e9)
+                     ELSE raw_h_ END AS h_,
+             COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
+      FROM timed)
+    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, sys_, labels_, project_, zone_, region_,
+           rname_, gname_, currency_,
+           CASE WHEN secs_ THEN period_ END AS secs_period_,
+           COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
+           COUNT(*) FILTER (WHERE qty_ IS NULL AND has_qty_) AS bad_qty,
+           COUNT(*) FILTER (WHERE period_ IS NULL AND has_period_) AS bad_date,
+           COUNT(*) FILTER (WHERE bad_credits_) AS bad_credits,
+           SUM(cost_ + credits_) FILTER (WHERE inp_ AND ok_) AS cost, SUM(h_) FILTER (WHERE inp_ AND ok_) AS hours,
+           MAX(h_) FILTER (WHERE inp_ AND ok_) AS max_hours, COUNT(*) FILTER (WHERE inp_ AND NOT ok_) AS excluded
+    FROM (SELECT *, COALESCE(cost_ >= 0 AND cost_ <= {float(max_line_cost)!r} AND h_ >= 0
+                             AND h_ <= {MAX_LINE_HOURS!r}, false) AS ok_ FROM kept)
+    WHERE inp_ OR (cost_ IS NULL AND has_cost_) OR (qty_ IS NULL AND has_qty_) OR (period_ IS NULL AND has_period_)
+          OR bad_credits_
+    GROUP BY ALL
+    """
+
+
+def pricing_model(sku: str) -> str:
+    """Google's SKU text says how the VM was bought: "Spot Preemptible ..." (spot), "Commitment v1: ..."
+    (committed use, counted as a savings plan); anything else is on-demand (credits already netted)."""
+    text = sku.lower()
+    if "spot" in text or "preemptible" in text:
+        return "spot"
+    if "commitment" in text:
+        return "savings-plan"
+    return "on-demand"
+
+
+class _Rules:
+    """What each distinct group says, worked out once: the GPU machine type, the labels and their team/project."""
+
+    def __init__(self, bs) -> None:
+        from .focus_rules import _pick, focus_tags, gpu_instance_type
+
+        families, patterns = set(bs.gpu_families or ()), [re.compile(p) for p in bs.gpu_patterns]
+        self._gpu = lambda text: gpu_instance_type(text, families, patterns)
+        self._tags, self._pick = focus_tags, _pick
+        self._keys = bs.tag_keys
+        self._types: dict[tuple, str] = {}
+        self._labels: dict[str | None, tuple[str, str, str, tuple]] = {}
+
+    def instance_type(self, sku: str | None, system_labels: str | None) -> str:
+        k = (sku, system_labels)
+        if k not in self._types:
+            machine = str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
+            self._types[k] = self._gpu(f"{machine} {sku or ''}")
+        return self._types[k]
+
+    def machine_type(self, system_labels: str | None) -> str:
+        """The machine type the machine_spec label names ('' without one)."""
+        return str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
+
+    def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
+        """(team, project, owner, the labels as sorted pairs) of a row's labels."""
+        if raw not in self._labels:
+            tags = {str(k): "" if v is None else str(v) for k, v in self._tags(raw or "").items()}
+            self._labels[raw] = (self._pick(tags, self._keys.team), self._pick(tags, self._keys.project),
+                                 self._pick(tags, self._keys.owner), tuple(sorted(tags.items())))
+        return self._labels[raw]
+
+
+def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs) -> DetailedLines:
+    """The GPU VM lines of the export's files in [start, end): cost (net of credits) and instance hours per day,
+    VM, machine type, pricing model, labels and currency.
+
+    A GPU VM is one whose machine type (the machine_spec label, or the SKU text) is a GPU machine type, or one
+    billed for a GPU SKU ("Nvidia Tesla T4 GPU ...": an N1 VM with attached GPUs, whose machine type names none).
+    Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
+    read first and judged after."""
+    con = connect()
+    rules = _Rules(bs)
+    groups: list[tuple[str, dict]] = []  # (file, group) of every file, judged once all are read
+    gpu_vms: set[str] = set()  # full resource names of VMs billed for a GPU SKU
+    warnings: list[str] = []
+    checks = (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
+              ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON"))
+    for src in local_copies(files, TOP_LEVEL):
+        types, table = _columns(con, src)
+        cols = _check(types, src)
+        try:
+            cur = con.execute(_sql(table, cols, types, start, end, bs.max_line_cost))
+            names = [d[0] for d in cur.description]
+            got = [dict(zip(names, r)) for r in cur.fetchall()]
+        except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
+            raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
+                                   f"{_error_text(exc)}") from None
+        for g in got:
+            gpu_sku = GPU_SKU.search(g["sku_"] or "") is not None
+            if gpu_sku and g["gname_"]:
+                gpu_vms.add(g["gname_"])
+            if gpu_sku or rules.instance_type(g["sku_"], g["sys_"]):  # a bad value of a GPU VM's row: said here
+                for bad, column, kind in checks:
+                    if g[bad]:
+                        _raise_bad_value(con, table, cols, src, column, kind)
+            groups.append((src.name, g))
+    lines: dict[tuple, list[float]] = {}
+    secs: dict[tuple, list] = {}  # (VM, hour) -> [the longest seconds row's hours, its line]
+    excluded: dict[str, int] = {}
+    currencies: dict[str, list[str]] = {}
+    for name, g in groups:
+        itype = rules.instance_type(g["sku_"], g["sys_"])
+        if not itype and g["gname_"] in gpu_vms:
+            itype = rules.machine_type(g["sys_"])
+        elif not itype:
+            continue
+        excluded[name] = excluded.get(name, 0) + g["excluded"] + sum(g[b] for b, _c, _k in checks)
+        if g["cost"] is None:
+            continue
+        currency = g["currency_"] or ""
+        currencies.setdefault(name, []).append(currency)
+        zone = g["zone_"] or ""
+        region = g["region_"] or (zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone)
+        subject = gce_vm_id(g["gname_"] or "", g["rname_"] or "", g["project_"] or "", zone) or (
+            g["gname_"] or g["rname_"] or "")
+        team, project, owner, tags = rules.labels(g["labels_"])
+        key = (g["day_"], g["project_"] or "", region, subject, itype, pricing_model(g["sku_"] or ""), team,
+               project, owner, tags, currency)
+        line = lines.setdefault(key, [0.0, 0.0])
+        line[0] += g["cost"]
+        if g["secs_period_"] is None:
+            line[1] += g["hours"]
+        else:
+            best = secs.setdefault((subject, g["secs_period_"]), [-1.0, key])
+            if g["max_hours"] > best[0]:
+                best[0], best[1] = g["max_hours"], key
+    for name, found in currencies.items():
+        mixed_currencies(found, name)
+    for name, n in excluded.items():
+        if n:
+            warnings.append(f"{name}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
+                            f"{bs.max_line_cost:g}, or usage.amount negative or above {MAX_LINE_HOURS:g} h")
+    for hours, key in secs.values():
+        lines[key][1] += hours
+    mixed_currencies([k[-1] for k in lines], path)
+    if not lines:
+        warnings.append(f"{path}: no GPU VM usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
+    return DetailedLines(lines, warnings, [s.name for s in files])
+
+
+def _raise_bad_value(con, table: str, cols: dict[str, str], src: ParquetSource, column: str, kind: str) -> None:
+    """The error naming the first Compute Engine row whose `column` is not a number, a date or JSON (`kind`), by
+    its data row."""
+    sql = cols[column]
+    bad = "NOT json_valid(v)" if kind == "JSON" else f"TRY_CAST(v AS {kind}) IS NULL"
+    con.execute("SET threads=1")  # row_number() in file order
+    row = con.execute(f"""
+      SELECT rn, v FROM (SELECT row_number() OVER () AS rn, {sql} AS v,
+                                lower(trim(COALESCE(CAST({cols['service.description']} AS VARCHAR), ''))) AS svc
+                         FROM {table})
+      WHERE svc = 'compute engine' AND v IS NOT NULL AND {bad}
+      ORDER BY rn LIMIT 1""").fetchone()
+    what = {"DOUBLE": "a number", "TIMESTAMPTZ": "a date", "JSON": "JSON text (the export query's TO_JSON_STRING)"}[kind]
+    # As the FOCUS reader names a row: a CSV's line (the header is line 1), a Parquet file's row from 1.
+    at = (row[0] if table.startswith("read_parquet") else row[0] + 1) if row else 0
+    where = f" on data row {at} (value {str(row[1])[:80]!r})" if row else ""
+    raise BillingDataError(f"{src.name}: column '{column}' is not {what}{where}")
+
+
+def totals(d: DetailedLines, by: str) -> list[tuple[str, str, float, float]]:
+    """(key, currency, cost, usage_hours) per `by` key (totals.GRAINS), sorted."""
+    at = {"instance": "resource_id", "instance_type": "instance_type", "account": "account", "team": "team",
+          "project": "project"}[by]
+    i = LINE_FIELDS.index(at)
+    sums: dict[tuple[str, str], list[float]] = {}
+    for key, (cost, hours) in d.lines.items():
+        s = sums.setdefault((key[i], key[-1]), [0.0, 0.0])
+        s[0] += cost
+        s[1] += hours
+    return [(k, c, v[0], v[1]) for (k, c), v in sorted(sums.items())]
+
+
+def file_totals(settings, start: datetime, end: datetime, by: str, source: str | None = None,
+                path: str | None = None) -> TotalRows | None:
+    """duck.file_totals for this source: the export's totals per `by` key, or None when the source is another."""
+    import logging
+
+    from .s3fetch import s3_client_for
+    from .settings import billing_settings
+
+    bs = billing_settings(settings)
+    source, path = source or bs.source, path or bs.path
+    if source != SOURCE or not path:
+        return None
+    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+    for w in d.warnings:
+        logging.getLogger(__name__).warning("%s", w)
+    return TotalRows(totals(d, by), d.warnings, d.files, None, SOURCE)
