@@ -173,7 +173,8 @@ class Stub:
             self.faults.setdefault(method, []).extend(faults)
 
     def on(self, method: str, hook: Callable[[], None]) -> None:
-        """Run `hook` once, just before the next `method` request is handled."""
+        """Run `hook` once, just before the next `method` request is handled ("*": the next request of any
+        method, so that a hook set inside a hook lands right after the request that ran it)."""
         with self.lock:
             self.before.setdefault(method, []).append(hook)
 
@@ -358,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
         with stub.lock:
             stub.requests.append(Request(method, url.path, PERMISSIONS.get(method, "unknown"), query, body,
                                          self.headers.get("Authorization", "")))
-            hooks = stub.before.pop(method, [])
+            hooks = stub.before.pop("*", []) + stub.before.pop(method, [])
         for hook in hooks:
             hook()
         if stub.token is not None and self.headers.get("Authorization") != f"Bearer {stub.token}":

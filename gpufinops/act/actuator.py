@@ -35,6 +35,7 @@ from ..model import (
     TAG_MARKED,
     TAG_PROTECT,
     TAG_SNOOZE,
+    TAG_STOP_FENCE,
     TAG_STOPPED_BY,
     TAG_STOPPED_REASON,
     Action,
@@ -91,6 +92,7 @@ SNOOZE_TAG_FAILURES = "snooze_tag_failures:"
 TAG_MARK_REMOVED = "mark tag removed after the stop"
 TAG_STOPPED_BY_SET = "stopped-by tags"
 TAG_MOVED = "announced stop time moved"
+TAG_FENCED = "stop fence"  # the fence tag written right before the stop, conditioned on the final read (_fence)
 
 # kv key (+ instance id) = the mark's time, when some rule of the marked instance had no usable metrics since.
 METRICS_MISSING_SINCE_MARK = "metrics_missing_since_mark:"
@@ -290,7 +292,7 @@ class Actuator:
             reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
-        changed = "" if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
+        changed, fresh = ("", None) if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
         if changed:
             # A person's cancel in the last seconds (mark removed, snooze, protect, a restart) wins: the next
             # run plans again from what the cloud says now.
@@ -298,6 +300,12 @@ class Actuator:
             log.warning("%s: %s", inst.instance_id, reason)
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason,
                                                   rule_name, ctx.now))
+        if fresh is not None and place_of(inst.instance_id).fenced_at_cloud:
+            fenced = self._fence(ctx, inst, fresh, mark, rule, rule_name)
+            if fenced:
+                return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True,
+                                                      f"not stopped: {fenced}; the next run decides again",
+                                                      rule_name, ctx.now))
         self._stops_left -= 1
 
         if decision.action in SLURM_ACTIONS:
@@ -320,14 +328,50 @@ class Actuator:
                             ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + intent.reason,
                             rule_name, ctx.now)
 
-    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None, now: datetime) -> str:
-        """The instance read again right before its stop: what changed since the plan, in words ("" when
-        nothing did). What cannot be read is a change too: no stop on a state we have not seen."""
+    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None,
+                            now: datetime) -> tuple[str, GpuInstance | None]:
+        """The instance read again right before its stop: (what changed since the plan, in words, "" when nothing
+        did; that final read). What cannot be read is a change too: no stop on a state we have not seen."""
         try:
             found = self.cloud.describe([inst.instance_id])
         except Exception as exc:  # noqa: BLE001 - unknown is never a reason to stop
-            return f"the instance could not be read again ({str(exc)[:200]})"
+            return f"the instance could not be read again ({str(exc)[:200]})", None
         fresh = found[0] if found else None
+        return self._what_changed(inst, fresh, mark, rule, now), fresh
+
+    def _fence(self, ctx: RunContext, inst: GpuInstance, fresh: GpuInstance, mark: MarkRow, rule: Rule | None,
+               rule_name: str) -> str:
+        """The fence at the cloud, the last step before the stop of a place that has one (a GCE VM): the fence tag
+        written with the version of `fresh`, the final read in which the mark was seen. A person's label change
+        since that read (the mark removed, a snooze, protect) makes the cloud refuse it, and then no stop is sent.
+        A mark write of its own (its own audit row), not the stop: the stop is still one call. Returns why the stop
+        is not sent ("" when the fence went through); nobody is told here: the next run plans from the cloud, and
+        a cancelled mark is said once, there."""
+        value = _stamp(ctx.now)
+
+        def still_fenced(found: GpuInstance | None) -> bool:
+            # After a lost answer: our fence is on AND nothing a person can cancel with changed since the plan.
+            return (found is not None and found.tags.get(TAG_STOP_FENCE) == value
+                    and not self._what_changed(inst, found, mark, rule, ctx.now))
+
+        outcome = self.change(ctx, fresh, ActionKind.TAG, rule_name, f"{TAG_FENCED}: {TAG_STOP_FENCE}={value}",
+                              lambda: self.cloud.set_tags_fenced(fresh, {TAG_STOP_FENCE: value}),
+                              verify=still_fenced)
+        if outcome.ok:
+            return ""
+        if outcome.ok is None:
+            return f"the fence before the stop is not confirmed ({(outcome.error or '')[:200]})"
+        return (f"the fence before the stop was refused: a label changed since the final read "
+                f"({(outcome.error or '')[:200]})")
+
+    @staticmethod
+    def _mark_keys(inst: GpuInstance) -> list[str]:
+        """The tags that go with the mark: the mark, and where the place fences its stops, the fence tag."""
+        return [TAG_MARKED, TAG_STOP_FENCE] if place_of(inst.instance_id).fenced_at_cloud else [TAG_MARKED]
+
+    def _what_changed(self, inst: GpuInstance, fresh: GpuInstance | None, mark: MarkRow, rule: Rule | None,
+                      now: datetime) -> str:
+        """What changed between the plan's `inst` and a later read of it, in words ("" when nothing did)."""
         if fresh is None:
             return "the instance is gone"
         if fresh.state != inst.state or not fresh.is_judged:  # running, or still "Stopped (allocated)"
@@ -398,9 +442,9 @@ class Actuator:
                 to: tuple[str, ...]) -> ActionResult:
         # A mark the place no longer counts as the subject's (TAG_MARK_GONE_WHY: a Slurm job's earlier run) is still
         # written on it: removed as well, so that nobody reads a warning that no longer holds.
-        if not mark.dry_run and (TAG_MARKED in inst.tags or TAG_MARK_GONE_WHY in inst.tags):
+        if not mark.dry_run and any(k in inst.tags for k in (TAG_MARKED, TAG_MARK_GONE_WHY, TAG_STOP_FENCE)):
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
-                                  lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                                  lambda: self.cloud.remove_tags(inst, self._mark_keys(inst)),
                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
             if not outcome.ok:
                 return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, False, intent.reason,
@@ -451,7 +495,7 @@ class Actuator:
         does not leave the other undone. Removing the mark also closes the IAM fence: a stale StopInstances
         still in flight (another replica's) is refused by AWS once the instance no longer carries it."""
         outcome = self.change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
-                              lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                              lambda: self.cloud.remove_tags(inst, self._mark_keys(inst)),
                               verify=lambda i: i is None or TAG_MARKED not in i.tags)
         if outcome.ok is not True:
             log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, outcome.error)
@@ -698,6 +742,10 @@ def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, st
     if row.kind == ActionKind.MARK or (row.kind == ActionKind.TAG and row.reason.startswith(TAG_MOVED)):
         seen = TAG_MARKED in tags
         return seen, "mark tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.TAG and row.reason.startswith(TAG_FENCED):
+        # Settled as written or not; either way no stop follows from it: the next run plans and fences again.
+        seen = inst is not None and tags.get(TAG_STOP_FENCE) == row.reason.rpartition("=")[2]
+        return seen, "stop fence tag " + ("present" if seen else "absent")
     if row.kind == ActionKind.TAG and row.reason.startswith(TAG_STOPPED_BY_SET):
         seen = inst is None or TAG_STOPPED_BY in tags
         return seen, "stopped-by tag " + ("present" if seen else "absent")

@@ -75,6 +75,10 @@ class Place:
     stops_any_spot: bool = False
     # Further actions this place alone takes, like `own_action` (a Slurm job: requeue, hold, cancel).
     also_owns: frozenset[Action] = frozenset()
+    # Its cloud takes a label write conditioned on the version of a read (a GCE VM's labelFingerprint): right before
+    # a stop the actuator writes the fence tag (model.TAG_STOP_FENCE) with the version of the final read in which the
+    # mark was seen, and sends the stop only when that write went through (`Cloud.set_tags_fenced`).
+    fenced_at_cloud: bool = False
 
     def owns(self, action: Action) -> bool:
         return action is self.own_action or action in self.also_owns
@@ -149,6 +153,7 @@ GCE = Place(
     refusal="a GCE VM is stopped, never deleted, by gpufinops: notify only; give the rule action: stop",
     opt_in_by_tag=True,
     stops_any_spot=True,
+    fenced_at_cloud=True,
 )
 
 # Its stop is ARM's deallocate, the only one that ends compute billing (a power-off leaves the VM "Stopped

@@ -103,3 +103,81 @@ def test_stale_fingerprint_412_never_overwrites_a_persons_labels(fleet, slack_st
     assert ids(r.actions, ActionKind.MARK) == {IDLE}
     assert fleet.gce.labels("idle")["cost_center"] == "cc-42" and MARK in fleet.gce.labels("idle")
     check_invariants(fleet)
+
+
+# ---------------------------------------------------------------- the fence at the cloud (act.actuator._fence)
+FENCE = "gpufinops_stopping"
+
+
+def fence_rows(f: GceFleet):
+    return [a for a in f.store.action_rows(kinds=[ActionKind.TAG]) if a.reason.startswith("stop fence")]
+
+
+def test_mark_removed_after_the_final_read_is_fenced_off_and_never_stopped(fleet, slack_stub):
+    """The person removes the mark just AFTER the final read saw it: the re-read cannot see it, the fence does.
+    Without the fence (the code before it) the next request after that read was the stop itself, and it stopped."""
+    fleet.tick(20)
+    # Set inside the hook of the final read: runs before the request right after it, whatever it is.
+    fleet.gce.on("instances.get", lambda: fleet.gce.on(
+        "*", lambda: fleet.gce.person_sets_labels("idle", **{MARK: None})))
+    r = fleet.tick(36)
+    assert not fleet.gce.calls("instances.stop") and fleet.gce.status("idle") == "RUNNING"
+    assert not ids(r.actions, ActionKind.STOP)
+    assert any("fence before the stop was refused" in a.reason for a in r.actions if a.instance_id == IDLE)
+    assert [a.status for a in fence_rows(fleet)] == ["failed"]
+    assert "labels changed since the read before the stop" in fence_rows(fleet)[0].error
+    assert not fleet.gce.calls("instances.setLabels")[1:]  # the fence was refused before anything was sent
+    fleet.tick(37)  # the next tick plans from the cloud: the mark withdrawn, said once, never stopped
+    fleet.tick(38)
+    assert fleet.gce.status("idle") == "RUNNING" and not fleet.gce.calls("instances.stop")
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Stop cancelled")]) == 1
+    assert not [p for p in slack_stub.posted() if p["text"].startswith("Stopped")]
+    check_invariants(fleet)
+
+
+def test_a_persons_label_change_between_the_fences_read_and_its_write_is_refused_412(fleet):
+    fleet.tick(20)
+    # Lands after the fence's own read of the fingerprint, before its setLabels: GCE itself refuses ours (412).
+    fleet.gce.on("instances.setLabels", lambda: fleet.gce.person_sets_labels("idle", gpufinops_protect="true"))
+    r = fleet.tick(36)
+    assert not fleet.gce.calls("instances.stop") and fleet.gce.status("idle") == "RUNNING"
+    assert [a.status for a in fence_rows(fleet)] == ["failed"] and "412" in fence_rows(fleet)[0].error
+    assert any("fence before the stop was refused" in a.reason for a in r.actions if a.instance_id == IDLE)
+    assert fleet.gce.labels("idle")["gpufinops_protect"] == "true" and FENCE not in fleet.gce.labels("idle")
+    fleet.tick(37)
+    assert not fleet.gce.calls("instances.stop")
+    check_invariants(fleet)
+
+
+@pytest.mark.parametrize("fault", ["drop-after", "500-after"])
+def test_fence_write_whose_answer_is_lost_is_read_back_and_the_stop_sent_once(fleet, slack_stub, fault):
+    fleet.tick(20)
+    fleet.gce.fault("instances.setLabels", Fault(fault))  # the tick's first label write: the fence
+    r = fleet.tick(36)
+    assert [a.status for a in fence_rows(fleet)] == ["done"]
+    assert "confirmed by read-back" in fence_rows(fleet)[0].error
+    assert ids(r.actions, ActionKind.STOP) == {IDLE} and len(fleet.gce.calls("instances.stop")) == 1
+    fleet.gce.finish_operations()
+    fleet.tick(37)
+    assert len(fleet.gce.calls("instances.stop")) == 1
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Stopped")]) == 1
+    assert FENCE not in fleet.gce.labels("idle") and MARK not in fleet.gce.labels("idle")  # cleaned up after
+    check_invariants(fleet)
+
+
+def test_fence_write_lost_with_the_mark_removed_before_the_read_back_is_no_stop(fleet, slack_stub):
+    fleet.tick(20)
+    fleet.gce.fault("instances.setLabels", Fault("drop-after"))
+    # The fence landed, its answer was lost, and the person removed the mark before gpufinops read it back.
+    fleet.gce.on("instances.setLabels", lambda: fleet.gce.on(
+        "*", lambda: fleet.gce.person_sets_labels("idle", **{MARK: None})))
+    fleet.tick(36)
+    assert not fleet.gce.calls("instances.stop") and fleet.gce.status("idle") == "RUNNING"
+    assert [a.status for a in fence_rows(fleet)] == ["unconfirmed"]
+    fleet.tick(37)  # reconciled (the fence is there), then the plan: the mark is gone, said once; the fence removed
+    fleet.tick(38)
+    assert not fleet.gce.calls("instances.stop") and fleet.gce.status("idle") == "RUNNING"
+    assert [a.status for a in fence_rows(fleet)] == ["done"]
+    assert FENCE not in fleet.gce.labels("idle")
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Stop cancelled")]) == 1
+    check_invariants(fleet)

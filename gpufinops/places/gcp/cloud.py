@@ -1,6 +1,6 @@
 """Compute Engine GPU VMs behind the `Cloud` protocol, through the official client (`google-cloud-compute`, REST).
 
-Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Nothing is decided here, and a zone or
+Only the act stage calls the mutating methods (set_tags, set_tags_fenced, remove_tags, stop). Nothing is decided here, and a zone or
 project that cannot be listed never hides the others.
 
 API methods called (the custom role in deploy/gcp/gpufinops-role.yaml grants each one's permission;
@@ -351,6 +351,7 @@ class GceCloud:
             managed_by=manager.by if manager else "",
             managed_advice=manager.advice if manager else "",
             price_source=source,
+            version=vm.label_fingerprint,
         )
 
     def _price(self, machine_type: str, region: str, spot: bool) -> tuple[float | None, str]:
@@ -401,15 +402,22 @@ class GceCloud:
             raise GceError("instances", inst.instance_id, "not a GCE VM id", definite=True)
         return where
 
-    def _write_labels(self, inst: GpuInstance, change: Callable[[dict[str, str]], dict[str, str]]) -> None:
+    def _write_labels(self, inst: GpuInstance, change: Callable[[dict[str, str]], dict[str, str]], *,
+                      since: str | None = None) -> None:
         """The VM read again, its labels changed by `change`, written with the fingerprint of that read: a person's
-        label change in between makes GCE refuse ours (412, definite), never lose theirs."""
+        label change in between makes GCE refuse ours (412, definite), never lose theirs. `since`: the fingerprint
+        of an earlier read the write must still stand on (the fence): labels changed after it refuse the write
+        here, before anything is sent."""
         project, zone, name = self._where(inst)
         try:
             vm = self._get(project, zone, name)
         except Exception as exc:  # noqa: BLE001 - nothing was written
             raise GceError("instances.setLabels", inst.instance_id,
                            f"not sent: the VM could not be read first ({fate_of(exc)[1]})", definite=True) from exc
+        if since is not None and vm.label_fingerprint != since:
+            raise GceError("instances.setLabels", inst.instance_id,
+                           "not sent: its labels changed since the read before the stop (labelFingerprint "
+                           f"{since!r} read then, {vm.label_fingerprint!r} now)", definite=True)
         labels = change(dict(vm.labels))
         if labels == dict(vm.labels):
             return
@@ -426,6 +434,17 @@ class GceCloud:
             return
         wanted = tags_to_labels(tags)
         self._write_labels(inst, lambda labels: {**labels, **wanted})
+
+    def set_tags_fenced(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
+        """The fence before a stop: these tags written only while the VM's labels are still those of the read that
+        gave `inst` (its labelFingerprint, `inst.version`). A person's label change since (the mark removed, a
+        snooze, protect) refuses it, definite: here when the fresh read's fingerprint differs, at GCE (412) when the
+        change lands between that read and the write. Only when it went through is the stop sent."""
+        if not inst.version:
+            raise GceError("instances.setLabels", inst.instance_id,
+                           "not sent: the read before the stop gave no labelFingerprint to fence on", definite=True)
+        wanted = tags_to_labels(tags)
+        self._write_labels(inst, lambda labels: {**labels, **wanted}, since=inst.version)
 
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         if not keys:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_REQUESTED
+from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_FENCE, TAG_STOP_REQUESTED
 
 MAX_LABEL_CHARS = 63
 MAX_LABELS = 64
@@ -34,7 +34,7 @@ OUR_LABEL_PREFIX = "gpufinops_"
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 # The tags whose value is a time: written compact, read back as the ISO form the act stage compares.
-TIME_TAGS = frozenset({TAG_MARKED, TAG_SNOOZE, TAG_STOP_REQUESTED})
+TIME_TAGS = frozenset({TAG_MARKED, TAG_SNOOZE, TAG_STOP_REQUESTED, TAG_STOP_FENCE})
 _ISO_UTC = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z$")
 _COMPACT = re.compile(r"^(\d{4})(\d{2})(\d{2})t(\d{2})(\d{2})(\d{2})?z$")
 _OUTSIDE = re.compile(r"[^a-z0-9_-]")
