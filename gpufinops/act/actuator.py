@@ -51,7 +51,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, place_of
+from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, UNSUPPORTED_MARK, place_of
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (
@@ -308,17 +308,30 @@ class Actuator:
                                                       rule_name, ctx.now))
         self._stops_left -= 1
 
+        own_call = decision.action in place_of(inst.instance_id).own_calls
         if decision.action in SLURM_ACTIONS:
             # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
             # A Slurm cluster (places.fleet.WithSlurm) is the only Cloud with jobs to end.
             def call(job: GpuInstance) -> None:
                 self.cloud.end_job(job, decision.action)
+        elif own_call:
+            # A change its place makes by a call of its own, never by its stop: a GCE VM's instances.suspend.
+            call = self.cloud.suspend
         else:
             call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         done = _terminated if kind == ActionKind.TERMINATE else _stopped
-        outcome = self.change(ctx, inst, kind, rule_name, intent.reason, lambda: call(inst), verify=done,
+        # The row says which call it was, so that reconcile (after a lost answer) tells the owner the right verb.
+        row_reason = f"{decision.action.value}: {intent.reason}" if own_call else intent.reason
+        outcome = self.change(ctx, inst, kind, rule_name, row_reason, lambda: call(inst), verify=done,
                               keep_open=True)
         if not outcome.ok:
+            if outcome.ok is False and UNSUPPORTED_MARK in (outcome.error or ""):
+                # The cloud will never do it to this subject (GCE: no suspend of a VM with GPUs attached): not
+                # tried again, and never turned into a stop (its warning promised this change); said once.
+                verb, done_words = place_of(inst.instance_id).verbs_for(decision.action)
+                return self._give_up(ctx, inst, mark, rule_name, to, outcome.error or "", reason=(
+                    f"the cloud refused to {verb} it, for good ({(outcome.error or '')[:300]}); it keeps running "
+                    f"and is not stopped instead: its warning said it would be {done_words}"))
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
                                 error=outcome.error)
         self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, to)
@@ -463,8 +476,9 @@ class Actuator:
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
     def _give_up(self, ctx: RunContext, inst: GpuInstance, mark: MarkRow, rule_name: str, to: tuple[str, ...],
-                 last_error: str) -> ActionResult:
-        reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
+                 last_error: str, *, reason: str = "") -> ActionResult:
+        reason = (f"{reason}; given up for this idle episode" if reason else
+                  f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
                   f"given up for this idle episode")
         log.error("%s: %s", inst.instance_id, reason)
         result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to)
@@ -708,7 +722,7 @@ class Actuator:
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
                                             action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
-                                            place_of(p.instance_id).own_action or Action.STOP,
+                                            _own_call_of(p) or place_of(p.instance_id).own_action or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._destinations(None, inst))
                     else:
@@ -784,7 +798,15 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _own_call_of(row: ActionRow) -> Action | None:
+    """The action a stop row carried out by its place's own call (a GCE suspend: its reason begins "suspend: ")."""
+    return next((a for a in place_of(row.instance_id).own_calls if row.reason.startswith(f"{a.value}: ")), None)
+
+
 def _reason_of(action_reason: str) -> str:
-    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...")."""
+    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...", after the call's
+    name where the row names one: "suspend: still idle ...")."""
     head = "still idle at the announced time: "
-    return action_reason[len(head):] if action_reason.startswith(head) else action_reason
+    text = action_reason.split(": ", 1)[1] if action_reason.split(": ", 1)[0] in {a.value for a in Action} \
+        else action_reason
+    return text[len(head):] if text.startswith(head) else text

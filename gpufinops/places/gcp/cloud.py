@@ -1,12 +1,13 @@
 """Compute Engine GPU VMs behind the `Cloud` protocol, through the official client (`google-cloud-compute`, REST).
 
-Only the act stage calls the mutating methods (set_tags, set_tags_fenced, remove_tags, stop). Nothing is decided here, and a zone or
+Only the act stage calls the mutating methods (set_tags, set_tags_fenced, remove_tags, stop, suspend). Nothing is decided here, and a zone or
 project that cannot be listed never hides the others.
 
 API methods called (the custom role in deploy/gcp/gpufinops-role.yaml grants each one's permission;
 tests/places/gcp/test_gcp_cloud.py checks every request a test makes against it): instances.aggregatedList
 (compute.instances.list), instances.get (compute.instances.get), instances.setLabels (compute.instances.setLabels),
-instances.stop (compute.instances.stop), zoneOperations.get (compute.zoneOperations.get).
+instances.stop (compute.instances.stop), instances.suspend (compute.instances.suspend, a rule with action
+suspend), zoneOperations.get (compute.zoneOperations.get).
 
 A VM's id says the cloud and where it is: `gce:<project>/<zone>/<name>`. Its labels are read as gpufinops's tags
 (places/gcp/labels.py), its state as EC2's words (RUNNING is "running", STOPPING and SUSPENDING "stopping",
@@ -32,6 +33,7 @@ from gpufinops.config import GcpSettings
 from gpufinops.model import Clock, GpuInstance, utcnow
 from gpufinops.prices.catalog import Catalog
 
+from ..registry import TAG_GCE_ZONE, UNSUPPORTED_MARK
 from .labels import labels_to_tags, tags_to_labels
 from .machines import gpus_of
 
@@ -64,11 +66,19 @@ class GceError(RuntimeError):
 
     def __init__(self, method: str, subject: str, cause: BaseException | str, *, definite: bool | None = None):
         certain, why = fate_of(cause) if isinstance(cause, BaseException) else (False, str(cause))
+        # GCE's reasons for a refusal ("unsupportedOperation"), as the answer's `errors` list gives them.
+        self.reasons = tuple(str(e.get("reason", "")) for e in getattr(cause, "errors", None) or []
+                             if isinstance(e, dict))
         self.method = method
         self.definite = certain if definite is None else definite
         self.fate = why
+        unsupported = self.definite and (UNSUPPORTED in why or "unsupportedOperation" in self.reasons)
         super().__init__(f"{method} {subject} failed: {why}"
-                         f" [{'not done' if self.definite else 'outcome unknown'}]")
+                         f" [{'not done' if self.definite else 'outcome unknown'}]"
+                         + (f" {UNSUPPORTED_MARK}" if unsupported else ""))
+
+
+UNSUPPORTED = "UNSUPPORTED_OPERATION"  # GCE's code for an operation a VM does not support (an operation's error)
 
 
 class InventoryError(RuntimeError):
@@ -339,7 +349,8 @@ class GceCloud:
             launch_time=launch,
             account=project,
             lifecycle="spot" if spot else "on-demand",
-            tags=labels_to_tags(labels),
+            # Its labels, and its zone under a key no label can have: what a rule selects GCE VMs by.
+            tags={**labels_to_tags(labels), TAG_GCE_ZONE: zone},
             # dcgm-exporter's Hostname on a GCE VM: its short name, or the internal DNS name.
             private_dns=vm.hostname or f"{vm.name}.{zone}.c.{project}.internal",
             private_ip=nics[0].network_i_p if nics else "",
@@ -461,6 +472,18 @@ class GceCloud:
                                                       discard_local_ssd=False, request_id=str(uuid.uuid4())),
             timeout=self._timeout, retry=None))
         self._wait("instances.stop", inst, op, project, zone)
+
+    def suspend(self, inst: GpuInstance) -> None:
+        """instances.suspend (a rule with action suspend), local SSD data kept (discardLocalSsd false); its operation
+        polled until DONE (RUNNING -> SUSPENDING -> SUSPENDED: memory state and disks stored and billed, vCPU and
+        GPU billing end). A VM GCE will not suspend (GPUs attached, too much memory, a guest without ACPI S3) is
+        refused (UNSUPPORTED_OPERATION), definite, its error marked UNSUPPORTED_MARK: never a stop instead."""
+        project, zone, name = self._where(inst)
+        op = self._send("instances.suspend", inst, lambda: self._instances.suspend_unary(
+            request=self._compute.SuspendInstanceRequest(project=project, zone=zone, instance=name,
+                                                         discard_local_ssd=False, request_id=str(uuid.uuid4())),
+            timeout=self._timeout, retry=None))
+        self._wait("instances.suspend", inst, op, project, zone)
 
     def terminate(self, inst: GpuInstance) -> None:
         # The registry never gives a GCE VM this action (places.registry.GCE takes notify and stop): a VM is never
