@@ -193,7 +193,7 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, wide
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from ..rules import load_rules
+    from ..rules import load_rules, rule_warnings
     from .common import load_settings_from_args, usage_error
 
     if any(not p.strip() for p in args.paths):
@@ -222,6 +222,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
         print(f"ok  {r.name:<32} {r.action.value:<9} {r.aggregation.value} < {r.threshold_pct:g}% "
               f"for {format_duration(r.window_s)} (lead {format_duration(r.warning_lead_s)}){no_counter}  to {to}  "
               f"[{r.source}]")
+        for warning in rule_warnings(r):  # valid, but the cloud publishes a limit on what it asks: said here
+            print(f"warn {r.name}: {warning}")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 
