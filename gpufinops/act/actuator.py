@@ -329,9 +329,10 @@ class Actuator:
                 # The cloud will never do it to this subject (GCE: no suspend of a VM with GPUs attached): not
                 # tried again, and never turned into a stop (its warning promised this change); said once.
                 verb, done_words = place_of(inst.instance_id).verbs_for(decision.action)
-                return self._give_up(ctx, inst, mark, rule_name, to, outcome.error or "", reason=(
-                    f"the cloud refused to {verb} it, for good ({(outcome.error or '')[:300]}); it keeps running "
-                    f"and is not stopped instead: its warning said it would be {done_words}"))
+                return self._give_up(ctx, inst, mark, rule_name, to, outcome.error or "", verb=verb, reason=(
+                    f"the cloud refused to {verb} it, for good: it keeps running, billed, and is not stopped instead "
+                    f"(its warning said it would be {done_words}); a rule with action: stop would end its GPU "
+                    f"billing ({(outcome.error or '')[:240]})"))
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, intent.reason, rule_name, ctx.now,
                                 error=outcome.error)
         self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, to)
@@ -452,7 +453,7 @@ class Actuator:
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
     def _unmark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow, rule_name: str,
-                to: tuple[str, ...]) -> ActionResult:
+                to: tuple[str, ...], verb: str = "") -> ActionResult:
         # A mark the place no longer counts as the subject's (TAG_MARK_GONE_WHY: a Slurm job's earlier run) is still
         # written on it: removed as well, so that nobody reads a warning that no longer holds.
         if not mark.dry_run and any(k in inst.tags for k in (TAG_MARKED, TAG_MARK_GONE_WHY, TAG_STOP_FENCE)):
@@ -472,16 +473,16 @@ class Actuator:
             self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
         else:
             self.notifier.send(replace(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
-                                                               to=to), thread_key=warning_key))
+                                                               to=to, verb=verb), thread_key=warning_key))
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
     def _give_up(self, ctx: RunContext, inst: GpuInstance, mark: MarkRow, rule_name: str, to: tuple[str, ...],
-                 last_error: str, *, reason: str = "") -> ActionResult:
+                 last_error: str, *, reason: str = "", verb: str = "") -> ActionResult:
         reason = (f"{reason}; given up for this idle episode" if reason else
                   f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
                   f"given up for this idle episode")
         log.error("%s: %s", inst.instance_id, reason)
-        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to)
+        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to, verb=verb)
         state = self.store.get_state(inst.instance_id, rule_name)
         if state is not None:  # acted on: not marked again before the instance is active and idle again
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)

@@ -581,11 +581,12 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
 
 
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str = "",
-                   to: tuple[str, ...] = ()) -> Notice:
+                   to: tuple[str, ...] = (), verb: str = "") -> Notice:
     """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
-    cordon: also when someone else cordoned it)."""
+    cordon: also when someone else cordoned it). `verb`: the change its warning announced, where the caller knows it
+    (a GCE VM's suspend that GCE refused)."""
     why = _v(_in_its_words(inst, reason), MAX_REASON)
-    stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
+    stop = verb or ("cordon" if _is_node(inst) else "stop")  # the one change gpufinops makes to a node is a cordon
     text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
             f"new warning first.")

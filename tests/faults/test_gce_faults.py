@@ -8,6 +8,7 @@ unsettled; the mark row is there exactly when the mark label is; every request w
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -181,3 +182,89 @@ def test_fence_write_lost_with_the_mark_removed_before_the_read_back_is_no_stop(
     assert FENCE not in fleet.gce.labels("idle")
     assert len([p for p in slack_stub.posted() if p["text"].startswith("Stop cancelled")]) == 1
     check_invariants(fleet)
+
+
+# ---------------------------------------------------------------- a rule with action suspend (GCE's instances.suspend)
+SUSPEND_RULE = """rules:
+  - name: park-idle-vms
+    select:
+      tags: {"gce:zone": "*"}
+      exclude_tags: {workload: [inference, serving, interactive]}
+    threshold_pct: 40
+    window: 10m
+    warning_lead: 15m
+    action: suspend
+    notify_to: ["slack:#gpu-finops"]
+"""
+
+
+@pytest.fixture
+def suspending(fleet, tmp_path):
+    from gpufinops.rules import load_rules
+
+    path = tmp_path / "suspend.yaml"
+    path.write_text(SUSPEND_RULE)
+    fleet.rules = load_rules([str(path)])
+    return fleet
+
+
+def test_idle_vm_is_warned_suspended_after_the_lead_behind_the_fence_and_said_suspended(suspending, slack_stub):
+    f = suspending
+    f.gce.suspend_refuses_gpus = False  # a VM GCE suspends (see the next test for GCE's published limits)
+    f.tick(20)
+    warning = [json.dumps(p) for p in slack_stub.posted() if "will be suspended at" in p["text"]]
+    assert len(warning) == 1 and "vCPU and GPU billing ends" in warning[0] and "keeps running" in warning[0]
+    r = f.tick(36)
+    assert ids(r.actions, ActionKind.STOP) == {IDLE} and f.gce.status("idle") == "SUSPENDED"
+    assert not f.gce.calls("instances.stop") and len(f.gce.calls("instances.suspend")) == 1
+    order = [q.method for q in f.gce.requests if q.method in ("instances.setLabels", "instances.suspend")]
+    at = order.index("instances.suspend")
+    assert order[at - 1] == "instances.setLabels" and [a.status for a in fence_rows(f)] == ["done"]  # the fence
+    done = [json.dumps(p) for p in slack_stub.posted() if p["text"].startswith("Suspended idle GPU VM")]
+    assert len(done) == 1 and "memory state and disks are kept, stored and billed" in done[0]
+    assert "gcloud compute instances resume" in done[0]
+    row = f.store.action_rows(kinds=[ActionKind.STOP])[-1]
+    assert row.status == "done" and row.reason.startswith("suspend: ")
+    f.tick(37)  # SUSPENDED reads as stopped: no GPU billing, nothing more to do
+    assert len(f.gce.calls("instances.suspend")) == 1 and not f.gce.calls("instances.stop")
+    assert {r.permission for r in f.gce.requests} >= {"compute.instances.suspend"}
+    check_invariants(f)
+
+
+@pytest.mark.parametrize("fault", ["drop-after", "500-after"])
+def test_suspend_whose_answer_is_lost_is_read_back_and_said_suspended_once(suspending, slack_stub, fault):
+    f = suspending
+    f.gce.suspend_refuses_gpus = False
+    f.gce.polls_to_done = 10_000  # still SUSPENDING when read back
+    f.tick(20)
+    f.gce.fault("instances.suspend", Fault(fault))
+    r = f.tick(36)
+    assert ids(r.actions, ActionKind.STOP) == {IDLE} and f.gce.status("idle") == "SUSPENDING"
+    f.gce.finish_operations()
+    f.restart()
+    f.tick(37)
+    f.tick(38)
+    assert len(f.gce.calls("instances.suspend")) == 1 and not f.gce.calls("instances.stop")
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Suspended idle GPU VM")]) == 1
+    assert not [p for p in slack_stub.posted() if p["text"].startswith("Stopped")]
+    check_invariants(f)
+
+
+def test_a_suspend_gce_refuses_for_a_gpu_vm_is_given_up_said_once_and_never_turned_into_a_stop(suspending,
+                                                                                                slack_stub):
+    f = suspending  # the stand-in refuses to suspend a VM with GPUs attached, as GCE's published limits say
+    f.tick(20)
+    r = f.tick(36)
+    assert f.gce.status("idle") == "RUNNING" and not f.gce.calls("instances.stop")
+    assert len(f.gce.calls("instances.suspend")) == 1
+    assert [a.status for a in f.store.action_rows(kinds=[ActionKind.STOP])] == ["failed"]
+    gave_up = [a for a in r.actions if a.instance_id == IDLE and a.kind == ActionKind.UNMARK]
+    assert gave_up and "refused to suspend it, for good" in gave_up[0].error
+    told = [p["text"] for p in slack_stub.posted() if p["text"].startswith("Suspend cancelled")]
+    assert len(told) == 1 and "not stopped instead" in told[0]
+    for minute in (37, 40, 60):  # the idle episode goes on: never marked, suspended or stopped again
+        f.tick(minute)
+    assert len(f.gce.calls("instances.suspend")) == 1 and not f.gce.calls("instances.stop")
+    assert len([p for p in slack_stub.posted() if p["text"].startswith("Suspend cancelled")]) == 1
+    assert MARK not in f.gce.labels("idle") and FENCE not in f.gce.labels("idle")
+    check_invariants(f)
