@@ -128,7 +128,7 @@ KUEUE_JOB = Place(
                         "training job or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops "
                         "reads, with kubernetes.suspend_kueue: true): notify only"),
     selected_by=SUSPEND_SELECTORS,
-    rule_needs=(f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with select.tags "
+    rule_needs=(f"action 'suspend' applies to Kueue-managed Kubernetes jobs: select them with select.tags "
                 f"naming {' or '.join(SUSPEND_SELECTORS)} (e.g. `tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set "
                 f"kubernetes.suspend_kueue: true"),
 )
@@ -313,7 +313,7 @@ def rule_subjects(action: Action) -> tuple[tuple[str, ...], str] | None:
     if not owned_by:
         return None
     keys = tuple(k for p in owned_by for k in p.selected_by)
-    return keys, " or ".join(dict.fromkeys(p.rule_needs for p in owned_by))
+    return keys, "; or ".join(dict.fromkeys(p.rule_needs for p in owned_by))
 
 
 def rule_caveats(action: Action, selected_tags) -> tuple[str, ...]:
