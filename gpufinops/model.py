@@ -23,10 +23,6 @@ TAG_SNOOZE = "gpufinops:snooze-until"
 TAG_STOPPED_BY = "gpufinops:stopped-by"
 TAG_STOPPED_REASON = "gpufinops:stopped-reason"
 TAG_STOP_REQUESTED = "gpufinops:stop-requested"
-# The fence at the cloud (a place whose registry entry says `fenced_at_cloud`: a GCE VM): written, with the version of
-# the final read in which the mark was seen, right before the stop; its value is the time of that attempt. A person's
-# label change after that read makes the cloud refuse it, and then no stop is sent (act.actuator, docs/deploy.md).
-TAG_STOP_FENCE = "gpufinops:stopping"
 # An Azure VM powered off but still allocated ("Stopped (allocated)"): its compute is billed until it is deallocated.
 # Judged (decide.evaluate) as idle and billed, never as stopped; its stop is a deallocate (places.azure).
 STATE_STOPPED_ALLOCATED = "stopped-allocated"

@@ -35,7 +35,6 @@ from ..model import (
     TAG_MARKED,
     TAG_PROTECT,
     TAG_SNOOZE,
-    TAG_STOP_FENCE,
     TAG_STOPPED_BY,
     TAG_STOPPED_REASON,
     Action,
@@ -51,7 +50,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, UNSUPPORTED_MARK, place_of
+from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, TAG_STOP_FENCE, UNSUPPORTED_MARK, place_of
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
 from .plan import (

@@ -38,6 +38,11 @@ TAG_MARK_GONE_WHY = "gpufinops:mark-gone-why"
 # In a change's error: the cloud refused it for good (GCE's UNSUPPORTED_OPERATION: no suspend of a VM with GPUs
 # attached): the act stage never tries it again in the idle episode, and never makes another change instead.
 UNSUPPORTED_MARK = "[not supported for this subject]"
+# The fence at the cloud (a place whose entry says `fenced_at_cloud`: a GCE VM, never EC2, whose IAM policy fences
+# instead): written, with the version of the final read in which the mark was seen, right before the stop; its value
+# is the time of that attempt. A person's label change after that read makes the cloud refuse it, and then no stop
+# is sent (act.actuator._fence, docs/deploy.md "GCP").
+TAG_STOP_FENCE = "gpufinops:stopping"
 # A GCE VM's zone, as its listing tags it (places.gcp.cloud; no label can hold a `:`): what a rule selects GCE VMs by.
 TAG_GCE_ZONE = "gce:zone"
 
@@ -81,7 +86,7 @@ class Place:
     # Further actions this place alone takes, like `own_action` (a Slurm job: requeue, hold, cancel).
     also_owns: frozenset[Action] = frozenset()
     # Its cloud takes a label write conditioned on the version of a read (a GCE VM's labelFingerprint): right before
-    # a stop the actuator writes the fence tag (model.TAG_STOP_FENCE) with the version of the final read in which the
+    # a stop the actuator writes the fence tag (TAG_STOP_FENCE) with the version of the final read in which the
     # mark was seen, and sends the stop only when that write went through (`Cloud.set_tags_fenced`).
     fenced_at_cloud: bool = False
     # Actions its cloud carries out by a call of their own (Cloud.suspend: GCE's instances.suspend), not by its stop.

@@ -16,7 +16,7 @@ So:
 Label values are a person's to write: decoding never raises, and a value that is not a time comes back as it is (the
 act stage then reads an unreadable snooze as the longest snooze, as on EC2).
 
-Pure, no I/O; imports model only.
+Pure, no I/O; imports model and places.registry only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_FENCE, TAG_STOP_REQUESTED
+from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_REQUESTED
+from ..registry import TAG_STOP_FENCE
 
 MAX_LABEL_CHARS = 63
 MAX_LABELS = 64

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from gpufinops.config import load_settings
-from gpufinops.model import TAG_MARKED, TAG_SNOOZE, TAG_STOP_FENCE
-from gpufinops.places.registry import TAG_GCE_ZONE, UNSUPPORTED_MARK
+from gpufinops.model import TAG_MARKED, TAG_SNOOZE
+from gpufinops.places.registry import TAG_GCE_ZONE, TAG_STOP_FENCE, UNSUPPORTED_MARK
 from gpufinops.places.gcp.cloud import GceCloud, GceError, InventoryError
 from gpufinops.prices.catalog import load_catalog
 from tests.gcestub import Fault
