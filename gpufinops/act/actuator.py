@@ -722,7 +722,7 @@ class Actuator:
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
                                             action=Action.TERMINATE if p.kind == ActionKind.TERMINATE else
-                                            _own_call_of(p) or place_of(p.instance_id).own_action or Action.STOP,
+                                            own_call_of(p) or place_of(p.instance_id).own_action or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._destinations(None, inst))
                     else:
@@ -798,7 +798,7 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _own_call_of(row: ActionRow) -> Action | None:
+def own_call_of(row: ActionRow) -> Action | None:
     """The action a stop row carried out by its place's own call (a GCE suspend: its reason begins "suspend: ")."""
     return next((a for a in place_of(row.instance_id).own_calls if row.reason.startswith(f"{a.value}: ")), None)
 

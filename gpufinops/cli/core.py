@@ -245,7 +245,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     kinds = [ActionKind(k) for k in args.kind] if args.kind else None
     # Filtered in the query: a month of decisions for a whole fleet is large.
     actions = store.action_rows(kinds=kinds, start=start, instance_id=args.instance)
-    rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id, "what": a.kind.value, "rule": a.rule,
+    from ..act.actuator import own_call_of
+
+    # A stop row its place carried out by a call of its own says that call (a GCE VM's "suspend"), not "stop".
+    rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id,
+             "what": (own_call_of(a).value if a.kind == ActionKind.STOP and own_call_of(a) else a.kind.value),
+             "rule": a.rule,
              "dry_run": a.dry_run, "status": a.status, "reason": a.reason, "error": a.error or ""} for a in actions]
     if args.decisions:
         rows += [{"at": d["evaluated_at"].isoformat(), "instance_id": d["instance_id"], "what": "decision",

@@ -198,6 +198,18 @@ SUSPEND_RULE = """rules:
 """
 
 
+def audit_rows(f: GceFleet) -> list[dict]:
+    import contextlib
+    import io
+
+    from gpufinops.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["audit", "--db", f.settings.database_url.removeprefix("sqlite:///"), "-o", "json"]) == 0
+    return json.loads(out.getvalue())
+
+
 @pytest.fixture
 def suspending(fleet, tmp_path):
     from gpufinops.rules import load_rules
@@ -225,6 +237,8 @@ def test_idle_vm_is_warned_suspended_after_the_lead_behind_the_fence_and_said_su
     assert "gcloud compute instances resume" in done[0]
     row = f.store.action_rows(kinds=[ActionKind.STOP])[-1]
     assert row.status == "done" and row.reason.startswith("suspend: ")
+    audit = audit_rows(f)  # `gpufinops audit` says what was done: a suspend, not a stop
+    assert [a["what"] for a in audit if a["instance_id"] == IDLE and a["what"] in ("stop", "suspend")] == ["suspend"]
     f.tick(37)  # SUSPENDED reads as stopped: no GPU billing, nothing more to do
     assert len(f.gce.calls("instances.suspend")) == 1 and not f.gce.calls("instances.stop")
     assert {r.permission for r in f.gce.requests} >= {"compute.instances.suspend"}
