@@ -154,3 +154,15 @@ def test_a_gce_suspend_is_said_as_suspended_with_what_stays_billed():
     assert ("Saves while suspended (less its stored memory)", ) == tuple(k for k, _ in done.facts if k.startswith("Saves"))
     stop = messages.stopped(vm(), replace(d, action=Action.STOP), at=T0, dry_run=False, action=Action.STOP)
     assert stop.title.startswith("Idle GPU VM stopped") and "billed" not in " ".join(stop.notes)
+
+
+def test_rules_check_prints_gces_suspend_limits_for_a_rule_suspending_gce_vms(tmp_path, capsys):
+    from gpufinops.cli import main
+
+    path = tmp_path / "park.yaml"
+    path.write_text("rules:\n- name: park\n  window: 30m\n  threshold_pct: 5\n  action: suspend\n"
+                    "  select: {tags: {'gce:zone': '*'}}\n")
+    assert main(["rules", "check", str(path)]) == 0  # valid: warned, not refused
+    out = capsys.readouterr().out
+    assert "ok  park" in out and "warn park: GCE publishes limits on suspending a VM" in out
+    assert "VMs with GPUs attached" in out and "1 rule(s) valid" in out
