@@ -16,7 +16,9 @@ A person's cancel wins up to the last second: right before StopInstances the ins
 is read again and the stop refused if anything changed since the plan (state, launch
 time, the mark, snooze, protect, opt-in), and the shipped IAM policy lets StopInstances
 through only while the mark tag is on the instance, so a request still in flight after a
-cancel (or after another replica settled the stop) is refused by AWS itself. Only an
+cancel (or after another replica settled the stop) is refused by AWS itself. Where IAM cannot test a label (a GCE
+VM) the last step before the stop is the fence at the cloud (`_fence`): a label written with the version of the
+final read, refused by the cloud once a person changed a label since; no stop without it. Only an
 instance carrying the opt-in tag (`act.opt_in_tag`, the one the IAM policy names) is
 ever warned "will be stopped".
 """

@@ -16,7 +16,8 @@ TERMINATED and SUSPENDED "stopped"), so that every stage reads a VM as it reads 
 Reads try again on a 429 (waiting its Retry-After), a 5xx or a dropped connection, `read_attempts` in all, each
 failed attempt logged at once. Mutating calls are sent once (retry off): a label write re-reads the VM and sends
 its current `labelFingerprint`, so that a person's label change since that read makes GCE refuse ours (412) rather
-than be overwritten; a stop's zone operation is polled until DONE. A failure says whether GCE certainly did nothing
+than be overwritten (`set_tags_fenced`, the fence before a stop, also refuses once the labels differ from those of
+an earlier read: act.actuator._fence); a stop's or a suspend's zone operation is polled until DONE. A failure says whether GCE certainly did nothing
 (`GceError.definite`) or its fate is unknown (the actuator reads the VM back).
 """
 
