@@ -230,6 +230,9 @@ class GpuInstance:
     # The provider's own id of the instance where the subject id does not carry it: a GCE VM's numeric id, by which
     # Google's bill names it (gce_vm_id); "" for every other place.
     cloud_id: str = ""
+    # The resource's optimistic-concurrency token as this read saw it (a GCE VM's labelFingerprint): a label write
+    # conditioned on it is refused once anyone changed its labels after the read; "" where the place has none.
+    version: str = ""
 
     @property
     def family(self) -> str:

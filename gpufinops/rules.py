@@ -18,12 +18,12 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, destination, format_validation_error, line_of,
                      load_yaml, not_a_regular_file, printable, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
-from .places.registry import rule_subjects
+from .places.registry import rule_caveats, rule_subjects
 
 log = logging.getLogger("gpufinops.rules")
 # (file, rule name) whose deprecated `slack_channel` was already warned of: the service re-reads its rules every tick,
 # and one warning per process says it (a log line every tick would bury the rest).
-_DEPRECATION_SAID: set[tuple[str, str]] = set()
+_DEPRECATION_SAID: set[tuple[str, ...]] = set()
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 
@@ -250,7 +250,17 @@ def load_rule_file(path: str | Path) -> list[Rule]:
                 source=f"{path}:{line}" if line else str(path),
             )
         )
+        for caveat in rule_caveats(r.action, r.select.tags):
+            if (str(path), r.name, "caveat") not in _DEPRECATION_SAID:  # once per rule and process, as the above
+                _DEPRECATION_SAID.add((str(path), r.name, "caveat"))
+                log.warning("%s: rule %r: %s", f"{path}:{line}" if line else path, r.name, caveat)
     return out
+
+
+def rule_warnings(rule: Rule) -> tuple[str, ...]:
+    """What `rules check` says of a valid rule: the limits a cloud publishes on the action it gives (GCE's on
+    suspend: it refuses VMs with GPUs attached)."""
+    return rule_caveats(rule.action, rule.selector.tags)
 
 
 def rule_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -48,6 +48,8 @@ WORDS: dict[str, str] = {
     "mark": "warned, stop scheduled",
     "stop": "stopped",
     "power_off": "powered off, still billed until deallocated (Azure)",
+    # A GCE VM's instances.suspend (an audit row "suspend: ..." of kind stop): what it keeps billing, in one phrase.
+    "suspend": "its memory state and disks are kept, stored and billed; its vCPU and GPU billing ends",
     "terminate": "terminated",
     "unmark": "scheduled stop called off",
     "skip": "stop held back",

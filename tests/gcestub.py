@@ -96,6 +96,10 @@ class Stub:
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     before: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
     unreachable: set[str] = field(default_factory=set)  # "zones/<zone>" answered with warning UNREACHABLE
+    # GCE's published limits on suspend (cloud.google.com/compute/docs/instances/suspend-resume-instance#limitations):
+    # a VM with GPUs attached (guestAccelerators, or an accelerator-optimized a2/a3/a4/g2 type) is refused, HTTP 400
+    # reason unsupportedOperation. False: the stand-in suspends it, for the state machine's own tests.
+    suspend_refuses_gpus: bool = True
     requests: list[Request] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
     url: str = ""
@@ -173,7 +177,8 @@ class Stub:
             self.faults.setdefault(method, []).extend(faults)
 
     def on(self, method: str, hook: Callable[[], None]) -> None:
-        """Run `hook` once, just before the next `method` request is handled."""
+        """Run `hook` once, just before the next `method` request is handled ("*": the next request of any
+        method, so that a hook set inside a hook lands right after the request that ran it)."""
         with self.lock:
             self.before.setdefault(method, []).append(hook)
 
@@ -312,6 +317,13 @@ class Stub:
         return self._change_state(project, zone, name, "stop", "STOPPING", ("RUNNING", "PROVISIONING", "STAGING"))
 
     def _instances_suspend(self, project, zone, name, *, query, body):
+        inst = self.instances.get((project, zone, name))
+        family = (inst or {}).get("machineType", "").rsplit("/", 1)[-1].split("-", 1)[0]
+        if inst is not None and self.suspend_refuses_gpus and (inst.get("guestAccelerators")
+                                                               or family in ("a2", "a3", "a4", "g2")):
+            # The code is GCE's (troubleshooting-suspend-resume); the sentence is the stand-in's own.
+            return 400, {}, _error(400, "unsupportedOperation", "UNSUPPORTED_OPERATION: an instance with GPUs "
+                                                                "attached cannot be suspended")
         return self._change_state(project, zone, name, "suspend", "SUSPENDING", ("RUNNING",))
 
     def _zoneOperations_get(self, project, zone, name, *, query, body):
@@ -358,7 +370,7 @@ class _Handler(BaseHTTPRequestHandler):
         with stub.lock:
             stub.requests.append(Request(method, url.path, PERMISSIONS.get(method, "unknown"), query, body,
                                          self.headers.get("Authorization", "")))
-            hooks = stub.before.pop(method, [])
+            hooks = stub.before.pop("*", []) + stub.before.pop(method, [])
         for hook in hooks:
             hook()
         if stub.token is not None and self.headers.get("Authorization") != f"Bearer {stub.token}":

@@ -16,7 +16,9 @@ A person's cancel wins up to the last second: right before StopInstances the ins
 is read again and the stop refused if anything changed since the plan (state, launch
 time, the mark, snooze, protect, opt-in), and the shipped IAM policy lets StopInstances
 through only while the mark tag is on the instance, so a request still in flight after a
-cancel (or after another replica settled the stop) is refused by AWS itself. Only an
+cancel (or after another replica settled the stop) is refused by AWS itself. Where IAM cannot test a label (a GCE
+VM) the last step before the stop is the fence at the cloud (`_fence`): a label written with the version of the
+final read, refused by the cloud once a person changed a label since; no stop without it. Only an
 instance carrying the opt-in tag (`act.opt_in_tag`, the one the IAM policy names) is
 ever warned "will be stopped".
 """
@@ -51,7 +53,7 @@ from ..model import (
     RunContext,
     Verdict,
 )
-from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, place_of
+from ..places.registry import SLURM_ACTIONS, TAG_MARK_GONE_WHY, TAG_STOP_FENCE, UNSUPPORTED_MARK, place_of
 from ..words import POWER_OFF_BILLING
 from ..store.schema import ActionRow, MarkRow, StateRow
 from ..store.store import Store
@@ -93,6 +95,7 @@ SNOOZE_TAG_FAILURES = "snooze_tag_failures:"
 TAG_MARK_REMOVED = "mark tag removed after the stop"
 TAG_STOPPED_BY_SET = "stopped-by tags"
 TAG_MOVED = "announced stop time moved"
+TAG_FENCED = "stop fence"  # the fence tag written right before the stop, conditioned on the final read (_fence)
 
 # kv key (+ instance id) = the mark's time, when some rule of the marked instance had no usable metrics since.
 METRICS_MISSING_SINCE_MARK = "metrics_missing_since_mark:"
@@ -292,7 +295,7 @@ class Actuator:
             reason = (f"stop cap reached (at most {self.settings.act.max_stops_per_run} per run and "
                       f"{self.settings.act.max_stops_fraction:.0%} of the fleet); mark kept for the next run")
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason, rule_name, ctx.now))
-        changed = "" if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
+        changed, fresh = ("", None) if ctx.dry_run else self._changed_since_plan(inst, mark, rule, ctx.now)
         if changed:
             # A person's cancel in the last seconds (mark removed, snooze, protect, a restart) wins: the next
             # run plans again from what the cloud says now.
@@ -300,8 +303,15 @@ class Actuator:
             log.warning("%s: %s", inst.instance_id, reason)
             return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True, reason,
                                                   rule_name, ctx.now))
+        if fresh is not None and place_of(inst.instance_id).fenced_at_cloud:
+            fenced = self._fence(ctx, inst, fresh, mark, rule, rule_name)
+            if fenced:
+                return self._record(ctx, ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True,
+                                                      f"not stopped: {fenced}; the next run decides again",
+                                                      rule_name, ctx.now))
         self._stops_left -= 1
 
+        own_call = decision.action in place_of(inst.instance_id).own_calls
         if decision.action in SLURM_ACTIONS:
             # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
             # A Slurm cluster (places.fleet.WithSlurm) is the only Cloud with jobs to end.
@@ -311,29 +321,79 @@ class Actuator:
             # An Azure VM's power-off, asked for by its rule (stop_blocker lets no other subject through): the VM
             # keeps its hardware, and its bill. The record says so (audit).
             call = self.cloud.power_off
+        elif own_call:
+            # A change its place makes by a call of its own, never by its stop: a GCE VM's instances.suspend.
+            call = self.cloud.suspend
         else:
             call = self.cloud.terminate if kind == ActionKind.TERMINATE else self.cloud.stop
         reason = _with_billing(kind, intent.reason)
-        outcome = self.change(ctx, inst, kind, rule_name, reason, lambda: call(inst), verify=DONE_STATES_OF[kind],
+        # The row says which call it was, so that reconcile (after a lost answer) tells the owner the right verb.
+        row_reason = f"{decision.action.value}: {reason}" if own_call else reason
+        outcome = self.change(ctx, inst, kind, rule_name, row_reason, lambda: call(inst), verify=DONE_STATES_OF[kind],
                               keep_open=True)
         if not outcome.ok:
+            if outcome.ok is False and UNSUPPORTED_MARK in (outcome.error or ""):
+                # The cloud will never do it to this subject (GCE: no suspend of a VM with GPUs attached): not
+                # tried again, and never turned into a stop (its warning promised this change); said once.
+                verb, done_words = place_of(inst.instance_id).verbs_for(decision.action)
+                return self._give_up(ctx, inst, mark, rule_name, to, outcome.error or "", verb=verb, reason=(
+                    f"the cloud refused to {verb} it, for good: it keeps running, billed, and is not stopped instead "
+                    f"(its warning said it would be {done_words}); a rule with action: stop would end its GPU "
+                    f"billing ({(outcome.error or '')[:240]})"))
             return ActionResult(inst.instance_id, kind, ctx.dry_run, False, reason, rule_name, ctx.now,
                                 error=outcome.error)
         self._after_stop(ctx, inst, kind, rule_name, decision, ctx.now, ctx.dry_run, to)
         if outcome.action_id is not None:
             self.store.finish_action(outcome.action_id, True, ctx.now, status="done")
         return ActionResult(inst.instance_id, kind, ctx.dry_run, True,
-                            ("dry-run: would " + kind.value + ": " if ctx.dry_run else "") + reason,
+                            ("dry-run: would " + (decision.action.value if own_call else kind.value) + ": "
+                             if ctx.dry_run else "") + reason,
                             rule_name, ctx.now)
 
-    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None, now: datetime) -> str:
-        """The instance read again right before its stop: what changed since the plan, in words ("" when
-        nothing did). What cannot be read is a change too: no stop on a state we have not seen."""
+    def _changed_since_plan(self, inst: GpuInstance, mark: MarkRow, rule: Rule | None,
+                            now: datetime) -> tuple[str, GpuInstance | None]:
+        """The instance read again right before its stop: (what changed since the plan, in words, "" when nothing
+        did; that final read). What cannot be read is a change too: no stop on a state we have not seen."""
         try:
             found = self.cloud.describe([inst.instance_id])
         except Exception as exc:  # noqa: BLE001 - unknown is never a reason to stop
-            return f"the instance could not be read again ({str(exc)[:200]})"
+            return f"the instance could not be read again ({str(exc)[:200]})", None
         fresh = found[0] if found else None
+        return self._what_changed(inst, fresh, mark, rule, now), fresh
+
+    def _fence(self, ctx: RunContext, inst: GpuInstance, fresh: GpuInstance, mark: MarkRow, rule: Rule | None,
+               rule_name: str) -> str:
+        """The fence at the cloud, the last step before the stop of a place that has one (a GCE VM): the fence tag
+        written with the version of `fresh`, the final read in which the mark was seen. A person's label change
+        since that read (the mark removed, a snooze, protect) makes the cloud refuse it, and then no stop is sent.
+        A mark write of its own (its own audit row), not the stop: the stop is still one call. Returns why the stop
+        is not sent ("" when the fence went through); nobody is told here: the next run plans from the cloud, and
+        a cancelled mark is said once, there."""
+        value = _stamp(ctx.now)
+
+        def still_fenced(found: GpuInstance | None) -> bool:
+            # After a lost answer: our fence is on AND nothing a person can cancel with changed since the plan.
+            return (found is not None and found.tags.get(TAG_STOP_FENCE) == value
+                    and not self._what_changed(inst, found, mark, rule, ctx.now))
+
+        outcome = self.change(ctx, fresh, ActionKind.TAG, rule_name, f"{TAG_FENCED}: {TAG_STOP_FENCE}={value}",
+                              lambda: self.cloud.set_tags_fenced(fresh, {TAG_STOP_FENCE: value}),
+                              verify=still_fenced)
+        if outcome.ok:
+            return ""
+        if outcome.ok is None:
+            return f"the fence before the stop is not confirmed ({(outcome.error or '')[:200]})"
+        return (f"the fence before the stop was refused: a label changed since the final read "
+                f"({(outcome.error or '')[:200]})")
+
+    @staticmethod
+    def _mark_keys(inst: GpuInstance) -> list[str]:
+        """The tags that go with the mark: the mark, and where the place fences its stops, the fence tag."""
+        return [TAG_MARKED, TAG_STOP_FENCE] if place_of(inst.instance_id).fenced_at_cloud else [TAG_MARKED]
+
+    def _what_changed(self, inst: GpuInstance, fresh: GpuInstance | None, mark: MarkRow, rule: Rule | None,
+                      now: datetime) -> str:
+        """What changed between the plan's `inst` and a later read of it, in words ("" when nothing did)."""
         if fresh is None:
             return "the instance is gone"
         if fresh.state != inst.state or not fresh.is_judged:  # running, or still "Stopped (allocated)"
@@ -401,12 +461,12 @@ class Actuator:
                             f"warning delivered; stop announced for {stop_at:%Y-%m-%d %H:%M} UTC", rule_name, ctx.now)
 
     def _unmark(self, ctx: RunContext, inst: GpuInstance, intent: Intent, mark: MarkRow, rule_name: str,
-                to: tuple[str, ...]) -> ActionResult:
+                to: tuple[str, ...], verb: str = "") -> ActionResult:
         # A mark the place no longer counts as the subject's (TAG_MARK_GONE_WHY: a Slurm job's earlier run) is still
         # written on it: removed as well, so that nobody reads a warning that no longer holds.
-        if not mark.dry_run and (TAG_MARKED in inst.tags or TAG_MARK_GONE_WHY in inst.tags):
+        if not mark.dry_run and any(k in inst.tags for k in (TAG_MARKED, TAG_MARK_GONE_WHY, TAG_STOP_FENCE)):
             outcome = self.change(ctx, inst, ActionKind.UNMARK, rule_name, intent.reason,
-                                  lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                                  lambda: self.cloud.remove_tags(inst, self._mark_keys(inst)),
                                   verify=lambda i: i is None or TAG_MARKED not in i.tags)
             if not outcome.ok:
                 return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, False, intent.reason,
@@ -421,15 +481,16 @@ class Actuator:
             self.store.abandon_notification(warning_key, ctx.now, f"mark cancelled before delivery: {intent.reason}")
         else:
             self.notifier.send(replace(messages.mark_cancelled(inst, reason=intent.reason, marked_at=mark.marked_at,
-                                                               to=to), thread_key=warning_key))
+                                                               to=to, verb=verb), thread_key=warning_key))
         return ActionResult(inst.instance_id, ActionKind.UNMARK, ctx.dry_run, True, intent.reason, rule_name, ctx.now)
 
     def _give_up(self, ctx: RunContext, inst: GpuInstance, mark: MarkRow, rule_name: str, to: tuple[str, ...],
-                 last_error: str) -> ActionResult:
-        reason = (f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
+                 last_error: str, *, reason: str = "", verb: str = "") -> ActionResult:
+        reason = (f"{reason}; given up for this idle episode" if reason else
+                  f"stop failed {MAX_STOP_ATTEMPTS} times since the warning (last: {last_error[:200]}); "
                   f"given up for this idle episode")
         log.error("%s: %s", inst.instance_id, reason)
-        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to)
+        result = self._unmark(ctx, inst, Intent(ActionKind.UNMARK, reason), mark, rule_name, to, verb=verb)
         state = self.store.get_state(inst.instance_id, rule_name)
         if state is not None:  # acted on: not marked again before the instance is active and idle again
             self.store.put_state(inst.instance_id, rule_name, state.verdict, state.since, ctx.now, ctx.now, ctx.dry_run)
@@ -457,7 +518,7 @@ class Actuator:
         does not leave the other undone. Removing the mark also closes the IAM fence: a stale StopInstances
         still in flight (another replica's) is refused by AWS once the instance no longer carries it."""
         outcome = self.change(ctx, inst, ActionKind.TAG, rule_name, TAG_MARK_REMOVED,
-                              lambda: self.cloud.remove_tags(inst, [TAG_MARKED]),
+                              lambda: self.cloud.remove_tags(inst, self._mark_keys(inst)),
                               verify=lambda i: i is None or TAG_MARKED not in i.tags)
         if outcome.ok is not True:
             log.warning("stopped %s but could not remove its %s tag: %s", inst.instance_id, TAG_MARKED, outcome.error)
@@ -669,8 +730,8 @@ class Actuator:
                         # action; the registry tells the place from the id (places.registry.place_of).
                         decision = Decision(p.instance_id, p.rule, Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW,
                                             _reason_of(p.reason), p.at,
-                                            action=ACTION_OF_KIND.get(p.kind) or place_of(p.instance_id).own_action
-                                            or Action.STOP,
+                                            action=ACTION_OF_KIND.get(p.kind) or own_call_of(p)
+                                            or place_of(p.instance_id).own_action or Action.STOP,
                                             hourly_cost=inst.hourly_cost)
                         self._after_stop(ctx, inst, p.kind, p.rule, decision, p.at, False, self._destinations(None, inst))
                     else:
@@ -704,6 +765,10 @@ def _tag_change_seen(row: ActionRow, inst: GpuInstance | None) -> tuple[bool, st
     if row.kind == ActionKind.MARK or (row.kind == ActionKind.TAG and row.reason.startswith(TAG_MOVED)):
         seen = TAG_MARKED in tags
         return seen, "mark tag " + ("present" if seen else "absent")
+    if row.kind == ActionKind.TAG and row.reason.startswith(TAG_FENCED):
+        # Settled as written or not; either way no stop follows from it: the next run plans and fences again.
+        seen = inst is not None and tags.get(TAG_STOP_FENCE) == row.reason.rpartition("=")[2]
+        return seen, "stop fence tag " + ("present" if seen else "absent")
     if row.kind == ActionKind.TAG and row.reason.startswith(TAG_STOPPED_BY_SET):
         seen = inst is None or TAG_STOPPED_BY in tags
         return seen, "stopped-by tag " + ("present" if seen else "absent")
@@ -761,8 +826,16 @@ def _stamp(at: datetime) -> str:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def own_call_of(row: ActionRow) -> Action | None:
+    """The action a stop row carried out by its place's own call (a GCE suspend: its reason begins "suspend: ")."""
+    return next((a for a in place_of(row.instance_id).own_calls if row.reason.startswith(f"{a.value}: ")), None)
+
+
 def _reason_of(action_reason: str) -> str:
-    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...")."""
+    """The verdict's reason inside a stop intent's text ("still idle at the announced time: ...", after the call's
+    name where the row names one: "suspend: still idle ...")."""
     head = "still idle at the announced time: "
-    action_reason = action_reason.removesuffix(f"; {POWER_OFF_BILLING}")  # the notice says it in its own words
-    return action_reason[len(head):] if action_reason.startswith(head) else action_reason
+    text = action_reason.split(": ", 1)[1] if action_reason.split(": ", 1)[0] in {a.value for a in Action} \
+        else action_reason
+    text = text.removesuffix(f"; {POWER_OFF_BILLING}")  # the notice says it in its own words
+    return text[len(head):] if text.startswith(head) else text

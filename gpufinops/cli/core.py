@@ -197,7 +197,7 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, wide
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from ..rules import load_rules
+    from ..rules import load_rules, rule_warnings
     from .common import load_settings_from_args, usage_error
 
     if any(not p.strip() for p in args.paths):
@@ -231,6 +231,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             # Valid, and costly: the operator reads here what the rule's power-off leaves billed.
             print(f"    note: {r.name}: power_off applies to Azure VMs only (any other subject it selects: notify "
                   f"only); {POWER_OFF_BILLING}; needs the optional role deploy/azure/gpufinops-power-off-role.json")
+        for warning in rule_warnings(r):  # valid, but the cloud publishes a limit on what it asks: said here
+            print(f"warn {r.name}: {warning}")
     print(f"{len(rules)} rule(s) valid ({where}: {', '.join(paths)})")
     return 0
 
@@ -252,7 +254,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
     kinds = [ActionKind(k) for k in args.kind] if args.kind else None
     # Filtered in the query: a month of decisions for a whole fleet is large.
     actions = store.action_rows(kinds=kinds, start=start, instance_id=args.instance)
-    rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id, "what": a.kind.value, "rule": a.rule,
+    from ..act.actuator import own_call_of
+
+    # A stop row its place carried out by a call of its own says that call (a GCE VM's "suspend"), not "stop".
+    rows = [{"at": a.at.isoformat(), "instance_id": a.instance_id,
+             "what": (own_call_of(a).value if a.kind == ActionKind.STOP and own_call_of(a) else a.kind.value),
+             "rule": a.rule,
              "dry_run": a.dry_run, "status": a.status, "reason": a.reason, "error": a.error or ""} for a in actions]
     if args.decisions:
         rows += [{"at": d["evaluated_at"].isoformat(), "instance_id": d["instance_id"], "what": "decision",

@@ -365,8 +365,20 @@ def idle_warning(
             ("Rule", _v(decision.rule_name)),
         ),
         actions=tuple(SNOOZE_ACTIONS) if buttons else (),
-        notes=(keep_hint,) + way_out_notes(inst, sent_at or marked_at, buttons=buttons),
+        notes=(keep_hint,) + _suspend_notes(inst, action) + way_out_notes(inst, sent_at or marked_at, buttons=buttons),
     )
+
+
+def _is_gce_suspend(inst: GpuInstance | None, action: Action) -> bool:
+    return inst is not None and action is Action.SUSPEND and place_of_instance(inst) is GCE
+
+
+def _suspend_notes(inst: GpuInstance, action: Action) -> tuple[str, ...]:
+    """A GCE VM's suspend, said as it is: what stays billed, and that GCE may refuse it (its published limits)."""
+    if not _is_gce_suspend(inst, action):
+        return ()
+    return (f"Suspended means {words('suspend')}. GCE refuses to suspend some VMs (its published limits name VMs "
+            f"with GPUs attached); if it refuses, this VM keeps running, is not stopped instead, and you are told.",)
 
 
 # A user id as Slack answers it (users.lookupByEmail): letters and digits only, so `<@…>` stays one mention.
@@ -485,6 +497,9 @@ def stopped(
     elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore {_restore_target(inst)}` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")
+    elif _is_gce_suspend(inst, action):
+        after = (f"Suspended: {words('suspend')}. Resume it with `gcloud compute instances resume` (its memory comes "
+                 f"back as it was); GCE stops a VM left suspended for more than 60 days.")
     elif action is Action.TERMINATE:
         after = "A terminated instance cannot be started again; its volumes follow their DeleteOnTermination setting."
     elif billing:
@@ -497,8 +512,10 @@ def stopped(
         title=title, lead=f"{lead}\n*Why:* {reason}",
         facts=(
             *_who_and_where(inst),
-            ("Still billed" if billing else "Would save" if dry_run else "Saves once removed" if _is_node(inst)
-             else "Saves while stopped", format_money(cost, per="h", estimate=_estimated(inst))),
+            ("Still billed" if billing else "Would save" if dry_run else "Saves once removed" if _is_node(inst) else
+             "Saves while suspended (less its stored memory)" if _is_gce_suspend(inst, action) else
+             "Saves while stopped",
+             format_money(cost, per="h", estimate=_estimated(inst))),
             ("Idle for", _idle_for(decision, idle_since, at)),
             ("GPU activity", _activity_field(decision)),
             ("Would stop at" if dry_run else f"{done.capitalize()} at", _slack_date(at)),
@@ -582,11 +599,12 @@ def snooze_not_applied(instance_id: str, *, user_id: str, until: datetime, error
 
 
 def mark_cancelled(inst: GpuInstance, *, reason: str, marked_at: datetime, channel: str = "",
-                   to: tuple[str, ...] = ()) -> Notice:
+                   to: tuple[str, ...] = (), verb: str = "") -> Notice:
     """The pending stop is off: the instance became active, was snoozed or protected (for a GPU node, the pending
-    cordon: also when someone else cordoned it)."""
+    cordon: also when someone else cordoned it). `verb`: the change its warning announced, where the caller knows it
+    (a GCE VM's suspend that GCE refused)."""
     why = _v(_in_its_words(inst, reason), MAX_REASON)
-    stop = "cordon" if _is_node(inst) else "stop"  # the one change gpufinops makes to a node is a cordon
+    stop = verb or ("cordon" if _is_node(inst) else "stop")  # the one change gpufinops makes to a node is a cordon
     text = (f"{stop.capitalize()} cancelled for {_noun(inst)} {_instance_line(inst)}: {why}. "
             f"It had been marked at {_when(marked_at)}; this warning is withdrawn, and any later {stop} comes with a "
             f"new warning first.")

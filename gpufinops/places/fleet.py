@@ -145,11 +145,19 @@ class RoutedCloud:
     def set_tags(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
         self.cloud_of(inst).set_tags(inst, tags)
 
+    def set_tags_fenced(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
+        # Only a place whose registry entry says `fenced_at_cloud` is asked (its cloud has the method).
+        self.cloud_of(inst).set_tags_fenced(inst, tags)
+
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         self.cloud_of(inst).remove_tags(inst, keys)
 
     def stop(self, inst: GpuInstance) -> None:
         self.cloud_of(inst).stop(inst)
+
+    def suspend(self, inst: GpuInstance) -> None:
+        # Only a place whose registry entry lists suspend in `own_calls` is asked (a GCE VM).
+        self.cloud_of(inst).suspend(inst)
 
     def terminate(self, inst: GpuInstance) -> None:
         self.cloud_of(inst).terminate(inst)

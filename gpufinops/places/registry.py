@@ -35,6 +35,16 @@ TAG_SLURM_JOB_ID = "slurm:job-id"  # Slurm's own number of the job (what scontro
 TAG_SLURM_SNOOZE_KEYWORD = "slurm:snooze-keyword"  # the word its user writes into the Comment to snooze it
 # Why the subject carries no mark though gpufinops wrote one, where its place knows (act.plan says it).
 TAG_MARK_GONE_WHY = "gpufinops:mark-gone-why"
+# In a change's error: the cloud refused it for good (GCE's UNSUPPORTED_OPERATION: no suspend of a VM with GPUs
+# attached): the act stage never tries it again in the idle episode, and never makes another change instead.
+UNSUPPORTED_MARK = "[not supported for this subject]"
+# The fence at the cloud (a place whose entry says `fenced_at_cloud`: a GCE VM, never EC2, whose IAM policy fences
+# instead): written, with the version of the final read in which the mark was seen, right before the stop; its value
+# is the time of that attempt. A person's label change after that read makes the cloud refuse it, and then no stop
+# is sent (act.actuator._fence, docs/deploy.md "GCP").
+TAG_STOP_FENCE = "gpufinops:stopping"
+# A GCE VM's zone, as its listing tags it (places.gcp.cloud; no label can hold a `:`): what a rule selects GCE VMs by.
+TAG_GCE_ZONE = "gce:zone"
 
 # The words of a change in a message, (verb, past participle), where a place has none of its own.
 ACTION_VERBS: Mapping[Action, tuple[str, str]] = {
@@ -76,6 +86,14 @@ class Place:
     stops_any_spot: bool = False
     # Further actions this place alone takes, like `own_action` (a Slurm job: requeue, hold, cancel).
     also_owns: frozenset[Action] = frozenset()
+    # Its cloud takes a label write conditioned on the version of a read (a GCE VM's labelFingerprint): right before
+    # a stop the actuator writes the fence tag (TAG_STOP_FENCE) with the version of the final read in which the
+    # mark was seen, and sends the stop only when that write went through (`Cloud.set_tags_fenced`).
+    fenced_at_cloud: bool = False
+    # Actions its cloud carries out by a call of their own (Cloud.suspend: GCE's instances.suspend), not by its stop.
+    own_calls: frozenset[Action] = frozenset()
+    # What `rules check` says of a rule giving one of its actions to its subjects: a limit the cloud publishes.
+    caveats: Mapping[Action, str] = field(default_factory=dict)
 
     def owns(self, action: Action) -> bool:
         return action is self.own_action or action in self.also_owns
@@ -116,7 +134,7 @@ KUEUE_JOB = Place(
                         "training job or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops "
                         "reads, with kubernetes.suspend_kueue: true): notify only"),
     selected_by=SUSPEND_SELECTORS,
-    rule_needs=(f"action 'suspend' applies to Kueue-managed Kubernetes jobs only: select them with select.tags "
+    rule_needs=(f"action 'suspend' applies to Kueue-managed Kubernetes jobs: select them with select.tags "
                 f"naming {' or '.join(SUSPEND_SELECTORS)} (e.g. `tags: {{{KUEUE_QUEUE_LABEL}: '*'}}`), and set "
                 f"kubernetes.suspend_kueue: true"),
 )
@@ -142,14 +160,35 @@ EC2 = Place(
     opt_in_by_tag=True,
 )
 
-# A Compute Engine VM: stopped (TERMINATED: vCPU and GPU billing end, disks stay), never deleted. Its Spot and
-# preemptible VMs can be stopped like any other.
+# Where GCE publishes what it refuses to suspend (docs/deploy.md, "GCP": suspend).
+GCE_SUSPEND_LIMITS_URL = "https://cloud.google.com/compute/docs/instances/suspend-resume-instance#limitations"
+GCE_SUSPEND_CAVEAT = (
+    "GCE publishes limits on suspending a VM (" + GCE_SUSPEND_LIMITS_URL + "; errors: "
+    "https://cloud.google.com/compute/docs/troubleshooting/troubleshooting-suspend-resume): only a RUNNING VM, a guest "
+    "OS that supports ACPI S3, and among the configurations it refuses, VMs with GPUs attached and VMs with more "
+    "memory than it can save (every A2/A3/G2 VM gpufinops lists has GPUs attached). A suspend GCE refuses "
+    "(UNSUPPORTED_OPERATION) is recorded, said once, and the mark given up for the idle episode: the VM keeps "
+    "running, it is never stopped instead (its warning said suspended); give the rule action: stop to end its GPU "
+    "billing")
+
+# A Compute Engine VM: stopped (TERMINATED: vCPU and GPU billing end, disks stay) or, under a rule with action
+# suspend, suspended (SUSPENDED: memory state and disks stored and billed, vCPU and GPU not); never deleted. Its Spot
+# and preemptible VMs can be stopped like any other.
 GCE = Place(
     name="GCE VM", noun="GPU VM", provider="gcp", id_prefix=GCE_ID_PREFIX,
-    takes=frozenset({Action.NOTIFY, Action.STOP}),
-    refusal="a GCE VM is stopped, never deleted, by gpufinops: notify only; give the rule action: stop",
+    takes=frozenset({Action.NOTIFY, Action.STOP, Action.SUSPEND}),
+    refusal=("a GCE VM is stopped or suspended, never deleted, by gpufinops: notify only; give the rule action: "
+             "stop (or suspend)"),
     opt_in_by_tag=True,
     stops_any_spot=True,
+    fenced_at_cloud=True,
+    also_owns=frozenset({Action.SUSPEND}),
+    own_calls=frozenset({Action.SUSPEND}),
+    own_action_refusal=f"action suspend applies to GCE VMs (selected by tag {TAG_GCE_ZONE}): notify only",
+    selected_by=(TAG_GCE_ZONE,),
+    rule_needs=(f"action 'suspend' applies to GCE VMs: select them with select.tags naming {TAG_GCE_ZONE} (e.g. "
+                f"`tags: {{\"{TAG_GCE_ZONE}\": '*'}}`)"),
+    caveats={Action.SUSPEND: GCE_SUSPEND_CAVEAT},
 )
 
 # Its stop is ARM's deallocate, the only one that ends compute billing; gpufinops never deletes a VM. A power-off
@@ -244,13 +283,29 @@ def slurm_job_refusal(inst: GpuInstance, action: Action) -> str:
     return ""
 
 
+def owners(action: Action) -> tuple[Place, ...]:
+    """The places that alone take `action` (suspend: Kueue-managed jobs and GCE VMs), in PLACES' order; () for an
+    action every place may take."""
+    return tuple(p for p in PLACES if p.owns(action))
+
+
+# Why a subject none of its owners is refuses an action several places take, in one sentence.
+SHARED_REFUSALS: Mapping[Action, str] = {
+    Action.SUSPEND: ("action suspend applies to Kueue-managed Kubernetes jobs (a Job, JobSet, Kubeflow training job "
+                     "or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with "
+                     f"kubernetes.suspend_kueue: true) and to GCE VMs (selected by tag {TAG_GCE_ZONE}) only: notify "
+                     "only"),
+}
+
+
 def refusal(inst: GpuInstance, action: Action) -> str:
-    """Why `inst`'s place refuses `action` (notify only); "" when its place takes it. An action one place alone
-    takes is refused for every other subject first, in PLACES' order."""
+    """Why `inst`'s place refuses `action` (notify only); "" when its place takes it. An action some places alone
+    take is refused for every other subject first, in PLACES' order, with each owner's words."""
     place = place_of_instance(inst)
+    owned_by = owners(action)
     for p in PLACES:
-        if p.owns(action) and p is not place:
-            return p.own_action_refusal
+        if p in owned_by and place not in owned_by:
+            return SHARED_REFUSALS[action] if len(owned_by) > 1 else p.own_action_refusal
         if p is place and action not in p.takes:
             return p.refusal
     return slurm_job_refusal(inst, action) if place is SLURM_JOB else ""
@@ -265,9 +320,18 @@ def strength(action: Action) -> int:
 
 
 def rule_subjects(action: Action) -> tuple[tuple[str, ...], str] | None:
-    """(the select.tags keys, the error without one) for an action one place alone takes; None for any other, and
-    for one whose place no tag selects (an Azure VM's power_off: its rule's other subjects are notify only)."""
-    for p in PLACES:
-        if p.owns(action):
-            return (p.selected_by, p.rule_needs) if p.selected_by else None
-    return None
+    """(the select.tags keys, the error without one) for an action some places alone take (any owner's keys
+    select); None for any other, and for one whose places no tag selects (an Azure VM's power_off: its rule's other
+    subjects are notify only)."""
+    owned_by = [p for p in owners(action) if p.selected_by]
+    if not owned_by:
+        return None
+    keys = tuple(k for p in owned_by for k in p.selected_by)
+    return keys, "; or ".join(dict.fromkeys(p.rule_needs for p in owned_by))
+
+
+def rule_caveats(action: Action, selected_tags) -> tuple[str, ...]:
+    """What the places a rule gives `action` to (those whose `selected_by` keys its select.tags name) publish as
+    limits of that action: `rules check` prints them, the service logs them at load."""
+    keys = set(selected_tags)
+    return tuple(p.caveats[action] for p in owners(action) if action in p.caveats and keys & set(p.selected_by))

@@ -87,10 +87,11 @@ def _stop_blocker_before_the_registry(inst: GpuInstance, action: Action) -> str:
         return ("a Kubernetes node is cordoned for Karpenter / cluster-autoscaler to remove, never stopped or "
                 "deleted by gpufinops: notify only; give the rule action: drain")
     kueue = inst.provider == "kubernetes" and bool(inst.tags.get(TAG_KUEUE_WORKLOAD))
+    # Since GCE VMs take suspend too (issue 39), its refusal names both places; a GCE VM is not among SUBJECTS.
     if action == Action.SUSPEND and not kueue:
-        return ("action suspend applies to Kueue-managed Kubernetes jobs only (a Job, JobSet, Kubeflow training "
+        return ("action suspend applies to Kueue-managed Kubernetes jobs (a Job, JobSet, Kubeflow training "
                 "job or RayJob labelled kueue.x-k8s.io/queue-name whose Kueue Workload gpufinops reads, with "
-                "kubernetes.suspend_kueue: true): notify only")
+                "kubernetes.suspend_kueue: true) and to GCE VMs (selected by tag gce:zone) only: notify only")
     if kueue and action != Action.SUSPEND:
         return ("a Kueue-managed job is suspended through Kueue, never scaled or deleted: notify only; give the "
                 "rule action: suspend")

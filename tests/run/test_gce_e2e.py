@@ -135,6 +135,7 @@ def test_idle_vm_is_warned_snoozed_by_a_label_then_stopped_busy_and_mig_untouche
     f.tick(58)
     assert len(gce.calls("instances.stop")) == 1  # never a second stop of the same intent
     role = set(yaml.safe_load(ROLE.read_text())["includedPermissions"])
-    # Every request within the role, and every permission of the role used: nothing more is granted than needed.
-    assert {r.permission for r in gce.requests} == role
+    # Every request within the role, and every permission of the role used: nothing more is granted than needed
+    # (instances.suspend is used by a rule with action suspend: tests/faults/test_gce_faults.py).
+    assert {r.permission for r in gce.requests} == role - {"compute.instances.suspend"}
     assert all(r.authorization == f"Bearer {TOKEN}" for r in gce.requests)

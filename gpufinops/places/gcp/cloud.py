@@ -1,12 +1,13 @@
 """Compute Engine GPU VMs behind the `Cloud` protocol, through the official client (`google-cloud-compute`, REST).
 
-Only the act stage calls the mutating methods (set_tags, remove_tags, stop). Nothing is decided here, and a zone or
+Only the act stage calls the mutating methods (set_tags, set_tags_fenced, remove_tags, stop, suspend). Nothing is decided here, and a zone or
 project that cannot be listed never hides the others.
 
 API methods called (the custom role in deploy/gcp/gpufinops-role.yaml grants each one's permission;
 tests/places/gcp/test_gcp_cloud.py checks every request a test makes against it): instances.aggregatedList
 (compute.instances.list), instances.get (compute.instances.get), instances.setLabels (compute.instances.setLabels),
-instances.stop (compute.instances.stop), zoneOperations.get (compute.zoneOperations.get).
+instances.stop (compute.instances.stop), instances.suspend (compute.instances.suspend, a rule with action
+suspend), zoneOperations.get (compute.zoneOperations.get).
 
 A VM's id says the cloud and where it is: `gce:<project>/<zone>/<name>`; its numeric id is kept as `cloud_id` (Google's
 bill names a VM by it: model.gce_vm_id, gce_ids). Its labels are read as gpufinops's tags
@@ -16,7 +17,8 @@ TERMINATED and SUSPENDED "stopped"), so that every stage reads a VM as it reads 
 Reads try again on a 429 (waiting its Retry-After), a 5xx or a dropped connection, `read_attempts` in all, each
 failed attempt logged at once. Mutating calls are sent once (retry off): a label write re-reads the VM and sends
 its current `labelFingerprint`, so that a person's label change since that read makes GCE refuse ours (412) rather
-than be overwritten; a stop's zone operation is polled until DONE. A failure says whether GCE certainly did nothing
+than be overwritten (`set_tags_fenced`, the fence before a stop, also refuses once the labels differ from those of
+an earlier read: act.actuator._fence); a stop's or a suspend's zone operation is polled until DONE. A failure says whether GCE certainly did nothing
 (`GceError.definite`) or its fate is unknown (the actuator reads the VM back).
 """
 
@@ -33,6 +35,7 @@ from gpufinops.config import GcpSettings
 from gpufinops.model import GCE_ID_PREFIX, Clock, GpuInstance, utcnow
 from gpufinops.prices.catalog import Catalog
 
+from ..registry import TAG_GCE_ZONE, UNSUPPORTED_MARK
 from .labels import labels_to_tags, tags_to_labels
 from .machines import ACCELERATOR_TYPES, gpus_of, is_accelerator_type
 
@@ -65,11 +68,19 @@ class GceError(RuntimeError):
 
     def __init__(self, method: str, subject: str, cause: BaseException | str, *, definite: bool | None = None):
         certain, why = fate_of(cause) if isinstance(cause, BaseException) else (False, str(cause))
+        # GCE's reasons for a refusal ("unsupportedOperation"), as the answer's `errors` list gives them.
+        self.reasons = tuple(str(e.get("reason", "")) for e in getattr(cause, "errors", None) or []
+                             if isinstance(e, dict))
         self.method = method
         self.definite = certain if definite is None else definite
         self.fate = why
+        unsupported = self.definite and (UNSUPPORTED in why or "unsupportedOperation" in self.reasons)
         super().__init__(f"{method} {subject} failed: {why}"
-                         f" [{'not done' if self.definite else 'outcome unknown'}]")
+                         f" [{'not done' if self.definite else 'outcome unknown'}]"
+                         + (f" {UNSUPPORTED_MARK}" if unsupported else ""))
+
+
+UNSUPPORTED = "UNSUPPORTED_OPERATION"  # GCE's code for an operation a VM does not support (an operation's error)
 
 
 class InventoryError(RuntimeError):
@@ -346,7 +357,8 @@ class GceCloud:
             launch_time=launch,
             account=project,
             lifecycle="spot" if spot else "on-demand",
-            tags=labels_to_tags(labels),
+            # Its labels, and its zone under a key no label can have: what a rule selects GCE VMs by.
+            tags={**labels_to_tags(labels), TAG_GCE_ZONE: zone},
             # dcgm-exporter's Hostname on a GCE VM: its short name, or the internal DNS name.
             private_dns=vm.hostname or f"{vm.name}.{zone}.c.{project}.internal",
             private_ip=nics[0].network_i_p if nics else "",
@@ -360,6 +372,7 @@ class GceCloud:
             price_source=source,
             # Google's bill names the VM by this id (model.gce_vm_id): kept so that a bill without the name meets it.
             cloud_id=str(vm.id) if vm.id else "",
+            version=vm.label_fingerprint,
         )
 
     def _price(self, machine_type: str, region: str, spot: bool, attached: Sequence[tuple[str, int]] = ()
@@ -426,15 +439,22 @@ class GceCloud:
             raise GceError("instances", inst.instance_id, "not a GCE VM id", definite=True)
         return where
 
-    def _write_labels(self, inst: GpuInstance, change: Callable[[dict[str, str]], dict[str, str]]) -> None:
+    def _write_labels(self, inst: GpuInstance, change: Callable[[dict[str, str]], dict[str, str]], *,
+                      since: str | None = None) -> None:
         """The VM read again, its labels changed by `change`, written with the fingerprint of that read: a person's
-        label change in between makes GCE refuse ours (412, definite), never lose theirs."""
+        label change in between makes GCE refuse ours (412, definite), never lose theirs. `since`: the fingerprint
+        of an earlier read the write must still stand on (the fence): labels changed after it refuse the write
+        here, before anything is sent."""
         project, zone, name = self._where(inst)
         try:
             vm = self._get(project, zone, name)
         except Exception as exc:  # noqa: BLE001 - nothing was written
             raise GceError("instances.setLabels", inst.instance_id,
                            f"not sent: the VM could not be read first ({fate_of(exc)[1]})", definite=True) from exc
+        if since is not None and vm.label_fingerprint != since:
+            raise GceError("instances.setLabels", inst.instance_id,
+                           "not sent: its labels changed since the read before the stop (labelFingerprint "
+                           f"{since!r} read then, {vm.label_fingerprint!r} now)", definite=True)
         labels = change(dict(vm.labels))
         if labels == dict(vm.labels):
             return
@@ -452,6 +472,17 @@ class GceCloud:
         wanted = tags_to_labels(tags)
         self._write_labels(inst, lambda labels: {**labels, **wanted})
 
+    def set_tags_fenced(self, inst: GpuInstance, tags: Mapping[str, str]) -> None:
+        """The fence before a stop: these tags written only while the VM's labels are still those of the read that
+        gave `inst` (its labelFingerprint, `inst.version`). A person's label change since (the mark removed, a
+        snooze, protect) refuses it, definite: here when the fresh read's fingerprint differs, at GCE (412) when the
+        change lands between that read and the write. Only when it went through is the stop sent."""
+        if not inst.version:
+            raise GceError("instances.setLabels", inst.instance_id,
+                           "not sent: the read before the stop gave no labelFingerprint to fence on", definite=True)
+        wanted = tags_to_labels(tags)
+        self._write_labels(inst, lambda labels: {**labels, **wanted}, since=inst.version)
+
     def remove_tags(self, inst: GpuInstance, keys: Sequence[str]) -> None:
         if not keys:
             return
@@ -467,6 +498,18 @@ class GceCloud:
                                                       discard_local_ssd=False, request_id=str(uuid.uuid4())),
             timeout=self._timeout, retry=None))
         self._wait("instances.stop", inst, op, project, zone)
+
+    def suspend(self, inst: GpuInstance) -> None:
+        """instances.suspend (a rule with action suspend), local SSD data kept (discardLocalSsd false); its operation
+        polled until DONE (RUNNING -> SUSPENDING -> SUSPENDED: memory state and disks stored and billed, vCPU and
+        GPU billing end). A VM GCE will not suspend (GPUs attached, too much memory, a guest without ACPI S3) is
+        refused (UNSUPPORTED_OPERATION), definite, its error marked UNSUPPORTED_MARK: never a stop instead."""
+        project, zone, name = self._where(inst)
+        op = self._send("instances.suspend", inst, lambda: self._instances.suspend_unary(
+            request=self._compute.SuspendInstanceRequest(project=project, zone=zone, instance=name,
+                                                         discard_local_ssd=False, request_id=str(uuid.uuid4())),
+            timeout=self._timeout, retry=None))
+        self._wait("instances.suspend", inst, op, project, zone)
 
     def terminate(self, inst: GpuInstance) -> None:
         # The registry never gives a GCE VM this action (places.registry.GCE takes notify and stop): a VM is never

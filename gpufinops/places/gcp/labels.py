@@ -16,7 +16,7 @@ So:
 Label values are a person's to write: decoding never raises, and a value that is not a time comes back as it is (the
 act stage then reads an unreadable snooze as the longest snooze, as on EC2).
 
-Pure, no I/O; imports model only.
+Pure, no I/O; imports model and places.registry only.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import re
 from typing import Mapping
 
 from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, TAG_STOP_REQUESTED
+from ..registry import TAG_STOP_FENCE
 
 MAX_LABEL_CHARS = 63
 MAX_LABELS = 64
@@ -34,7 +35,7 @@ OUR_LABEL_PREFIX = "gpufinops_"
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 # The tags whose value is a time: written compact, read back as the ISO form the act stage compares.
-TIME_TAGS = frozenset({TAG_MARKED, TAG_SNOOZE, TAG_STOP_REQUESTED})
+TIME_TAGS = frozenset({TAG_MARKED, TAG_SNOOZE, TAG_STOP_REQUESTED, TAG_STOP_FENCE})
 _ISO_UTC = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z$")
 _COMPACT = re.compile(r"^(\d{4})(\d{2})(\d{2})t(\d{2})(\d{2})(\d{2})?z$")
 _OUTSIDE = re.compile(r"[^a-z0-9_-]")

@@ -5,6 +5,7 @@ the shipped custom role (deploy/gcp/gpufinops-role.yaml)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, TAG_SNOOZE
+from gpufinops.places.registry import TAG_GCE_ZONE, TAG_STOP_FENCE, UNSUPPORTED_MARK
 from gpufinops.places.gcp.cloud import GceCloud, GceError, InventoryError
 from gpufinops.prices.catalog import load_catalog
 from gpufinops.prices.host_prices import is_estimate
@@ -226,3 +228,94 @@ def test_the_start_time_is_the_last_start_so_a_restart_is_seen(gce, monkeypatch)
     before = cloud.list_gpu_instances()[0].launch_time
     gce.person_starts("l4", at=before + timedelta(days=6))
     assert cloud.describe([cloud.list_gpu_instances()[0].instance_id])[0].launch_time == before + timedelta(days=6)
+
+
+# ---------------------------------------------------------------- instances.suspend (a rule with action suspend)
+def test_suspend_sends_one_request_and_polls_it_to_suspended_which_reads_as_stopped(gce, monkeypatch):
+    gce.suspend_refuses_gpus = False  # the state machine itself; GCE's refusal of GPU VMs is the next test
+    gce.add("l4")
+    gce.polls_to_done = 3
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    cloud.suspend(vm)
+    assert gce.status("l4") == "SUSPENDED" and not gce.calls("instances.stop")
+    sent = gce.calls("instances.suspend")
+    assert len(sent) == 1 and sent[0].query["discardLocalSsd"] == ["false"] and sent[0].query["requestId"]
+    assert len(gce.calls("zoneOperations.get")) == 3
+    assert cloud.describe([vm.instance_id])[0].state == "stopped"  # no GPU billing: stopped for the record
+    assert_within_role(gce)  # compute.instances.suspend is in the shipped role
+
+
+def test_a_suspend_not_done_in_time_reads_back_as_stopping(gce, monkeypatch):
+    gce.suspend_refuses_gpus = False
+    gce.add("l4")
+    gce.polls_to_done = 10_000
+    cloud = cloud_of(gce, monkeypatch, operation_timeout_s=0.05)
+    vm = cloud.list_gpu_instances()[0]
+    with pytest.raises(GceError) as caught:
+        cloud.suspend(vm)
+    assert not caught.value.definite and gce.status("l4") == "SUSPENDING"
+    assert cloud.describe([vm.instance_id])[0].state == "stopping"
+
+
+@pytest.mark.parametrize("fault, definite", [("500-after", False), ("drop-after", False), ("429", True)])
+def test_a_failed_suspend_says_whether_gce_may_have_done_it(gce, monkeypatch, fault, definite):
+    gce.suspend_refuses_gpus = False
+    gce.add("l4")
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    gce.fault("instances.suspend", Fault(fault))
+    with pytest.raises(GceError) as caught:
+        cloud.suspend(vm)
+    assert caught.value.definite is definite and UNSUPPORTED_MARK not in str(caught.value)
+    assert len(gce.calls("instances.suspend")) == 1
+    assert gce.status("l4") == ("SUSPENDING" if fault.endswith("-after") else "RUNNING")
+
+
+@pytest.mark.parametrize("machine_type, accelerators", [("g2-standard-8", None), ("a3-highgpu-8g", None),
+                                                        ("n1-standard-8", [("nvidia-tesla-t4", 1)])])
+def test_gce_refuses_to_suspend_a_vm_with_gpus_for_good_and_nothing_else_is_sent(gce, monkeypatch, machine_type,
+                                                                                 accelerators):
+    gce.add("gpu", machine_type=machine_type, accelerators=accelerators)
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    with pytest.raises(GceError) as caught:
+        cloud.suspend(vm)
+    assert caught.value.definite and UNSUPPORTED_MARK in str(caught.value)
+    assert gce.status("gpu") == "RUNNING" and not gce.calls("instances.stop")
+
+
+def test_suspending_a_vm_that_is_not_running_is_unsupported_for_good(gce, monkeypatch):
+    gce.suspend_refuses_gpus = False
+    gce.add("l4")
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    gce.vm("l4")["status"] = "STOPPING"  # a person stopped it after our read
+    with pytest.raises(GceError) as caught:
+        cloud.suspend(vm)
+    assert caught.value.definite and UNSUPPORTED_MARK in str(caught.value)  # the operation's UNSUPPORTED_OPERATION
+
+
+def test_a_listed_vm_carries_its_zone_as_the_tag_rules_select_it_by_and_its_fingerprint(gce, monkeypatch):
+    gce.add("l4", "us-east4-b", labels={"team": "ml"})
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    assert vm.tags == {"team": "ml", TAG_GCE_ZONE: "us-east4-b"}
+    assert vm.version == gce.vm("l4")["labelFingerprint"]
+
+
+def test_the_fence_writes_only_on_the_fingerprint_of_the_read_it_was_given(gce, monkeypatch):
+    gce.add("l4", labels={"team": "ml"})
+    cloud = cloud_of(gce, monkeypatch)
+    vm = cloud.list_gpu_instances()[0]
+    gce.person_sets_labels("l4", gpufinops_protect="true")  # after our read
+    with pytest.raises(GceError) as caught:
+        cloud.set_tags_fenced(vm, {TAG_STOP_FENCE: "2026-12-07T10:00:00Z"})
+    assert caught.value.definite and "labels changed since the read before the stop" in str(caught.value)
+    assert not gce.calls("instances.setLabels")  # refused before anything was sent
+    fresh = cloud.describe([vm.instance_id])[0]
+    cloud.set_tags_fenced(fresh, {TAG_STOP_FENCE: "2026-12-07T10:00:00Z"})
+    assert gce.labels("l4") == {"team": "ml", "gpufinops_protect": "true", "gpufinops_stopping": "20261207t100000z"}
+    with pytest.raises(GceError, match="no labelFingerprint"):
+        cloud.set_tags_fenced(replace(fresh, version=""), {TAG_STOP_FENCE: "2026-12-07T10:01:00Z"})
+    assert_within_role(gce)

@@ -4,6 +4,7 @@ never stopped; the warning's way out in labels a person can type."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from gpufinops.act.plan import opt_in_gap, stop_blocker
@@ -99,3 +100,69 @@ def test_a_blank_token_is_refused_at_load(monkeypatch):
     monkeypatch.setenv("GPUFINOPS_GCP_ACCESS_TOKEN", "  ")
     with pytest.raises(ConfigError, match="gcp.access_token.*set but blank"):
         load_settings(gcp={"projects": ["ml-prod"]})
+
+
+# ---------------------------------------------------------------- suspend: taken by GCE VMs and Kueue jobs alike
+def test_suspend_is_taken_by_a_gce_vm_and_a_kueue_job_and_refused_to_every_other_subject():
+    from gpufinops.k8s.model import TAG_KUEUE_WORKLOAD
+    from gpufinops.places.registry import KUEUE_JOB, owners
+
+    assert owners(Action.SUSPEND) == (KUEUE_JOB, GCE)
+    assert refusal(vm(), Action.SUSPEND) == "" and stop_blocker(vm(), Action.SUSPEND) == ""
+    job = GpuInstance("k8s:ml/Job/train", "p4d.24xlarge", "us-east-1", "running", T0, provider="kubernetes",
+                      tags={TAG_KUEUE_WORKLOAD: "ml/job-train"})
+    assert refusal(job, Action.SUSPEND) == ""
+    for other in (GpuInstance("i-0abc", "p5.48xlarge", "us-east-1", "running", T0),
+                  GpuInstance("k8s:ml/Deployment/web", "p4d.24xlarge", "us-east-1", "running", T0,
+                              provider="kubernetes")):
+        said = refusal(other, Action.SUSPEND)
+        assert "Kueue-managed Kubernetes jobs" in said and "GCE VMs (selected by tag gce:zone)" in said
+    assert "never deleted" in refusal(vm(), Action.TERMINATE)  # its other refusals are as they were
+
+
+def test_a_suspend_rule_selects_gce_vms_by_their_zone_tag_and_rules_check_says_gces_limits(tmp_path):
+    import pytest
+
+    from gpufinops.config import ConfigError
+    from gpufinops.rules import load_rule_file, rule_warnings
+
+    path = tmp_path / "r.yaml"
+    path.write_text("rules:\n- name: park\n  window: 30m\n  threshold_pct: 5\n  action: suspend\n")
+    with pytest.raises(ConfigError, match="gce:zone"):
+        load_rule_file(path)  # selects nothing it can suspend: refused, naming both ways to select
+    path.write_text("rules:\n- name: park\n  window: 30m\n  threshold_pct: 5\n  action: suspend\n"
+                    "  select: {tags: {'gce:zone': [us-central1-a]}}\n")
+    rule = load_rule_file(path)[0]
+    assert rule.selector.matches(vm(tags={"gce:zone": "us-central1-a"})) and not rule.selector.matches(vm())
+    [caveat] = rule_warnings(rule)
+    assert "GPUs attached" in caveat and "suspend-resume-instance#limitations" in caveat
+    assert "never stopped instead" in caveat
+    path.write_text("rules:\n- name: park-jobs\n  window: 30m\n  threshold_pct: 5\n  action: suspend\n"
+                    "  select: {tags: {kueue.x-k8s.io/queue-name: '*'}}\n")
+    assert rule_warnings(load_rule_file(path)[0]) == ()  # Kueue's suspend has no such limit
+
+
+def test_a_gce_suspend_is_said_as_suspended_with_what_stays_billed():
+    d = Decision(vm().instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", T0, Action.SUSPEND)
+    warning = messages.idle_warning(vm(), d, marked_at=T0, stop_at=T0, channel="", dry_run=False,
+                                    action=Action.SUSPEND)
+    notes = " ".join(warning.notes)
+    assert "will be suspended" in warning.title and "memory state and disks are kept, stored and billed" in notes
+    assert "keeps running, is not stopped instead" in notes
+    done = messages.stopped(vm(), d, at=T0, dry_run=False, action=Action.SUSPEND)
+    assert done.title.startswith("Idle GPU VM suspended") and "gcloud compute instances resume" in " ".join(done.notes)
+    assert ("Saves while suspended (less its stored memory)", ) == tuple(k for k, _ in done.facts if k.startswith("Saves"))
+    stop = messages.stopped(vm(), replace(d, action=Action.STOP), at=T0, dry_run=False, action=Action.STOP)
+    assert stop.title.startswith("Idle GPU VM stopped") and "billed" not in " ".join(stop.notes)
+
+
+def test_rules_check_prints_gces_suspend_limits_for_a_rule_suspending_gce_vms(tmp_path, capsys):
+    from gpufinops.cli import main
+
+    path = tmp_path / "park.yaml"
+    path.write_text("rules:\n- name: park\n  window: 30m\n  threshold_pct: 5\n  action: suspend\n"
+                    "  select: {tags: {'gce:zone': '*'}}\n")
+    assert main(["rules", "check", str(path)]) == 0  # valid: warned, not refused
+    out = capsys.readouterr().out
+    assert "ok  park" in out and "warn park: GCE publishes limits on suspending a VM" in out
+    assert "VMs with GPUs attached" in out and "1 rule(s) valid" in out

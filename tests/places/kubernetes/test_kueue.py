@@ -149,9 +149,9 @@ def test_a_kueue_job_with_its_workload_is_suspendable_and_selectable_by_its_prio
     assert "give the rule action: suspend" in stop_blocker(job, Action.TERMINATE)
     # A Job Kueue does not manage stays reported only; a Deployment is never "suspended".
     assert "never stops Jobs" in stop_blocker(found[workload_id(world.plain_job)], Action.SUSPEND)
-    assert "Kueue-managed Kubernetes jobs only" in stop_blocker(found[workload_id(world.web)], Action.SUSPEND)
+    assert "applies to Kueue-managed Kubernetes jobs" in stop_blocker(found[workload_id(world.web)], Action.SUSPEND)
     ec2 = GpuInstance("i-0abc", "p5.48xlarge", "us-east-1", "running", T0, provider="aws")
-    assert "Kueue-managed Kubernetes jobs only" in stop_blocker(ec2, Action.SUSPEND)
+    assert "applies to Kueue-managed Kubernetes jobs" in stop_blocker(ec2, Action.SUSPEND)
     # One cluster-wide list of Kueue Workloads per listing.
     assert [r.path for r in world.kube.calls(verb="list", resource="workloads")] == [
         "/apis/kueue.x-k8s.io/v1beta1/workloads"]
