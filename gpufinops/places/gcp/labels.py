@@ -100,7 +100,7 @@ def keep_hint() -> str:
     snooze, protect = encode_key(TAG_SNOOZE), encode_key(TAG_PROTECT)
     return (f"To keep it running: make it busy, or label it `{snooze}` = a UTC time written `yyyymmddthhmmz` (e.g. "
             f"`20261208t0900z`: pause until then) or `{protect}` = `true` (never stop); removing its label "
-            f"`{encode_key(TAG_MARKED)}` cancels the stop "
+            f"`{encode_key(TAG_MARKED)}` cancels what this warning announces "
             f"(`gcloud compute instances add-labels` / `remove-labels`).")
 
 
