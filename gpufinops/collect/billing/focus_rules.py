@@ -8,7 +8,7 @@ import json
 import re
 from typing import Iterable, Sequence
 
-from ...model import azure_vm_id
+from ...model import azure_scale_set_vm_id, azure_vm_id
 from .errors import BillingDataError
 from .focus_spec import detect_version, provider_column
 
@@ -41,10 +41,12 @@ _AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
 
 def subject_of(resource_id: object) -> str:
     """The id a bill's ResourceId names its instance by, as the place lists it: an Azure VM's ARM id becomes its
-    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), so that a VM's billed rate and its verdicts meet; any
-    other id is kept as it is (an EC2 instance id, a GCP or OCI resource name)."""
+    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), a Uniform scale set's instance
+    (`.../virtualMachineScaleSets/<set>/virtualMachines/<n>`) its `azure:<subscription>/<group>/<set>/<n>`, so that
+    a VM's billed rate and its verdicts meet; any other id is kept as it is (an EC2 instance id, a GCP or OCI
+    resource name, a scale set's own id)."""
     text = "" if resource_id is None else str(resource_id)
-    return azure_vm_id(text) or text
+    return azure_vm_id(text) or azure_scale_set_vm_id(text) or text
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:
