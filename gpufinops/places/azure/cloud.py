@@ -339,8 +339,10 @@ class AzureCloud:
             try:
                 if len(parts) != 8:
                     raise InventoryError(f"ARM listed a scale set with an id gpufinops cannot read: {set_id[:200]!r}")
-                members = compute.virtual_machine_scale_set_vms.list(parts[3], name, expand="instanceView")
-                found.extend(self._to_scale_set_instance(scale_set, vm) for vm in members)
+                pages = compute.virtual_machine_scale_set_vms.list(parts[3], name, expand="instanceView")
+                # Every page read before any is kept: a scale set is listed whole or is an error.
+                members = [self._to_scale_set_instance(scale_set, vm) for vm in pages]
+                found.extend(members)
             except Exception as exc:  # noqa: BLE001 - the other scale sets are still listed
                 log.error("Azure VM scale set %s of subscription %s could not be listed: %s", name, sub, _brief(exc))
                 errors.append(f"Azure VM scale set {name[:80]} in subscription {sub}: {_brief(exc)}")
