@@ -1,5 +1,5 @@
 """Azure as a place: `cloud` (AzureCloud: VMs with GPU sizes listed across the configured subscriptions with the
-official ARM clients, their power state, tags, scale set or service that manages them; tags written with the Tags
+official ARM clients, with the instances of Uniform GPU scale sets (never changed), their power state, tags, scale set or service that manages them; tags written with the Tags
 API, the stop a deallocate, each mutating call sent once and read back; `WithAzure` puts them beside another
 inventory), `sizes` (the bundled size table: GPU model, count, on-demand and spot price per region).
 
