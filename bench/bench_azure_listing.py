@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stub.close()
     client = statistics.median(clients)
-    print(json.dumps({"vms": args.vms, "scale_sets": args.scale_sets, "instances": args.instances, "gpu_vms": found, "page": args.page, "requests": requests,
+    print(json.dumps({"vms": args.vms, "scale_sets": args.scale_sets, "instances": args.instances,
+                      "gpu_vms": found, "page": args.page, "requests": requests,
                       "wall_s": round(statistics.median(walls), 3),
                       "stand_in_cpu_s": round(statistics.median(stand_ins), 3), "client_cpu_s": round(client, 3),
                       "client_cpu_ms_per_vm": round(client * 1000 / args.vms, 3),

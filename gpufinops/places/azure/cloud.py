@@ -118,7 +118,8 @@ class ScaleSetVmRef:
     @property
     def arm_id(self) -> str:
         return (f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}"
-                f"/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}/virtualMachines/{self.instance}")
+                f"/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}"
+                f"/virtualMachines/{self.instance}")
 
 
 def scale_set_ref_of_arm_id(arm_id: str) -> ScaleSetVmRef | None:
