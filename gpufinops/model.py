@@ -41,6 +41,24 @@ def azure_vm_id(resource_id: str) -> str:
     return f"{AZURE_ID_PREFIX}{m.group(1)}/{m.group(2)}/{m.group(3)}".lower() if m else ""
 
 
+# A Uniform scale set's instance (never listed as a VM): `azure:<subscription>/<group>/<scale set>/<instance id>`,
+# from its ARM id `.../virtualMachineScaleSets/<scale set>/virtualMachines/<instance id>` (what Cost Management's
+# exports write as its ResourceId): listing and bill name it alike, as a VM.
+_ARM_SCALE_SET_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
+                                  r"virtualMachineScaleSets/([^/]+)/virtualMachines/([^/]+)$", re.IGNORECASE)
+
+
+def azure_scale_set_vm_id(resource_id: str) -> str:
+    """The subject id of a scale set instance's ARM resource id; "" for any other id."""
+    m = _ARM_SCALE_SET_VM_ID.match(str(resource_id or "").strip())
+    return f"{AZURE_ID_PREFIX}{'/'.join(m.groups())}".lower() if m else ""
+
+
+def is_azure_scale_set_vm_id(subject_id: str) -> bool:
+    """Whether a subject id names an instance of an Azure VM scale set (four parts after `azure:`)."""
+    return subject_id.startswith(AZURE_ID_PREFIX) and subject_id.count("/") == 3
+
+
 def is_azure_vm_id(subject_id: str) -> bool:
     """Whether a text is an Azure VM's subject id exactly as azure_vm_id writes it (a chat click's value is
     untrusted: three parts, lower case, at most ARM's lengths)."""

@@ -7,6 +7,13 @@ No compute emulator exists for Azure, so this speaks the exact REST subset gpufi
 - GET  /subscriptions/{s}/providers/Microsoft.Compute/virtualMachines             list, paged by `nextLink`
        (...&statusOnly=true: each VM's `properties.instanceView` only)
 - GET  /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.Compute/virtualMachines/{n}[?$expand=instanceView]
+- GET  /subscriptions/{s}/providers/Microsoft.Compute/virtualMachineScaleSets              list, paged by `nextLink`
+       (virtualMachineScaleSet.json: `sku` {name, tier, capacity}, `properties.orchestrationMode`,
+       `properties.virtualMachineProfile` {osProfile.computerNamePrefix, priority})
+- GET  /subscriptions/{s}/resourceGroups/{g}/providers/Microsoft.Compute/virtualMachineScaleSets/{n}
+- GET  {scale set id}/virtualMachines[?$expand=instanceView]    a Uniform set's instances, paged by `nextLink`
+       (virtualMachineScaleSetVM.json: `instanceId`, `sku`, `properties.osProfile.computerName`, the instance view)
+- GET  {scale set id}/virtualMachines/{instanceId}[?$expand=instanceView]
 - PATCH {vm id}/providers/Microsoft.Resources/tags/default   {"operation": "Merge"|"Delete"|"Replace", ...}
 - POST {vm id}/deallocate, {vm id}/powerOff[?skipShutdown=false]   202 + Azure-AsyncOperation + Location
        (long-running operations)
@@ -42,6 +49,16 @@ from urllib.parse import parse_qs, urlsplit
 TOKEN = "armstub-token"
 CLIENT_SECRET = "armstub-client-secret"
 COMPUTE = "Microsoft.Compute/virtualMachines"
+SCALE_SETS = "Microsoft.Compute/virtualMachineScaleSets"
+POWER_WORDS = {"running": "VM running", "deallocated": "VM deallocated", "stopped": "VM stopped",
+               "deallocating": "VM deallocating", "stopping": "VM stopping", "starting": "VM starting"}
+
+
+def statuses_of(power: str, created: str) -> list[dict[str, Any]]:
+    """An instance view's statuses, as ARM writes them for a VM and a scale set's instance alike."""
+    return [{"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded",
+             "time": created},
+            {"code": f"PowerState/{power}", "level": "Info", "displayStatus": POWER_WORDS.get(power, power)}]
 
 
 @dataclass
@@ -70,12 +87,7 @@ class Vm:
             self.power, self.pending = self.pending[0], None
 
     def statuses(self) -> list[dict[str, Any]]:
-        return [{"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded",
-                 "time": self.created},
-                {"code": f"PowerState/{self.power}", "level": "Info",
-                 "displayStatus": {"running": "VM running", "deallocated": "VM deallocated",
-                                   "stopped": "VM stopped", "deallocating": "VM deallocating",
-                                   "stopping": "VM stopping", "starting": "VM starting"}.get(self.power, self.power)}]
+        return statuses_of(self.power, self.created)
 
     def body(self, instance_view: bool = False) -> dict[str, Any]:
         props: dict[str, Any] = {
@@ -99,6 +111,72 @@ class Vm:
         if self.tags:
             out["tags"] = dict(self.tags)
         return out
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+@dataclass
+class ScaleSet:
+    """A scale set and its instances (`powers`: one power state per instance, instance ids 0, 1, ...). Its instances'
+    computer names are ARM's: the prefix and the instance id in base 36 on six digits (`aks-gpu-1234-vmss000000`)."""
+    subscription: str
+    group: str
+    name: str
+    size: str
+    powers: list[str] = field(default_factory=lambda: ["running"])
+    location: str = "eastus"
+    tags: dict[str, str] = field(default_factory=dict)
+    priority: str = "Regular"
+    orchestration: str = "Uniform"  # Uniform | Flexible ("" : an older set that does not say, Uniform)
+    computer_prefix: str = ""
+    created: str = "2026-11-01T08:00:00Z"
+
+    @property
+    def arm_id(self) -> str:
+        return f"/subscriptions/{self.subscription}/resourceGroups/{self.group}/providers/{SCALE_SETS}/{self.name}"
+
+    def computer_name(self, instance: int) -> str:
+        return f"{self.computer_prefix or self.name}{_base36(instance).rjust(6, '0')}"
+
+    def body(self) -> dict[str, Any]:
+        profile: dict[str, Any] = {"osProfile": {"computerNamePrefix": self.computer_prefix or self.name,
+                                                 "adminUsername": "azureuser"},
+                                   "storageProfile": {"osDisk": {"createOption": "FromImage"}}}
+        if self.priority != "Regular":
+            profile |= {"priority": self.priority, "evictionPolicy": "Delete"}
+        props: dict[str, Any] = {"upgradePolicy": {"mode": "Manual"}, "virtualMachineProfile": profile,
+                                 "provisioningState": "Succeeded", "overprovision": False,
+                                 "uniqueId": str(uuid.uuid5(uuid.NAMESPACE_URL, self.arm_id)),
+                                 "timeCreated": self.created}
+        if self.orchestration:
+            props["orchestrationMode"] = self.orchestration
+        out = {"id": self.arm_id, "name": self.name, "type": SCALE_SETS, "location": self.location,
+               "sku": {"name": self.size, "tier": "Standard", "capacity": len(self.powers)}, "properties": props}
+        if self.tags:
+            out["tags"] = dict(self.tags)
+        return out
+
+    def instance_body(self, instance: int, instance_view: bool = False) -> dict[str, Any]:
+        arm_id = f"{self.arm_id}/virtualMachines/{instance}"
+        props: dict[str, Any] = {
+            "latestModelApplied": True, "vmId": str(uuid.uuid5(uuid.NAMESPACE_URL, arm_id)),
+            "osProfile": {"computerName": self.computer_name(instance), "adminUsername": "azureuser"},
+            "provisioningState": "Succeeded", "timeCreated": self.created}
+        if instance_view:
+            props["instanceView"] = {"platformUpdateDomain": 0, "platformFaultDomain": 0,
+                                     "computerName": self.computer_name(instance), "osName": "ubuntu",
+                                     "statuses": statuses_of(self.powers[instance], self.created)}
+        return {"id": arm_id, "name": f"{self.name}_{instance}", "type": f"{SCALE_SETS}/virtualMachines",
+                "location": self.location, "instanceId": str(instance), "sku": {"name": self.size, "tier": "Standard"},
+                "properties": props}
 
 
 @dataclass
@@ -130,6 +208,13 @@ def operation_of(method: str, path: str) -> str:
             "Microsoft.Resources/tags/read"
     if "/providers/microsoft.compute/locations/" in low and "/operations/" in low:
         return "Microsoft.Compute/locations/operations/read"
+    if "/providers/microsoft.compute/virtualmachinescalesets" in low:
+        # A scale set, or one of its instances (".../virtualMachines/{id}"): their own operations, never a VM's.
+        kind = SCALE_SETS + ("/virtualMachines" if "/virtualmachines" in low.split("virtualmachinescalesets", 1)[1]
+                             else "")
+        if method == "POST":
+            return f"{kind}/{path.rsplit('/', 1)[1]}/action"
+        return {"GET": f"{kind}/read", "DELETE": f"{kind}/delete"}.get(method, f"{kind}/write")
     if low.endswith("/deallocate"):
         return "Microsoft.Compute/virtualMachines/deallocate/action"
     if low.endswith("/poweroff"):
@@ -161,6 +246,7 @@ class ArmStub:
     def __init__(self, tmp: Path, *, role: dict[str, Any] | list[dict[str, Any]] | None = None, page_size: int = 2,
                  transition_s: float = 0.3):
         self.vms: dict[str, Vm] = {}
+        self.scale_sets: dict[str, ScaleSet] = {}
         self.role = role
         self.page_size = page_size
         self.transition_s = transition_s
@@ -188,6 +274,11 @@ class ArmStub:
         with self.lock:
             self.vms[vm.arm_id.lower()] = vm
         return vm
+
+    def add_scale_set(self, scale_set: ScaleSet) -> ScaleSet:
+        with self.lock:
+            self.scale_sets[scale_set.arm_id.lower()] = scale_set
+        return scale_set
 
     def vm(self, name: str) -> Vm:
         with self.lock:
@@ -376,6 +467,8 @@ def _route(stub: ArmStub, seen: Seen, headers: Any) -> tuple[int, Any, dict[str,
         base = f"{stub.url}/subscriptions/{vm.subscription}/providers/Microsoft.Compute/locations/{vm.location}/" \
                f"operations/{op}?api-version={seen.query['api-version'][0]}"
         return 202, None, {"Azure-AsyncOperation": base, "Location": base + "&monitor=true", "Retry-After": "0"}
+    if "/providers/microsoft.compute/virtualmachinescalesets" in low:
+        return _scale_set_route(stub, seen)
     if seen.method == "GET" and len(segs) == 5 and low.endswith("/providers/microsoft.compute/virtualmachines"):
         sub = segs[1].lower()
         every = [v for k, v in sorted(stub.vms.items()) if v.subscription.lower() == sub]
@@ -401,6 +494,42 @@ def _route(stub: ArmStub, seen: Seen, headers: Any) -> tuple[int, Any, dict[str,
                                    "message": f"The Resource '{COMPUTE}/{segs[-1]}' was not found."}}, {}
         return 200, vm.body(instance_view=(seen.query.get("$expand") or [""])[0] == "instanceView"), {}
     return 404, {"error": {"code": "NotFound", "message": f"the stand-in does not serve {seen.method} {path}"}}, {}
+
+
+def _paged(stub: ArmStub, seen: Seen, items: list[Any]) -> dict[str, Any]:
+    """One page of a list and its `nextLink` (the same query, the next `$skiptoken`), as ARM pages."""
+    start = int((seen.query.get("$skiptoken") or ["0"])[0])
+    out: dict[str, Any] = {"value": items[start: start + stub.page_size]}
+    if start + stub.page_size < len(items):
+        query = "&".join(f"{k}={vs[0]}" for k, vs in seen.query.items() if k != "$skiptoken")
+        out["nextLink"] = f"{stub.url}{seen.path}?{query}&$skiptoken={start + stub.page_size}"
+    return out
+
+
+def _scale_set_route(stub: ArmStub, seen: Seen) -> tuple[int, Any, dict[str, str]]:
+    """The scale set reads (virtualMachineScaleSet.json, virtualMachineScaleSetVM.json). Nothing else is served:
+    gpufinops changes no scale set nor any instance of one (its role grants no such action)."""
+    segs = seen.path.strip("/").split("/")
+    low = [s.lower() for s in segs]
+    expand = (seen.query.get("$expand") or [""])[0] == "instanceView"
+    if seen.method != "GET":
+        return 404, {"error": {"code": "NotFound", "message": f"the stand-in does not serve {seen.method}"}}, {}
+    if len(segs) == 5:  # the subscription's scale sets
+        every = [s.body() for k, s in sorted(stub.scale_sets.items()) if s.subscription.lower() == low[1]]
+        return 200, _paged(stub, seen, every), {}
+    scale_set = stub.scale_sets.get("/" + "/".join(low[:8]))
+    if scale_set is None or len(segs) not in (8, 9, 10) or (len(segs) > 8 and low[8] != "virtualmachines"):
+        return 404, {"error": {"code": "ResourceNotFound",
+                               "message": f"The Resource '{SCALE_SETS}/{segs[7] if len(segs) > 7 else ''}' was not "
+                                          f"found."}}, {}
+    if len(segs) == 8:
+        return 200, scale_set.body(), {}
+    if len(segs) == 9:
+        every = [scale_set.instance_body(i, expand) for i in range(len(scale_set.powers))]
+        return 200, _paged(stub, seen, every), {}
+    if not segs[9].isdigit() or int(segs[9]) >= len(scale_set.powers):
+        return 404, {"error": {"code": "NotFound", "message": f"instance {segs[9]} not found"}}, {}
+    return 200, scale_set.instance_body(int(segs[9]), expand), {}
 
 
 def _entra(stub: ArmStub, seen: Seen, raw: bytes) -> tuple[int, Any]:
@@ -467,6 +596,8 @@ class StaticToken:
 
 # What places.azure.cloud calls, as role actions (the shipped role must grant exactly these).
 ROLE_ACTIONS_USED = ("Microsoft.Compute/virtualMachines/read", "Microsoft.Compute/locations/operations/read",
-                     "Microsoft.Resources/tags/write", "Microsoft.Compute/virtualMachines/deallocate/action")
+                     "Microsoft.Resources/tags/write", "Microsoft.Compute/virtualMachines/deallocate/action",
+                     "Microsoft.Compute/virtualMachineScaleSets/read",
+                     "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read")
 # What it calls only under a power_off rule: the optional role grants exactly this.
 POWER_OFF_ACTIONS_USED = ("Microsoft.Compute/virtualMachines/powerOff/action",)

@@ -36,8 +36,8 @@ from ..model import (
 )
 from ..places.gcp.labels import gcloud_add_labels, in_label_words
 from ..places.gcp.labels import keep_hint as gce_keep_hint
-from ..places.registry import (ACTION_VERBS, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST, SLURM_JOB, TAG_SLURM_JOB_ID,
-                               TAG_SLURM_SNOOZE_KEYWORD, place_of_instance)
+from ..places.registry import (ACTION_VERBS, AZURE_SCALE_SET_INSTANCE, AZURE_VM, GCE, KUBERNETES_NODE, RENTED_HOST,
+                               SLURM_JOB, TAG_SLURM_JOB_ID, TAG_SLURM_SNOOZE_KEYWORD, place_of_instance)
 from ..words import HINTS, POWER_OFF_BILLING, words
 from .markup import clip, escape, time_token, when, without_endpoints
 
@@ -635,8 +635,8 @@ def idle_notice(inst: GpuInstance, decision: Decision, *, since: datetime, chann
                if not_stopped_because
                else "This rule only notifies: nothing will be stopped.")
     # A VM or a rented host by its place's own noun; a Kubernetes workload as an instance, as it always read here.
-    noun = ("GPU node" if _is_node(inst) else _noun(inst) if place_of_instance(inst) in (GCE, AZURE_VM, RENTED_HOST)
-            else "GPU instance")
+    own_noun = place_of_instance(inst) in (GCE, AZURE_VM, AZURE_SCALE_SET_INSTANCE, RENTED_HOST)
+    noun = "GPU node" if _is_node(inst) else _noun(inst) if own_noun else "GPU instance"
     text = (f"{noun} {_instance_line(inst)} is idle (for at least {format_duration(idle_s)}, since "
             f"{_when(began)} or earlier). "
             f"Why: {reason}. Cost {format_money(cost, per='h', estimate=_estimated(inst))}. {hint} {nothing}")

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..k8s.model import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
-from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance
+from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance, is_azure_scale_set_vm_id
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
 GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
-# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id).
+# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id); a Uniform scale set's
+# instance `azure:<subscription>/<resource group>/<scale set>/<instance id>` (model.azure_scale_set_vm_id).
 AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
 # A Slurm job's id: `slurm:<cluster>/<jobid>` (places.slurm.jobs.subject_id).
 SLURM_ID_PREFIX = "slurm:"
@@ -211,6 +212,18 @@ AZURE_VM = Place(
     stops_any_spot=True,
 )
 
+# An instance of a Uniform VM scale set (an AKS GPU node pool's node, most GPU scale sets): its scale set owns it
+# (deallocated, it is replaced or restarted; the Tags API at its scope is no change gpufinops may make either), so it
+# takes no change at all: judged and advised (scale the set in, or let AKS's cluster autoscaler remove the node).
+# Its subjects also carry `managed_by` (places.azure): this is the fence behind that one, for any action and any call.
+AZURE_SCALE_SET_INSTANCE = Place(
+    name="Azure VM scale set instance", noun="GPU VM", provider="azure", id_prefix=AZURE_ID_PREFIX,
+    takes=frozenset({Action.NOTIFY}),
+    refusal=("an instance of an Azure VM scale set is removed by its scale set (scale it in) or AKS's cluster "
+             "autoscaler, never stopped, powered off or tagged by gpufinops: notify only"),
+    verbs={Action.STOP: ("deallocate", "deallocated"), Action.POWER_OFF: ("power off", "powered off")},
+)
+
 SLURM_ACTIONS = frozenset({Action.REQUEUE, Action.HOLD, Action.CANCEL})
 SLURM_JOB = Place(
     name="Slurm job", noun="GPU job", provider="slurm", id_prefix=SLURM_ID_PREFIX,
@@ -229,9 +242,10 @@ SLURM_JOB = Place(
 )
 
 # In the order their refusals are asked (a node's, a Kueue job's, a Slurm job's and an Azure VM's own actions first:
-# a subject given another place's own action hears whose it is), the catch-all last.
-PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, AZURE_VM, KUBERNETES_WORKLOAD, RENTED_HOST, GCE,
-                             EC2)
+# a subject given another place's own action hears whose it is; a scale set's instance, before the Azure VM, hears
+# its own refusal of power_off), the catch-all last.
+PLACES: tuple[Place, ...] = (KUBERNETES_NODE, KUEUE_JOB, SLURM_JOB, AZURE_SCALE_SET_INSTANCE, AZURE_VM,
+                             KUBERNETES_WORKLOAD, RENTED_HOST, GCE, EC2)
 
 
 def place_of(subject_id: str) -> Place:
@@ -245,7 +259,7 @@ def place_of(subject_id: str) -> Place:
     if subject_id.startswith(GCE_ID_PREFIX):
         return GCE
     if subject_id.startswith(AZURE_ID_PREFIX):
-        return AZURE_VM
+        return AZURE_SCALE_SET_INSTANCE if is_azure_scale_set_vm_id(subject_id) else AZURE_VM
     if subject_id.startswith(SLURM_ID_PREFIX):
         return SLURM_JOB
     return EC2
@@ -260,7 +274,7 @@ def place_of_instance(inst: GpuInstance) -> Place:
     if inst.provider == GCE.provider:
         return GCE
     if inst.provider == AZURE_VM.provider:
-        return AZURE_VM
+        return AZURE_SCALE_SET_INSTANCE if is_azure_scale_set_vm_id(inst.instance_id) else AZURE_VM
     if inst.provider == SLURM_JOB.provider:
         return SLURM_JOB
     return RENTED_HOST if inst.provider == RENTED_HOST.provider else EC2

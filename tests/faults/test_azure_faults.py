@@ -196,6 +196,33 @@ def test_not_opted_in_is_never_warned_or_deallocated(azure_world):
     check_azure_invariants(w)
 
 
+def test_a_scale_set_list_that_fails_leaves_the_tick_partial_and_reported_and_its_node_never_touched(azure_world):
+    # An AKS GPU node pool's idle node, listed from its Uniform scale set; then the scale set list fails (503 past
+    # the client's retries): the tick is partial, says so, and goes on with the VMs; the node is only ever advised.
+    from tests.armstub import ScaleSet
+    from tests.places.azure.world import OPT_IN, SUB
+
+    w = azure_world
+    w.stub.add_scale_set(ScaleSet(SUB, "MC_ml_aks1_eastus", "aks-gpupool-12345678-vmss", "Standard_NC24ads_A100_v4",
+                                  tags={**OPT_IN, "aks-managed-poolName": "gpupool"},
+                                  computer_prefix="aks-gpupool-12345678-vmss"))
+    node = f"azure:{SUB}/mc_ml_aks1_eastus/aks-gpupool-12345678-vmss/0"
+    first = w.tick(0)
+    assert first.errors == [] and [a.kind for a in first.actions if a.instance_id == node] == [ActionKind.NOTIFY]
+    w.stub.arm(lambda s: s.action == "Microsoft.Compute/virtualMachineScaleSets/read", "status", status=503, times=9)
+    partial = w.tick(10)
+    assert node not in {i.instance_id for i in partial.instances}
+    [error] = partial.errors
+    assert "VM scale sets" in error and SUB in error and "VM scale sets" in partial.sources["inventory"]
+    assert [a.kind for a in partial.actions if a.instance_id == vm_id("idle-a100")] == [ActionKind.STOP]
+    w.stub.faults.clear()
+    again = w.tick(20)
+    assert again.errors == [] and node in {i.instance_id for i in again.instances}
+    assert [s for s in w.stub.requests if "virtualmachinescalesets" in s.path.lower() and s.method != "GET"] == []
+    assert w.store.get_mark(node) is None
+    check_azure_invariants(w)
+
+
 # --------------------------------------------------------------------------- power-off (a rule's action: power_off)
 
 POWER_OFF = "Microsoft.Compute/virtualMachines/powerOff/action"

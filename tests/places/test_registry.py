@@ -253,3 +253,20 @@ def test_a_spent_power_off_ranks_under_any_other_idle_rule(tmp_path):
     path = tmp_path / "rules.yaml"
     path.write_text("rules:\n- name: keep-hardware\n  window: 2h\n  threshold_pct: 5\n  action: power_off\n")
     assert load_rule_file(path)[0].action is Action.POWER_OFF
+
+
+AZURE_SCALE_SET_NODE = subject("azure:11111111-2222-3333-4444-555555555555/mc_ml_aks1_eastus/aks-gpu-1234-vmss/0",
+                               provider="azure")
+
+
+def test_an_instance_of_an_azure_scale_set_takes_no_change_at_all_whatever_its_manager_says():
+    from gpufinops.places.registry import AZURE_SCALE_SET_INSTANCE, AZURE_VM
+
+    assert place_of(AZURE_SCALE_SET_NODE.instance_id) is AZURE_SCALE_SET_INSTANCE
+    assert place_of_instance(AZURE_SCALE_SET_NODE) is AZURE_SCALE_SET_INSTANCE
+    assert place_of(AZURE.instance_id) is AZURE_VM and place_of_instance(AZURE) is AZURE_VM
+    # Even listed without a manager (the place sets one): every action but a message is refused, power_off with it.
+    assert {a for a in Action if not refusal(AZURE_SCALE_SET_NODE, a)} == {Action.NOTIFY}
+    for action in (Action.STOP, Action.POWER_OFF, Action.TERMINATE):
+        assert stop_blocker(AZURE_SCALE_SET_NODE, action).startswith("an instance of an Azure VM scale set"), action
+    assert AZURE_SCALE_SET_INSTANCE.noun == "GPU VM"  # what its notices call it

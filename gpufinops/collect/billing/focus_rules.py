@@ -8,7 +8,7 @@ import json
 import re
 from typing import Iterable, Sequence
 
-from ...model import azure_vm_id, gce_vm_id
+from ...model import azure_scale_set_vm_id, azure_vm_id, gce_vm_id
 from .errors import BillingDataError
 from .focus_spec import detect_version, provider_column
 
@@ -41,12 +41,14 @@ _AWS_TYPE = re.compile(r"\b([a-z][a-z0-9-]*)\.([0-9]*[a-z][a-z0-9]*)\b")
 
 def subject_of(resource_id: object, resource_name: object = None) -> str:
     """The id a bill's ResourceId names its instance by, as the place lists it: an Azure VM's ARM id becomes its
-    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), a GCE VM's full resource name with its ResourceName
-    `gce:<project>/<zone>/<name>` (model.gce_vm_id; `gce-unlisted:...` when only the numeric id is there), so that a
-    VM's billed rate and its verdicts meet; any other id is kept as it is (an EC2 instance id, an OCI resource)."""
+    `azure:<subscription>/<group>/<name>` (model.azure_vm_id), a Uniform scale set's instance
+    (`.../virtualMachineScaleSets/<set>/virtualMachines/<n>`) its `azure:<subscription>/<group>/<set>/<n>`, a GCE VM's
+    full resource name with its ResourceName `gce:<project>/<zone>/<name>` (model.gce_vm_id; `gce-unlisted:...` when
+    only the numeric id is there), so that a VM's billed rate and its verdicts meet; any other id is kept as it is (an
+    EC2 instance id, an OCI resource, a scale set's own id)."""
     text = "" if resource_id is None else str(resource_id)
     name = "" if resource_name is None or resource_name != resource_name else str(resource_name)
-    return azure_vm_id(text) or gce_vm_id(text, name) or text
+    return azure_vm_id(text) or azure_scale_set_vm_id(text) or gce_vm_id(text, name) or text
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:

@@ -8,6 +8,10 @@ test of tests/places/azure and tests/faults/test_azure_faults.py runs under it, 
 request outside it and the test failing on one):
 - Microsoft.Compute/virtualMachines/read: list a subscription's VMs (model, then `statusOnly=true` for their power
   states: both paged by nextLink), get one VM with its instance view (the read-back);
+- Microsoft.Compute/virtualMachineScaleSets/read: list a subscription's scale sets (paged), get one (a re-read);
+- Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read: list the instances of each Uniform scale set of a
+  GPU size that has any (`$expand=instanceView`: model and power state in one paged read), get one. Read only: an
+  instance of a scale set is never changed (below);
 - Microsoft.Resources/tags/write: the Tags API's PATCH at the VM's scope, `Merge` of gpufinops's own keys or
   `Delete` of them, never a whole-map `Replace`, so a person's other tags are never overwritten;
 - Microsoft.Compute/virtualMachines/deallocate/action: the stop, its long-running operation followed with
@@ -24,7 +28,14 @@ nothing (`CloudError.definite`: a 4xx, a 429, a connection that never opened) or
 answer: read back with describe()). The deallocate's long-running operation is then followed (Azure-AsyncOperation /
 Location, polled by the SDK) for at most `deallocate_wait_s`; the VM is read back whatever it says.
 
-An id says the cloud: `azure:<subscription>/<resource group>/<name>`. A VM's power state maps onto the states the
+An id says the cloud: `azure:<subscription>/<resource group>/<name>`; an instance of a Uniform scale set (an AKS
+GPU node pool's node, most GPU scale sets: no VM of the VM list) `azure:<subscription>/<resource group>/<scale
+set>/<instance id>`, as Cost Management's exports name it. Such an instance is its scale set's: judged and advised
+(scale the set in; AKS: its cluster autoscaler), never deallocated, powered off or tagged; every mutating method
+refuses it before any request (places.registry.AZURE_SCALE_SET_INSTANCE refuses every action but notify). A Flexible
+scale set's members are VMs of the VM list (their `virtualMachineScaleSet`), managed alike; the scale set list skips
+Flexible sets. A scale set list that fails makes the listing partial (`last_errors`), never empty of the VMs.
+A VM's power state maps onto the states the
 act stage reads: running; deallocating -> "stopping" and deallocated -> "stopped" (compute billing ends: a stop that
 went through); "Stopped (allocated)" -> STATE_STOPPED_ALLOCATED, still billed, judged as such (decide.evaluate) and
 deallocated under a rule after the usual warning; starting -> "pending"; a power-off under way -> "powering-off".
@@ -41,7 +52,8 @@ from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 from ...config import AzureSettings, ConfigError
-from ...model import STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_vm_id, utcnow
+from ...model import (STATE_STOPPED_ALLOCATED, Clock, GpuInstance, azure_scale_set_vm_id, azure_vm_id,
+                      is_azure_scale_set_vm_id, utcnow)
 from ..ec2.cloud import CloudError, InventoryError
 from ..fleet import WithPlace
 from ..registry import AZURE_ID_PREFIX
@@ -91,6 +103,38 @@ def ref_of_arm_id(arm_id: str) -> VmRef | None:
     return VmRef(parts[1], parts[3], parts[7]) if subject else None
 
 
+@dataclass(frozen=True)
+class ScaleSetVmRef:
+    """An instance of a Uniform scale set: `instance` is ARM's instanceId ("0", "12"), not a VM name."""
+    subscription: str
+    resource_group: str
+    scale_set: str
+    instance: str
+
+    @property
+    def instance_id(self) -> str:
+        return azure_scale_set_vm_id(self.arm_id)
+
+    @property
+    def arm_id(self) -> str:
+        return (f"/subscriptions/{self.subscription}/resourceGroups/{self.resource_group}"
+                f"/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}"
+                f"/virtualMachines/{self.instance}")
+
+
+def scale_set_ref_of_arm_id(arm_id: str) -> ScaleSetVmRef | None:
+    parts = arm_id.strip("/").split("/")
+    return ScaleSetVmRef(parts[1], parts[3], parts[7], parts[9]) if azure_scale_set_vm_id(arm_id) else None
+
+
+def scale_set_ref_of(instance_id: str) -> ScaleSetVmRef | None:
+    """The scale set instance an `azure:<subscription>/<group>/<scale set>/<instance id>` id names; else None."""
+    if not is_azure_scale_set_vm_id(instance_id):
+        return None
+    parts = instance_id[len(AZURE_ID_PREFIX):].split("/")
+    return ScaleSetVmRef(*parts) if all(parts) else None
+
+
 def ref_of(instance_id: str) -> VmRef | None:
     """The VM an `azure:<subscription>/<group>/<name>` id names; None for any other id."""
     if not instance_id.startswith(AZURE_ID_PREFIX):
@@ -109,11 +153,11 @@ class Manager:
 
 def manager_of(vm_scale_set_id: str, tags: Mapping[str, str]) -> Manager | None:
     """Who manages a VM: the scale set it belongs to (Flexible orchestration: listed as a VM with its
-    `virtualMachineScaleSet`; Uniform members are not VMs of this list at all), else the service whose tags it carries
-    (AKS, Databricks, Azure Machine Learning). None when nothing does."""
+    `virtualMachineScaleSet`; Uniform members are listed from their scale set, `scale_set_manager`), else the service
+    whose tags it carries (AKS, Databricks, Azure Machine Learning). None when nothing does."""
     # Tag values are untrusted: clipped here, escaped where a message shows them.
     if vm_scale_set_id:
-        return Manager(f"VM scale set '{vm_scale_set_id.rstrip('/').rsplit('/', 1)[-1][:80]}'", ADVICE_VMSS)
+        return scale_set_manager(vm_scale_set_id.rstrip('/').rsplit('/', 1)[-1], "", tags)
     if tags.get("aks-managed-poolName") or any(k.startswith("aks-managed-") for k in tags):
         pool = tags.get("aks-managed-poolName", "?")[:80]
         return Manager(f"AKS node pool '{pool}'", ADVICE_AKS)
@@ -123,6 +167,23 @@ def manager_of(vm_scale_set_id: str, tags: Mapping[str, str]) -> Manager | None:
     if any(k.lower().startswith("azureml") for k in tags):
         return Manager("Azure Machine Learning compute", ADVICE_AML)
     return None
+
+
+# An AKS node pool's scale set: `aks-<pool>-<digits>-vmss` in the cluster's node resource group (`MC_...`).
+_AKS_SCALE_SET = re.compile(r"^aks-([a-z0-9]+)-\d+-vmss$", re.IGNORECASE)
+
+
+def scale_set_manager(scale_set: str, resource_group: str, tags: Mapping[str, str]) -> Manager:
+    """The manager of a scale set's instance: its AKS node pool where the scale set is one (AKS's `aks-managed-*`
+    tags, its node resource group `MC_...` with an `aks-<pool>-<n>-vmss` name), else the scale set itself."""
+    pool = tags.get("aks-managed-poolName") or ""
+    named = _AKS_SCALE_SET.match(scale_set)
+    aks = bool(pool) or any(k.startswith("aks-managed-") for k in tags) or (
+        resource_group.lower().startswith("mc_") and named is not None)
+    if aks:
+        pool = pool or (named.group(1) if named else "?")
+        return Manager(f"AKS node pool '{pool[:80]}' (VM scale set '{scale_set[:80]}')", ADVICE_AKS)
+    return Manager(f"VM scale set '{scale_set[:80]}'", ADVICE_VMSS)
 
 
 def power_state(statuses: Sequence[Any] | None) -> str:
@@ -224,15 +285,19 @@ class AzureCloud:
     def list_gpu_instances(self) -> list[GpuInstance]:
         found: list[GpuInstance] = []
         errors: list[str] = []
+        failed: list[str] = []  # the subscriptions whose VMs could not be listed
         for sub in self.settings.subscriptions:
             try:
                 found.extend(self._list_subscription(sub))
             except Exception as exc:  # noqa: BLE001 - the other subscriptions are still listed
                 log.error("Azure inventory of subscription %s failed: %s", sub, _brief(exc))
-                errors.append(f"Azure subscription {sub}: {_brief(exc)}")
-        self.last_errors = errors
-        if errors and len(errors) == len(self.settings.subscriptions):
-            raise InventoryError("Azure inventory failed in every subscription: " + "; ".join(errors))
+                failed.append(f"Azure subscription {sub}: {_brief(exc)}")
+                continue
+            # Its scale sets' instances, once its VMs are listed: a scale set that fails is one error of its own.
+            found.extend(self._list_scale_set_instances(sub, errors))
+        self.last_errors = failed + errors
+        if failed and len(failed) == len(self.settings.subscriptions):
+            raise InventoryError("Azure inventory failed in every subscription: " + "; ".join(failed))
         return found
 
     def _is_gpu_size(self, size: str) -> bool:
@@ -248,6 +313,64 @@ class AzureCloud:
                   for vm in vms.list_all(status_only="true")}
         return [self._to_gpu_instance(vm, states.get(str(field(vm, "id")).lower(), "unknown")) for vm in models]
 
+    def _is_listed_scale_set(self, scale_set: Any) -> bool:
+        """A Uniform scale set (no `orchestrationMode`: an older one, Uniform) of a GPU size with any instance. A
+        Flexible set's members are VMs of the VM list already; an empty one costs no request."""
+        mode = _text(field(scale_set, "properties", "orchestrationMode")).lower()
+        capacity = field(scale_set, "sku", "capacity")
+        return (mode in ("", "uniform") and self._is_gpu_size(_text(field(scale_set, "sku", "name")))
+                and (capacity is None or int(capacity) > 0))
+
+    def _list_scale_set_instances(self, sub: str, errors: list[str]) -> list[GpuInstance]:
+        """The instances of the subscription's Uniform GPU scale sets: one paged list of the scale sets, then one
+        paged list (with their instance views) per such scale set only. A list that fails is an error in `errors`
+        (the listing is partial), never an empty answer taken for "no instance"."""
+        compute = self._client("compute", sub)
+        try:
+            scale_sets = [s for s in compute.virtual_machine_scale_sets.list_all() if self._is_listed_scale_set(s)]
+        except Exception as exc:  # noqa: BLE001 - the subscription's VMs stay listed
+            log.error("Azure VM scale sets of subscription %s could not be listed: %s", sub, _brief(exc))
+            errors.append(f"Azure subscription {sub}, VM scale sets: {_brief(exc)}")
+            return []
+        found: list[GpuInstance] = []
+        for scale_set in scale_sets:
+            set_id = str(field(scale_set, "id") or "")
+            parts = set_id.strip("/").split("/")
+            name = str(field(scale_set, "name") or parts[-1])
+            try:
+                if len(parts) != 8:
+                    raise InventoryError(f"ARM listed a scale set with an id gpufinops cannot read: {set_id[:200]!r}")
+                pages = compute.virtual_machine_scale_set_vms.list(parts[3], name, expand="instanceView")
+                # Every page read before any is kept: a scale set is listed whole or is an error.
+                members = [self._to_scale_set_instance(scale_set, vm) for vm in pages]
+                found.extend(members)
+            except Exception as exc:  # noqa: BLE001 - the other scale sets are still listed
+                log.error("Azure VM scale set %s of subscription %s could not be listed: %s", name, sub, _brief(exc))
+                errors.append(f"Azure VM scale set {name[:80]} in subscription {sub}: {_brief(exc)}")
+        return found
+
+    def _to_scale_set_instance(self, scale_set: Any, vm: Any) -> GpuInstance:
+        arm_id = str(field(vm, "id"))
+        ref = scale_set_ref_of_arm_id(arm_id)
+        if ref is None:
+            raise InventoryError(f"ARM listed a scale set instance with an id gpufinops cannot read: {arm_id[:200]!r}")
+        # Size, priority and tags are the scale set's (an instance carries its own sku and tags where ARM gives
+        # them: its model may lag the set's until upgraded).
+        size = _text(field(vm, "sku", "name")) or _text(field(scale_set, "sku", "name"))
+        priority = _text(field(scale_set, "properties", "virtualMachineProfile", "priority"))
+        tags = {str(k): str(v) for k, v in {**(field(scale_set, "tags") or {}), **(field(vm, "tags") or {})}.items()}
+        computer = (field(vm, "properties", "osProfile", "computerName")
+                    or field(vm, "properties", "instanceView", "computerName") or "")
+        if not computer:
+            # DCGM's series are found by the host's name: without one the instance has no metrics (UNKNOWN).
+            log.warning("Azure scale set instance %s has no computer name; its metrics cannot be matched",
+                        ref.instance_id)
+        return self._gpu_instance(
+            ref.instance_id, ref.subscription, size, str(field(vm, "location") or field(scale_set, "location") or ""),
+            power_state(field(vm, "properties", "instanceView", "statuses")),
+            field(vm, "properties", "timeCreated") or field(scale_set, "properties", "timeCreated"),
+            priority, tags, str(computer), scale_set_manager(ref.scale_set, ref.resource_group, tags))
+
     def describe(self, instance_ids: Sequence[str]) -> list[GpuInstance]:
         """Fresh state and tags of these VMs, each with its instance view. A VM ARM says is gone (404) is absent;
         any other failure raises InventoryError, so that an unreachable VM is never taken for a vanished one."""
@@ -257,6 +380,8 @@ class AzureCloud:
         for iid in dict.fromkeys(instance_ids):
             ref = ref_of(iid)
             if ref is None:
+                found = self._describe_scale_set_instance(iid)
+                out.extend([found] if found is not None else [])
                 continue
             try:
                 vm = self._client("compute", ref.subscription).virtual_machines.get(
@@ -268,32 +393,56 @@ class AzureCloud:
             out.append(self._to_gpu_instance(vm, power_state(field(vm, "properties", "instanceView", "statuses"))))
         return out
 
+    def _describe_scale_set_instance(self, instance_id: str) -> GpuInstance | None:
+        """One scale set instance read afresh (its scale set, then the instance with its instance view); None for an
+        id that names none, or one ARM says is gone (404); any other failure raises InventoryError."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        ref = scale_set_ref_of(instance_id)
+        if ref is None:
+            return None
+        compute = self._client("compute", ref.subscription)
+        try:
+            scale_set = compute.virtual_machine_scale_sets.get(ref.resource_group, ref.scale_set)
+            vm = compute.virtual_machine_scale_set_vms.get(ref.resource_group, ref.scale_set, ref.instance,
+                                                           expand="instanceView")
+        except ResourceNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+            raise InventoryError(f"Azure scale set instance {instance_id} could not be read: {_brief(exc)}") from exc
+        return self._to_scale_set_instance(scale_set, vm)
+
     def _to_gpu_instance(self, vm: Any, state: str) -> GpuInstance:
         arm_id = str(field(vm, "id"))
         ref = ref_of_arm_id(arm_id)
         if ref is None:
             raise InventoryError(f"ARM listed a VM with an id gpufinops cannot read: {arm_id[:200]!r}")
-        size = _size_of(vm)
-        info = self._sizes.info(size)
-        spot = _text(field(vm, "properties", "priority")).lower() in ("spot", "low")
         tags = {str(k): str(v) for k, v in (field(vm, "tags") or {}).items()}
         vmss = field(vm, "properties", "virtualMachineScaleSet", "id") or ""
-        manager = manager_of(vmss, tags)
-        created = _time(field(vm, "properties", "timeCreated"))
+        return self._gpu_instance(
+            ref.instance_id, ref.subscription, _size_of(vm), str(field(vm, "location") or ""), state,
+            field(vm, "properties", "timeCreated"), _text(field(vm, "properties", "priority")), tags,
+            field(vm, "properties", "osProfile", "computerName") or ref.name, manager_of(vmss, tags))
+
+    def _gpu_instance(self, instance_id: str, subscription: str, size: str, region: str, state: str,
+                      time_created: Any, priority: str, tags: dict[str, str], computer: str,
+                      manager: Manager | None) -> GpuInstance:
+        """A listed VM or scale set instance as the stages read it: GPU model and count and price from its size."""
+        info = self._sizes.info(size)
+        spot = priority.lower() in ("spot", "low")
+        created = _time(time_created)
         if created is not None:
             created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
         else:
             # Without it we cannot know the VM has run a full window: too young to judge, never old enough to stop.
-            log.warning("Azure VM %s has no timeCreated; not judged", ref.instance_id)
+            log.warning("Azure VM %s has no timeCreated; not judged", instance_id)
             created = self._clock()
-        region = str(field(vm, "location") or "")
         price = self._sizes.price(size, region, spot)
-        computer = field(vm, "properties", "osProfile", "computerName") or ref.name
         return GpuInstance(
-            instance_id=ref.instance_id, instance_type=size, region=region, state=state,
+            instance_id=instance_id, instance_type=size, region=region, state=state,
             # ARM gives a VM's creation time, not its last start: the window's metric coverage holds a VM started
             # within it as UNKNOWN (too few samples), never idle.
-            launch_time=created, account=ref.subscription, lifecycle="spot" if spot else "on-demand", tags=tags,
+            launch_time=created, account=subscription, lifecycle="spot" if spot else "on-demand", tags=tags,
             private_dns=computer, gpu_count=info.gpu_count if info else 0, gpu_model=info.gpu_model if info else "",
             gpu_memory_gib=info.gpu_memory_gib if info else 0.0, hourly_cost=price, provider=PROVIDER,
             managed_by=manager.by if manager else "", managed_advice=manager.advice if manager else "",
@@ -359,6 +508,12 @@ class AzureCloud:
 
 
 def _ref_or_refuse(operation: str, inst: GpuInstance) -> VmRef:
+    if is_azure_scale_set_vm_id(inst.instance_id):
+        # Its scale set (or AKS) owns it: the plan never asks this (registry: notify only), and were it ever asked,
+        # no request leaves.
+        raise CloudError(operation, inst.instance_id, inst.region,
+                         "an instance of a VM scale set is never changed by gpufinops (scale the set in instead)",
+                         definite=True, code="ScaleSetInstance")
     ref = ref_of(inst.instance_id)
     if ref is None:
         raise CloudError(operation, inst.instance_id, inst.region, "not an Azure VM id", definite=True,

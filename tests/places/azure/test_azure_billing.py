@@ -135,3 +135,37 @@ def test_an_azure_vms_idle_hours_are_priced_at_its_billed_rate(tmp_path):
     listed_as = f"azure:{SUB}/ml/idle-a100"  # the id AzureCloud lists the VM by
     rate = hourly_rate(listed_as, "Standard_NC24ads_A100_v4", "eastus", billing_rates(table), None, stored=9.99)
     assert (rate.source, rate.rate) == ("billing", pytest.approx(3.673))
+
+
+def test_a_uniform_scale_set_instances_row_is_billed_to_the_id_the_place_lists_it_by(arm, tmp_path):
+    # Cost Management names a Uniform scale set's instance by its ARM id, `.../virtualMachineScaleSets/<set>/
+    # virtualMachines/<instance id>` (in lower case); the place lists it as `azure:<sub>/<group>/<set>/<instance id>`.
+    from gpufinops.cost.costs import billing_rates, hourly_rate
+    from tests.armstub import ScaleSet
+
+    arm.add_scale_set(ScaleSet(SUB, "MC_ml_aks1_eastus", "aks-gpupool-12345678-vmss", "Standard_NC24ads_A100_v4",
+                               powers=["running", "running"], tags={"aks-managed-poolName": "gpupool"}))
+    listed = sorted(i.instance_id for i in azure_cloud(arm).list_gpu_instances())
+    set_id = f"/subscriptions/{SUB}/resourceGroups/MC_ml_aks1_eastus/providers/Microsoft.Compute/" \
+             "virtualMachineScaleSets/aks-gpupool-12345678-vmss"
+    extra = []
+    for instance, hours in (("0", 6), ("1", 3)):
+        for h in range(hours):
+            at = START + timedelta(hours=h)
+            extra.append({**rows()[0], "ResourceId": f"{set_id}/virtualMachines/{instance}".lower(),
+                          "ResourceName": f"aks-gpupool-12345678-vmss_{instance}", "Tags": '{"team": "nlp"}',
+                          "ChargePeriodStart": f"{at:%Y-%m-%dT%H:%M:%SZ}",
+                          "ChargePeriodEnd": f"{at + timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}"})
+    path = tmp_path / "part_0_0001.csv"
+    pd.DataFrame(rows() + extra).to_csv(path, index=False)
+    table = read_focus(str(path), SEP, OCT, BS).table
+    by_instance = {k: Decimal(str(c)).quantize(Decimal("0.01"))
+                   for k, c in zip(table_totals(table, "instance")["key"], table_totals(table, "instance")["cost"])}
+    assert listed == [f"azure:{SUB}/mc_ml_aks1_eastus/aks-gpupool-12345678-vmss/0",
+                      f"azure:{SUB}/mc_ml_aks1_eastus/aks-gpupool-12345678-vmss/1"]
+    assert [by_instance[i] for i in listed] == [Decimal("22.04"), Decimal("11.02")]  # 6 h and 3 h at $3.673
+    duck = focus_total_rows(list_files(str(path), None, FILE_SUFFIXES, "FOCUS"), str(path), SEP, OCT, BS, "instance")
+    assert {k: Decimal(str(c)).quantize(Decimal("0.01")) for k, _cur, c, _h in duck.rows if k in listed} == \
+        dict(zip(listed, [Decimal("22.04"), Decimal("11.02")]))
+    rate = hourly_rate(listed[0], "Standard_NC24ads_A100_v4", "eastus", billing_rates(table), None, stored=9.99)
+    assert (rate.source, rate.rate) == ("billing", pytest.approx(3.673))

@@ -15,7 +15,7 @@ from gpufinops.act.plan import opt_in_gap, stop_blocker
 from gpufinops.places.azure.cloud import ADVICE_VMSS, AzureCloud, ref_of
 from gpufinops.places.azure.sizes import PRICE_SOURCE, AzureSizes  # noqa: F401
 from gpufinops.places.ec2.cloud import CloudError, InventoryError
-from gpufinops.places.registry import AZURE_VM, place_of, place_of_instance
+from gpufinops.places.registry import AZURE_VM, place_of, place_of_instance, refusal
 from tests.armstub import POWER_OFF_ACTIONS_USED, ROLE_ACTIONS_USED, Vm, role_allows
 from tests.places.azure.world import OPT_IN, POWER_OFF_ROLE, ROLE, ROOT, SUB, SUB2, azure_cloud, fleet, vm_id
 
@@ -269,3 +269,111 @@ def test_fields_are_read_by_their_rest_names_from_the_sdks_mapping_and_by_attrib
     old = SimpleNamespace(hardware_profile=SimpleNamespace(vm_size="Standard_ND96isr_H100_v5"), time_created=None)
     assert _size_of(old) == "Standard_ND96isr_H100_v5" and field(old, "properties", "timeCreated") is None
     assert _time("not a time") is None and _time("2026-11-01T08:00:00Z").tzinfo is not None
+
+
+# --------------------------------------------------------------------------- Uniform scale sets' instances
+
+SCALE_SET_READ = "Microsoft.Compute/virtualMachineScaleSets/read"
+SCALE_SET_VMS_READ = "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read"
+
+
+def scale_sets(arm) -> None:
+    """An AKS GPU node pool (Uniform, Spot, 3 instances: 2 a page), a plain Uniform GPU set (no orchestrationMode: an
+    older one), a Flexible GPU set (its members are VMs of the VM list), an empty GPU set and a CPU set."""
+    from tests.armstub import ScaleSet
+
+    arm.add_scale_set(ScaleSet(SUB, "MC_ml_aks1_eastus", "aks-gpupool-12345678-vmss", "Standard_NC24ads_A100_v4",
+                               powers=["running", "running", "deallocated"], priority="Spot",
+                               tags={"aks-managed-poolName": "gpupool", "team": "nlp", "owner": "ana"},
+                               computer_prefix="aks-gpupool-12345678-vmss"))
+    arm.add_scale_set(ScaleSet(SUB, "train", "h100-set", "Standard_ND96isr_H100_v5", orchestration="",
+                               powers=["running"], tags={"owner": "bo"}))
+    arm.add_scale_set(ScaleSet(SUB, "train", "train-pool", "Standard_ND96isr_H100_v5", orchestration="Flexible"))
+    arm.add_scale_set(ScaleSet(SUB, "train", "parked-set", "Standard_ND96isr_H100_v5", powers=[]))
+    arm.add_scale_set(ScaleSet(SUB, "web", "web-set", "Standard_D4s_v5", powers=["running"] * 5))
+
+
+AKS_SET = f"azure:{SUB}/mc_ml_aks1_eastus/aks-gpupool-12345678-vmss"
+
+
+def test_uniform_scale_set_instances_are_listed_with_the_scale_sets_size_spot_tags_and_manager(arm):
+    fleet(arm)
+    scale_sets(arm)
+    cloud = azure_cloud(arm)
+    found = {i.instance_id: i for i in cloud.list_gpu_instances()}
+    assert cloud.last_errors == []
+    assert {iid for iid in found if iid.count("/") == 3} == {f"{AKS_SET}/0", f"{AKS_SET}/1", f"{AKS_SET}/2",
+                                                            f"azure:{SUB}/train/h100-set/0"}
+    assert vm_id("flex-h100") in found  # the Flexible set's member, once: as the VM it is
+    node = found[f"{AKS_SET}/1"]
+    assert (node.state, node.instance_type, node.region, node.gpu_model, node.gpu_count, node.lifecycle) == (
+        "running", "Standard_NC24ads_A100_v4", "eastus", "A100-80GB", 1, "spot")
+    assert node.private_dns == "aks-gpupool-12345678-vmss000001"  # the host name DCGM's series carry
+    assert (node.owner(), node.team(), node.account, node.provider) == ("ana", "nlp", SUB, "azure")
+    assert node.hourly_cost == AzureSizes.load_default().price("Standard_NC24ads_A100_v4", "eastus", spot=True)
+    assert node.launch_time == datetime(2026, 11, 1, 8, tzinfo=timezone.utc)
+    assert found[f"{AKS_SET}/2"].state == "stopped"
+    assert node.managed_by == "AKS node pool 'gpupool' (VM scale set 'aks-gpupool-12345678-vmss')"
+    plain = found[f"azure:{SUB}/train/h100-set/0"]
+    assert (plain.managed_by, plain.managed_advice, plain.lifecycle) == ("VM scale set 'h100-set'", ADVICE_VMSS,
+                                                                         "on-demand")
+    # Never stopped: the registry refuses every change and the plan advises instead.
+    from gpufinops.places.registry import AZURE_SCALE_SET_INSTANCE
+
+    assert place_of(node.instance_id) is AZURE_SCALE_SET_INSTANCE and place_of_instance(node) is \
+        AZURE_SCALE_SET_INSTANCE
+    assert stop_blocker(node, Action.STOP).startswith("managed by AKS node pool 'gpupool'")
+    # The requests: one page of scale sets; instances asked only of the GPU sets that are Uniform and not empty
+    # (the AKS pool's 3 at 2 a page: 2 pages; h100-set: 1), each with its instance view.
+    sets = arm.seen(SCALE_SET_READ)
+    assert [s.path.rsplit("/", 1)[1] for s in sets] == ["virtualMachineScaleSets"] * 3  # 5 sets at 2 a page
+    members = arm.seen(SCALE_SET_VMS_READ)
+    assert sorted(s.path.split("/")[-2] for s in members) == ["aks-gpupool-12345678-vmss"] * 2 + ["h100-set"]
+    assert all(s.query.get("$expand") == ["instanceView"] for s in members)
+
+
+def test_a_scale_set_list_that_fails_makes_the_listing_partial_never_empty(arm):
+    fleet(arm)
+    scale_sets(arm)
+    cloud = azure_cloud(arm)
+    # The scale set list refused (retries cannot help a 403): the VMs are still listed, the error says what is missing.
+    arm.arm(lambda s: s.action == SCALE_SET_READ, "status", status=403, times=1)
+    listed = {i.instance_id for i in cloud.list_gpu_instances()}
+    assert vm_id("idle-a100") in listed and not any(i.count("/") == 3 for i in listed)
+    assert not cloud.complete and len(cloud.last_errors) == 1 and "VM scale sets" in cloud.last_errors[0]
+    # One scale set's instances failing (5xx past the retries): the other scale set and the VMs are still listed.
+    arm.arm(lambda s: s.action == SCALE_SET_VMS_READ and "/aks-gpupool-" in s.path, "status", status=503, times=9)
+    listed = {i.instance_id for i in cloud.list_gpu_instances()}
+    assert f"azure:{SUB}/train/h100-set/0" in listed and vm_id("idle-a100") in listed
+    assert not any(i.startswith(AKS_SET) for i in listed)  # a scale set is listed whole, or is an error
+    [error] = cloud.last_errors
+    assert "aks-gpupool-12345678-vmss" in error and SUB in error
+    arm.faults.clear()
+    assert len(cloud.list_gpu_instances()) == 5 + 4 and cloud.complete
+
+
+def test_describe_reads_a_scale_set_instance_afresh_and_a_gone_one_is_absent(arm):
+    scale_sets(arm)
+    cloud = azure_cloud(arm)
+    [node] = cloud.describe([f"{AKS_SET}/2", f"{AKS_SET}/7", f"azure:{SUB}/train/gone-set/0"])
+    assert (node.instance_id, node.state, node.lifecycle) == (f"{AKS_SET}/2", "stopped", "spot")
+    assert node.managed_by.startswith("AKS node pool 'gpupool'") and node.tags["owner"] == "ana"
+    assert [s.query.get("$expand") for s in arm.seen(SCALE_SET_VMS_READ)] == [["instanceView"], ["instanceView"]]
+    arm.arm(lambda s: s.action == SCALE_SET_VMS_READ, "status", status=503, times=9)
+    with pytest.raises(InventoryError, match="could not be read"):
+        cloud.describe([f"{AKS_SET}/0"])
+
+
+def test_every_change_to_a_scale_set_instance_is_refused_before_any_request(arm):
+    scale_sets(arm)
+    cloud = azure_cloud(arm)
+    [node] = cloud.describe([f"{AKS_SET}/0"])
+    before = len(arm.requests)
+    for change in (lambda: cloud.stop(node), lambda: cloud.power_off(node), lambda: cloud.terminate(node),
+                   lambda: cloud.set_tags(node, {"gpufinops:marked-for-stop": "x"}),
+                   lambda: cloud.remove_tags(node, ["owner"])):
+        with pytest.raises(CloudError) as err:
+            change()
+        assert err.value.definite  # certainly not done: nothing was sent
+    assert arm.requests[before:] == []
+    assert {a for a in Action if not refusal(node, a)} == {Action.NOTIFY}

@@ -249,3 +249,36 @@ def test_a_stop_rule_beside_a_power_off_rule_still_deallocates_a_powered_off_vm(
     assert "will be deallocated at" in warning
     w.tick(10)
     assert len(w.deallocates("forgotten-a10")) == 1 and w.power_offs("forgotten-a10") == []
+
+
+# --------------------------------------------------------------------------- a Uniform scale set's instance
+
+
+def test_an_idle_uniform_scale_set_instance_is_judged_and_advised_never_stopped_or_tagged(world):
+    from gpufinops.places.azure.cloud import ADVICE_AKS
+    from tests.armstub import ScaleSet
+    from tests.places.azure.world import OPT_IN, SUB
+
+    # An AKS GPU node pool's node, idle, opted in (as the whole subscription might be): a stop rule still only advises.
+    world.stub.add_scale_set(ScaleSet(SUB, "MC_ml_aks1_eastus", "aks-gpupool-12345678-vmss",
+                                      "Standard_NC24ads_A100_v4", powers=["running"],
+                                      tags={**OPT_IN, "aks-managed-poolName": "gpupool", "owner": "ana"},
+                                      computer_prefix="aks-gpupool-12345678-vmss"))
+    node = f"azure:{SUB}/mc_ml_aks1_eastus/aks-gpupool-12345678-vmss/0"
+    first = world.tick(0)
+    [d] = [d for d in first.decisions if d.instance_id == node]
+    assert (d.verdict, d.code) == (Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW)  # its DCGM series, by its host name
+    assert [a.kind for a in first.actions if a.instance_id == node] == [ActionKind.NOTIFY]
+    [notice] = [m.text for m in world.notifier.sent if "ks-gpupool-12345678-vmss/0" in m.text]  # the id shortened
+    assert "AKS node pool 'gpupool'" in notice and ADVICE_AKS in notice and "Nothing will be stopped" in notice
+    for minute in (10, 20, 31):
+        later = world.tick(minute)
+        assert not [a for a in later.actions if a.instance_id == node and a.kind is not ActionKind.NOTIFY]
+    # Nothing but reads ever reached the scale set or its instance: no deallocate, power-off or tag write.
+    touched = [(s.method, s.path, s.action) for s in world.stub.requests
+               if "virtualmachinescalesets" in s.path.lower() and (s.method != "GET" or not s.action.endswith("/read"))]
+    assert touched == []
+    assert world.stub.scale_sets[next(iter(world.stub.scale_sets))].powers == ["running"]
+    assert not any("aks-gpupool" in s.path for s in world.stub.seen("Microsoft.Resources/tags/write"))
+    assert world.store.get_mark(node) is None
+    assert len(world.deallocates("idle-a100")) == 1  # the tick did act: on the VM it may deallocate

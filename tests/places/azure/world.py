@@ -37,7 +37,9 @@ WINDOW_S = 600
 LEAD_S = 600
 
 # hostname -> (GPU count, activity %) of the series in the Prometheus.
-HOSTS = {"idle-a100": (1, 0.0), "busy-h100": (8, 91.0), "flex-h100": (8, 0.0)}
+HOSTS = {"idle-a100": (1, 0.0), "busy-h100": (8, 91.0), "flex-h100": (8, 0.0),
+         # An AKS GPU node pool's node: an instance of a Uniform scale set, by its computer name.
+         "aks-gpupool-12345678-vmss000000": (1, 0.0)}
 
 
 def prometheus_series():
