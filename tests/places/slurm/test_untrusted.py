@@ -151,3 +151,14 @@ def test_an_accounting_record_with_impossible_numbers_is_refused_with_its_reason
     assert "job 4's accounting record ends" in unread[2] and "before it starts" in unread[2]
     assert "job 5's accounting record gives an elapsed time of 315360000 s, longer than its 60 s" in unread[3]
     assert all("left out of the GPU-hours" in u for u in unread)
+
+
+def test_a_cluster_name_too_long_for_the_stored_job_ids_is_refused_at_start():
+    from gpufinops.config import ConfigError
+    from gpufinops.places.slurm.jobs import subject_id
+
+    longest = "c" * 41
+    assert len(subject_id(longest, "67043328_4000000")) == 64  # fits the store's instance_id column
+    load_settings(slurm={"cluster": longest})
+    with pytest.raises(ConfigError, match=r"slurm.*cluster.*42 characters: at most 41"):
+        load_settings(slurm={"cluster": "c" * 42})
