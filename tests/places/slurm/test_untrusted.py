@@ -162,3 +162,22 @@ def test_a_cluster_name_too_long_for_the_stored_job_ids_is_refused_at_start():
     load_settings(slurm={"cluster": longest})
     with pytest.raises(ConfigError, match=r"slurm.*cluster.*42 characters: at most 41"):
         load_settings(slurm={"cluster": "c" * 42})
+
+
+@pytest.mark.parametrize("state, says, never", [
+    ("PENDING", "Slurm shows the job back in the queue", "does not come back"),
+    ("CANCELLED", "Slurm shows the job ended", "back in the queue"),
+    ("COMPLETING", "shows whether it went back to the queue or ended", "does not come back"),
+])
+def test_a_stop_settled_by_reconcile_tells_what_slurm_shows_never_submit_it_again_for_a_requeued_job(
+        state, says, never):
+    # After a restart reconcile settles the row without the rule (its action: STOP, the place's "ended").
+    from gpufinops.model import Decision, ReasonCode, Verdict
+    from gpufinops.notify import messages
+
+    inst = _cloud().as_instance(parse_job("c", _job(job_state=state)))
+    decision = Decision(inst.instance_id, "slurm-idle", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle",
+                        datetime(2026, 12, 7, 12, tzinfo=timezone.utc), action=Action.STOP)
+    notice = messages.stopped(inst, decision, at=datetime(2026, 12, 7, 12, tzinfo=timezone.utc), dry_run=False,
+                              action=Action.STOP)
+    assert says in str(notice) and never not in str(notice), str(notice)
