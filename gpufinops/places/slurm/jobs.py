@@ -173,6 +173,12 @@ def parse_job(cluster: str, j: Mapping[str, Any]) -> SlurmJob:
                 unread = unread or f"Slurm gives no usable GPU index for it ({detail!r})"
                 continue
             slots.extend(GpuSlot(node, n) for n in indexes)
+    if slots and len(details) < len(nodes):
+        # 22.05 gives one gres_detail entry per allocated node: fewer is a partial answer, and judging the GPUs it
+        # names would call a job idle on the GPUs of one node while those of another work.
+        unread = unread or (f"Slurm names the GPUs of {len(details)} of its {len(nodes)} nodes "
+                            "(gres_detail is partial)")
+        slots = []
     per_node = _gpus_per_node(str(j.get("tres_per_node") or ""))
     gpu_count = counted or per_node * max(len(nodes), 1 if per_node else 0)
     if gpu_count and not slots and not unread:

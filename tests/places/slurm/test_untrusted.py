@@ -181,3 +181,12 @@ def test_a_stop_settled_by_reconcile_tells_what_slurm_shows_never_submit_it_agai
     notice = messages.stopped(inst, decision, at=datetime(2026, 12, 7, 12, tzinfo=timezone.utc), dry_run=False,
                               action=Action.STOP)
     assert says in str(notice) and never not in str(notice), str(notice)
+
+
+def test_a_job_whose_gpus_slurm_names_on_only_some_of_its_nodes_is_unknown():
+    # Two nodes, one gres_detail entry: judging gpu07's GPUs alone could call the job idle while gpu08's work.
+    job = parse_job("c", _job(nodes="gpu[07-08]", gres_detail=["gpu:a100:2(IDX:0-1)"]))
+    assert job.gpus == () and "2 nodes" in job.gpus_unread
+    whole = parse_job("c", _job(nodes="gpu[07-08]", gres_detail=["gpu:a100:2(IDX:0-1)", "gpu:a100:2(IDX:2-3)"]))
+    assert [(g.node, g.index) for g in whole.gpus] == [("gpu07", 0), ("gpu07", 1), ("gpu08", 2), ("gpu08", 3)]
+    assert whole.gpus_unread == ""
