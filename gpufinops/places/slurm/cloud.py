@@ -170,8 +170,10 @@ class SlurmCloud:
         if TAG_MARKED in marks and marks.get(TAG_MARK_RUN) != run_of(job):
             # Slurm keeps a Comment across a requeue: a mark written on an earlier run is not this run's.
             del tags[TAG_MARKED]
+            # The run's value is the Comment's, which the job's user can write: clipped (it goes to the audit and
+            # the user's "cancelled" notice).
             tags[TAG_MARK_GONE_WHY] = (f"the job was requeued and started again since its warning (mark of the run "
-                                       f"started {marks.get(TAG_MARK_RUN, 'earlier')})")
+                                       f"started {marks.get(TAG_MARK_RUN, 'earlier')[:24]})")
         # A snooze is the user's: read from the Comment (a word they write), whichever field holds the mark.
         user_words = read_tags(job.comment)
         if TAG_SNOOZE in user_words:

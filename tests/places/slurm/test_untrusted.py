@@ -190,3 +190,12 @@ def test_a_job_whose_gpus_slurm_names_on_only_some_of_its_nodes_is_unknown():
     whole = parse_job("c", _job(nodes="gpu[07-08]", gres_detail=["gpu:a100:2(IDX:0-1)", "gpu:a100:2(IDX:2-3)"]))
     assert [(g.node, g.index) for g in whole.gpus] == [("gpu07", 0), ("gpu07", 1), ("gpu08", 2), ("gpu08", 3)]
     assert whole.gpus_unread == ""
+
+
+def test_a_users_long_word_in_the_comment_is_clipped_in_the_reason_it_lands_in():
+    from gpufinops.places.registry import TAG_MARK_GONE_WHY
+
+    inst = _cloud().as_instance(parse_job("c", _job(
+        comment=f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run={'9' * 50_000}")))
+    why = inst.tags[TAG_MARK_GONE_WHY]
+    assert "requeued and started again" in why and len(why) < 200
