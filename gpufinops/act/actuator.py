@@ -316,7 +316,9 @@ class Actuator:
             # A Slurm job's own change, the rule's (places.slurm.cloud.end_job): requeue, requeuehold or scancel.
             # A Slurm cluster (places.fleet.WithSlurm) is the only Cloud with jobs to end.
             def call(job: GpuInstance) -> None:
-                self.cloud.end_job(job, decision.action)
+                # Asked again after the grace signal's wait: a click or a CLI snooze during it wins as well.
+                self.cloud.end_job(job, decision.action,
+                                   lambda: self._changed_since_plan(inst, mark, rule, ctx.now)[0])
         elif kind == ActionKind.POWER_OFF:
             # An Azure VM's power-off, asked for by its rule (stop_blocker lets no other subject through): the VM
             # keeps its hardware, and its bill. The record says so (audit).

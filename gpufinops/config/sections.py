@@ -453,6 +453,10 @@ class HostsSettings(StrictModel):
 # docs/slurm.md. One mapping for one cluster, a list for several.
 
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# A cluster's name is in every subject id, `slurm:<cluster>/<jobid>`, which the store keeps in 64 characters
+# (PostgreSQL refuses a longer one: every tick would fail): 7 for "slurm:" and "/", 16 for the longest job id Slurm
+# gives (MaxJobId's 8 digits, "_", an array task's 7), 41 left.
+SLURM_CLUSTER_MAX = 41
 
 
 class SlurmClusterSettings(StrictModel):
@@ -469,6 +473,9 @@ class SlurmClusterSettings(StrictModel):
     def _cluster(cls, v: str) -> str:
         if not _SLURM_NAME.fullmatch(v):
             raise ValueError(f"{v!r} is not a Slurm ClusterName (letters, digits, '_', '.', '-'; 63 at most)")
+        if len(v) > SLURM_CLUSTER_MAX:
+            raise ValueError(f"{v[:20]!r}... is {len(v)} characters: at most {SLURM_CLUSTER_MAX}, as it is part of "
+                             f"every job's id `slurm:<cluster>/<jobid>` the store keeps in 64")
         return v
 
     @field_validator("conf", "email_map", "slack_users")

@@ -493,7 +493,15 @@ def stopped(
                                  "resumes from its last checkpoint if it wrote one).",
                  Action.HOLD: f"The job is back in the queue, held (`scontrol requeuehold`): `scontrol release {job}` "
                               "lets it run again.",
-                 }.get(action, "A cancelled job does not come back: submit it again when it is needed.")
+                 Action.CANCEL: "A cancelled job does not come back: submit it again when it is needed.",
+                 }.get(action)
+        if after is None:
+            # Settled by reconcile after a lost answer or a restart: the rule's action is not at hand, only what
+            # Slurm shows now; a requeued job must not be told to submit itself again.
+            after = (f"Slurm shows the job back in the queue: `squeue -j {job}` says whether it is held (then "
+                     f"`scontrol release {job}` lets it run again)." if inst.state == "stopped" else
+                     "Slurm shows the job ended: submit it again when it is needed." if inst.state == "terminated"
+                     else f"`squeue -j {job}` shows whether it went back to the queue or ended.")
     elif _is_workload(inst):
         after = (f"Bring it back with `gpufinops k8s restore {_restore_target(inst)}` (the replica count is kept in "
                  f"`{REPLICAS_BEFORE_ANNOTATION}`); annotate it `{DEFAULT_PROTECT_KEY}` = `true` to exclude it.")

@@ -353,9 +353,9 @@ class WithSlurm(RoutedCloud):
         workloads = getattr(self.cloud, "workloads", None)
         return workloads if isinstance(workloads, WorkloadCloud) else None
 
-    def end_job(self, inst: GpuInstance, action) -> None:
+    def end_job(self, inst: GpuInstance, action, recheck=None) -> None:
         """A Slurm job requeued, held or cancelled (act.Actuator alone calls it)."""
-        self._cluster_of(inst.instance_id).end_job(inst, action)
+        self._cluster_of(inst.instance_id).end_job(inst, action, recheck)
 
     def list_gpu_instances(self) -> list[GpuInstance]:
         parts = []

@@ -130,3 +130,79 @@ def test_a_job_requeued_by_someone_else_after_its_warning_is_not_acted_on(slurm_
     assert runner.count("scancel") == 0
     job = jobs.job(job_id)
     assert job["job_state"] == "RUNNING" and TAG_MARKED not in job["comment"]
+
+
+def test_a_lost_requeue_answer_with_the_job_suspended_meanwhile_is_not_settled_done(
+        slurm_acct, slurm_acct_jobs, slack_stub, tmp_path, monkeypatch, prometheus_factory):
+    """The requeue's answer is lost and, by the read-back, an admin had suspended the job instead: a SUSPENDED job
+    still holds its GPUs, so the requeue is not done (before: SUSPENDED read as "back in the queue": recorded done,
+    the mark removed and a "requeued" notice sent for a job that was not)."""
+    jobs = slurm_acct_jobs
+    job_id = jobs.submit_running("alice")
+    runner = FaultyRunner()
+    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="requeue")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    # The requeue never reaches slurmctld (the connection hangs, the command times out) and meanwhile an admin
+    # suspends the job: the read-back finds it SUSPENDED.
+    requeue = ["scontrol", "requeue", str(job_id)]
+
+    def suspended_and_timed_out(argv):
+        if argv == requeue:
+            slurm_acct.run("scontrol", "suspend", str(job_id))
+            jobs.wait_state(job_id, "SUSPENDED")
+            raise subprocess.TimeoutExpired(argv, 20)
+        return False
+    runner.refuse = suspended_and_timed_out
+    try:
+        report = g.tick(27)
+        stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+        assert [a.kind for a in stop] == [ActionKind.STOP] and not stop[0].ok, stop
+        rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+        assert [r.status for r in rows] == ["unconfirmed"], rows
+        assert jobs.state(job_id) == "SUSPENDED" and TAG_MARKED in jobs.job(job_id)["comment"]
+        assert not [p for p in slack_stub.posted() if "Requeued idle GPU job" in p.get("text", "")]
+        assert runner.count("scontrol", "requeue") == 1
+    finally:
+        slurm_acct.run("scontrol", "resume", str(job_id), check=False)
+
+
+def test_a_cli_snooze_during_the_grace_wait_wins_over_the_cancel(slurm_acct, slurm_acct_jobs, slack_stub, tmp_path,
+                                                                   monkeypatch, prometheus_factory):
+    """`gpufinops slurm snooze` recorded while the job has its grace signal and the service waits grace_s: the
+    cancel is not sent (before: the snooze was only read at the next tick, after the scancel)."""
+    from gpufinops.notify import interact
+    from tests.places.slurm.fleet import trapping
+
+    jobs = slurm_acct_jobs
+    flag = slurm_acct.root / "jobs" / "grace-snooze-usr1"
+    flag.unlink(missing_ok=True)
+    job_id = jobs.submit_running("alice", script=trapping(flag), args=("--no-requeue",))
+    runner = FaultyRunner()
+    g = GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=1, action="cancel")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    cluster = g.cloud.clusters[slurm_acct.name]
+    real_sleep = cluster.sleep
+
+    def snoozed_during_grace(seconds):
+        until = (g.now + __import__("datetime").timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        interact.keep_request(g.store, interact.SnoozeRequest(
+            instance_id=g.sid(job_id), until=until, user_id="", user_name="alice",
+            action_id=interact.CLI_SNOOZE_ACTION, channel_id="", message_ts="", requested_at=g.now.isoformat()))
+        real_sleep(seconds)
+    cluster.sleep = snoozed_during_grace
+    report = g.tick(27)
+    stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+    assert [a.kind for a in stop] == [ActionKind.STOP] and not stop[0].ok, stop
+    assert "a person asked to snooze it" in stop[0].error and "grace" in stop[0].error
+    assert flag.exists(), "the grace signal was sent"
+    assert runner.count("scancel", str(job_id)) == 0
+    assert jobs.state(job_id) == "RUNNING"
+    # The next tick honours the snooze: the mark is withdrawn, the job keeps running.
+    cluster.sleep = real_sleep
+    later = g.tick(28)
+    assert ActionKind.STOP not in _kinds(later, g.sid(job_id))
+    assert jobs.state(job_id) == "RUNNING" and runner.count("scancel", str(job_id)) == 0

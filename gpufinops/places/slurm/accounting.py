@@ -32,6 +32,9 @@ from .jobs import subject_id
 
 # usd_per_gpu_hour's key for every partition not named.
 ANY_PARTITION = "*"
+# More GPUs than one job has ever held on any cluster: a count above it is a garbled record (Slurm's NO_VAL is
+# 4294967294), refused with its reason rather than charged as a six-figure bill.
+MAX_GPUS_PER_RUN = 100_000
 
 
 @dataclass(frozen=True)
@@ -158,12 +161,31 @@ def parse_sacct(doc: Mapping[str, Any], cluster: str) -> tuple[list[SlurmRun], l
             unread.append(f"slurm {cluster}: job {job_id}'s accounting record has no readable "
                           f"{'GPU count' if gpus is None else 'start, end or elapsed time'}: left out of the GPU-hours")
             continue
+        absurd = _absurd(gpus, start, end, elapsed)
+        if absurd:
+            unread.append(f"slurm {cluster}: job {job_id}'s accounting record {absurd}: left out of the GPU-hours")
+            continue
         runs.append(SlurmRun(
             cluster=cluster, job_id=job_id, display_id=_display_id(j, job_id), name=_text(j.get("name")),
             user=_text(j.get("user")), account=_text(j.get("account")), partition=_text(j.get("partition")),
             qos=_text(j.get("qos")), state=_text(state.get("current")) or "?", gpus=gpus, gpu_type=gpu_type,
             start=_at(start), end=_at(end) if end > 0 else None, elapsed_s=elapsed))
     return runs, unread
+
+
+def _absurd(gpus: int, start: int, end: int, elapsed: int) -> str:
+    """Why a record's numbers cannot be charged, in words ("" when they can): a negative or impossible GPU count,
+    a start before 1970 or after its end, a run time longer than its start to end (elapsed excludes suspended
+    time, so it is never longer)."""
+    if gpus < 0 or gpus > MAX_GPUS_PER_RUN:
+        return f"gives {gpus} GPUs (not a count one job can hold)"
+    if start < 0:
+        return f"gives start {start} (not a time)"
+    if end > 0 and end < start:
+        return f"ends ({_at(end):%Y-%m-%d %H:%M:%S} UTC) before it starts ({_at(start):%Y-%m-%d %H:%M:%S} UTC)"
+    if end > 0 and elapsed > end - start:
+        return f"gives an elapsed time of {elapsed} s, longer than its {end - start} s from start to end"
+    return ""
 
 
 def _sacct_time(dt: datetime) -> str:

@@ -43,9 +43,14 @@ TAG_JOB_NAME, TAG_INTERACTIVE = "slurm:job-name", "slurm:interactive"
 _GRES_TYPE = re.compile(r"(?:^|,)gpu:([^:(),]+):\d+\(")
 
 # Job states (squeue's job_state) as the act stage reads an instance's: running, "stopped" (back in the queue:
-# requeued, held) or "terminated" (ended: cancelled, completed, failed, timed out...).
+# requeued, held), "terminated" (ended: cancelled, completed, failed, timed out...), "suspended" (SUSPENDED, or
+# STOPPED by SIGSTOP: it still holds its GPUs, so a requeue or cancel is not done by it) or "unknown" (a state this
+# code does not know: never read as ended, so a lost answer is never settled "done" on it).
 NEVER_STARTED = datetime.min.replace(tzinfo=timezone.utc)
-QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "STOPPED"})
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD"})
+SUSPENDED_STATES = frozenset({"SUSPENDED", "STOPPED"})
+ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                          "DEADLINE", "OUT_OF_MEMORY", "REVOKED"})
 
 
 class SlurmActionRefused(RuntimeError):
@@ -67,7 +72,9 @@ def instance_state(job: SlurmJob) -> str:
         return "stopping"
     if job.state in QUEUED_STATES:
         return "stopped"
-    return "terminated"
+    if job.state in SUSPENDED_STATES:
+        return "suspended"
+    return "terminated" if job.state in ENDED_STATES else "unknown"
 
 
 def run_of(job: SlurmJob) -> str:
@@ -163,8 +170,10 @@ class SlurmCloud:
         if TAG_MARKED in marks and marks.get(TAG_MARK_RUN) != run_of(job):
             # Slurm keeps a Comment across a requeue: a mark written on an earlier run is not this run's.
             del tags[TAG_MARKED]
+            # The run's value is the Comment's, which the job's user can write: clipped (it goes to the audit and
+            # the user's "cancelled" notice).
             tags[TAG_MARK_GONE_WHY] = (f"the job was requeued and started again since its warning (mark of the run "
-                                       f"started {marks.get(TAG_MARK_RUN, 'earlier')})")
+                                       f"started {marks.get(TAG_MARK_RUN, 'earlier')[:24]})")
         # A snooze is the user's: read from the Comment (a word they write), whichever field holds the mark.
         user_words = read_tags(job.comment)
         if TAG_SNOOZE in user_words:
@@ -251,10 +260,12 @@ class SlurmCloud:
     def terminate(self, inst: GpuInstance) -> None:
         raise SlurmActionRefused(f"{inst.instance_id}: a Slurm job is cancelled, never terminated")
 
-    def end_job(self, inst: GpuInstance, action: Action) -> None:
+    def end_job(self, inst: GpuInstance, action: Action, recheck: Callable[[], str] | None = None) -> None:
         """Requeue, hold (`scontrol requeuehold`) or cancel the job: ONE command. A cancel or requeue first sends
         the grace signal to the batch shell and waits `grace_s`; then the job is read again and the change made
-        only while it still runs the same start with the same mark (else SlurmActionRefused: nothing done)."""
+        only while it still runs the same start, GPUs and mark (else SlurmActionRefused: nothing done).
+        `recheck` (the actuator's own last check: a Slack click or `gpufinops slurm snooze` recorded meanwhile, a
+        protect, ...) is asked again after the grace wait: a person's word given during it wins too."""
         job = self.job_of(inst)
         if action in (Action.REQUEUE, Action.CANCEL) and self.settings.grace_signal and job.batch:
             self.commands.signal_batch(job.job_id, self.settings.grace_signal)
@@ -262,12 +273,20 @@ class SlurmCloud:
                      action.value, self.settings.grace_s)
             if self.settings.grace_s:
                 self.sleep(self.settings.grace_s)
+            changed = recheck() if recheck is not None else ""
+            if changed:
+                raise SlurmActionRefused(f"{inst.instance_id}: not {action.value}d: {changed} during the "
+                                         f"{self.settings.grace_s:g} s grace")
             job = self.job_of(inst)
         fresh = self.as_instance(job)
         if fresh.state != "running":
             raise SlurmActionRefused(f"{inst.instance_id}: the job is {job.state.lower()} now, not running")
         if fresh.launch_time != inst.launch_time:
             raise SlurmActionRefused(f"{inst.instance_id}: the job was started again since")
+        if fresh.gpu_count != inst.gpu_count:
+            # Resized (its user gave GPUs back, or its nodes changed): the verdict was of GPUs it holds no more.
+            raise SlurmActionRefused(f"{inst.instance_id}: the job now holds {fresh.gpu_count} GPUs, not the "
+                                     f"{inst.gpu_count} judged idle")
         if fresh.tags.get(TAG_MARKED) != inst.tags.get(TAG_MARKED):
             raise SlurmActionRefused(f"{inst.instance_id}: its mark {TAG_MARKED} was removed or changed")
         if TAG_SNOOZE in fresh.tags and fresh.tags.get(TAG_SNOOZE) != inst.tags.get(TAG_SNOOZE):

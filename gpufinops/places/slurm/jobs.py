@@ -128,6 +128,13 @@ def _gpus_per_node(tres_per_node: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _flag(value: Any) -> bool:
+    """A yes/no field of squeue's JSON: true only when Slurm says so as JSON true (or 1). Anything else (missing, a
+    string "false", garbled) is false, the safe side for both flags read with it: not requeueable (notify only
+    under a requeue rule) and not batch (interactive: notify only)."""
+    return value is True or (type(value) is int and value == 1)
+
+
 def _when(epoch: Any) -> datetime | None:
     if isinstance(epoch, (int, float)) and epoch > 0:
         return datetime.fromtimestamp(int(epoch), tz=timezone.utc)
@@ -166,18 +173,29 @@ def parse_job(cluster: str, j: Mapping[str, Any]) -> SlurmJob:
                 unread = unread or f"Slurm gives no usable GPU index for it ({detail!r})"
                 continue
             slots.extend(GpuSlot(node, n) for n in indexes)
+    if slots and len(details) < len(nodes):
+        # 22.05 gives one gres_detail entry per allocated node: fewer is a partial answer, and judging the GPUs it
+        # names would call a job idle on the GPUs of one node while those of another work.
+        unread = unread or (f"Slurm names the GPUs of {len(details)} of its {len(nodes)} nodes "
+                            "(gres_detail is partial)")
+        slots = []
     per_node = _gpus_per_node(str(j.get("tres_per_node") or ""))
     gpu_count = counted or per_node * max(len(nodes), 1 if per_node else 0)
     if gpu_count and not slots and not unread:
         unread = "Slurm shows GPUs allocated but no GPU index (no gres_detail)"
     limit = j.get("time_limit")
+    state = str(j.get("job_state") or "UNKNOWN").upper()
+    start_time = _when(j.get("start_time"))
+    if gpu_count and state == "RUNNING" and start_time is None and not unread:
+        # Without its start the job's own life is not known: a window could reach back into the GPU's previous job.
+        unread = "Slurm shows no start time for the running job: its own life cannot be told apart"
     return SlurmJob(
         cluster=cluster, job_id=str(job_id), display_id=_display_id(j, str(job_id)),
         name=str(j.get("name") or ""), user=str(j.get("user_name") or ""), account=str(j.get("account") or ""),
         partition=str(j.get("partition") or ""), qos=str(j.get("qos") or ""),
-        state=str(j.get("job_state") or "UNKNOWN").upper(), batch=bool(j.get("batch_flag")),
-        requeueable=bool(j.get("requeue")), restarts=int(j.get("restart_cnt") or 0),
-        start_time=_when(j.get("start_time")),
+        state=state, batch=_flag(j.get("batch_flag")),
+        requeueable=_flag(j.get("requeue")), restarts=int(j.get("restart_cnt") or 0),
+        start_time=start_time,
         time_limit_min=limit if isinstance(limit, int) and 0 < limit < 0xFFFFFFFE else None,
         nodes=nodes, gpus=tuple(slots), gpu_count=gpu_count,
         comment=str(j.get("comment") or ""), admin_comment=str(j.get("admin_comment") or ""),

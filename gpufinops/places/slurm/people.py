@@ -27,18 +27,27 @@ class PeopleMapError(ConfigError):
 
 def read_map(path: str | Path, what: str, valid: re.Pattern) -> dict[str, str]:
     out: dict[str, str] = {}
+    first_line: dict[str, int] = {}
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_bytes().splitlines()
     except OSError as exc:
         raise PeopleMapError(f"{path}: cannot read the Slurm {what} map: {exc.strerror}") from None
-    for n, line in enumerate(lines, 1):
-        body = line.split("#", 1)[0].strip()
+    for n, raw in enumerate(lines, 1):
+        try:  # a comment is not read: only the line's body must be UTF-8
+            body = raw.split(b"#", 1)[0].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise PeopleMapError(f"{path}:{n}: not UTF-8 text (the Slurm {what} map is read as UTF-8)") from None
         if not body:
             continue
         parts = body.split()
         if len(parts) != 2 or not valid.fullmatch(parts[1]):
             raise PeopleMapError(f"{path}:{n}: expected `<slurm user> <{what}>`, got {body[:80]!r}")
+        if parts[0] in out and out[parts[0]] != parts[1]:
+            # Two answers for one user: which one the warning went to would depend on line order.
+            raise PeopleMapError(f"{path}:{n}: user {parts[0][:40]!r} is already given {out[parts[0]]!r} on line "
+                                 f"{first_line[parts[0]]}")
         out[parts[0]] = parts[1]
+        first_line.setdefault(parts[0], n)
     return out
 
 

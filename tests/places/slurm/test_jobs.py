@@ -33,7 +33,7 @@ def test_a_real_capture_reads_every_job_with_its_gpu_indexes():
 ])
 def test_gpu_indexes_per_node_and_what_cannot_be_read(detail, nodes, want, unread):
     job = parse_job("c", {"job_id": 7, "job_state": "RUNNING", "nodes": nodes, "gres_detail": detail,
-                          "tres_per_node": "gres:gpu:1"})
+                          "tres_per_node": "gres:gpu:1", "start_time": 1796600000})
     assert [(g.node, g.index) for g in job.gpus] == want
     assert bool(job.gpus_unread) is unread
 
