@@ -48,6 +48,8 @@ def test_rules_check_loads_its_own_command_only():
     assert not HEAVY & modules, sorted(HEAVY & modules)
     assert modules & CLI_MODULES == {"gpufinops.cli.core"}
     assert "gpufinops.agent.autostop.cli" not in modules  # the agent's flags: `agent`'s parser only
+    # What a rule must select is read from places.registry, which needs k8s.tags' names, not k8s.model's types.
+    assert "gpufinops.k8s.tags" in modules and "gpufinops.k8s.model" not in modules
 
 
 @pytest.mark.parametrize("argv, own", [
