@@ -10,7 +10,8 @@ rules/ and reports/ folders), `values` (StrictModel and the validated value type
 addresses, destinations, URLs, prices, GPU names), `secrets` (SecretRef, the blank-secret rule, bounded secret
 files), `sections` (the service's and the places' sections), `capabilities` (billing, recommend, report, store).
 Every name callers use is handed on from here: `from gpufinops.config import X` is the one way in.
-May import: model; prices.catalog inside `values.known_gpu` only (the catalog's GPU name rules, a leaf that imports
+May import: model and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
+needs no model type, `costs`, does not load them); prices.catalog inside `values.known_gpu` only (the catalog's GPU name rules, a leaf that imports
 nothing of ours). Within the package, one way down: loading imports none of them; values imports loading;
 secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this file all of them, and
 none of them imports this file.

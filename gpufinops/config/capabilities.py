@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from ..model import FALSE_STOP_WITHIN_S
+from ..break_even import FALSE_STOP_WITHIN_S
 from .loading import DEFAULT_RULES_DIR, printable
 from .values import _FAMILY, _S3_URI, AwsRegion, Name, SlackChannel, StrictModel, defaults_of, slack_channel
 

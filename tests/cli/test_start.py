@@ -78,8 +78,9 @@ def test_a_file_total_loads_duckdb_and_nothing_of_the_other_commands(tmp_path):
     assert modules & CLI_MODULES == {"gpufinops.cli.billing", "gpufinops.cli.k8s"}
     # No config file: no YAML read, so none imported; the cluster's cost model is `--by namespace`'s only.
     assert "yaml" not in modules and "gpufinops.k8s.model" not in modules
-    # Nor any validator built: the defaults are valid as written (pydantic's plugin lookup loads with the first).
-    assert "pydantic.plugin._loader" not in modules
+    # Nor any validator built: the defaults are valid as written (pydantic's plugin lookup loads with the first);
+    # nor model's types: the settings take the false-stop figure from break_even, a leaf.
+    assert "pydantic.plugin._loader" not in modules and "gpufinops.model" not in modules
 
 
 SETTINGS_BUILT = """
