@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, destination, format_validation_error, line_of,
-                     not_a_regular_file, parse_yaml_tree, printable, read_text, slack_channel)
+from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, defaults_of, destination, format_validation_error,
+                     line_of, not_a_regular_file, parse_yaml_tree, printable, read_text, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_subjects
 
@@ -118,7 +118,7 @@ class _SelectorModel(StrictModel):
 class _RuleModel(StrictModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str = ""
-    select: _SelectorModel = Field(default_factory=_SelectorModel)
+    select: _SelectorModel = Field(default_factory=defaults_of(_SelectorModel))  # no validator built for a default
     metric: Literal["gpu_activity"] = "gpu_activity"
     threshold_pct: float = Field(gt=0, le=100)
     window: int

@@ -274,3 +274,12 @@ def test_a_rule_begins_on_its_line_with_merge_keys_and_anchors(tmp_path):
     p = write(tmp_path, "rules:\n  - &one\n    name: a\n    threshold_pct: 10\n    window: 2h\n"
                         "  - <<: *one\n    name: b\n")
     assert [r.source for r in load_rules([p])] == [f"{p}:2", f"{p}:6"]
+
+
+def test_a_rule_without_select_selects_what_an_empty_select_validated_selects(tmp_path):
+    from gpufinops.rules import _RuleModel, _SelectorModel
+
+    default = _RuleModel.model_fields["select"].default_factory()  # set without building a validator
+    assert (default, default.model_fields_set) == (_SelectorModel.model_validate({}), set())
+    (rule,) = load_rules([write(tmp_path, "rules:\n  - {name: a, threshold_pct: 10, window: 2h}\n")])
+    assert rule.selector == _SelectorModel.model_validate({}).to_selector()
