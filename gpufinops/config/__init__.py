@@ -10,10 +10,10 @@ rules/ and reports/ folders), `values` (StrictModel and the validated value type
 addresses, destinations, URLs, prices, GPU names), `secrets` (SecretRef, the blank-secret rule, bounded secret
 files), `sections` (the service's and the places' sections), `capabilities` (billing, recommend, report, store).
 Every name callers use is handed on from here: `from gpufinops.config import X` is the one way in.
-May import: model and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
-needs no model type, `costs`, does not load them); prices.catalog inside `values.known_gpu` only (the catalog's GPU name rules, a leaf that imports
-nothing of ours). Within the package, one way down: loading imports none of them; values imports loading;
-secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this file all of them, and
+May import: model, and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
+needs no model type, `costs`, loads none); prices.catalog inside `values.known_gpu` only (the catalog's GPU name
+rules, a leaf that imports nothing of ours). Within the package, one way down: loading imports none of them; values
+imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this file all of them, and
 none of them imports this file.
 Never imports anything else of gpufinops (every floor above reads the settings; the settings read none of it).
 """
@@ -31,7 +31,8 @@ from .capabilities import (AthenaSettings, BillingSettings, CeSettings, Commitme
                            TagKeys)
 from .loading import (DEFAULT_RULES_DIR, MAX_TEXT_FILE_BYTES, PACKAGE_DIR, REPORTS_DIR, ConfigError, compose_yaml,
                       decode_text, format_validation_error, line_of, load_yaml, not_a_regular_file, not_utf8_error,
-                      parse_yaml, parse_yaml_tree, printable, read_text, shipped_dir, text_problem, unsafe_text_locations)
+                      parse_yaml, parse_yaml_tree, printable, read_text, shipped_dir, text_problem,
+                      unsafe_text_locations)
 from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
 from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, AzureSettings, EmailSettings,
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
@@ -58,7 +59,8 @@ __all__ = [
     "aws_region", "backoff_in_order", "blank_secrets", "defaults_of", "compose_yaml", "decode_text", "destination",
     "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
     "settings_validator", "validated_settings",
-    "not_a_regular_file", "not_utf8_error", "parse_yaml", "parse_yaml_tree", "printable", "prometheus_label", "read_text",
+    "not_a_regular_file", "not_utf8_error", "parse_yaml", "parse_yaml_tree", "printable", "prometheus_label",
+    "read_text",
     "secret_refs", "shipped_dir", "slack_channel", "text_problem", "unsafe_text_locations", "usd_only", "usd_price",
 ]
 
@@ -127,6 +129,7 @@ class Settings(StrictModel):
                              "and at least one address in email.finance")
         return self
 
+
 @functools.lru_cache(maxsize=64)
 def settings_validator(given: frozenset[str]) -> type[Settings]:
     """The model that validates a document holding the keys `given`: Settings, but each key the document leaves
@@ -140,7 +143,7 @@ def settings_validator(given: frozenset[str]) -> type[Settings]:
 
 def validated_settings(data: dict[str, Any]) -> Settings:
     """Settings.model_validate(data), paying only for what `data` holds: its sections' validators are built, the
-    others' never (building all of them was a fifth of `rules check`'s start, BENCHMARKS.md), and a document with
+    others' never (building all of them was about 20 ms of every command's start, BENCHMARKS.md), and a document with
     nothing in it is the defaults, valid as written (values.defaults_of), with no validator at all: building the
     first one loads pydantic's plugin lookup (importlib.metadata). tests/test_config_fuzz.py holds it equal to
     Settings' own validator on every document it draws: the same settings, or the same errors."""

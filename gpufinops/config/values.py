@@ -29,9 +29,9 @@ class StrictModel(BaseModel):
 def defaults_of(model: type[StrictModel]) -> Callable[[], StrictModel]:
     """The default_factory of a section (`Field(default_factory=defaults_of(AwsSettings))`): the section with its
     class's defaults, set without running its validator. Pydantic never validates a default (validate_default is
-    off) and each section's defaults pass its own checks (tests/config: every section's `defaults_of` equals the
-    section validated from nothing), so the value is the same as `AwsSettings()`; but a file that leaves the
-    section out (or no file) builds no validator for it: building them was a fifth of a command's start."""
+    off) and each section's defaults pass its own checks (tests/test_config_sections.py: every default equals the
+    section validated from nothing), so the value is the same as `AwsSettings()`; but a file that leaves the section
+    out (or no file) builds no validator for it (config.validated_settings)."""
     return lambda: model.model_construct()
 
 
