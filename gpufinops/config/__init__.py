@@ -13,8 +13,8 @@ Every name callers use is handed on from here: `from gpufinops.config import X` 
 May import: model, and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
 needs no model type, `costs`, loads none); prices.catalog inside `values.known_gpu` only (the catalog's GPU name
 rules, a leaf that imports nothing of ours). Within the package, one way down: loading imports none of them; values
-imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this file all of them, and
-none of them imports this file.
+imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this
+file all of them, and none of them imports this file.
 Never imports anything else of gpufinops (every floor above reads the settings; the settings read none of it).
 """
 
