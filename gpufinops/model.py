@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Mapping, Protocol, Sequence
 
+from . import break_even as _break_even
+
 # Tag names the service reads and writes on instances.
 TAG_PROTECT = "gpufinops:protect"
 TAG_MARKED = "gpufinops:marked-for-stop"
@@ -113,16 +115,11 @@ SENTINEL_THRESHOLD = 1e9
 # More compute processes than this on one GPU (or MIG instance) in a count read is not a measurement.
 MAX_PROCESSES_PER_GPU = 10_000
 
-# A stop undone within this long (demand back, instance restarted) is a false stop: it cost more than
-# it saved, the break-even of a stop. The backtest, the demo and the monthly report
-# count false stops against this one figure; their settings default to it.
-FALSE_STOP_WITHIN_S = 1800
-# What a false stop costs a person on top of the restart (lost work, a wait, a ticket), in GPU-hours: the c of
-# every policy score, net GPU-h - c x false stops (backtest --false-stop-cost, the demo's summary).
-FALSE_STOP_COST_H = 2.0
-# Paid, unproductive time of a restart (boot, model load, warm-up), in seconds: the backtest's restart_cost_s
-# default, the demo's and the monthly report's, so that all three count net savings alike.
-RESTART_COST_S = 600.0
+# When a stop pays (break_even, a leaf the settings read without these types): a stop undone within
+# FALSE_STOP_WITHIN_S is a false stop, which costs FALSE_STOP_COST_H GPU-hours on top of a restart's RESTART_COST_S.
+FALSE_STOP_WITHIN_S = _break_even.FALSE_STOP_WITHIN_S
+FALSE_STOP_COST_H = _break_even.FALSE_STOP_COST_H
+RESTART_COST_S = _break_even.RESTART_COST_S
 
 
 class Verdict(str, enum.Enum):

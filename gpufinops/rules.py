@@ -11,14 +11,17 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, destination, format_validation_error, line_of,
-                     load_yaml, not_a_regular_file, printable, slack_channel)
+from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, defaults_of, destination, format_validation_error,
+                     line_of, not_a_regular_file, parse_yaml_tree, printable, read_text, slack_channel)
 from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_caveats, rule_subjects
+
+if TYPE_CHECKING:
+    import yaml
 
 log = logging.getLogger("gpufinops.rules")
 # (file, rule name) whose deprecated `slack_channel` was already warned of: the service re-reads its rules every tick,
@@ -115,7 +118,7 @@ class _SelectorModel(StrictModel):
 class _RuleModel(StrictModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str = ""
-    select: _SelectorModel = Field(default_factory=_SelectorModel)
+    select: _SelectorModel = Field(default_factory=defaults_of(_SelectorModel))  # no validator built for a default
     metric: Literal["gpu_activity"] = "gpu_activity"
     threshold_pct: float = Field(gt=0, le=100)
     window: int
@@ -201,11 +204,11 @@ class _RuleFile(StrictModel):
     rules: list[_RuleModel]
 
 
-def _rule_line(text: str, index: int) -> int | None:
+def _rule_line(root: yaml.Node | None, index: int) -> int | None:
+    """The line where rule `index` of a rule file begins (`root`: the file's compose_yaml())."""
     import yaml
 
     try:
-        root = yaml.compose(text)
         for k, v in root.value:
             if k.value == "rules" and isinstance(v, yaml.SequenceNode) and index < len(v.value):
                 return v.value[index].start_mark.line + 1
@@ -215,7 +218,8 @@ def _rule_line(text: str, index: int) -> int | None:
 
 
 def load_rule_file(path: str | Path) -> list[Rule]:
-    raw, text = load_yaml(path)
+    text = read_text(Path(path))
+    raw, root = parse_yaml_tree(Path(path), text)  # the rules and, from the same reading, their lines
     if raw is None:
         raise ConfigError(f"{path}: empty rule file (expected 'rules: [...]')")
     try:
@@ -224,10 +228,10 @@ def load_rule_file(path: str | Path) -> list[Rule]:
         raise ConfigError(format_validation_error(str(path), text, exc)) from None
     out = []
     for i, r in enumerate(parsed.rules):
-        line = _rule_line(text, i)
+        line = _rule_line(root, i)
         if r.slack_channel is not None and (str(path), r.name) not in _DEPRECATION_SAID:
             _DEPRECATION_SAID.add((str(path), r.name))
-            at = line_of(str(path), ("rules", i, "slack_channel"), text) or line
+            at = (line_of(str(path), ("rules", i, "slack_channel"), text, root) if root is not None else None) or line
             log.warning("%s: key 'rules.%d.slack_channel' is deprecated: write notify_to: [%s] instead",
                         f"{path}:{at}" if at else path, i,
                         r.destinations()[0] if r.slack_channel else "")

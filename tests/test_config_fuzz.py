@@ -21,6 +21,7 @@ import types
 import typing
 import unicodedata
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlsplit
 
 import pytest
@@ -241,11 +242,25 @@ def folder(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("config-fuzz")
 
 
+def loaded(path: Path) -> tuple | str:
+    """What load_settings makes of a file: the settings with the keys each section was given, or the error."""
+    try:
+        s = load_settings(path)
+    except ConfigError as exc:
+        return str(exc)
+    return s, s.model_dump(exclude_unset=True)
+
+
 @FUZZ
 @given(doc=CONFIG)
 def test_every_section_loads_into_sense_or_names_the_key(folder, doc):
     path = folder / "gpufinops.yaml"
     path.write_text(yaml.safe_dump(doc, allow_unicode=False), encoding="utf-8")
+    # The settings are validated from what the file holds (config.validated_settings): the same settings, or the
+    # same errors, as Settings' own validator, every section built, gives.
+    with mock.patch("gpufinops.config.validated_settings", Settings.model_validate):
+        whole = loaded(path)
+    assert loaded(path) == whole
     try:
         s = load_settings(path)
         billing_settings(s)

@@ -20,6 +20,7 @@ from gpufinops.config import (
     SecretRef,
     Settings,
     StrictModel,
+    defaults_of,
     load_settings,
     secret_refs,
 )
@@ -109,6 +110,47 @@ def test_one_strict_base_for_every_settings_and_budget_model():
     for model in (Settings, BillingSettings, RecommendSettings, ReportSettings, BudgetFile):
         assert issubclass(model, StrictModel), model
         assert model.model_config["extra"] == "forbid" and model.model_config["allow_inf_nan"] is False
+
+
+def settings_models(model: type = Settings, seen: set | None = None) -> set[type]:
+    """Every model of the settings tree: Settings, its sections and theirs (optional, listed and mapped ones too)."""
+    import typing
+
+    seen = set() if seen is None else seen
+    seen.add(model)
+    for f in model.model_fields.values():
+        todo = [f.annotation]
+        while todo:
+            t = todo.pop()
+            if isinstance(t, type) and issubclass(t, StrictModel) and t not in seen:
+                settings_models(t, seen)
+            todo.extend(typing.get_args(t))
+    return seen
+
+
+def test_every_default_set_without_its_validator_is_what_validating_it_gives():
+    """A section's default is set without its validator (defaults_of, env_secret: no validator is built for a
+    section the file leaves out); each is the value and the keys set that validating it gives, its checks
+    passed."""
+    models = settings_models()
+    assert {BillingSettings, RecommendSettings, ReportSettings, SecretRef} <= models and len(models) > 25
+    checked = 0
+    for model in models:
+        for name, f in model.model_fields.items():
+            value = f.default_factory() if f.default_factory else f.default
+            if isinstance(value, StrictModel):
+                validated = type(value).model_validate(value.model_dump(exclude_unset=True))
+                assert (value, value.model_fields_set) == (validated, validated.model_fields_set), (model, name)
+                checked += 1
+    assert checked >= 25
+    assert defaults_of(BillingSettings)() == BillingSettings.model_validate({})
+
+
+def test_no_file_is_the_defaults_as_settings_validator_gives_them(monkeypatch):
+    for _, ref in secret_refs(Settings()):
+        monkeypatch.delenv(ref.env, raising=False)
+    plain = load_settings()
+    assert (plain, plain.model_fields_set) == (Settings.model_validate({"source_path": ""}), {"source_path"})
 
 
 def test_every_false_stop_threshold_defaults_to_the_one_constant():

@@ -263,3 +263,63 @@ def test_every_notice_of_a_power_off_says_billing_continues_and_names_no_saving(
     stop = messages.stopped(vm, Decision(vm.instance_id, "r", Verdict.IDLE, ReasonCode.IDLE_STAYS_BELOW, "idle", t0,
                                          Action.STOP, hourly_cost=3.67), at=t0, dry_run=False, action=Action.STOP)
     assert "Deallocated" in stop.text and "Saves" in stop.text and said not in stop.text
+
+
+# --------------------------------------------------------------------------- one reading of a file: data and lines
+
+def node_lines(node, seen=None) -> tuple:
+    """A YAML node tree as (kind, tag, line, value...): what line_of and a rule's source read from it."""
+    import yaml
+
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias: the anchored node again
+        return ("alias", node.start_mark.line)
+    seen.add(id(node))
+    head = (type(node).__name__, node.tag, node.start_mark.line, node.start_mark.column)
+    if isinstance(node, yaml.ScalarNode):
+        return (*head, node.value)
+    if isinstance(node, yaml.SequenceNode):
+        return (*head, *(node_lines(n, seen) for n in node.value))
+    return (*head, *((node_lines(k, seen), node_lines(v, seen)) for k, v in node.value))
+
+
+@pytest.mark.parametrize("text", [
+    "rules:\n  - name: a\n    threshold_pct: 10\n",
+    "base: &b {threshold_pct: 10, window: 2h}\nrules:\n  - <<: *b\n    name: a\n  - {<<: *b, name: b}\n",
+    "<<: {rules: [{name: merged}]}\nother: 1\n",
+    "a: &x [1, *x]\n",  # a recursive list
+    "when: 2024-09-01\nn: 0x1F\nf: .nan\nnull: ~\n",
+    "# only a comment\n", "", "---\n...\n",
+])
+def test_a_file_is_read_once_for_its_data_and_its_lines_as_two_readings_give_them(text):
+    """parse_yaml_tree reads a document once for its data and its node tree (a rule's line, line_of's lines): the
+    data yaml.safe_load gives and the lines of yaml.compose, merge keys (which the constructor rewrites) too."""
+    import yaml
+
+    from gpufinops.config import parse_yaml_tree
+
+    data, root = parse_yaml_tree("f.yaml", text)
+    assert repr(data) == repr(yaml.safe_load(text))
+    fresh = yaml.compose(text)
+    assert (root is None) == (fresh is None)
+    if fresh is not None:
+        assert node_lines(root) == node_lines(fresh)
+
+
+def test_a_rule_begins_on_its_line_with_merge_keys_and_anchors(tmp_path):
+    p = write(tmp_path, "base: &b {threshold_pct: 10, window: 2h}\nrules:\n  - <<: *b\n    name: a\n\n"
+                        "  - {<<: *b, name: b}\n")
+    with pytest.raises(ConfigError, match=r"key 'base': Extra inputs"):
+        load_rules([p])
+    p = write(tmp_path, "rules:\n  - &one\n    name: a\n    threshold_pct: 10\n    window: 2h\n"
+                        "  - <<: *one\n    name: b\n")
+    assert [r.source for r in load_rules([p])] == [f"{p}:2", f"{p}:6"]
+
+
+def test_a_rule_without_select_selects_what_an_empty_select_validated_selects(tmp_path):
+    from gpufinops.rules import _RuleModel, _SelectorModel
+
+    default = _RuleModel.model_fields["select"].default_factory()  # set without building a validator
+    assert (default, default.model_fields_set) == (_SelectorModel.model_validate({}), set())
+    (rule,) = load_rules([write(tmp_path, "rules:\n  - {name: a, threshold_pct: 10, window: 2h}\n")])
+    assert rule.selector == _SelectorModel.model_validate({}).to_selector()

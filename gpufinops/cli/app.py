@@ -169,11 +169,11 @@ def refuse_lost_values(parser: argparse.ArgumentParser, args: argparse.Namespace
 def parse_with_suggestions(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """`parser.parse_args`, but an unknown flag is refused by the subcommand that was given it, with its usage
     and the nearest flag it has ("did you mean --once?"), not the top-level usage alone (exit 2 either way)."""
-    import difflib
-
     args, unknown = parser.parse_known_args(argv)
     if not unknown:
         return args
+    import difflib  # only to suggest a flag: its import is a few ms of every command's start
+
     deepest = parser
     while True:  # the subcommand chain the arguments went down: its last parser owns the flags
         sub = next((a for a in deepest._actions if isinstance(a, argparse._SubParsersAction)), None)

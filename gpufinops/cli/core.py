@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
@@ -76,6 +75,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                          opt_in)
             for d in report.decisions]
     if args.output == "json":
+        import json  # here, not at the top: `rules check` and the other commands of this module print no JSON
+
         json.dump({"run_id": report.run_id, "evaluated_at": report.now.isoformat(), "dry_run": settings.act.dry_run,
                    "instances": len(report.instances), "rules": len(rules), "errors": errors,
                    "decisions": rows}, sys.stdout, indent=2)
@@ -269,6 +270,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         rows.sort(key=lambda r: r["at"])
     rows = rows[-args.limit:] if args.limit else rows
     if args.output == "json":
+        import json
+
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0

@@ -10,26 +10,29 @@ rules/ and reports/ folders), `values` (StrictModel and the validated value type
 addresses, destinations, URLs, prices, GPU names), `secrets` (SecretRef, the blank-secret rule, bounded secret
 files), `sections` (the service's and the places' sections), `capabilities` (billing, recommend, report, store).
 Every name callers use is handed on from here: `from gpufinops.config import X` is the one way in.
-May import: model; prices.catalog inside `values.known_gpu` only (the catalog's GPU name rules, a leaf that imports
-nothing of ours). Within the package, one way down: loading imports none of them; values imports loading;
-secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this file all of them, and
-none of them imports this file.
+May import: model, and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
+needs no model type, `costs`, loads none); prices.catalog inside `values.known_gpu` only (the catalog's GPU name
+rules, a leaf that imports nothing of ours). Within the package, one way down: loading imports none of them; values
+imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this
+file all of them, and none of them imports this file.
 Never imports anything else of gpufinops (every floor above reads the settings; the settings read none of it).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from .capabilities import (AthenaSettings, BillingSettings, CeSettings, CommitmentPolicy, InterruptionOverride,
                            RecommendSettings, ReportDeliverySettings, ReportSettings, SpotPolicy, StoreSettings,
                            TagKeys)
 from .loading import (DEFAULT_RULES_DIR, MAX_TEXT_FILE_BYTES, PACKAGE_DIR, REPORTS_DIR, ConfigError, compose_yaml,
                       decode_text, format_validation_error, line_of, load_yaml, not_a_regular_file, not_utf8_error,
-                      parse_yaml, printable, read_text, shipped_dir, text_problem, unsafe_text_locations)
+                      parse_yaml, parse_yaml_tree, printable, read_text, shipped_dir, text_problem,
+                      unsafe_text_locations)
 from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
 from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, AzureSettings, EmailSettings,
                        HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
@@ -38,7 +41,7 @@ from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, Aws
 from .sections import GcpSettings
 from .values import (AWS_REGION, EMAIL_ADDRESS, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, RULE_AUDIENCES,
                      SLACK_USER_ID, TRANSPORTS, AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel,
-                     aws_region, backoff_in_order, destination, http_url, known_gpu, prometheus_label,
+                     aws_region, backoff_in_order, defaults_of, destination, http_url, known_gpu, prometheus_label,
                      slack_channel, usd_only, usd_price)
 
 __all__ = [
@@ -53,9 +56,11 @@ __all__ = [
     "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SlurmClusterSettings", "SlurmSettings", "SpotPolicy", "StoreSettings", "StrictModel",
     "TagKeys",
     "GcpSettings",
-    "aws_region", "backoff_in_order", "blank_secrets", "compose_yaml", "decode_text", "destination",
+    "aws_region", "backoff_in_order", "blank_secrets", "defaults_of", "compose_yaml", "decode_text", "destination",
     "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
-    "not_a_regular_file", "not_utf8_error", "parse_yaml", "printable", "prometheus_label", "read_text",
+    "settings_validator", "validated_settings",
+    "not_a_regular_file", "not_utf8_error", "parse_yaml", "parse_yaml_tree", "printable", "prometheus_label",
+    "read_text",
     "secret_refs", "shipped_dir", "slack_channel", "text_problem", "unsafe_text_locations", "usd_only", "usd_price",
 ]
 
@@ -69,26 +74,26 @@ class Settings(StrictModel):
     slurm: SlurmSettings | None = None
     # No `gcp:` section: no Compute Engine VM is listed.
     gcp: GcpSettings | None = None
-    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
-    aws: AwsSettings = Field(default_factory=AwsSettings)
+    prometheus: PrometheusSettings = Field(default_factory=defaults_of(PrometheusSettings))
+    aws: AwsSettings = Field(default_factory=defaults_of(AwsSettings))
     # No `azure:` section: no Azure VM is listed (gpufinops.places.azure).
     azure: AzureSettings | None = None
-    slack: SlackSettings = Field(default_factory=SlackSettings)
-    email: EmailSettings = Field(default_factory=EmailSettings)
-    act: ActSettings = Field(default_factory=ActSettings)
-    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
-    service: ServiceSettings = Field(default_factory=ServiceSettings)
-    api: ApiSettings = Field(default_factory=ApiSettings)
-    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    slack: SlackSettings = Field(default_factory=defaults_of(SlackSettings))
+    email: EmailSettings = Field(default_factory=defaults_of(EmailSettings))
+    act: ActSettings = Field(default_factory=defaults_of(ActSettings))
+    schedule: ScheduleSettings = Field(default_factory=defaults_of(ScheduleSettings))
+    service: ServiceSettings = Field(default_factory=defaults_of(ServiceSettings))
+    api: ApiSettings = Field(default_factory=defaults_of(ApiSettings))
+    lease: LeaseSettings = Field(default_factory=defaults_of(LeaseSettings))
     database_url: str = "sqlite:///gpufinops.db"
     rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
     # The capabilities' sections, typed like the rest and so checked at load: a typo in any of them fails
     # `load_settings`, not the weekly digest days later. No `billing:` section (or an empty one) is None:
     # the budget job is off and reports price from the catalog.
     billing: BillingSettings | None = None
-    recommend: RecommendSettings = Field(default_factory=RecommendSettings)
-    report: ReportSettings = Field(default_factory=ReportSettings)
-    store: StoreSettings = Field(default_factory=StoreSettings)
+    recommend: RecommendSettings = Field(default_factory=defaults_of(RecommendSettings))
+    report: ReportSettings = Field(default_factory=defaults_of(ReportSettings))
+    store: StoreSettings = Field(default_factory=defaults_of(StoreSettings))
     source_path: str = ""
 
     @field_validator("billing", mode="before")
@@ -124,6 +129,30 @@ class Settings(StrictModel):
                              "and at least one address in email.finance")
         return self
 
+
+@functools.lru_cache(maxsize=64)
+def settings_validator(given: frozenset[str]) -> type[Settings]:
+    """The model that validates a document holding the keys `given`: Settings, but each key the document leaves
+    out typed Any with its default, so that no validator is built for a section the file does not have. A key the
+    document holds is validated as Settings declares it (its checks, errors and their order), an unknown key is
+    refused, and Settings' own checks run on the whole, defaults included."""
+    left_out = {name: (Any, Field(default_factory=f.default_factory) if f.default_factory else Field(f.default))
+                for name, f in Settings.model_fields.items() if name not in given}
+    return create_model("Settings", __base__=Settings, __module__=__name__, **left_out)
+
+
+def validated_settings(data: dict[str, Any]) -> Settings:
+    """Settings.model_validate(data), paying only for what `data` holds: its sections' validators are built, the
+    others' never (building all of them was about 20 ms of every command's start, BENCHMARKS.md), and a document with
+    nothing in it is the defaults, valid as written (values.defaults_of), with no validator at all: building the
+    first one loads pydantic's plugin lookup (importlib.metadata). tests/test_config_fuzz.py holds it equal to
+    Settings' own validator on every document it draws: the same settings, or the same errors."""
+    if data.keys() == {"source_path"} and isinstance(data["source_path"], str):
+        return Settings.model_construct(source_path=data["source_path"])
+    checked = settings_validator(frozenset(Settings.model_fields.keys() & data.keys())).model_validate(data)
+    return Settings.model_construct(checked.model_fields_set, **dict(checked))  # validated: kept as they are
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load gpufinops.yaml (or defaults when path is None). Overrides win."""
     data: dict[str, Any] = {}
@@ -147,7 +176,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         data = raw
     data = {**data, **overrides, "source_path": source}
     try:
-        settings = Settings.model_validate(data)
+        settings = validated_settings(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source or "<defaults>", text, exc)) from None
     blank_secrets(settings, source or "<defaults>", text)

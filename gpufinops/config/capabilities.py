@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from ..model import FALSE_STOP_WITHIN_S
+from ..break_even import FALSE_STOP_WITHIN_S
 from .loading import DEFAULT_RULES_DIR, printable
-from .values import _FAMILY, _S3_URI, AwsRegion, Name, SlackChannel, StrictModel, slack_channel
+from .values import _FAMILY, _S3_URI, AwsRegion, Name, SlackChannel, StrictModel, defaults_of, slack_channel
 
 # --------------------------------------------------------------------------- billing:
 # Read by gpufinops.collect.billing (settings.billing_settings fills in what depends on other sections).
@@ -90,9 +90,9 @@ class BillingSettings(StrictModel):
     max_line_cost: float = Field(100_000.0, gt=0, le=1e12)
     budgets_path: Name = str(DEFAULT_RULES_DIR / "budgets.yaml")
     price_catalog: str | None = None  # CSV instance_type,region,on_demand_usd_per_hour; None = bundled
-    tag_keys: TagKeys = Field(default_factory=TagKeys)
-    ce: CeSettings = Field(default_factory=CeSettings)
-    athena: AthenaSettings = Field(default_factory=AthenaSettings)
+    tag_keys: TagKeys = Field(default_factory=defaults_of(TagKeys))
+    ce: CeSettings = Field(default_factory=defaults_of(CeSettings))
+    athena: AthenaSettings = Field(default_factory=defaults_of(AthenaSettings))
     # An instance counts as running now if it was evaluated this recently.
     running_fresh_s: int = Field(900, gt=0, le=7 * 86400)
 
@@ -167,8 +167,8 @@ class RecommendSettings(StrictModel):
     workload_tag: Name = "workload"
     interruptible_values: tuple[Name, ...] = ("batch", "training", "train", "etl")
     non_interruptible_values: tuple[Name, ...] = ("inference", "interactive", "serving", "notebook")
-    spot: SpotPolicy = Field(default_factory=SpotPolicy)
-    commitment: CommitmentPolicy = Field(default_factory=CommitmentPolicy)
+    spot: SpotPolicy = Field(default_factory=defaults_of(SpotPolicy))
+    commitment: CommitmentPolicy = Field(default_factory=defaults_of(CommitmentPolicy))
     catalog_dir: str | None = None  # default: the bundled catalog
     price_cache_path: Name = "gpufinops-aws-prices.json"
     price_max_age_days: int = Field(90, ge=1, le=3660)  # older prices are flagged in the reason
@@ -206,7 +206,7 @@ class ReportSettings(StrictModel):
     # Seconds between evaluations. None: measured from the stored decisions (the mean spacing within service runs), so a
     # report on a database written by a service with another schedule still counts time right.
     evaluate_every_s: int | None = Field(None, ge=1, le=86400)
-    delivery: ReportDeliverySettings = Field(default_factory=ReportDeliverySettings)
+    delivery: ReportDeliverySettings = Field(default_factory=defaults_of(ReportDeliverySettings))
 
 
 # --------------------------------------------------------------------------- store:

@@ -173,10 +173,24 @@ def read_text(path: str | Path) -> str:
 
 def parse_yaml(where: str | Path, text: str) -> Any:
     """yaml.safe_load, with every failure a ConfigError naming the file and, where YAML knows it, the line."""
+    return parse_yaml_tree(where, text)[0]
+
+
+def parse_yaml_tree(where: str | Path, text: str) -> tuple[Any, yaml.Node | None]:
+    """parse_yaml's data and the document's node tree (its line marks: `line_of`'s `root`), from one reading: what
+    yaml.safe_load does (compose the document, then construct it), keeping the nodes, so that a caller that wants
+    lines does not read the text a second time. (PyYAML's C reader, CSafeLoader, was tried: it reads some documents
+    otherwise than the pure-Python one, e.g. tabs, a byte-order mark inside the text, `!` alone, `?` in a flow
+    mapping, so it would change what a file means.)"""
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         if mark is None and isinstance(exc, yaml.reader.ReaderError):  # a control character
@@ -190,6 +204,9 @@ def parse_yaml(where: str | Path, text: str) -> Any:
         raise ConfigError(f"{where}: invalid YAML: nested too deeply") from None
     except (ValueError, OverflowError, TypeError) as exc:  # e.g. a date like 2024-13-45 that YAML types as a date
         raise ConfigError(f"{where}: invalid YAML value: {exc}") from None
+    # A merge key (`<<: *defaults`) makes the constructor rewrite the mapping it sits in: such a document's lines
+    # are read from a tree composed afresh, as compose_yaml gives it.
+    return data, (compose_yaml(text) if root is not None and "<<" in text else root)
 
 
 def load_yaml(path: str | Path) -> tuple[Any, str]:

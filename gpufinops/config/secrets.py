@@ -52,8 +52,9 @@ class SecretRef(StrictModel):
 def env_secret(name: str):
     """A field whose default is the secret in the environment variable `name`. A factory, not a `SecretRef` made
     when the section's class is defined: making one would build the models' validators at import, which every
-    command pays for in start-up time (the models are built when first used: StrictModel's defer_build)."""
-    return Field(default_factory=lambda: SecretRef(env=name))
+    command pays for in start-up time (the models are built when first used: StrictModel's defer_build); and the
+    default is set without SecretRef's validator (values.defaults_of: `name` is one of ours, a valid name)."""
+    return Field(default_factory=lambda: SecretRef.model_construct(env=name))
 
 
 MAX_SECRET_BYTES = 64 * 1024  # a token, a password, a key: far less; more is the wrong file, never read whole
@@ -86,11 +87,12 @@ def secret_refs(model: BaseModel, loc: tuple = ()) -> list[tuple[tuple, SecretRe
 
 def blank_secrets(settings: BaseModel, where: str, text: str) -> None:
     """A ConfigError naming each secret of `settings` that is set but blank or unreadable (file, line, key)."""
-    root = compose_yaml(text) if text else None
+    root = None  # the document's node tree, composed for the first error's line only
     errors = []
     for loc, ref in secret_refs(settings):
         why = ref.blank()
         if why is not None:
+            root = root or (compose_yaml(text) if text else None)
             line = line_of(where, loc, text, root) if root is not None else None
             key = ".".join(str(p) for p in loc)
             errors.append(f"{where}:{line}: key '{key}': {why}" if line else f"{where}: key '{key}': {why}")

@@ -6,7 +6,7 @@ prices in USD, GPU model names; and `StrictModel`, the base of every settings mo
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,6 +24,15 @@ class StrictModel(BaseModel):
     # loads settings pays for none. A default is a Field(default_factory=...), never an instance made at
     # import (making one would build its validator there).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+
+
+def defaults_of(model: type[StrictModel]) -> Callable[[], StrictModel]:
+    """The default_factory of a section (`Field(default_factory=defaults_of(AwsSettings))`): the section with its
+    class's defaults, set without running its validator. Pydantic never validates a default (validate_default is
+    off) and each section's defaults pass its own checks (tests/test_config_sections.py: every default equals the
+    section validated from nothing), so the value is the same as `AwsSettings()`; but a file that leaves the section
+    out (or no file) builds no validator for it (config.validated_settings)."""
+    return lambda: model.model_construct()
 
 
 # An AWS region name: us-east-1, us-gov-west-1, ap-southeast-2, eusc-de-east-1. Anything else (a typo, an RTL

@@ -15,6 +15,8 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Iterable, Mapping
 
+from . import tags as _tags
+
 # The annotations gpufinops writes on a workload it marks and scales (places.kubernetes.cloud), and the ones a
 # person sets to keep it (named in the Slack warning, notify.messages).
 MARK_ANNOTATION = "gpufinops.io/marked-for-scale-down"
@@ -25,11 +27,11 @@ DEFAULT_PROTECT_KEY = "gpufinops.io/protect"  # kubernetes.protect_key's default
 # Kueue (docs/kubernetes.md, "Kueue: suspend, don't kill"). Kueue owns a Job's spec.suspend while its Workload is
 # admitted (it would unsuspend a Job suspended behind its back); its documented stop is the Workload's
 # `spec.active: false` ("evicted and not requeued" until set back to true: kueue.sigs.k8s.io/docs/concepts/workload).
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_QUEUE_LABEL = _tags.KUEUE_QUEUE_LABEL  # the names rules select by live in k8s.tags (a leaf the registry reads)
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # the Job's WorkloadPriorityClass
 # Tags of a Kueue-managed Job gpufinops may suspend: its Workload (namespace/name), and the Workload's
 # WorkloadPriorityClass, for rules (`tags: {"k8s:workload-priority-class": [batch-low]}`).
-TAG_KUEUE_WORKLOAD = "k8s:kueue-workload"
+TAG_KUEUE_WORKLOAD = _tags.TAG_KUEUE_WORKLOAD
 TAG_WORKLOAD_PRIORITY_CLASS = "k8s:workload-priority-class"
 # Written on the Kueue Workload with the mark (same time): the pre-suspend hook a job may honour to checkpoint.
 PRE_SUSPEND_ANNOTATION = "gpufinops.io/pre-suspend-at"
@@ -83,10 +85,9 @@ DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 EKS_NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 # Written on the node in the same patch as spec.unschedulable: true: gpufinops cordoned it (uncordon's proof).
 CORDONED_ANNOTATION = "gpufinops.io/cordoned-at"
-# A GPU node as the act stage sees it: instance id `k8s:node/<name>`, tagged so that rules select nodes by it
-# (`tags: {"k8s:node": "*"}`; a label key cannot hold ':', so no node label collides).
-NODE_ID_PREFIX = "k8s:node/"
-TAG_NODE = "k8s:node"
+# A GPU node's subject id `k8s:node/<name>` and the tag rules select nodes by (k8s.tags).
+NODE_ID_PREFIX = _tags.NODE_ID_PREFIX
+TAG_NODE = _tags.TAG_NODE
 # The state of a GPU node someone else cordoned (spec.unschedulable without CORDONED_ANNOTATION): theirs, never
 # judged; a mark of gpufinops' on it is withdrawn (act.plan), since the cordon it announced is done by them.
 NODE_CORDONED_BY_OTHERS = "cordoned"

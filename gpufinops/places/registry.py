@@ -8,7 +8,8 @@ rules), rules.py (what a rule with an action must select), notify/messages.py (n
 Kubernetes sections) read it. A new place (GCP, Azure, Slurm) is a folder beside ec2/, hosts.py and kubernetes/,
 and one entry here (GCE: places/gcp/).
 
-Pure, no I/O; imports model and k8s.model only: act.plan reads it, and the host agent imports act.plan.
+Pure, no I/O; imports model and k8s.tags only (not k8s.model's types: rules.py reads this table at every start):
+act.plan reads it, and the host agent imports act.plan.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..k8s.model import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
+from ..k8s.tags import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
 from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance, is_azure_scale_set_vm_id
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).

@@ -48,6 +48,8 @@ def test_rules_check_loads_its_own_command_only():
     assert not HEAVY & modules, sorted(HEAVY & modules)
     assert modules & CLI_MODULES == {"gpufinops.cli.core"}
     assert "gpufinops.agent.autostop.cli" not in modules  # the agent's flags: `agent`'s parser only
+    # What a rule must select is read from places.registry, which needs k8s.tags' names, not k8s.model's types.
+    assert "gpufinops.k8s.tags" in modules and "gpufinops.k8s.model" not in modules
 
 
 @pytest.mark.parametrize("argv, own", [
@@ -76,18 +78,54 @@ def test_a_file_total_loads_duckdb_and_nothing_of_the_other_commands(tmp_path):
     assert modules & CLI_MODULES == {"gpufinops.cli.billing", "gpufinops.cli.k8s"}
     # No config file: no YAML read, so none imported; the cluster's cost model is `--by namespace`'s only.
     assert "yaml" not in modules and "gpufinops.k8s.model" not in modules
+    # Nor any validator built: the defaults are valid as written (pydantic's plugin lookup loads with the first);
+    # nor model's types: the settings take the false-stop figure from break_even, a leaf.
+    assert "pydantic.plugin._loader" not in modules and "gpufinops.model" not in modules
 
 
-def test_settings_models_are_built_when_first_used():
-    """Importing the settings builds no validator (defer_build): the commands that never load settings (help,
-    --version) or load them once pay for the models they use, when they use them."""
-    code = ("import gpufinops.config as c\n"
-            "print(sum(1 for n in dir(c) if getattr(getattr(c, n), '__pydantic_complete__', False)))\n"
-            "s = c.load_settings()\n"
-            "print(int(c.Settings.__pydantic_complete__), s.aws.gpu_families == c.AwsSettings().gpu_families)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
-    assert out == ["0", "1", "True"]
+SETTINGS_BUILT = """
+import json, sys
+import gpufinops.config as c
+
+def built():  # the settings models whose own validator was built
+    return sorted(n for n in dir(c) if getattr(getattr(c, n), "__pydantic_complete__", False))
+
+def sections_in(schema, found=None):  # the models a validator's core schema validates
+    found = set() if found is None else found
+    if isinstance(schema, dict):
+        if schema.get("type") == "model":
+            found.add(schema["cls"].__name__)
+        for v in schema.values():
+            sections_in(v, found)
+    elif isinstance(schema, (list, tuple)):
+        for v in schema:
+            sections_in(v, found)
+    return found
+
+out = {"at import": built()}
+defaults = c.load_settings()
+out["no file"] = built()
+out["plugin lookup"] = "pydantic.plugin._loader" in sys.modules
+given = c.load_settings(sys.argv[1])
+out["a file"] = built()
+out["its validator"] = sorted(sections_in(c.settings_validator(frozenset({"prometheus", "source_path"})).__pydantic_core_schema__))
+out["read"] = [given.prometheus.timeout_s, given.aws == defaults.aws]
+out["defaults as validated"] = defaults == c.Settings.model_validate({"source_path": ""})  # builds them all
+print(json.dumps(out))
+"""
+
+
+def test_settings_build_only_what_the_file_holds(tmp_path):
+    """Importing the settings builds no validator (defer_build); no config file builds none at all (the defaults
+    are valid as written, so pydantic's plugin lookup is never loaded), and a file builds the validator of what it
+    holds: its `prometheus:` section, not the others."""
+    config = tmp_path / "gpufinops.yaml"
+    config.write_text("prometheus:\n  timeout_s: 5\n")
+    proc = subprocess.run([sys.executable, "-c", SETTINGS_BUILT, str(config)], cwd=REPO, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, check=True, timeout=60)
+    assert json.loads(proc.stdout) == {
+        "at import": [], "no file": [], "plugin lookup": False, "defaults as validated": True, "a file": [],
+        "its validator": ["PrometheusSettings", "SecretRef", "Settings"], "read": [5.0, True]}
 
 
 # --------------------------------------------------------------------------- the parser of one command

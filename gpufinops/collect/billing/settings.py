@@ -12,7 +12,7 @@ loaded, with the rest); this module hands the collectors the section with what d
 
 from __future__ import annotations
 
-from ...config import AthenaSettings, BillingSettings, CeSettings, Settings, TagKeys
+from ...config import AthenaSettings, BillingSettings, CeSettings, Settings, TagKeys, defaults_of
 
 __all__ = ["AthenaSettings", "BillingSettings", "CeSettings", "TagKeys", "billing_settings"]
 
@@ -20,7 +20,7 @@ __all__ = ["AthenaSettings", "BillingSettings", "CeSettings", "TagKeys", "billin
 def billing_settings(settings: Settings) -> BillingSettings:
     """The billing section (defaults when the file has none: Cost Explorer), its GPU families defaulting to
     aws.gpu_families. Validated, and its relative paths made relative to the config file, by load_settings."""
-    bs = settings.billing or BillingSettings()
+    bs = settings.billing or defaults_of(BillingSettings)()  # the defaults, without building a validator for them
     if bs.gpu_families is None:
         bs = bs.model_copy(update={"gpu_families": tuple(settings.aws.gpu_families)})
     return bs
