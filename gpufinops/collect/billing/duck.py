@@ -13,7 +13,8 @@ the same pass.
 FOCUS: one statement per file sums the file's usage-in-time rows per distinct (charge texts, Tags, key,
 currency); the Python rules of focus.py (the GPU instance a text names, the tag shapes, the team/project
 lookup) then run once per distinct group, so the selection stays exactly focus.py's. Seconds-unit rows
-(Google) keep their instance and charge period, so an instance-period's hours count once, as read_focus does.
+(Google) keep their instance and charge period, so an instance-period's hours count once, as read_focus does. A
+GCE VM's groups keep its ResourceId: those naming no GPU (an N1 VM's vCPU, RAM) count once its GPU SKU row is seen.
 Parquet: the usage-in-time test is first judged in Python over the distinct ChargeCategory / ConsumedUnit /
 ServiceCategory values and given to DuckDB as equality, so the other columns of the other rows are never
 decoded. Times are compared as epoch microseconds or in the column's own type: a TIMESTAMP compared with a

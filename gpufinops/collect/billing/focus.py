@@ -8,7 +8,9 @@ text names a GPU instance: an AWS type of a GPU family ("$1.624 per On Demand
 Linux g5.4xlarge Instance Hour", `x_UsageType` "BoxUsage:g5.4xlarge", or
 SkuPriceDetails), or a name matching one of `billing.gpu_patterns` (Azure
 Standard_NC..., GCP a2-highgpu-... as Google's machine_spec system label, OCI
-VM.GPU...).
+VM.GPU...). A GCE VM billed a GPU SKU anywhere in the export (an N1 VM with
+attached GPUs: "Nvidia Tesla T4 GPU running in Americas") is a GPU VM too, all
+its rows its cost (focus_rules.PendingGceRows).
 
 Columns by version (focus_spec.py): the provider is ServiceProviderName from
 1.3 on (ProviderName is deprecated in 1.3 and gone in 1.4), ProviderName
