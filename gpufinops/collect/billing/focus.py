@@ -36,10 +36,10 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ...config import not_utf8_error
-from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCP_MACHINE_LABEL, HOUR_UNITS, MAX_LINE_HOURS,  # noqa: F401
-                          NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS, REQUIRED, SECOND_UNITS, PendingGceRows,
-                          GPU_SKU, _as_text, _pick, bad_value_message, check_columns, focus_tags, gpu_instance_type,
-                          is_gce_vm, provider_name, subject_of)
+from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCE_RESOURCE_PREFIX, GCP_MACHINE_LABEL,  # noqa: F401
+                          GPU_SKU, HOUR_UNITS, MAX_LINE_HOURS, NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS,
+                          REQUIRED, SECOND_UNITS, PendingGceRows, _as_text, _pick, bad_value_message, check_columns,
+                          focus_tags, gpu_instance_type, is_gce_vm, provider_name, subject_of)
 from .sources import ParquetSource, list_files
 from .errors import mixed_currencies
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
@@ -165,7 +165,9 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
     # A GCE VM's row naming no GPU machine type: an attached GPU's own SKU row ("Nvidia Tesla T4 GPU ...") makes its VM
     # a GPU VM; its vCPU and RAM rows wait on that (pending), for the GPU row may come in another chunk or file.
     rid = df["ResourceId"].fillna("").astype(str)
-    gce = ~named & each_distinct(rid, is_gce_vm).astype(bool)
+    gce = ~named & rid.str.startswith(GCE_RESOURCE_PREFIX)  # vectorised first: most rows of most exports are not
+    if gce.any():
+        gce[gce] = each_distinct(rid[gce], is_gce_vm).astype(bool)
     gpu_sku = gce & each_distinct(df["ChargeDescription"].fillna("").astype(str),
                                   lambda t: GPU_SKU.search(t) is not None).astype(bool)
     # Such a VM's type is its machine type (n1-standard-8), as the machine_spec label names it.
