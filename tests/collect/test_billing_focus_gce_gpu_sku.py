@@ -62,7 +62,8 @@ def test_the_fixture_is_what_the_tests_say():
     for r in rows()[1]:
         descriptions[r["ResourceId"]].add(r["ChargeDescription"])
     assert descriptions[N1] == {"N1 Predefined Instance Core running in Americas",
-                                "N1 Predefined Instance Ram running in Americas", "Nvidia Tesla T4 GPU running in Americas"}
+                                "N1 Predefined Instance Ram running in Americas",
+                                "Nvidia Tesla T4 GPU running in Americas"}
     assert not any("GPU" in d for d in descriptions[N2])
     assert billed(N1) == pytest.approx(2 * (0.252888 + 0.12711 + 0.35))
 
@@ -110,7 +111,8 @@ def test_the_gpu_row_in_another_file_still_makes_the_vm_a_gpu_vm(tmp_path, fmt):
 def test_costs_by_instance_and_team_through_the_cli(capsys):
     out = {}
     for by in ("instance", "team"):
-        rc = main(["costs", "--source", "focus", "--path", str(FIXTURE), "--month", "2024-09", "--by", by, "-o", "json"])
+        rc = main(["costs", "--source", "focus", "--path", str(FIXTURE), "--month", "2024-09", "--by", by,
+                   "-o", "json"])
         captured = capsys.readouterr()
         assert rc == 0, captured.err
         out[by] = {r[by]: r for r in json.loads(captured.out)}
