@@ -61,7 +61,8 @@ def test_cur_constants_are_cur_py_s():
 # --------------------------------------------------------------------------- FOCUS: the table's answer
 
 
-@pytest.mark.parametrize("name", ["aws_focus_1.0_subset.csv", "azure_focus_1.2_gpu.csv", "gcp_focus_view_gpu.csv"])
+@pytest.mark.parametrize("name", ["aws_focus_1.0_subset.csv", "azure_focus_1.2_gpu.csv", "gcp_focus_view_gpu.csv",
+                                  "gcp_focus_view_n1_t4.csv"])
 def test_focus_fixtures_every_grain(name):
     check_focus(DATA / name)
 

@@ -13,7 +13,8 @@ the same pass.
 FOCUS: one statement per file sums the file's usage-in-time rows per distinct (charge texts, Tags, key,
 currency); the Python rules of focus.py (the GPU instance a text names, the tag shapes, the team/project
 lookup) then run once per distinct group, so the selection stays exactly focus.py's. Seconds-unit rows
-(Google) keep their instance and charge period, so an instance-period's hours count once, as read_focus does.
+(Google) keep their instance and charge period, so an instance-period's hours count once, as read_focus does. A
+GCE VM's groups keep its ResourceId: those naming no GPU (an N1 VM's vCPU, RAM) count once its GPU SKU row is seen.
 Parquet: the usage-in-time test is first judged in Python over the distinct ChargeCategory / ConsumedUnit /
 ServiceCategory values and given to DuckDB as equality, so the other columns of the other rows are never
 decoded. Times are compared as epoch microseconds or in the column's own type: a TIMESTAMP compared with a
@@ -421,6 +422,7 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
       FROM timed)
     SELECT {', '.join(_ident(c) for c in group)}{',' if group else ''} BillingCurrency AS currency_,
            CASE WHEN secs_ THEN ResourceId END AS secs_rid_, CASE WHEN secs_ THEN period_ END AS secs_period_,
+           {_gce_rid()} AS gce_rid_, COUNT(*) FILTER (WHERE inp_) AS n_in_,
            COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
            COUNT(*) FILTER (WHERE qty_ IS NULL AND has_qty_) AS bad_qty,
            COUNT(*) FILTER (WHERE period_ IS NULL AND has_period_) AS bad_date,
@@ -431,6 +433,15 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
     GROUP BY ALL
     """
     return sql, group
+
+
+def _gce_rid() -> str:
+    """A Compute Engine resource's ResourceId, NULL for any other: the groups of a GCE VM's rows keep their VM, so
+    that an N1 VM's vCPU and RAM rows can follow its GPU SKU row (focus_rules.PendingGceRows)."""
+    from .focus_rules import GCE_RESOURCE_PREFIX
+
+    return (f"CASE WHEN starts_with(CAST(ResourceId AS VARCHAR), {_q(GCE_RESOURCE_PREFIX)}) "
+            "THEN CAST(ResourceId AS VARCHAR) END")
 
 
 class _FocusRules:
@@ -467,6 +478,11 @@ class _FocusRules:
             self._types[text] = self._gpu(text)
         return self._types[text]
 
+    def machine_type(self, g: dict) -> str:
+        """The machine type Google's machine_spec label names ('' without one): a GCE VM's type where no text
+        names a GPU machine type (an N1 VM with attached GPUs)."""
+        return str(self.tags(g.get("Tags")).get(self._label) or "")
+
     def key(self, g: dict, itype: str) -> str:
         if self.by == "instance":
             return self._subject(g.get("ResourceId"), g.get("ResourceName"))
@@ -479,9 +495,11 @@ class _FocusRules:
 
 def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs,
                      by: str) -> TotalRows:
-    """Cost and usage hours per `by` key and currency of local FOCUS files (read_focus's table summed)."""
+    """Cost and usage hours per `by` key and currency of local FOCUS files (read_focus's table summed). A GCE VM's
+    groups that name no GPU (an N1 VM's vCPU and RAM) wait until every file is read: they count if the VM was billed
+    a GPU SKU anywhere (focus_rules.PendingGceRows, as read_focus settles them)."""
+    from .focus_rules import GPU_SKU, PendingGceRows, check_columns, is_gce_vm
     from .focus_rules import MAX_LINE_HOURS as FOCUS_MAX_HOURS
-    from .focus_rules import check_columns
 
     con = connect()
     rules = _FocusRules(bs, by)
@@ -489,7 +507,23 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
     secs: dict[tuple, list] = {}  # (resource, period) -> [max hours, (key, currency)] of seconds-unit rows
     warnings: list[str] = []
     cost_col = bs.focus_cost_column
-    for src in local_copies(files, (*FOCUS_READ, cost_col, *([FOCUS_KEY[by]] if by in FOCUS_KEY else []))):
+    pending = PendingGceRows()
+    waiting: list[tuple[int, str, tuple, float, float, float, object, object]] = []  # a pending group's sums
+    excluded_in: dict[int, int] = {}
+    currencies_in: dict[int, list[str]] = {}
+
+    def add(k: tuple[str, str], cost: float, hours: float, max_hours: float, rid, period) -> None:
+        s = sums.setdefault(k, [0.0, 0.0])
+        s[0] += cost
+        if rid is None and period is None:
+            s[1] += hours
+        else:  # counted once per instance and charge period: the longest row's hours (focus.instance_hours)
+            best = secs.setdefault((rid, period), [-1.0, k])
+            if max_hours > best[0]:
+                best[0], best[1] = max_hours, k
+
+    sources = local_copies(files, (*FOCUS_READ, cost_col, *([FOCUS_KEY[by]] if by in FOCUS_KEY else [])))
+    for index, src in enumerate(sources):
         names, table = _focus_columns(con, src)
         check_columns(list(names), src.name, cost_col)
         try:
@@ -519,6 +553,8 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
         named: dict[tuple, str] = {}
         i_cost, i_currency, i_hours, i_max = at["cost"], at["currency_"], at["hours"], at["max_hours"]
         i_excluded, i_rid, i_period = at["excluded"], at["secs_rid_"], at["secs_period_"]
+        i_gce, i_in = at["gce_rid_"], at["n_in_"]
+        pending_bad = False
         for row in got:
             try:
                 seen: tuple | None = tuple(row[i] for i in judged)
@@ -531,8 +567,22 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
                 itype = rules.instance_type(g)
                 if seen is not None:
                     named[seen] = itype
+            gce_rid = row[i_gce]
             if not itype:
-                continue
+                if gce_rid is None or not is_gce_vm(gce_rid):
+                    continue
+                g = g if g is not None else {c: row[at[c]] for c in group}
+                itype = rules.machine_type(g)
+                if GPU_SKU.search(str(g.get("ChargeDescription") or "")) is None:  # an N1 VM's vCPU, RAM: pending
+                    pending_bad = pending_bad or any(row[at[b]] for b in bad)
+                    pending.note_excluded(index, gce_rid, row[i_excluded])
+                    if row[i_cost] is not None:
+                        currency = "" if row[i_currency] is None else str(row[i_currency])
+                        waiting.append((index, gce_rid, (rules.key(g, itype), currency), row[i_cost], row[i_hours],
+                                        row[i_max], row[i_rid], row[i_period]))
+                    continue
+                if row[i_in]:  # a GPU's own SKU: the VM is a GPU VM
+                    pending.billed_gpu.add(gce_rid)
             for b in bad:
                 bad[b] += row[at[b]]
             excluded += row[i_excluded]
@@ -541,43 +591,74 @@ def focus_total_rows(files: Sequence[ParquetSource], path: str, start: datetime,
             currency = "" if row[i_currency] is None else str(row[i_currency])
             currencies.append(currency)
             k = (rules.key(g if g is not None else {c: row[at[c]] for c in group}, itype), currency)
-            s = sums.setdefault(k, [0.0, 0.0])
-            s[0] += row[i_cost]
-            if row[i_rid] is None and row[i_period] is None:
-                s[1] += row[i_hours]
-            else:  # counted once per instance and charge period: the longest row's hours (focus.instance_hours)
-                best = secs.setdefault((row[i_rid], row[i_period]), [-1.0, k])
-                if row[i_max] > best[0]:
-                    best[0], best[1] = row[i_max], k
-        for b, col in (("bad_cost", cost_col), ("bad_qty", "ConsumedQuantity"), ("bad_date", "ChargePeriodStart")):
+            add(k, row[i_cost], row[i_hours], row[i_max], row[i_rid], row[i_period])
+        for order, (b, col) in enumerate((("bad_cost", cost_col), ("bad_qty", "ConsumedQuantity"),
+                                          ("bad_date", "ChargePeriodStart"))):
             if bad[b]:
                 _raise_bad_value(con, src, table, set(names), col, rules, b == "bad_date")
+            if pending_bad:
+                _note_pending_bad(con, src, table, set(names), col, rules, b == "bad_date", pending, index, order)
         mixed_currencies(currencies, src.name, "BillingCurrency")
-        if excluded:
-            warnings.append(f"{src.name}: {excluded} GPU row(s) excluded: column '{cost_col}' missing, negative or "
+        excluded_in[index], currencies_in[index] = excluded, currencies
+    # The pending groups of VMs billed a GPU SKU anywhere in the export are theirs.
+    pending.raise_first_bad()
+    for index, rid, k, cost, hours, max_hours, secs_rid, period in waiting:
+        if pending.counts(rid):
+            currencies_in[index].append(k[1])
+            add(k, cost, hours, max_hours, secs_rid, period)
+    for index, src in enumerate(files):
+        if index not in excluded_in:
+            continue
+        if pending.billed_gpu:
+            mixed_currencies(currencies_in[index], src.name, "BillingCurrency")
+        n = excluded_in[index] + pending.excluded_of(index)
+        if n:
+            warnings.append(f"{src.name}: {n} GPU row(s) excluded: column '{cost_col}' missing, negative or "
                             f"above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {FOCUS_MAX_HOURS:g} h")
     for hours, k in secs.values():
         sums[k][1] += hours
     return _finish(sums, warnings, [s.name for s in files], None, path, start, end)
 
 
+def _bad_rows(con, table: str, names: dict[str, str], col: str, date: bool) -> list[tuple[int, object, dict]]:
+    """(data row from 0, value, the row's texts, Tags and ResourceId) of each usage row whose `col` is not a number
+    (or a date), in file order: read only on that path."""
+    cast = "TIMESTAMPTZ" if date else "DOUBLE"
+    group = [c for c in (*FOCUS_TEXT, "Tags", "ResourceId") if c in names]
+    con.execute("SET threads=1")  # row_number() in file order
+    try:
+        rows = con.execute(f"""
+          SELECT rn, {_ident(col)}, {', '.join(_ident(c) for c in group)} FROM (
+            SELECT row_number() OVER () - 1 AS rn, * FROM {table})
+          WHERE {_usage_sql(names)}
+            AND TRY_CAST({_ident(col)} AS {cast}) IS NULL AND {_ident(col)} IS NOT NULL
+          ORDER BY rn""").fetchall()
+    finally:
+        con.execute("RESET threads")
+    return [(rn, value, dict(zip(group, text))) for rn, value, *text in rows]
+
+
 def _raise_bad_value(con, src: ParquetSource, table: str, names: dict[str, str], col: str, rules: _FocusRules,
                      date: bool) -> None:
-    """The error naming the first GPU row whose `col` is not a number (or a date): read only on that path."""
-    cast = "TIMESTAMPTZ" if date else "DOUBLE"
-    group = [c for c in (*FOCUS_TEXT, "Tags") if c in names]
-    con.execute("SET threads=1")  # row_number() in file order
-    rows = con.execute(f"""
-      SELECT rn, {_ident(col)}, {', '.join(_ident(c) for c in group)} FROM (
-        SELECT row_number() OVER () - 1 AS rn, * FROM {table})
-      WHERE {_usage_sql(names)}
-        AND TRY_CAST({_ident(col)} AS {cast}) IS NULL AND {_ident(col)} IS NOT NULL
-      ORDER BY rn""").fetchall()
-    for rn, value, *text in rows:
-        if rules.instance_type(dict(zip(group, text))):
-            if date:
-                raise BillingDataError(f"{src.name}: column '{col}' is not a date on data row {rn + 2}")
-            raise BillingDataError(f"{src.name}: column '{col}' is not a number on data row {rn + 2} (value {value!r})")
+    """The error naming the first GPU row (a GPU machine type's, or a GCE VM's GPU SKU row) whose `col` is not a
+    number (or a date)."""
+    from .focus_rules import bad_value_message, bills_a_gpu
+
+    for rn, value, g in _bad_rows(con, table, names, col, date):
+        if rules.instance_type(g) or bills_a_gpu(g.get("ResourceId"), g.get("ChargeDescription")):
+            raise BillingDataError(bad_value_message(src.name, col, rn + 2, value, date))
+
+
+def _note_pending_bad(con, src: ParquetSource, table: str, names: dict[str, str], col: str, rules: _FocusRules,
+                      date: bool, pending, index: int, order: int) -> None:
+    """Each bad `col` value of a GCE VM's row that names no GPU, noted in `pending`: an error once its VM is known
+    to be billed a GPU SKU."""
+    from .focus_rules import bad_value_message, bills_a_gpu, is_gce_vm
+
+    for rn, value, g in _bad_rows(con, table, names, col, date):
+        rid = g.get("ResourceId")
+        if is_gce_vm(rid) and not rules.instance_type(g) and not bills_a_gpu(rid, g.get("ChargeDescription")):
+            pending.note_bad(index, order, rn + 2, str(rid), bad_value_message(src.name, col, rn + 2, value, date))
 
 
 # --------------------------------------------------------------------------- the entry point

@@ -8,7 +8,9 @@ text names a GPU instance: an AWS type of a GPU family ("$1.624 per On Demand
 Linux g5.4xlarge Instance Hour", `x_UsageType` "BoxUsage:g5.4xlarge", or
 SkuPriceDetails), or a name matching one of `billing.gpu_patterns` (Azure
 Standard_NC..., GCP a2-highgpu-... as Google's machine_spec system label, OCI
-VM.GPU...).
+VM.GPU...). A GCE VM billed a GPU SKU anywhere in the export (an N1 VM with
+attached GPUs: "Nvidia Tesla T4 GPU running in Americas") is a GPU VM too, all
+its rows its cost (focus_rules.PendingGceRows).
 
 Columns by version (focus_spec.py): the provider is ServiceProviderName from
 1.3 on (ProviderName is deprecated in 1.3 and gone in 1.4), ProviderName
@@ -34,10 +36,12 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from ...config import not_utf8_error
-from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCP_MACHINE_LABEL, HOUR_UNITS, MAX_LINE_HOURS,  # noqa: F401
-                          NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS, REQUIRED, SECOND_UNITS, _as_text, _pick,
-                          check_columns, focus_tags, gpu_instance_type, provider_name, subject_of)
+from .focus_rules import (COMPOUND_TIME_UNIT, FILE_SUFFIXES, GCE_RESOURCE_PREFIX, GCP_MACHINE_LABEL,  # noqa: F401
+                          GPU_SKU, HOUR_UNITS, MAX_LINE_HOURS, NON_COMPUTE_CATEGORIES, OPTIONAL, PROVIDER_COLUMNS,
+                          REQUIRED, SECOND_UNITS, PendingGceRows, _as_text, _pick, bad_value_message, check_columns,
+                          focus_tags, gpu_instance_type, is_gce_vm, provider_name, subject_of)
 from .sources import ParquetSource, list_files
+from .errors import mixed_currencies
 from .schema import BillingDataError, canonical_tags, conform, empty_table, single_currency
 from .settings import BillingSettings
 
@@ -45,6 +49,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_ROWS = 200_000  # rows parsed at a time: about 100 MiB of a FOCUS CSV's read columns
 PERIOD, SECONDS = "charge_period_start", "in_seconds"
+PENDING = "pending_gce_vm"  # the ResourceId of a GCE VM's row that names no GPU (None on every other row)
 
 
 @dataclass
@@ -134,8 +139,10 @@ def _check_columns(df: pd.DataFrame, name: str, cost_col: str) -> tuple[str, str
 
 
 def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: BillingSettings,
-              provider_col: str, excluded: list[int]) -> pd.DataFrame | None:
-    """One file's GPU instance rows in [start, end), not yet grouped; None when it has none."""
+              provider_col: str, excluded: list[int], pending: PendingGceRows, file_index: int) -> pd.DataFrame | None:
+    """One file's GPU instance rows in [start, end), not yet grouped; None when it has none. A GCE VM's rows that
+    name no GPU come too, their ResourceId in PENDING: read_focus keeps them if `pending` finds the VM billed a GPU
+    SKU; their bad values and excluded lines are noted there, said only for such a VM."""
     cost_col = bs.focus_cost_column
     families = set(bs.gpu_families or ())
     patterns = [re.compile(p) for p in bs.gpu_patterns]
@@ -154,39 +161,66 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
             + _column_text(df, "SkuPriceDetails") + " " + _column_text(df, "x_SkuDetails") + " "
             + tags.map(lambda t: str(t.get(GCP_MACHINE_LABEL) or "")))
     itype = each_distinct(text, lambda t: gpu_instance_type(t, families, patterns))
-    keep = itype != ""
+    named = itype != ""
+    # A GCE VM's row naming no GPU machine type: an attached GPU's own SKU row ("Nvidia Tesla T4 GPU ...") makes its VM
+    # a GPU VM; its vCPU and RAM rows wait on that (pending), for the GPU row may come in another chunk or file.
+    rid = df["ResourceId"].fillna("").astype(str)
+    gce = ~named & rid.str.startswith(GCE_RESOURCE_PREFIX)  # vectorised first: most rows of most exports are not
+    if gce.any():
+        gce[gce] = each_distinct(rid[gce], is_gce_vm).astype(bool)
+    gpu_sku = gce & each_distinct(df["ChargeDescription"].fillna("").astype(str),
+                                  lambda t: GPU_SKU.search(t) is not None).astype(bool)
+    # Such a VM's type is its machine type (n1-standard-8), as the machine_spec label names it.
+    itype = itype.where(named, tags.map(lambda t: str(t.get(GCP_MACHINE_LABEL) or "")))
+    keep = named | gce
     df, itype, unit, tags, compound = df[keep].copy(), itype[keep], unit[keep], tags[keep], compound[keep]
-    raw_tags = raw_tags[keep]
-    # Types: a value that is not a number or a date is an error naming the file, column and row.
-    for col in (cost_col, "ConsumedQuantity"):
+    raw_tags, rid, gpu_sku = raw_tags[keep], rid[keep], gpu_sku[keep]
+    waiting = (gce[keep] & ~gpu_sku).to_numpy()
+    # Types: a value that is not a number or a date is an error naming the file, column and row (a pending row's
+    # once its VM is known to be a GPU VM).
+    bad_rows = pd.Series(False, index=df.index)
+    for order, col in enumerate((cost_col, "ConsumedQuantity")):
         num = pd.to_numeric(df[col], errors="coerce")
         bad = num.isna() & df[col].notna()
-        if bad.any():
-            raise BillingDataError(f"{name}: column '{col}' is not a number on data row {int(bad.idxmax()) + 2} "
-                                   f"(value {df.loc[bad.idxmax(), col]!r})")
+        if (bad & ~waiting).any():
+            at = (bad & ~waiting).idxmax()
+            raise BillingDataError(bad_value_message(name, col, int(at) + 2, df.loc[at, col], False))
+        for at in bad[bad].index:
+            pending.note_bad(file_index, order, int(at) + 2, rid[at], bad_value_message(name, col, int(at) + 2,
+                                                                                      df.loc[at, col], False))
+        bad_rows |= bad
         df[col] = num.astype("float64")
     try:
         when = pd.to_datetime(df["ChargePeriodStart"], errors="coerce", utc=True, format="mixed")
     except (ValueError, TypeError, OverflowError) as exc:
         raise BillingDataError(f"{name}: column 'ChargePeriodStart' cannot be read as dates: {exc}") from None
     bad = when.isna() & df["ChargePeriodStart"].notna()
-    if bad.any():
-        raise BillingDataError(f"{name}: column 'ChargePeriodStart' is not a date on data row {int(bad.idxmax()) + 2}")
-    in_period = (when >= start) & (when < end)
+    if (bad & ~waiting).any():
+        raise BillingDataError(bad_value_message(name, "ChargePeriodStart", int((bad & ~waiting).idxmax()) + 2,
+                                                 None, True))
+    for at in bad[bad].index:
+        pending.note_bad(file_index, 2, int(at) + 2, rid[at], bad_value_message(name, "ChargePeriodStart",
+                                                                              int(at) + 2, None, True))
+    bad_rows |= bad
+    # A pending row with a bad value is said above if its VM is a GPU VM; it adds nothing either way.
+    in_period = (when >= start) & (when < end) & ~bad_rows
     df, itype, when, unit, tags = df[in_period], itype[in_period], when[in_period], unit[in_period], tags[in_period]
-    raw_tags = raw_tags[in_period]
+    raw_tags, rid, waiting = raw_tags[in_period], rid[in_period], waiting[in_period.to_numpy()]
+    pending.billed_gpu.update(rid[gpu_sku[in_period]])
     cost = df[cost_col]
     quantity = df["ConsumedQuantity"].fillna(0)
     hours = quantity.where(unit.isin(HOUR_UNITS), quantity / 3600.0).where(~compound, 0.0)
     # Hours of one line: a day at most per resource in practice; inf or 9.2e18 is not a measurement.
     ok = cost.notna() & (cost >= 0) & (cost <= bs.max_line_cost) & (hours >= 0) & (hours <= MAX_LINE_HOURS)
     if (~ok).any():
-        excluded.append(int((~ok).sum()))
+        excluded.append(int((~ok & ~waiting).sum()))
+        for r, n in rid[~ok & waiting].value_counts().items():
+            pending.note_excluded(file_index, r, int(n))
         df, itype, when, unit, tags, hours = df[ok], itype[ok], when[ok], unit[ok], tags[ok], hours[ok]
-        raw_tags = raw_tags[ok]
+        raw_tags, rid, waiting = raw_tags[ok], rid[ok], waiting[ok.to_numpy()]
     if df.empty:
         return None
-    single_currency(df, name, "BillingCurrency")
+    single_currency(df[~waiting], name, "BillingCurrency")
     if "ChargePeriodEnd" in df.columns:  # 12 vCPU-seconds a second are 1 instance-second, not 12
         until = pd.to_datetime(df["ChargePeriodEnd"], errors="coerce", utc=True, format="mixed")
         period_h = (until - when).dt.total_seconds() / 3600.0
@@ -209,6 +243,7 @@ def _gpu_rows(df: pd.DataFrame, name: str, start: datetime, end: datetime, bs: B
         "source": "focus",
         # For instance_hours() once every file is read (a charge period may span chunks); then dropped.
         PERIOD: when, SECONDS: unit.isin(SECOND_UNITS),
+        PENDING: rid.where(waiting, None), "file_": name,
     })
 
 
@@ -235,20 +270,28 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
     parts: list[pd.DataFrame] = []
     versions: dict[str, str] = {}
     n_read = 0
-    for src in sources:
+    pending = PendingGceRows()
+    dropped: dict[int, int] = {}
+    for index, src in enumerate(sources):
         chunks = _chunks(src, (*REQUIRED, *PROVIDER_COLUMNS, *OPTIONAL, cost_col))
         header = next(chunks)
         first = next(chunks, None)  # a file unreadable from its first rows (not UTF-8) says so before its columns
         versions[src.name], provider_col = _check_columns(header, src.name, cost_col)
-        dropped = 0
+        dropped[index] = 0
         for df in itertools.chain([first] if first is not None else [], chunks):
             n_read += len(df)
-            rows = _gpu_rows(df, src.name, start, end, bs, provider_col, excluded := [])
+            rows = _gpu_rows(df, src.name, start, end, bs, provider_col, excluded := [], pending, index)
             if rows is not None:
                 parts.append(rows)
-            dropped += sum(excluded)
-        if dropped:  # one line per file, however many chunks it was read in
-            warnings.append(f"{src.name}: {dropped} GPU row(s) excluded: column '{cost_col}' missing, negative or "
+            dropped[index] += sum(excluded)
+    # A GCE VM's rows that named no GPU: its own when the VM was billed a GPU SKU anywhere in the export.
+    pending.raise_first_bad()
+    parts = [p[p[PENDING].isna() | p[PENDING].isin(pending.billed_gpu)] for p in parts]
+    parts = [p for p in parts if not p.empty]
+    for index, src in enumerate(sources):
+        n = dropped[index] + pending.excluded_of(index)
+        if n:  # one line per file, however many chunks it was read in
+            warnings.append(f"{src.name}: {n} GPU row(s) excluded: column '{cost_col}' missing, negative or "
                             f"above {bs.max_line_cost:g}, or ConsumedQuantity negative or above {MAX_LINE_HOURS:g} h")
     if not parts:
         warnings.append(f"{path}: no GPU instance usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
@@ -256,8 +299,11 @@ def read_focus(path: str, start: datetime, end: datetime, bs: BillingSettings,
             log.warning("%s", w)
         return FocusResult(empty_table(), warnings, n_read, [s.name for s in sources], versions)
     out = pd.concat(parts, ignore_index=True)
+    if pending.billed_gpu:  # a file's kept pending rows in a currency its GPU rows are not
+        for name, currencies in out.groupby("file_", sort=False)["currency"]:
+            mixed_currencies(currencies.unique(), name, "BillingCurrency")
     single_currency(out, path)
-    out = out.assign(usage_hours=instance_hours(out)).drop(columns=[PERIOD, SECONDS])
+    out = out.assign(usage_hours=instance_hours(out)).drop(columns=[PERIOD, SECONDS, PENDING, "file_"])
     keys = [c for c in out.columns if c not in ("cost", "usage_hours")]
     out = out.groupby(keys, sort=True)[["cost", "usage_hours"]].sum().reset_index()
     for w in warnings:

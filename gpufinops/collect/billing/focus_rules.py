@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from ...model import azure_scale_set_vm_id, azure_vm_id, gce_vm_id
@@ -32,6 +33,12 @@ NON_COMPUTE_CATEGORIES = {"analytics", "business applications", "databases", "de
                           "migration", "mobile", "networking", "security", "storage", "web", "other"}
 # Google's system label naming the machine type of a Compute Engine charge.
 GCP_MACHINE_LABEL = "compute.googleapis.com/machine_spec"
+# A GPU's own SKU ("Nvidia Tesla T4 GPU running in Americas", "Spot Preemptible Nvidia L4 GPU attached to ..."): bills
+# an N1 VM's attached GPUs, whose machine type (n1-standard-8) names none. Google writes it as the detailed export's
+# sku.description and as the FOCUS view's ChargeDescription.
+GPU_SKU = re.compile(r"\bGPU\b")
+# The prefix of a Compute Engine resource's full name (a FOCUS ResourceId): what SQL narrows on before gce_vm_id.
+GCE_RESOURCE_PREFIX = "//compute.googleapis.com/"
 # One line's usage hours above this are not a measurement (a month of 10,000 instances is 7.4e6).
 MAX_LINE_HOURS = 1e9
 _PROVIDERS = {"aws": "aws", "amazon web services": "aws", "microsoft": "azure", "azure": "azure",
@@ -49,6 +56,55 @@ def subject_of(resource_id: object, resource_name: object = None) -> str:
     text = "" if resource_id is None else str(resource_id)
     name = "" if resource_name is None or resource_name != resource_name else str(resource_name)
     return azure_vm_id(text) or azure_scale_set_vm_id(text) or gce_vm_id(text, name) or text
+
+
+def is_gce_vm(resource_id: object) -> bool:
+    """Whether a FOCUS ResourceId is a GCE VM's full resource name (model.gce_vm_id)."""
+    return resource_id is not None and resource_id == resource_id and gce_vm_id(str(resource_id)) != ""
+
+
+def bills_a_gpu(resource_id: object, charge_description: object) -> bool:
+    """Whether a row bills a GCE VM for an attached GPU (its charge is a GPU SKU): the VM is a GPU VM, and its other
+    rows (vCPU, RAM), whose machine type names no GPU, are its cost too."""
+    return is_gce_vm(resource_id) and GPU_SKU.search(_as_text(charge_description)) is not None
+
+
+@dataclass
+class PendingGceRows:
+    """A GCE VM's rows that name no GPU (an N1 VM's vCPU and RAM) count only if the VM is billed a GPU SKU
+    somewhere in the export (another chunk, another file): what they would add, held until every file is read.
+    focus.py and duck.py both fill it, so they settle it alike."""
+
+    billed_gpu: set = field(default_factory=set)  # ResourceIds billed for a GPU SKU in the period
+    # (file index, column order, data row, ResourceId, message) of each pending row whose value is not a number/date
+    bad: list = field(default_factory=list)
+    excluded: dict = field(default_factory=dict)  # (file index, ResourceId) -> rows outside the line guards
+
+    def note_bad(self, file_index: int, column_order: int, data_row: int, resource_id: str, message: str) -> None:
+        self.bad.append((file_index, column_order, data_row, resource_id, message))
+
+    def note_excluded(self, file_index: int, resource_id: str, n: int) -> None:
+        if n:
+            self.excluded[(file_index, resource_id)] = self.excluded.get((file_index, resource_id), 0) + n
+
+    def counts(self, resource_id: object) -> bool:
+        return resource_id in self.billed_gpu
+
+    def raise_first_bad(self) -> None:
+        """The error of the first bad value (by file, then cost / quantity / date, then row) of a GPU VM's row."""
+        mine = sorted(b for b in self.bad if b[3] in self.billed_gpu)
+        if mine:
+            raise BillingDataError(mine[0][4])
+
+    def excluded_of(self, file_index: int) -> int:
+        return sum(n for (f, rid), n in self.excluded.items() if f == file_index and rid in self.billed_gpu)
+
+
+def bad_value_message(file_name: str, column: str, data_row: int, value, date: bool) -> str:
+    """A FOCUS row's value that is not a number (or a date), as both readers say it."""
+    if date:
+        return f"{file_name}: column '{column}' is not a date on data row {data_row}"
+    return f"{file_name}: column '{column}' is not a number on data row {data_row} (value {value!r})"
 
 
 def gpu_instance_type(text: str, families: set[str], patterns: Sequence[re.Pattern]) -> str:

@@ -33,6 +33,7 @@ from typing import Sequence
 
 from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect
 from .errors import BillingDataError, mixed_currencies
+from .focus_rules import GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
 from .s3fetch import local_copies
 from .sources import ParquetSource
 
@@ -48,9 +49,6 @@ REPEATED = ("labels", "system_labels", "credits")
 TOP_LEVEL = ("service", "sku", "usage_start_time", "usage_end_time", "project", "labels", "system_labels",
              "location", "resource", "cost", "currency", "usage", "credits")
 MACHINE_LABEL = "compute.googleapis.com/machine_spec"
-# A GPU's own SKU ("Nvidia Tesla T4 GPU running in Americas", "Spot Preemptible Nvidia L4 GPU attached to ..."): bills
-# an N1 VM's attached GPUs, whose machine type (n1-standard-8) names none.
-GPU_SKU = re.compile(r"\bGPU\b")
 HOUR_UNITS = ("hour", "hours", "h")
 SECOND_UNITS = ("second", "seconds", "s")
 COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"

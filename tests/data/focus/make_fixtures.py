@@ -99,6 +99,43 @@ def gcp_rows() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GCP_COLUMNS)
 
 
+GCP_N1 = "//compute.googleapis.com/projects/sunbird-ml/zones/us-central1-b/instances/5518204937716620"
+GCP_A2 = "//compute.googleapis.com/projects/sunbird-ml/zones/us-central1-b/instances/6602918374410297"
+GCP_N2 = "//compute.googleapis.com/projects/sunbird-ml/zones/us-central1-b/instances/3391047725108846"
+
+
+def gcp_n1_rows() -> pd.DataFrame:
+    """An n1-standard-8 with one T4 attached for two hours (its machine type names no GPU: the GPU is billed on its own
+    SKU row, written after the VM's vCPU and RAM rows), an a2-highgpu-1g for one hour and a CPU-only n2 VM that runs
+    through both hours; each VM named in ResourceName, as Google's view writes resource.name."""
+    rows = []
+    for hour in (1, 2):
+        rows += [
+            _gcp_row(hour, "2E27-4F75-95CD", "N1 Predefined Instance Core running in Americas", 8 * 3600, "seconds",
+                     0.252888, GCP_N1, "n1-standard-8", "GCP > Compute > GCE > VMs On Demand > Cores: Per Core"),
+            _gcp_row(hour, "6C71-A3F8-A7C1", "N1 Predefined Instance Ram running in Americas", 30 * 2**30 * 3600,
+                     "byte-seconds", 0.12711, GCP_N1, "n1-standard-8",
+                     "GCP > Compute > GCE > VMs On Demand > Memory: Per GB"),
+            _gcp_row(hour, "CF4E-A0C7-E3BF", "N2 Instance Core running in Americas", 4 * 3600, "seconds", 0.126,
+                     GCP_N2, "n2-standard-4", "GCP > Compute > GCE > VMs On Demand > Cores: Per Core"),
+        ]
+    rows += [
+        _gcp_row(1, "039F-D0DA-4055", "Nvidia Tesla A100 GPU running in Americas", 3600, "seconds", 2.93391,
+                 GCP_A2, "a2-highgpu-1g", "GCP > Compute > GPUs > GPUs On Demand"),
+        _gcp_row(1, "2E27-4F75-95CD", "A2 Instance Core running in Americas", 12 * 3600, "seconds", 0.379188,
+                 GCP_A2, "a2-highgpu-1g", "GCP > Compute > GCE > VMs On Demand > Cores: Per Core"),
+    ]
+    rows += [_gcp_row(hour, "D8D5-3C5D-2B8A", "Nvidia Tesla T4 GPU running in Americas", 3600, "seconds", 0.35, GCP_N1,
+                      "n1-standard-8", "GCP > Compute > GPUs > GPUs On Demand") for hour in (1, 2)]
+    names = {GCP_N1: "asr-t4-1", GCP_A2: "train-a2", GCP_N2: "web-n2"}
+    teams = {GCP_N1: "speech", GCP_A2: "vision", GCP_N2: "web"}
+    for row in rows:
+        row["ResourceName"] = names[row["ResourceId"]]
+        row["AvailabilityZone"] = row["x_Location"] = "us-central1-b"
+        row["Tags"] = row["Tags"].replace('"value": "vision"', f'"value": "{teams[row["ResourceId"]]}"')
+    return pd.DataFrame(rows, columns=GCP_COLUMNS)
+
+
 def azure_rows() -> pd.DataFrame:
     """A Standard_NC24ads_A100_v4 VM for three hours and a D-series VM, FOCUS 1.2 as Cost Management writes it."""
     sub = "/subscriptions/5a2b6c1d-0000-4e3f-9a8b-1c2d3e4f5a6b"
@@ -132,4 +169,5 @@ def azure_rows() -> pd.DataFrame:
 if __name__ == "__main__":
     aws_subset().to_csv(HERE / "aws_focus_1.0_subset.csv", index=False)
     gcp_rows().to_csv(HERE / "gcp_focus_view_gpu.csv", index=False)
+    gcp_n1_rows().to_csv(HERE / "gcp_focus_view_n1_t4.csv", index=False)
     azure_rows().to_csv(HERE / "azure_focus_1.2_gpu.csv", index=False)
