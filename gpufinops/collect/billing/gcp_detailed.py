@@ -33,7 +33,6 @@ from typing import Sequence
 
 from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect
 from .errors import BillingDataError, mixed_currencies
-from .focus_rules import GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
 from .s3fetch import local_copies
 from .sources import ParquetSource
 
@@ -272,8 +271,10 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
     Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
     read first and judged after."""
     # Here, not at the top: every `costs` imports this module to ask whether its source is this one, and model's
-    # types are a start-up cost the other sources do without (tests/cli/test_start.py).
+    # types (and focus_rules, which needs them) are a start-up cost the other sources do without
+    # (tests/cli/test_start.py).
     from ...model import gce_vm_id
+    from .focus_rules import GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
 
     con = connect()
     rules = _Rules(bs)
