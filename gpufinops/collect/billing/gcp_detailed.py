@@ -234,7 +234,7 @@ def pricing_model(sku: str) -> str:
 
 
 class _Rules:
-    """What each distinct group says, worked out once: the GPU machine type, the labels and their team/project."""
+    """What each distinct value says, worked out once: the GPU machine type, the labels and their team/project."""
 
     def __init__(self, bs) -> None:
         from .focus_rules import _pick, focus_tags, gpu_instance_type
@@ -243,19 +243,13 @@ class _Rules:
         self._gpu = lambda text: gpu_instance_type(text, families, patterns)
         self._tags, self._pick = focus_tags, _pick
         self._keys = bs.tag_keys
-        self._types: dict[tuple, str] = {}
         self._labels: dict[str | None, tuple[str, str, str, tuple]] = {}
 
-    def instance_type(self, sku: str | None, system_labels: str | None) -> str:
-        k = (sku, system_labels)
-        if k not in self._types:
-            machine = str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
-            self._types[k] = self._gpu(f"{machine} {sku or ''}")
-        return self._types[k]
-
-    def machine_type(self, system_labels: str | None) -> str:
-        """The machine type the machine_spec label names ('' without one)."""
-        return str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
+    def kind(self, sku: str, system_labels: str) -> tuple[bool, str, str, str]:
+        """(billed for a GPU SKU, the GPU machine type the SKU or machine_spec names or '', the machine type the
+        machine_spec label names or '', the pricing model) of a (SKU text, system labels) pair."""
+        machine = str(self._tags(system_labels).get(MACHINE_LABEL) or "")
+        return (GPU_SKU.search(sku) is not None, self._gpu(f"{machine} {sku}"), machine, pricing_model(sku))
 
     def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
         """(team, project, owner, the labels as sorted pairs) of a row's labels."""
@@ -266,6 +260,47 @@ class _Rules:
         return self._labels[raw]
 
 
+# The groups of every file (_sql's columns, and the file's place in the list), held in DuckDB: judged there once all
+# files are read, so that only the export's lines (a VM's day, type, pricing model, labels) come back to Python.
+_GROUPS = """CREATE TEMP TABLE groups (file_no INTEGER, day_ VARCHAR, sku_ VARCHAR, sys_ VARCHAR, labels_ VARCHAR,
+  project_ VARCHAR, zone_ VARCHAR, region_ VARCHAR, rname_ VARCHAR, gname_ VARCHAR, currency_ VARCHAR,
+  secs_period_ BIGINT, bad_cost BIGINT, bad_qty BIGINT, bad_date BIGINT, bad_credits BIGINT, cost DOUBLE,
+  hours DOUBLE, max_hours DOUBLE, excluded BIGINT)"""
+# Each distinct (SKU text, system labels) judged in Python (_Rules.kind), and each distinct VM naming its subject
+# (model.gce_vm_id): tables the lines' statement joins. '' stands for a missing text, as the judges read it.
+_KINDS = "CREATE TEMP TABLE kinds (sku VARCHAR, sys VARCHAR, gpu_sku BOOLEAN, itype VARCHAR, machine VARCHAR, pricing VARCHAR)"
+_JUDGED = """
+  WITH k AS (SELECT g.*, kinds.gpu_sku, kinds.itype, kinds.machine, kinds.pricing
+             FROM groups g JOIN kinds ON kinds.sku = COALESCE(g.sku_, '') AND kinds.sys = COALESCE(g.sys_, ''))
+  SELECT *, CASE WHEN itype <> '' THEN itype ELSE machine END AS type_ FROM k
+  WHERE itype <> '' OR gname_ IN (SELECT gname_ FROM k WHERE gpu_sku AND gname_ <> '')"""
+_LINES = f"""
+  WITH kept AS ({_JUDGED}),
+  named AS (
+    SELECT kept.*, subjects.subject,
+           COALESCE(NULLIF(region_, ''), CASE WHEN length(COALESCE(zone_, '')) - length(replace(COALESCE(zone_, ''), '-', ''))
+                                                   >= 2 THEN regexp_replace(zone_, '-[^-]*$', '')
+                                              ELSE COALESCE(zone_, '') END) AS region,
+           -- One VM-hour's seconds rows (GPU, vCPU, RAM) count the hours of the longest once, on its own line.
+           CASE WHEN secs_period_ IS NULL THEN hours
+                WHEN row_number() OVER (PARTITION BY subjects.subject, secs_period_
+                                        ORDER BY max_hours DESC, file_no, day_, type_, pricing, labels_, currency_,
+                                                 COALESCE(project_, ''), region_, zone_) = 1 THEN max_hours
+                ELSE 0.0 END AS counted_h
+    FROM kept JOIN subjects ON subjects.g = COALESCE(gname_, '') AND subjects.r = COALESCE(rname_, '')
+                           AND subjects.p = COALESCE(project_, '') AND subjects.z = COALESCE(zone_, '')
+    WHERE cost IS NOT NULL)
+  SELECT day_, COALESCE(project_, ''), region, subject, type_, pricing, labels_, COALESCE(currency_, ''),
+         -- fsum (compensated): the same cents whatever order the groups come in (Parquet or CSV, threads)
+         fsum(cost), fsum(counted_h)
+  FROM named GROUP BY ALL"""
+
+
+def _unnest(con, sql: str, columns: list[list]) -> None:
+    """Run `sql` (one `?` per column, each read as `unnest(?::VARCHAR[])`) on Python lists: no pandas or pyarrow."""
+    con.execute(sql, columns)
+
+
 def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs) -> DetailedLines:
     """The GPU VM lines of the export's files in [start, end): cost (net of credits) and instance hours per day,
     VM, machine type, pricing model, labels and currency.
@@ -273,71 +308,66 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
     A GPU VM is one whose machine type (the machine_spec label, or the SKU text) is a GPU machine type, or one
     billed for a GPU SKU ("Nvidia Tesla T4 GPU ...": an N1 VM with attached GPUs, whose machine type names none).
     Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
-    read first and judged after."""
+    read first (into DuckDB) and judged after; Python judges only the distinct SKU texts, labels and VM names."""
     con = connect()
     rules = _Rules(bs)
-    groups: list[tuple[str, dict]] = []  # (file, group) of every file, judged once all are read
-    gpu_vms: set[str] = set()  # full resource names of VMs billed for a GPU SKU
+    con.execute(_GROUPS)
+    con.execute(_KINDS)
+    judged: set[tuple[str, str]] = set()
     warnings: list[str] = []
     checks = (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
               ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON"))
-    for src in local_copies(files, TOP_LEVEL):
+    names: list[str] = []
+    for i, src in enumerate(local_copies(files, TOP_LEVEL)):
+        names.append(src.name)
         types, table = _columns(con, src)
         cols = _check(types, src)
         try:
-            cur = con.execute(_sql(table, cols, types, start, end, bs.max_line_cost))
-            names = [d[0] for d in cur.description]
-            got = [dict(zip(names, r)) for r in cur.fetchall()]
+            con.execute(f"INSERT INTO groups SELECT {i}, * FROM ({_sql(table, cols, types, start, end, bs.max_line_cost)})")
         except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
             raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
                                    f"{_error_text(exc)}") from None
-        for g in got:
-            gpu_sku = GPU_SKU.search(g["sku_"] or "") is not None
-            if gpu_sku and g["gname_"]:
-                gpu_vms.add(g["gname_"])
-            if gpu_sku or rules.instance_type(g["sku_"], g["sys_"]):  # a bad value of a GPU VM's row: said here
-                for bad, column, kind in checks:
-                    if g[bad]:
-                        _raise_bad_value(con, table, cols, src, column, kind)
-            groups.append((src.name, g))
-    lines: dict[tuple, list[float]] = {}
-    secs: dict[tuple, list] = {}  # (VM, hour) -> [the longest seconds row's hours, its line]
-    excluded: dict[str, int] = {}
-    currencies: dict[str, list[str]] = {}
-    for name, g in groups:
-        itype = rules.instance_type(g["sku_"], g["sys_"])
-        if not itype and g["gname_"] in gpu_vms:
-            itype = rules.machine_type(g["sys_"])
-        elif not itype:
-            continue
-        excluded[name] = excluded.get(name, 0) + g["excluded"] + sum(g[b] for b, _c, _k in checks)
-        if g["cost"] is None:
-            continue
-        currency = g["currency_"] or ""
-        currencies.setdefault(name, []).append(currency)
-        zone = g["zone_"] or ""
-        region = g["region_"] or (zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone)
-        subject = gce_vm_id(g["gname_"] or "", g["rname_"] or "", g["project_"] or "", zone) or (
-            g["gname_"] or g["rname_"] or "")
-        team, project, owner, tags = rules.labels(g["labels_"])
-        key = (g["day_"], g["project_"] or "", region, subject, itype, pricing_model(g["sku_"] or ""), team,
-               project, owner, tags, currency)
-        line = lines.setdefault(key, [0.0, 0.0])
-        line[0] += g["cost"]
-        if g["secs_period_"] is None:
-            line[1] += g["hours"]
-        else:
-            best = secs.setdefault((subject, g["secs_period_"]), [-1.0, key])
-            if g["max_hours"] > best[0]:
-                best[0], best[1] = g["max_hours"], key
-    for name, found in currencies.items():
-        mixed_currencies(found, name)
-    for name, n in excluded.items():
+        new = [p for p in con.execute("SELECT DISTINCT COALESCE(sku_, ''), COALESCE(sys_, '') FROM groups "
+                                      f"WHERE file_no = {i}").fetchall() if p not in judged]
+        if new:
+            judged.update(new)
+            kinds = [(sku, sys, *rules.kind(sku, sys)) for sku, sys in new]
+            _unnest(con, "INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BOOLEAN[]), "
+                         "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+                    [list(c) for c in zip(*kinds)])
+        # A bad value of a GPU VM's row (by its own SKU or machine type): said here, naming its row.
+        bad = con.execute(f"""SELECT {', '.join(f'COALESCE(SUM({b}), 0)' for b, _c, _k in checks)}
+                              FROM groups g JOIN kinds ON kinds.sku = COALESCE(g.sku_, '')
+                                                      AND kinds.sys = COALESCE(g.sys_, '')
+                              WHERE file_no = {i} AND (gpu_sku OR itype <> '')""").fetchone()
+        for n, (_b, column, kind) in zip(bad, checks):
+            if n:
+                _raise_bad_value(con, table, cols, src, column, kind)
+    for file_no, n in con.execute(f"""
+          SELECT file_no, SUM(excluded + {' + '.join(b for b, _c, _k in checks)}) FROM ({_JUDGED})
+          GROUP BY file_no ORDER BY file_no""").fetchall():
         if n:
-            warnings.append(f"{name}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
+            warnings.append(f"{names[file_no]}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
                             f"{bs.max_line_cost:g}, or usage.amount negative or above {MAX_LINE_HOURS:g} h")
-    for hours, key in secs.values():
-        lines[key][1] += hours
+    for file_no, found in con.execute(f"""
+          SELECT file_no, list(DISTINCT COALESCE(currency_, '')) FROM ({_JUDGED}) WHERE cost IS NOT NULL
+          GROUP BY file_no ORDER BY file_no""").fetchall():
+        mixed_currencies(found, names[file_no])
+    vms = con.execute(f"""SELECT DISTINCT COALESCE(gname_, ''), COALESCE(rname_, ''), COALESCE(project_, ''),
+                                          COALESCE(zone_, '') FROM ({_JUDGED}) WHERE cost IS NOT NULL""").fetchall()
+    subjects = [(*vm, gce_vm_id(*vm) or vm[0] or vm[1]) for vm in vms]
+    con.execute("CREATE TEMP TABLE subjects (g VARCHAR, r VARCHAR, p VARCHAR, z VARCHAR, subject VARCHAR)")
+    if subjects:
+        _unnest(con, "INSERT INTO subjects SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[])", [list(c) for c in zip(*subjects)])
+    lines: dict[tuple, list[float]] = {}
+    for day, account, region, subject, itype, pricing, raw_labels, currency, cost, hours in con.execute(
+            _LINES).fetchall():
+        team, project, owner, tags = rules.labels(raw_labels)
+        line = lines.setdefault((day, account, region, subject, itype, pricing, team, project, owner, tags, currency),
+                                [0.0, 0.0])
+        line[0] += cost
+        line[1] += hours
     mixed_currencies([k[-1] for k in lines], path)
     if not lines:
         warnings.append(f"{path}: no GPU VM usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
