@@ -67,6 +67,8 @@ class DetailedLines:
     files: list[str] = field(default_factory=list)
 
 
+# The `costs --by` grains (totals.GRAINS) read from the labels; the others sum over them.
+LABEL_GRAINS = ("team", "project")
 LINE_FIELDS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model", "team", "project",
                "owner", "tags", "currency")
 
@@ -167,21 +169,39 @@ def _credits(cols: dict[str, str], types: dict[str, str]) -> str:
             f"AS DOUBLE[])), 0.0)")
 
 
+# Google's own type of system_labels in a Parquet export: the machine_spec label is read from it in SQL, where the
+# whole list as JSON text (another shape) is left to focus_tags in Python, once per distinct value.
+KEY_VALUE_LIST = re.compile(r'STRUCT\("?key"? VARCHAR, "?value"? VARCHAR\)\[\]', re.I)
+
+
+def _machine(cols: dict[str, str], types: dict[str, str]) -> tuple[str, str]:
+    """(the machine_spec label's value, the system labels as JSON text) in SQL: the first where the file has
+    Google's list of (key, value) text records (the last of that key, '' without one, as focus_tags reads it) and
+    the second NULL; else the first NULL and the second the JSON text judged in Python."""
+    sql = cols["system_labels"]
+    if KEY_VALUE_LIST.fullmatch(types.get("system_labels", "")):
+        return (f"COALESCE(list_filter({sql}, lambda x: x.key = {_q(MACHINE_LABEL)})[-1].value, '')",
+                "NULL::VARCHAR")
+    return "NULL::VARCHAR", _text(sql, types, "system_labels")
+
+
 def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetime, end: datetime,
-         max_line_cost: float) -> str:
+         max_line_cost: float, labels: bool = True) -> str:
     """One file's usage-in-time rows summed per distinct (day, texts, labels, VM, currency); seconds rows keep
-    their VM and hour so that a VM-hour's hours count once."""
+    their VM and hour so that a VM-hour's hours count once. Without `labels` the labels are not read (NULL): a
+    total per VM, type or account sums over them, and reading the nested lists is much of a Parquet file's cost."""
     low = lambda s: f"lower(trim(COALESCE(CAST({s} AS VARCHAR), '')))"  # noqa: E731
     lo, hi = (int((d - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 for d in (start, end))
     start_type = types.get("usage_start_time", "VARCHAR")
     until = (_epoch_us("usage_end_time", types.get("usage_end_time", "VARCHAR")) if "usage_end_time" in cols
              else "NULL::BIGINT")
     opt = lambda n: f"CAST({cols[n]} AS VARCHAR)" if n in cols else "NULL::VARCHAR"  # noqa: E731
-    labels = _text(cols["labels"], types, "labels") if "labels" in cols else "NULL::VARCHAR"
+    labels_sql = _text(cols["labels"], types, "labels") if labels and "labels" in cols else "NULL::VARCHAR"
+    machine, system_labels = _machine(cols, types)
     return f"""
     WITH used AS (
       SELECT CAST({cols['sku.description']} AS VARCHAR) AS sku_,
-             {_text(cols['system_labels'], types, 'system_labels')} AS sys_, {labels} AS labels_,
+             {machine} AS machine_, {system_labels} AS sys_, {labels_sql} AS labels_,
              CAST({cols['project.id']} AS VARCHAR) AS project_, {opt('location.zone')} AS zone_,
              {opt('location.region')} AS region_, CAST({cols['resource.name']} AS VARCHAR) AS rname_,
              CAST({cols['resource.global_name']} AS VARCHAR) AS gname_, CAST({cols['currency']} AS VARCHAR) AS currency_,
@@ -205,7 +225,7 @@ def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetim
                      ELSE raw_h_ END AS h_,
              COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
       FROM timed)
-    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, sys_, labels_, project_, zone_, region_,
+    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_, region_,
            rname_, gname_, currency_,
            CASE WHEN secs_ THEN period_ END AS secs_period_,
            COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
@@ -245,10 +265,12 @@ class _Rules:
         self._keys = bs.tag_keys
         self._labels: dict[str | None, tuple[str, str, str, tuple]] = {}
 
-    def kind(self, sku: str, system_labels: str) -> tuple[bool, str, str, str]:
+    def kind(self, sku: str, machine: str | None, system_labels: str) -> tuple[bool, str, str, str]:
         """(billed for a GPU SKU, the GPU machine type the SKU or machine_spec names or '', the machine type the
-        machine_spec label names or '', the pricing model) of a (SKU text, system labels) pair."""
-        machine = str(self._tags(system_labels).get(MACHINE_LABEL) or "")
+        machine_spec label names or '', the pricing model) of a SKU text and its machine_spec label (None: read
+        from the system labels' JSON text)."""
+        if machine is None:
+            machine = str(self._tags(system_labels).get(MACHINE_LABEL) or "")
         return (GPU_SKU.search(sku) is not None, self._gpu(f"{machine} {sku}"), machine, pricing_model(sku))
 
     def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
@@ -262,16 +284,20 @@ class _Rules:
 
 # The groups of every file (_sql's columns, and the file's place in the list), held in DuckDB: judged there once all
 # files are read, so that only the export's lines (a VM's day, type, pricing model, labels) come back to Python.
-_GROUPS = """CREATE TEMP TABLE groups (file_no INTEGER, day_ VARCHAR, sku_ VARCHAR, sys_ VARCHAR, labels_ VARCHAR,
+_GROUPS = """CREATE TEMP TABLE groups (file_no INTEGER, day_ VARCHAR, sku_ VARCHAR, machine_ VARCHAR, sys_ VARCHAR,
+  labels_ VARCHAR,
   project_ VARCHAR, zone_ VARCHAR, region_ VARCHAR, rname_ VARCHAR, gname_ VARCHAR, currency_ VARCHAR,
   secs_period_ BIGINT, bad_cost BIGINT, bad_qty BIGINT, bad_date BIGINT, bad_credits BIGINT, cost DOUBLE,
   hours DOUBLE, max_hours DOUBLE, excluded BIGINT)"""
 # Each distinct (SKU text, system labels) judged in Python (_Rules.kind), and each distinct VM naming its subject
 # (model.gce_vm_id): tables the lines' statement joins. '' stands for a missing text, as the judges read it.
-_KINDS = "CREATE TEMP TABLE kinds (sku VARCHAR, sys VARCHAR, gpu_sku BOOLEAN, itype VARCHAR, machine VARCHAR, pricing VARCHAR)"
-_JUDGED = """
+_KINDS = """CREATE TEMP TABLE kinds (sku VARCHAR, machine_ VARCHAR, sys VARCHAR, gpu_sku BOOLEAN, itype VARCHAR,
+  machine VARCHAR, pricing VARCHAR)"""
+_KIND_OF = """JOIN kinds ON kinds.sku = COALESCE(g.sku_, '') AND kinds.machine_ IS NOT DISTINCT FROM g.machine_
+                              AND kinds.sys = COALESCE(g.sys_, '')"""
+_JUDGED = f"""
   WITH k AS (SELECT g.*, kinds.gpu_sku, kinds.itype, kinds.machine, kinds.pricing
-             FROM groups g JOIN kinds ON kinds.sku = COALESCE(g.sku_, '') AND kinds.sys = COALESCE(g.sys_, ''))
+             FROM groups g {_KIND_OF})
   SELECT *, CASE WHEN itype <> '' THEN itype ELSE machine END AS type_ FROM k
   WHERE itype <> '' OR gname_ IN (SELECT gname_ FROM k WHERE gpu_sku AND gname_ <> '')"""
 _LINES = f"""
@@ -301,19 +327,21 @@ def _unnest(con, sql: str, columns: list[list]) -> None:
     con.execute(sql, columns)
 
 
-def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs) -> DetailedLines:
+def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs,
+                   labels: bool = True) -> DetailedLines:
     """The GPU VM lines of the export's files in [start, end): cost (net of credits) and instance hours per day,
     VM, machine type, pricing model, labels and currency.
 
     A GPU VM is one whose machine type (the machine_spec label, or the SKU text) is a GPU machine type, or one
     billed for a GPU SKU ("Nvidia Tesla T4 GPU ...": an N1 VM with attached GPUs, whose machine type names none).
     Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
-    read first (into DuckDB) and judged after; Python judges only the distinct SKU texts, labels and VM names."""
+    read first (into DuckDB) and judged after; Python judges only the distinct SKU texts, labels and VM names.
+    Without `labels` the lines carry none (team, project and owner ''): enough for a total per VM, type or account."""
     con = connect()
     rules = _Rules(bs)
     con.execute(_GROUPS)
     con.execute(_KINDS)
-    judged: set[tuple[str, str]] = set()
+    judged: set[tuple[str, str | None, str]] = set()
     warnings: list[str] = []
     checks = (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
               ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON"))
@@ -323,22 +351,21 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
         types, table = _columns(con, src)
         cols = _check(types, src)
         try:
-            con.execute(f"INSERT INTO groups SELECT {i}, * FROM ({_sql(table, cols, types, start, end, bs.max_line_cost)})")
+            con.execute(f"INSERT INTO groups SELECT {i}, * FROM ({_sql(table, cols, types, start, end, bs.max_line_cost, labels)})")
         except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
             raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
                                    f"{_error_text(exc)}") from None
-        new = [p for p in con.execute("SELECT DISTINCT COALESCE(sku_, ''), COALESCE(sys_, '') FROM groups "
+        new = [p for p in con.execute("SELECT DISTINCT COALESCE(sku_, ''), machine_, COALESCE(sys_, '') FROM groups "
                                       f"WHERE file_no = {i}").fetchall() if p not in judged]
         if new:
             judged.update(new)
-            kinds = [(sku, sys, *rules.kind(sku, sys)) for sku, sys in new]
-            _unnest(con, "INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BOOLEAN[]), "
-                         "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+            kinds = [(sku, machine, sys, *rules.kind(sku, machine, sys)) for sku, machine, sys in new]
+            _unnest(con, "INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                         "unnest(?::BOOLEAN[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
                     [list(c) for c in zip(*kinds)])
         # A bad value of a GPU VM's row (by its own SKU or machine type): said here, naming its row.
         bad = con.execute(f"""SELECT {', '.join(f'COALESCE(SUM({b}), 0)' for b, _c, _k in checks)}
-                              FROM groups g JOIN kinds ON kinds.sku = COALESCE(g.sku_, '')
-                                                      AND kinds.sys = COALESCE(g.sys_, '')
+                              FROM groups g {_KIND_OF}
                               WHERE file_no = {i} AND (gpu_sku OR itype <> '')""").fetchone()
         for n, (_b, column, kind) in zip(bad, checks):
             if n:
@@ -418,7 +445,8 @@ def file_totals(settings, start: datetime, end: datetime, by: str, source: str |
     source, path = source or bs.source, path or bs.path
     if source != SOURCE or not path:
         return None
-    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs,
+                       labels=by in LABEL_GRAINS)
     for w in d.warnings:
         logging.getLogger(__name__).warning("%s", w)
     return TotalRows(totals(d, by), d.warnings, d.files, None, SOURCE)
