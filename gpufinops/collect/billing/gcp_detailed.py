@@ -370,16 +370,16 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
         for n, (_b, column, kind) in zip(bad, checks):
             if n:
                 _raise_bad_value(con, table, cols, src, column, kind)
-    for file_no, n in con.execute(f"""
-          SELECT file_no, SUM(excluded + {' + '.join(b for b, _c, _k in checks)}) FROM ({_JUDGED})
-          GROUP BY file_no ORDER BY file_no""").fetchall():
+    per_file = con.execute(f"""
+          SELECT file_no, SUM(excluded + {' + '.join(b for b, _c, _k in checks)}),
+                 list(DISTINCT COALESCE(currency_, '')) FILTER (WHERE cost IS NOT NULL)
+          FROM ({_JUDGED}) GROUP BY file_no ORDER BY file_no""").fetchall()
+    for file_no, _n, found in per_file:
+        mixed_currencies(found or [], names[file_no])
+    for file_no, n, _found in per_file:
         if n:
             warnings.append(f"{names[file_no]}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
                             f"{bs.max_line_cost:g}, or usage.amount negative or above {MAX_LINE_HOURS:g} h")
-    for file_no, found in con.execute(f"""
-          SELECT file_no, list(DISTINCT COALESCE(currency_, '')) FROM ({_JUDGED}) WHERE cost IS NOT NULL
-          GROUP BY file_no ORDER BY file_no""").fetchall():
-        mixed_currencies(found, names[file_no])
     vms = con.execute(f"""SELECT DISTINCT COALESCE(gname_, ''), COALESCE(rname_, ''), COALESCE(project_, ''),
                                           COALESCE(zone_, '') FROM ({_JUDGED}) WHERE cost IS NOT NULL""").fetchall()
     subjects = [(*vm, gce_vm_id(*vm) or vm[0] or vm[1]) for vm in vms]
