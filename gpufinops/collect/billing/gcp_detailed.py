@@ -20,8 +20,9 @@ use discounts, free tier, promotions), what the invoice charges for the row. The
 (resource.name, project.id, location.zone: model.gce_vm_id), as places.gcp lists it, so its billed rate meets its
 verdicts; team, project and owner from its labels by billing.tag_keys; `account` is the GCP project.
 
-No pandas here: the totals (`costs --by`) are summed in Python from DuckDB's groups; load.py makes the cost table
-(`costs --idle`, `--save`) from the same lines.
+No pandas here: DuckDB groups each file and judges the groups of all files (only the distinct SKU texts, labels and VM
+names go through Python), the lines come back and the totals (`costs --by`) are summed from them; load.py makes the
+cost table (`costs --idle`, `--save`) from the same lines. A total per VM, type or account reads no labels.
 """
 
 from __future__ import annotations
@@ -225,8 +226,8 @@ def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetim
                      ELSE raw_h_ END AS h_,
              COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
       FROM timed)
-    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_, region_,
-           rname_, gname_, currency_,
+    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_,
+           region_, rname_, gname_, currency_,
            CASE WHEN secs_ THEN period_ END AS secs_period_,
            COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
            COUNT(*) FILTER (WHERE qty_ IS NULL AND has_qty_) AS bad_qty,
@@ -304,9 +305,10 @@ _LINES = f"""
   WITH kept AS ({_JUDGED}),
   named AS (
     SELECT kept.*, subjects.subject,
-           COALESCE(NULLIF(region_, ''), CASE WHEN length(COALESCE(zone_, '')) - length(replace(COALESCE(zone_, ''), '-', ''))
-                                                   >= 2 THEN regexp_replace(zone_, '-[^-]*$', '')
-                                              ELSE COALESCE(zone_, '') END) AS region,
+           -- the region column, else the zone's ("us-central1-a" -> "us-central1")
+           COALESCE(NULLIF(region_, ''),
+                    CASE WHEN length(COALESCE(zone_, '')) - length(replace(COALESCE(zone_, ''), '-', '')) >= 2
+                         THEN regexp_replace(zone_, '-[^-]*$', '') ELSE COALESCE(zone_, '') END) AS region,
            -- One VM-hour's seconds rows (GPU, vCPU, RAM) count the hours of the longest once, on its own line.
            CASE WHEN secs_period_ IS NULL THEN hours
                 WHEN row_number() OVER (PARTITION BY subjects.subject, secs_period_
@@ -320,11 +322,6 @@ _LINES = f"""
          -- fsum (compensated): the same cents whatever order the groups come in (Parquet or CSV, threads)
          fsum(cost), fsum(counted_h)
   FROM named GROUP BY ALL"""
-
-
-def _unnest(con, sql: str, columns: list[list]) -> None:
-    """Run `sql` (one `?` per column, each read as `unnest(?::VARCHAR[])`) on Python lists: no pandas or pyarrow."""
-    con.execute(sql, columns)
 
 
 def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs,
@@ -351,7 +348,8 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
         types, table = _columns(con, src)
         cols = _check(types, src)
         try:
-            con.execute(f"INSERT INTO groups SELECT {i}, * FROM ({_sql(table, cols, types, start, end, bs.max_line_cost, labels)})")
+            con.execute(f"INSERT INTO groups SELECT {i}, * FROM "
+                        f"({_sql(table, cols, types, start, end, bs.max_line_cost, labels)})")
         except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
             raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
                                    f"{_error_text(exc)}") from None
@@ -360,9 +358,10 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
         if new:
             judged.update(new)
             kinds = [(sku, machine, sys, *rules.kind(sku, machine, sys)) for sku, machine, sys in new]
-            _unnest(con, "INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+            # Python lists in as parameters, zipped by unnest: no pandas or pyarrow to import.
+            con.execute("INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
                          "unnest(?::BOOLEAN[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
-                    [list(c) for c in zip(*kinds)])
+                        [list(c) for c in zip(*kinds)])
         # A bad value of a GPU VM's row (by its own SKU or machine type): said here, naming its row.
         bad = con.execute(f"""SELECT {', '.join(f'COALESCE(SUM({b}), 0)' for b, _c, _k in checks)}
                               FROM groups g {_KIND_OF}
@@ -385,8 +384,8 @@ def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, e
     subjects = [(*vm, gce_vm_id(*vm) or vm[0] or vm[1]) for vm in vms]
     con.execute("CREATE TEMP TABLE subjects (g VARCHAR, r VARCHAR, p VARCHAR, z VARCHAR, subject VARCHAR)")
     if subjects:
-        _unnest(con, "INSERT INTO subjects SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
-                     "unnest(?::VARCHAR[]), unnest(?::VARCHAR[])", [list(c) for c in zip(*subjects)])
+        con.execute("INSERT INTO subjects SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[])", [list(c) for c in zip(*subjects)])
     lines: dict[tuple, list[float]] = {}
     for day, account, region, subject, itype, pricing, raw_labels, currency, cost, hours in con.execute(
             _LINES).fetchall():
