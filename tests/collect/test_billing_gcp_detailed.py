@@ -376,3 +376,16 @@ def test_the_machine_label_read_in_sql_is_the_one_the_json_text_names(tmp_path):
     got = [detailed_lines(detailed_files(str(p)), str(p), SEP, OCT, BS).lines for p in (listed, as_text)]
     assert got[0] == got[1]
     assert {(k[3], k[4]) for k in got[0]} >= {("gce:sunbird-ml/us-central1-a/web-1", "a2-highgpu-1g")}
+
+
+def test_a_parquet_export_with_text_costs_still_has_its_bad_value_named(tmp_path):
+    """A bad value is ruled out only by the file's own type: a Parquet whose cost is text is checked row by row."""
+    import duckdb
+
+    text = tmp_path / "text.parquet"
+    duckdb.connect().execute(f"""
+      COPY (SELECT * REPLACE (CASE WHEN row_number() OVER () = 2 THEN 'lots' ELSE CAST(cost AS VARCHAR) END AS cost)
+            FROM read_parquet('{DATA / "detailed_export.parquet"}')) TO '{text}' (FORMAT PARQUET)""")
+    with pytest.raises(BillingDataError, match=r"text\.parquet: column 'cost' is not a number on data row 2 "
+                                               r"\(value 'lots'\)"):
+        detailed_lines(detailed_files(str(text)), str(text), SEP, OCT, BS)

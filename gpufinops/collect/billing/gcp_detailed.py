@@ -99,22 +99,39 @@ def _columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
     return types, table
 
 
-def _struct_fields(duck_type: str) -> set[str]:
-    """The field names of a DuckDB STRUCT type text (`STRUCT(id VARCHAR, "description" VARCHAR)`)."""
+def _struct_types(duck_type: str) -> dict[str, str]:
+    """Field name -> type of a DuckDB STRUCT type text (`STRUCT(id VARCHAR, "description" VARCHAR)`)."""
     if not duck_type.upper().startswith("STRUCT("):
-        return set()
-    inner, depth, names, token = duck_type[7:-1], 0, set(), ""
+        return {}
+    inner, depth, fields, token = duck_type[7:-1], 0, {}, ""
     for ch in inner + ",":
         if ch in "(<[":
             depth += 1
         elif ch in ")>]":
             depth -= 1
         if ch == "," and depth == 0:
-            names.add(token.strip().split(" ", 1)[0].strip('"'))
+            name, _, kind = token.strip().partition(" ")
+            fields[name.strip('"')] = kind.strip()
             token = ""
         else:
             token += ch
-    return names
+    return fields
+
+
+def _struct_fields(duck_type: str) -> set[str]:
+    """The field names of a DuckDB STRUCT type text."""
+    return set(_struct_types(duck_type))
+
+
+def field_type(types: dict[str, str], name: str) -> str:
+    """The DuckDB type of a logical field in this file (as field_sql reads it; '' without it)."""
+    if "." not in name:
+        return types.get(name, "")
+    record, sub = name.split(".", 1)
+    nested = _struct_types(types.get(record, ""))
+    if sub in nested:
+        return nested[sub]
+    return next((types[flat] for flat in (name, name.replace(".", "_")) if flat in types), "")
 
 
 def field_sql(types: dict[str, str], name: str) -> str | None:
@@ -157,6 +174,24 @@ def _bad_credits(cols: dict[str, str], types: dict[str, str]) -> str:
         return "false"
     c = cols["credits"]
     return f"({c} IS NOT NULL AND NOT json_valid({c}))"
+
+
+# Types whose TRY_CAST to DOUBLE cannot fail: a Parquet export's cost and usage.amount have no bad value to count.
+NUMBER_TYPE = re.compile(r"U?(?:TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|FLOAT|DOUBLE|DECIMAL\(\d+,\s*\d+\)", re.I)
+
+
+def _bad_counts(cols: dict[str, str], types: dict[str, str]) -> str:
+    """The aggregates counting a group's values that are not a number, a date or JSON (bad_cost, bad_qty, bad_date,
+    bad_credits); a constant 0 where the file's type rules them out (most of a Parquet file), which DuckDB then
+    neither evaluates nor counts per row."""
+    start = field_type(types, "usage_start_time").upper()
+    never = {"bad_cost": NUMBER_TYPE.fullmatch(field_type(types, "cost")) is not None,
+             "bad_qty": NUMBER_TYPE.fullmatch(field_type(types, "usage.amount")) is not None,
+             "bad_date": start.startswith("TIMESTAMP") or start == "DATE",
+             "bad_credits": _bad_credits(cols, types) == "false"}
+    when = {"bad_cost": "cost_ IS NULL AND has_cost_", "bad_qty": "qty_ IS NULL AND has_qty_",
+            "bad_date": "period_ IS NULL AND has_period_", "bad_credits": "bad_credits_"}
+    return ", ".join(f"0::BIGINT AS {b}" if never[b] else f"COUNT(*) FILTER (WHERE {when[b]}) AS {b}" for b in when)
 
 
 def _credits(cols: dict[str, str], types: dict[str, str]) -> str:
@@ -229,10 +264,7 @@ def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetim
     SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_,
            region_, rname_, gname_, currency_,
            CASE WHEN secs_ THEN period_ END AS secs_period_,
-           COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
-           COUNT(*) FILTER (WHERE qty_ IS NULL AND has_qty_) AS bad_qty,
-           COUNT(*) FILTER (WHERE period_ IS NULL AND has_period_) AS bad_date,
-           COUNT(*) FILTER (WHERE bad_credits_) AS bad_credits,
+           {_bad_counts(cols, types)},
            SUM(cost_ + credits_) FILTER (WHERE inp_ AND ok_) AS cost, SUM(h_) FILTER (WHERE inp_ AND ok_) AS hours,
            MAX(h_) FILTER (WHERE inp_ AND ok_) AS max_hours, COUNT(*) FILTER (WHERE inp_ AND NOT ok_) AS excluded
     FROM (SELECT *, COALESCE(cost_ >= 0 AND cost_ <= {float(max_line_cost)!r} AND h_ >= 0
