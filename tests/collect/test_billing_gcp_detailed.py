@@ -343,3 +343,49 @@ def test_a_vms_gpu_row_in_another_file_of_the_export_still_makes_it_a_gpu_vm(tmp
     split = detailed_lines(detailed_files(str(tmp_path / "export")), str(tmp_path), SEP, OCT, BS)
     assert split.lines == lines("detailed_export.csv").lines
     assert {k: round(c, 4) for k, _cur, c, _h in totals(split, "instance")}[T4] == 0.6374
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_total_per_vm_type_or_account_read_without_the_labels_is_the_same(name):
+    """`costs --by instance` reads no labels (DuckDB skips the nested lists): the same totals as with them."""
+    path = str(DATA / name)
+    bare = detailed_lines(detailed_files(path), path, SEP, OCT, BS, labels=False)
+    for by in ("instance", "instance_type", "account"):
+        want = [(k, cur, round(cost, 2), round(hours, 6)) for k, cur, cost, hours in totals(lines(name), by)]
+        assert [(k, cur, round(cost, 2), round(hours, 6)) for k, cur, cost, hours in totals(bare, by)] == want, by
+    assert {k[6:10] for k in bare.lines} == {("", "", "", ())}
+
+
+def test_the_machine_label_read_in_sql_is_the_one_the_json_text_names(tmp_path):
+    """Google's (key, value) list has the machine_spec label read in DuckDB; the same list as JSON text is read by
+    focus_tags in Python: the same lines, the last machine_spec winning in both (web-1's a2 makes it a GPU VM)."""
+    import duckdb
+
+    machine = "compute.googleapis.com/machine_spec"
+    listed, as_text = tmp_path / "listed" / "e.parquet", tmp_path / "text" / "e.parquet"
+    listed.parent.mkdir(), as_text.parent.mkdir()
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT * REPLACE (CASE WHEN resource.name = 'web-1'
+                                                  THEN [{{'key': '{machine}', 'value': 'n2-standard-4'}},
+                                                        {{'key': '{machine}', 'value': 'a2-highgpu-1g'}},
+                                                        {{'key': 'other', 'value': NULL}}]
+                                                  ELSE system_labels END AS system_labels)
+                         FROM read_parquet('{DATA / "detailed_export.parquet"}')) TO '{listed}' (FORMAT PARQUET)""")
+    con.execute(f"""COPY (SELECT * REPLACE (to_json(system_labels) AS system_labels) FROM read_parquet('{listed}'))
+                    TO '{as_text}' (FORMAT PARQUET)""")
+    got = [detailed_lines(detailed_files(str(p)), str(p), SEP, OCT, BS).lines for p in (listed, as_text)]
+    assert got[0] == got[1]
+    assert {(k[3], k[4]) for k in got[0]} >= {("gce:sunbird-ml/us-central1-a/web-1", "a2-highgpu-1g")}
+
+
+def test_a_parquet_export_with_text_costs_still_has_its_bad_value_named(tmp_path):
+    """A bad value is ruled out only by the file's own type: a Parquet whose cost is text is checked row by row."""
+    import duckdb
+
+    text = tmp_path / "text.parquet"
+    duckdb.connect().execute(f"""
+      COPY (SELECT * REPLACE (CASE WHEN row_number() OVER () = 2 THEN 'lots' ELSE CAST(cost AS VARCHAR) END AS cost)
+            FROM read_parquet('{DATA / "detailed_export.parquet"}')) TO '{text}' (FORMAT PARQUET)""")
+    with pytest.raises(BillingDataError, match=r"text\.parquet: column 'cost' is not a number on data row 2 "
+                                               r"\(value 'lots'\)"):
+        detailed_lines(detailed_files(str(text)), str(text), SEP, OCT, BS)

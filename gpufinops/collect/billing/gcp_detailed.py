@@ -20,8 +20,9 @@ use discounts, free tier, promotions), what the invoice charges for the row. The
 (resource.name, project.id, location.zone: model.gce_vm_id), as places.gcp lists it, so its billed rate meets its
 verdicts; team, project and owner from its labels by billing.tag_keys; `account` is the GCP project.
 
-No pandas here: the totals (`costs --by`) are summed in Python from DuckDB's groups; load.py makes the cost table
-(`costs --idle`, `--save`) from the same lines.
+No pandas here: DuckDB groups each file and judges the groups of all files (only the distinct SKU texts, labels and VM
+names go through Python), the lines come back and the totals (`costs --by`) are summed from them; load.py makes the
+cost table (`costs --idle`, `--save`) from the same lines. A total per VM, type or account reads no labels.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class DetailedLines:
     files: list[str] = field(default_factory=list)
 
 
+# The `costs --by` grains (totals.GRAINS) read from the labels; the others sum over them.
+LABEL_GRAINS = ("team", "project")
 LINE_FIELDS = ("date", "account", "region", "resource_id", "instance_type", "pricing_model", "team", "project",
                "owner", "tags", "currency")
 
@@ -92,22 +95,39 @@ def _columns(con, src: ParquetSource) -> tuple[dict[str, str], str]:
     return types, table
 
 
-def _struct_fields(duck_type: str) -> set[str]:
-    """The field names of a DuckDB STRUCT type text (`STRUCT(id VARCHAR, "description" VARCHAR)`)."""
+def _struct_types(duck_type: str) -> dict[str, str]:
+    """Field name -> type of a DuckDB STRUCT type text (`STRUCT(id VARCHAR, "description" VARCHAR)`)."""
     if not duck_type.upper().startswith("STRUCT("):
-        return set()
-    inner, depth, names, token = duck_type[7:-1], 0, set(), ""
+        return {}
+    inner, depth, fields, token = duck_type[7:-1], 0, {}, ""
     for ch in inner + ",":
         if ch in "(<[":
             depth += 1
         elif ch in ")>]":
             depth -= 1
         if ch == "," and depth == 0:
-            names.add(token.strip().split(" ", 1)[0].strip('"'))
+            name, _, kind = token.strip().partition(" ")
+            fields[name.strip('"')] = kind.strip()
             token = ""
         else:
             token += ch
-    return names
+    return fields
+
+
+def _struct_fields(duck_type: str) -> set[str]:
+    """The field names of a DuckDB STRUCT type text."""
+    return set(_struct_types(duck_type))
+
+
+def field_type(types: dict[str, str], name: str) -> str:
+    """The DuckDB type of a logical field in this file (as field_sql reads it; '' without it)."""
+    if "." not in name:
+        return types.get(name, "")
+    record, sub = name.split(".", 1)
+    nested = _struct_types(types.get(record, ""))
+    if sub in nested:
+        return nested[sub]
+    return next((types[flat] for flat in (name, name.replace(".", "_")) if flat in types), "")
 
 
 def field_sql(types: dict[str, str], name: str) -> str | None:
@@ -152,6 +172,24 @@ def _bad_credits(cols: dict[str, str], types: dict[str, str]) -> str:
     return f"({c} IS NOT NULL AND NOT json_valid({c}))"
 
 
+# Types whose TRY_CAST to DOUBLE cannot fail: a Parquet export's cost and usage.amount have no bad value to count.
+NUMBER_TYPE = re.compile(r"U?(?:TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT)|FLOAT|DOUBLE|DECIMAL\(\d+,\s*\d+\)", re.I)
+
+
+def _bad_counts(cols: dict[str, str], types: dict[str, str]) -> str:
+    """The aggregates counting a group's values that are not a number, a date or JSON (bad_cost, bad_qty, bad_date,
+    bad_credits); a constant 0 where the file's type rules them out (most of a Parquet file), which DuckDB then
+    neither evaluates nor counts per row."""
+    start = field_type(types, "usage_start_time").upper()
+    never = {"bad_cost": NUMBER_TYPE.fullmatch(field_type(types, "cost")) is not None,
+             "bad_qty": NUMBER_TYPE.fullmatch(field_type(types, "usage.amount")) is not None,
+             "bad_date": start.startswith("TIMESTAMP") or start == "DATE",
+             "bad_credits": _bad_credits(cols, types) == "false"}
+    when = {"bad_cost": "cost_ IS NULL AND has_cost_", "bad_qty": "qty_ IS NULL AND has_qty_",
+            "bad_date": "period_ IS NULL AND has_period_", "bad_credits": "bad_credits_"}
+    return ", ".join(f"0::BIGINT AS {b}" if never[b] else f"COUNT(*) FILTER (WHERE {when[b]}) AS {b}" for b in when)
+
+
 def _credits(cols: dict[str, str], types: dict[str, str]) -> str:
     """The row's credits summed (0 without any): a Parquet list of records, or a CSV's JSON text of them."""
     if "credits" not in cols:
@@ -163,21 +201,39 @@ def _credits(cols: dict[str, str], types: dict[str, str]) -> str:
             f"AS DOUBLE[])), 0.0)")
 
 
+# Google's own type of system_labels in a Parquet export: the machine_spec label is read from it in SQL, where the
+# whole list as JSON text (another shape) is left to focus_tags in Python, once per distinct value.
+KEY_VALUE_LIST = re.compile(r'STRUCT\("?key"? VARCHAR, "?value"? VARCHAR\)\[\]', re.I)
+
+
+def _machine(cols: dict[str, str], types: dict[str, str]) -> tuple[str, str]:
+    """(the machine_spec label's value, the system labels as JSON text) in SQL: the first where the file has
+    Google's list of (key, value) text records (the last of that key, '' without one, as focus_tags reads it) and
+    the second NULL; else the first NULL and the second the JSON text judged in Python."""
+    sql = cols["system_labels"]
+    if KEY_VALUE_LIST.fullmatch(types.get("system_labels", "")):
+        return (f"COALESCE(list_filter({sql}, lambda x: x.key = {_q(MACHINE_LABEL)})[-1].value, '')",
+                "NULL::VARCHAR")
+    return "NULL::VARCHAR", _text(sql, types, "system_labels")
+
+
 def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetime, end: datetime,
-         max_line_cost: float) -> str:
+         max_line_cost: float, labels: bool = True) -> str:
     """One file's usage-in-time rows summed per distinct (day, texts, labels, VM, currency); seconds rows keep
-    their VM and hour so that a VM-hour's hours count once."""
+    their VM and hour so that a VM-hour's hours count once. Without `labels` the labels are not read (NULL): a
+    total per VM, type or account sums over them, and reading the nested lists is much of a Parquet file's cost."""
     low = lambda s: f"lower(trim(COALESCE(CAST({s} AS VARCHAR), '')))"  # noqa: E731
     lo, hi = (int((d - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000 for d in (start, end))
     start_type = types.get("usage_start_time", "VARCHAR")
     until = (_epoch_us("usage_end_time", types.get("usage_end_time", "VARCHAR")) if "usage_end_time" in cols
              else "NULL::BIGINT")
     opt = lambda n: f"CAST({cols[n]} AS VARCHAR)" if n in cols else "NULL::VARCHAR"  # noqa: E731
-    labels = _text(cols["labels"], types, "labels") if "labels" in cols else "NULL::VARCHAR"
+    labels_sql = _text(cols["labels"], types, "labels") if labels and "labels" in cols else "NULL::VARCHAR"
+    machine, system_labels = _machine(cols, types)
     return f"""
     WITH used AS (
       SELECT CAST({cols['sku.description']} AS VARCHAR) AS sku_,
-             {_text(cols['system_labels'], types, 'system_labels')} AS sys_, {labels} AS labels_,
+             {machine} AS machine_, {system_labels} AS sys_, {labels_sql} AS labels_,
              CAST({cols['project.id']} AS VARCHAR) AS project_, {opt('location.zone')} AS zone_,
              {opt('location.region')} AS region_, CAST({cols['resource.name']} AS VARCHAR) AS rname_,
              CAST({cols['resource.global_name']} AS VARCHAR) AS gname_, CAST({cols['currency']} AS VARCHAR) AS currency_,
@@ -201,13 +257,10 @@ def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetim
                      ELSE raw_h_ END AS h_,
              COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
       FROM timed)
-    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, sys_, labels_, project_, zone_, region_,
-           rname_, gname_, currency_,
+    SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_,
+           region_, rname_, gname_, currency_,
            CASE WHEN secs_ THEN period_ END AS secs_period_,
-           COUNT(*) FILTER (WHERE cost_ IS NULL AND has_cost_) AS bad_cost,
-           COUNT(*) FILTER (WHERE qty_ IS NULL AND has_qty_) AS bad_qty,
-           COUNT(*) FILTER (WHERE period_ IS NULL AND has_period_) AS bad_date,
-           COUNT(*) FILTER (WHERE bad_credits_) AS bad_credits,
+           {_bad_counts(cols, types)},
            SUM(cost_ + credits_) FILTER (WHERE inp_ AND ok_) AS cost, SUM(h_) FILTER (WHERE inp_ AND ok_) AS hours,
            MAX(h_) FILTER (WHERE inp_ AND ok_) AS max_hours, COUNT(*) FILTER (WHERE inp_ AND NOT ok_) AS excluded
     FROM (SELECT *, COALESCE(cost_ >= 0 AND cost_ <= {float(max_line_cost)!r} AND h_ >= 0
@@ -230,28 +283,27 @@ def pricing_model(sku: str) -> str:
 
 
 class _Rules:
-    """What each distinct group says, worked out once: the GPU machine type, the labels and their team/project."""
+    """What each distinct value says, worked out once: the GPU machine type, the labels and their team/project."""
 
     def __init__(self, bs) -> None:
-        from .focus_rules import _pick, focus_tags, gpu_instance_type
+        # focus_rules here, not at the top: it needs model's types, which `costs` of another source does without.
+        from .focus_rules import GPU_SKU, _pick, focus_tags, gpu_instance_type
+
+        self._gpu_sku = GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
 
         families, patterns = set(bs.gpu_families or ()), [re.compile(p) for p in bs.gpu_patterns]
         self._gpu = lambda text: gpu_instance_type(text, families, patterns)
         self._tags, self._pick = focus_tags, _pick
         self._keys = bs.tag_keys
-        self._types: dict[tuple, str] = {}
         self._labels: dict[str | None, tuple[str, str, str, tuple]] = {}
 
-    def instance_type(self, sku: str | None, system_labels: str | None) -> str:
-        k = (sku, system_labels)
-        if k not in self._types:
-            machine = str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
-            self._types[k] = self._gpu(f"{machine} {sku or ''}")
-        return self._types[k]
-
-    def machine_type(self, system_labels: str | None) -> str:
-        """The machine type the machine_spec label names ('' without one)."""
-        return str(self._tags(system_labels or "").get(MACHINE_LABEL) or "")
+    def kind(self, sku: str, machine: str | None, system_labels: str) -> tuple[bool, str, str, str]:
+        """(billed for a GPU SKU, the GPU machine type the SKU or machine_spec names or '', the machine type the
+        machine_spec label names or '', the pricing model) of a SKU text and its machine_spec label (None: read
+        from the system labels' JSON text)."""
+        if machine is None:
+            machine = str(self._tags(system_labels).get(MACHINE_LABEL) or "")
+        return (self._gpu_sku.search(sku) is not None, self._gpu(f"{machine} {sku}"), machine, pricing_model(sku))
 
     def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
         """(team, project, owner, the labels as sorted pairs) of a row's labels."""
@@ -262,84 +314,121 @@ class _Rules:
         return self._labels[raw]
 
 
-def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs) -> DetailedLines:
+# The groups of every file (_sql's columns, and the file's place in the list), held in DuckDB: judged there once all
+# files are read, so that only the export's lines (a VM's day, type, pricing model, labels) come back to Python.
+_GROUPS = """CREATE TEMP TABLE groups (file_no INTEGER, day_ VARCHAR, sku_ VARCHAR, machine_ VARCHAR, sys_ VARCHAR,
+  labels_ VARCHAR,
+  project_ VARCHAR, zone_ VARCHAR, region_ VARCHAR, rname_ VARCHAR, gname_ VARCHAR, currency_ VARCHAR,
+  secs_period_ BIGINT, bad_cost BIGINT, bad_qty BIGINT, bad_date BIGINT, bad_credits BIGINT, cost DOUBLE,
+  hours DOUBLE, max_hours DOUBLE, excluded BIGINT)"""
+# Each distinct (SKU text, system labels) judged in Python (_Rules.kind), and each distinct VM naming its subject
+# (model.gce_vm_id): tables the lines' statement joins. '' stands for a missing text, as the judges read it.
+_KINDS = """CREATE TEMP TABLE kinds (sku VARCHAR, machine_ VARCHAR, sys VARCHAR, gpu_sku BOOLEAN, itype VARCHAR,
+  machine VARCHAR, pricing VARCHAR)"""
+_KIND_OF = """JOIN kinds ON kinds.sku = COALESCE(g.sku_, '') AND kinds.machine_ IS NOT DISTINCT FROM g.machine_
+                              AND kinds.sys = COALESCE(g.sys_, '')"""
+_JUDGED = f"""
+  WITH k AS (SELECT g.*, kinds.gpu_sku, kinds.itype, kinds.machine, kinds.pricing
+             FROM groups g {_KIND_OF})
+  SELECT *, CASE WHEN itype <> '' THEN itype ELSE machine END AS type_ FROM k
+  WHERE itype <> '' OR gname_ IN (SELECT gname_ FROM k WHERE gpu_sku AND gname_ <> '')"""
+_LINES = f"""
+  WITH kept AS ({_JUDGED}),
+  named AS (
+    SELECT kept.*, subjects.subject,
+           -- the region column, else the zone's ("us-central1-a" -> "us-central1")
+           COALESCE(NULLIF(region_, ''),
+                    CASE WHEN length(COALESCE(zone_, '')) - length(replace(COALESCE(zone_, ''), '-', '')) >= 2
+                         THEN regexp_replace(zone_, '-[^-]*$', '') ELSE COALESCE(zone_, '') END) AS region,
+           -- One VM-hour's seconds rows (GPU, vCPU, RAM) count the hours of the longest once, on its own line.
+           CASE WHEN secs_period_ IS NULL THEN hours
+                WHEN row_number() OVER (PARTITION BY subjects.subject, secs_period_
+                                        ORDER BY max_hours DESC, file_no, day_, type_, pricing, labels_, currency_,
+                                                 COALESCE(project_, ''), region_, zone_) = 1 THEN max_hours
+                ELSE 0.0 END AS counted_h
+    FROM kept JOIN subjects ON subjects.g = COALESCE(gname_, '') AND subjects.r = COALESCE(rname_, '')
+                           AND subjects.p = COALESCE(project_, '') AND subjects.z = COALESCE(zone_, '')
+    WHERE cost IS NOT NULL)
+  SELECT day_, COALESCE(project_, ''), region, subject, type_, pricing, labels_, COALESCE(currency_, ''),
+         -- fsum (compensated): the same cents whatever order the groups come in (Parquet or CSV, threads)
+         fsum(cost), fsum(counted_h)
+  FROM named GROUP BY ALL"""
+
+
+def detailed_lines(files: Sequence[ParquetSource], path: str, start: datetime, end: datetime, bs,
+                   labels: bool = True) -> DetailedLines:
     """The GPU VM lines of the export's files in [start, end): cost (net of credits) and instance hours per day,
     VM, machine type, pricing model, labels and currency.
 
     A GPU VM is one whose machine type (the machine_spec label, or the SKU text) is a GPU machine type, or one
     billed for a GPU SKU ("Nvidia Tesla T4 GPU ...": an N1 VM with attached GPUs, whose machine type names none).
     Google may write a VM's GPU row and its vCPU rows in different files of an export, so every file's groups are
-    read first and judged after."""
+    read first (into DuckDB) and judged after; Python judges only the distinct SKU texts, labels and VM names.
+    Without `labels` the lines carry none (team, project and owner ''): enough for a total per VM, type or account."""
     # Here, not at the top: every `costs` imports this module to ask whether its source is this one, and model's
-    # types (and focus_rules, which needs them) are a start-up cost the other sources do without
-    # (tests/cli/test_start.py).
+    # types are a start-up cost the other sources do without (tests/cli/test_start.py).
     from ...model import gce_vm_id
-    from .focus_rules import GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
 
     con = connect()
     rules = _Rules(bs)
-    groups: list[tuple[str, dict]] = []  # (file, group) of every file, judged once all are read
-    gpu_vms: set[str] = set()  # full resource names of VMs billed for a GPU SKU
+    con.execute(_GROUPS)
+    con.execute(_KINDS)
+    judged: set[tuple[str, str | None, str]] = set()
     warnings: list[str] = []
     checks = (("bad_cost", "cost", "DOUBLE"), ("bad_qty", "usage.amount", "DOUBLE"),
               ("bad_date", "usage_start_time", "TIMESTAMPTZ"), ("bad_credits", "credits", "JSON"))
-    for src in local_copies(files, TOP_LEVEL):
+    names: list[str] = []
+    for i, src in enumerate(local_copies(files, TOP_LEVEL)):
+        names.append(src.name)
         types, table = _columns(con, src)
         cols = _check(types, src)
         try:
-            cur = con.execute(_sql(table, cols, types, start, end, bs.max_line_cost))
-            names = [d[0] for d in cur.description]
-            got = [dict(zip(names, r)) for r in cur.fetchall()]
+            con.execute(f"INSERT INTO groups SELECT {i}, * FROM "
+                        f"({_sql(table, cols, types, start, end, bs.max_line_cost, labels)})")
         except Exception as exc:  # duckdb.Error: a row group unreadable, a value it cannot convert
             raise BillingDataError(f"{src.name}: cannot read the detailed usage cost export: "
                                    f"{_error_text(exc)}") from None
-        for g in got:
-            gpu_sku = GPU_SKU.search(g["sku_"] or "") is not None
-            if gpu_sku and g["gname_"]:
-                gpu_vms.add(g["gname_"])
-            if gpu_sku or rules.instance_type(g["sku_"], g["sys_"]):  # a bad value of a GPU VM's row: said here
-                for bad, column, kind in checks:
-                    if g[bad]:
-                        _raise_bad_value(con, table, cols, src, column, kind)
-            groups.append((src.name, g))
-    lines: dict[tuple, list[float]] = {}
-    secs: dict[tuple, list] = {}  # (VM, hour) -> [the longest seconds row's hours, its line]
-    excluded: dict[str, int] = {}
-    currencies: dict[str, list[str]] = {}
-    for name, g in groups:
-        itype = rules.instance_type(g["sku_"], g["sys_"])
-        if not itype and g["gname_"] in gpu_vms:
-            itype = rules.machine_type(g["sys_"])
-        elif not itype:
-            continue
-        excluded[name] = excluded.get(name, 0) + g["excluded"] + sum(g[b] for b, _c, _k in checks)
-        if g["cost"] is None:
-            continue
-        currency = g["currency_"] or ""
-        currencies.setdefault(name, []).append(currency)
-        zone = g["zone_"] or ""
-        region = g["region_"] or (zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone)
-        subject = gce_vm_id(g["gname_"] or "", g["rname_"] or "", g["project_"] or "", zone) or (
-            g["gname_"] or g["rname_"] or "")
-        team, project, owner, tags = rules.labels(g["labels_"])
-        key = (g["day_"], g["project_"] or "", region, subject, itype, pricing_model(g["sku_"] or ""), team,
-               project, owner, tags, currency)
-        line = lines.setdefault(key, [0.0, 0.0])
-        line[0] += g["cost"]
-        if g["secs_period_"] is None:
-            line[1] += g["hours"]
-        else:
-            best = secs.setdefault((subject, g["secs_period_"]), [-1.0, key])
-            if g["max_hours"] > best[0]:
-                best[0], best[1] = g["max_hours"], key
-    for name, found in currencies.items():
-        mixed_currencies(found, name)
-    for name, n in excluded.items():
+        new = [p for p in con.execute("SELECT DISTINCT COALESCE(sku_, ''), machine_, COALESCE(sys_, '') FROM groups "
+                                      f"WHERE file_no = {i}").fetchall() if p not in judged]
+        if new:
+            judged.update(new)
+            kinds = [(sku, machine, sys, *rules.kind(sku, machine, sys)) for sku, machine, sys in new]
+            # Python lists in as parameters, zipped by unnest: no pandas or pyarrow to import.
+            con.execute("INSERT INTO kinds SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                         "unnest(?::BOOLEAN[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+                        [list(c) for c in zip(*kinds)])
+        # A bad value of a GPU VM's row (by its own SKU or machine type): said here, naming its row.
+        bad = con.execute(f"""SELECT {', '.join(f'COALESCE(SUM({b}), 0)' for b, _c, _k in checks)}
+                              FROM groups g {_KIND_OF}
+                              WHERE file_no = {i} AND (gpu_sku OR itype <> '')""").fetchone()
+        for n, (_b, column, kind) in zip(bad, checks):
+            if n:
+                _raise_bad_value(con, table, cols, src, column, kind)
+    per_file = con.execute(f"""
+          SELECT file_no, SUM(excluded + {' + '.join(b for b, _c, _k in checks)}),
+                 list(DISTINCT COALESCE(currency_, '')) FILTER (WHERE cost IS NOT NULL)
+          FROM ({_JUDGED}) GROUP BY file_no ORDER BY file_no""").fetchall()
+    for file_no, _n, found in per_file:
+        mixed_currencies(found or [], names[file_no])
+    for file_no, n, _found in per_file:
         if n:
-            warnings.append(f"{name}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
+            warnings.append(f"{names[file_no]}: {n} GPU VM row(s) excluded: column 'cost' missing, negative or above "
                             f"{bs.max_line_cost:g}, or usage.amount negative or above {MAX_LINE_HOURS:g} h")
-    for hours, key in secs.values():
-        lines[key][1] += hours
+    vms = con.execute(f"""SELECT DISTINCT COALESCE(gname_, ''), COALESCE(rname_, ''), COALESCE(project_, ''),
+                                          COALESCE(zone_, '') FROM ({_JUDGED}) WHERE cost IS NOT NULL""").fetchall()
+    subjects = [(*vm, gce_vm_id(*vm) or vm[0] or vm[1]) for vm in vms]
+    con.execute("CREATE TEMP TABLE subjects (g VARCHAR, r VARCHAR, p VARCHAR, z VARCHAR, subject VARCHAR)")
+    if subjects:
+        con.execute("INSERT INTO subjects SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[])", [list(c) for c in zip(*subjects)])
+    lines: dict[tuple, list[float]] = {}
+    for day, account, region, subject, itype, pricing, raw_labels, currency, cost, hours in con.execute(
+            _LINES).fetchall():
+        team, project, owner, tags = rules.labels(raw_labels)
+        line = lines.setdefault((day, account, region, subject, itype, pricing, team, project, owner, tags, currency),
+                                [0.0, 0.0])
+        line[0] += cost
+        line[1] += hours
     mixed_currencies([k[-1] for k in lines], path)
     if not lines:
         warnings.append(f"{path}: no GPU VM usage between {start:%Y-%m-%d} and {end:%Y-%m-%d}")
@@ -390,7 +479,8 @@ def file_totals(settings, start: datetime, end: datetime, by: str, source: str |
     source, path = source or bs.source, path or bs.path
     if source != SOURCE or not path:
         return None
-    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+    d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs,
+                       labels=by in LABEL_GRAINS)
     for w in d.warnings:
         logging.getLogger(__name__).warning("%s", w)
     return TotalRows(totals(d, by), d.warnings, d.files, None, SOURCE)

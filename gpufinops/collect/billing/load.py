@@ -149,10 +149,11 @@ def load_cost_totals(settings: Settings, start: datetime, end: datetime, now: da
         table = pd.DataFrame(t.rows, columns=list(TOTAL_COLUMNS)) if t.rows else empty_totals()
         return LoadedTotals(table, "focus", t.warnings)
     if source == "gcp-detailed" and path:  # DuckDB (gcp_detailed.py), summed at the grain
-        from .gcp_detailed import SOURCE, detailed_files, detailed_lines, totals
+        from .gcp_detailed import LABEL_GRAINS, SOURCE, detailed_files, detailed_lines, totals
         from .s3fetch import s3_client_for
 
-        d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs)
+        d = detailed_lines(detailed_files(path, s3_client_for(settings, path)), path, start, end, bs,
+                           labels=by in LABEL_GRAINS)
         rows = totals(d, by)
         return LoadedTotals(pd.DataFrame(rows, columns=list(TOTAL_COLUMNS)) if rows else empty_totals(), SOURCE,
                             d.warnings)
