@@ -243,8 +243,8 @@ def read_charges(commands: SlurmCommands, start: datetime, end: datetime, now: d
                                     f"--endtime={_sacct_time(min(hi + SACCT_WINDOW_MARGIN, end))}")
             runs, unread = parse_sacct(doc, commands.cluster)
         except SlurmUnavailable as exc:
-            raise type(exc)(f"{exc} (window {i + 1} of {len(cuts)}: {lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} "
-                            f"UTC; the rest of the period is not shown)") from None
+            raise type(exc)(f"{exc}, in window {i + 1} of {len(cuts)} ({lo:%Y-%m-%d %H:%M:%S} to "
+                            f"{hi:%Y-%m-%d %H:%M:%S} UTC)") from None
         del doc
         mine = [r for r in runs if owning_window(r, start, end, window) == i]
         yield charge(mine, start, end, now, prices), unread

@@ -241,8 +241,8 @@ def test_a_window_that_fails_fails_the_cluster_never_a_part_shown_as_the_whole()
     assert not usage.complete and usage.table.empty  # the two windows read before it are dropped
     assert usage.errors == [
         "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database: Connection refused "
-        f"(window 3 of 9: {at(1796635390):%Y-%m-%d %H:%M} to {at(1796635400):%Y-%m-%d %H:%M} UTC; the rest of the "
-        "period is not shown) (its GPU-hours are unknown, not zero)"]
+        f", in window 3 of 9 ({at(1796635390):%Y-%m-%d %H:%M:%S} to {at(1796635400):%Y-%m-%d %H:%M:%S} UTC) "
+        "(its GPU-hours are unknown, not zero)"]
 
 
 def test_a_window_with_no_job_is_empty_not_an_outage():
