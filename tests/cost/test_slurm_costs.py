@@ -185,7 +185,7 @@ def test_live_costs_by_slurm_account_match_sacct(tmp_path, capsys, slurm_acct, s
     text = slurm_acct.run("sacct", "-X", "-D", "-a", "-n", "-P", f"--starttime={month}-01T00:00:00", "-o",
                           "account,state,elapsedraw,alloctres").stdout
     expected: dict[str, int] = {}
-    for line in text.split():
+    for line in text.splitlines():  # lines, not words: a state reads "CANCELLED by 1000"
         account, state, elapsed, tres = line.split("|")
         gpus = int(dict(kv.split("=") for kv in tres.split(",")).get("gres/gpu", 0)) if tres else 0
         if gpus and state != "RUNNING":

@@ -240,7 +240,7 @@ def test_a_window_that_fails_fails_the_cluster_never_a_part_shown_as_the_whole()
     assert len(runner.asked) == 3  # nothing asked after the failing window
     assert not usage.complete and usage.table.empty  # the two windows read before it are dropped
     assert usage.errors == [
-        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database: Connection refused "
+        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database: Connection refused"
         f", in window 3 of 9 ({at(1796635390):%Y-%m-%d %H:%M:%S} to {at(1796635400):%Y-%m-%d %H:%M:%S} UTC) "
         "(its GPU-hours are unknown, not zero)"]
 
