@@ -57,7 +57,10 @@ def read_slurm_usage(settings: Settings, start: datetime, end: datetime, now: da
         out.warnings.extend(unread)
         out.warnings.extend(f"slurm {c.cluster}: {why}: those GPU-hours are unpriced" for why in sorted(unpriced))
     if tables:
-        out.table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+        # One order whatever the windows: the dollars are float sums, and a sum's last cent can depend on its order;
+        # sorted, a month read in any windows gives the very table (and totals) one whole read gives.
+        out.table = pd.concat(tables, ignore_index=True).sort_values(
+            ["cluster", "start", "job_id", "gpu_seconds"], kind="stable").reset_index(drop=True)
     return out
 
 
