@@ -13,6 +13,9 @@ The price of a GPU-hour, first that is known (SlurmClusterSettings, docs/slurm.m
      catalog's lowest on-demand $/GPU-h of that model (an estimate, never overstated: prices.host_prices);
   3. none: the GPU-hours are kept and said unpriced, never charged $0.
 
+A period is read in windows (read_charges): one sacct answer in memory at a time, each run charged once, by the
+window that holds its first second inside the period, for its whole part of the period (docs/slurm.md "Cost").
+
 A failing sacct (no slurmdbd, a timeout, an error in the answer) raises SlurmUnavailable: no charge at all, never $0.
 Field names change in 23.02+ (data_parser): they are read here and nowhere else.
 """
