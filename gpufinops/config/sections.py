@@ -467,6 +467,10 @@ class SlurmClusterSettings(StrictModel):
     enabled: bool = True
     conf: str | None = None  # a slurm.conf path; None: the commands' own default (/etc/slurm/slurm.conf)
     timeout_s: float = Field(30.0, gt=0, le=600)  # one command or request; a timeout is UNKNOWN, never idle
+    # The month's accounting is asked of sacct in windows of this many hours, one answer in memory at a time
+    # (places.slurm.accounting.read_charges): smaller for a cluster that runs more jobs. Each window is one sacct
+    # call under timeout_s.
+    sacct_window_hours: float = Field(6.0, ge=1 / 3600, le=24 * 31)  # one second to a month
 
     @field_validator("cluster")
     @classmethod

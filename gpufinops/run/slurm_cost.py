@@ -7,14 +7,14 @@ A cluster whose sacct fails is an error line and no rows: its GPU-hours are unkn
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable
 
 import pandas as pd
 
 from ..config import Settings
 from ..cost.slurm import SlurmUsage, usage_table
-from ..places.slurm.accounting import SlurmPrices, charge, read_runs
+from ..places.slurm.accounting import SlurmPrices, read_charges
 from ..places.slurm.commands import SlurmCommands, SlurmUnavailable
 from ..prices.catalog import CatalogError, load_catalog
 
@@ -31,22 +31,36 @@ def read_slurm_usage(settings: Settings, start: datetime, end: datetime, now: da
     except CatalogError as exc:
         catalog, problem = None, f"the GPU catalog could not be read: {exc}"
     origin = f"the slurm: section of {settings.source_path}" if settings.source_path else "the slurm: section"
-    rows: list[dict] = []
+    tables: list[pd.DataFrame] = []
     out = SlurmUsage(usage_table([]), tuple(c.cluster for c in clusters))
     until = min(end, now)
     for c in clusters:
         commands = commands_for(c.cluster, c.conf, c.timeout_s)
+        prices = SlurmPrices.of(c, catalog, catalog_problem=problem, origin=origin)
+        # One window's answer at a time (accounting.read_charges), each folded into a compact table before the next
+        # is asked: a month of a large cluster is never held whole as sacct's JSON.
+        cluster_tables: list[pd.DataFrame] = []
+        unread: dict[str, None] = {}  # a record unreadable in several windows' answers is said once
+        unpriced: set[str] = set()
         try:
-            runs, unread = read_runs(commands, start, until)
+            for charges, window_unread in read_charges(commands, start, until, now, prices,
+                                                       window=timedelta(hours=c.sacct_window_hours)):
+                unread.update(dict.fromkeys(window_unread))
+                if charges:
+                    cluster_tables.append(usage_table(ch.row() for ch in charges))
+                unpriced.update(ch.price.source for ch in charges if ch.price.usd_per_gpu_hour is None)
         except SlurmUnavailable as exc:
+            # what the windows before it gave is dropped: a part of the month is never shown as the month
             out.errors.append(f"{exc} (its GPU-hours are unknown, not zero)")
             continue
+        tables.extend(cluster_tables)
         out.warnings.extend(unread)
-        charges = charge(runs, start, until, now, SlurmPrices.of(c, catalog, catalog_problem=problem, origin=origin))
-        rows.extend(ch.row() for ch in charges)
-        unpriced = {ch.price.source for ch in charges if ch.price.usd_per_gpu_hour is None}
         out.warnings.extend(f"slurm {c.cluster}: {why}: those GPU-hours are unpriced" for why in sorted(unpriced))
-    out.table = usage_table(rows)
+    if tables:
+        # One order whatever the windows: the dollars are float sums, and a sum's last cent can depend on its order;
+        # sorted, a month read in any windows gives the very table (and totals) one whole read gives.
+        out.table = pd.concat(tables, ignore_index=True).sort_values(
+            ["cluster", "start", "job_id", "gpu_seconds"], kind="stable").reset_index(drop=True)
     return out
 
 

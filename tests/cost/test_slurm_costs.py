@@ -112,8 +112,11 @@ def test_sacct_failing_is_an_error_and_no_table(tmp_path, capsys, monkeypatch):
                  "--month", MONTH]) == 1
     cap = capsys.readouterr()
     assert cap.out == ""
-    assert cap.err.strip() == ("error: slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the "
-                               "database: Connection refused (its GPU-hours are unknown, not zero)")
+    # the first window of the month failed (how many windows: up to now, when the month is this one)
+    err, = cap.err.strip().splitlines()
+    assert err.startswith("error: slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the "
+                          "database: Connection refused, in window 1 of ")
+    assert err.endswith(" (2026-12-01 00:00:00 to 2026-12-01 06:00:00 UTC) (its GPU-hours are unknown, not zero)")
 
 
 def test_no_slurm_section_is_a_usage_error(tmp_path, capsys):
@@ -182,7 +185,7 @@ def test_live_costs_by_slurm_account_match_sacct(tmp_path, capsys, slurm_acct, s
     text = slurm_acct.run("sacct", "-X", "-D", "-a", "-n", "-P", f"--starttime={month}-01T00:00:00", "-o",
                           "account,state,elapsedraw,alloctres").stdout
     expected: dict[str, int] = {}
-    for line in text.split():
+    for line in text.splitlines():  # lines, not words: a state reads "CANCELLED by 1000"
         account, state, elapsed, tres = line.split("|")
         gpus = int(dict(kv.split("=") for kv in tres.split(",")).get("gres/gpu", 0)) if tres else 0
         if gpus and state != "RUNNING":
@@ -233,9 +236,9 @@ def test_budget_of_a_slurm_account_with_sacct_failing_is_an_error_not_zero(tmp_p
     cfg = budgets_config(tmp_path, ML_BUDGET, **PRICES)
     assert main(["--config", str(cfg), "budgets", "check", "--month", MONTH, "-o", "json"]) == 1
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["spent"] == 0.0 and row["error"] == (
-        "budget 'ml-gpu': slurm acct: sacct --json failed (exit 1): sacct: error: slurmdbd: Connection refused "
-        "(its GPU-hours are unknown, not zero)")
+    assert row["spent"] == 0.0 and row["error"].startswith(
+        "budget 'ml-gpu': slurm acct: sacct --json failed (exit 1): sacct: error: slurmdbd: Connection refused, in "
+        "window 1 of ") and row["error"].endswith(" UTC) (its GPU-hours are unknown, not zero)")
     assert row["alerts_sent"] == ""
 
 

@@ -13,15 +13,19 @@ The price of a GPU-hour, first that is known (SlurmClusterSettings, docs/slurm.m
      catalog's lowest on-demand $/GPU-h of that model (an estimate, never overstated: prices.host_prices);
   3. none: the GPU-hours are kept and said unpriced, never charged $0.
 
+A period is read in windows (read_charges): one sacct answer in memory at a time, each run charged once, by the
+window that holds its first second inside the period, for its whole part of the period (docs/slurm.md "Cost").
+
 A failing sacct (no slurmdbd, a timeout, an error in the answer) raises SlurmUnavailable: no charge at all, never $0.
 Field names change in 23.02+ (data_parser): they are read here and nowhere else.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Iterator, Mapping
 
 from ...config.sections import SlurmClusterSettings
 from ...model import format_money
@@ -35,6 +39,12 @@ ANY_PARTITION = "*"
 # More GPUs than one job has ever held on any cluster: a count above it is a garbled record (Slurm's NO_VAL is
 # 4294967294), refused with its reason rather than charged as a six-figure bill.
 MAX_GPUS_PER_RUN = 100_000
+# A month is asked of sacct in windows of this length (SlurmClusterSettings.sacct_window_hours): one answer is parsed
+# whole (~9 KiB of Python objects per record), so the window, not the month, bounds the memory of a read.
+SACCT_WINDOW = timedelta(hours=6)
+# Each window is asked this much wider on both sides: -S/-E are local wall time, which a DST change makes ambiguous
+# for an hour; a run is charged by the one window that owns it (owning_window), so asking wider never counts twice.
+SACCT_WINDOW_MARGIN = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -167,8 +177,10 @@ def parse_sacct(doc: Mapping[str, Any], cluster: str) -> tuple[list[SlurmRun], l
             continue
         runs.append(SlurmRun(
             cluster=cluster, job_id=job_id, display_id=_display_id(j, job_id), name=_text(j.get("name")),
-            user=_text(j.get("user")), account=_text(j.get("account")), partition=_text(j.get("partition")),
-            qos=_text(j.get("qos")), state=_text(state.get("current")) or "?", gpus=gpus, gpu_type=gpu_type,
+            # interned: a month's rows share a few hundred users/accounts/partitions rather than a copy per record
+            user=sys.intern(_text(j.get("user"))), account=sys.intern(_text(j.get("account"))),
+            partition=sys.intern(_text(j.get("partition"))), qos=sys.intern(_text(j.get("qos"))),
+            state=sys.intern(_text(state.get("current")) or "?"), gpus=gpus, gpu_type=sys.intern(gpu_type),
             start=_at(start), end=_at(end) if end > 0 else None, elapsed_s=elapsed))
     return runs, unread
 
@@ -195,10 +207,50 @@ def _sacct_time(dt: datetime) -> str:
 
 def read_runs(commands: SlurmCommands, start: datetime, end: datetime) -> tuple[list[SlurmRun], list[str]]:
     """Every run that held GPUs in [start, end), every user's, requeued parts included (`-D`), allocations only
-    (`-X`: a job's steps would count its GPUs again). SlurmUnavailable when sacct cannot answer."""
+    (`-X`: a job's steps would count its GPUs again), in ONE sacct answer. SlurmUnavailable when sacct cannot
+    answer. A month is read in windows instead (read_charges)."""
     doc = commands.run_json("sacct", "--json", "--allusers", "--duplicates", "--allocations",
                             f"--starttime={_sacct_time(start)}", f"--endtime={_sacct_time(end)}")
     return parse_sacct(doc, commands.cluster)
+
+
+def windows(start: datetime, end: datetime, size: timedelta) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut into consecutive windows of `size` (the last one shorter)."""
+    out, lo = [], start
+    while lo < end:
+        out.append((lo, min(lo + size, end)))
+        lo += size
+    return out
+
+
+def owning_window(run: SlurmRun, start: datetime, end: datetime, window: timedelta) -> int | None:
+    """The index of the one window of windows(start, end, window) that charges the run: the one holding its first
+    second inside [start, end) (a run begun before `start` belongs to the first). sacct lists a run in every window
+    it overlaps; only this one counts it, for its whole part of [start, end), so a run across windows is charged
+    once, exactly as by one whole read. None: it has no second inside."""
+    first = max(run.start, start)
+    return (first - start) // window if first < end else None
+
+
+def read_charges(commands: SlurmCommands, start: datetime, end: datetime, now: datetime, prices: "SlurmPrices", *,
+                 window: timedelta = SACCT_WINDOW) -> Iterator[tuple[list["SlurmCharge"], list[str]]]:
+    """[start, end) read from sacct one window at a time, each answer charged (against the whole [start, end), by
+    the runs that window owns) and let go before the next is asked: (charges, unreadable-record lines) per window.
+    Peak memory is one window's answer, not the month's. A window sacct cannot answer raises SlurmUnavailable
+    naming it: the caller drops what earlier windows gave (never a part of the month shown as the whole)."""
+    cuts = windows(start, end, window)
+    for i, (lo, hi) in enumerate(cuts):
+        try:
+            doc = commands.run_json("sacct", "--json", "--allusers", "--duplicates", "--allocations",
+                                    f"--starttime={_sacct_time(lo - SACCT_WINDOW_MARGIN)}",
+                                    f"--endtime={_sacct_time(min(hi + SACCT_WINDOW_MARGIN, end))}")
+            runs, unread = parse_sacct(doc, commands.cluster)
+        except SlurmUnavailable as exc:
+            raise type(exc)(f"{exc}, in window {i + 1} of {len(cuts)} ({lo:%Y-%m-%d %H:%M:%S} to "
+                            f"{hi:%Y-%m-%d %H:%M:%S} UTC)") from None
+        del doc
+        mine = [r for r in runs if owning_window(r, start, end, window) == i]
+        yield charge(mine, start, end, now, prices), unread
 
 
 # --------------------------------------------------------------------------- charging (pure)

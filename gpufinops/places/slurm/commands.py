@@ -36,8 +36,20 @@ def _run_subprocess(argv: Sequence[str], env: dict[str, str], timeout_s: float) 
                           stdin=subprocess.DEVNULL)
 
 
+# ESLURM_REST_EMPTY_RESULT: 22.05's `sacct --json` over a period with no job exits 0 with `"jobs": []` and this one
+# entry in `errors` ("Nothing found", source slurmdb_jobs_get; seen on the test cluster's slurmdbd). It is an answer
+# (no job in that window), not an outage: a month read in windows meets it for every quiet window.
+_EMPTY_RESULT = 9003
+
 # Slurm's messages can be long (a whole usage text); one line of them is enough to say why.
 _MAX_ERROR_CHARS = 300
+
+
+def _only_nothing_found(errors: Any) -> bool:
+    """True when every entry of an answer's `errors` is sacct's empty result (_EMPTY_RESULT from slurmdb_jobs_get)."""
+    return isinstance(errors, list) and all(
+        isinstance(e, dict) and e.get("error_number") == _EMPTY_RESULT and e.get("source") == "slurmdb_jobs_get"
+        for e in errors)
 
 
 @dataclass
@@ -88,6 +100,8 @@ class SlurmCommands:
         # 22.05's `squeue --json` with slurmctld down exits 0 with `"jobs": []` and the failure only in `errors`
         # ("Failed while looking for jobs", source slurm_load_jobs): an empty list there is an outage, not "no jobs".
         errors = doc.get("errors")
+        if errors and _only_nothing_found(errors) and doc.get("jobs") == []:
+            return {**doc, "errors": []}
         if errors:
             first = errors[0] if isinstance(errors, list) and isinstance(errors[0], dict) else {}
             why = " ".join(str(first.get(k) or "") for k in ("source", "description", "error")).strip()

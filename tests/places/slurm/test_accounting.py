@@ -177,3 +177,84 @@ def test_bad_prices_are_config_errors_naming_the_file_and_key(tmp_path):
         with pytest.raises(ConfigError) as err:
             load_settings(cfg)
         assert str(cfg) in str(err.value) and "key 'slurm.clusters.0." in str(err.value) and said in str(err.value)
+
+
+# --------------------------------------------------------------------------- a month read in windows
+
+
+class WindowedSacct:
+    """A `sacct` runner that answers each -S/-E window with the capture's records sacct itself would list for it
+    (begun before its end, not ended before its start: in every window it overlaps), and writes down each window.
+    `fail_at`: the call (1-based) that fails as slurmdbd going away does."""
+
+    def __init__(self, doc, fail_at=0):
+        self.doc, self.fail_at, self.asked = doc, fail_at, []
+
+    def __call__(self, argv, env, timeout_s):
+        import subprocess
+
+        opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        lo, hi = (datetime.fromisoformat(opts[k]).astimezone().timestamp() for k in ("starttime", "endtime"))
+        self.asked.append((lo, hi))
+        if len(self.asked) == self.fail_at:
+            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Problem talking to the database: "
+                                                            "Connection refused")
+        jobs = [j for j in self.doc["jobs"]
+                if j["time"]["start"] < hi and (j["time"]["end"] >= lo or j["time"]["end"] == 0)]
+        return subprocess.CompletedProcess(argv, 0, json.dumps({**self.doc, "jobs": jobs}), "")
+
+
+PERIOD = (at(1796635370), at(1796635460))  # around the capture's five runs (1796635384 .. 1796635453)
+
+
+def windowed_usage(runner, hours):
+    settings = load_settings(None, slurm={"cluster": "acct", "usd_per_gpu_hour": {"gpu": 900.0, "interactive": 720.0},
+                                          "sacct_window_hours": hours})
+    return read_slurm_usage(settings, *PERIOD, NOW,
+                            commands_for=lambda name, conf, t: SlurmCommands(name, conf, t, runner=runner))
+
+
+def test_a_run_across_windows_is_charged_once_to_the_cent():
+    doc = json.loads(CAPTURE.read_text())
+    runner = WindowedSacct(doc)
+    usage = windowed_usage(runner, 10 / 3600)  # 10-second windows: every run of the capture crosses one or more
+    assert usage.complete and usage.warnings == []
+    assert len(runner.asked) == 9  # 90 s in 10 s windows, one sacct answer each
+    # job 1 (2 GPUs, 1796635384 + 40 s) is listed by five windows' answers; it is charged once, for its 40 s
+    assert sum(len(WindowedSacct(doc)(["sacct", f"--starttime={datetime.fromtimestamp(lo).isoformat()}",
+                                       f"--endtime={datetime.fromtimestamp(hi).isoformat()}"], {}, 1).stdout
+                   .split('"job_id": 1,')) - 1 for lo, hi in runner.asked) >= 4
+    whole = usage_table(c.row() for c in charge(capture_runs(), *PERIOD, NOW,
+                                               prices(usd_per_gpu_hour={"gpu": 900.0, "interactive": 720.0})))
+    assert sorted(usage.table["job_id"]) == sorted(whole["job_id"]) == ["1", "2", "3", "3", "4"]
+    assert usage.table["gpu_seconds"].sum() == whole["gpu_seconds"].sum() == 194
+    for by in ("account", "user", "partition", "qos"):
+        assert slurm_totals(usage.table, by)[[by, "jobs", "usd"]].to_dict("records") == \
+            slurm_totals(whole, by)[[by, "jobs", "usd"]].to_dict("records")
+    assert slurm_totals(usage.table, "account")["usd"].tolist() == [37.00, 10.25]
+
+
+def test_a_window_that_fails_fails_the_cluster_never_a_part_shown_as_the_whole():
+    runner = WindowedSacct(json.loads(CAPTURE.read_text()), fail_at=3)
+    usage = windowed_usage(runner, 10 / 3600)
+    assert len(runner.asked) == 3  # nothing asked after the failing window
+    assert not usage.complete and usage.table.empty  # the two windows read before it are dropped
+    assert usage.errors == [
+        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database: Connection refused"
+        f", in window 3 of 9 ({at(1796635390):%Y-%m-%d %H:%M:%S} to {at(1796635400):%Y-%m-%d %H:%M:%S} UTC) "
+        "(its GPU-hours are unknown, not zero)"]
+
+
+def test_a_window_with_no_job_is_empty_not_an_outage():
+    import subprocess
+
+    # 22.05's sacct over a quiet window, as the test cluster's slurmdbd answers it: exit 0, no job, one error entry.
+    quiet = {"meta": {}, "errors": [{"description": "Nothing found", "error_number": 9003,
+                                     "error": "Nothing found with query", "source": "slurmdb_jobs_get"}], "jobs": []}
+    sacct = SlurmCommands("acct", runner=lambda argv, env, t: subprocess.CompletedProcess(argv, 0, json.dumps(quiet), ""))
+    assert read_runs(sacct, *DECEMBER) == ([], [])
+    # any other error entry, or one with jobs, is still an error
+    broken = {**quiet, "errors": [{**quiet["errors"][0], "error_number": 9000}]}
+    sacct.runner = lambda argv, env, t: subprocess.CompletedProcess(argv, 0, json.dumps(broken), "")
+    with pytest.raises(SlurmUnavailable, match="reported an error"):
+        read_runs(sacct, *DECEMBER)
