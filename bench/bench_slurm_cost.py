@@ -1,6 +1,6 @@
 """A month of Slurm accounting charged: `sacct --json` answers -> runs -> priced -> per account, user, partition, QOS.
 
-    python bench/bench_slurm_cost.py [--records 100000 300000] [--window-hours 6]
+    python bench/bench_slurm_cost.py [--records 100000 300000] [--window-hours 24]
 
 Builds N records in the shape of the real 22.05 capture (tests/data/slurm/sacct-22.05.json: each record is one of
 its records with a new id, user, account, partition, GPU count and times spread over November 2026; 1 in 10 crosses
@@ -102,7 +102,7 @@ def read(answers: dict[tuple[str, str], Path], window_hours: float):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, nargs="+", default=[100_000])
-    ap.add_argument("--window-hours", type=float, default=6.0)
+    ap.add_argument("--window-hours", type=float, default=24.0)
     args = ap.parse_args()
     month_h = (END - START) / timedelta(hours=1)
     print(f"{'records':>8}  {'read':>8}  {'answers':>7}  {'largest MiB':>11}  {'s':>6}  {'peak MiB':>8}  check")

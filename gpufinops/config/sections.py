@@ -470,7 +470,7 @@ class SlurmClusterSettings(StrictModel):
     # The month's accounting is asked of sacct in windows of this many hours, one answer in memory at a time
     # (places.slurm.accounting.read_charges): smaller for a cluster that runs more jobs. Each window is one sacct
     # call under timeout_s.
-    sacct_window_hours: float = Field(6.0, ge=1 / 3600, le=24 * 31)  # one second to a month
+    sacct_window_hours: float = Field(24.0, ge=1 / 3600, le=24 * 31)  # one second to a month
 
     @field_validator("cluster")
     @classmethod

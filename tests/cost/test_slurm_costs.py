@@ -116,7 +116,7 @@ def test_sacct_failing_is_an_error_and_no_table(tmp_path, capsys, monkeypatch):
     err, = cap.err.strip().splitlines()
     assert err.startswith("error: slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the "
                           "database: Connection refused, in window 1 of ")
-    assert err.endswith(" (2026-12-01 00:00:00 to 2026-12-01 06:00:00 UTC) (its GPU-hours are unknown, not zero)")
+    assert err.endswith(" (2026-12-01 00:00:00 to 2026-12-02 00:00:00 UTC) (its GPU-hours are unknown, not zero)")
 
 
 def test_no_slurm_section_is_a_usage_error(tmp_path, capsys):

@@ -106,8 +106,8 @@ def test_sacct_failing_is_said_not_zero(tmp_path, monkeypatch):
     got = report(tmp_path, "echo 'sacct: error: Problem talking to the database' >&2\nexit 1\n", monkeypatch)
     doc = got["doc"]
     assert doc["headline"]["slurm_cost"] is None and doc["headline"]["slurm_errors"] == [
-        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database, in window 1 of 124 "
-        "(2026-12-01 00:00:00 to 2026-12-01 06:00:00 UTC) (its GPU-hours are unknown, not zero)"]
+        "slurm acct: sacct --json failed (exit 1): sacct: error: Problem talking to the database, in window 1 of 31 "
+        "(2026-12-01 00:00:00 to 2026-12-02 00:00:00 UTC) (its GPU-hours are unknown, not zero)"]
     assert doc["headline"]["slurm_errors"][0] in doc["data_quality"]["warnings"]
     assert "slurm_accounts" in doc["tables"] and doc["tables"]["slurm_accounts"] == []
     assert "<strong>Not read:</strong> slurm acct: sacct --json failed" in got["html"]

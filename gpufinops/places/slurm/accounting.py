@@ -41,7 +41,7 @@ ANY_PARTITION = "*"
 MAX_GPUS_PER_RUN = 100_000
 # A month is asked of sacct in windows of this length (SlurmClusterSettings.sacct_window_hours): one answer is parsed
 # whole (~9 KiB of Python objects per record), so the window, not the month, bounds the memory of a read.
-SACCT_WINDOW = timedelta(hours=6)
+SACCT_WINDOW = timedelta(hours=24)
 # Each window is asked this much wider on both sides: -S/-E are local wall time, which a DST change makes ambiguous
 # for an hour; a run is charged by the one window that owns it (owning_window), so asking wider never counts twice.
 SACCT_WINDOW_MARGIN = timedelta(hours=1)
