@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "catalog"
 GPUS_FILE = "gpus.csv"
@@ -446,7 +446,14 @@ class AwsRefresh:
             raise CatalogError(f"{source}: unreadable AWS price cache: {exc}") from None
 
 
-def save_refresh(cache: AwsRefresh, path: str | Path) -> None:
+class PriceCache(Protocol):
+    """A refreshed price cache (AwsRefresh, prices.gcp_refresh.GcpRefresh) as save_refresh writes it."""
+
+    def to_json(self) -> str: ...
+
+
+def save_refresh(cache: PriceCache, path: str | Path) -> None:
+    """A refreshed price cache written atomically: a crash never leaves half a cache."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")

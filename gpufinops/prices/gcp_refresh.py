@@ -198,11 +198,9 @@ def with_gcp_refresh(catalog: Catalog, cache: GcpRefresh) -> Catalog:
 
 
 def save_gcp_refresh(cache: GcpRefresh, path: str | Path) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(cache.to_json())
-    tmp.replace(p)  # atomic: a crash never leaves half a cache
+    from .catalog import save_refresh
+
+    save_refresh(cache, path)  # the AWS cache's atomic write: the same file handling for both
 
 
 def load_gcp_refresh(path: str | Path) -> GcpRefresh | None:

@@ -196,6 +196,26 @@ def _in(values: Sequence[str]) -> str:
     return ", ".join(_q(v) for v in values)
 
 
+def usage_hours_sql(lo: int, hi: int) -> str:
+    """The CTEs `timed` and `kept` after a CTE `used` (unit_, qty_, period_, until_ in epoch µs): each line's hours
+    from its time unit (hours; seconds / 3600, clipped to its charge period) as h_, and inp_ whether it starts in
+    [lo, hi). One piece for the FOCUS totals and Google's detailed export, so both count an hour alike."""
+    from .focus_rules import HOUR_UNITS, SECOND_UNITS
+
+    secs, hours = _in(sorted(SECOND_UNITS)), _in(sorted(HOUR_UNITS))
+    return f"""timed AS (
+      SELECT *, unit_ IN ({secs}) AS secs_,
+             CASE WHEN unit_ IN ({hours}) THEN COALESCE(qty_, 0)
+                  WHEN unit_ IN ({secs}) THEN COALESCE(qty_, 0) / 3600.0 ELSE 0 END AS raw_h_
+      FROM used),
+    kept AS (
+      SELECT *,
+             CASE WHEN secs_ AND until_ IS NOT NULL THEN LEAST(raw_h_, (until_ - period_) / 3.6e9)
+                  ELSE raw_h_ END AS h_,
+             COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
+      FROM timed)"""
+
+
 def cur_sql(table: str, names: dict[str, str], start: datetime, end: datetime, usage_types: Sequence[str], by: str,
             tag_keys, max_line_cost: float) -> str:
     """cur_totals()'s answer for one file (`names`: its column types): (key, currency, cost, usage_hours,
@@ -384,11 +404,6 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
                where: str | None = None) -> tuple[str, list[str]]:
     """One file's usage-in-time rows summed per distinct group (the group columns are returned too). `where`:
     _usage_values' filter, else the same rules as SQL expressions (CSV: a second pass would cost a parse)."""
-    from .focus_rules import HOUR_UNITS, SECOND_UNITS
-
-    def lst(values) -> str:
-        return _in(sorted(values))
-
     low = _low
     cost_col = bs.focus_cost_column
     until = _epoch_us("ChargePeriodEnd", names["ChargePeriodEnd"]) if "ChargePeriodEnd" in names else "NULL::BIGINT"
@@ -409,17 +424,7 @@ def _focus_sql(table: str, names: dict[str, str], start: datetime, end: datetime
              {until} AS until_
       FROM {table}
       WHERE {where}),
-    timed AS (
-      SELECT *, unit_ IN ({lst(SECOND_UNITS)}) AS secs_,
-             CASE WHEN unit_ IN ({lst(HOUR_UNITS)}) THEN COALESCE(qty_, 0)
-                  WHEN unit_ IN ({lst(SECOND_UNITS)}) THEN COALESCE(qty_, 0) / 3600.0 ELSE 0 END AS raw_h_
-      FROM used),
-    kept AS (
-      SELECT *,
-             CASE WHEN secs_ AND until_ IS NOT NULL THEN LEAST(raw_h_, (until_ - period_) / 3.6e9)
-                  ELSE raw_h_ END AS h_,
-             COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
-      FROM timed)
+    {usage_hours_sql(lo, hi)}
     SELECT {', '.join(_ident(c) for c in group)}{',' if group else ''} BillingCurrency AS currency_,
            CASE WHEN secs_ THEN ResourceId END AS secs_rid_, CASE WHEN secs_ THEN period_ END AS secs_period_,
            {_gce_rid()} AS gce_rid_, COUNT(*) FILTER (WHERE inp_) AS n_in_,

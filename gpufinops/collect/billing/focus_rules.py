@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from ...model import azure_scale_set_vm_id, azure_vm_id, gce_vm_id
 from .errors import BillingDataError
 from .focus_spec import detect_version, provider_column
 
@@ -53,6 +52,10 @@ def subject_of(resource_id: object, resource_name: object = None) -> str:
     full resource name with its ResourceName `gce:<project>/<zone>/<name>` (model.gce_vm_id; `gce-unlisted:...` when
     only the numeric id is there), so that a VM's billed rate and its verdicts meet; any other id is kept as it is (an
     EC2 instance id, an OCI resource, a scale set's own id)."""
+    # model here, not at the top: these rules are read by every billing source (gcp_detailed's included), and
+    # model's types are a start-up cost a `costs` of CUR or FOCUS files does without (tests/cli/test_start.py).
+    from ...model import azure_scale_set_vm_id, azure_vm_id, gce_vm_id
+
     text = "" if resource_id is None else str(resource_id)
     name = "" if resource_name is None or resource_name != resource_name else str(resource_name)
     return azure_vm_id(text) or azure_scale_set_vm_id(text) or gce_vm_id(text, name) or text
@@ -60,6 +63,8 @@ def subject_of(resource_id: object, resource_name: object = None) -> str:
 
 def is_gce_vm(resource_id: object) -> bool:
     """Whether a FOCUS ResourceId is a GCE VM's full resource name (model.gce_vm_id)."""
+    from ...model import gce_vm_id  # where used, as in subject_of
+
     return resource_id is not None and resource_id == resource_id and gce_vm_id(str(resource_id)) != ""
 
 

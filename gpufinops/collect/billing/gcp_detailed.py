@@ -32,8 +32,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Sequence
 
-from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect
+from .duck import TotalRows, _epoch_us, _error_text, _ident, _in, _q, connect, usage_hours_sql
 from .errors import BillingDataError, mixed_currencies
+# The FOCUS path's own facts (one of each): the time units, the machine_spec label, the largest line, a GPU SKU.
+from .focus_rules import COMPOUND_TIME_UNIT, GCP_MACHINE_LABEL as MACHINE_LABEL, GPU_SKU, HOUR_UNITS, MAX_LINE_HOURS, \
+    SECOND_UNITS
 from .s3fetch import local_copies
 from .sources import ParquetSource
 
@@ -48,11 +51,6 @@ OPTIONAL = ("usage_end_time", "labels", "credits", "location.zone", "location.re
 REPEATED = ("labels", "system_labels", "credits")
 TOP_LEVEL = ("service", "sku", "usage_start_time", "usage_end_time", "project", "labels", "system_labels",
              "location", "resource", "cost", "currency", "usage", "credits")
-MACHINE_LABEL = "compute.googleapis.com/machine_spec"
-HOUR_UNITS = ("hour", "hours", "h")
-SECOND_UNITS = ("second", "seconds", "s")
-COMPOUND_TIME_UNIT = r"^[a-z].*[-\s](?:seconds?|hours?)$"
-MAX_LINE_HOURS = 1e9
 
 
 @dataclass
@@ -245,18 +243,9 @@ def _sql(table: str, cols: dict[str, str], types: dict[str, str], start: datetim
              {until} AS until_
       FROM {table}
       WHERE {low(cols['service.description'])} = 'compute engine'
-        AND ({low(cols['usage.unit'])} IN ({_in(HOUR_UNITS + SECOND_UNITS)})
+        AND ({low(cols['usage.unit'])} IN ({_in(sorted(HOUR_UNITS | SECOND_UNITS))})
              OR regexp_matches({low(cols['usage.unit'])}, {_q(COMPOUND_TIME_UNIT)}))),
-    timed AS (
-      SELECT *, unit_ IN ({_in(SECOND_UNITS)}) AS secs_,
-             CASE WHEN unit_ IN ({_in(HOUR_UNITS)}) THEN COALESCE(qty_, 0)
-                  WHEN unit_ IN ({_in(SECOND_UNITS)}) THEN COALESCE(qty_, 0) / 3600.0 ELSE 0 END AS raw_h_
-      FROM used),
-    kept AS (
-      SELECT *, CASE WHEN secs_ AND until_ IS NOT NULL THEN LEAST(raw_h_, (until_ - period_) / 3.6e9)
-                     ELSE raw_h_ END AS h_,
-             COALESCE(period_ >= {lo} AND period_ < {hi}, false) AS inp_
-      FROM timed)
+    {usage_hours_sql(lo, hi)}
     SELECT strftime(make_timestamp(period_), '%Y-%m-%d') AS day_, sku_, machine_, sys_, labels_, project_, zone_,
            region_, rname_, gname_, currency_,
            CASE WHEN secs_ THEN period_ END AS secs_period_,
@@ -286,10 +275,7 @@ class _Rules:
     """What each distinct value says, worked out once: the GPU machine type, the labels and their team/project."""
 
     def __init__(self, bs) -> None:
-        # focus_rules here, not at the top: it needs model's types, which `costs` of another source does without.
-        from .focus_rules import GPU_SKU, _pick, focus_tags, gpu_instance_type
-
-        self._gpu_sku = GPU_SKU  # an N1 VM's attached GPUs: one pattern for both Google readers
+        from .focus_rules import _pick, focus_tags, gpu_instance_type
 
         families, patterns = set(bs.gpu_families or ()), [re.compile(p) for p in bs.gpu_patterns]
         self._gpu = lambda text: gpu_instance_type(text, families, patterns)
@@ -303,7 +289,7 @@ class _Rules:
         from the system labels' JSON text)."""
         if machine is None:
             machine = str(self._tags(system_labels).get(MACHINE_LABEL) or "")
-        return (self._gpu_sku.search(sku) is not None, self._gpu(f"{machine} {sku}"), machine, pricing_model(sku))
+        return (GPU_SKU.search(sku) is not None, self._gpu(f"{machine} {sku}"), machine, pricing_model(sku))
 
     def labels(self, raw: str | None) -> tuple[str, str, str, tuple]:
         """(team, project, owner, the labels as sorted pairs) of a row's labels."""

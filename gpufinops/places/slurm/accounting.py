@@ -39,9 +39,6 @@ ANY_PARTITION = "*"
 # More GPUs than one job has ever held on any cluster: a count above it is a garbled record (Slurm's NO_VAL is
 # 4294967294), refused with its reason rather than charged as a six-figure bill.
 MAX_GPUS_PER_RUN = 100_000
-# A month is asked of sacct in windows of this length (SlurmClusterSettings.sacct_window_hours): one answer is parsed
-# whole (~9 KiB of Python objects per record), so the window, not the month, bounds the memory of a read.
-SACCT_WINDOW = timedelta(hours=24)
 # Each window is asked this much wider on both sides: -S/-E are local wall time, which a DST change makes ambiguous
 # for an hour; a run is charged by the one window that owns it (owning_window), so asking wider never counts twice.
 SACCT_WINDOW_MARGIN = timedelta(hours=1)
@@ -233,8 +230,9 @@ def owning_window(run: SlurmRun, start: datetime, end: datetime, window: timedel
 
 
 def read_charges(commands: SlurmCommands, start: datetime, end: datetime, now: datetime, prices: "SlurmPrices", *,
-                 window: timedelta = SACCT_WINDOW) -> Iterator[tuple[list["SlurmCharge"], list[str]]]:
-    """[start, end) read from sacct one window at a time, each answer charged (against the whole [start, end), by
+                 window: timedelta) -> Iterator[tuple[list["SlurmCharge"], list[str]]]:
+    """[start, end) read from sacct one window at a time (`window`: SlurmClusterSettings.sacct_window_hours; one
+    answer is parsed whole, ~9 KiB of Python objects per record, so the window, not the month, bounds the memory), each answer charged (against the whole [start, end), by
     the runs that window owns) and let go before the next is asked: (charges, unreadable-record lines) per window.
     Peak memory is one window's answer, not the month's. A window sacct cannot answer raises SlurmUnavailable
     naming it: the caller drops what earlier windows gave (never a part of the month shown as the whole)."""
