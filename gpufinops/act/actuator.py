@@ -80,11 +80,12 @@ class NotLeader(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one cloud change came to, as recorded: done, failed, or unconfirmed (fate unknown)."""
+    """What one cloud change came to, as recorded: done, failed, unconfirmed (fate unknown), or called off."""
 
     ok: bool | None  # None: unconfirmed, to be read back next tick
     error: str | None = None
     action_id: int | None = None  # the action row, when one was written and may still be open
+    called_off: bool = False  # not made because the plan was overtaken (a person's word during its wait): no failure
 
 
 # A button's snooze whose tag write failed this many times is not tried again; the request still holds.
@@ -105,6 +106,9 @@ MAX_STOP_ATTEMPTS = 3
 # Action rows whose outcome is not settled yet: reconciled against the cloud's real state.
 # "applied": the cloud change went through, its bookkeeping (tags, mark, notice) is not finished yet.
 UNSETTLED = ("pending", "unconfirmed", "applied")
+# A change the place did not make because what it was planned on changed during its own wait (a person's word
+# during a Slurm grace wait): not "failed" (not counted toward MAX_STOP_ATTEMPTS), and its row says what was sent.
+CALLED_OFF = "abandoned"
 # How long a mutating request may be in flight when the cloud does not say (Cloud.max_request_s does).
 DEFAULT_MAX_REQUEST_S = 120.0
 
@@ -333,6 +337,11 @@ class Actuator:
         row_reason = f"{decision.action.value}: {reason}" if own_call else reason
         outcome = self.change(ctx, inst, kind, rule_name, row_reason, lambda: call(inst), verify=DONE_STATES_OF[kind],
                               keep_open=True)
+        if outcome.called_off:
+            # A person's cancel during the grace wait (a snooze, the mark removed, a protect, a restart) won: like
+            # the skip above, no failure; its row ("abandoned") says what was sent, and the next run decides again.
+            return ActionResult(inst.instance_id, ActionKind.SKIP, ctx.dry_run, True,
+                                f"called off: {outcome.error}; the next run decides again", rule_name, ctx.now)
         if not outcome.ok:
             if outcome.ok is False and UNSUPPORTED_MARK in (outcome.error or ""):
                 # The cloud will never do it to this subject (GCE: no suspend of a VM with GPUs attached): not
@@ -669,6 +678,13 @@ class Actuator:
             call()
         except Exception as exc:
             error = str(exc)[:500]
+            if getattr(exc, "called_off", False):
+                # The place itself decided, on a fresh read, not to send it (places.slurm.cloud.SlurmActionCalledOff):
+                # nothing failed and nothing is in flight, so no read-back; the next run plans again from the cloud.
+                log.warning("%s %s called off: %s", kind.value, inst.instance_id, error)
+                if action_id is not None:
+                    self.store.finish_action(action_id, False, ctx.now, status=CALLED_OFF, error=error)
+                return Outcome(False, error, called_off=True)
             log.error("%s %s failed: %s", kind.value, inst.instance_id, error)
             seen = self._read_back(inst, verify) if verify else False
             if action_id is None:

@@ -9,7 +9,7 @@ from ..words import WORDS, readable, words  # the one table (Slack, email and th
 
 # An action's status (the store's actions table), where it differs from a message's status of the same name.
 ACTION_STATUS_WORDS = {"failed": "failed", "pending": "not finished (intent recorded)",
-                       "unconfirmed": "not confirmed by the cloud", "abandoned": "abandoned"}
+                       "unconfirmed": "not confirmed by the cloud", "abandoned": "called off (not sent)"}
 
 
 def action_words(kind: str, status: str, dry_run: bool, count: int) -> str:

@@ -262,7 +262,8 @@ actions = Table(
     Column("kind", String(16), nullable=False),
     Column("rule", String(128)),
     Column("dry_run", Boolean, nullable=False),
-    # pending = intent written before the cloud call; done / failed after.
+    # pending = intent written before the cloud call; done / failed after (unconfirmed: fate unknown, read back
+    # later; applied: done, bookkeeping open; abandoned: called off by the place, nothing more sent: act.CALLED_OFF).
     Column("status", String(16), nullable=False),
     Column("reason", Text, nullable=False),
     Column("error", Text),

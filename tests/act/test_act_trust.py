@@ -28,6 +28,10 @@ class Refused(RuntimeError):
     definite = True  # as CloudError for a 4xx: EC2 certainly did not do it
 
 
+class CalledOff(Refused):
+    called_off = True  # as places.slurm.cloud.SlurmActionCalledOff: a person's word during the place's own wait
+
+
 class FlakyCloud(SimCloud):
     """SimCloud whose next stop can fail in the ways EC2 does: `lost` (EC2 stopped it, the answer was lost),
     `refused` (EC2 did nothing), and whose describe can fail (`describe_fails`)."""
@@ -43,6 +47,9 @@ class FlakyCloud(SimCloud):
         if fault == "refused":
             self.calls.append(("stop", inst.instance_id))
             raise Refused("RequestLimitExceeded: EC2 did not do it")
+        if fault == "called_off":
+            self.calls.append(("stop", inst.instance_id))
+            raise CalledOff(f"{inst.instance_id}: not stopped: a person asked to snooze it during the wait")
         if fault == "inflight":  # EC2 carries it out only after the client gave up and read the state back
             self.calls.append(("stop", inst.instance_id))
             self.landing, self.reads_before_landing = inst, 1
@@ -187,6 +194,27 @@ def test_a_refused_stop_is_recorded_failed_retried_and_given_up_after_three(tmp_
     for _ in range(20):  # not marked again in this idle episode
         w.tick()
     assert len(w.stops()) == 3
+
+
+def test_a_stop_called_off_by_its_place_is_no_failure_and_is_never_given_up_on(tmp_path, slack):
+    # A person's cancel during the place's own wait (a Slurm grace signal's): recorded "abandoned", not "failed",
+    # so five of them do not make the three failures that give up the stop; the next plain tick stops it.
+    w = SlackWorld(tmp_path, slack)
+    for _ in range(15):  # mark, then the 15-minute lead
+        w.tick()
+    for _ in range(5):
+        w.cloud.stop_fault = "called_off"
+        report = w.tick()
+        assert [(a.kind, a.ok) for a in report.actions] == [(ActionKind.SKIP, True)], report.actions
+        assert "called off" in report.actions[0].reason and "a person asked to snooze it" in report.actions[0].reason
+    assert len(w.stops()) == 5 and w.cloud.get("i-00").state == "running"
+    rows = w.store.action_rows(kinds=[ActionKind.STOP])
+    assert [r.status for r in rows] == ["abandoned"] * 5
+    assert w.store.get_mark("i-00") is not None
+    assert not [m for m in slack.delivered() if "fail" in m["text"].lower()]
+    w.tick()
+    assert len(w.stops()) == 6 and w.cloud.get("i-00").state == "stopped"
+    assert [r.status for r in w.store.action_rows(kinds=[ActionKind.STOP])] == ["abandoned"] * 5 + ["done"]
 
 
 def test_lease_lost_changes_nothing(tmp_path):

@@ -196,13 +196,74 @@ def test_a_cli_snooze_during_the_grace_wait_wins_over_the_cancel(slurm_acct, slu
     cluster.sleep = snoozed_during_grace
     report = g.tick(27)
     stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
-    assert [a.kind for a in stop] == [ActionKind.STOP] and not stop[0].ok, stop
-    assert "a person asked to snooze it" in stop[0].error and "grace" in stop[0].error
+    # Called off, not failed: a person's word won (before: a failed STOP, counted toward the give-up).
+    assert [a.kind for a in stop] == [ActionKind.SKIP] and stop[0].ok, stop
+    assert "a person asked to snooze it" in stop[0].reason and "grace" in stop[0].reason
     assert flag.exists(), "the grace signal was sent"
-    assert runner.count("scancel", str(job_id)) == 0
+    assert runner.count("scancel", "--signal=USR1") == 1 and runner.count("scancel", str(job_id)) == 0
     assert jobs.state(job_id) == "RUNNING"
+    # The record: the intent's row called off ("abandoned"), saying the grace signal went out and nothing else.
+    rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+    assert [r.status for r in rows] == ["abandoned"], rows
+    assert "not cancelled: a person asked to snooze it" in rows[0].error
+    assert "only the grace signal USR1 was sent" in rows[0].error
+    assert not [p for p in slack_stub.posted() if "fail" in p.get("text", "").lower()]
     # The next tick honours the snooze: the mark is withdrawn, the job keeps running.
     cluster.sleep = real_sleep
     later = g.tick(28)
     assert ActionKind.STOP not in _kinds(later, g.sid(job_id))
     assert jobs.state(job_id) == "RUNNING" and runner.count("scancel", str(job_id)) == 0
+
+
+def test_three_cancels_during_the_grace_wait_are_no_failures_and_the_fourth_stop_goes_through(
+        slurm_acct, slurm_acct_jobs, slack_stub, tmp_path, monkeypatch, prometheus_factory, caplog):
+    """Three ticks in a row, its user writes the snooze keyword into the Comment during the grace wait (and takes
+    it out again before the next tick): each time the cancel is called off, recorded "abandoned" with the grace
+    signal it did send, and never counted as a failure. The fourth tick, with no word from anyone, cancels the job
+    (before: three "failed" rows, and the fourth tick gave up on the job and withdrew its mark, "stop failed 3
+    times")."""
+    from tests.places.slurm.fleet import trapping
+
+    jobs = slurm_acct_jobs
+    flag = slurm_acct.root / "jobs" / "grace-keyword-usr1"
+    flag.unlink(missing_ok=True)
+    job_id = jobs.submit_running("alice", script=trapping(flag), args=("--no-requeue",))
+    runner = FaultyRunner()
+    g = GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=1, action="cancel")
+    g.add_series(jobs.job(job_id), util=0.0)
+    g.start(prometheus_factory)
+    assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
+    marked = jobs.job(job_id)["comment"]
+    assert TAG_MARKED in marked
+    cluster = g.cloud.clusters[slurm_acct.name]
+    real_sleep = cluster.sleep
+
+    def keyword_during_grace(seconds):
+        slurm_acct.run("scontrol", "update", f"jobid={job_id}", f"Comment={marked} gpufinops:keep", user="alice")
+        real_sleep(seconds)
+    cluster.sleep = keyword_during_grace
+    for minute in (27, 28, 29):
+        flag.unlink(missing_ok=True)
+        with caplog.at_level("WARNING"):
+            report = g.tick(minute)
+        stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+        assert [a.kind for a in stop] == [ActionKind.SKIP] and stop[0].ok, (minute, stop)
+        assert "snooze" in stop[0].reason and "grace" in stop[0].reason
+        assert flag.exists(), f"minute {minute}: the grace signal was sent"
+        assert jobs.state(job_id) == "RUNNING" and runner.count("scancel", str(job_id)) == 0
+        # The user takes the keyword out again: the mark is still the one the warning announced.
+        slurm_acct.run("scontrol", "update", f"jobid={job_id}", f"Comment={marked}", user="alice")
+    rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+    assert [r.status for r in rows] == ["abandoned"] * 3, rows
+    assert all("only the grace signal USR1 was sent" in (r.error or "") for r in rows)
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and g.sid(job_id) in r.getMessage()]
+    # The fourth tick: nobody says no, so the job is cancelled (not given up on after "three failures").
+    cluster.sleep = real_sleep
+    report = g.tick(30)
+    stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
+    assert [a.kind for a in stop] == [ActionKind.STOP] and stop[0].ok, stop
+    assert runner.count("scancel", str(job_id)) == 1
+    jobs.wait_state(job_id, "CANCELLED")
+    rows = [a for a in g.store.action_rows() if a.instance_id == g.sid(job_id) and a.kind == ActionKind.STOP]
+    assert [r.status for r in rows] == ["abandoned"] * 3 + ["done"], rows
+    assert not [p for p in slack_stub.posted() if "fail" in p.get("text", "").lower()]

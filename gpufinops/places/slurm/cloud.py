@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 
 from ...config.sections import SlurmClusterSettings
 from ...model import TAG_MARKED, TAG_PROTECT, TAG_SNOOZE, Action, GpuInstance, utcnow
-from ..registry import (TAG_MARK_GONE_WHY, TAG_SLURM_BATCH, TAG_SLURM_INTERACTIVE_ACTS, TAG_SLURM_JOB_ID,
-                        TAG_SLURM_REQUEUEABLE, TAG_SLURM_SNOOZE_KEYWORD)
+from ..registry import (ACTION_VERBS, TAG_MARK_GONE_WHY, TAG_SLURM_BATCH, TAG_SLURM_INTERACTIVE_ACTS,
+                        TAG_SLURM_JOB_ID, TAG_SLURM_REQUEUEABLE, TAG_SLURM_SNOOZE_KEYWORD)
 from .comments import KEYWORD_SNOOZE, TAG_MARK_RUN, WRITTEN, keyword_in, read_tags, with_tags, without_tags
 from .commands import SlurmCommands, SlurmUnavailable
 from .jobs import SlurmJob, gpu_jobs, parse_squeue
@@ -57,6 +57,16 @@ class SlurmActionRefused(RuntimeError):
     """A change gpufinops did not make, for a reason it knows for sure (the job changed under it)."""
 
     definite = True  # act.Actuator.change: not done, and the job agrees
+    called_off = False  # act.Actuator.change: see SlurmActionCalledOff
+
+
+class SlurmActionCalledOff(SlurmActionRefused):
+    """The one command not sent because what the stop was planned on changed during the grace wait: most often a
+    person's word (a snooze, the mark removed, a protect, a restart). No failure of the change: the actuator records
+    it "abandoned", never counted toward its give-up after repeated failures, and the next run plans again. The grace
+    signal did go out: the message says so."""
+
+    called_off = True
 
 
 # Passing states: a job being requeued or cancelled shows COMPLETING (or CONFIGURING, SIGNALING...) for a moment.
@@ -265,32 +275,41 @@ class SlurmCloud:
         the grace signal to the batch shell and waits `grace_s`; then the job is read again and the change made
         only while it still runs the same start, GPUs and mark (else SlurmActionRefused: nothing done).
         `recheck` (the actuator's own last check: a Slack click or `gpufinops slurm snooze` recorded meanwhile, a
-        protect, ...) is asked again after the grace wait: a person's word given during it wins too."""
+        protect, ...) is asked again after the grace wait: a person's word given during it wins too.
+        A person's word (or any change `recheck` names) is SlurmActionCalledOff, not a failed change; every refusal
+        after the grace signal says that the signal went out (the one change made)."""
         job = self.job_of(inst)
+        signalled = ""
         if action in (Action.REQUEUE, Action.CANCEL) and self.settings.grace_signal and job.batch:
             self.commands.signal_batch(job.job_id, self.settings.grace_signal)
+            signalled = f"; only the grace signal {self.settings.grace_signal} was sent (to the batch shell)"
             log.info("%s: %s sent to the batch shell; %s in %g s", inst.instance_id, self.settings.grace_signal,
                      action.value, self.settings.grace_s)
             if self.settings.grace_s:
                 self.sleep(self.settings.grace_s)
             changed = recheck() if recheck is not None else ""
             if changed:
-                raise SlurmActionRefused(f"{inst.instance_id}: not {action.value}d: {changed} during the "
-                                         f"{self.settings.grace_s:g} s grace")
-            job = self.job_of(inst)
+                raise SlurmActionCalledOff(f"{inst.instance_id}: not {ACTION_VERBS[action][1]}: {changed} during "
+                                           f"the {self.settings.grace_s:g} s grace{signalled}")
+            try:
+                job = self.job_of(inst)
+            except SlurmActionRefused as gone:
+                raise SlurmActionRefused(f"{gone}{signalled}") from None
         fresh = self.as_instance(job)
         if fresh.state != "running":
-            raise SlurmActionRefused(f"{inst.instance_id}: the job is {job.state.lower()} now, not running")
-        if fresh.launch_time != inst.launch_time:
-            raise SlurmActionRefused(f"{inst.instance_id}: the job was started again since")
+            raise SlurmActionRefused(f"{inst.instance_id}: the job is {job.state.lower()} now, not running{signalled}")
         if fresh.gpu_count != inst.gpu_count:
             # Resized (its user gave GPUs back, or its nodes changed): the verdict was of GPUs it holds no more.
             raise SlurmActionRefused(f"{inst.instance_id}: the job now holds {fresh.gpu_count} GPUs, not the "
-                                     f"{inst.gpu_count} judged idle")
+                                     f"{inst.gpu_count} judged idle{signalled}")
+        # A person's word seen in this last read (a requeue of theirs, the mark removed, a snooze): called off.
+        if fresh.launch_time != inst.launch_time:
+            raise SlurmActionCalledOff(f"{inst.instance_id}: the job was started again since{signalled}")
         if fresh.tags.get(TAG_MARKED) != inst.tags.get(TAG_MARKED):
-            raise SlurmActionRefused(f"{inst.instance_id}: its mark {TAG_MARKED} was removed or changed")
+            raise SlurmActionCalledOff(f"{inst.instance_id}: its mark {TAG_MARKED} was removed or "
+                                       f"changed{signalled}")
         if TAG_SNOOZE in fresh.tags and fresh.tags.get(TAG_SNOOZE) != inst.tags.get(TAG_SNOOZE):
-            raise SlurmActionRefused(f"{inst.instance_id}: its user snoozed it")
+            raise SlurmActionCalledOff(f"{inst.instance_id}: its user snoozed it{signalled}")
         if action is Action.REQUEUE:
             self.commands.requeue(job.job_id)
         elif action is Action.HOLD:

@@ -13,7 +13,7 @@ from gpufinops.act.actuator import _stopped, _terminated
 from gpufinops.config import load_settings
 from gpufinops.model import TAG_MARKED, Action
 from gpufinops.places.slurm.accounting import parse_sacct
-from gpufinops.places.slurm.cloud import SlurmActionRefused, SlurmCloud, instance_state
+from gpufinops.places.slurm.cloud import SlurmActionCalledOff, SlurmActionRefused, SlurmCloud, instance_state
 from gpufinops.places.slurm.jobs import parse_job
 from gpufinops.places.slurm.people import People, PeopleMapError
 
@@ -108,11 +108,43 @@ def test_a_persons_word_during_the_grace_wait_stops_the_command():
     commands = _Listing({"jobs": [_job(**mark)]})
     cloud = _cloud(commands, grace_signal="USR1", grace_s=30)
     inst = cloud.as_instance(parse_job("c", _job(**mark)))
-    with pytest.raises(SlurmActionRefused, match="a person asked to snooze it in Slack during the 30 s grace"):
+    with pytest.raises(SlurmActionCalledOff, match="not cancelled: a person asked to snooze it in Slack during the "
+                                                   "30 s grace; only the grace signal USR1 was sent") as word:
         cloud.end_job(inst, Action.CANCEL, recheck=lambda: "a person asked to snooze it in Slack")
+    # Called off, not refused as a failure (act.Actuator.change records it "abandoned", not "failed").
+    assert word.value.called_off is True
     assert commands.sent == [("signal", "42")]
     cloud.end_job(inst, Action.CANCEL, recheck=lambda: "")
     assert commands.sent[-1] == ("scancel", "42")
+
+
+@pytest.mark.parametrize("after_grace, called_off", [
+    # The user's own word in the last read (the mark taken out of the Comment, a snooze written): called off.
+    ({"comment": "ckpt gpufinops:keep"}, "its mark gpufinops:marked-for-stop was removed or changed"),
+    ({"comment": f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run={START} gpufinops:snooze-until="
+                 "2026-12-08T10:00:00Z"}, "its user snoozed it"),
+    ({"start_time": START + 600}, "the job was started again since"),
+])
+def test_a_persons_word_in_the_last_read_after_the_grace_is_called_off_and_says_the_signal_went_out(after_grace,
+                                                                                                   called_off):
+    mark = {"comment": f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run={START}"}
+    commands = _Listing({"jobs": [_job(**mark)]}, {"jobs": [_job(**{**mark, **after_grace})]})
+    cloud = _cloud(commands, grace_signal="USR1", grace_s=30)
+    inst = cloud.as_instance(parse_job("c", _job(**mark)))
+    with pytest.raises(SlurmActionCalledOff, match=rf"{called_off}; only the grace signal USR1 was sent"):
+        cloud.end_job(inst, Action.REQUEUE, recheck=lambda: "")
+    assert commands.sent == [("signal", "42")]
+
+
+def test_a_refusal_after_the_grace_is_a_failure_that_still_says_the_signal_went_out():
+    # Resized during the grace (its user gave a GPU back): no person's cancel of the stop, a refusal (failed).
+    mark = {"comment": f"{TAG_MARKED}=2026-12-07T10:00:00Z gpufinops:mark-run={START}"}
+    commands = _Listing({"jobs": [_job(**mark)]}, {"jobs": [_job(gres_detail=["gpu:a100:1(IDX:0)"], **mark)]})
+    cloud = _cloud(commands, grace_signal="USR1", grace_s=30)
+    inst = cloud.as_instance(parse_job("c", _job(**mark)))
+    with pytest.raises(SlurmActionRefused, match="not the 2 judged idle; only the grace signal USR1 was sent") as no:
+        cloud.end_job(inst, Action.REQUEUE, recheck=lambda: "")
+    assert no.value.called_off is False and commands.sent == [("signal", "42")]
 
 
 def test_a_map_files_bad_bytes_and_a_user_given_twice_name_the_file_and_line(tmp_path):
