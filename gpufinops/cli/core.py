@@ -197,14 +197,17 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, wide
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
+    from ..config import DEFAULT_RULES_DIR, ConfigError
     from ..rules import load_rules, rule_warnings
-    from .common import load_settings_from_args, usage_error
+    from .common import defaults_hold, load_settings_from_args, usage_error
 
     if any(not p.strip() for p in args.paths):
         return usage_error("rules check: an empty path: name a rule file or folder")
     if args.paths:
         paths, where = args.paths, "the paths given"
+    elif defaults_hold(args):
+        # No config: the defaults' rules_paths, the shipped rules, without loading the settings' models to read it.
+        paths, where = [str(DEFAULT_RULES_DIR)], "the shipped rules"
     else:
         # With a config (--config or $GPUFINOPS_CONFIG), check the rules that config runs; else the shipped ones.
         settings = load_settings_from_args(args, uses_database=False)
