@@ -8,7 +8,7 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from ..model import ActionKind
+from ..rule_types import ActionKind  # model hands it on; its leaf, so that `rules check` loads none of model
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -218,8 +218,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
-    from ..model import Action, format_duration
-    from ..words import POWER_OFF_BILLING
+    from ..rule_types import Action
+    from ..words import POWER_OFF_BILLING, format_duration
 
     for r in rules:
         # The opt-in for GPUs without an activity counter (MIG under gpufinops agent), shown only when on.

@@ -8,17 +8,22 @@ rules), rules.py (what a rule with an action must select), notify/messages.py (n
 Kubernetes sections) read it. A new place (GCP, Azure, Slurm) is a folder beside ec2/, hosts.py and kubernetes/,
 and one entry here (GCE: places/gcp/).
 
-Pure, no I/O; imports model and k8s.tags only (not k8s.model's types: rules.py reads this table at every start):
-act.plan reads it, and the host agent imports act.plan.
+Pure, no I/O; imports k8s.tags and model's leaves rule_types and subject_ids only (not k8s.model's or model's
+records: rules.py reads this table at every start; GpuInstance for type hints only): act.plan reads it, and the host
+agent imports act.plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..k8s.tags import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
-from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance, is_azure_scale_set_vm_id
+from ..rule_types import Action
+from ..subject_ids import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, is_azure_scale_set_vm_id
+
+if TYPE_CHECKING:
+    from ..model import GpuInstance
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"

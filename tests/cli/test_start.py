@@ -62,6 +62,8 @@ def test_rules_check_without_a_config_loads_no_settings():
     assert rc == 0 and out.endswith(f"2 rule(s) valid (the shipped rules: {REPO / 'rules'})\n")
     assert not SETTINGS_MODULES & modules, sorted(SETTINGS_MODULES & modules)
     assert {"gpufinops.config.loading", "gpufinops.config.values"} <= modules  # what the rule files need
+    # Nor model's records: a rule's types come from its leaf, rule_types (model hands them on).
+    assert "gpufinops.model" not in modules and "gpufinops.rule_types" in modules
 
 
 @pytest.mark.parametrize("given", ["--config", "$GPUFINOPS_CONFIG"])
@@ -97,6 +99,20 @@ def test_rules_check_without_a_config_still_refuses_a_blank_default_secret(tmp_p
                 "give the secret, or unset it\n")
         else:
             assert proc.returncode == 0 and "2 rule(s) valid (the shipped rules: " in proc.stdout, proc.stderr
+
+
+def test_model_hands_on_its_leaves_names_as_they_are():
+    """model is the one place callers import from: every name its leaves rule_types and subject_ids define (and
+    words' format_duration) is the same object there."""
+    import inspect
+
+    from gpufinops import model, rule_types, subject_ids, words
+
+    for leaf in (rule_types, subject_ids):
+        defined = [n for n, v in vars(leaf).items() if not n.startswith("_") and not inspect.ismodule(v)
+                   and getattr(v, "__module__", leaf.__name__) == leaf.__name__]
+        assert len(defined) >= 7 and all(getattr(model, n) is getattr(leaf, n) for n in defined), defined
+    assert model.format_duration is words.format_duration
 
 
 def test_the_defaults_are_what_rules_check_reads_without_them():
