@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from ..k8s.tags import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
 from ..rule_types import Action
-from ..subject_ids import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, is_azure_scale_set_vm_id
+from ..subject_ids import AZURE_ID_PREFIX, is_azure_scale_set_vm_id
 
 if TYPE_CHECKING:
     from ..model import GpuInstance
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
 GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
-# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id); a Uniform scale set's
-# instance `azure:<subscription>/<resource group>/<scale set>/<instance id>` (model.azure_scale_set_vm_id).
-AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
+# AZURE_ID_PREFIX (imported above, from subject_ids): an Azure VM's id `azure:<subscription>/<resource group>/<name>`
+# (model.azure_vm_id); a Uniform scale set's instance `azure:<subscription>/<resource group>/<scale set>/<instance id>`
+# (model.azure_scale_set_vm_id).
 # A Slurm job's id: `slurm:<cluster>/<jobid>` (places.slurm.jobs.subject_id).
 SLURM_ID_PREFIX = "slurm:"
 # The tags a Slurm job is listed with (places.slurm.cloud), read here for what it refuses.
