@@ -16,9 +16,12 @@ Bytecode: by default the modules' compiled bytecode is kept between runs (outsid
 an installed package; --no-bytecode-cache compiles this checkout's modules at every start, as a development
 environment with PYTHONDONTWRITEBYTECODE=1 does (the libraries keep their bytecode either way).
 
-"import config+cli" is the issue's measure of the fixed start of a command (`python -c "import gpufinops.config,
-gpufinops.cli.app"`: the settings and the command line, what every command loads before its own work); its goal
-is 0.12 s of wall time over the bare interpreter. `rules check` loads and checks the shipped rules on top.
+"import config+cli" is the issue's measure of the fixed start of a command (`python -P -c "import gpufinops.cli.app;
+from gpufinops.config import Settings"`: the settings and the command line, what every command that reads settings
+loads before its own work; gpufinops.config hands each name on from its module when first asked, so a bare `import
+gpufinops.config` loads almost nothing); its goal is 0.12 s of wall time over the bare interpreter. `rules check`
+loads and checks the shipped rules on top (without a config file it loads no settings). -P: the code on PYTHONPATH,
+never the current folder's copy (`python -c` puts the current folder first on sys.path).
 Why a command costs what it costs: `python -X importtime -m gpufinops.cli rules check 2> imports.txt`.
 """
 
@@ -39,7 +42,7 @@ def commands() -> dict[str, list[str]]:
     return {
         "python -c pass": [py, "-c", "pass"],
         "import duckdb": [py, "-c", "import duckdb"],
-        "import config+cli": [py, "-c", "import gpufinops.config, gpufinops.cli.app"],
+        "import config+cli": [py, "-P", "-c", "import gpufinops.cli.app; from gpufinops.config import Settings"],
         "--version": [*gpufinops, "--version"],
         "rules check": [*gpufinops, "rules", "check"],
         "evaluate --help": [*gpufinops, "evaluate", "--help"],

@@ -4,19 +4,27 @@ Data flows one way: collect -> evaluate -> act -> notify/store -> report.
 Every stage talks in these types, so the live service, the demo and the
 backtest can swap the peers (real EC2/Prometheus vs simulated) without
 touching the decision code.
+
+Every name callers use is here. Some are defined in leaves that import nothing of gpufinops and handed on
+under the same names, so that a caller needing only them loads none of the records below: break_even (the
+break-even figures the settings read), rule_types (what a rule says: Action, ActionKind, Aggregation,
+NoCounterPolicy, Selector, Rule), subject_ids (Azure's and GCE's subject ids) and words (format_duration). Only
+the start of `rules check` (rules.py, places.registry, cli.core) and the settings import a leaf directly.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Mapping, Protocol, Sequence
 
 from . import break_even as _break_even
+from . import rule_types as _rule_types
+from . import subject_ids as _subject_ids
+from . import words as _words
 
 # Tag names the service reads and writes on instances.
 TAG_PROTECT = "gpufinops:protect"
@@ -29,84 +37,17 @@ TAG_STOP_REQUESTED = "gpufinops:stop-requested"
 # Judged (decide.evaluate) as idle and billed, never as stopped; its stop is a deallocate (places.azure).
 STATE_STOPPED_ALLOCATED = "stopped-allocated"
 
-# An Azure VM's subject id: `azure:<subscription>/<resource group>/<name>`, in lower case: ARM compares resource ids
-# without case and Cost Management's exports write them in lower case, so the listing (places.azure) and the bill
-# (collect.billing) name one VM alike.
-AZURE_ID_PREFIX = "azure:"
-_ARM_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
-                        r"virtualMachines/([^/]+)$", re.IGNORECASE)
-
-
-def azure_vm_id(resource_id: str) -> str:
-    """The subject id of an Azure VM's ARM resource id; "" for any other id."""
-    m = _ARM_VM_ID.match(str(resource_id or "").strip())
-    return f"{AZURE_ID_PREFIX}{m.group(1)}/{m.group(2)}/{m.group(3)}".lower() if m else ""
-
-
-# A Uniform scale set's instance (never listed as a VM): `azure:<subscription>/<group>/<scale set>/<instance id>`,
-# from its ARM id `.../virtualMachineScaleSets/<scale set>/virtualMachines/<instance id>` (what Cost Management's
-# exports write as its ResourceId): listing and bill name it alike, as a VM.
-_ARM_SCALE_SET_VM_ID = re.compile(r"^/subscriptions/([^/]+)/resourceGroups/([^/]+)/providers/Microsoft\.Compute/"
-                                  r"virtualMachineScaleSets/([^/]+)/virtualMachines/([^/]+)$", re.IGNORECASE)
-
-
-def azure_scale_set_vm_id(resource_id: str) -> str:
-    """The subject id of a scale set instance's ARM resource id; "" for any other id."""
-    m = _ARM_SCALE_SET_VM_ID.match(str(resource_id or "").strip())
-    return f"{AZURE_ID_PREFIX}{'/'.join(m.groups())}".lower() if m else ""
-
-
-def is_azure_scale_set_vm_id(subject_id: str) -> bool:
-    """Whether a subject id names an instance of an Azure VM scale set (four parts after `azure:`)."""
-    return subject_id.startswith(AZURE_ID_PREFIX) and subject_id.count("/") == 3
-
-
-def is_azure_vm_id(subject_id: str) -> bool:
-    """Whether a text is an Azure VM's subject id exactly as azure_vm_id writes it (a chat click's value is
-    untrusted: three parts, lower case, at most ARM's lengths)."""
-    parts = subject_id[len(AZURE_ID_PREFIX):].split("/") if subject_id.startswith(AZURE_ID_PREFIX) else []
-    return len(parts) == 3 and len(subject_id) <= 200 and azure_vm_id(
-        f"/subscriptions/{parts[0]}/resourceGroups/{parts[1]}/providers/Microsoft.Compute/virtualMachines/{parts[2]}"
-    ) == subject_id
-
-# A GCE VM's subject id: `gce:<project>/<zone>/<name>` (places.gcp lists VMs by name). Google's bill names a VM by its
-# full resource name with the VM's numeric id, `//compute.googleapis.com/projects/<project>/zones/<zone>/instances/<id>`
-# (the FOCUS ResourceId, the detailed export's resource.global_name), and by its name in a second column (ResourceName,
-# resource.name). A VM the bill names only by its numeric id, that no listing has seen (deleted before gpufinops
-# listed it, or in a project gpufinops does not list), is `gce-unlisted:<project>/<zone>/<id>`: still costed per
-# project and zone, and saying that it is not a VM gpufinops knows by name.
-GCE_ID_PREFIX = "gce:"
-GCE_UNLISTED_PREFIX = "gce-unlisted:"
-_GCE_VM_ID = re.compile(r"^//compute\.googleapis\.com/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$")
-# GCE's instance names (RFC 1035: a lowercase letter first, at most 63 characters); a numeric id is never one.
-GCE_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def gce_vm_id(global_name: str, name: str = "", project: str = "", zone: str = "") -> str:
-    """The subject id of a GCE VM a bill names by its full resource name (`global_name`), "" for any other id: with
-    the VM's `name` (a valid GCE name) `gce:<project>/<zone>/<name>`, else, the full name carrying only the numeric
-    id, `gce-unlisted:<project>/<zone>/<id>` (resolve_gce_ids() turns it into the listed VM's id). `project` and
-    `zone`, where the bill has them as columns (the detailed export's project.id, location.zone), win over the
-    full name's (which may carry the project's number)."""
-    m = _GCE_VM_ID.match(str(global_name or "").strip())
-    if not m:
-        return ""
-    project, zone = project or m.group(1), zone or m.group(2)
-    tail = m.group(3)
-    vm = name if GCE_NAME.match(name or "") else tail if GCE_NAME.match(tail) else ""
-    return f"{GCE_ID_PREFIX}{project}/{zone}/{vm}" if vm else f"{GCE_UNLISTED_PREFIX}{project}/{zone}/{tail}"
-
-
-def resolve_gce_ids(subject_ids, known: Mapping[str, str]) -> list[str]:
-    """Each subject id, a `gce-unlisted:<project>/<zone>/<id>` whose numeric id a listing knows (`known`: numeric
-    id -> subject id, from GpuInstance.cloud_id) turned into that VM's `gce:` id; every other id unchanged."""
-    out = []
-    for sid in subject_ids:
-        text = str(sid)
-        if text.startswith(GCE_UNLISTED_PREFIX):
-            text = known.get(text.rsplit("/", 1)[-1], text)
-        out.append(text)
-    return out
+# The subject ids a listing and a bill share (Azure's, GCE's) live in subject_ids, a leaf places.registry reads.
+AZURE_ID_PREFIX = _subject_ids.AZURE_ID_PREFIX
+azure_vm_id = _subject_ids.azure_vm_id
+azure_scale_set_vm_id = _subject_ids.azure_scale_set_vm_id
+is_azure_scale_set_vm_id = _subject_ids.is_azure_scale_set_vm_id
+is_azure_vm_id = _subject_ids.is_azure_vm_id
+GCE_ID_PREFIX = _subject_ids.GCE_ID_PREFIX
+GCE_UNLISTED_PREFIX = _subject_ids.GCE_UNLISTED_PREFIX
+GCE_NAME = _subject_ids.GCE_NAME
+gce_vm_id = _subject_ids.gce_vm_id
+resolve_gce_ids = _subject_ids.resolve_gce_ids
 
 
 # DCGM reports huge sentinel values (~9.2e18 and friends) when a field is not
@@ -132,27 +73,8 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
-class Action(str, enum.Enum):
-    """What a rule asks for when an instance is IDLE."""
-
-    NOTIFY = "notify"
-    STOP = "stop"
-    TERMINATE = "terminate"
-    # Kueue-managed Kubernetes workloads only: deactivate their Kueue Workload (spec.active: false), never kill
-    # them (places.kubernetes.cloud, docs/kubernetes.md "Kueue: suspend, don't kill").
-    SUSPEND = "suspend"
-    # Kubernetes GPU nodes whose GPU work is gone only: cordon the node (spec.unschedulable) so that Karpenter or
-    # cluster-autoscaler removes it; never evict, never delete (places.kubernetes.nodes, docs/kubernetes.md).
-    DRAIN = "drain"
-    # Slurm jobs only (places.slurm, docs/slurm.md): `scontrol requeue` (requeueable batch jobs), `scontrol
-    # requeuehold` (hold: a plain `scontrol hold` does not stop a running job), `scancel`.
-    REQUEUE = "requeue"
-    HOLD = "hold"
-    CANCEL = "cancel"
-    # Azure VMs only, and only where a rule asks for it (places.azure, docs/deploy.md "Azure"): ARM's powerOff keeps
-    # the VM's hardware allocated (a deallocated GPU VM may find no capacity when started again), and its compute
-    # is billed until it is deallocated (words.POWER_OFF_BILLING says so wherever a power-off is announced).
-    POWER_OFF = "power_off"
+# What a rule asks for, and the rest of what a rule says, live in rule_types (a leaf the start of `rules check` reads).
+Action = _rule_types.Action
 
 
 class ReasonCode(str, enum.Enum):
@@ -361,80 +283,11 @@ class InstanceUsage:
 # --------------------------------------------------------------------------- rules
 
 
-@dataclass(frozen=True)
-class Selector:
-    """Which instances a rule applies to. Empty fields match everything."""
-
-    tags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # key -> allowed values; ("*",) = any value
-    exclude_tags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    instance_families: tuple[str, ...] = ()
-    instance_types: tuple[str, ...] = ()
-    accounts: tuple[str, ...] = ()
-    regions: tuple[str, ...] = ()
-
-    def matches(self, inst: GpuInstance) -> bool:
-        if self.instance_families and inst.family not in self.instance_families:
-            return False
-        if self.instance_types and inst.instance_type not in self.instance_types:
-            return False
-        if self.accounts and inst.account not in self.accounts:
-            return False
-        if self.regions and inst.region not in self.regions:
-            return False
-        for key, allowed in self.tags.items():
-            if key not in inst.tags:
-                return False
-            if "*" not in allowed and inst.tags[key] not in allowed:
-                return False
-        for key, banned in self.exclude_tags.items():
-            if key in inst.tags and ("*" in banned or inst.tags[key] in banned):
-                return False
-        return True
-
-
-class NoCounterPolicy(str, enum.Enum):
-    """How a rule judges a GPU that has no activity counter (a MIG instance read by nvidia-smi/NVML)."""
-
-    NEVER = "never"  # never idle: UNKNOWN unless processes or memory show work (the default)
-    # Idle when, for the whole window (process-count coverage >= min_coverage), no process ran and memory
-    # stayed at or under the rule's idle_memory_floor_mib.
-    NO_PROCESSES_AND_IDLE_MEMORY = "no_processes_and_idle_memory"
-
-
-# Memory an idle GPU holds, at most: idle MIG instances hold 9-26 MiB, idle whole GPUs 0-600 MiB (driver,
-# persistence); anything a workload loads is GiBs. A rule's idle_memory_floor_mib defaults to this.
-IDLE_MEMORY_FLOOR_MIB = 1024.0
-
-
-class Aggregation(str, enum.Enum):
-    STAYS_BELOW = "stays_below"  # every sample below threshold (max < threshold)
-    MEAN = "mean"  # window mean below threshold
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    threshold_pct: float  # activity threshold, percent
-    window_s: int
-    aggregation: Aggregation = Aggregation.STAYS_BELOW
-    min_coverage: float = 0.8  # fraction of expected samples needed to judge
-    warning_lead_s: int = 900  # time between the warning (mark) and the stop
-    action: Action = Action.NOTIFY
-    selector: Selector = field(default_factory=Selector)
-    # Where its notices go: destinations, each `transport:target` or an audience (config.destination validated
-    # them at load); () = by the notice's audience (notify/routing.py).
-    notify_to: tuple[str, ...] = ()
-    description: str = ""
-    # Below this mean activity a non-idle instance is reported UNDERUTILIZED.
-    underutilized_below_pct: float = 60.0
-    # Optional: an instance holding more than this much memory on any GPU is
-    # not idle under this rule (None = memory does not veto idleness).
-    max_memory_mib: float | None = None
-    # A GPU without an activity counter (MIG under gpufinops agent) is never idle unless the rule opts in here.
-    idle_without_activity_counter: NoCounterPolicy = NoCounterPolicy.NEVER
-    # Memory at or under this is an idle GPU's (no activity counter): above it counts as work.
-    idle_memory_floor_mib: float = IDLE_MEMORY_FLOOR_MIB
-    source: str = ""  # "file:line" the rule was loaded from, for error messages and audit
+Selector = _rule_types.Selector
+NoCounterPolicy = _rule_types.NoCounterPolicy
+IDLE_MEMORY_FLOOR_MIB = _rule_types.IDLE_MEMORY_FLOOR_MIB
+Aggregation = _rule_types.Aggregation
+Rule = _rule_types.Rule
 
 
 # --------------------------------------------------------------------------- decisions
@@ -476,19 +329,7 @@ class Decision:
         }
 
 
-class ActionKind(str, enum.Enum):
-    MARK = "mark"  # tag + warning
-    STOP = "stop"
-    TERMINATE = "terminate"
-    UNMARK = "unmark"  # became active or snoozed: mark cancelled
-    SKIP = "skip"  # wanted to act, did not (protected, cap, snooze, dry-run reason...)
-    NOTIFY = "notify"  # rule action is notify only
-    SNOOZE = "snooze"  # a person clicked Snooze / Keep running on a warning: the snooze tag, set for them
-    RESTORE = "restore"  # a person brought back what gpufinops scaled to zero (gpufinops k8s restore)
-    TAG = "tag"  # bookkeeping tags after a stop (mark removed, stopped-by): a cloud change, so it has its row
-    # An Azure VM powered off on a power_off rule: "Stopped (allocated)", still billed; never counted as a stop that
-    # saves (the report's stops and savings count stop and terminate only).
-    POWER_OFF = "power_off"
+ActionKind = _rule_types.ActionKind  # what the act stage records of an action (rule_types)
 
 
 @dataclass(frozen=True)
@@ -618,25 +459,8 @@ class Notifier(Protocol):
         ...
 
 
-def format_duration(seconds: float | None) -> str:
-    """The one spelling of a duration for people (messages, reasons, reports, the CLI): '45 s', '1 min 30 s', '14 min',
-    '2 h', '3 h 05 min', '7 d', '2 d 4 h'; negative counts as 0, None/NaN as unknown. (The one parser, of what a config
-    says ('10m', '1h30m'), is rules.parse_duration; rules.duration_spec spells a duration back that way.)"""
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "unknown"
-    s = max(0.0, float(seconds))
-    if s < 60:
-        return f"{int(s)} s"
-    if s < 600 and int(s) % 60:
-        return f"{int(s) // 60} min {int(s) % 60:02d} s"  # short spans exactly: a 90 s window is not "2 min"
-    minutes = int(round(s / 60))
-    if minutes < 60:
-        return f"{minutes} min"
-    if minutes < 24 * 60:
-        h, m = divmod(minutes, 60)
-        return f"{h} h" if m == 0 else f"{h} h {m:02d} min"
-    d, h = divmod(int(round(s / 3600)), 24)
-    return f"{d} d" if h == 0 else f"{d} d {h} h"
+# The one spelling of a duration for people lives in words (the CLI prints it without loading this module).
+format_duration = _words.format_duration
 
 
 def format_money(amount: float | None, *, digits: int = 2, per: str = "", currency: str = "USD",

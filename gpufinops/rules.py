@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 
 from .config import (DEFAULT_RULES_DIR, ConfigError, StrictModel, defaults_of, destination, format_validation_error,
                      line_of, not_a_regular_file, parse_yaml_tree, printable, read_text, slack_channel)
-from .model import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
+from .rule_types import IDLE_MEMORY_FLOOR_MIB, Action, Aggregation, NoCounterPolicy, Rule, Selector
 from .places.registry import rule_caveats, rule_subjects
 
 if TYPE_CHECKING:

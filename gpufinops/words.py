@@ -3,7 +3,8 @@ statuses, verdicts) to what Slack, email and the report say. A FinOps lead forwa
 never saw `bursty_low`; an owner reading a warning should not need to either.
 
 `WORDS` (short: a table cell, a breakdown), `HINTS` (what an owner can check, by reason code: in messages),
-`REPORT_HINTS` (the same advice as the monthly report's one-line hint column, pointing at its sections).
+`REPORT_HINTS` (the same advice as the monthly report's one-line hint column, pointing at its sections);
+`format_duration`, the one spelling of a duration (model hands it on).
 Codes are added by other parts of the service over time; one that is not in the mapping is still readable:
 underscores and dashes become spaces and the first letter is a capital ("gpu_fell_off_the_bus" -> "Gpu fell off
 the bus").
@@ -74,6 +75,27 @@ WORDS: dict[str, str] = {
 # Azure VM keeps its hardware and its bill.
 POWER_OFF_BILLING = ("powering off keeps the VM allocated: Azure bills its compute until the VM is deallocated "
                      "(a rule with action: stop deallocates it)")
+
+
+def format_duration(seconds: float | None) -> str:
+    """The one spelling of a duration for people (messages, reasons, reports, the CLI): '45 s', '1 min 30 s', '14 min',
+    '2 h', '3 h 05 min', '7 d', '2 d 4 h'; negative counts as 0, None/NaN as unknown. (The one parser, of what a config
+    says ('10m', '1h30m'), is rules.parse_duration; rules.duration_spec spells a duration back that way.)"""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "unknown"
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{int(s)} s"
+    if s < 600 and int(s) % 60:
+        return f"{int(s) // 60} min {int(s) % 60:02d} s"  # short spans exactly: a 90 s window is not "2 min"
+    minutes = int(round(s / 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h} h" if m == 0 else f"{h} h {m:02d} min"
+    d, h = divmod(int(round(s / 3600)), 24)
+    return f"{d} d" if h == 0 else f"{d} d {h} h"
 
 
 def readable(code: str) -> str:
@@ -175,4 +197,5 @@ def render_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | 
                      + [line(part) for row in lines_of for part in row])
 
 
-__all__ = ["HINTS", "POWER_OFF_BILLING", "REPORT_HINTS", "WORDS", "readable", "render_table", "words"]
+__all__ = ["HINTS", "POWER_OFF_BILLING", "REPORT_HINTS", "WORDS", "format_duration", "readable", "render_table",
+           "words"]

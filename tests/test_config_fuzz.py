@@ -258,7 +258,7 @@ def test_every_section_loads_into_sense_or_names_the_key(folder, doc):
     path.write_text(yaml.safe_dump(doc, allow_unicode=False), encoding="utf-8")
     # The settings are validated from what the file holds (config.validated_settings): the same settings, or the
     # same errors, as Settings' own validator, every section built, gives.
-    with mock.patch("gpufinops.config.validated_settings", Settings.model_validate):
+    with mock.patch("gpufinops.config.settings.validated_settings", Settings.model_validate):
         whole = loaded(path)
     assert loaded(path) == whole
     try:

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..words import render_table  # noqa: F401  (the one text table, re-exported for the commands)
 
@@ -24,13 +24,27 @@ def state_dir() -> Path:
     return Path(base) / "gpufinops"
 
 
+def config_path(args: argparse.Namespace) -> str | None:
+    """The config file a command reads: --config, else $GPUFINOPS_CONFIG; None: neither, the built-in defaults."""
+    return getattr(args, "config", None) or os.environ.get("GPUFINOPS_CONFIG")
+
+
+def defaults_hold(args: argparse.Namespace) -> bool:
+    """Whether `load_settings_from_args(args, uses_database=False)` is the built-in defaults as they stand, known
+    without loading the settings' models: no config file, and no environment variable set but blank. The defaults'
+    secrets are environment variables (config.secrets.env_secret), and one set but blank is refused at load
+    (SecretRef.blank): with any variable blank, the command loads the settings and they say whether it is one of
+    theirs. tests/cli/test_start.py holds both halves."""
+    return config_path(args) is None and all(value.strip() for value in os.environ.values())
+
+
 def load_settings_from_args(args: argparse.Namespace, *, uses_database: bool = True) -> "Settings":
     """Settings from --config (or $GPUFINOPS_CONFIG). Without a config, the default SQLite database and the outbox
     live in the user's state folder (`state_dir()`), said once on stderr, instead of appearing in the current
     folder; a command given --db uses that. `uses_database=False`: the command never opens the database."""
     from ..config import Settings, load_settings
 
-    path = getattr(args, "config", None) or os.environ.get("GPUFINOPS_CONFIG")
+    path = config_path(args)
     settings = load_settings(path)
     if path or not uses_database or getattr(args, "db", None):
         return settings

@@ -8,7 +8,7 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from ..model import ActionKind
+from ..rule_types import ActionKind  # model hands it on; its leaf, so that `rules check` loads none of model
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -197,14 +197,17 @@ def format_decision_table(rows: list[dict], n_instances: int, n_rules: int, wide
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
+    from ..config import DEFAULT_RULES_DIR, ConfigError
     from ..rules import load_rules, rule_warnings
-    from .common import load_settings_from_args, usage_error
+    from .common import defaults_hold, load_settings_from_args, usage_error
 
     if any(not p.strip() for p in args.paths):
         return usage_error("rules check: an empty path: name a rule file or folder")
     if args.paths:
         paths, where = args.paths, "the paths given"
+    elif defaults_hold(args):
+        # No config: the defaults' rules_paths, the shipped rules, without loading the settings' models to read it.
+        paths, where = [str(DEFAULT_RULES_DIR)], "the shipped rules"
     else:
         # With a config (--config or $GPUFINOPS_CONFIG), check the rules that config runs; else the shipped ones.
         settings = load_settings_from_args(args, uses_database=False)
@@ -215,8 +218,8 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rules check failed ({where}):\n{exc}", file=sys.stderr)
         return 1
-    from ..model import Action, format_duration
-    from ..words import POWER_OFF_BILLING
+    from ..rule_types import Action
+    from ..words import POWER_OFF_BILLING, format_duration
 
     for r in rules:
         # The opt-in for GPUs without an activity counter (MIG under gpufinops agent), shown only when on.

@@ -4,211 +4,62 @@ Errors name the file and the dotted key (and the line where YAML knows it).
 Secrets are never in the file: the file names the environment variable or the
 mounted file that holds them.
 
-Owns: `Settings` and `load_settings` (here: the whole file, its paths made relative to it), and
-`loading` (bounded reads of config, rule and budget files, YAML, ConfigError with file, line and key; the shipped
-rules/ and reports/ folders), `values` (StrictModel and the validated value types: regions, labels, channels,
-addresses, destinations, URLs, prices, GPU names), `secrets` (SecretRef, the blank-secret rule, bounded secret
-files), `sections` (the service's and the places' sections), `capabilities` (billing, recommend, report, store).
-Every name callers use is handed on from here: `from gpufinops.config import X` is the one way in.
+Owns: `settings` (`Settings` and `load_settings`: the whole file, its paths made relative to it), `loading` (bounded
+reads of config, rule and budget files, YAML, ConfigError with file, line and key; the shipped rules/ and reports/
+folders), `values` (StrictModel and the validated value types: regions, labels, channels, addresses, destinations,
+URLs, prices, GPU names), `secrets` (SecretRef, the blank-secret rule, bounded secret files), `sections` (the
+service's and the places' sections), `capabilities` (billing, recommend, report, store).
+Every name callers use is handed on from here: `from gpufinops.config import X` is the one way in. A name is
+imported from its module when first asked for (`_HOME`, PEP 562's module `__getattr__`): a caller that needs
+only `loading` and `values` (rules.py: ConfigError, StrictModel, the shipped rules folder) loads neither the
+sections' models nor Settings (`rules check` without a config file: tests/cli/test_start.py).
 May import: model, and break_even (a leaf: capabilities takes the false-stop figure from it, so that a command that
 needs no model type, `costs`, loads none); prices.catalog inside `values.known_gpu` only (the catalog's GPU name
 rules, a leaf that imports nothing of ours). Within the package, one way down: loading imports none of them; values
-imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values; this
-file all of them, and none of them imports this file.
+imports loading; secrets: loading, values; sections: loading, values, secrets; capabilities: loading, values;
+settings: all of those; this file any of them, on demand, and none of them imports this file.
 Never imports anything else of gpufinops (every floor above reads the settings; the settings read none of it).
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
+import importlib
 from typing import Any
 
-from pydantic import Field, ValidationError, create_model, field_validator, model_validator
+# Where each name of the package lives: the one list of what `from gpufinops.config import X` hands on.
+_HOME = {
+    "loading": ("DEFAULT_RULES_DIR", "MAX_TEXT_FILE_BYTES", "PACKAGE_DIR", "REPORTS_DIR", "ConfigError", "compose_yaml",
+                "decode_text", "format_validation_error", "line_of", "load_yaml", "not_a_regular_file",
+                "not_utf8_error", "parse_yaml", "parse_yaml_tree", "printable", "read_text", "shipped_dir",
+                "text_problem", "unsafe_text_locations"),
+    "values": ("AWS_REGION", "EMAIL_ADDRESS", "MAX_USD_PER_GPU_HOUR", "MAX_USD_PER_HOST_HOUR", "RULE_AUDIENCES",
+               "SLACK_USER_ID", "TRANSPORTS", "AwsRegion", "Name", "PrometheusLabel", "SlackChannel", "StrictModel",
+               "aws_region", "backoff_in_order", "defaults_of", "destination", "http_url", "known_gpu",
+               "prometheus_label", "slack_channel", "usd_only", "usd_price"),
+    "secrets": ("MAX_SECRET_BYTES", "SecretRef", "blank_secrets", "secret_refs"),
+    "sections": ("ActSettings", "ApiSettings", "ApiTlsSettings", "AssumeRole", "AwsSettings", "AzureSettings",
+                 "EmailSettings", "GcpSettings", "HostsSettings", "KubernetesSettings", "LeaseSettings",
+                 "PrometheusSettings", "RentedHost", "ScheduleSettings", "ServiceSettings", "SlackSettings",
+                 "SlurmClusterSettings", "SlurmSettings"),
+    "capabilities": ("AthenaSettings", "BillingSettings", "CeSettings", "CommitmentPolicy", "InterruptionOverride",
+                     "RecommendSettings", "ReportDeliverySettings", "ReportSettings", "SpotPolicy", "StoreSettings",
+                     "TagKeys"),
+    "settings": ("Settings", "load_settings", "settings_validator", "validated_settings"),
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 
-from .capabilities import (AthenaSettings, BillingSettings, CeSettings, CommitmentPolicy, InterruptionOverride,
-                           RecommendSettings, ReportDeliverySettings, ReportSettings, SpotPolicy, StoreSettings,
-                           TagKeys)
-from .loading import (DEFAULT_RULES_DIR, MAX_TEXT_FILE_BYTES, PACKAGE_DIR, REPORTS_DIR, ConfigError, compose_yaml,
-                      decode_text, format_validation_error, line_of, load_yaml, not_a_regular_file, not_utf8_error,
-                      parse_yaml, parse_yaml_tree, printable, read_text, shipped_dir, text_problem,
-                      unsafe_text_locations)
-from .secrets import MAX_SECRET_BYTES, SecretRef, blank_secrets, secret_refs
-from .sections import (ActSettings, ApiSettings, ApiTlsSettings, AssumeRole, AwsSettings, AzureSettings, EmailSettings,
-                       HostsSettings, KubernetesSettings, LeaseSettings, PrometheusSettings, RentedHost,
-                       SlurmClusterSettings, SlurmSettings,
-                       ScheduleSettings, ServiceSettings, SlackSettings)
-from .sections import GcpSettings
-from .values import (AWS_REGION, EMAIL_ADDRESS, MAX_USD_PER_GPU_HOUR, MAX_USD_PER_HOST_HOUR, RULE_AUDIENCES,
-                     SLACK_USER_ID, TRANSPORTS, AwsRegion, Name, PrometheusLabel, SlackChannel, StrictModel,
-                     aws_region, backoff_in_order, defaults_of, destination, http_url, known_gpu, prometheus_label,
-                     slack_channel, usd_only, usd_price)
-
-__all__ = [
-    "AWS_REGION", "DEFAULT_RULES_DIR", "EMAIL_ADDRESS", "MAX_SECRET_BYTES", "MAX_TEXT_FILE_BYTES",
-    "MAX_USD_PER_GPU_HOUR", "MAX_USD_PER_HOST_HOUR", "PACKAGE_DIR", "REPORTS_DIR", "RULE_AUDIENCES",
-    "SLACK_USER_ID", "TRANSPORTS",
-    "ActSettings", "ApiSettings", "ApiTlsSettings", "AssumeRole", "AthenaSettings", "AwsRegion", "AwsSettings",
-    "AzureSettings",
-    "BillingSettings", "CeSettings", "CommitmentPolicy", "ConfigError", "EmailSettings", "HostsSettings",
-    "InterruptionOverride", "KubernetesSettings", "LeaseSettings", "Name", "PrometheusLabel", "PrometheusSettings",
-    "RecommendSettings", "RentedHost", "ReportDeliverySettings", "ReportSettings", "ScheduleSettings", "SecretRef",
-    "ServiceSettings", "Settings", "SlackChannel", "SlackSettings", "SlurmClusterSettings", "SlurmSettings", "SpotPolicy", "StoreSettings", "StrictModel",
-    "TagKeys",
-    "GcpSettings",
-    "aws_region", "backoff_in_order", "blank_secrets", "defaults_of", "compose_yaml", "decode_text", "destination",
-    "format_validation_error", "http_url", "known_gpu", "line_of", "load_settings", "load_yaml",
-    "settings_validator", "validated_settings",
-    "not_a_regular_file", "not_utf8_error", "parse_yaml", "parse_yaml_tree", "printable", "prometheus_label",
-    "read_text",
-    "secret_refs", "shipped_dir", "slack_channel", "text_problem", "unsafe_text_locations", "usd_only", "usd_price",
-]
+__all__ = sorted(_MODULE_OF)
 
 
-class Settings(StrictModel):
-    # No `hosts:` section: no rented host is listed (hosts with an AWS API come from the EC2 inventory).
-    hosts: HostsSettings | None = None
-    # No `kubernetes:` section: no cluster is read.
-    kubernetes: KubernetesSettings | None = None
-    # No `slurm:` section: no Slurm cluster is read (docs/slurm.md).
-    slurm: SlurmSettings | None = None
-    # No `gcp:` section: no Compute Engine VM is listed.
-    gcp: GcpSettings | None = None
-    prometheus: PrometheusSettings = Field(default_factory=defaults_of(PrometheusSettings))
-    aws: AwsSettings = Field(default_factory=defaults_of(AwsSettings))
-    # No `azure:` section: no Azure VM is listed (gpufinops.places.azure).
-    azure: AzureSettings | None = None
-    slack: SlackSettings = Field(default_factory=defaults_of(SlackSettings))
-    email: EmailSettings = Field(default_factory=defaults_of(EmailSettings))
-    act: ActSettings = Field(default_factory=defaults_of(ActSettings))
-    schedule: ScheduleSettings = Field(default_factory=defaults_of(ScheduleSettings))
-    service: ServiceSettings = Field(default_factory=defaults_of(ServiceSettings))
-    api: ApiSettings = Field(default_factory=defaults_of(ApiSettings))
-    lease: LeaseSettings = Field(default_factory=defaults_of(LeaseSettings))
-    database_url: str = "sqlite:///gpufinops.db"
-    rules_paths: tuple[str, ...] = (str(DEFAULT_RULES_DIR),)
-    # The capabilities' sections, typed like the rest and so checked at load: a typo in any of them fails
-    # `load_settings`, not the weekly digest days later. No `billing:` section (or an empty one) is None:
-    # the budget job is off and reports price from the catalog.
-    billing: BillingSettings | None = None
-    recommend: RecommendSettings = Field(default_factory=defaults_of(RecommendSettings))
-    report: ReportSettings = Field(default_factory=defaults_of(ReportSettings))
-    store: StoreSettings = Field(default_factory=defaults_of(StoreSettings))
-    source_path: str = ""
-
-    @field_validator("billing", mode="before")
-    @classmethod
-    def _no_billing(cls, v: Any) -> Any:
-        return None if v == {} else v
-
-    @field_validator("database_url")
-    @classmethod
-    def _db_url(cls, v: str) -> str:
-        if "://" not in v:
-            raise ValueError("expected a SQLAlchemy URL such as sqlite:///gpufinops.db or postgresql://...")
-        return v
-
-    @field_validator("rules_paths")
-    @classmethod
-    def _paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if any("\x00" in p or not p.strip() for p in v):
-            raise ValueError("a rule path is empty or holds a NUL character")
-        return v
-
-    @model_validator(mode="after")
-    def _api_tls_port_is_its_own(self) -> "Settings":
-        if self.api.tls is not None and self.api.tls.port == self.service.port:
-            raise ValueError(f"api.tls.port {self.api.tls.port} is service.port too: the mutual-TLS listener needs a "
-                             "port of its own (/metrics and /slack/actions stay on service.port, without TLS)")
-        return self
-
-    @model_validator(mode="after")
-    def _report_email_has_a_mailer(self) -> "Settings":
-        if self.report.delivery.email_finance and not (self.email.enabled and self.email.finance):
-            raise ValueError("report.delivery.email_finance: true needs the email delivery on (email.enabled: true) "
-                             "and at least one address in email.finance")
-        return self
+def __getattr__(name: str) -> Any:
+    """A name of `__all__`, imported from its module on first use and kept here (the next use is a plain lookup)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
-@functools.lru_cache(maxsize=64)
-def settings_validator(given: frozenset[str]) -> type[Settings]:
-    """The model that validates a document holding the keys `given`: Settings, but each key the document leaves
-    out typed Any with its default, so that no validator is built for a section the file does not have. A key the
-    document holds is validated as Settings declares it (its checks, errors and their order), an unknown key is
-    refused, and Settings' own checks run on the whole, defaults included."""
-    left_out = {name: (Any, Field(default_factory=f.default_factory) if f.default_factory else Field(f.default))
-                for name, f in Settings.model_fields.items() if name not in given}
-    return create_model("Settings", __base__=Settings, __module__=__name__, **left_out)
-
-
-def validated_settings(data: dict[str, Any]) -> Settings:
-    """Settings.model_validate(data), paying only for what `data` holds: its sections' validators are built, the
-    others' never (building all of them was about 20 ms of every command's start, BENCHMARKS.md), and a document with
-    nothing in it is the defaults, valid as written (values.defaults_of), with no validator at all: building the
-    first one loads pydantic's plugin lookup (importlib.metadata). tests/test_config_fuzz.py holds it equal to
-    Settings' own validator on every document it draws: the same settings, or the same errors."""
-    if data.keys() == {"source_path"} and isinstance(data["source_path"], str):
-        return Settings.model_construct(source_path=data["source_path"])
-    checked = settings_validator(frozenset(Settings.model_fields.keys() & data.keys())).model_validate(data)
-    return Settings.model_construct(checked.model_fields_set, **dict(checked))  # validated: kept as they are
-
-
-def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Load gpufinops.yaml (or defaults when path is None). Overrides win."""
-    data: dict[str, Any] = {}
-    text = ""
-    source = ""
-    if path is not None:
-        raw, text = load_yaml(path)
-        source = str(path)
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        try:
-            unsafe = unsafe_text_locations(raw)
-        except RecursionError:
-            raise ConfigError(f"{path}: nested too deeply") from None
-        if unsafe:  # a NUL in a path would fail deep in os.path, an RTL override reads as another name
-            raise ConfigError("\n".join(
-                f"{path}:{line_of(str(path), loc, text) or 1}: key '{'.'.join(printable(str(p)) for p in loc)}': "
-                f"{why}" for loc, why in unsafe[:20]))
-        data = raw
-    data = {**data, **overrides, "source_path": source}
-    try:
-        settings = validated_settings(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source or "<defaults>", text, exc)) from None
-    blank_secrets(settings, source or "<defaults>", text)
-    if path is not None:
-        # One rule for every path in a config file, defaults included: a relative path is relative to the
-        # config file, not the working directory, so running from another folder finds the same database,
-        # outbox and rules instead of creating new ones there.
-        base = Path(path).resolve().parent
-
-        def near_config(p: str) -> str:
-            return p if not p or Path(p).is_absolute() else str((base / p).resolve())
-
-        def sqlite_near_config(url: str) -> str:
-            scheme, sep, rest = url.partition(":///")  # sqlite:///rel.db; sqlite:////abs.db is absolute
-            file, q, query = rest.partition("?")
-            if not scheme.startswith("sqlite") or not sep or file in ("", ":memory:") or file.startswith("file:"):
-                return url
-            return f"{scheme}:///{near_config(file)}{q}{query}"
-
-        def file_near_config(p: str | None) -> str | None:  # billing paths may be s3:// prefixes
-            return p if not p or "://" in p else near_config(p)
-
-        rec, bill = settings.recommend, settings.billing
-        settings = settings.model_copy(update={
-            "rules_paths": tuple(near_config(p) for p in settings.rules_paths),
-            "database_url": sqlite_near_config(settings.database_url),
-            "slack": settings.slack.model_copy(update={"outbox_path": near_config(settings.slack.outbox_path)}),
-            "schedule": settings.schedule.model_copy(
-                update={"monthly_report_dir": near_config(settings.schedule.monthly_report_dir)}),
-            "recommend": rec.model_copy(update={"catalog_dir": file_near_config(rec.catalog_dir),
-                                                "price_cache_path": near_config(rec.price_cache_path)}),
-            "billing": bill and bill.model_copy(update={
-                name: file_near_config(getattr(bill, name)) for name in ("path", "budgets_path", "price_catalog")}),
-        })
-    return settings
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _MODULE_OF.keys())

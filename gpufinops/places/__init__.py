@@ -11,12 +11,13 @@ and never guesses; `FleetCloud`/`FleetMetrics` put EC2 and the cluster side by s
 the rented hosts; `merge_listings` is their one listing merge, used by ec2.accounts too: a part that cannot be
 listed makes the listing partial, never empty), and `registry`: what each place can do (its id prefix, the actions
 it takes, why it refuses the others, its words in a message), asked by act.plan, rules.py, notify.messages and
-report/ instead of tables of their own; it imports model and k8s.model only (pure: the host agent imports act.plan).
+report/ instead of tables of their own; it imports model's leaves (rule_types, subject_ids) and k8s.tags only (pure:
+the host agent imports act.plan).
 run/compose.py builds the clouds; their mutating methods are called by act/ alone (the Actuator, `k8s restore`), and
 by the agent's autostop for its own EC2 host (`ec2.cloud.Ec2Cloud`), GCE VM (`gcp.cloud.GceCloud`) or Azure VM
 (`azure.cloud.AzureCloud`).
 
-May import: model, config, k8s.model, prices, collect (errors, aws_config, prometheus: the readers a place reads
-through), decide.workloads (a workload's usage over its pods, a node's drain refusal: the same verdict rules).
+May import: model (and its leaves rule_types, subject_ids), config, k8s.model, prices, collect (errors, aws_config,
+prometheus: the readers a place reads through), decide.workloads (a workload's usage over its pods, a node's drain refusal: the same verdict rules).
 Never imports rules, act, notify, store, cost, report, recommend, backtest, run, demo, agent or cli.
 """

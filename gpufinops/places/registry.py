@@ -8,25 +8,30 @@ rules), rules.py (what a rule with an action must select), notify/messages.py (n
 Kubernetes sections) read it. A new place (GCP, Azure, Slurm) is a folder beside ec2/, hosts.py and kubernetes/,
 and one entry here (GCE: places/gcp/).
 
-Pure, no I/O; imports model and k8s.tags only (not k8s.model's types: rules.py reads this table at every start):
-act.plan reads it, and the host agent imports act.plan.
+Pure, no I/O; imports k8s.tags and model's leaves rule_types and subject_ids only (not k8s.model's or model's
+records: rules.py reads this table at every start; GpuInstance for type hints only): act.plan reads it, and the host
+agent imports act.plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..k8s.tags import KUEUE_QUEUE_LABEL, NODE_ID_PREFIX, TAG_KUEUE_WORKLOAD, TAG_NODE
-from ..model import AZURE_ID_PREFIX as MODEL_AZURE_ID_PREFIX, Action, GpuInstance, is_azure_scale_set_vm_id
+from ..rule_types import Action
+from ..subject_ids import AZURE_ID_PREFIX, is_azure_scale_set_vm_id
+
+if TYPE_CHECKING:
+    from ..model import GpuInstance
 
 # Every Kubernetes subject's id begins so (a workload's `k8s:<namespace>/<Kind>/<name>`, a node's `k8s:node/<name>`).
 KUBERNETES_ID_PREFIX = "k8s:"
 HOST_ID_PREFIX = "host:"
 GCE_ID_PREFIX = "gce:"  # a Compute Engine VM: `gce:<project>/<zone>/<name>` (places/gcp/cloud.py)
-# An Azure VM's id: `azure:<subscription>/<resource group>/<name>` (model.azure_vm_id); a Uniform scale set's
-# instance `azure:<subscription>/<resource group>/<scale set>/<instance id>` (model.azure_scale_set_vm_id).
-AZURE_ID_PREFIX = MODEL_AZURE_ID_PREFIX
+# AZURE_ID_PREFIX (imported above, from subject_ids): an Azure VM's id `azure:<subscription>/<resource group>/<name>`
+# (model.azure_vm_id); a Uniform scale set's instance `azure:<subscription>/<resource group>/<scale set>/<instance id>`
+# (model.azure_scale_set_vm_id).
 # A Slurm job's id: `slurm:<cluster>/<jobid>` (places.slurm.jobs.subject_id).
 SLURM_ID_PREFIX = "slurm:"
 # The tags a Slurm job is listed with (places.slurm.cloud), read here for what it refuses.

@@ -52,6 +52,80 @@ def test_rules_check_loads_its_own_command_only():
     assert "gpufinops.k8s.tags" in modules and "gpufinops.k8s.model" not in modules
 
 
+# The settings' models: what a command that reads no config file has no need of (gpufinops.config's _HOME).
+SETTINGS_MODULES = {"gpufinops.config.settings", "gpufinops.config.sections", "gpufinops.config.capabilities",
+                    "gpufinops.config.secrets"}
+
+
+def test_rules_check_without_a_config_loads_no_settings():
+    rc, modules, out = imported_by(["rules", "check"])
+    assert rc == 0 and out.endswith(f"2 rule(s) valid (the shipped rules: {REPO / 'rules'})\n")
+    assert not SETTINGS_MODULES & modules, sorted(SETTINGS_MODULES & modules)
+    assert {"gpufinops.config.loading", "gpufinops.config.values"} <= modules  # what the rule files need
+    # Nor model's records: a rule's types come from its leaf, rule_types (model hands them on).
+    assert "gpufinops.model" not in modules and "gpufinops.rule_types" in modules
+
+
+@pytest.mark.parametrize("given", ["--config", "$GPUFINOPS_CONFIG"])
+def test_rules_check_with_a_config_validates_the_whole_config(tmp_path, given):
+    rules = tmp_path / "mine"
+    rules.mkdir()
+    (rules / "r.yaml").write_text("rules:\n  - name: mine\n    threshold_pct: 5\n    window: 1h\n")
+    config = tmp_path / "g.yaml"
+    config.write_text("rules_paths: [mine]\n")
+    argv, env = (["--config", str(config)], {}) if given == "--config" else ([], {"GPUFINOPS_CONFIG": str(config)})
+    rc, modules, out = imported_by([*argv, "rules", "check"], env)
+    assert rc == 0 and out.endswith(f"1 rule(s) valid (rules_paths of {config}: {rules.resolve()})\n")
+    assert SETTINGS_MODULES <= modules
+    # A key of the config that is not a setting: refused with its file, line and key, the rules never read.
+    config.write_text("rules_paths: [mine]\nslack:\n  tokn: x\n")
+    proc = subprocess.run([sys.executable, "-m", "gpufinops.cli", *argv, "rules", "check"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {config}:3: key 'slack.tokn': "), proc.stderr
+
+
+def test_rules_check_without_a_config_still_refuses_a_blank_default_secret(tmp_path):
+    """The defaults name their secrets' environment variables: one set but blank is refused, config or not
+    (cli.common.defaults_hold: with a variable blank, the settings are loaded to say whether it is theirs)."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUFINOPS_CONFIG"} | {"PYTHONPATH": str(REPO)}
+    for blank, refused in (("SLACK_BOT_TOKEN", True), ("NOT_A_SECRET_OF_OURS", False)):
+        proc = subprocess.run([sys.executable, "-m", "gpufinops.cli", "rules", "check"], cwd=tmp_path,
+                              env={**env, blank: " "}, capture_output=True, text=True, timeout=120)
+        if refused:
+            assert proc.returncode == 2 and proc.stderr == (
+                "error: <defaults>: key 'slack.token': the environment variable SLACK_BOT_TOKEN is set but blank: "
+                "give the secret, or unset it\n")
+        else:
+            assert proc.returncode == 0 and "2 rule(s) valid (the shipped rules: " in proc.stdout, proc.stderr
+
+
+def test_model_hands_on_its_leaves_names_as_they_are():
+    """model is the one place callers import from: every name its leaves rule_types and subject_ids define (and
+    words' format_duration) is the same object there."""
+    import inspect
+
+    from gpufinops import model, rule_types, subject_ids, words
+
+    for leaf in (rule_types, subject_ids):
+        defined = [n for n, v in vars(leaf).items() if not n.startswith("_") and not inspect.ismodule(v)
+                   and getattr(v, "__module__", leaf.__name__) == leaf.__name__]
+        assert len(defined) >= 7 and all(getattr(model, n) is getattr(leaf, n) for n in defined), defined
+    assert model.format_duration is words.format_duration
+
+
+def test_the_defaults_are_what_rules_check_reads_without_them():
+    """What cli.common.defaults_hold takes for granted: the defaults' secrets are environment variables only (so
+    a blank one is a blank variable), and their rules_paths is the shipped rules folder (core.cmd_rules_check)."""
+    from gpufinops.config import DEFAULT_RULES_DIR, load_settings, secret_refs
+
+    defaults = load_settings()
+    refs = secret_refs(defaults)
+    assert refs and all(ref.env and ref.file is None for _, ref in refs)
+    assert defaults.rules_paths == (str(DEFAULT_RULES_DIR),) and defaults.source_path == ""
+
+
 @pytest.mark.parametrize("argv, own", [
     (["--version"], set()),
     (["evaluate", "--help"], {"gpufinops.cli.core"}),
