@@ -83,7 +83,7 @@ class MonthlyAudit:
     k8s_node_pools: pd.DataFrame = field(default_factory=lambda: sections.node_pool_table(pd.DataFrame(), [], None))
     underused_causes: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[0])
     underused_by_team: pd.DataFrame = field(default_factory=lambda: sections.underused_causes(pd.DataFrame())[1])
-    # The Slurm clusters' month (sections.slurm_tables): per account, user and partition; empty without Slurm.
+    # The Slurm clusters' month (sections.slurm_tables): per account, user, partition and QOS; empty without Slurm.
     slurm: dict[str, pd.DataFrame] = field(default_factory=lambda: sections.slurm_tables(None))
 
     @property

@@ -23,6 +23,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from ..config import REPORTS_DIR
+from ..cost.slurm import NONE as SLURM_NONE
 from ..model import FALSE_STOP_COST_H, RESTART_COST_S
 from . import charts
 from .audit import MonthlyAudit
@@ -40,7 +41,8 @@ STOPS_TOP = 15  # instances in the page's stops table; the rest are in the CSV
 K8S_TOP = 15  # workloads in the page's Kubernetes table; the rest are in the CSV
 # Tables whose CSV file is named otherwise than the table (gpu-audit-YYYY-MM-k8s-namespaces.csv).
 CSV_NAMES = {"k8s_namespaces": "k8s-namespaces", "k8s_workloads": "k8s-workloads", "k8s_node_pools": "k8s-node-pools",
-             "slurm_accounts": "slurm-accounts", "slurm_users": "slurm-users", "slurm_partitions": "slurm-partitions"}
+             "slurm_accounts": "slurm-accounts", "slurm_users": "slurm-users", "slurm_partitions": "slurm-partitions",
+             "slurm_qos": "slurm-qos"}
 
 
 def csv_tables(a: MonthlyAudit) -> dict[str, pd.DataFrame]:
@@ -211,7 +213,7 @@ def render_html(a: MonthlyAudit, templates_dir: Path = TEMPLATES_DIR) -> str:
         a=a, p=a.period, h=a.headline, q=a.data_quality, cur=a.currency, notes=a.notes, t=tables,
         charts=chart_uris, phone_charts=phone_uris, top=top, stem=file_stem(a.period.month), has_data=a.has_data,
         last_day=(a.period.end - timedelta(days=1)).date().isoformat(), sorted_by=SORTED_BY, stops_top=STOPS_TOP,
-        k8s_top=K8S_TOP, csv_names=CSV_NAMES, forecast_label=FORECAST_LABEL,
+        k8s_top=K8S_TOP, csv_names=CSV_NAMES, forecast_label=FORECAST_LABEL, slurm_none=SLURM_NONE,
         action_words=action_words, restart_cost_s=RESTART_COST_S, false_stop_cost_h=FALSE_STOP_COST_H,
     ))
 

@@ -60,6 +60,7 @@ SORTED_BY = {
     "slurm_accounts": "cost, largest first",
     "slurm_users": "cost, largest first",
     "slurm_partitions": "cost, largest first",
+    "slurm_qos": "cost, largest first",
     "underused_causes": "cost, largest first",
     "underused_by_team": "team's underutilized cost, largest first, then cost",
 }
@@ -474,13 +475,13 @@ def fleet_forecast(billed: pd.DataFrame, estimate: pd.DataFrame, period_start: d
 
 
 SLURM_COLUMNS = ["jobs", "gpu_hours", "cost", "unpriced_gpu_hours", "idle_gpu_hours", "idle_cost", "idle_share"]
-SLURM_GROUPS = {"slurm_accounts": "account", "slurm_users": "user", "slurm_partitions": "partition"}
+SLURM_GROUPS = {"slurm_accounts": "account", "slurm_users": "user", "slurm_partitions": "partition", "slurm_qos": "qos"}
 
 
 def slurm_tables(usage: SlurmUsage | None) -> dict[str, pd.DataFrame]:
-    """The month's Slurm GPU-hours and dollars per account, user and partition (cost.slurm.slurm_totals: the
-    figures of `costs --by slurm-account|slurm-user|partition`), idle from the stored verdicts; empty tables for
-    a month without Slurm accounting."""
+    """The month's Slurm GPU-hours and dollars per account, user, partition and QOS (cost.slurm.slurm_totals: the
+    figures of `costs --by slurm-account|slurm-user|partition|slurm-qos`, a run without a QOS under its
+    cost.slurm.NONE), idle from the stored verdicts; empty tables for a month without Slurm accounting."""
     out = {}
     for name, column in SLURM_GROUPS.items():
         if usage is None or usage.table.empty:

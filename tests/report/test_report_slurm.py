@@ -1,4 +1,4 @@
-"""The monthly report's Slurm section (issue 38, Cost): GPU-hours and dollars per account, user and partition from
+"""The monthly report's Slurm section (issue 38, Cost): GPU-hours and dollars per account, user, partition and QOS from
 the clusters' accounting (the real sacct capture tests/data/slurm/sacct-22.05.json, served by a `sacct` that prints
 it), idle from stored `slurm:` verdicts, a Slurm account's budget, and the finance page — in the HTML, the CSVs and
 the JSON, and read on a phone by headless Chromium."""
@@ -17,7 +17,9 @@ from gpufinops.config import load_settings
 from gpufinops.report import write_monthly_report
 from gpufinops.run.slurm_cost import slurm_reader
 from gpufinops.store.store import Store
-from tests.cost.test_slurm_costs import PRICES, record_idle_hour
+from gpufinops.cli import main
+from gpufinops.cost.slurm import NONE
+from tests.cost.test_slurm_costs import PRICES, config, record_idle_hour
 from tests.report.test_report_browser import CHROMIUM, PROBE, measure
 
 CAPTURE = Path(__file__).parents[1] / "data" / "slurm" / "sacct-22.05.json"
@@ -75,6 +77,79 @@ def test_json_has_the_accounts_users_partitions_and_headline(month):
     assert round(f["cost"], 2) == 47.25 and [a["account"] for a in f["accounts"]] == ["ml", "vision"]
 
 
+def qos_capture(tmp_path) -> Path:
+    """The real capture with its QOS as a site with several shows them: job 1 (alice/ml) under `high`, job 2
+    (bob/vision) with none (sacct's empty string), jobs 3 and 4 (one of each account) under `normal` as captured.
+    Nothing else is changed, so the QOS groups cut across the accounts."""
+    doc = json.loads(CAPTURE.read_text())
+    for job in doc["jobs"]:
+        job["qos"] = {1: "high", 2: ""}.get(job["job_id"], job["qos"])
+    path = tmp_path / "sacct-qos.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def month_qos(tmp_path, monkeypatch):
+    return report(tmp_path, f"cat {qos_capture(tmp_path)}\n", monkeypatch)
+
+
+SUMMED = ("jobs", "gpu_hours", "cost", "unpriced_gpu_hours", "idle_gpu_hours", "idle_cost")
+
+
+def test_json_has_the_qos_table(month):
+    # The capture as it is: every job under Slurm's default QOS `normal`, so one row holding the month.
+    assert [(r["qos"], r["jobs"], r["gpu_hours"], r["cost"], r["unpriced_gpu_hours"], r["idle_gpu_hours"],
+             r["idle_cost"]) for r in month["doc"]["tables"]["slurm_qos"]] == [
+        ("normal", 4, 0.05, 47.25, 0.0, 2.0, 1800.0)]
+
+
+def test_qos_rows_add_up_to_the_account_table_and_a_job_without_one_is_none(month_qos):
+    tables = month_qos["doc"]["tables"]
+    qos = tables["slurm_qos"]
+    # high: job 1, 80 GPU-s at $0.25 and its idle hour x 2 GPUs x $900; normal: jobs 3 (68 GPU-s) and 4 (21 GPU-s)
+    # at $0.25; (none): job 2, 25 GPU-s at $0.20 (interactive)
+    assert [(r["qos"], r["jobs"], r["cost"], r["idle_gpu_hours"], r["idle_cost"]) for r in qos] == [
+        ("normal", 2, 22.25, 0.0, 0.0), ("high", 1, 20.0, 2.0, 1800.0), (NONE, 1, 5.0, 0.0, 0.0)]
+    assert NONE == "(none)"  # the label `costs --by slurm-qos` prints for a run without a QOS
+    accounts = tables["slurm_accounts"]
+    for column in SUMMED:
+        assert sum(r[column] for r in qos) == pytest.approx(sum(r[column] for r in accounts), abs=1e-9), column
+    h = month_qos["doc"]["headline"]
+    assert sum(r["cost"] for r in qos) == pytest.approx(h["slurm_cost"]) and sum(r["jobs"] for r in qos) == h[
+        "slurm_jobs"]
+
+
+def test_the_qos_table_is_what_costs_by_slurm_qos_prints(month_qos, tmp_path, capsys):
+    # The same sacct on PATH and the same database (the idle hour) as the report read.
+    capsys.readouterr()
+    assert main(["--config", str(config(tmp_path, **PRICES)), "costs", "--by", "slurm-qos", "--month", MONTH,
+                 "-o", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["slurm-qos"], r["jobs"], r["gpu_hours"], r["usd"], r["unpriced_gpu_hours"], r["idle_gpu_hours"],
+             r["idle_usd"], r["idle_share"]) for r in printed] == [
+        (r["qos"], r["jobs"], r["gpu_hours"], r["cost"], r["unpriced_gpu_hours"], r["idle_gpu_hours"],
+         r["idle_cost"], r["idle_share"]) for r in month_qos["doc"]["tables"]["slurm_qos"]]
+
+
+def test_the_qos_csv_and_html_table(month_qos):
+    [path] = [p for p in month_qos["paths"] if p.name == f"gpu-audit-{MONTH}-slurm-qos.csv"]
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["qos", "jobs", "gpu_hours", "cost_usd", "unpriced_gpu_hours", "idle_gpu_hours",
+                             "idle_cost_usd", "idle_share", "currency"]
+    assert [(r["qos"], r["cost_usd"], r["idle_cost_usd"]) for r in rows] == [
+        ("normal", "22.25", "0.0"), ("high", "20.0", "1800.0"), ("(none)", "5.0", "0.0")]
+    html = month_qos["html"]
+    assert "Slurm clusters: GPU-hours by account, user, partition and QOS" in html
+    table = html[html.index('<h3 id="slurm-qos">QOS</h3>'):]
+    table = table[:table.index("</table>")]
+    assert "<th>QOS</th>" in table
+    assert [c for c in ("normal", "high", "(none)") if f'data-label="QOS">{c}</td>' in table] == [
+        "normal", "high", "(none)"]
+    assert f"<code>gpu-audit-{MONTH}-slurm-qos.csv</code>" in html
+
+
 def test_the_budget_of_a_slurm_account_is_in_the_budget_table(month):
     (b,) = month["doc"]["tables"]["budgets"]
     assert (b["budget"], b["scope"], b["actual"], b["actual_pct"], b["status"]) == (
@@ -124,11 +199,15 @@ def test_no_slurm_section_without_slurm(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
-def test_the_slurm_tables_read_on_a_phone(month, tmp_path):
-    (tmp_path / "probed.html").write_text(month["html"].replace("</body>", PROBE + "</body>"))
+@pytest.mark.parametrize("width", [1280, 400])
+def test_the_slurm_tables_read_at_desktop_and_phone_widths(month_qos, tmp_path, width):
+    html = month_qos["html"]
+    assert 'id="slurm-qos"' in html
+    (tmp_path / "probed.html").write_text(html.replace("</body>", PROBE + "</body>"))
     (tmp_path / "phone.html").write_text('<!DOCTYPE html><html><body style="margin:0"><iframe src="probed.html" '
                                          'style="width:400px;height:900px;border:0"></iframe></body></html>')
-    seen = measure((tmp_path / "phone.html").as_uri(), 400)
-    assert seen["page"] <= 400
+    seen = measure((tmp_path / ("probed.html" if width > 500 else "phone.html")).as_uri(), width)
+    assert seen["page"] <= width
+    assert len(seen["tables"]) == html.count("<table")  # every table measured, the QOS one with them
     for t in seen["tables"]:
-        assert t["labelled"] == t["cells"] and not t["scrolls"] and t["right"] <= 400, t
+        assert t["labelled"] == t["cells"] and not t["scrolls"] and t["right"] <= width, t
