@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from .common import EXIT_PROBLEM_FOUND, usage_error
 
-# `--by` -> the usage table's column (cost.slurm.GROUPINGS, with the QOS spelt as a Slurm grouping here).
+# `--by` -> the usage table's column (cost.slurm's sums group by it; the one table of the groupings).
 SLURM_GROUPINGS = {"slurm-account": "account", "slurm-user": "user", "partition": "partition", "slurm-qos": "qos"}
 
 

@@ -42,8 +42,8 @@ class SlurmUsage:
         return [e for e in self.errors if e.startswith(f"slurm {cluster}:")]
 
 
-# `costs --by` grouping -> the usage table's column.
-GROUPINGS = {"slurm-account": "account", "slurm-user": "user", "partition": "partition", "qos": "qos"}
+# `costs --by` grouping -> the usage table's column: cli.slurm_costs.SLURM_GROUPINGS (the parser's choices, read
+# without loading this module); the report's tables: report.sections.SLURM_GROUPS.
 NONE = "(none)"
 
 
