@@ -214,3 +214,18 @@ def test_a_secret_file_that_is_no_text_or_far_too_long_is_a_load_error_and_resol
     assert f"{p}:1: key 'api.bearer_token': the file {secret} {says}" in str(pytest.raises(ConfigError, load_settings,
                                                                                            p).value)
     assert SecretRef(file=str(secret)).resolve() == ""  # blank: refused by every bearer check (httpd.authorize)
+
+
+def test_every_name_of_the_config_package_is_its_modules_own_and_unknown_names_fail():
+    """`from gpufinops.config import X` is the one way in, and each name is handed on from its module when first
+    asked for (config/__init__.py `_HOME`): every name of `__all__` resolves, to the very object its module
+    defines (no copy), and a name that is not there is an AttributeError, not None."""
+    import importlib
+
+    import gpufinops.config as config
+
+    for name in config.__all__:
+        home = importlib.import_module(f"gpufinops.config.{config._MODULE_OF[name]}")
+        assert getattr(config, name) is getattr(home, name), name
+    with pytest.raises(AttributeError):
+        config.NoSuchSetting  # noqa: B018
