@@ -53,13 +53,41 @@ def rereads_of(name: str):
     return lambda s: s.method == "GET" and s.path.endswith(f"/{name}") and s.query.get("$expand") == ["instanceView"]
 
 
-def check_azure_invariants(w: World) -> None:
-    problems = []
+def actions_on(report, name: str) -> list:
+    """The tick's actions on the VM `name`."""
+    return [a for a in report.actions if a.instance_id == vm_id(name)]
+
+
+def open_rows_of(w: World, name: str) -> list:
+    """The VM's action rows not settled yet (unconfirmed or under way)."""
+    return [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id(name)]
+
+
+def took_effect_by_vm(sent) -> dict[str, int]:
+    """How many of the sent stop requests (deallocate or power-off) took effect, per VM name."""
     took_effect: dict[str, int] = {}
-    for s in w.deallocates():
+    for s in sent:
         if s.status in (202, 500, -1):  # accepted (its answer lost or not)
             name = s.path.rsplit("/", 2)[1]
             took_effect[name] = took_effect.get(name, 0) + 1
+    return took_effect
+
+
+def open_rows_and_marks_problems(w: World) -> list[str]:
+    """Records against ARM, the part every action shares: no action row left open, a mark row <=> the mark tag."""
+    problems = [f"action row left {r.status}: {r.kind.value} {r.instance_id}" for r in w.store.action_rows(
+        status=UNSETTLED)]
+    for name in ("idle-a100", "forgotten-a10", "busy-h100", "flex-h100"):
+        tagged = TAG_MARKED in w.stub.vm(name).tags
+        marked = w.store.get_mark(vm_id(name)) is not None
+        if marked != tagged:
+            problems.append(f"{name}: mark row {marked} but tag {tagged}")
+    return problems
+
+
+def check_azure_invariants(w: World) -> None:
+    problems = []
+    took_effect = took_effect_by_vm(w.deallocates())
     problems += [f"{n} deallocated {k} times" for n, k in took_effect.items() if k > 1]
     if w.power_offs():
         problems.append("a power-off was sent: the VM would stay billed")
@@ -69,16 +97,11 @@ def check_azure_invariants(w: World) -> None:
         warned = [m for m in w.notifier.sent if name in m.text and "will be deallocated" in m.text]
         if not warned:
             problems.append(f"{name} deallocated without a delivered warning")
-    open_rows = w.store.action_rows(status=UNSETTLED)
-    problems += [f"action row left {r.status}: {r.kind.value} {r.instance_id}" for r in open_rows]
+    problems += open_rows_and_marks_problems(w)
     for name in ("idle-a100", "forgotten-a10", "busy-h100", "flex-h100"):
-        vm = w.stub.vm(name)
-        marked = w.store.get_mark(vm_id(name)) is not None
-        if marked != (TAG_MARKED in vm.tags):
-            problems.append(f"{name}: mark row {marked} but tag {TAG_MARKED in vm.tags}")
         done = [a for a in w.store.action_rows(status=("done",), kinds=[ActionKind.STOP]) if a.instance_id == vm_id(name)]
         if bool(done) != (w.settle(name) == "deallocated"):
-            problems.append(f"{name}: done stop rows {len(done)} but ARM says {vm.power}")
+            problems.append(f"{name}: done stop rows {len(done)} but ARM says {w.stub.vm(name).power}")
     assert not problems, problems
 
 
@@ -87,7 +110,7 @@ def test_deallocate_acted_but_answer_lost_is_read_back_never_repeated(azure_worl
     w.tick(0)
     w.stub.arm(is_deallocate_of("idle-a100"), "after_effect")
     report = w.tick(10)
-    [stop] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [stop] = actions_on(report, "idle-a100")
     assert stop.kind == ActionKind.STOP and stop.ok  # confirmed by the read-back
     w.tick(11)
     w.tick(20)
@@ -111,7 +134,7 @@ def test_deallocate_5xx_before_any_effect_stays_unconfirmed_until_it_cannot_land
     w.tick(0)
     w.stub.arm(is_deallocate_of("idle-a100"), "status", status=503)
     w.tick(10)
-    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    [row] = open_rows_of(w, "idle-a100")
     assert row.status == "unconfirmed"  # a 5xx: ARM may have taken it; nothing else is done to the VM meanwhile
     w.tick(10.5)  # within the longest a request may be in flight: still open, no second request
     assert len(w.deallocates("idle-a100")) == 1
@@ -126,7 +149,7 @@ def test_deallocate_throttled_is_refused_recorded_failed_and_tried_again_next_ti
     w.tick(0)
     w.stub.arm(is_deallocate_of("idle-a100"), "status", status=429, retry_after=1)
     report = w.tick(10)
-    [stop] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [stop] = actions_on(report, "idle-a100")
     assert stop.ok is False and "throttled" in (stop.error or "")
     assert w.stub.vm("idle-a100").power == "running"
     w.tick(11)
@@ -140,7 +163,7 @@ def test_mark_removed_in_the_last_second_is_not_deallocated(azure_world):
     w.tick(0)
     w.stub.arm(rereads_of("idle-a100"), "hook", hook=lambda _s: w.stub.person_removes_tag("idle-a100", TAG_MARKED))
     report = w.tick(10)
-    [skip] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [skip] = actions_on(report, "idle-a100")
     assert skip.kind == ActionKind.SKIP and f"tag {TAG_MARKED} was removed" in skip.reason
     w.tick(11)  # the next tick sees the mark gone: withdrawn, the warning told so
     assert w.deallocates("idle-a100") == [] and w.stub.vm("idle-a100").power == "running"
@@ -154,7 +177,7 @@ def test_person_starts_the_stopped_allocated_vm_between_plan_and_deallocate(azur
     w.stub.arm(rereads_of("forgotten-a10"), "hook",
                hook=lambda _s: w.stub.person_sets_power("forgotten-a10", "running"))
     report = w.tick(10)
-    [skip] = [a for a in report.actions if a.instance_id == vm_id("forgotten-a10")]
+    [skip] = actions_on(report, "forgotten-a10")
     assert skip.kind == ActionKind.SKIP and "the instance is running" in skip.reason
     assert w.deallocates("forgotten-a10") == [] and w.stub.vm("forgotten-a10").power == "running"
     check_azure_invariants(w)
@@ -168,7 +191,7 @@ def test_a_refused_mark_write_means_no_warning_and_no_deallocate(azure_world, st
     w.stub.arm(lambda s: s.action == TAGS and s.path.split("/virtualMachines/")[1].startswith("idle-a100/"),
                "status", status=status)
     first = w.tick(0)
-    [mark] = [a for a in first.actions if a.instance_id == vm_id("idle-a100")]
+    [mark] = actions_on(first, "idle-a100")
     assert mark.kind == ActionKind.MARK and mark.ok is False
     assert w.messages_about("idle-a100") == [] and TAG_MARKED not in w.stub.vm("idle-a100").tags
     w.tick(1)
@@ -186,7 +209,7 @@ def test_not_opted_in_is_never_warned_or_deallocated(azure_world):
     w = azure_world
     w.stub.person_removes_tag("idle-a100", "gpufinops:allow-stop")
     first = w.tick(0)
-    [notice] = [a for a in first.actions if a.instance_id == vm_id("idle-a100")]
+    [notice] = actions_on(first, "idle-a100")
     assert notice.kind == ActionKind.NOTIFY
     [text] = w.messages_about("idle-a100")
     assert "will be deallocated" not in text and "not opted in" in text
@@ -247,11 +270,7 @@ def check_power_off_invariants(w: World) -> None:
     from gpufinops.words import POWER_OFF_BILLING
 
     problems = []
-    took_effect: dict[str, int] = {}
-    for s in w.power_offs():
-        if s.status in (202, 500, -1):  # accepted (its answer lost or not)
-            name = s.path.rsplit("/", 2)[1]
-            took_effect[name] = took_effect.get(name, 0) + 1
+    took_effect = took_effect_by_vm(w.power_offs())
     problems += [f"{n} powered off {k} times" for n, k in took_effect.items() if k > 1]
     if w.deallocates():
         problems.append("a deallocate was sent: no rule asked for one")
@@ -261,13 +280,8 @@ def check_power_off_invariants(w: World) -> None:
         if not [m for m in w.notifier.sent if name in m.text and "will be powered off" in m.text
                 and POWER_OFF_BILLING[1:] in m.text]:
             problems.append(f"{name} powered off without a delivered warning saying billing continues")
-    open_rows = w.store.action_rows(status=UNSETTLED)
-    problems += [f"action row left {r.status}: {r.kind.value} {r.instance_id}" for r in open_rows]
+    problems += open_rows_and_marks_problems(w)
     for name in ("idle-a100", "forgotten-a10", "busy-h100", "flex-h100"):
-        vm = w.stub.vm(name)
-        marked = w.store.get_mark(vm_id(name)) is not None
-        if marked != (TAG_MARKED in vm.tags):
-            problems.append(f"{name}: mark row {marked} but tag {TAG_MARKED in vm.tags}")
         done = [a for a in w.store.action_rows(status=("done",), kinds=[ActionKind.POWER_OFF])
                 if a.instance_id == vm_id(name)]
         if len(done) != took_effect.get(name, 0):
@@ -294,7 +308,7 @@ def test_mark_removed_in_the_last_second_is_not_powered_off(power_off_world):
     w.tick(0)
     w.stub.arm(rereads_of("idle-a100"), "hook", hook=lambda _s: w.stub.person_removes_tag("idle-a100", TAG_MARKED))
     report = w.tick(10)
-    [skip] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [skip] = actions_on(report, "idle-a100")
     assert skip.kind == ActionKind.SKIP and f"tag {TAG_MARKED} was removed" in skip.reason
     w.tick(11)
     assert w.power_offs("idle-a100") == [] and w.stub.vm("idle-a100").power == "running"
@@ -307,7 +321,7 @@ def test_person_restarts_the_vm_between_plan_and_power_off(power_off_world):
     w.tick(0)
     w.stub.arm(rereads_of("idle-a100"), "hook", hook=lambda _s: w.stub.person_sets_power("idle-a100", "starting"))
     report = w.tick(10)
-    [skip] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [skip] = actions_on(report, "idle-a100")
     assert skip.kind == ActionKind.SKIP and "the instance is pending" in skip.reason
     assert w.power_offs("idle-a100") == []
     check_power_off_invariants(w)
@@ -332,7 +346,7 @@ def test_power_off_throttled_is_refused_recorded_failed_and_tried_again_next_tic
     w.tick(0)
     w.stub.arm(is_power_off_of("idle-a100"), "status", status=429, retry_after=1)
     report = w.tick(10)
-    [off] = [a for a in report.actions if a.instance_id == vm_id("idle-a100")]
+    [off] = actions_on(report, "idle-a100")
     assert off.kind == ActionKind.POWER_OFF and off.ok is False and "throttled" in (off.error or "")
     w.tick(11)
     assert len(w.power_offs("idle-a100")) == 2 and w.settle("idle-a100") == "stopped"
@@ -344,7 +358,7 @@ def test_power_off_5xx_before_any_effect_stays_unconfirmed_until_it_cannot_land_
     w.tick(0)
     w.stub.arm(is_power_off_of("idle-a100"), "status", status=503)
     w.tick(10)
-    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    [row] = open_rows_of(w, "idle-a100")
     assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")  # ARM may have taken it
     w.tick(10.5)  # within the longest a request may be in flight: still open, no second request
     assert len(w.power_offs("idle-a100")) == 1
@@ -372,7 +386,7 @@ def test_power_off_answer_lost_and_read_back_failing_is_settled_by_the_next_tick
     w.stub.arm(is_power_off_of("idle-a100"), "after_effect")
     w.stub.arm(read_back_after_the_power_off, "status", status=503, times=4)  # every retry of the read-back
     w.tick(10)
-    [row] = [r for r in w.store.action_rows(status=UNSETTLED) if r.instance_id == vm_id("idle-a100")]
+    [row] = open_rows_of(w, "idle-a100")
     assert (row.kind, row.status) == (ActionKind.POWER_OFF, "unconfirmed")
     assert [m for m in w.messages_about("idle-a100") if "Powered off" in m] == []
     w.settle("idle-a100")

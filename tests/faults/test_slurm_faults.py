@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from gpufinops.model import TAG_MARKED, ActionKind
-from tests.places.slurm.fleet import GovernedSlurm, as_operator
+from tests.places.slurm.fleet import GovernedSlurm, as_operator, trapping
 
 pytestmark = pytest.mark.integration
 
@@ -50,20 +50,48 @@ def _kinds(report, sid):
     return [a.kind for a in report.actions if a.instance_id == sid]
 
 
-def _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, **kw):
-    # No grace signal: these jobs do not trap one (an untrapped USR1 ends the batch shell).
-    return GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=0, grace_signal="",
-                         **kw)
+# No grace signal: the plain jobs do not trap one (an untrapped USR1 ends the batch shell).
+NO_GRACE = {"grace_s": 0, "grace_signal": ""}
 
 
-def test_a_lost_scancel_answer_is_settled_from_what_slurm_shows(slurm_acct, slurm_acct_jobs, slack_stub, tmp_path,
-                                                                 monkeypatch, prometheus_factory):
+@pytest.fixture
+def govern(slurm_acct, slurm_acct_jobs, slack_stub, tmp_path, monkeypatch, prometheus_factory):
+    """`govern(job_id, **settings)`: the service started on the real cluster with that job idle (GPU use 0), every
+    Slurm command through a FaultyRunner; returns (service, runner)."""
+    def start(job_id, **kw):
+        runner = FaultyRunner()
+        g = GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, **kw)
+        g.add_series(slurm_acct_jobs.job(job_id), util=0.0)
+        g.start(prometheus_factory)
+        return g, runner
+    return start
+
+
+def _trapping_job(slurm_acct, jobs, flag_name):
+    """A running job of alice's (not requeued) that touches the file `flag_name` when its grace signal USR1 comes;
+    returns (flag, job_id)."""
+    flag = slurm_acct.root / "jobs" / flag_name
+    flag.unlink(missing_ok=True)
+    return flag, jobs.submit_running("alice", script=trapping(flag), args=("--no-requeue",))
+
+
+def _during_grace(g, slurm_acct, act):
+    """While the service waits out the grace period, `act()` runs first (a person acting then); returns what puts the
+    plain wait back."""
+    cluster = g.cloud.clusters[slurm_acct.name]
+    real_sleep = cluster.sleep
+
+    def sleep(seconds):
+        act()
+        real_sleep(seconds)
+    cluster.sleep = sleep
+    return lambda: setattr(cluster, "sleep", real_sleep)
+
+
+def test_a_lost_scancel_answer_is_settled_from_what_slurm_shows(slurm_acct, slurm_acct_jobs, slack_stub, govern):
     jobs = slurm_acct_jobs
     job_id = jobs.submit_running("alice", args=("--no-requeue",))
-    runner = FaultyRunner()
-    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="cancel")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    g, runner = govern(job_id, action="cancel", **NO_GRACE)
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
     runner.lose = lambda argv: argv == ["scancel", str(job_id)]
     report = g.tick(27)
@@ -82,13 +110,10 @@ def test_a_lost_scancel_answer_is_settled_from_what_slurm_shows(slurm_acct, slur
 
 
 def test_scontrol_refusing_the_requeue_is_a_failure_the_job_agrees_with(slurm_acct, slurm_acct_jobs, slack_stub,
-                                                                       tmp_path, monkeypatch, prometheus_factory):
+                                                                        govern):
     jobs = slurm_acct_jobs
     job_id = jobs.submit_running("alice")
-    runner = FaultyRunner()
-    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="requeue")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    g, runner = govern(job_id, action="requeue", **NO_GRACE)
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
     runner.refuse = lambda argv: argv[:2] == ["scontrol", "requeue"]
     report = g.tick(27)
@@ -107,13 +132,10 @@ def test_scontrol_refusing_the_requeue_is_a_failure_the_job_agrees_with(slurm_ac
 
 
 def test_a_job_requeued_by_someone_else_after_its_warning_is_not_acted_on(slurm_acct, slurm_acct_jobs, slack_stub,
-                                                                          tmp_path, monkeypatch, prometheus_factory):
+                                                                          govern):
     jobs = slurm_acct_jobs
     job_id = jobs.submit_running("alice")
-    runner = FaultyRunner()
-    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="cancel")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    g, runner = govern(job_id, action="cancel", **NO_GRACE)
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
     first_start = jobs.job(job_id)["start_time"]
     # An admin requeues it; it starts again at once (StartTime=now lifts the ~2 min BeginTime, pitfall 13).
@@ -133,16 +155,13 @@ def test_a_job_requeued_by_someone_else_after_its_warning_is_not_acted_on(slurm_
 
 
 def test_a_lost_requeue_answer_with_the_job_suspended_meanwhile_is_not_settled_done(
-        slurm_acct, slurm_acct_jobs, slack_stub, tmp_path, monkeypatch, prometheus_factory):
+        slurm_acct, slurm_acct_jobs, slack_stub, govern):
     """The requeue's answer is lost and, by the read-back, an admin had suspended the job instead: a SUSPENDED job
     still holds its GPUs, so the requeue is not done (before: SUSPENDED read as "back in the queue": recorded done,
     the mark removed and a "requeued" notice sent for a job that was not)."""
     jobs = slurm_acct_jobs
     job_id = jobs.submit_running("alice")
-    runner = FaultyRunner()
-    g = _governed(slurm_acct, slack_stub, tmp_path, monkeypatch, runner, action="requeue")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    g, runner = govern(job_id, action="requeue", **NO_GRACE)
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
     # The requeue never reaches slurmctld (the connection hangs, the command times out) and meanwhile an admin
     # suspends the job: the read-back finds it SUSPENDED.
@@ -168,32 +187,22 @@ def test_a_lost_requeue_answer_with_the_job_suspended_meanwhile_is_not_settled_d
         slurm_acct.run("scontrol", "resume", str(job_id), check=False)
 
 
-def test_a_cli_snooze_during_the_grace_wait_wins_over_the_cancel(slurm_acct, slurm_acct_jobs, slack_stub, tmp_path,
-                                                                   monkeypatch, prometheus_factory):
+def test_a_cli_snooze_during_the_grace_wait_wins_over_the_cancel(slurm_acct, slurm_acct_jobs, slack_stub, govern):
     """`gpufinops slurm snooze` recorded while the job has its grace signal and the service waits grace_s: the
     cancel is not sent (before: the snooze was only read at the next tick, after the scancel)."""
     from gpufinops.notify import interact
-    from tests.places.slurm.fleet import trapping
 
     jobs = slurm_acct_jobs
-    flag = slurm_acct.root / "jobs" / "grace-snooze-usr1"
-    flag.unlink(missing_ok=True)
-    job_id = jobs.submit_running("alice", script=trapping(flag), args=("--no-requeue",))
-    runner = FaultyRunner()
-    g = GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=1, action="cancel")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    flag, job_id = _trapping_job(slurm_acct, jobs, "grace-snooze-usr1")
+    g, runner = govern(job_id, grace_s=1, action="cancel")
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
-    cluster = g.cloud.clusters[slurm_acct.name]
-    real_sleep = cluster.sleep
 
-    def snoozed_during_grace(seconds):
+    def snooze():
         until = (g.now + __import__("datetime").timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         interact.keep_request(g.store, interact.SnoozeRequest(
             instance_id=g.sid(job_id), until=until, user_id="", user_name="alice",
             action_id=interact.CLI_SNOOZE_ACTION, channel_id="", message_ts="", requested_at=g.now.isoformat()))
-        real_sleep(seconds)
-    cluster.sleep = snoozed_during_grace
+    plain_wait = _during_grace(g, slurm_acct, snooze)
     report = g.tick(27)
     stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
     # Called off, not failed: a person's word won (before: a failed STOP, counted toward the give-up).
@@ -209,39 +218,27 @@ def test_a_cli_snooze_during_the_grace_wait_wins_over_the_cancel(slurm_acct, slu
     assert "only the grace signal USR1 was sent" in rows[0].error
     assert not [p for p in slack_stub.posted() if "fail" in p.get("text", "").lower()]
     # The next tick honours the snooze: the mark is withdrawn, the job keeps running.
-    cluster.sleep = real_sleep
+    plain_wait()
     later = g.tick(28)
     assert ActionKind.STOP not in _kinds(later, g.sid(job_id))
     assert jobs.state(job_id) == "RUNNING" and runner.count("scancel", str(job_id)) == 0
 
 
 def test_three_cancels_during_the_grace_wait_are_no_failures_and_the_fourth_stop_goes_through(
-        slurm_acct, slurm_acct_jobs, slack_stub, tmp_path, monkeypatch, prometheus_factory, caplog):
+        slurm_acct, slurm_acct_jobs, slack_stub, govern, caplog):
     """Three ticks in a row, its user writes the snooze keyword into the Comment during the grace wait (and takes
     it out again before the next tick): each time the cancel is called off, recorded "abandoned" with the grace
     signal it did send, and never counted as a failure. The fourth tick, with no word from anyone, cancels the job
     (before: three "failed" rows, and the fourth tick gave up on the job and withdrew its mark, "stop failed 3
     times")."""
-    from tests.places.slurm.fleet import trapping
-
     jobs = slurm_acct_jobs
-    flag = slurm_acct.root / "jobs" / "grace-keyword-usr1"
-    flag.unlink(missing_ok=True)
-    job_id = jobs.submit_running("alice", script=trapping(flag), args=("--no-requeue",))
-    runner = FaultyRunner()
-    g = GovernedSlurm(slurm_acct, slack_stub, tmp_path, monkeypatch, runner=runner, grace_s=1, action="cancel")
-    g.add_series(jobs.job(job_id), util=0.0)
-    g.start(prometheus_factory)
+    flag, job_id = _trapping_job(slurm_acct, jobs, "grace-keyword-usr1")
+    g, runner = govern(job_id, grace_s=1, action="cancel")
     assert _kinds(g.tick(11), g.sid(job_id)) == [ActionKind.MARK]
     marked = jobs.job(job_id)["comment"]
     assert TAG_MARKED in marked
-    cluster = g.cloud.clusters[slurm_acct.name]
-    real_sleep = cluster.sleep
-
-    def keyword_during_grace(seconds):
-        slurm_acct.run("scontrol", "update", f"jobid={job_id}", f"Comment={marked} gpufinops:keep", user="alice")
-        real_sleep(seconds)
-    cluster.sleep = keyword_during_grace
+    plain_wait = _during_grace(g, slurm_acct, lambda: slurm_acct.run(
+        "scontrol", "update", f"jobid={job_id}", f"Comment={marked} gpufinops:keep", user="alice"))
     for minute in (27, 28, 29):
         flag.unlink(missing_ok=True)
         with caplog.at_level("WARNING"):
@@ -258,7 +255,7 @@ def test_three_cancels_during_the_grace_wait_are_no_failures_and_the_fourth_stop
     assert all("only the grace signal USR1 was sent" in (r.error or "") for r in rows)
     assert not [r for r in caplog.records if r.levelname == "ERROR" and g.sid(job_id) in r.getMessage()]
     # The fourth tick: nobody says no, so the job is cancelled (not given up on after "three failures").
-    cluster.sleep = real_sleep
+    plain_wait()
     report = g.tick(30)
     stop = [a for a in report.actions if a.instance_id == g.sid(job_id)]
     assert [a.kind for a in stop] == [ActionKind.STOP] and stop[0].ok, stop

@@ -94,6 +94,13 @@ def month_qos(tmp_path, monkeypatch):
     return report(tmp_path, f"cat {qos_capture(tmp_path)}\n", monkeypatch)
 
 
+def slurm_csv(got: dict, table: str) -> list[dict]:
+    """The rows of the report's `gpu-audit-<month>-slurm-<table>.csv` (exactly one such file is written)."""
+    [path] = [p for p in got["paths"] if p.name == f"gpu-audit-{MONTH}-slurm-{table}.csv"]
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
 SUMMED = ("jobs", "gpu_hours", "cost", "unpriced_gpu_hours", "idle_gpu_hours", "idle_cost")
 
 
@@ -133,9 +140,7 @@ def test_the_qos_table_is_what_costs_by_slurm_qos_prints(month_qos, tmp_path, ca
 
 
 def test_the_qos_csv_and_html_table(month_qos):
-    [path] = [p for p in month_qos["paths"] if p.name == f"gpu-audit-{MONTH}-slurm-qos.csv"]
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = slurm_csv(month_qos, "qos")
     assert list(rows[0]) == ["qos", "jobs", "gpu_hours", "cost_usd", "unpriced_gpu_hours", "idle_gpu_hours",
                              "idle_cost_usd", "idle_share", "currency"]
     assert [(r["qos"], r["cost_usd"], r["idle_cost_usd"]) for r in rows] == [
@@ -158,9 +163,7 @@ def test_the_budget_of_a_slurm_account_is_in_the_budget_table(month):
 
 
 def test_csv_files_and_money_columns(month):
-    [path] = [p for p in month["paths"] if p.name == f"gpu-audit-{MONTH}-slurm-accounts.csv"]
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = slurm_csv(month, "accounts")
     assert list(rows[0]) == ["account", "jobs", "gpu_hours", "cost_usd", "unpriced_gpu_hours", "idle_gpu_hours",
                              "idle_cost_usd", "idle_share", "currency"]
     assert [(r["account"], r["cost_usd"], r["idle_cost_usd"]) for r in rows] == [("ml", "37.0", "1800.0"),
