@@ -490,6 +490,11 @@ class SocketModeStub:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.requests) >= count and bool(self._conns), timeout)
 
+    def wait_answered_ping(self, timeout: float = 30.0) -> bool:
+        """Whether a client's ping was answered (on a connection not yet silent): its staleness clock has started."""
+        with self._cond:
+            return self._cond.wait_for(lambda: any(answered for _, answered in self.pings), timeout)
+
     def go_silent(self) -> None:
         """The open connections stop answering without a close frame: the client must notice by itself."""
         with self._lock:
@@ -604,8 +609,9 @@ class SocketModeStub:
                 with self._lock:
                     silent = conn in self._silent
                 if opcode == 0x9:
-                    with self._lock:
+                    with self._cond:
                         self.pings.append((data.decode(errors="replace"), not silent))
+                        self._cond.notify_all()
                 if silent:  # read and dropped: a dead path answers nothing
                     continue
                 if opcode == 0x8:  # close

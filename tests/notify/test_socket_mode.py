@@ -119,6 +119,9 @@ def test_a_silently_dropped_connection_is_noticed_by_its_pings_and_reconnected(w
     world.service.socket_mode = actions
     assert actions.start() and actions.connected.wait(10) and world.ws.wait_connected()
     assert actions.client.ping_interval == 1.0  # what slack-sdk pings and judges staleness with
+    # One ping answered first, so the drop is judged from an answered ping (on a loaded machine the first ping could
+    # otherwise come after the connection went silent, and there would be no last answered ping to measure from).
+    assert world.ws.wait_answered_ping(), "no ping answered on the live connection"
     world.ws.go_silent()
     assert world.ws.wait_handshakes(2, timeout=60), "never reconnected after a silent drop"
     # Noticed by its own pings, not by an error from the socket, by the rule the shipped bound is computed from,
